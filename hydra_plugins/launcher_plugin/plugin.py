@@ -1,0 +1,52 @@
+"""Hydra Launcher plugin: hands all points of a `launch -m` sweep to launcher.submit.sweep at once,
+so they are validated together and queued as one Slurm array. Hydra requires plugins to live in
+the hydra_plugins namespace; the logic lives in the launcher package."""
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+
+class LauncherPlugin(Launcher):
+    def __init__(self, **_: Any) -> None:
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Any = None
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        self.hydra_context = hydra_context
+        self.config = config
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.submit.sweep import InvalidSweep, Point, launch
+
+        assert self.config is not None and self.hydra_context is not None
+        points: List[Point] = []
+        hydra_nodes = []
+        for overrides in job_overrides:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with read_write(cfg), open_dict(cfg):
+                hydra_node = cfg.pop("hydra")
+            hydra_nodes.append(hydra_node)
+            points.append(
+                Point(
+                    cfg=cfg,
+                    overrides=list(hydra_node.overrides.task),
+                    choices=OmegaConf.to_container(hydra_node.runtime.choices),
+                )
+            )
+        try:
+            result = launch(points)
+        except InvalidSweep as e:
+            print(f"launch: {e}", file=sys.stderr)
+            sys.exit(2)
+        returns = []
+        for i, (p, hn) in enumerate(zip(points, hydra_nodes)):
+            ret = JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")
+            ret.status = JobStatus.COMPLETED
+            ret.return_value = result.runs[i].run_id if result.runs else None
+            returns.append(ret)
+        return returns

@@ -1,0 +1,3 @@
+from launcher.app import main
+
+main()

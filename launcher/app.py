@@ -1,0 +1,53 @@
+"""`launch`: the Hydra app. Composes the run config from conf/ and sends it down the one launch path.
+
+  launch [overrides]        one run   (Hydra run mode; submitted like a one-point sweep)
+  launch -m [overrides]     a sweep   (our Hydra launcher plugin: one Slurm array for all points)
+
+Stays light: nothing here imports torch or deepspeed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from launcher.schema import register_configs
+
+CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
+
+register_configs()
+
+
+def _fail(err: Exception) -> None:
+    print(f"launch: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def _run(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from launcher.submit.sweep import InvalidSweep, Point, launch
+
+    hc = HydraConfig.get()
+    point = Point(
+        cfg=cfg,
+        overrides=list(hc.overrides.task),
+        choices=OmegaConf.to_container(hc.runtime.choices),
+    )
+    try:
+        launch([point])
+    except InvalidSweep as e:
+        _fail(e)
+
+
+def main() -> None:
+    _run()
+
+
+if __name__ == "__main__":
+    main()

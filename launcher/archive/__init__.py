@@ -1,0 +1,1 @@
+"""Run archive: what each run dir holds, and the index over all of them."""

@@ -1,0 +1,1 @@
+"""`launcher`: the management CLI. Each subcommand is a thin call into the library."""

@@ -1,0 +1,97 @@
+"""Rank and rendezvous settings for torch.distributed, from the submitit/Slurm job environment.
+
+MASTER_ADDR is the first host of the allocation; MASTER_PORT comes from the job id, so two jobs
+(or two array tasks, which have distinct job ids) sharing a node never pick the same port.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+PORT_BASE = 20000
+PORT_SPAN = 30000  # ports 20000-49999: above the usual service ports, below the ephemeral range
+
+
+def port_for_job(job_id: str) -> int:
+    """A rendezvous port derived from the job id ("1234", "1234_5" or a local pid)."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def resolve_addr(host: str) -> str:
+    """An address for `host`; falls back to Slurm's NodeAddr when the node name is not in DNS."""
+    try:
+        socket.getaddrinfo(host, None)
+        return host
+    except socket.gaierror:
+        pass
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", host, "-o"], capture_output=True, text=True, timeout=30
+        ).stdout
+        m = re.search(r"\bNodeAddr=(\S+)", out)
+        if m:
+            return m.group(1)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return host
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    hostnames: List[str]
+    job_id: str
+    raw_job_id: str
+    array_job_id: Optional[str]
+    array_task_id: Optional[str]
+    master_addr: str
+    master_port: int
+
+    def export(self) -> Dict[str, str]:
+        """The variables torch.distributed's env:// rendezvous reads."""
+        env = {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+        os.environ.update(env)
+        return env
+
+
+def detect() -> DistEnv:
+    """Read the running submitit job's environment (Slurm or local)."""
+    import submitit
+
+    je = submitit.JobEnvironment()
+    hosts = list(je.hostnames)
+    world = je.num_tasks
+    nodes = max(1, je.num_nodes)
+    return DistEnv(
+        rank=je.global_rank,
+        world_size=world,
+        local_rank=je.local_rank,
+        local_world_size=max(1, world // nodes),
+        node_rank=je.node,
+        num_nodes=nodes,
+        hostnames=hosts,
+        job_id=je.job_id,
+        raw_job_id=je.raw_job_id,
+        array_job_id=je.array_job_id,
+        array_task_id=je.array_task_id,
+        master_addr=resolve_addr(hosts[0]) if hosts else "127.0.0.1",
+        master_port=port_for_job(je.raw_job_id),
+    )

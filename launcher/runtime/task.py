@@ -1,0 +1,124 @@
+"""The callable submitit runs in every task of a run: bootstrap, call the recipe, record the outcome.
+
+It holds only the run dir; the config is read from the archived config.yaml there, so the job runs
+exactly what was archived at launch time.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict
+
+from launcher.archive import atomic, bundle
+
+
+class RunTask:
+    def __init__(self, run_dir: str):
+        self.run_dir = str(run_dir)
+
+    def __call__(self) -> Dict[str, Any]:
+        return run(Path(self.run_dir))
+
+    def __repr__(self) -> str:
+        return f"RunTask({self.run_dir!r})"
+
+
+def _record_rank(run_dir: Path, denv, extra: Dict[str, Any]) -> None:
+    atomic.write_json(
+        bundle.rank_file(run_dir, denv.rank),
+        {
+            "rank": denv.rank,
+            "local_rank": denv.local_rank,
+            "node_rank": denv.node_rank,
+            "hostname": socket.gethostname(),
+            "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
+            "pid": os.getpid(),
+            "job_id": denv.job_id,
+            "array_job_id": denv.array_job_id,
+            "array_task_id": denv.array_task_id,
+            "master_addr": denv.master_addr,
+            "master_port": denv.master_port,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "started": bundle.now_iso(),
+            **extra,
+        },
+    )
+
+
+def run(run_dir: Path) -> Dict[str, Any]:
+    from launcher.runtime import env as dist_env
+
+    denv = dist_env.detect()
+    denv.export()
+    cfg_plain = bundle.load_config(run_dir)
+    for k, v in (cfg_plain.get("cluster", {}).get("env") or {}).items():
+        os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
+    _record_rank(run_dir, denv, {})
+    job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
+    if denv.rank == 0:
+        bundle.set_status(run_dir, "running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+    t0 = time.time()
+    try:
+        summary = _run_recipe(run_dir, cfg_plain, denv)
+    except BaseException as e:  # record, then re-raise so the task exits non-zero
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, flush=True)
+        atomic.write_text(run_dir / "ranks" / f"rank_{denv.rank}.error", tb)
+        status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
+        bundle.set_status(
+            run_dir, status, exit_code=1, error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids
+        )
+        raise
+    if denv.rank == 0 and not any((run_dir / "ranks").glob("*.error")):
+        bundle.set_status(
+            run_dir, "completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids
+        )
+    return summary
+
+
+def _run_recipe(run_dir: Path, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from hydra.utils import get_method
+
+    from launcher.runtime.context import RunContext
+    from launcher.schema import typed
+
+    cfg = typed(cfg_plain)
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
+    backend = "nccl" if use_cuda else "gloo"
+    device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=denv.rank,
+        world_size=denv.world_size,
+        timeout=timedelta(seconds=int(cfg.train.dist_timeout_s)),
+    )
+    ctx = RunContext(
+        rank=denv.rank,
+        world_size=denv.world_size,
+        local_rank=denv.local_rank,
+        local_world_size=denv.local_world_size,
+        node_rank=denv.node_rank,
+        hostname=socket.gethostname(),
+        run_dir=run_dir,
+        device=device,
+        backend=backend,
+    )
+    try:
+        recipe = get_method(cfg.recipe._target_)
+        summary = recipe(cfg, ctx) or {}
+        dist.barrier()
+    finally:
+        ctx.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return summary

@@ -1,0 +1,1 @@
+"""Submission: turn validated run configs into submitit jobs (local processes or one Slurm array)."""

@@ -1,0 +1,68 @@
+"""Waiting on submitted runs: a live progress view, then a one-line outcome per run."""
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+from launcher.archive import bundle
+
+
+def _final_status(run) -> str:
+    st = bundle.read_status(run.run_dir).get("status", "pending")
+    if st in bundle.FINAL:
+        return st
+    # the job ended without writing its outcome (killed, lost): it did not complete
+    state = ""
+    try:
+        state = str(run.job.state).upper()
+    except Exception:
+        pass
+    mapped = "cancelled" if "CANCEL" in state else "timeout" if "TIMEOUT" in state else "failed"
+    bundle.set_status(run.run_dir, mapped, exit_code=None, error=f"job ended without an outcome (state {state or '?'})")
+    return mapped
+
+
+def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5) -> bool:
+    """Block until every run's job ends, showing steps done; True if all completed."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=out, force_terminal=None)
+    runs = result.runs
+    totals = [int(p.cfg.train.steps) for p in points]
+    t0 = time.time()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), console=console, transient=False,
+    ) as progress:
+        tasks = [progress.add_task(r.run_id, total=t, info="pending") for r, t in zip(runs, totals)]
+        pending = set(range(len(runs)))
+        while pending:
+            for i in list(pending):
+                r = runs[i]
+                rows = bundle.read_metrics(r.run_dir)
+                info = bundle.read_status(r.run_dir).get("status", "pending")
+                if rows:
+                    info = f"loss {rows[-1].get('loss', float('nan')):.4f}  {rows[-1].get('tokens_per_s', 0):,.0f} tok/s"
+                progress.update(tasks[i], completed=len(rows), info=info)
+                if r.job.done():
+                    pending.discard(i)
+                    progress.update(tasks[i], info=_final_status(r))
+            if timeout_s and time.time() - t0 > timeout_s:
+                for i in pending:
+                    runs[i].job.cancel(check=False)
+                break
+            if pending:
+                time.sleep(poll_s)
+    ok = True
+    for r in runs:
+        st = _final_status(r)
+        ok &= st == "completed"
+        summary = bundle.read_status(r.run_dir).get("summary") or {}
+        loss = summary.get("final_loss")
+        tps = summary.get("mean_tokens_per_s")
+        extra = f"final loss {loss:.4f}, {tps:,.0f} tokens/s" if loss is not None and tps else ""
+        if st != "completed":
+            extra = bundle.read_status(r.run_dir).get("error", "") + f"  (logs: {r.job.paths.stderr})"
+        console.print(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}")
+    return ok

@@ -1,0 +1,214 @@
+"""One path for every launch: validate all points, archive them, submit them, report.
+
+A single run is a sweep of one point. Points that share cluster resources go out as ONE submitit
+batch (one Slurm array job); nothing is written or submitted unless every point is valid.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher import layout as layout_mod
+from launcher.archive import atomic, bundle
+from launcher.layout import ConfigError, ConfigErrors
+from launcher.schema import enum_value
+from launcher.submit import executors
+
+
+@dataclass
+class Point:
+    cfg: DictConfig  # composed run config (no hydra node)
+    overrides: List[str] = field(default_factory=list)
+    choices: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SubmittedRun:
+    run_id: str
+    run_dir: Path
+    job_id: Optional[str] = None
+    job: Any = None
+
+
+@dataclass
+class SweepResult:
+    sweep_id: str
+    sweep_dir: Optional[Path]
+    runs: List[SubmittedRun]
+    job_ids: List[str]
+    dry_run: bool = False
+
+
+class InvalidSweep(ValueError):
+    """At least one point is invalid; nothing was submitted."""
+
+
+def _resolve(point: Point, index: int) -> Dict[str, Any]:
+    try:
+        return OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {e.msg if hasattr(e, 'msg') else e}", "fix the interpolation")], f"(point {index})")
+
+
+def validate(points: List[Point]) -> List[layout_mod.Layout]:
+    """Check every point; raise InvalidSweep listing every bad point (and submit nothing)."""
+    problems: List[str] = []
+    layouts: List[layout_mod.Layout] = []
+    for i, p in enumerate(points):
+        try:
+            _resolve(p, i)
+            layouts.append(layout_mod.resolve(p.cfg))
+        except ConfigErrors as e:
+            where = f"point {i} ({' '.join(p.overrides) or 'defaults'})" if len(points) > 1 else "run"
+            problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in e.errors))
+    if problems:
+        total = len(points)
+        head = f"{len(problems)} of {total} point(s) invalid; nothing was submitted" if total > 1 else "invalid config; nothing was submitted"
+        raise InvalidSweep(head + "\n" + "\n".join(problems))
+    return layouts
+
+
+def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> SweepResult:
+    out = out or sys.stdout
+    argv = list(sys.argv if argv is None else argv)
+    layouts = validate(points)
+    first = points[0].cfg
+    runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
+    sweep_id = bundle.new_sweep_id()
+    sweep_dir = runs_root / sweep_id
+    folder = sweep_dir / ".submitit"
+    groups = _group(points)
+
+    if bool(first.submit.dry_run):
+        return _dry_run(points, groups, sweep_id, folder, out)
+
+    from launcher.archive import code, software
+
+    code_state = code.git_state(Path.cwd())
+    versions = software.versions()
+    freeze = software.pip_freeze()
+    runs: List[SubmittedRun] = []
+    for i, (p, lay) in enumerate(zip(points, layouts)):
+        rid = bundle.run_id_for(sweep_id, i)
+        rdir = sweep_dir / str(i)
+        bundle.write_run(
+            rdir,
+            run_id=rid,
+            sweep_id=sweep_id,
+            index=i,
+            resolved=_resolve(p, i),
+            overrides=p.overrides,
+            choices=p.choices,
+            argv=argv,
+            layout=lay.__dict__,
+            code=code_state,
+            software=versions,
+            pip_freeze=freeze,
+        )
+        runs.append(SubmittedRun(run_id=rid, run_dir=rdir))
+
+    from launcher.runtime.task import RunTask
+
+    job_ids: List[str] = []
+    for key, idxs in groups.items():
+        cfg = points[idxs[0]].cfg
+        ex = executors.make_executor(cfg, folder)
+        backend = enum_value(cfg.cluster.backend)
+        try:
+            with ex.batch():
+                jobs = [ex.submit(RunTask(str(runs[i].run_dir))) for i in idxs]
+        except Exception as e:  # submission refused: mark these runs failed, keep the archive
+            for i in idxs:
+                bundle.set_status(runs[i].run_dir, "failed", exit_code=None, error=f"submission failed: {e}")
+            raise
+        sbatch = None
+        if backend == "slurm":
+            sbatch = executors.sbatch_text(cfg, folder, len(idxs))
+        for i, job in zip(idxs, jobs):
+            r = runs[i]
+            r.job, r.job_id = job, str(job.job_id)
+            array_id, _, task = r.job_id.partition("_")
+            if sbatch:
+                atomic.write_text(r.run_dir / "sbatch.sh", sbatch)
+            atomic.write_json(
+                r.run_dir / bundle.JOB_FILE,
+                {
+                    "backend": backend,
+                    "job_id": r.job_id,
+                    "array_job_id": array_id if task else None,
+                    "array_task_id": int(task) if task else None,
+                    "submitit_folder": str(folder),
+                    "stdout": str(job.paths.stdout),
+                    "stderr": str(job.paths.stderr),
+                    "num_tasks": int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node),
+                    "submitted": bundle.now_iso(),
+                },
+            )
+            bundle.set_status(r.run_dir, "pending", job_id=r.job_id)
+        job_ids.append(str(jobs[0].job_id).partition("_")[0] if len(jobs) > 1 else str(jobs[0].job_id))
+
+    atomic.write_json(
+        sweep_dir / "sweep.json",
+        {
+            "sweep_id": sweep_id,
+            "created": bundle.now_iso(),
+            "argv": argv,
+            "num_runs": len(runs),
+            "job_ids": job_ids,
+            "backend": enum_value(first.cluster.backend),
+            "runs": [r.run_id for r in runs],
+        },
+    )
+    result = SweepResult(sweep_id=sweep_id, sweep_dir=sweep_dir, runs=runs, job_ids=job_ids)
+    _print_submitted(result, enum_value(first.cluster.backend), out)
+    wait = first.submit.wait
+    if wait is None:
+        wait = enum_value(first.cluster.backend) == "local"
+    if wait:
+        from launcher.submit.progress import wait_and_report
+
+        ok = wait_and_report(result, points, out, timeout_s=int(first.submit.wait_timeout_s))
+        if not ok:
+            raise SystemExit(1)
+    return result
+
+
+def _group(points: List[Point]) -> Dict[str, List[int]]:
+    groups: Dict[str, List[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault(executors.executor_key(p.cfg), []).append(i)
+    return groups
+
+
+def _dry_run(points, groups, sweep_id, folder, out) -> SweepResult:
+    for i, p in enumerate(points):
+        print(f"# ---- point {i}: {' '.join(p.overrides) or '(defaults)'}", file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(_resolve(p, i))), file=out)
+    for key, idxs in groups.items():
+        cfg = points[idxs[0]].cfg
+        if enum_value(cfg.cluster.backend) == "slurm":
+            print(f"# ---- sbatch script for points {idxs} ({len(idxs)} array task(s))", file=out)
+            print(executors.sbatch_text(cfg, folder, len(idxs)), file=out)
+        else:
+            print(f"# ---- local: points {idxs}, {cfg.cluster.gpus_per_node} process(es) each", file=out)
+    print(f"# dry run: nothing submitted ({len(points)} point(s))", file=out)
+    return SweepResult(sweep_id=sweep_id, sweep_dir=None, runs=[], job_ids=[], dry_run=True)
+
+
+def _print_submitted(result: SweepResult, backend: str, out) -> None:
+    n = len(result.runs)
+    what = "array job" if n > 1 and len(result.job_ids) == 1 else "job(s)"
+    print(f"sweep {result.sweep_id}: {n} run(s) submitted ({backend}), {what} {', '.join(result.job_ids)}", file=out)
+    for r in result.runs:
+        print(f"  {r.run_id}  job {r.job_id}  {r.run_dir}", file=out)
+    root = result.sweep_dir.parent if result.sweep_dir else ""
+    print(f"watch: launcher runs --sweep {result.sweep_id} --root {root}", file=out)
+    out.flush()
