@@ -8,6 +8,7 @@ Stays light: nothing here imports torch or deepspeed.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,22 @@ from launcher.schema import register_configs
 CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
 
 register_configs()
+
+# Config groups whose option names are numbers (zero/0.yaml .. zero/3.yaml). Hydra's override
+# grammar reads `zero=1` as an int, which a group choice may not be; quote the numbers for it.
+NUMERIC_GROUPS = ("zero",)
+_NUMERIC_CHOICE = re.compile(r"^([+~]*(?:%s)=)(.*)$" % "|".join(NUMERIC_GROUPS))
+
+
+def normalize_overrides(args):
+    """`zero=1` -> `zero='1'`, `zero=1,2,3` -> `zero='1','2','3'`; everything else unchanged."""
+    out = []
+    for a in args:
+        m = _NUMERIC_CHOICE.match(a)
+        if m and "'" not in a and '"' not in a:
+            a = m.group(1) + re.sub(r"(?<![\w.])(\d+)(?![\w.])", r"'\1'", m.group(2))
+        out.append(a)
+    return out
 
 
 def _fail(err: Exception) -> None:
@@ -46,6 +63,7 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    sys.argv[1:] = normalize_overrides(sys.argv[1:])
     _run()
 
 

@@ -22,8 +22,9 @@ def repo_root(start: Path) -> Optional[Path]:
 
 
 def git_state(start: Path) -> Dict[str, object]:
-    """Commit, branch and a patch (tracked changes + untracked files) of the repo holding `start`."""
-    root = repo_root(start)
+    """Commit, branch and a patch (tracked changes + untracked files) of the repo holding `start`,
+    or else of the repo this package was installed from (an editable install)."""
+    root = repo_root(start) or repo_root(Path(__file__).resolve().parent)
     if root is None:
         return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": ""}
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv in the repo and install the project with its dependencies (idempotent).
+# torch is pinned and installed in the same pip command as everything that depends on it:
+# on a machine without a GPU, torch==2.13.0 is a CPU build; unpinned, deepspeed would pull
+# a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_SPEC="${LAUNCHER_TORCH_SPEC:-torch==2.13.0}"
+PY="${PYTHON:-python3}"
+
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup: need Python >= 3.10 (set PYTHON=/path/to/python3)" >&2
+  exit 1
+fi
+
+stamp_want="$(cat setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ -x .venv/bin/python ] && [ "$(cat .venv/.launcher-stamp 2>/dev/null)" = "$stamp_want" ]; then
+  exit 0
+fi
+
+echo "setup: creating .venv and installing the project (first time takes ~1-2 min)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# DeepSpeed's C++ ops are built on first use (JIT), never at install time.
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q "$TORCH_SPEC" -e ".[test]"
+echo "$stamp_want" > .venv/.launcher-stamp
+.venv/bin/python -c 'import torch, deepspeed, hydra, submitit; print(f"setup: torch {torch.__version__}, deepspeed {deepspeed.__version__}, hydra {hydra.__version__}, submitit {submitit.__version__}")' 2>&1 | grep '^setup:'

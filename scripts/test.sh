@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Fresh machine -> set up, start the real local Slurm cluster, run the whole test suite.
+# Extra args go to pytest (e.g. ./scripts/test.sh tests/unit -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+
+started_slurm=0
+if ! ./scripts/slurm-local.sh status >/dev/null 2>&1; then
+  ./scripts/slurm-local.sh up
+  started_slurm=1
+fi
+eval "$(./scripts/slurm-local.sh env)"
+cleanup() { [ "$started_slurm" = 1 ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+LAUNCHER_REQUIRE_SLURM=1 .venv/bin/python -m pytest -q -ra "${@:-tests}"

@@ -1,0 +1,51 @@
+"""Every shipped config composes against the schema; bad keys and types fail at composition."""
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hydra.errors import ConfigCompositionException as HydraCompositionError
+
+from launcher.app import CONF_DIR, normalize_overrides
+from launcher.schema import register_configs
+
+register_configs()
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+
+
+@pytest.mark.parametrize("group", ["model", "cluster", "precision", "zero", "parallelism", "optim", "data", "recipe"])
+def test_every_option_composes(group):
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        cfg = _compose(f"{group}={path.stem}")
+        assert cfg[group] is not None
+
+
+def test_required_keys_present():
+    cfg = _compose("model=gpt_1b3")
+    for key in ["num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len"]:
+        assert cfg.model[key] > 0
+    assert cfg.model.num_layers == 24 and cfg.model.hidden_size == 2048
+    assert cfg.parallelism.dp is None and cfg.zero.stage == 0
+    assert cfg.cluster.gpu.memory_gb == 0
+
+
+def test_unknown_key_fails_naming_it():
+    with pytest.raises(HydraCompositionError) as ei:
+        _compose("model.hiden_size=10")
+    assert "hiden_size" in str(ei.value) or "hiden_size" in str(ei.value.__cause__)
+
+
+def test_wrong_type_fails_naming_it():
+    with pytest.raises(Exception) as ei:
+        _compose("train.steps=abc")
+    text = str(ei.value) + str(ei.value.__cause__)
+    assert "train.steps" in text or "steps" in text
+
+
+def test_bad_enum_lists_choices():
+    with pytest.raises(Exception) as ei:
+        _compose("precision.dtype=fp8")
+    text = str(ei.value) + str(ei.value.__cause__)
+    assert "fp32" in text and "bf16" in text
