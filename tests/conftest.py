@@ -1,55 +1,13 @@
-"""Shared test helpers: run the real `launch`/`launcher` commands and wait on real jobs."""
+"""Fixtures: a runs root per test, and the local Slurm cluster."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-FINAL = ("completed", "failed", "cancelled", "timeout")
-
-
-def run_cmd(args: List[str], runs_root: Path, timeout: float = 300, extra_env: Optional[Dict[str, str]] = None,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LAUNCHER_RUNS=str(runs_root), PYTHONUNBUFFERED="1")
-    env.update(extra_env or {})
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=str(cwd or runs_root.parent))
-
-
-def launch(overrides: List[str], runs_root: Path, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return run_cmd([str(BIN / "launch"), *overrides], runs_root, timeout=timeout, **kw)
-
-
-def runs_json(runs_root: Path) -> List[dict]:
-    res = run_cmd([str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)], runs_root, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
-    """Poll `launcher runs --json` until n runs exist and all are final."""
-    deadline = time.time() + timeout
-    runs: List[dict] = []
-    while time.time() < deadline:
-        runs = runs_json(runs_root)
-        if len(runs) >= n and all(r["status"] in FINAL for r in runs):
-            return runs
-        time.sleep(1.0)
-    raise AssertionError(f"runs not final after {timeout}s: {json.dumps(runs, indent=1)}")
-
-
-def read_metrics(run_dir: str) -> List[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture

@@ -70,9 +70,11 @@ def run(run_dir: Path) -> Dict[str, Any]:
         print(tb, file=sys.stderr, flush=True)
         atomic.write_text(run_dir / "ranks" / f"rank_{denv.rank}.error", tb)
         status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
-        bundle.set_status(
-            run_dir, status, exit_code=1, error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids
-        )
+        if bundle.read_status(run_dir).get("status") not in bundle.FINAL:
+            # the first rank to fail holds the root cause; the others fail because it went away
+            bundle.set_status(
+                run_dir, status, exit_code=1, error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids
+            )
         raise
     if denv.rank == 0 and not any((run_dir / "ranks").glob("*.error")):
         bundle.set_status(

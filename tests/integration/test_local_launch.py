@@ -1,0 +1,97 @@
+"""cluster=local end to end: real processes, real gloo training, a complete first archive."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import launch, read_metrics, runs_json
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.dist]
+
+
+def test_local_run_trains_and_archives(runs_root):
+    res = launch(["train.steps=20", "optim.lr=2e-3", "seed=7"], runs_root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = runs_json(runs_root)
+    assert run["status"] == "completed" and run["exit_code"] == 0
+    rdir = Path(run["dir"])
+    assert "archived in" in res.stdout and str(rdir) in res.stdout
+
+    rows = read_metrics(rdir)
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    for key in ("loss", "tokens_per_s", "step_time_s"):
+        assert all(isinstance(r[key], float) for r in rows), key
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.1, (first, last)
+
+    cfg = yaml.safe_load((rdir / "config.yaml").read_text())
+    assert "${" not in (rdir / "config.yaml").read_text()  # resolved
+    assert cfg["name"] == "gpt_tiny" and cfg["seed"] == 7 and cfg["optim"]["lr"] == 2e-3
+    ov = yaml.safe_load((rdir / "overrides.yaml").read_text())
+    assert "seed=7" in ov["overrides"] and ov["choices"]["model"] == "gpt_tiny"
+    meta = json.loads((rdir / "run.json").read_text())
+    assert meta["seed"] == 7 and meta["layout"]["dp"] == 2
+    git = json.loads((rdir / "code" / "git.json").read_text())
+    assert git["commit"] and len(git["commit"]) == 40
+    assert (rdir / "code" / "patch.diff").exists()
+    assert "torch==" in (rdir / "env" / "pip-freeze.txt").read_text()
+    ranks = [json.loads((rdir / "ranks" / f"rank_{r}.json").read_text()) for r in range(2)]
+    assert {r["rank"] for r in ranks} == {0, 1} and all(r["hostname"] for r in ranks)
+    assert ranks[0]["master_port"] == ranks[1]["master_port"] != 29500
+    status = json.loads((rdir / "status.json").read_text())
+    assert status["status"] == "completed" and status["exit_code"] == 0
+
+
+def test_local_failure_is_failed_with_traceback(runs_root):
+    res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1"], runs_root)
+    assert res.returncode != 0
+    (run,) = runs_json(runs_root)
+    assert run["status"] == "failed"
+    assert "injected failure at step 3 on rank 1" in run["error"]
+    log = launch_log(run, rank=1)
+    assert "Traceback" in log and "RuntimeError: injected failure" in log
+
+
+def launch_log(run, rank):
+    from helpers import BIN, run_cmd
+
+    res = run_cmd([str(BIN / "launcher"), "logs", run["run_id"], "--rank", str(rank), "--err",
+                   "--root", str(Path(run["dir"]).parent.parent)], Path(run["dir"]).parent.parent)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.hiden_size=8", "model.hiden_size"),
+        ("train.steps=many", "train.steps"),
+        ("parallelism.tp=3", "parallelism.tp"),
+        ("precision.dtype=fp8", "precision.dtype"),
+        ("train.global_batch_size=10", "train.global_batch_size"),
+    ],
+)
+def test_bad_input_is_rejected_before_anything_is_written(runs_root, override, key):
+    res = launch([override], runs_root, timeout=120)
+    assert res.returncode != 0
+    assert key in res.stderr + res.stdout
+    assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
+
+
+def test_sweep_with_one_bad_point_launches_nothing(runs_root):
+    res = launch(["-m", "cluster.gpus_per_node=1,3", "parallelism.tp=1", "train.global_batch_size=16"], runs_root,
+                 timeout=120)
+    assert res.returncode != 0
+    assert "1 of 2 point(s) invalid; nothing was submitted" in res.stderr
+    assert "train.global_batch_size" in res.stderr
+    assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
+
+
+def test_dry_run_prints_config_and_sbatch_and_submits_nothing(runs_root):
+    res = launch(["-m", "submit.dry_run=true", "cluster=local_slurm", "optim.lr=1e-3,2e-3"], runs_root, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("# ---- point") == 2
+    assert "#SBATCH --array=0-1%2" in res.stdout and "submitit.core._submit" in res.stdout
+    assert "lr: 0.002" in res.stdout
+    assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
