@@ -136,7 +136,7 @@ class DataConfig:
 class TrainConfig:
     micro_batch_size: int = 4
     global_batch_size: int = 16
-    steps: int = 30
+    steps: int = 60
     recompute: Recompute = Recompute.none
     log_interval: int = 5
     # seconds a collective may block before the process group gives up (a hang fails the run)

@@ -59,9 +59,11 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         st = _final_status(r)
         ok &= st == "completed"
         summary = bundle.read_status(r.run_dir).get("summary") or {}
-        loss = summary.get("final_loss")
+        loss, first = summary.get("final_loss"), summary.get("first_loss")
         tps = summary.get("mean_tokens_per_s")
-        extra = f"final loss {loss:.4f}, {tps:,.0f} tokens/s" if loss is not None and tps else ""
+        extra = ""
+        if loss is not None and first is not None and tps:
+            extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
             extra = bundle.read_status(r.run_dir).get("error", "") + f"  (logs: {r.job.paths.stderr})"
         console.print(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}")

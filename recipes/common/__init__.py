@@ -1,0 +1,1 @@
+"""Pieces shared by recipes: seeding and the synthetic dataset."""

@@ -1,0 +1,1 @@
+"""Megatron-style GPT recipe: ``recipes.gpt.train.main`` is the entry point."""
