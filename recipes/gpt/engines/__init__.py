@@ -1,0 +1,28 @@
+"""Training engines: how one optimizer step is computed over a layout.
+
+Every engine implements ``recipes.gpt.engines.base.Engine``; ``build_engine`` picks one by
+``parallelism.engine`` (ddp, deepspeed, megatron). The step loop in ``recipes.gpt.train``
+is shared, so data order, schedule, metrics and fault injection are identical across engines.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from recipes.gpt.engines.base import Engine, engine_name
+
+
+def build_engine(cfg: Any, ctx: Any) -> Engine:
+    name = engine_name(cfg)
+    if name == "ddp":
+        from recipes.gpt.engines.ddp import DDPEngine
+
+        return DDPEngine(cfg, ctx)
+    if name == "deepspeed":
+        from recipes.gpt.engines.deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(cfg, ctx)
+    if name == "megatron":
+        from recipes.gpt.engines.megatron import MegatronEngine
+
+        return MegatronEngine(cfg, ctx)
+    raise ValueError(f"parallelism.engine={name!r} is not one of ddp, deepspeed, megatron")

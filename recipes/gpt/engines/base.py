@@ -1,0 +1,106 @@
+"""The engine interface shared by the step loop, and helpers every engine uses."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from recipes.common.seeding import derive_seed, seed_everything
+from recipes.gpt.model import GPT
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+def as_str(value: Any) -> str:
+    """Enum or str -> its plain string value."""
+    return str(getattr(value, "value", value))
+
+
+def engine_name(cfg: Any) -> str:
+    return as_str(cfg.parallelism.engine)
+
+
+def dtype_name(cfg: Any) -> str:
+    name = as_str(cfg.precision.dtype)
+    if name not in DTYPES:
+        raise ValueError(f"precision.dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return name
+
+
+def autocast_for(cfg: Any, device_type: str) -> Callable[[], ContextManager]:
+    """A context factory: autocast to bf16/fp16, or nothing for fp32."""
+    name = dtype_name(cfg)
+    if name == "fp32":
+        return contextlib.nullcontext
+    if not torch.amp.is_autocast_available(device_type):
+        raise ValueError(f"precision.dtype={name} needs autocast, unavailable on {device_type}")
+    dtype = DTYPES[name]
+    return lambda: torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def build_model(cfg: Any, rank_for_dropout: int) -> GPT:
+    """The full GPT with the same init on every rank (seeded before construction); dropout
+    masks then differ per data-parallel replica."""
+    seed_everything(int(cfg.seed))
+    model = GPT(cfg.model, recompute=as_str(cfg.train.recompute))
+    torch.manual_seed(derive_seed(int(cfg.seed), "dropout", rank_for_dropout))
+    return model
+
+
+def param_groups(params: List[Tuple[str, nn.Parameter]], weight_decay: float) -> List[Dict[str, Any]]:
+    """AdamW groups: no weight decay on biases and norm weights (every parameter with ndim < 2)."""
+    decay = [p for _, p in params if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for _, p in params if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
+    name = as_str(getattr(optim, "name", "adamw")).lower()
+    if name != "adamw":
+        raise ValueError(f"optim.name={name!r} is not supported by recipes.gpt (only 'adamw')")
+    return torch.optim.AdamW(
+        param_groups(list(model.named_parameters()), float(optim.weight_decay)),
+        lr=float(optim.lr),
+        betas=(float(optim.beta1), float(optim.beta2)),
+        eps=float(optim.eps),
+    )
+
+
+def tensor_bytes(tensors) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors if t is not None))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of tensor state the optimizer holds (Adam: exp_avg, exp_avg_sq; step counters excluded)."""
+    return tensor_bytes(
+        v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0
+    )
+
+
+class Engine:
+    """One optimizer step over this rank's share of a global batch.
+
+    Attributes the loop reads: ``dp`` and ``dp_rank`` (which samples this rank loads),
+    ``num_params`` (total model parameters), ``is_logging_rank``.
+    """
+
+    dp: int = 1
+    dp_rank: int = 0
+    num_params: int = 0
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        """Forward/backward over the micro batches, optimizer step at ``lr``.
+        Returns (loss averaged over the whole global batch, global grad norm before clipping),
+        the same on every rank."""
+        raise NotImplementedError
+
+    def state_bytes(self) -> Dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held on this rank (for the planner's
+        exactness check): {"params", "grads", "optimizer"}."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__

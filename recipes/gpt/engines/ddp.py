@@ -1,0 +1,89 @@
+"""Plain data parallelism with torch DistributedDataParallel (tp = pp = 1, no ZeRO)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recipes.gpt.engines.base import (
+    Batch, Engine, adamw, as_str, autocast_for, build_model, dtype_name, optimizer_state_bytes, tensor_bytes,
+)
+from recipes.gpt.model import count_parameters
+
+
+class DDPEngine(Engine):
+    def __init__(self, cfg: Any, ctx: Any) -> None:
+        tp, pp = int(cfg.parallelism.tp), int(cfg.parallelism.pp)
+        if tp * pp != 1:
+            raise ValueError(f"parallelism.engine=ddp is data parallel only: parallelism.tp={tp}, parallelism.pp={pp}")
+        self.world = int(ctx.world_size)
+        self.dp, self.dp_rank = self.world, int(ctx.rank)
+        self.device = torch.device(ctx.device)
+        self.model = build_model(cfg, self.dp_rank).to(self.device)
+        self.num_params = count_parameters(self.model)
+        self.ddp: Optional[nn.parallel.DistributedDataParallel] = None
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
+        self.model.train()
+        self.optimizer = adamw(self.model, cfg.optim)
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.grad_clip = float(cfg.optim.grad_clip)
+        self.autocast = autocast_for(cfg, self.device.type)
+        prec = cfg.precision
+        self.scaler = None
+        self.static_scale = 0.0
+        if dtype_name(cfg) == "fp16":
+            self.static_scale = float(prec.loss_scale)
+            self.scaler = torch.amp.GradScaler(
+                self.device.type,
+                init_scale=self.static_scale if self.static_scale > 0 else 2.0 ** int(prec.initial_scale_power),
+                growth_interval=int(prec.loss_scale_window),
+            )
+        self.min_scale = float(prec.min_loss_scale)
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        accum = len(batches)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        for k, (tokens, labels) in enumerate(batches):
+            tokens = tokens.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
+            sync = self.ddp is None or k == accum - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with self.autocast():
+                    loss = self.runner(tokens, labels=labels) / accum
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss_sum += loss.detach()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update(self.static_scale if self.static_scale > 0 else None)
+            if self.static_scale <= 0 and self.scaler.get_scale() < self.min_scale:
+                self.scaler.update(self.min_scale)
+        else:
+            self.optimizer.step()
+        self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.world > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum /= self.world
+        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+        return loss_value, norm_value
+
+    def state_bytes(self) -> Dict[str, int]:
+        return {
+            "params": tensor_bytes(self.model.parameters()),
+            "grads": getattr(self, "_last_grad_bytes", 0),
+            "optimizer": optimizer_state_bytes(self.optimizer),
+        }
