@@ -28,8 +28,19 @@ class ConfigErrors(ValueError):
         super().__init__(head + ":\n" + "\n".join(f"- {e}" for e in errors))
 
 
+def engine_for(cfg: Any) -> str:
+    """The engine a config runs on: `parallelism.engine`, or for `auto` the one its layout needs."""
+    engine = enum_value(cfg.parallelism.engine)
+    if engine != "auto":
+        return engine
+    if cfg.parallelism.tp > 1 or cfg.parallelism.pp > 1:
+        return "megatron"
+    return "deepspeed" if cfg.zero.stage > 0 else "ddp"
+
+
 @dataclass(frozen=True)
 class Layout:
+    engine: str
     world_size: int
     nodes: int
     procs_per_node: int
@@ -175,7 +186,7 @@ def check(cfg: Any) -> List[ConfigError]:
 def _engine_rules(cfg: Any) -> List[ConfigError]:
     """Which parallelism/precision/ZeRO combinations each engine can run."""
     par, z = cfg.parallelism, cfg.zero
-    engine = enum_value(par.engine)
+    engine = engine_for(cfg)
     errs: List[ConfigError] = []
     if engine == "ddp":
         if par.tp > 1 or par.pp > 1:
@@ -183,21 +194,41 @@ def _engine_rules(cfg: Any) -> List[ConfigError]:
                 ConfigError(
                     "parallelism.engine",
                     f"engine ddp is data parallel only, but tp={par.tp} pp={par.pp}",
-                    "use parallelism.tp=1 parallelism.pp=1, or a model-parallel engine",
+                    "use parallelism.engine=megatron (or auto) for tensor/pipeline parallelism",
                 )
             )
         if z.stage > 0:
             errs.append(
-                ConfigError("zero.stage", f"ZeRO stage {z.stage} needs the deepspeed engine", "use zero=0 with engine ddp")
+                ConfigError(
+                    "zero.stage", f"ZeRO stage {z.stage} needs the deepspeed engine",
+                    "use parallelism.engine=deepspeed (or auto), or zero=0",
+                )
             )
-    if engine in ("deepspeed", "megatron"):
-        errs.append(
-            ConfigError(
-                "parallelism.engine",
-                f"engine '{engine}' is not available in this version",
-                "use parallelism=dp (engine ddp)",
+    elif engine == "deepspeed":
+        if par.tp > 1 or par.pp > 1:
+            errs.append(
+                ConfigError(
+                    "parallelism.engine",
+                    f"the deepspeed engine runs data parallel + ZeRO only, but tp={par.tp} pp={par.pp}",
+                    "use parallelism.engine=megatron (or auto) for tensor/pipeline parallelism",
+                )
             )
-        )
+    elif engine == "megatron":
+        if z.stage > 1:
+            errs.append(
+                ConfigError(
+                    "zero.stage",
+                    f"ZeRO stage {z.stage} cannot be combined with tensor/pipeline parallelism here "
+                    "(gradients and parameters are already split by tp/pp; stages 2-3 would re-shard "
+                    "them every micro-batch of the pipeline)",
+                    "use zero=1 (optimizer states sharded across data-parallel ranks) or zero=0",
+                )
+            )
+        if z.offload_optimizer or z.offload_params:
+            errs.append(
+                ConfigError("zero.offload_optimizer", "offload needs the deepspeed engine",
+                            "turn offload off, or use tp=pp=1 with parallelism.engine=deepspeed")
+            )
     return errs
 
 
@@ -210,6 +241,7 @@ def resolve(cfg: Any) -> Layout:
     world = cl.nodes * cl.gpus_per_node
     dp = world // (par.tp * par.pp)
     return Layout(
+        engine=engine_for(cfg),
         world_size=world,
         nodes=cl.nodes,
         procs_per_node=cl.gpus_per_node,

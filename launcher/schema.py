@@ -26,6 +26,7 @@ class Recompute(str, Enum):
 
 
 class Engine(str, Enum):
+    auto = "auto"  # ddp, deepspeed (zero.stage > 0) or megatron (tp or pp > 1), from the layout
     ddp = "ddp"  # torch DistributedDataParallel (data parallel only)
     deepspeed = "deepspeed"  # DeepSpeed ZeRO 0-3
     megatron = "megatron"  # Megatron-style TP/PP/DP mesh
@@ -52,7 +53,7 @@ class ModelConfig:
 @dataclass
 class ParallelConfig:
     name: str = "dp"
-    engine: Engine = Engine.ddp
+    engine: Engine = Engine.auto
     tp: int = 1
     pp: int = 1
     dp: Optional[int] = None  # derived as world / (tp * pp) when null

@@ -99,12 +99,14 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> S
     for i, (p, lay) in enumerate(zip(points, layouts)):
         rid = bundle.run_id_for(sweep_id, i)
         rdir = sweep_dir / str(i)
+        resolved = _resolve(p, i)
+        resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         bundle.write_run(
             rdir,
             run_id=rid,
             sweep_id=sweep_id,
             index=i,
-            resolved=_resolve(p, i),
+            resolved=resolved,
             overrides=p.overrides,
             choices=p.choices,
             argv=argv,

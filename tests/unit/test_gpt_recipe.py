@@ -316,7 +316,7 @@ def test_main_mixed_precision_runs(tmp_path, dtype):
 @pytest.mark.timeout(120)
 def test_main_rejects_tensor_parallel(tmp_path):
     with pytest.raises(ValueError, match="parallelism.tp"):
-        run_single(make_cfg(parallelism={"tp": 2}), tmp_path)
+        run_single(make_cfg(parallelism={"tp": 2, "engine": "ddp"}), tmp_path)
 
 
 @pytest.mark.timeout(120)

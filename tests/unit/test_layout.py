@@ -50,7 +50,7 @@ def test_tp_pp_not_dividing_world_names_key_and_fix():
         (["model.num_layers=0"], "model.num_layers"),
         (["cluster.nodes=0"], "cluster.nodes"),
         (["zero.stage=4"], "zero.stage"),
-        (["zero=1"], "zero.stage"),  # ZeRO needs the deepspeed engine
+        (["zero=1", "parallelism.engine=ddp"], "zero.stage"),  # ZeRO needs the deepspeed engine
         (["zero.offload_optimizer=true"], "zero.offload_optimizer"),
         (["zero=2", "zero.offload_params=true"], "zero.offload_params"),
         (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
@@ -58,7 +58,9 @@ def test_tp_pp_not_dividing_world_names_key_and_fix():
         (["optim.warmup_steps=1000"], "optim.warmup_steps"),
         (["model.dropout=1.5"], "model.dropout"),
         (["train.fail_at_step=1", "train.fail_rank=5"], "train.fail_rank"),
-        (["parallelism.tp=2"], "parallelism.engine"),
+        (["parallelism.tp=2", "parallelism.engine=ddp"], "parallelism.engine"),
+        (["parallelism=3d", "zero=2"], "zero.stage"),
+        (["parallelism=tp", "parallelism.engine=deepspeed"], "parallelism.engine"),
     ],
 )
 def test_bad_values_name_their_key(overrides, key):

@@ -20,7 +20,9 @@ def as_str(value: Any) -> str:
 
 
 def engine_name(cfg: Any) -> str:
-    return as_str(cfg.parallelism.engine)
+    from launcher.layout import engine_for  # resolves "auto" from the layout
+
+    return engine_for(cfg)
 
 
 def dtype_name(cfg: Any) -> str:
