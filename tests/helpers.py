@@ -51,3 +51,19 @@ def read_metrics(run_dir: str) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+
+
+# The reference for engine equivalence: gpt_tiny in fp32, no dropout, 8 micro-batches of 2 per
+# step in one process, so every layout up to 8 ranks (and pp=2 with >= 4 micro-batches) divides it.
+EQUIV_BASE = ["model=gpt_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=16",
+              "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11",
+              "train.log_interval=0", "cluster=local"]
+
+
+def train_losses(overrides: List[str], runs_root: Path, procs: int, timeout: float = 300) -> List[float]:
+    """Run a real local launch with `procs` processes; return the per-step loss trajectory."""
+    res = launch([*EQUIV_BASE, f"cluster.gpus_per_node={procs}", *overrides], runs_root, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = runs_json(runs_root)[-1]
+    assert run["status"] == "completed", run
+    return [r["loss"] for r in read_metrics(run["dir"])]
