@@ -130,12 +130,25 @@ def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def iter_run_dirs(runs_root: Path) -> Iterable[Path]:
-    """Every archived run under runs_root (a dir counts once its run.json exists)."""
+def iter_sweep_dirs(runs_root: Path) -> List[Path]:
     root = Path(runs_root)
     if not root.is_dir():
         return []
-    return (p.parent for p in root.glob(f"*/*/{RUN_FILE}"))
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def iter_run_dirs(runs_root: Path, sweep: Optional[str] = None) -> List[Path]:
+    """Every archived run under runs_root (a dir counts once its run.json exists; staging dirs,
+    whose names start with '.', never count)."""
+    sweeps = [Path(runs_root) / sweep] if sweep else iter_sweep_dirs(runs_root)
+    out = []
+    for sd in sweeps:
+        if not sd.is_dir():
+            continue
+        for rd in sorted(sd.iterdir(), key=lambda p: (len(p.name), p.name)):
+            if not rd.name.startswith(".") and (rd / RUN_FILE).is_file():
+                out.append(rd)
+    return out
 
 
 def rank_file(run_dir: Path, rank: int) -> Path:
@@ -150,3 +163,49 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+MANIFEST_FILE = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def finalize(run_dir: Path) -> Dict[str, Any]:
+    """Seal a run whose status is final: manifest.json with the sha256 of every file, then every
+    file read-only. Idempotent."""
+    run_dir = Path(run_dir)
+    files = {}
+    for p in sorted(run_dir.rglob("*")):
+        if p.is_file() and p.name != MANIFEST_FILE and not p.name.endswith(".tmp"):
+            files[str(p.relative_to(run_dir))] = _sha256(p)
+    manifest = {"run_dir": str(run_dir), "sealed": now_iso(), "status": read_status(run_dir).get("status"),
+                "files": files}
+    mpath = run_dir / MANIFEST_FILE
+    if mpath.exists():
+        os.chmod(mpath, 0o644)
+    atomic.write_json(mpath, manifest)
+    for p in run_dir.rglob("*"):
+        if p.is_file():
+            os.chmod(p, p.stat().st_mode & ~0o222)
+    return manifest
+
+
+def verify(run_dir: Path) -> List[str]:
+    """Files whose content no longer matches the manifest (empty = intact)."""
+    manifest = atomic.read_json(Path(run_dir) / MANIFEST_FILE)
+    if not manifest:
+        return ["manifest.json missing"]
+    bad = []
+    for rel, digest in manifest["files"].items():
+        p = Path(run_dir) / rel
+        if not p.is_file() or _sha256(p) != digest:
+            bad.append(rel)
+    return bad

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from launcher.archive import atomic, bundle
+from launcher.archive import atomic, bundle, index
 
 SLURM_STATE = {
     "PENDING": "pending",
@@ -73,47 +74,116 @@ def _scheduler_status(job: Dict[str, Any], recorded: str, slurm: Dict[str, str])
     return None
 
 
-def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[str, Any]]:
-    """Every run under root, oldest first, each with its current status."""
+def row_from_dir(rdir: Path) -> Optional[Dict[str, Any]]:
+    """The index row of one run dir (None if it is not a complete run)."""
+    meta = bundle.read_run(rdir)
+    if not meta:
+        return None
+    st = bundle.read_status(rdir)
+    job = atomic.read_json(rdir / bundle.JOB_FILE, {}) or {}
+    summary = st.get("summary") or {}
+    try:
+        config = bundle.load_config(rdir)
+    except (OSError, ValueError):
+        config = {}
+    return {
+        "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": meta.get("index"),
+        "name": meta.get("name"), "dir": str(rdir), "status": st.get("status", "pending"),
+        "exit_code": st.get("exit_code"), "job_id": job.get("job_id"), "backend": meta.get("backend"),
+        "created": meta.get("created"), "created_ts": meta.get("created_ts", 0.0), "tags": meta.get("tags") or [],
+        "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
+        "error": st.get("error"), "reproduces": meta.get("reproduces"), "_job": job,
+    }
+
+
+def scan(root: Path, sweeps: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
+    """Rows read from the run dirs (all sweeps, or only the named ones)."""
+    root = Path(root)
+    dirs = bundle.iter_run_dirs(root) if sweeps is None else [
+        d for s in sweeps for d in bundle.iter_run_dirs(root, sweep=s)]
+    return [r for r in (row_from_dir(d) for d in dirs) if r]
+
+
+def reindex(root: Optional[Path] = None) -> int:
+    """Rebuild the SQLite index from the run dirs; returns the number of runs."""
     root = Path(root) if root else default_root()
-    rows = []
-    for rdir in bundle.iter_run_dirs(root):
-        meta = bundle.read_run(rdir)
-        if not meta:
+    found = scan(root)
+    index.replace_all(root, found)
+    return len(found)
+
+
+def record(root: Path, run_dirs: Iterable[Path]) -> None:
+    """Add or refresh the index rows of these run dirs (called by launch after submission)."""
+    new = [r for r in (row_from_dir(Path(d)) for d in run_dirs) if r]
+    with closing(index.connect(root)) as conn:
+        index.upsert(conn, new)
+
+
+def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Re-read unfinished runs from their dirs and ask the scheduler about them; returns changed rows."""
+    live = [r for r in rows if r["status"] not in bundle.FINAL]
+    fresh = {r["run_id"]: row_from_dir(Path(r["dir"])) for r in live}
+    jobs = {rid: (f or {}).get("_job") or {} for rid, f in fresh.items()}
+    slurm = sacct_states(
+        j["job_id"] for rid, j in jobs.items()
+        if j.get("backend") == "slurm" and (fresh[rid] or {}).get("status") not in bundle.FINAL)
+    changed = []
+    for r in live:
+        f = fresh.get(r["run_id"])
+        if f is None:
             continue
-        rows.append((meta, rdir))
-    rows.sort(key=lambda r: (r[0].get("created_ts", 0), r[0].get("sweep_id", ""), r[0].get("index", 0)))
-    jobs = {str(rdir): atomic.read_json(rdir / bundle.JOB_FILE, {}) or {} for _, rdir in rows}
-    statuses = {str(rdir): bundle.read_status(rdir) for _, rdir in rows}
-    slurm: Dict[str, str] = {}
-    if refresh:
-        live = [
-            j["job_id"] for k, j in jobs.items()
-            if j.get("backend") == "slurm" and statuses[k].get("status") not in bundle.FINAL
-        ]
-        slurm = sacct_states(live)
-    out = []
-    for meta, rdir in rows:
-        st = statuses[str(rdir)]
-        status = st.get("status", "pending")
-        if refresh and status not in bundle.FINAL:
-            status = _scheduler_status(jobs[str(rdir)], status, slurm) or status
-        summary = st.get("summary") or {}
-        out.append(
-            {
-                "run_id": meta["run_id"],
-                "sweep_id": meta["sweep_id"],
-                "index": meta.get("index"),
-                "name": meta.get("name"),
-                "dir": str(rdir),
-                "status": status,
-                "exit_code": st.get("exit_code"),
-                "job_id": jobs[str(rdir)].get("job_id"),
-                "backend": meta.get("backend"),
-                "created": meta.get("created"),
-                "final_loss": summary.get("final_loss"),
-                "tokens_per_s": summary.get("mean_tokens_per_s"),
-                "error": st.get("error"),
-            }
-        )
-    return out
+        status = f["status"]
+        if status not in bundle.FINAL:
+            derived = _scheduler_status(jobs[r["run_id"]], status, slurm)
+            if derived in bundle.FINAL:
+                # the job died without recording its outcome: record it for it, then seal the run
+                bundle.set_status(Path(r["dir"]), derived, exit_code=None,
+                                  error=f"job ended without recording an outcome (scheduler: {derived})")
+                bundle.finalize(Path(r["dir"]))
+                f = row_from_dir(Path(r["dir"])) or f
+            elif derived:
+                f["status"] = derived
+        if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error")):
+            changed.append(f)
+    return changed
+
+
+def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[str, Any]]:
+    """Every run under root, oldest first, with current status (from the index, refreshed)."""
+    root = Path(root) if root else default_root()
+    if not root.is_dir():
+        return []
+    with closing(index.connect(root)) as conn:
+        rows = index.rows(conn)
+        known = {r["sweep_id"] for r in rows}
+        unknown = [d.name for d in bundle.iter_sweep_dirs(root) if d.name not in known]
+        if unknown:  # runs the index has not seen (e.g. the index was deleted): add them
+            found = scan(root, unknown)
+            index.upsert(conn, found)
+            rows = index.rows(conn)
+        if refresh:
+            changed = _refresh(rows)
+            if changed:
+                index.upsert(conn, changed)
+                rows = index.rows(conn)
+    return [public(r) for r in rows]
+
+
+def public(r: Dict[str, Any]) -> Dict[str, Any]:
+    """The JSON shape of `launcher runs --json`."""
+    return {
+        "run_id": r["run_id"], "sweep_id": r["sweep_id"], "index": r["idx"], "name": r["name"], "dir": r["dir"],
+        "status": r["status"], "exit_code": r["exit_code"], "job_id": r["job_id"], "backend": r["backend"],
+        "created": r["created"], "tags": r.get("tags") or [], "final_loss": r["final_loss"],
+        "tokens_per_s": r["tokens_per_s"], "error": r["error"], "reproduces": r.get("reproduces"),
+        "config": r.get("config") or {},
+    }
+
+
+def matches(run: Dict[str, Any], where: Dict[str, Any]) -> bool:
+    """key=value filters over the resolved config (values compared after YAML parsing)."""
+    for key, want in where.items():
+        got = index.lookup(run.get("config") or {}, key)
+        if got != want and str(got) != str(want):
+            return False
+    return True

@@ -50,15 +50,38 @@ def _record_rank(run_dir: Path, denv, extra: Dict[str, Any]) -> None:
     )
 
 
+def _wait_for(run_dir: Path, timeout_s: float = 120.0) -> None:
+    """The launcher makes the run dir visible right after submission returns; a task can start first."""
+    deadline = time.time() + timeout_s
+    while not (run_dir / bundle.RUN_FILE).exists():
+        if time.time() > deadline:
+            raise FileNotFoundError(f"run dir {run_dir} never appeared (was the launch interrupted?)")
+        time.sleep(0.2)
+
+
+def _record_node(run_dir: Path, denv) -> None:
+    """Topology once per node (its local rank 0); the training environment and runtime versions once."""
+    from launcher.archive import secrets, topology
+
+    if denv.local_rank == 0:
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        atomic.write_json(run_dir / "topology" / f"node_{node}_{denv.node_rank}.json", topology.gather())
+    if denv.rank == 0:
+        atomic.write_json(run_dir / "env" / "training-env.json", secrets.training_env(os.environ))
+        atomic.write_json(run_dir / "env" / "runtime.json", topology.runtime_software())
+
+
 def run(run_dir: Path) -> Dict[str, Any]:
     from launcher.runtime import env as dist_env
 
+    _wait_for(run_dir)
     denv = dist_env.detect()
     denv.export()
     cfg_plain = bundle.load_config(run_dir)
     for k, v in (cfg_plain.get("cluster", {}).get("env") or {}).items():
         os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
     _record_rank(run_dir, denv, {})
+    _record_node(run_dir, denv)
     job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
     if denv.rank == 0:
         bundle.set_status(run_dir, "running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
@@ -75,11 +98,13 @@ def run(run_dir: Path) -> Dict[str, Any]:
             bundle.set_status(
                 run_dir, status, exit_code=1, error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids
             )
+            bundle.finalize(run_dir)
         raise
     if denv.rank == 0 and not any((run_dir / "ranks").glob("*.error")):
         bundle.set_status(
             run_dir, "completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids
         )
+        bundle.finalize(run_dir)
     return summary
 
 

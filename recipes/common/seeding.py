@@ -33,3 +33,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+
+
+def data_seed(seed: int, explicit: object = None) -> int:
+    """The data-order seed: data.seed when set, else derived from the run seed."""
+    return int(explicit) if explicit is not None else derive_seed(int(seed), "data")
+
+
+def dropout_seed(seed: int, dp_rank: int) -> int:
+    """Per data-parallel replica, so dropout masks differ between replicas."""
+    return derive_seed(int(seed), "dropout", int(dp_rank))
+
+
+def seed_plan(seed: int, explicit_data_seed: object, dp: int) -> dict:
+    """Every seed a run uses and how it was derived (archived as seeds.json; no torch needed)."""
+    return {
+        "seed": int(seed),
+        "init": {"value": int(seed), "how": "torch/numpy/random seeded with `seed` before the model is built "
+                                            "(identical init on every rank)"},
+        "data": {"value": data_seed(seed, explicit_data_seed),
+                 "how": "data.seed" if explicit_data_seed is not None else "derive_seed(seed, 'data')",
+                 "order": "sample i of step s, dp rank r, micro batch k: s*G + r*(a*mb) + k*mb + j, "
+                          "each sample a function of (data seed, i) only"},
+        "dropout": {"how": "derive_seed(seed, 'dropout', dp_rank)",
+                    "per_dp_rank": {str(r): dropout_seed(seed, r) for r in range(int(dp))}},
+    }

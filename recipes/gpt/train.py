@@ -15,7 +15,7 @@ import torch
 
 from recipes.common.data import grad_accum_steps, micro_batches
 from recipes.common.metrics import MetricsSink, flops_per_token, peak_memory_bytes
-from recipes.common.seeding import derive_seed
+from recipes.common import seeding
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
 
@@ -39,7 +39,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     accum = grad_accum_steps(gbs, mbs, dp)
     steps = int(cfg.train.steps)
     seq_len, vocab = int(cfg.model.seq_len), int(cfg.model.vocab_size)
-    data_seed = int(cfg.data.seed if cfg.data.seed is not None else derive_seed(int(cfg.seed), "data"))
+    data_seed = seeding.data_seed(int(cfg.seed), cfg.data.seed)
     branching = int(cfg.data.branching)
     fail_at, fail_rank = cfg.train.fail_at_step, int(cfg.train.fail_rank)
     log_interval = int(cfg.train.log_interval)

@@ -7,7 +7,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Tuple
 import torch
 from torch import nn
 
-from recipes.common.seeding import derive_seed, seed_everything
+from recipes.common.seeding import dropout_seed, seed_everything
 from recipes.gpt.model import GPT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,7 +48,7 @@ def build_model(cfg: Any, rank_for_dropout: int) -> GPT:
     masks then differ per data-parallel replica."""
     seed_everything(int(cfg.seed))
     model = GPT(cfg.model, recompute=as_str(cfg.train.recompute))
-    torch.manual_seed(derive_seed(int(cfg.seed), "dropout", rank_for_dropout))
+    torch.manual_seed(dropout_seed(int(cfg.seed), rank_for_dropout))
     return model
 
 
