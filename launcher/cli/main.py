@@ -3,6 +3,7 @@
   launcher runs [--sweep S] [--status ST] [--json]   list runs, oldest first
   launcher logs RUN [--rank N] [--err]              print one rank's log
   launcher cancel RUN_OR_SWEEP                      cancel queued/running jobs
+  launcher plan [overrides] [--search] [--json]     memory / speed of a layout, or rank every layout
 """
 from __future__ import annotations
 
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("cancel", help="cancel a run or every unfinished run of a sweep", parents=[common])
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
+
+    from launcher.cli import plan_cmd
+
+    plan_cmd.add_parser(sub)
     return p
 
 

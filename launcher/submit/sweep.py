@@ -58,28 +58,50 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
         raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {e.msg if hasattr(e, 'msg') else e}", "fix the interpolation")], f"(point {index})")
 
 
-def validate(points: List[Point]) -> List[layout_mod.Layout]:
-    """Check every point; raise InvalidSweep listing every bad point (and submit nothing)."""
+def validate(points: List[Point], plans: Optional[List[Dict[str, Any]]] = None) -> List[layout_mod.Layout]:
+    """Check every point: config rules, then the planner's pre-submit checks (memory fits, pipeline
+    bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point (and submit nothing);
+    warnings stop the launch too unless submit.force=true (then they go to stderr). ``plans``, when
+    given, receives each point's planner estimate (written to <run_dir>/plan.json)."""
+    from launcher.plan import checks
+
     problems: List[str] = []
+    warned: List[str] = []
     layouts: List[layout_mod.Layout] = []
     for i, p in enumerate(points):
+        where = f"point {i} ({' '.join(p.overrides) or 'defaults'})" if len(points) > 1 else "run"
         try:
             _resolve(p, i)
             layouts.append(layout_mod.resolve(p.cfg))
+            res = checks.evaluate(p.cfg)
+            if plans is not None:
+                plans.append(res.plan)
+            if res.errors:
+                raise ConfigErrors(res.errors)
         except ConfigErrors as e:
-            where = f"point {i} ({' '.join(p.overrides) or 'defaults'})" if len(points) > 1 else "run"
             problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in e.errors))
-    if problems:
+            continue
+        if res.warnings:
+            if bool(p.cfg.submit.force):
+                for w in res.warnings:
+                    print(f"launch: warning ({where}, submit.force=true): {w}", file=sys.stderr)
+            else:
+                warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
+    if problems or warned:
         total = len(points)
-        head = f"{len(problems)} of {total} point(s) invalid; nothing was submitted" if total > 1 else "invalid config; nothing was submitted"
-        raise InvalidSweep(head + "\n" + "\n".join(problems))
+        bad = len(problems) + len(warned)
+        head = f"{bad} of {total} point(s) invalid; nothing was submitted" if total > 1 else "invalid config; nothing was submitted"
+        if warned:
+            head += " (warnings stop the launch: submit.force=true launches anyway; errors cannot be forced)"
+        raise InvalidSweep(head + "\n" + "\n".join(problems + warned))
     return layouts
 
 
 def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> SweepResult:
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
-    layouts = validate(points)
+    plans: List[Dict[str, Any]] = []
+    layouts = validate(points, plans)
     first = points[0].cfg
     runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
     sweep_id = bundle.new_sweep_id()
@@ -101,6 +123,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> S
         rdir = sweep_dir / str(i)
         resolved = _resolve(p, i)
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
+        atomic.write_json(rdir / "plan.json", plans[i])  # the planner's estimate (before run.json)
         bundle.write_run(
             rdir,
             run_id=rid,

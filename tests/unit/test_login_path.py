@@ -12,6 +12,10 @@ import pytest
         ["-m", "launcher", "submit.dry_run=true", "cluster=local_slurm"],
         ["-m", "launcher", "-m", "submit.dry_run=true", "cluster=local_slurm", "optim.lr=1e-3,2e-3"],
         ["-m", "launcher.cli.main", "runs", "--json"],
+        ["-m", "launcher.cli.main", "plan", "--json", "model=gpt_1b3", "cluster=a100_80g", "zero=2",
+         "train.micro_batch_size=2"],
+        ["-m", "launcher.cli.main", "plan", "--search", "--json", "model=gpt_175b", "cluster=a100_80g",
+         "cluster.nodes=16", "train.global_batch_size=512"],
     ],
 )
 def test_no_torch_import(argv, tmp_path):

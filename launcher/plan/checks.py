@@ -1,0 +1,232 @@
+"""Pre-submit checks: will this run fit, and is it laid out sensibly? Run by `launch` on every point.
+
+Errors (stop the launch, ``submit.force`` does not help):
+  - the estimated per-GPU memory exceeds the usable memory: cluster.gpu.memory_gb (GiB) less 10%
+    headroom; with memory_gb = 0 on the local backend, this host's MemAvailable shared by its
+    processes; on Slurm with memory_gb = 0 the check is skipped (unknown). The error names the key of
+    the smallest layout change that fits (fewest keys changed, same world size and global batch,
+    fastest predicted among those; it must also pass launcher.layout.check), or
+    cluster.gpu.memory_gb when none does.
+  - offloaded states exceed the node's host memory (cluster.mem_gb, when set).
+Warnings (stop the launch unless submit.force=true):
+  - pipeline bubble (p-1)/(m+p-1) above 25%;
+  - ZeRO-3 whose data-parallel group crosses nodes over a link too slow for its per-micro-batch
+    all-gathers and reduce-scatter to hide behind the compute (predicted collective time > compute).
+Only runs of our GPT recipe (recipe._target_ under recipes.gpt) are checked; the estimate of any run is
+returned for the archive.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from launcher.layout import ConfigError
+from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
+from launcher.plan.params import ModelSpec
+from launcher.plan.search import enumerate_layouts, evaluate_all
+from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec, engine_allows
+from launcher.schema import enum_value
+
+BUBBLE_WARN = 0.25
+MAX_FIX_CHANGES = 3
+# The estimators model recipes/gpt; a run of another training function is estimated (plan.json)
+# but not refused or warned about.
+PLANNED_RECIPES = ("recipes.gpt.",)
+
+# Layout knobs a memory fix may change, in the order their keys are preferred when naming the error.
+KNOB_KEYS = (
+    ("recompute", "train.recompute"),
+    ("micro_batch_size", "train.micro_batch_size"),
+    ("zero", "zero.stage"),
+    ("sequence_parallel", "parallelism.sequence_parallel"),
+    ("tp", "parallelism.tp"),
+    ("pp", "parallelism.pp"),
+    ("offload_optimizer", "zero.offload_optimizer"),
+    ("offload_params", "zero.offload_params"),
+)
+
+
+@dataclass
+class Fix:
+    overrides: Dict[str, Any]  # key -> new value (what to put on the command line)
+    estimate: Estimate
+
+    @property
+    def key(self) -> str:
+        return next(iter(self.overrides))
+
+    def text(self) -> str:
+        return " ".join(f"{k}={_fmt(v)}" for k, v in self.overrides.items())
+
+
+@dataclass
+class CheckResult:
+    errors: List[ConfigError] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    plan: Optional[Dict[str, Any]] = None  # the planner's estimate, archived as <run_dir>/plan.json
+
+
+def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
+    """(errors, warnings) of a config that passed launcher.layout.check."""
+    res = evaluate(cfg)
+    return res.errors, res.warnings
+
+
+def evaluate(cfg: Any) -> CheckResult:
+    """The checks plus the estimate they were made from (JSON, as `launcher plan --json` prints it)."""
+    m = ModelSpec.from_cfg(cfg.model)
+    cluster = ClusterSpec.from_cfg(cfg.cluster)
+    lay = LayoutSpec.from_cfg(cfg)
+    est = estimate(m, cluster, lay)
+    res = CheckResult()
+    layout = est.as_json()
+    res.plan = {"model": model_json(m, int(cfg.train.global_batch_size)), "cluster": cluster_json(cluster),
+                "layouts": [layout]}
+    target = _recipe_target(cfg)
+    if target and not target.startswith(PLANNED_RECIPES):
+        layout["warnings"] = []  # another program: the GPT estimate is archived, but not enforced
+        return res
+    if cluster.memory_bytes and est.memory.total > cluster.usable_bytes:
+        res.errors.append(memory_error(cfg, m, cluster, est))
+    if est.memory.cpu and cluster.node_memory_bytes:
+        per_node = est.memory.cpu * cluster.gpus_per_node
+        if per_node > cluster.node_memory_bytes * (1.0 - HEADROOM):
+            res.errors.append(ConfigError(
+                "cluster.mem_gb",
+                f"the offloaded states need {gib(per_node)} GiB of host memory per node "
+                f"({cluster.gpus_per_node} processes x {gib(est.memory.cpu)} GiB), more than cluster.mem_gb="
+                f"{cluster.node_memory_bytes / (1 << 30):g} less {HEADROOM:.0%} headroom",
+                "raise cluster.mem_gb, use more nodes (cluster.nodes), or offload less (zero.offload_params=false)",
+            ))
+    res.warnings = layout_warnings(cluster, est)
+    layout["warnings"] = list(res.warnings)
+    return res
+
+
+def layout_warnings(cluster: ClusterSpec, est: Estimate) -> List[str]:
+    """Layouts that run, but badly: a large pipeline bubble, ZeRO-3 over a slow inter-node link."""
+    lay, t = est.layout, est.timing
+    out = []
+    if lay.pp > 1 and t.bubble > BUBBLE_WARN:
+        out.append(
+            f"parallelism.pp: pipeline bubble {t.bubble:.0%} = (pp-1)/(m+pp-1) with pp={lay.pp} and m={lay.grad_accum} "
+            f"micro-batches per step, above {BUBBLE_WARN:.0%}: raise train.global_batch_size or lower "
+            f"train.micro_batch_size (m = global_batch_size / (dp * micro_batch_size)), or lower parallelism.pp"
+        )
+    inter_known = "cluster.inter_node_bandwidth" not in cluster.assumed
+    if lay.zero == 3 and t.dp_link == "inter" and inter_known and t.zero3_comm_s > t.compute_s:
+        per_mb = est.comm.dp_micro
+        out.append(
+            f"zero.stage: ZeRO-3 over the inter-node link (cluster.inter_node_bandwidth={cluster.inter_bw / 1e9:g} GB/s): "
+            f"its all-gathers and reduce-scatter move {per_mb / 1e9:.2f} GB per GPU and micro-batch, "
+            f"{t.zero3_comm_s * 1e3:.0f} ms, longer than the {t.compute_s * 1e3:.0f} ms of compute they overlap with; "
+            f"use zero=1 or zero=2, fewer nodes, or tensor/pipeline parallelism"
+        )
+    return out
+
+
+def memory_error(cfg: Any, m: ModelSpec, cluster: ClusterSpec, est: Estimate) -> ConfigError:
+    mem = est.memory
+    if cluster.memory_source == "cluster.gpu.memory_gb":
+        cap = f"cluster.gpu.memory_gb={cluster.memory_bytes / (1 << 30):g}"
+    else:
+        cap = cluster.memory_source
+    problem = (
+        f"the run needs {gib(mem.total)} GiB per GPU (params {gib(mem.params)}, grads {gib(mem.grads)}, "
+        f"optimizer {gib(mem.optimizer)}, activations {gib(mem.activations)}, buffers {gib(mem.buffers)}; "
+        f"{mem.stage} pipeline stage), more than the {gib(cluster.usable_bytes)} GiB usable of {cap} "
+        f"({HEADROOM:.0%} headroom for the CUDA context, NCCL and fragmentation)"
+    )
+    fix = suggest_fix(cfg, m, cluster, est.layout)
+    if fix is None:
+        return ConfigError(
+            "cluster.gpu.memory_gb", problem,
+            "no layout of the same world size and global batch fits: add GPUs (cluster.nodes), lower "
+            "train.global_batch_size or model.seq_len, or use GPUs with more memory",
+        )
+    f_mem = fix.estimate.memory.total
+    return ConfigError(
+        fix.key, problem,
+        f"{fix.text()} (then {gib(f_mem)} GiB per GPU, predicted {fix.estimate.step_time_s:.3g} s/step); "
+        f"`launcher plan --search` lists every layout that fits",
+    )
+
+
+def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -> Optional[Fix]:
+    """The smallest layout change that fits: fewest knobs changed, then the fastest prediction."""
+    from launcher.layout import check as layout_check
+
+    explicit_engine = enum_value(cfg.parallelism.engine) != "auto"
+    by_distance: Dict[int, List[Tuple[LayoutSpec, List[str]]]] = {}
+    for base in enumerate_layouts(m, cluster, cur.global_batch_size, cur.dtype):
+        for lay in _offload_variants(base):
+            if explicit_engine and engine_allows(cur.engine, lay.tp, lay.pp, lay.zero,
+                                                 lay.offload_optimizer or lay.offload_params):
+                lay = lay.with_(engine=cur.engine)
+            changed = [k for k, _ in KNOB_KEYS if getattr(lay, k) != getattr(cur, k)]
+            if changed and len(changed) <= MAX_FIX_CHANGES:
+                by_distance.setdefault(len(changed), []).append((lay, changed))
+    keys = dict(KNOB_KEYS)
+    for dist in sorted(by_distance):
+        group = by_distance[dist]
+        ests = evaluate_all(m, cluster, [lay for lay, _ in group])
+        order = sorted((e.step_time_s, i) for i, e in enumerate(ests) if e.feasible)
+        for _, i in order:
+            lay, changed = group[i]
+            overrides: Dict[str, Any] = {keys[k]: getattr(lay, k) for k in changed}
+            if explicit_engine and lay.engine != cur.engine:
+                overrides["parallelism.engine"] = lay.engine
+            if cfg.parallelism.dp is not None and lay.dp != cur.dp:
+                overrides["parallelism.dp"] = lay.dp
+            if not layout_check(_Overlay(cfg, overrides)):
+                return Fix(overrides, ests[i])
+    return None
+
+
+def _recipe_target(cfg: Any) -> str:
+    recipe = getattr(cfg, "recipe", None)
+    if recipe is None:
+        return ""
+    try:
+        return str(recipe["_target_"])
+    except (KeyError, TypeError, AttributeError):
+        return str(getattr(recipe, "_target_", "") or "")
+
+
+def _offload_variants(lay: LayoutSpec):
+    yield lay
+    if lay.engine == "deepspeed" and lay.zero >= 1:
+        yield lay.with_(offload_optimizer=True)
+        if lay.zero == 3:
+            yield lay.with_(offload_optimizer=True, offload_params=True)
+
+
+def _fmt(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class _Overlay:
+    """A read-only view of a config with some dotted keys replaced (to run launcher.layout.check on a
+    candidate without copying the OmegaConf tree)."""
+
+    def __init__(self, node: Any, overrides: Dict[str, Any], prefix: str = "") -> None:
+        self._node, self._over, self._prefix = node, overrides, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        full = self._prefix + name
+        if full in self._over:
+            return self._over[full]
+        value = getattr(self._node, name)
+        if any(k.startswith(full + ".") for k in self._over):
+            return _Overlay(value, self._over, full + ".")
+        return value
+
+    __getitem__ = __getattr__
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self.__getattr__(name)
+        except (AttributeError, KeyError):
+            return default
