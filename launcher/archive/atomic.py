@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 from pathlib import Path
 from typing import Any, Union
 
@@ -17,6 +20,7 @@ def write_text(path: Union[str, Path], text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; archives are shared with the team
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -61,6 +61,7 @@ def write_run(
     code: Dict[str, Any],
     software: Dict[str, Any],
     pip_freeze: str,
+    extra: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Write everything known before submission. run.json goes last: a dir without it is not a run."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +89,7 @@ def write_run(
             "backend": resolved.get("cluster", {}).get("backend"),
             "argv": list(argv),
             "layout": layout,
+            **(extra or {}),
         },
     )
 

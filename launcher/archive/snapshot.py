@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 
 from launcher.archive import atomic
 
+PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
 MAX_FILE_BYTES = 5 * 1024 * 1024  # data files and checkpoints are not code
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb"}
 
@@ -55,7 +56,12 @@ def take(root: Path, dest: Path) -> Dict[str, object]:
         digest.update(rel.encode() + b"\0" + target.read_bytes())
         copied += 1
     tmp.mkdir(parents=True, exist_ok=True)
-    info = {"source": str(root), "files": copied, "skipped_large": skipped, "sha256": digest.hexdigest()}
+    from launcher.archive import code
+
+    git = code.git_state(root)
+    atomic.write_text(tmp / PATCH_FILE, str(git.pop("patch", "") or ""))
+    info = {"source": str(root), "files": copied, "skipped_large": skipped, "sha256": digest.hexdigest(),
+            "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     atomic.write_json(tmp / ".snapshot.json", info)
     os.replace(tmp, dest)  # visible only once complete
     make_read_only(dest)

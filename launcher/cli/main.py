@@ -3,6 +3,9 @@
   launcher runs [--sweep S] [--status ST] [--json]   list runs, oldest first
   launcher logs RUN [--rank N] [--err]              print one rank's log
   launcher cancel RUN_OR_SWEEP                      cancel queued/running jobs
+  launcher show RUN | diff RUN_A RUN_B              read the archive
+  launcher reproduce RUN [key=value ...]            re-run from the archived config, code and seeds
+  launcher runs --reindex | --tag T | key=value     rebuild the index; filter
   launcher plan [overrides] [--search] [--json]     memory / speed of a layout, or rank every layout
 """
 from __future__ import annotations
@@ -28,12 +31,31 @@ def _select(args, ident: str):
     return chosen
 
 
+def _where(pairs: List[str]) -> dict:
+    import yaml
+
+    where = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            sys.exit(f"launcher runs: filter {pair!r} is not key=value (e.g. optim.lr=0.001)")
+        where[key] = yaml.safe_load(value)
+    return where
+
+
 def cmd_runs(args) -> int:
+    if args.reindex:
+        n = registry.reindex(_root(args))
+        print(f"reindexed {n} run(s) under {_root(args)}", file=sys.stderr)
     runs = registry.list_runs(_root(args))
+    where = _where(args.filters)
     if args.sweep:
         runs = [r for r in runs if r["sweep_id"] == args.sweep]
     if args.status:
         runs = [r for r in runs if r["status"] == args.status]
+    if args.tag:
+        runs = [r for r in runs if args.tag in (r.get("tags") or [])]
+    runs = [r for r in runs if registry.matches(r, where)]
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
@@ -98,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("runs", help="list runs, oldest first", parents=[common])
     s.add_argument("--sweep", help="only this sweep id")
     s.add_argument("--status", choices=registry.bundle.STATUSES, help="only runs in this status")
+    s.add_argument("--tag", help="only runs with this tag (launch tags=[a,b])")
+    s.add_argument("filters", nargs="*", metavar="key=value", help="resolved-config filters, e.g. zero.stage=2")
+    s.add_argument("--reindex", action="store_true", help="rebuild the SQLite index from the run dirs first")
     s.add_argument("--json", action="store_true", help="machine-readable list")
     s.set_defaults(fn=cmd_runs)
 
@@ -111,7 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
 
-    from launcher.cli import plan_cmd
+    from launcher.cli import archive_cmds, plan_cmd
+
+    s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
+    s.add_argument("run", help="run id or run dir")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=archive_cmds.cmd_show)
+
+    s = sub.add_parser("diff", help="config, seeds, topology, code and metrics differences of two runs",
+                       parents=[common])
+    s.add_argument("run_a")
+    s.add_argument("run_b")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=archive_cmds.cmd_diff)
+
+    s = sub.add_parser("reproduce", help="launch a new run from an archived run's config, code and seeds",
+                       parents=[common])
+    s.add_argument("run", help="run id or run dir")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the archived config")
+    s.set_defaults(fn=archive_cmds.cmd_reproduce)
 
     plan_cmd.add_parser(sub)
     return p
@@ -119,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    args._root = _root(args) if hasattr(args, "root") else None
     return int(args.fn(args) or 0)
 
 

@@ -5,25 +5,61 @@ environment lines are quoted here with shlex.quote. Setup lines are the user's o
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Optional
 
 from launcher.schema import enum_value
 
 
 def env_lines(env: Dict[str, Any]) -> List[str]:
-    """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text."""
+    """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text. Secret-named
+    variables are left out: they reach the job through the submitting environment instead, so their
+    values never land in a script or the archive."""
+    from launcher.archive.secrets import is_secret
+
     lines = []
     for k, v in sorted(env.items()):
         if not str(k).isidentifier():
             raise ValueError(f"cluster.env: {k!r} is not a valid environment variable name")
-        lines.append(f"export {k}={shlex.quote(str(v))}")
+        if not is_secret(k):
+            lines.append(f"export {k}={shlex.quote(str(v))}")
     return lines
 
 
-def slurm_parameters(cfg: Any) -> Dict[str, Any]:
+def code_lines(code_dir: Optional[Path]) -> List[str]:
+    """Jobs import the code snapshot first, so they run the code as it was at submission."""
+    if code_dir is None:
+        return []
+    return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
+@contextlib.contextmanager
+def job_environment(cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
+    """The submitting process's environment while it submits (both backends pass it on): secret
+    cluster.env values, and for local jobs the snapshot as working directory and first on PYTHONPATH
+    (Slurm jobs get those from their sbatch script)."""
+    from launcher.archive.secrets import is_secret
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        for k, v in dict(cfg.cluster.env).items():
+            if is_secret(k):
+                os.environ[str(k)] = str(v)
+        if code_dir is not None and enum_value(cfg.cluster.backend) == "local":
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
+            os.chdir(code_dir)
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def slurm_parameters(cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
     """SlurmExecutor parameters for one run config (one task per GPU / process)."""
     cl = cfg.cluster
     params: Dict[str, Any] = {
@@ -33,7 +69,7 @@ def slurm_parameters(cfg: Any) -> Dict[str, Any]:
         "ntasks_per_node": int(cl.gpus_per_node),
         "cpus_per_task": int(cl.cpus_per_task),
         "array_parallelism": int(cl.array_parallelism),
-        "setup": list(cl.setup) + env_lines(dict(cl.env)),
+        "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir),
         # Slurm signals the job 120 s before its time limit so it can checkpoint and requeue
         "signal_delay_s": 120,
         # one rank failing ends the step at once instead of leaving the others in a collective
@@ -47,8 +83,11 @@ def slurm_parameters(cfg: Any) -> Dict[str, Any]:
             params[key] = str(value)
     if cl.mem_gb:
         params["mem"] = f"{int(cl.mem_gb)}GB"
-    if cl.sbatch_extra:
-        params["additional_parameters"] = {str(k): v for k, v in cl.sbatch_extra.items()}
+    extra = {str(k): v for k, v in cl.sbatch_extra.items()}
+    if code_dir is not None:
+        extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
+    if extra:
+        params["additional_parameters"] = extra
     return params
 
 
@@ -73,24 +112,24 @@ def submitit_command(folder: Path) -> str:
     return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
-def sbatch_text(cfg: Any, folder: Path, n_points: int) -> str:
+def sbatch_text(cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
     """The sbatch script submitit would write for these points, without submitting anything."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = slurm_parameters(cfg)
+    params = slurm_parameters(cfg, code_dir)
     if n_points > 1:
         params["map_count"] = n_points
     return _make_sbatch_string(command=submitit_command(folder), folder=folder, **params)
 
 
-def make_executor(cfg: Any, folder: Path):
+def make_executor(cfg: Any, folder: Path, code_dir: Optional[Path] = None):
     """A submitit executor for this config's cluster."""
     backend = enum_value(cfg.cluster.backend)
     if backend == "slurm":
         from submitit import SlurmExecutor
 
         ex = SlurmExecutor(folder=folder)
-        ex.update_parameters(**slurm_parameters(cfg))
+        ex.update_parameters(**slurm_parameters(cfg, code_dir))
         return ex
     from submitit import LocalExecutor
 

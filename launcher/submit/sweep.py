@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -97,7 +96,15 @@ def validate(points: List[Point], plans: Optional[List[Dict[str, Any]]] = None) 
     return layouts
 
 
-def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> SweepResult:
+def launch(
+    points: List[Point],
+    argv: Optional[List[str]] = None,
+    out=None,
+    code_snapshot: Optional[Path] = None,
+    extra_meta: Optional[Dict[str, Any]] = None,
+) -> SweepResult:
+    """Validate, archive and submit `points`. `code_snapshot` reuses an existing snapshot (reproduce)
+    instead of taking one of the working tree; `extra_meta` is added to each run.json."""
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
     plans: List[Dict[str, Any]] = []
@@ -108,88 +115,115 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None) -> S
     sweep_dir = runs_root / sweep_id
     folder = sweep_dir / ".submitit"
     groups = _group(points)
+    code_dir = Path(code_snapshot) if code_snapshot else sweep_dir / "code"
 
     if bool(first.submit.dry_run):
-        return _dry_run(points, groups, sweep_id, folder, out)
+        return _dry_run(points, groups, sweep_id, folder, code_dir, out)
 
-    from launcher.archive import code, software
+    from launcher.archive import code, secrets, snapshot, software
+    from recipes.common.seeding import seed_plan
 
-    code_state = code.git_state(Path.cwd())
+    if code_snapshot is None:  # once per launch, shared by every point of the sweep
+        snapshot.take(code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent)
+                      or Path.cwd(), code_dir)
+    snap = snapshot.info(code_dir) or {}
+    # values to keep out of every archived text: secret-named variables here and in cluster.env
+    known = dict(os.environ)
+    for p in points:
+        known.update({str(k): str(v) for k, v in dict(p.cfg.cluster.env).items()})
+    code_state = snap.get("git") or {}
+    patch = secrets.scrub((code_dir / snapshot.PATCH_FILE).read_text() if (code_dir / snapshot.PATCH_FILE).exists()
+                          else "", known)
     versions = software.versions()
     freeze = software.pip_freeze()
     runs: List[SubmittedRun] = []
+    stage: Dict[int, Path] = {}
     for i, (p, lay) in enumerate(zip(points, layouts)):
         rid = bundle.run_id_for(sweep_id, i)
-        rdir = sweep_dir / str(i)
+        stage[i] = sweep_dir / f".{i}.partial"  # invisible until complete and submitted
         resolved = _resolve(p, i)
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
-        atomic.write_json(rdir / "plan.json", plans[i])  # the planner's estimate (before run.json)
+        atomic.write_json(stage[i] / "plan.json", plans[i])
+        atomic.write_json(stage[i] / "seeds.json", seed_plan(resolved["seed"], resolved["data"].get("seed"), lay.dp))
+        atomic.write_json(stage[i] / "code" / "snapshot.json", {**{k: v for k, v in snap.items() if k != "git"},
+                                                                 "path": str(code_dir)})
         bundle.write_run(
-            rdir,
+            stage[i],
             run_id=rid,
             sweep_id=sweep_id,
             index=i,
-            resolved=resolved,
-            overrides=p.overrides,
+            resolved=secrets.redact_config(resolved),
+            overrides=[secrets.scrub(o, known) for o in p.overrides],
             choices=p.choices,
-            argv=argv,
+            argv=[secrets.scrub(a, known) for a in argv],
             layout=lay.__dict__,
-            code=code_state,
+            code={**code_state, "patch": patch},
             software=versions,
             pip_freeze=freeze,
+            extra=extra_meta,
         )
-        runs.append(SubmittedRun(run_id=rid, run_dir=rdir))
+        runs.append(SubmittedRun(run_id=rid, run_dir=sweep_dir / str(i)))
 
     from launcher.runtime.task import RunTask
 
     job_ids: List[str] = []
-    for key, idxs in groups.items():
-        cfg = points[idxs[0]].cfg
-        ex = executors.make_executor(cfg, folder)
-        backend = enum_value(cfg.cluster.backend)
-        try:
-            with ex.batch():
-                jobs = [ex.submit(RunTask(str(runs[i].run_dir))) for i in idxs]
-        except Exception as e:  # submission refused: mark these runs failed, keep the archive
-            for i in idxs:
-                bundle.set_status(runs[i].run_dir, "failed", exit_code=None, error=f"submission failed: {e}")
-            raise
-        sbatch = None
-        if backend == "slurm":
-            sbatch = executors.sbatch_text(cfg, folder, len(idxs))
-        for i, job in zip(idxs, jobs):
-            r = runs[i]
-            r.job, r.job_id = job, str(job.job_id)
-            array_id, _, task = r.job_id.partition("_")
-            if sbatch:
-                atomic.write_text(r.run_dir / "sbatch.sh", sbatch)
-            atomic.write_json(
-                r.run_dir / bundle.JOB_FILE,
-                {
-                    "backend": backend,
-                    "job_id": r.job_id,
-                    "array_job_id": array_id if task else None,
-                    "array_task_id": int(task) if task else None,
-                    "submitit_folder": str(folder),
-                    "stdout": str(job.paths.stdout),
-                    "stderr": str(job.paths.stderr),
-                    "num_tasks": int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node),
-                    "submitted": bundle.now_iso(),
-                },
-            )
-            bundle.set_status(r.run_dir, "pending", job_id=r.job_id)
-        job_ids.append(str(jobs[0].job_id).partition("_")[0] if len(jobs) > 1 else str(jobs[0].job_id))
+    try:
+        for key, idxs in groups.items():
+            cfg = points[idxs[0]].cfg
+            backend = enum_value(cfg.cluster.backend)
+            with executors.job_environment(cfg, code_dir):
+                ex = executors.make_executor(cfg, folder, code_dir)
+                try:
+                    with ex.batch():
+                        jobs = [ex.submit(RunTask(str(runs[i].run_dir))) for i in idxs]
+                except Exception as e:  # refused: the runs become visible as failed, with the reason
+                    for i in idxs:
+                        bundle.set_status(stage[i], "failed", exit_code=None, error=f"submission failed: {e}")
+                    raise
+            sbatch = None
+            if backend == "slurm":
+                sbatch = secrets.scrub(executors.sbatch_text(cfg, folder, len(idxs), code_dir), known)
+            for i, job in zip(idxs, jobs):
+                r = runs[i]
+                r.job, r.job_id = job, str(job.job_id)
+                array_id, _, task = r.job_id.partition("_")
+                if sbatch:
+                    atomic.write_text(stage[i] / "sbatch.sh", sbatch)
+                atomic.write_json(
+                    stage[i] / bundle.JOB_FILE,
+                    {
+                        "backend": backend,
+                        "job_id": r.job_id,
+                        "array_job_id": array_id if task else None,
+                        "array_task_id": int(task) if task else None,
+                        "submitit_folder": str(folder),
+                        "stdout": str(job.paths.stdout),
+                        "stderr": str(job.paths.stderr),
+                        "num_tasks": int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node),
+                        "submitted": bundle.now_iso(),
+                    },
+                )
+                bundle.set_status(stage[i], "pending", job_id=r.job_id)
+            job_ids.append(str(jobs[0].job_id).partition("_")[0] if len(jobs) > 1 else str(jobs[0].job_id))
+    finally:
+        for i, r in enumerate(runs):
+            if stage[i].exists():
+                os.replace(stage[i], r.run_dir)
+        from launcher.archive import registry
+
+        registry.record(runs_root, [r.run_dir for r in runs if r.run_dir.exists()])
 
     atomic.write_json(
         sweep_dir / "sweep.json",
         {
             "sweep_id": sweep_id,
             "created": bundle.now_iso(),
-            "argv": argv,
+            "argv": [secrets.scrub(a, known) for a in argv],
             "num_runs": len(runs),
             "job_ids": job_ids,
             "backend": enum_value(first.cluster.backend),
             "runs": [r.run_id for r in runs],
+            "code_snapshot": str(code_dir),
         },
     )
     result = SweepResult(sweep_id=sweep_id, sweep_dir=sweep_dir, runs=runs, job_ids=job_ids)
@@ -213,7 +247,7 @@ def _group(points: List[Point]) -> Dict[str, List[int]]:
     return groups
 
 
-def _dry_run(points, groups, sweep_id, folder, out) -> SweepResult:
+def _dry_run(points, groups, sweep_id, folder, code_dir, out) -> SweepResult:
     for i, p in enumerate(points):
         print(f"# ---- point {i}: {' '.join(p.overrides) or '(defaults)'}", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(_resolve(p, i))), file=out)
@@ -221,7 +255,7 @@ def _dry_run(points, groups, sweep_id, folder, out) -> SweepResult:
         cfg = points[idxs[0]].cfg
         if enum_value(cfg.cluster.backend) == "slurm":
             print(f"# ---- sbatch script for points {idxs} ({len(idxs)} array task(s))", file=out)
-            print(executors.sbatch_text(cfg, folder, len(idxs)), file=out)
+            print(executors.sbatch_text(cfg, folder, len(idxs), code_dir), file=out)
         else:
             print(f"# ---- local: points {idxs}, {cfg.cluster.gpus_per_node} process(es) each", file=out)
     print(f"# dry run: nothing submitted ({len(points)} point(s))", file=out)

@@ -1,0 +1,104 @@
+"""`launcher show | diff | reproduce`: read and re-run archived runs (thin over launcher.archive)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from launcher.archive import atomic, bundle, compare
+
+
+def resolve_run_dir(root: Path, ident: str) -> Path:
+    """A run id, a run dir, or a sweep id of a one-run sweep -> the run dir."""
+    p = Path(ident)
+    if (p / bundle.RUN_FILE).is_file():
+        return p.resolve()
+    from launcher.archive import registry
+
+    runs = [r for r in registry.list_runs(root, refresh=False) if ident in (r["run_id"], r["sweep_id"])]
+    if len(runs) != 1:
+        sys.exit(f"launcher: {ident!r} names {len(runs)} runs under {root}; give a run id (see `launcher runs`)")
+    return Path(runs[0]["dir"])
+
+
+def cmd_show(args) -> int:
+    rdir = resolve_run_dir(args._root, args.run)
+    meta = bundle.read_run(rdir) or {}
+    st = bundle.read_status(rdir)
+    summary = {
+        "run": meta,
+        "status": st,
+        "seeds": atomic.read_json(rdir / "seeds.json"),
+        "code": compare.code_summary(rdir),
+        "topology": compare.topology_summary(rdir),
+        "software": atomic.read_json(rdir / "env" / "software.json"),
+        "runtime": atomic.read_json(rdir / "env" / "runtime.json"),
+        "job": atomic.read_json(rdir / bundle.JOB_FILE),
+        "manifest_problems": bundle.verify(rdir) if (rdir / bundle.MANIFEST_FILE).exists() else None,
+        "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
+    }
+    if args.json:
+        print(compare.to_json(summary))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    c.print(f"[bold]{meta.get('run_id')}[/bold]  {st.get('status')}  exit {st.get('exit_code')}  {rdir}")
+    t = Table(show_header=False)
+    layout = meta.get("layout", {})
+    t.add_row("layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
+                        f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
+    t.add_row("seed", str(meta.get("seed")))
+    t.add_row("code", f"commit {summary['code']['commit']}  dirty {summary['code']['dirty']}  "
+                      f"snapshot {str(summary['code']['snapshot_sha256'])[:12]}")
+    topo = summary["topology"]
+    t.add_row("hosts", ", ".join(map(str, topo["rank_hosts"])))
+    t.add_row("job", str((summary["job"] or {}).get("job_id")))
+    s = st.get("summary") or {}
+    if s:
+        t.add_row("metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
+                             f"{s.get('mean_tokens_per_s') or 0:,.0f} tokens/s")
+    if st.get("error"):
+        t.add_row("error", st["error"])
+    if summary["manifest_problems"]:
+        t.add_row("manifest", "CHANGED: " + ", ".join(summary["manifest_problems"]))
+    if meta.get("reproduces"):
+        t.add_row("reproduces", meta["reproduces"])
+    c.print(t)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    a = resolve_run_dir(args._root, args.run_a)
+    b = resolve_run_dir(args._root, args.run_b)
+    d = compare.diff_runs(a, b)
+    if args.json:
+        print(compare.to_json(d))
+        return 0
+    for section in ("config", "seeds", "topology", "code"):
+        items = d[section]
+        print(f"{section}: {'same' if not items else ''}")
+        for k, (va, vb) in items.items():
+            print(f"  {k}: {va!r} -> {vb!r}")
+    m = d["metrics"]
+    if m["bitwise_identical"]:
+        print(f"metrics: loss curves bitwise identical ({m['steps'][0]} steps)")
+    else:
+        print(f"metrics: loss curves differ (steps {m['steps'][0]} vs {m['steps'][1]}, first different step "
+              f"{m['first_different_step']}, max |diff| {m['max_abs_diff']})")
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from launcher.layout import ConfigErrors
+    from launcher.submit.reproduce import reproduce
+    from launcher.submit.sweep import InvalidSweep
+
+    rdir = resolve_run_dir(args._root, args.run)
+    try:
+        reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None)
+    except (InvalidSweep, ConfigErrors, FileNotFoundError) as e:
+        print(f"launcher reproduce: {e}", file=sys.stderr)
+        return 2
+    return 0

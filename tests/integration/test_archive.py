@@ -1,0 +1,247 @@
+"""The run archive end to end: code snapshot, exact reproduction, secrets, atomicity, registry."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import BIN, REPO, launch, read_metrics, run_cmd, runs_json, wait_final
+
+pytestmark = [pytest.mark.timeout(600)]
+
+FAST = ["train.steps=12", "optim.lr=3e-3", "train.log_interval=0"]
+
+
+@pytest.fixture
+def worktree(tmp_path):
+    """A scratch clone of this repo with the working tree's current files: the tests change its
+    conf/ and code after launching, as a user would."""
+    dest = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True, timeout=120)
+    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
+                              capture_output=True, text=True, check=True).stdout.split():
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def _env(worktree):
+    return {"LAUNCHER_CONF_DIR": str(worktree / "conf")}
+
+
+def _sabotage(worktree):
+    """Change both conf/ and the training code: any run that used them would train differently."""
+    adamw = worktree / "conf" / "optim" / "adamw.yaml"
+    adamw.write_text(adamw.read_text().replace("beta2: 0.95", "beta2: 0.5"))
+    train = worktree / "recipes" / "gpt" / "train.py"
+    text = train.read_text()
+    assert "def lr_at(" in text
+    train.write_text(text.replace('    min_lr = lr * min_lr_ratio\n', '    lr = lr * 0.25\n    min_lr = lr * min_lr_ratio\n', 1))
+
+
+def _reproduce(run, runs_root, worktree, extra_env=None):
+    env = {**_env(worktree), **(extra_env or {})}
+    res = run_cmd([str(BIN / "launcher"), "reproduce", run["run_id"], "--root", str(runs_root)], runs_root,
+                  extra_env=env, cwd=worktree, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def _diff(a, b, runs_root):
+    res = run_cmd([str(BIN / "launcher"), "diff", a["run_id"], b["run_id"], "--json", "--root", str(runs_root)],
+                  runs_root, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _check_reproduction(original, runs_root, worktree, extra_env=None, n_before=1):
+    _sabotage(worktree)
+    _reproduce(original, runs_root, worktree, extra_env)
+    runs = wait_final(runs_root, n_before + 1)
+    repro = runs[-1]
+    assert repro["status"] == "completed", repro
+    assert repro["reproduces"] == original["run_id"]
+    d = _diff(original, repro, runs_root)
+    assert d["metrics"]["bitwise_identical"], d["metrics"]
+    assert d["config"] == {} and d["seeds"] == {}
+    assert read_metrics(original["dir"]) and [r["loss"] for r in read_metrics(original["dir"])] == \
+        [r["loss"] for r in read_metrics(repro["dir"])]
+    return repro
+
+
+def test_reproduce_local_run_bitwise_after_conf_and_code_change(runs_root, worktree):
+    res = launch(FAST, runs_root, extra_env=_env(worktree), cwd=worktree)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (original,) = runs_json(runs_root)
+    snap = json.loads((Path(original["dir"]) / "code" / "snapshot.json").read_text())
+    assert Path(snap["path"]).is_dir() and snap["files"] > 10
+    _check_reproduction(original, runs_root, worktree)
+    # and the changed tree, launched fresh, does train differently (the change was real)
+    res = launch(FAST, runs_root, extra_env=_env(worktree), cwd=worktree)
+    assert res.returncode == 0, res.stderr
+    fresh = runs_json(runs_root)[-1]
+    assert _diff(original, fresh, runs_root)["metrics"]["bitwise_identical"] is False
+
+
+def test_reproduce_run_inside_sweep(runs_root, worktree):
+    res = launch(["-m", *FAST, "seed=1,2"], runs_root, extra_env=_env(worktree), cwd=worktree)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 2)
+    assert runs[0]["sweep_id"] == runs[1]["sweep_id"]
+    snaps = {json.loads((Path(r["dir"]) / "code" / "snapshot.json").read_text())["path"] for r in runs}
+    assert len(snaps) == 1  # one snapshot per launch, shared by the sweep's points
+    _check_reproduction(runs[1], runs_root, worktree, n_before=2)
+
+
+@pytest.mark.slurm
+def test_reproduce_two_node_slurm_run(slurm, runs_root, worktree):
+    args = ["cluster=local_slurm", "cluster.nodes=2", *FAST]
+    res = launch(args, runs_root, extra_env={**_env(worktree), **slurm}, cwd=worktree)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (original,) = wait_final(runs_root, 1)
+    assert original["status"] == "completed", original
+    repro = _check_reproduction(original, runs_root, worktree, extra_env=slurm)
+    hosts = {json.loads(p.read_text())["slurmd_nodename"] for p in (Path(repro["dir"]) / "ranks").glob("rank_*.json")}
+    assert len(hosts) == 2
+
+
+def test_reproduce_warns_when_topology_differs(runs_root, worktree):
+    res = launch(["train.steps=6"], runs_root, extra_env=_env(worktree), cwd=worktree)
+    assert res.returncode == 0, res.stderr
+    (original,) = runs_json(runs_root)
+    res = run_cmd([str(BIN / "launcher"), "reproduce", original["run_id"], "cluster.gpus_per_node=1",
+                   "--root", str(runs_root)], runs_root, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "world size 1 differs from the original 2" in res.stderr
+
+
+def _secret():  # made at test time: a literal would also sit in the code snapshot of this file
+    import secrets
+
+    return "v-" + secrets.token_hex(12)
+
+
+SECRETS = {"WANDB_API_KEY": _secret(), "HF_TOKEN": _secret(), "MY_SERVICE_SECRET": _secret(),
+           "DB_PASSWORD": _secret(), "AWS_SECRET_ACCESS_KEY": _secret(), "GIT_CREDENTIALS": _secret()}
+CFG_TOKEN = _secret()
+
+
+def _all_files(*dirs):
+    for d in dirs:
+        for p in Path(d).rglob("*"):
+            if p.is_file():
+                yield p
+
+
+def test_secrets_never_reach_archive_or_logs(runs_root, tmp_path):
+    extra = dict(SECRETS, NCCL_DEBUG="INFO", OMP_NUM_THREADS="1")
+    res = launch(["train.steps=6", f"+cluster.env.API_TOKEN={CFG_TOKEN}"], runs_root, extra_env=extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = runs_json(runs_root)
+    rdir = Path(run["dir"])
+    env = json.loads((rdir / "env" / "training-env.json").read_text())
+    assert env.get("NCCL_DEBUG") == "INFO"  # training environment is archived...
+    values = list(SECRETS.values()) + [CFG_TOKEN]
+    leaks = []
+    for p in _all_files(rdir.parent):  # the run dir, its sweep's logs and code snapshot
+        data = p.read_bytes()
+        leaks += [(str(p), v) for v in values if v.encode() in data]
+    assert not leaks, leaks  # ...but no secret value, anywhere
+    assert all(v not in res.stdout + res.stderr for v in values)
+
+
+def test_bundle_is_sealed_and_verifiable(runs_root):
+    res = launch(["train.steps=6"], runs_root)
+    assert res.returncode == 0, res.stderr
+    (run,) = runs_json(runs_root)
+    rdir = Path(run["dir"])
+    manifest = json.loads((rdir / "manifest.json").read_text())
+    for name in ("config.yaml", "overrides.yaml", "seeds.json", "run.json", "status.json", "metrics.jsonl",
+                 "code/git.json", "code/patch.diff", "code/snapshot.json", "env/pip-freeze.txt",
+                 "env/software.json", "env/runtime.json", "env/training-env.json", "job.json", "plan.json"):
+        assert name in manifest["files"], name
+    assert any(k.startswith("topology/node_") for k in manifest["files"])
+    assert any(k.startswith("ranks/rank_1") for k in manifest["files"])
+    assert all(not os.access(rdir / f, os.W_OK) or os.geteuid() == 0 for f in manifest["files"])
+    assert all((rdir / f).stat().st_mode & 0o222 == 0 for f in manifest["files"])
+    show = run_cmd([str(BIN / "launcher"), "show", run["run_id"], "--json", "--root", str(runs_root)], runs_root)
+    info = json.loads(show.stdout)
+    assert info["manifest_problems"] == []
+    seeds = info["seeds"]
+    assert seeds["seed"] == 1234 and set(seeds["dropout"]["per_dp_rank"]) == {"0", "1"}
+    assert info["topology"]["world_size"] == 2
+
+
+def test_registry_filters_and_reindex(runs_root):
+    res = launch(["-m", "train.steps=6", "seed=1,2", "tags=[a]"], runs_root, timeout=400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 2)
+    base = [str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)]
+    one = json.loads(run_cmd(base + ["seed=2"], runs_root).stdout)
+    assert [r["config"]["seed"] for r in one] == [2]
+    assert len(json.loads(run_cmd(base + ["--tag", "a"], runs_root).stdout)) == 2
+    assert json.loads(run_cmd(base + ["--tag", "b"], runs_root).stdout) == []
+    assert len(json.loads(run_cmd(base + ["--status", "completed"], runs_root).stdout)) == 2
+    db = runs_root / "registry.sqlite"
+    db.unlink()
+    res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
+    assert [r["run_id"] for r in json.loads(res.stdout)] == [r["run_id"] for r in runs]
+
+
+@pytest.mark.slurm
+def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
+    """SIGKILL the launcher while it writes a 300-point sweep: every listed run is complete."""
+    env = dict(os.environ, LAUNCHER_RUNS=str(runs_root), **slurm)
+    # jobs that could be submitted are held far in the future, so nothing runs
+    proc = subprocess.Popen([str(BIN / "launch"), "-m", "cluster=local_slurm", "cluster.nodes=1",
+                             "+cluster.sbatch_extra.begin=now+10hours", "seed=range(0,300)"],
+                            env=env, cwd=str(runs_root.parent), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        staged = list(runs_root.glob("*/.*.partial")) + list(runs_root.glob("*/[0-9]*"))
+        if len(staged) >= 40:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    try:
+        listed = runs_json(runs_root)
+        for r in listed:
+            rdir = Path(r["dir"])
+            for name in ("run.json", "config.yaml", "overrides.yaml", "seeds.json", "code/git.json",
+                         "env/pip-freeze.txt", "job.json", "status.json"):
+                assert (rdir / name).is_file(), (rdir, name)
+        res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
+        assert res.returncode == 0, res.stderr
+        assert [r["run_id"] for r in json.loads(res.stdout)] == [r["run_id"] for r in listed]
+    finally:
+        for job in {r.get("job_id", "").split("_")[0] for r in runs_json(runs_root) if r.get("job_id")}:
+            subprocess.run(["scancel", job], timeout=60)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(1200)
+def test_hundred_task_array(slurm, runs_root):
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=6",
+                  "train.global_batch_size=4", "seed=range(0,100)"], runs_root, extra_env=slurm, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    runs = wait_final(runs_root, 100, timeout=1100)
+    assert len(runs) == 100 and all(r["status"] == "completed" for r in runs), \
+        [r for r in runs if r["status"] != "completed"][:3]
+    assert len({r["job_id"].split("_")[0] for r in runs}) == 1
+    for r in runs:
+        rdir = Path(r["dir"])
+        assert (rdir / "manifest.json").is_file()
+    import sqlite3
+
+    with sqlite3.connect(runs_root / "registry.sqlite") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM runs WHERE status='completed'").fetchone()[0] == 100
+    logs = " ".join(p.read_text(errors="replace") for p in runs_root.glob("*/.submitit/*.err"))
+    assert "database is locked" not in logs and "OperationalError" not in logs
