@@ -214,6 +214,39 @@ def _engine_rules(cfg: Any) -> List[ConfigError]:
                 )
             )
     elif engine == "megatron":
+        world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+        if par.pp > 1 and world % (par.tp * par.pp) == 0:
+            dp = world // (par.tp * par.pp)
+            per_step = dp * cfg.train.micro_batch_size
+            if per_step and cfg.train.global_batch_size % per_step == 0:
+                m = cfg.train.global_batch_size // per_step
+                if m < par.pp:
+                    errs.append(
+                        ConfigError(
+                            "train.global_batch_size",
+                            f"gives {m} micro-batch(es) per step but the 1F1B pipeline has pp={par.pp} stages "
+                            "and needs at least one micro-batch per stage",
+                            f"raise train.global_batch_size to >= {par.pp * per_step} or lower "
+                            "train.micro_batch_size",
+                        )
+                    )
+        if par.sequence_parallel and cfg.model.seq_len % par.tp:
+            errs.append(
+                ConfigError(
+                    "parallelism.sequence_parallel",
+                    f"model.seq_len={cfg.model.seq_len} cannot be split over tp={par.tp}",
+                    "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false",
+                )
+            )
+        if cfg.model.dropout > 0 and par.tp > 1:
+            errs.append(
+                ConfigError(
+                    "model.dropout",
+                    "dropout with tp > 1 would draw the same masks on every tensor-parallel rank "
+                    "(there is no per-rank RNG stream yet)",
+                    "set model.dropout=0.0 for tensor-parallel runs",
+                )
+            )
         if z.stage > 1:
             errs.append(
                 ConfigError(

@@ -60,6 +60,10 @@ def test_tp_pp_not_dividing_world_names_key_and_fix():
         (["train.fail_at_step=1", "train.fail_rank=5"], "train.fail_rank"),
         (["parallelism.tp=2", "parallelism.engine=ddp"], "parallelism.engine"),
         (["parallelism=3d", "zero=2"], "zero.stage"),
+        (["parallelism=pp", "cluster.gpus_per_node=2", "train.global_batch_size=4", "train.micro_batch_size=4"],
+         "train.global_batch_size"),
+        (["parallelism=tp", "parallelism.sequence_parallel=true", "model.seq_len=63"], "parallelism.sequence_parallel"),
+        (["parallelism=tp", "model.dropout=0.1"], "model.dropout"),
         (["parallelism=tp", "parallelism.engine=deepspeed"], "parallelism.engine"),
     ],
 )

@@ -143,34 +143,6 @@ def test_validate_returns_the_plan_for_the_archive():
     json.dumps(plan)
 
 
-def test_launch_writes_plan_json_before_run_json(tmp_path, monkeypatch):
-    """launch() with a stand-in executor: plan.json lands in the run dir next to the archive."""
-    from launcher.archive import code, software
-
-    class Job:
-        job_id = "4242"
-
-        class paths:
-            stdout = stderr = "/dev/null"
-
-    class Executor:
-        @contextmanager
-        def batch(self):
-            yield
-
-        def submit(self, task):
-            return Job()
-
-    monkeypatch.setattr(sweep.executors, "make_executor", lambda cfg, folder: Executor())
-    monkeypatch.setattr(code, "git_state", lambda cwd: {"commit": None})
-    monkeypatch.setattr(software, "versions", lambda: {})
-    monkeypatch.setattr(software, "pip_freeze", lambda: "")
-    cfg = cfg_with(f"submit.runs_root={tmp_path}", "submit.wait=false")
-    res = sweep.launch([Point(cfg)], argv=["launch"], out=open("/dev/null", "w"))
-    plan = json.loads((res.runs[0].run_dir / "plan.json").read_text())
-    assert plan["layouts"][0]["memory_bytes"]["total"] > 0 and plan["model"]["name"] == "gpt_tiny"
-
-
 # ---- launcher plan ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,281 @@
+"""Megatron-style model parallelism: dp x pp x tp over a torch DeviceMesh.
+
+- Mesh (``recipes.gpt.parallel.mesh``): rank = dp_idx*(pp*tp) + pp_idx*tp + tp_idx; TP ranks adjacent
+  (inside a node), PP next, DP outermost. Every rank writes ``ranks/mesh_<rank>.json``.
+- Tensor parallelism (``recipes.gpt.parallel.tensor_parallel``): column-parallel qkv (split by heads)
+  and fc1, row-parallel proj and fc2, vocab-parallel embedding, head and cross entropy (logits never
+  gathered), optional sequence parallelism.
+- Pipeline parallelism (``recipes.gpt.parallel.pipeline``): blocks split evenly into stages,
+  torch.distributed.pipelining ``PipelineStage`` + ``Schedule1F1B`` over the step's micro-batches;
+  with tied embeddings the last stage holds a copy of the word embedding whose gradient is
+  all-reduced with the first stage's (Megatron's embedding group).
+- Data parallelism: gradients averaged over the dp group (one flat all-reduce), optionally ZeRO-1
+  (``ZeroRedundancyOptimizer`` over the dp group).
+- Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
+  counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
+
+Every rank builds the full single-process model (same seed) and keeps only its slices, so the
+sharded run starts from exactly the single-process initialisation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from recipes.common.data import grad_accum_steps
+from recipes.gpt.engines.base import (
+    Batch, Engine, as_str, autocast_for, build_model, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
+)
+from recipes.gpt.model import count_parameters
+from recipes.gpt.parallel.mesh import build_mesh, write_placement
+from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
+from recipes.gpt.parallel.tensor_parallel import TPContext, vocab_parallel_cross_entropy
+
+
+def _all_reduce_coalesced(tensors: List[torch.Tensor], group: Any, scale: Optional[float] = None) -> None:
+    """Sum ``tensors`` over ``group`` in one flat all-reduce (then multiply by ``scale``)."""
+    if not tensors:
+        return
+    flat = _flatten_dense_tensors(tensors)
+    dist.all_reduce(flat, group=group)
+    if scale is not None:
+        flat.mul_(scale)
+    for t, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(synced)
+
+
+class LossScaler:
+    """fp16 loss scaling: static (``precision.loss_scale > 0``) or dynamic (DeepSpeed/Megatron
+    semantics: halve after ``hysteresis`` consecutive overflows, double after ``loss_scale_window``
+    good steps, never below ``min_loss_scale``). Overflow is decided from the global grad norm, so
+    every rank skips the same steps."""
+
+    def __init__(self, prec: Any) -> None:
+        self.static = float(prec.loss_scale) > 0
+        self.scale = float(prec.loss_scale) if self.static else 2.0 ** int(prec.initial_scale_power)
+        self.window = int(prec.loss_scale_window)
+        self.hysteresis = max(1, int(prec.hysteresis))
+        self.min_scale = float(prec.min_loss_scale)
+        self._left = self.hysteresis
+        self._good = 0
+
+    def update(self, overflow: bool) -> None:
+        if self.static:
+            return
+        if overflow:
+            self._good = 0
+            self._left -= 1
+            if self._left <= 0:
+                self.scale = max(self.scale / 2.0, self.min_scale)
+                self._left = self.hysteresis
+            return
+        self._good += 1
+        if self._good % self.window == 0:
+            self.scale *= 2.0
+            self._left = self.hysteresis
+
+
+class MegatronEngine(Engine):
+    def __init__(self, cfg: Any, ctx: Any) -> None:
+        par, m = cfg.parallelism, cfg.model
+        self.tp, self.pp = int(par.tp), int(par.pp)
+        world = int(ctx.world_size)
+        if world % (self.tp * self.pp):
+            raise ValueError(f"parallelism.tp*parallelism.pp = {self.tp}*{self.pp} does not divide the world size {world}")
+        dp = world // (self.tp * self.pp)
+        if par.dp is not None and int(par.dp) != dp:
+            raise ValueError(f"parallelism.dp={par.dp} but world {world} / (tp*pp) = {dp}")
+        self.zero = int(cfg.zero.stage)
+        if self.zero > 1:
+            raise ValueError(f"zero.stage={self.zero}: the megatron engine supports ZeRO stage 0 or 1")
+        if cfg.zero.offload_optimizer or cfg.zero.offload_params:
+            raise ValueError("zero.offload_*: offload needs the deepspeed engine")
+        self.sequence_parallel = bool(par.sequence_parallel) and self.tp > 1
+        self._check_model(m)
+        accum = grad_accum_steps(int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size), dp)
+        if self.pp > 1 and accum < self.pp:
+            raise ValueError(
+                f"pipeline parallelism needs at least pp={self.pp} micro-batches per step, but "
+                f"train.global_batch_size / (dp * train.micro_batch_size) = {cfg.train.global_batch_size} / "
+                f"({dp} * {cfg.train.micro_batch_size}) = {accum}: raise train.global_batch_size or lower train.micro_batch_size"
+            )
+        self.device = torch.device(ctx.device)
+        self.rank = int(ctx.rank)
+
+        self.mesh = build_mesh(dp, self.pp, self.tp, self.rank, self.device.type)
+        self.dp, self.dp_rank = dp, self.mesh.dp_rank
+        write_placement(ctx.run_dir, self.mesh, {"local_rank": int(ctx.local_rank), "node_rank": int(ctx.node_rank)})
+        self.tp_ctx = TPContext(group=self.mesh.tp_group, rank=self.mesh.tp_rank, size=self.tp,
+                                sequence_parallel=self.sequence_parallel)
+
+        full = build_model(cfg, self.dp_rank)  # same init everywhere; dropout seeded per dp replica
+        self.num_params = count_parameters(full)
+        self.recompute = as_str(cfg.train.recompute)
+        self.autocast = autocast_for(cfg, self.device.type)
+        self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast)
+        del full  # keep only this rank's slices
+        self.stage.to(self.device).train()
+        self.params: List[nn.Parameter] = [p for p in self.stage.parameters() if p.requires_grad]
+        self.embedding_param = self.stage.embedding_param()
+
+        # what each parameter contributes to the global squared grad norm (counted once per model)
+        first_dp = self.dp_rank == 0
+        self._norm_counted = []
+        for p in self.params:
+            counted = first_dp and not getattr(p, "shared_embedding_copy", False)
+            if not getattr(p, "tensor_parallel", False):
+                counted = counted and self.mesh.tp_rank == 0  # replicated over tp
+            self._norm_counted.append(counted)
+        self._sp_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
+
+        self.optimizer = self._build_optimizer(cfg.optim)
+        self.grad_clip = float(cfg.optim.grad_clip)
+        self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
+
+        self.micro_batch = int(cfg.train.micro_batch_size)
+        self.seq_len = int(m.seq_len)
+        self.hidden = int(m.hidden_size)
+        self._schedule = None
+        self._schedule_mbs = 0
+        self._last_grad_bytes = 0
+
+    # ------------------------------------------------------------------------------ setup
+
+    def _check_model(self, m: Any) -> None:
+        tp, pp = self.tp, self.pp
+        problems = []
+        if int(m.num_heads) % tp:
+            problems.append(f"model.num_heads={m.num_heads} is not divisible by parallelism.tp={tp}")
+        if int(m.ffn_hidden_size) % tp:
+            problems.append(f"model.ffn_hidden_size={m.ffn_hidden_size} is not divisible by parallelism.tp={tp}")
+        if int(m.vocab_size) % tp:
+            problems.append(f"model.vocab_size={m.vocab_size} is not divisible by parallelism.tp={tp}")
+        if int(m.num_layers) % pp:
+            problems.append(f"model.num_layers={m.num_layers} is not divisible by parallelism.pp={pp}")
+        if self.sequence_parallel and int(m.seq_len) % tp:
+            problems.append(f"parallelism.sequence_parallel needs model.seq_len={m.seq_len} divisible by tp={tp}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _build_optimizer(self, optim: Any) -> torch.optim.Optimizer:
+        name = as_str(getattr(optim, "name", "adamw")).lower()
+        if name != "adamw":
+            raise ValueError(f"optim.name={name!r} is not supported by recipes.gpt (only 'adamw')")
+        named = [(n, p) for n, p in self.stage.named_parameters() if p.requires_grad]
+        groups = [g for g in param_groups(named, float(optim.weight_decay)) if g["params"]]
+        kw = dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
+        if self.zero == 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
+                                           process_group=self.mesh.dp_group, **kw)
+        return torch.optim.AdamW(groups, **kw)
+
+    # ------------------------------------------------------------------------------ step
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, labels, self.tp_ctx, self.stage.vocab_start)
+
+    def _pipe_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self._loss(logits, labels)
+        return loss * self.scaler.scale if self.scaler is not None else loss
+
+    def _get_schedule(self, n_micro: int) -> Any:
+        if self._schedule is None or self._schedule_mbs != n_micro:
+            self._schedule = build_schedule(self.stage, self.mesh, n_micro, self.micro_batch, self.seq_len,
+                                            self.hidden, self.device, self._pipe_loss)
+            self._schedule_mbs = n_micro
+        return self._schedule
+
+    def _forward_backward(self, batches: List[Batch]) -> torch.Tensor:
+        """Run every micro-batch forward and backward; return the sum over micro-batches of
+        (micro-batch mean loss / accum) on the last stage (0 elsewhere)."""
+        accum = len(batches)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        if self.pp == 1:
+            scale = self.scaler.scale if self.scaler is not None else 1.0
+            for tokens, labels in batches:
+                tokens = tokens.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+                loss = self._loss(self.stage(tokens), labels) / accum
+                (loss * scale if scale != 1.0 else loss).backward()
+                loss_sum += loss.detach()
+            return loss_sum
+        schedule = self._get_schedule(accum)
+        if self.stage.is_first:
+            tokens = torch.cat([t for t, _ in batches]).to(self.device, non_blocking=True)
+            schedule.step(tokens, return_outputs=False)
+        elif self.stage.is_last:
+            labels = torch.cat([lab for _, lab in batches]).to(self.device, non_blocking=True)
+            losses: List[torch.Tensor] = []
+            schedule.step(target=labels, losses=losses, return_outputs=False)
+            total = torch.stack([x.detach().float() for x in losses]).sum() / accum
+            loss_sum = total / self.scaler.scale if self.scaler is not None else total
+        else:
+            schedule.step(return_outputs=False)
+        return loss_sum
+
+    def _reduce_grads(self) -> None:
+        for p in self.params:  # a stage whose parameters got no gradient still joins the collectives
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.sequence_parallel:  # replicated params saw only their sequence chunk
+            _all_reduce_coalesced([p.grad for p in self._sp_params], self.mesh.tp_group)
+        if self.embedding_param is not None:  # tied word embedding: first stage + last-stage copy
+            dist.all_reduce(self.embedding_param.grad, group=self.mesh.embedding_group)
+        if self.dp > 1:
+            _all_reduce_coalesced([p.grad for p in self.params], self.mesh.dp_group, scale=1.0 / self.dp)
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = self._forward_backward(batches)
+        self._reduce_grads()
+
+        # one all-reduce over the world: [global mean loss, global squared grad norm]
+        sq = torch.zeros((), device=self.device, dtype=torch.float32)
+        for p, counted in zip(self.params, self._norm_counted):
+            if counted:
+                sq += p.grad.detach().float().pow(2).sum()
+        loss_part = loss_sum / self.dp if (self.stage.is_last and self.mesh.tp_rank == 0) else torch.zeros_like(loss_sum)
+        stats = torch.stack([loss_part, sq])
+        dist.all_reduce(stats)
+        loss_value, sq_value = stats.tolist()
+        grad_norm = math.sqrt(sq_value) if math.isfinite(sq_value) else float("nan") if math.isnan(sq_value) else float("inf")
+
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        overflow = self.scaler is not None and not math.isfinite(grad_norm)
+        if self.scaler is not None:
+            self.scaler.update(overflow)  # an fp16 overflow skips the step on every rank
+        if not overflow:
+            grad_norm /= scale
+            coef = 1.0 / scale
+            if self.grad_clip > 0 and grad_norm > 0:
+                coef *= min(1.0, self.grad_clip / (grad_norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
+            if coef != 1.0:
+                torch._foreach_mul_([p.grad for p in self.params], coef)
+            self.optimizer.step()
+        self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value, grad_norm
+
+    # ------------------------------------------------------------------------------ reporting
+
+    def state_bytes(self) -> Dict[str, int]:
+        opt = self.optimizer.optim if self.zero == 1 else self.optimizer
+        return {
+            "params": tensor_bytes(self.params),
+            "grads": self._last_grad_bytes,
+            "optimizer": optimizer_state_bytes(opt),
+        }
+
+    def describe(self) -> str:
+        dp_idx, pp_idx, tp_idx = self.mesh.coords
+        extra = " sp" if self.sequence_parallel else ""
+        return (f"MegatronEngine(dp={self.dp} pp={self.pp} tp={self.tp}{extra} zero={self.zero} "
+                f"layers {self.stage.layer_range[0]}..{self.stage.layer_range[1] - 1} on stage {pp_idx})")

@@ -1,0 +1,146 @@
+"""The dp x pp x tp rank mesh (recipes/gpt/parallel/mesh.py) and where model pieces go."""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from recipes.gpt.parallel.mesh import coords_rank, group_of, groups, node_of, rank_coords
+
+LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 4), (2, 4, 1), (4, 1, 1)]
+
+
+@pytest.mark.timeout(60)
+def test_rank_coords_known_values():
+    # dp=2 pp=2 tp=2: rank = dp*4 + pp*2 + tp
+    assert [rank_coords(r, 2, 2, 2) for r in range(8)] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert rank_coords(5, dp=1, pp=2, tp=4) == (0, 1, 1)
+    assert rank_coords(11, dp=3, pp=2, tp=2) == (2, 1, 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dp,pp,tp", LAYOUTS)
+def test_rank_coords_is_a_bijection_in_row_major_order(dp, pp, tp):
+    world = dp * pp * tp
+    coords = [rank_coords(r, dp, pp, tp) for r in range(world)]
+    # row-major over (dp, pp, tp) == torch.arange(world).view(dp, pp, tp), the DeviceMesh layout
+    assert coords == list(itertools.product(range(dp), range(pp), range(tp)))
+    assert [coords_rank(*c, dp, pp, tp) for c in coords] == list(range(world))
+
+
+@pytest.mark.timeout(60)
+def test_rank_coords_rejects_bad_input():
+    with pytest.raises(ValueError, match="outside"):
+        rank_coords(8, 2, 2, 2)
+    with pytest.raises(ValueError, match="tp must be >= 1"):
+        rank_coords(0, 1, 1, 0)
+    with pytest.raises(ValueError, match="outside mesh"):
+        coords_rank(0, 2, 0, 1, 2, 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dp,pp,tp", LAYOUTS)
+def test_groups_partition_the_world(dp, pp, tp):
+    world = dp * pp * tp
+    g = groups(dp, pp, tp)
+    for axis, size, count in (("tp", tp, dp * pp), ("pp", pp, dp * tp), ("dp", dp, pp * tp), ("mp", pp * tp, dp)):
+        assert len(g[axis]) == count, axis
+        assert all(len(members) == size for members in g[axis]), axis
+        assert sorted(r for members in g[axis] for r in members) == list(range(world)), axis
+    axis_index = {"dp": 0, "pp": 1, "tp": 2}
+    for axis, i in axis_index.items():
+        for members in g[axis]:
+            cs = [rank_coords(r, dp, pp, tp) for r in members]
+            # members differ only along their own axis, and are listed in that axis' order
+            assert [c[i] for c in cs] == list(range(len(members)))
+            assert len({c[:i] + c[i + 1:] for c in cs}) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dp,pp,tp", LAYOUTS)
+def test_tp_ranks_adjacent_and_embedding_groups(dp, pp, tp):
+    g = groups(dp, pp, tp)
+    for members in g["tp"]:
+        assert members == list(range(members[0], members[0] + tp))
+    if pp == 1:
+        assert g["embedding"] == []
+    else:
+        assert len(g["embedding"]) == dp * tp
+        for first, last in g["embedding"]:
+            (d0, p0, t0), (d1, p1, t1) = rank_coords(first, dp, pp, tp), rank_coords(last, dp, pp, tp)
+            assert (d0, t0) == (d1, t1) and (p0, p1) == (0, pp - 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nodes,per_node,pp,tp", [(2, 2, 2, 2), (2, 4, 2, 4), (4, 2, 2, 2), (2, 8, 2, 2)])
+def test_block_placement_keeps_tp_in_a_node_and_spreads_pp(nodes, per_node, pp, tp):
+    world = nodes * per_node
+    dp = world // (pp * tp)
+    g = groups(dp, pp, tp)
+    for members in g["tp"]:
+        assert len({node_of(r, per_node) for r in members}) == 1
+    if tp == per_node:  # a stage fills a node: consecutive stages are tp ranks apart, on different nodes
+        for members in g["pp"]:
+            assert len({node_of(r, per_node) for r in members}) == pp
+
+
+@pytest.mark.timeout(60)
+def test_group_of():
+    g = groups(2, 2, 2)
+    assert group_of(5, g["tp"]) == [4, 5]
+    assert group_of(5, g["pp"]) == [5, 7]
+    assert group_of(5, g["dp"]) == [1, 5]
+    assert group_of(5, g["mp"]) == [4, 5, 6, 7]
+    assert group_of(9, g["tp"]) == []
+
+
+@pytest.mark.timeout(60)
+def test_stage_layers_and_head_rows():
+    from recipes.gpt.parallel.pipeline import stage_layers
+    from recipes.gpt.parallel.tensor_parallel import TPContext, head_rows
+
+    assert [stage_layers(8, 4, s) for s in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert stage_layers(2, 1, 0) == (0, 2)
+    with pytest.raises(ValueError, match="num_layers"):
+        stage_layers(3, 2, 0)
+    # 4 heads of dim 2, tp=2: rank 1 holds heads 2,3 of q, k and v
+    rows = head_rows(4, 2, TPContext(group=None, rank=1, size=2)).tolist()
+    assert rows == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+    both = sorted(head_rows(4, 2, TPContext(None, 0, 2)).tolist() + rows)
+    assert both == list(range(24))
+
+
+@pytest.mark.timeout(120)
+def test_layout_matches_torch_device_mesh():
+    """init_device_mesh(("dp", "pp", "tp")) gives every rank the coordinates and groups of
+    rank_coords/groups (checked for all 8 ranks of 2x2x2 with torch's fake process group)."""
+    code = textwrap.dedent(
+        """
+        import json
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        out = []
+        for r in range(8):
+            dist.init_process_group("fake", store=FakeStore(), rank=r, world_size=8)
+            m = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "pp", "tp"))
+            out.append([list(m.get_coordinate()),
+                        {a: dist.get_process_group_ranks(m.get_group(a)) for a in ("dp", "pp", "tp")}])
+            dist.destroy_process_group()
+        print(json.dumps(out))
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110)
+    if res.returncode != 0 and "fake_pg" in res.stderr:
+        pytest.skip("torch's fake process group is unavailable: " + res.stderr[-300:])
+    assert res.returncode == 0, res.stderr[-2000:]
+    torch_view = json.loads(res.stdout.strip().splitlines()[-1])
+    g = groups(2, 2, 2)
+    for r, (coords, axes) in enumerate(torch_view):
+        assert tuple(coords) == rank_coords(r, 2, 2, 2)
+        assert axes == {a: group_of(r, g[a]) for a in ("dp", "pp", "tp")}
