@@ -89,6 +89,12 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     finally:
         sink.close()
 
+    # what this rank holds, for the planner's exactness check (launcher.plan.memory)
+    from launcher.archive import atomic
+
+    mesh = getattr(engine, "mesh", None)
+    atomic.write_json(ctx.run_dir / "ranks" / f"state_{ctx.rank}.json",
+                      {"rank": ctx.rank, "pp_stage": int(getattr(mesh, "pp_rank", 0)), **engine.state_bytes()})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,
