@@ -155,7 +155,8 @@ class RecipeConfig:
 
 @dataclass
 class WandbConfig:
-    enabled: bool = False
+    # rank 0 logs every step's metrics to wandb too; offline (files in the run dir) needs no network
+    enabled: bool = True
     mode: str = "offline"
     project: str = "launcher"
 

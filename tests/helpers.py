@@ -57,7 +57,7 @@ def read_metrics(run_dir: str) -> List[dict]:
 # step in one process, so every layout up to 8 ranks (and pp=2 with >= 4 micro-batches) divides it.
 EQUIV_BASE = ["model=gpt_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=16",
               "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11",
-              "train.log_interval=0", "cluster=local"]
+              "train.log_interval=0", "cluster=local", "wandb.enabled=false"]
 
 
 def train_losses(overrides: List[str], runs_root: Path, procs: int, timeout: float = 300) -> List[float]:

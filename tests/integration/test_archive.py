@@ -230,7 +230,7 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
 @pytest.mark.timeout(1200)
 def test_hundred_task_array(slurm, runs_root):
     res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=6",
-                  "train.global_batch_size=4", "seed=range(0,100)"], runs_root, extra_env=slurm, timeout=600)
+                  "train.global_batch_size=4", "wandb.enabled=false", "seed=range(0,100)"], runs_root, extra_env=slurm, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     runs = wait_final(runs_root, 100, timeout=1100)
     assert len(runs) == 100 and all(r["status"] == "completed" for r in runs), \

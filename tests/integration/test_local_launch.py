@@ -41,6 +41,10 @@ def test_local_run_trains_and_archives(runs_root):
     assert ranks[0]["master_port"] == ranks[1]["master_port"] != 29500
     status = json.loads((rdir / "status.json").read_text())
     assert status["status"] == "completed" and status["exit_code"] == 0
+    # rank 0 also logged to wandb, offline, inside the run dir (wandb has no reader: check the names)
+    (wandb_file,) = list((rdir / "wandb").glob("offline-run-*/run-*.wandb"))
+    data = wandb_file.read_bytes()
+    assert all(name in data for name in (b"loss", b"tokens_per_s", b"step_time_s", b"samples_per_s", b"tflops"))
 
 
 def test_local_failure_is_failed_with_traceback(runs_root):
