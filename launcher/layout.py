@@ -205,6 +205,15 @@ def _engine_rules(cfg: Any) -> List[ConfigError]:
                 )
             )
     elif engine == "deepspeed":
+        if z.stage == 0 and enum_value(cfg.precision.dtype) == "fp16":
+            errs.append(
+                ConfigError(
+                    "precision.dtype",
+                    "fp16 on the deepspeed engine at ZeRO stage 0 trains ~65536x too slowly: DeepSpeed 0.19 "
+                    "divides the gradients by the loss scale without ever scaling the loss",
+                    "use zero=1/2/3, precision=bf16, or parallelism.engine=ddp",
+                )
+            )
         if par.tp > 1 or par.pp > 1:
             errs.append(
                 ConfigError(

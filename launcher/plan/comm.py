@@ -66,7 +66,7 @@ class CommVolume:
 
 
 def comm_volume(m: ModelSpec, lay: LayoutSpec, sp: StageParams) -> CommVolume:
-    p_bytes, g_bytes, _ = bytes_per_param(lay.dtype, lay.engine)
+    p_bytes, g_bytes, _ = bytes_per_param(lay.dtype, lay.engine, lay.zero)
     e = activation_bytes_per_element(lay.dtype)
     n_params = sp.largest
     d, t, pp, mb = lay.dp, lay.tp, lay.pp, lay.grad_accum

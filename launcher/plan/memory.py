@@ -60,10 +60,14 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000  # reduce_bucket_size default, elements
 FP32_GRAD = 4  # bytes per parameter of DeepSpeed's fp32 gradient partition (16-bit training)
 
 
-def bytes_per_param(dtype: str, engine: str) -> Tuple[int, int, int]:
-    """(params, grads, optimizer) bytes per parameter for AdamW."""
-    if dtype == "fp32" or engine == "ddp":
+def bytes_per_param(dtype: str, engine: str, zero: int = 0) -> Tuple[int, int, int]:
+    """(params, grads, optimizer) bytes per parameter for AdamW. DDP (autocast keeps fp32 weights)
+    and fp32 without ZeRO: 4 + 4 + 8 (m, v). 16-bit on deepspeed/megatron: 2 + 2 + 12 (fp32 master,
+    m, v). DeepSpeed keeps an fp32 master copy at ZeRO >= 1 even in fp32: 4 + 4 + 12."""
+    if engine == "ddp" or (dtype == "fp32" and not (engine == "deepspeed" and zero >= 1)):
         return 4, 4, 8
+    if dtype == "fp32":
+        return 4, 4, 12
     return 2, 2, 12
 
 
@@ -86,7 +90,8 @@ def model_state_bytes(
     part = shard(n_params, dp)
     return {
         "params": 0 if offload_params else p * (part if zero >= 3 else n_params),
-        "grads": g * (part if zero >= 2 else n_params),
+        # ZeRO-2/3 with optimizer offload move the gradient partitions to host memory as well
+        "grads": 0 if (offload_optimizer and zero >= 2) else g * (part if zero >= 2 else n_params),
         "optimizer": 0 if offload_optimizer else o * (part if zero >= 1 else n_params),
     }
 
@@ -246,7 +251,7 @@ def layout_memory(m: ModelSpec, lay: LayoutSpec, sp: Optional[StageParams] = Non
 
 def _stage_memory(m: ModelSpec, lay: LayoutSpec, n_params: int, act: int, sbh: int, e: int, t_sp: int,
                   name: str) -> MemoryBreakdown:
-    per = bytes_per_param(lay.dtype, lay.engine)
+    per = bytes_per_param(lay.dtype, lay.engine, lay.zero)
     st = model_state_bytes(n_params, lay.dp, lay.zero, per, lay.offload_optimizer, lay.offload_params)
     part = shard(n_params, lay.dp)
     g_bytes = per[1]
@@ -294,5 +299,5 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None) -> Di
         engine = implied_engine(tp, pp, int(z.stage))
     sp = stage_params(m, tp, pp)
     n = sp.largest if stage is None else sp.stage(stage, pp)
-    per = bytes_per_param(enum_value(cfg_like.precision.dtype), engine)
+    per = bytes_per_param(enum_value(cfg_like.precision.dtype), engine, int(z.stage))
     return model_state_bytes(n, int(dp), int(z.stage), per, bool(z.offload_optimizer), bool(z.offload_params))

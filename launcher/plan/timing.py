@@ -106,7 +106,7 @@ def predict(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, comm: CommVolum
         if lay.zero >= 3:
             zero3_s = per_micro
     offload = 0.0
-    p_bytes, g_bytes, _ = bytes_per_param(lay.dtype, lay.engine)
+    p_bytes, g_bytes, _ = bytes_per_param(lay.dtype, lay.engine, lay.zero)
     part = shard(sp.largest, d)
     if lay.offload_optimizer:
         offload += part * (g_bytes + p_bytes) / PCIE_BANDWIDTH + part / CPU_ADAM_PARAMS_PER_S

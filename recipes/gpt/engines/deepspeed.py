@@ -1,0 +1,283 @@
+"""Data parallelism with DeepSpeed ZeRO stages 0-3 (tp = pp = 1), optimizer / parameter offload.
+
+The DeepSpeed config is generated from the run config by ``recipes.common.ds_config`` and archived
+as ``<run_dir>/deepspeed_config.json`` by rank 0. The model is built exactly as for DDP
+(``base.build_model``: same seed, same init); the client optimizer is torch AdamW with the same
+param groups (no weight decay on ndim < 2), except with ``zero.offload_optimizer`` where
+DeepSpeed's host optimizer DeepSpeedCPUAdam (same groups, AdamW mode) steps the offloaded fp32
+partitions. The step loop owns the lr schedule: it is written into the optimizer's param groups
+before every step; no DeepSpeed scheduler is configured.
+
+One ``train_step`` = for each micro batch ``engine(tokens, labels)`` -> loss, ``engine.backward``
+(DeepSpeed divides by the accumulation steps and reduces / reduce-scatters at its boundary) and
+``engine.step()`` (a no-op except at the boundary, where it clips and steps). The reported loss is
+the mean over the micro batches, averaged over the ranks: the global-batch mean, on every rank.
+The grad norm is DeepSpeed's pre-clipping global norm (``get_global_grad_norm``); ZeRO-0 in fp32
+records none, so it is computed from the all-reduced gradients.
+
+First use compiles C++ ops (gcc + ninja, cached in ~/.cache/torch_extensions): DeepSpeedCPUAdam
+for zero.offload_optimizer (~2-2.5 min on 2 CPU cores, 2.5 s to load once built). DeepSpeed's
+shared-memory comm op, which only inference uses, is not built (see ``_init_comm``).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from recipes.common.ds_config import deepspeed_config
+from recipes.gpt.engines.base import Batch, Engine, adamw, build_model, dtype_name, param_groups
+from recipes.gpt.model import count_parameters
+
+
+def _import_deepspeed():
+    """Import deepspeed, pinned to the CPU accelerator when there is no CUDA (it would pick CPU by
+    itself after probing, with a warning; an explicit DS_ACCELERATOR wins)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's ZeRO collectives call the torch.distributed names torch 2.13 deprecated, and its
+    # warnings.catch_warnings() blocks reset Python's once-per-location registry: without this
+    # filter every collective of every step prints the same FutureWarning into the rank's log.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
+    )
+    import deepspeed
+
+    return deepspeed
+
+
+def _init_comm(deepspeed: Any, backend: str) -> None:
+    """Hand DeepSpeed the process group the launcher runtime already initialised.
+
+    On the CPU accelerator DeepSpeed's comm backend JIT-compiles its shared-memory all-reduce op
+    (deepspeed_shm_comm: gcc + ninja, ~45-120 s on a cold ~/.cache/torch_extensions) the first
+    time it is created. Training never uses that op: it only serves ``inference_all_reduce`` and
+    is only switched on when LOCAL_SIZE is set (the ``deepspeed`` launcher sets it, ours does
+    not), so it is not built here. Every training collective goes through torch.distributed."""
+    import importlib
+
+    # (``import deepspeed.comm.torch as m`` would bind torch itself: deepspeed.comm re-exports it)
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    build = getattr(ds_torch_comm, "build_shm_op", None)
+    if build is not None:
+        ds_torch_comm.build_shm_op = lambda: None
+    try:
+        deepspeed.init_distributed(dist_backend=backend, dist_init_required=False)
+    finally:
+        if build is not None:
+            ds_torch_comm.build_shm_op = build
+
+
+def _cpu_adam(model: torch.nn.Module, optim: Any):
+    """DeepSpeedCPUAdam in AdamW mode with base.adamw's groups and hyper-parameters (JIT-compiles
+    DeepSpeed's cpu_adam op on first use, cached under ~/.cache/torch_extensions)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(
+        param_groups(list(model.named_parameters()), float(optim.weight_decay)),
+        lr=float(optim.lr),
+        betas=(float(optim.beta1), float(optim.beta2)),
+        eps=float(optim.eps),
+        adamw_mode=True,
+    )
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, cfg: Any, ctx: Any) -> None:
+        tp, pp = int(cfg.parallelism.tp), int(cfg.parallelism.pp)
+        if tp * pp != 1:
+            raise ValueError(f"parallelism.engine=deepspeed is data parallel only: parallelism.tp={tp}, parallelism.pp={pp}")
+        self.stage = int(cfg.zero.stage)
+        self.dtype = dtype_name(cfg)
+        if self.dtype == "fp16" and self.stage == 0:
+            raise ValueError(
+                "precision.dtype=fp16 with parallelism.engine=deepspeed needs zero.stage >= 1: at stage 0 "
+                "DeepSpeed (<= 0.19) never scales the loss but still divides the gradients by the loss scale "
+                "(deepspeedai/DeepSpeed#8393), so updates come out ~2**precision.initial_scale_power times "
+                "too small. Use zero=1 (or 2, 3), precision=bf16, or parallelism.engine=ddp."
+            )
+        deepspeed = _import_deepspeed()
+        # torch.distributed is already up (launcher runtime); DeepSpeed wraps the existing group.
+        _init_comm(deepspeed, ctx.backend)
+        self.world = int(ctx.world_size)
+        self.dp, self.dp_rank = self.world, int(ctx.rank)
+        self.device = torch.device(ctx.device)
+        self.config = deepspeed_config(cfg, self.dp)
+        if ctx.is_main:
+            from launcher.archive.atomic import write_json
+
+            write_json(os.path.join(str(ctx.run_dir), "deepspeed_config.json"), self.config)
+
+        model = build_model(cfg, self.dp_rank)
+        self.num_params = count_parameters(model)
+        model.train()
+        self.offload_optimizer = bool(cfg.zero.offload_optimizer)
+        self.offload_params = bool(cfg.zero.offload_params)
+        client = _cpu_adam(model, cfg.optim) if self.offload_optimizer else adamw(model, cfg.optim)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client, config=self.config, dist_init_required=False
+        )
+        self.module = self.ds.module
+        self._undo_state_init_step()
+        self._grads_peak = 0
+        self._grads_last = 0
+
+    def _undo_state_init_step(self) -> None:
+        """ZeRO-0 with bf16/fp16 wraps the client optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose
+        constructor runs one optimizer step on all-zero gradients to create the Adam state. On a
+        torch AdamW that step counts: the first real step then uses Adam's bias correction for step 2
+        (its update is ~0.73x the DDP one) and the fp32 master weights were decayed once by
+        lr*weight_decay. Undo both: drop the state (AdamW recreates it at the first real step) and
+        copy the 16-bit weights (untouched by that step) back into the fp32 masters."""
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+        if not isinstance(self.optimizer, FP16_UnfusedOptimizer):
+            return
+        self.optimizer.optimizer.state.clear()
+        with torch.no_grad():
+            for fp32_group, low_group in zip(self.optimizer.fp32_groups, self.optimizer.fp16_groups):
+                for master, low in zip(fp32_group, low_group):
+                    master.copy_(low)
+
+    def describe(self) -> str:
+        off = ("+offload_optimizer" if self.offload_optimizer else "") + ("+offload_params" if self.offload_params else "")
+        return f"DeepSpeedEngine(zero={self.stage}{off},{self.dtype})"
+
+    def _set_lr(self, lr: float) -> None:
+        # every DeepSpeed optimizer wrapper forwards param_groups to the optimizer it steps
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        self._set_lr(lr)
+        accum = len(batches)
+        self._grads_peak = 0
+        if accum != self.ds.gradient_accumulation_steps():
+            raise ValueError(f"{accum} micro batches per step, DeepSpeed config says {self.ds.gradient_accumulation_steps()}")
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        own_norm: Optional[torch.Tensor] = None
+        for k, (tokens, labels) in enumerate(batches):
+            tokens = tokens.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
+            loss = self.ds(tokens, labels)  # mean over this micro batch (fp32: the model upcasts logits)
+            self.ds.backward(loss)  # DeepSpeed scales by 1/accum and reduces at the boundary
+            loss_sum += loss.detach().float()
+            self._sample_grads()
+            if k == accum - 1:
+                own_norm = self._grad_norm_before_step()
+            self.ds.step()  # steps the optimizer (and clips) only at the accumulation boundary
+        self._grads_last = self._grads_peak
+        norm = self.ds.get_global_grad_norm()
+        if norm is None:
+            norm = own_norm
+        loss_sum /= accum
+        if self.world > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum /= self.world
+        norm_t = norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm) else torch.tensor(
+            float("nan") if norm is None else float(norm), device=loss_sum.device)
+        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+        return loss_value, norm_value
+
+    def _grad_norm_before_step(self) -> Optional[torch.Tensor]:
+        """ZeRO-0 with fp32 steps the client optimizer directly, which records no norm: compute it
+        from the (already all-reduced) gradients. ZeRO 1-3 and 16-bit optimizers record their own."""
+        if self.stage > 0 or self.dtype != "fp32":
+            return None
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else None
+
+    # ---- memory accounting -------------------------------------------------------------------
+    #
+    # state_bytes() counts the model state this rank keeps in its TRAINING DEVICE's memory, as
+    # launcher.plan.memory.model_state_bytes_per_rank models it. State DeepSpeed offloads to host
+    # memory (zero.offload_optimizer / zero.offload_params) counts 0, also on a CPU-only run where
+    # host and device memory are the same RAM. Each storage is counted once (views of one flat
+    # buffer add up to the buffer; a tensor already counted as a parameter is not counted again).
+
+    def _param_tensors(self) -> List[torch.Tensor]:
+        """ZeRO 0-2: every module parameter (a full replica in the model dtype). ZeRO-3: each
+        parameter's own partition, ``ds_tensor`` (ceil(numel / dp) elements), or nothing with
+        zero.offload_params. Gathered parameters are not counted: neither those gathered for one
+        module's forward/backward nor the small ones ZeRO-3 keeps gathered for good (``ds_persist``:
+        fewer elements than stage3_param_persistence_threshold = 10 * hidden_size; biases and norms,
+        ~1% of gpt_tiny, ~0.02% of a 7B model)."""
+        params = list(self.module.parameters())
+        if self.stage < 3:
+            return params
+        if self.offload_params:
+            return []
+        return [p.ds_tensor for p in params]
+
+    def _grad_tensors(self) -> List[torch.Tensor]:
+        """Gradient storage that outlives a backward: the module's ``.grad`` (ZeRO 0-1 accumulate
+        full gradients there; ZeRO 2-3 free them bucket by bucket) plus the optimizer's partitioned
+        gradients (ZeRO 1-2: ``averaged_gradients``, this rank's 1/dp; ZeRO-3:
+        ``grad_partitions_flat_buffer``). Not counted: communication buckets (reduce_bucket_size)
+        and, with zero.offload_optimizer, the gradient partitions DeepSpeed then keeps in host
+        memory (ZeRO 2-3 then hold no gradient on the device between backwards)."""
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        opt = self.optimizer
+        averaged = getattr(opt, "averaged_gradients", None) or {}
+        for group in averaged.values() if isinstance(averaged, dict) else averaged:
+            grads.extend(_tensors(group))
+        flat = getattr(opt, "grad_partitions_flat_buffer", None)
+        if torch.is_tensor(flat) and not self.offload_optimizer:  # offload allocates it in host memory
+            grads.append(flat)
+        return grads
+
+    def _optimizer_tensors(self) -> List[torch.Tensor]:
+        """Adam's exp_avg / exp_avg_sq (this rank's partition for ZeRO >= 1) plus the fp32 master
+        weights where they are a separate copy of the parameters, which DeepSpeed keeps even in
+        fp32: ZeRO 1-2 ``single_partition_of_fp32_groups``, ZeRO-3 ``fp32_partitioned_groups_flat``,
+        ZeRO-0 in bf16 the unfused optimizer's ``fp32_groups`` (ZeRO-0 in fp32 steps the module's
+        own parameters: Adam state only). With zero.offload_optimizer all of it lives in host
+        memory: nothing."""
+        if self.offload_optimizer:
+            return []
+        opt = self.optimizer
+        inner = getattr(opt, "optimizer", opt)
+        held = [v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"):
+            for entry in getattr(opt, attr, None) or []:
+                held.extend(_tensors(entry))
+        return held
+
+    def _sample_grads(self) -> None:
+        self._grads_peak = max(self._grads_peak, _unique_bytes(self._grad_tensors()))
+
+    def state_bytes(self) -> Dict[str, int]:
+        """{"params", "grads", "optimizer"} bytes of model state in this rank's device memory (see
+        _param_tensors, _grad_tensors, _optimizer_tensors for exactly which tensors). "grads" is the
+        largest gradient footprint seen after any backward of the last step (0 before the first)."""
+        param_tensors = self._param_tensors()
+        seen = {t.untyped_storage().data_ptr() for t in param_tensors if t.numel() > 0}
+        optimizer = [t for t in self._optimizer_tensors() if t.untyped_storage().data_ptr() not in seen]
+        return {"params": _unique_bytes(param_tensors), "grads": self._grads_last, "optimizer": _unique_bytes(optimizer)}
+
+
+def _tensors(entry: Any) -> List[torch.Tensor]:
+    """A tensor, or a (possibly nested) list of them -> flat list of tensors."""
+    if torch.is_tensor(entry):
+        return [entry]
+    if isinstance(entry, (list, tuple)):
+        return [t for item in entry for t in _tensors(item)]
+    return []
+
+
+def _unique_bytes(tensors) -> int:
+    """Bytes of memory the given tensors cover, overlaps counted once (the partition views of a
+    flat buffer and the buffer itself add up to the buffer)."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t is not None and t.numel() > 0
+    )
+    total, end = 0, 0
+    for lo, hi in spans:
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
