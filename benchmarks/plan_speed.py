@@ -75,7 +75,8 @@ def main() -> int:
                 "zero": {"stage": lay.zero},
                 "train": {"micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute},
             })
-            assert not layout_check(point)
+            errs = layout_check(point)
+            assert not errs, (lay, errs)
             estimate(ModelSpec.from_cfg(point.model), ClusterSpec.from_cfg(point.cluster), LayoutSpec.from_cfg(point))
 
     t_base = best_of(through_config, max(1, args.repeat // 2))

@@ -69,8 +69,11 @@ def enumerate_layouts(
             off_o = offload_optimizer and zero >= 1 and engine == "deepspeed"
             off_p = offload_params and zero == 3
             for mb in divisors(per_replica):
+                if per_replica // mb < pp:  # 1F1B needs a micro-batch per pipeline stage
+                    continue
                 for rc in RECOMPUTE:
-                    for seq in ((False, True) if tp > 1 else (False,)):
+                    # sequence parallelism splits the sequence over tp
+                    for seq in ((False, True) if tp > 1 and m.seq_len % tp == 0 else (False,)):
                         yield LayoutSpec(
                             dp=dp, tp=tp, pp=pp, zero=zero, micro_batch_size=mb, grad_accum=per_replica // mb,
                             recompute=rc, sequence_parallel=seq, dtype=dtype, engine=engine,
