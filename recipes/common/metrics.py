@@ -55,3 +55,6 @@ class MetricsSink:
         if self.run is not None:
             self.run.finish()
             self.run = None
+            import wandb
+
+            wandb.teardown()  # stop wandb's service now, so it writes nothing after the run is sealed
