@@ -12,14 +12,25 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-PORT_BASE = 20000
-PORT_SPAN = 30000  # ports 20000-49999: above the usual service ports, below the ephemeral range
+PORT_BASE = 15000
+EPHEMERAL_START = 32768  # Linux's default ip_local_port_range start
 
 
-def port_for_job(job_id: str) -> int:
-    """A rendezvous port derived from the job id ("1234", "1234_5" or a local pid)."""
+def ephemeral_start(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """First port the kernel hands out for outgoing connections (never listen there: any client
+    socket may hold it)."""
+    try:
+        return int(open(path).read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_START
+
+
+def port_for_job(job_id: str, first_ephemeral: int = EPHEMERAL_START) -> int:
+    """A rendezvous port derived from the job id ("1234", "1234_5" or a local pid), between
+    PORT_BASE and the ephemeral range, so neither another job nor a client socket holds it."""
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
+    span = max(1000, first_ephemeral - PORT_BASE)
+    return PORT_BASE + int(digits) % span
 
 
 def resolve_addr(host: str) -> str:
@@ -93,5 +104,5 @@ def detect() -> DistEnv:
         array_job_id=je.array_job_id,
         array_task_id=je.array_task_id,
         master_addr=resolve_addr(hosts[0]) if hosts else "127.0.0.1",
-        master_port=port_for_job(je.raw_job_id),
+        master_port=port_for_job(je.raw_job_id, ephemeral_start()),
     )

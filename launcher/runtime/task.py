@@ -86,6 +86,9 @@ def run(run_dir: Path) -> Dict[str, Any]:
     if denv.rank == 0:
         bundle.set_status(run_dir, "running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
     t0 = time.time()
+    from launcher.runtime import watchdog
+
+    stop_watch = watchdog.start(run_dir, denv.rank)
     try:
         summary = _run_recipe(run_dir, cfg_plain, denv)
     except BaseException as e:  # record, then re-raise so the task exits non-zero
@@ -100,6 +103,8 @@ def run(run_dir: Path) -> Dict[str, Any]:
             )
             bundle.finalize(run_dir)
         raise
+    finally:
+        stop_watch.set()
     if denv.rank == 0 and not any((run_dir / "ranks").glob("*.error")):
         bundle.set_status(
             run_dir, "completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids

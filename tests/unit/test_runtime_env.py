@@ -1,12 +1,19 @@
 """Rendezvous settings derived from the job: ports never collide between jobs on one node."""
-from launcher.runtime.env import PORT_BASE, PORT_SPAN, port_for_job, resolve_addr
+from launcher.runtime.env import EPHEMERAL_START, PORT_BASE, ephemeral_start, port_for_job, resolve_addr
 
 
 def test_port_in_range_and_distinct_for_neighbouring_jobs():
     ports = {port_for_job(str(1000 + i)) for i in range(500)}
     assert len(ports) == 500
-    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert all(PORT_BASE <= p < EPHEMERAL_START for p in ports)
     assert 29500 not in {port_for_job(str(j)) for j in range(1, 100)}
+
+
+def test_port_never_in_the_ephemeral_range():
+    # pids and job ids of any size land below the kernel's range for outgoing connections
+    first = ephemeral_start()
+    assert all(PORT_BASE <= port_for_job(str(j), first) < first for j in range(0, 4_000_000, 997))
+    assert all(port_for_job(str(j), 40000) < 40000 for j in range(0, 100_000, 13))
 
 
 def test_array_task_ids_map_to_distinct_ports():
