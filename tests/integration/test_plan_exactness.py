@@ -22,6 +22,7 @@ MATRIX = [
     ("pp2", ["parallelism=pp"], 2),
     ("dp2xtp2", ["parallelism=tp"], 4),
     ("pp2xtp2", ["parallelism=3d"], 4),
+    ("dp2xpp2xtp2", ["parallelism=3d", "parallelism.sequence_parallel=true"], 8),
     ("pp2xdp2-zero1", ["parallelism=pp", "zero=1"], 4),
 ]
 # torch's ZeroRedundancyOptimizer (megatron engine, zero=1) shards whole tensors greedily, not
