@@ -18,7 +18,7 @@ COLUMNS = (
     "run_id", "sweep_id", "idx", "name", "dir", "status", "exit_code", "job_id", "backend", "created",
     "created_ts", "tags", "config", "final_loss", "tokens_per_s", "error", "reproduces",
 )
-SCHEMA = f"""
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT, status TEXT,
   exit_code INTEGER, job_id TEXT, backend TEXT, created TEXT, created_ts REAL, tags TEXT,

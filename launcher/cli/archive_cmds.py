@@ -1,7 +1,6 @@
 """`launcher show | diff | reproduce`: read and re-run archived runs (thin over launcher.archive)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from helpers import BIN, REPO, launch, read_metrics, run_cmd, runs_json, wait_final
 

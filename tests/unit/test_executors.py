@@ -1,7 +1,6 @@
 """The sbatch text submitit will submit: resources, array, and quoting of every value."""
 import shlex
 import subprocess
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 

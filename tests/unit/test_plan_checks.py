@@ -3,7 +3,6 @@ and `launcher plan`."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from functools import lru_cache
 
 import pytest
@@ -12,7 +11,6 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.plan import checks, spec
 from launcher.plan.spec import GIB, ClusterSpec
-from launcher.submit import sweep
 from launcher.submit.sweep import InvalidSweep, Point, validate
 
 GPT_1B3_A100 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from recipes.gpt.engines.base import (
-    Batch, Engine, adamw, as_str, autocast_for, build_model, dtype_name, optimizer_state_bytes, tensor_bytes,
+    Batch, Engine, adamw, autocast_for, build_model, dtype_name, optimizer_state_bytes, tensor_bytes,
 )
 from recipes.gpt.model import count_parameters
 
