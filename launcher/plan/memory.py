@@ -52,7 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from launcher.plan.params import ModelSpec, StageParams, largest_layer_params, stage_params
+from launcher.plan.params import (
+    ModelSpec, StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
+)
 from launcher.plan.spec import LayoutSpec, implied_engine
 from launcher.schema import enum_value
 
@@ -279,7 +281,8 @@ def _stage_memory(m: ModelSpec, lay: LayoutSpec, n_params: int, act: int, sbh: i
 # ---- the exactness hook ----------------------------------------------------------------------------
 
 
-def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None) -> Dict[str, int]:
+def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
+                               dp_rank: Optional[int] = None) -> Dict[str, int]:
     """Bytes of parameters, gradients and optimizer state one rank holds on its device, exact for our
     GPT with AdamW (fp32 + DDP: 4 + 4 + 8 bytes per parameter).
 
@@ -300,4 +303,11 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None) -> Di
     sp = stage_params(m, tp, pp)
     n = sp.largest if stage is None else sp.stage(stage, pp)
     per = bytes_per_param(enum_value(cfg_like.precision.dtype), engine, int(z.stage))
-    return model_state_bytes(n, int(dp), int(z.stage), per, bool(z.offload_optimizer), bool(z.offload_params))
+    out = model_state_bytes(n, int(dp), int(z.stage), per, bool(z.offload_optimizer), bool(z.offload_params))
+    if engine == "megatron" and int(z.stage) == 1 and int(dp) > 1:
+        # torch's ZeroRedundancyOptimizer shards whole tensors, greedily: model that exactly
+        stages = range(pp) if stage is None else [stage]
+        shares = [greedy_partition(list(stage_tensor_sizes(m, tp, pp, st)), int(dp)) for st in stages]
+        held = [sh[dp_rank] if dp_rank is not None else max(sh) for sh in shares]
+        out["optimizer"] = per[2] * max(held)
+    return out

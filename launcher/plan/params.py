@@ -25,7 +25,7 @@ holds everything and a tied head adds nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, List, Tuple
 
 
 @dataclass(frozen=True)
@@ -136,3 +136,33 @@ def largest_layer_params(m: ModelSpec, tp: int = 1) -> int:
         f * h // tp + h,
         h * h // tp + h,
     )
+
+
+def stage_tensor_sizes(m: ModelSpec, tp: int, pp: int, stage: int) -> Tuple[List[int], List[int]]:
+    """Element counts of every parameter tensor one tp rank of pipeline stage ``stage`` holds, split
+    into (matrices, vectors): the AdamW groups with and without weight decay, in that order."""
+    h, f, v, s = m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_len
+    first, last = stage == 0, stage == pp - 1
+    matrices: List[int] = []
+    vectors: List[int] = []
+    if first:
+        matrices += [v * h // tp, s * h]
+    for _ in range(m.num_layers // pp):
+        matrices += [3 * h * h // tp, h * h // tp, f * h // tp, h * f // tp]  # qkv, proj, fc1, fc2
+        vectors += [h, h, 3 * h // tp, h, h, h, f // tp, h]  # ln1, qkv bias, proj bias, ln2, fc1/fc2 bias
+    if last:
+        vectors += [h, h]  # final norm
+        if not m.tie_embeddings or pp > 1:  # the untied head, or the last stage's embedding copy
+            matrices.append(v * h // tp)
+    return matrices, vectors
+
+
+def greedy_partition(groups: List[List[int]], parts: int) -> List[int]:
+    """Elements each rank gets from torch's ZeroRedundancyOptimizer: per parameter group, tensors
+    largest first, each to the rank holding the fewest elements so far (lowest rank on ties)."""
+    sizes = [0] * parts
+    for group in groups:
+        for n in sorted(group, reverse=True):
+            r = sizes.index(min(sizes))
+            sizes[r] += n
+    return sizes

@@ -94,7 +94,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
 
     mesh = getattr(engine, "mesh", None)
     atomic.write_json(ctx.run_dir / "ranks" / f"state_{ctx.rank}.json",
-                      {"rank": ctx.rank, "pp_stage": int(getattr(mesh, "pp_rank", 0)), **engine.state_bytes()})
+                      {"rank": ctx.rank, "pp_stage": int(getattr(mesh, "pp_rank", 0)), "dp_rank": dp_rank,
+                       **engine.state_bytes()})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,

@@ -418,3 +418,24 @@ def test_enumeration_obeys_the_engine_rules():
     assert {l.engine for l in lays if l.tp == l.pp == 1 and not l.zero} == {"ddp"}
     assert {l.engine for l in lays if l.tp > 1 or l.pp > 1} == {"megatron"}
     assert len(set(lays)) == len(lays)
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)])
+@pytest.mark.parametrize("tied", [True, False])
+def test_stage_tensor_sizes_add_up_to_stage_params(tp, pp, tied):
+    from launcher.plan.params import ModelSpec, stage_params, stage_tensor_sizes
+
+    m = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, ffn_hidden_size=256, vocab_size=512, seq_len=64,
+                  tie_embeddings=tied)
+    sp = stage_params(m, tp, pp)
+    totals = [sum(map(sum, stage_tensor_sizes(m, tp, pp, st))) for st in range(pp)]
+    assert totals[0] == sp.first and totals[-1] == sp.last
+
+
+def test_greedy_partition_like_zero_redundancy_optimizer():
+    from launcher.plan.params import greedy_partition
+
+    # largest first to the emptiest rank; the sizes carry over to the next parameter group
+    assert greedy_partition([[5, 3, 2], [4]], 2) == [9, 5]  # 5->r0, 3->r1, 2->r1, then 4->r0 (tie: lowest)
+    assert greedy_partition([[10, 1, 1, 1]], 3) == [10, 2, 1]
+    assert sum(greedy_partition([[7, 7, 3], [2, 2]], 4)) == 21
