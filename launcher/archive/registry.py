@@ -58,6 +58,17 @@ def sacct_states(job_ids: Iterable[str]) -> Dict[str, str]:
     return states
 
 
+def record_lost_outcome(run_dir: Path, state: str) -> str:
+    """A job ended without recording its outcome (killed, timed out, node lost): record the outcome
+    its scheduler state implies (a clean exit that recorded nothing is a failure), then seal the run."""
+    mapped = SLURM_STATE.get((state.split() or [""])[0].rstrip("+").upper())
+    status = mapped if mapped in ("cancelled", "timeout") else "failed"
+    bundle.set_status(run_dir, status, exit_code=None,
+                      error=f"job ended without recording an outcome (scheduler state {state or '?'})")
+    bundle.finalize(run_dir)
+    return status
+
+
 def _scheduler_status(job: Dict[str, Any], recorded: str, slurm: Dict[str, str]) -> Optional[str]:
     if job.get("backend") == "slurm":
         state = slurm.get(str(job.get("job_id")))
@@ -136,10 +147,8 @@ def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if status not in bundle.FINAL:
             derived = _scheduler_status(jobs[r["run_id"]], status, slurm)
             if derived in bundle.FINAL:
-                # the job died without recording its outcome: record it for it, then seal the run
-                bundle.set_status(Path(r["dir"]), derived, exit_code=None,
-                                  error=f"job ended without recording an outcome (scheduler: {derived})")
-                bundle.finalize(Path(r["dir"]))
+                state = slurm.get(str(jobs[r["run_id"]].get("job_id")), "") or derived
+                record_lost_outcome(Path(r["dir"]), state.upper())
                 f = row_from_dir(Path(r["dir"])) or f
             elif derived:
                 f["status"] = derived

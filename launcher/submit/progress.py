@@ -11,15 +11,14 @@ def _final_status(run) -> str:
     st = bundle.read_status(run.run_dir).get("status", "pending")
     if st in bundle.FINAL:
         return st
-    # the job ended without writing its outcome (killed, lost): it did not complete
+    from launcher.archive.registry import record_lost_outcome
+
     state = ""
     try:
-        state = str(run.job.state).upper()
-    except Exception:
+        state = str(run.job.state)
+    except Exception:  # the scheduler may no longer know the job
         pass
-    mapped = "cancelled" if "CANCEL" in state else "timeout" if "TIMEOUT" in state else "failed"
-    bundle.set_status(run.run_dir, mapped, exit_code=None, error=f"job ended without an outcome (state {state or '?'})")
-    return mapped
+    return record_lost_outcome(run.run_dir, state)
 
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5) -> bool:
