@@ -32,11 +32,6 @@ class Engine(str, Enum):
     megatron = "megatron"  # Megatron-style TP/PP/DP mesh
 
 
-class Backend(str, Enum):
-    local = "local"  # processes on this machine (submitit LocalExecutor)
-    slurm = "slurm"  # sbatch through submitit
-
-
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -88,7 +83,7 @@ class GPUConfig:
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    backend: Backend = Backend.local
+    backend: str = "local"  # a module of launcher/backends: local (processes here), slurm (sbatch)
     nodes: int = 1
     gpus_per_node: int = 1  # processes per node (one task per GPU; on CPU, processes)
     cpus_per_task: int = 1

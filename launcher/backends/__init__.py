@@ -1,0 +1,42 @@
+"""Backends: where jobs run. One module per scheduler, each defining ``BACKEND``.
+
+A backend owns everything that differs between schedulers: its submitit executor and parameters,
+which points share one submission (its grouping key), the script it submitted, whether ``launch``
+waits for it by default, the state of its jobs (mapped onto ``launcher.rundir.Status``), cancel and
+log paths. Nothing outside this package asks which scheduler a run uses: adding one is adding a
+module here (``cluster.backend`` names it).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+from typing import Any, List
+
+from launcher.backends.base import Backend, JobState
+
+__all__ = ["Backend", "JobState", "names", "get", "of"]
+
+
+@lru_cache(maxsize=1)
+def _names() -> tuple:
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"
+                        and not m.name.startswith("_")))
+
+
+def names() -> List[str]:
+    """Every backend ``cluster.backend`` may name."""
+    return list(_names())
+
+
+def get(name: str) -> Backend:
+    if name not in _names():
+        raise ValueError(f"cluster.backend={name!r} is not a backend; choose one of {', '.join(_names())}")
+    return importlib.import_module(f"{__name__}.{name}").BACKEND
+
+
+def of(cfg: Any) -> Backend:
+    """The backend of a run config (its ``cluster.backend``)."""
+    from launcher.schema import enum_value
+
+    return get(enum_value(cfg.cluster.backend))

@@ -1,0 +1,84 @@
+"""The backend protocol, and what every backend shares (secrets passed through the submitting
+environment, submitit's log paths, the grouping key)."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, Optional
+
+from launcher.rundir import FINAL, Status
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job's state as the scheduler reports it (``raw``) and what it means for the run."""
+
+    status: Status
+    raw: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.status.value in FINAL
+
+
+class Backend:
+    name: str = ""
+    waits: bool = False  # `launch` waits for the jobs unless submit.wait says otherwise
+    shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
+
+    def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
+        """The submitit executor parameters for one run config."""
+        raise NotImplementedError
+
+    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
+        """A submitit executor for this config, writing into ``folder``."""
+        raise NotImplementedError
+
+    def group_key(self, cfg: Any) -> str:
+        """Points with the same key share one submission (one Slurm array)."""
+        return self.name + ":" + repr(sorted(self.parameters(cfg).items()))
+
+    @contextlib.contextmanager
+    def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
+        """The submitting process's environment while it submits (every backend passes it on):
+        secret-named ``cluster.env`` values travel here, never in a script or the archive."""
+        from launcher.archive.secrets import is_secret
+
+        saved_env, saved_cwd = dict(os.environ), os.getcwd()
+        try:
+            for k, v in dict(cfg.cluster.env).items():
+                if is_secret(k):
+                    os.environ[str(k)] = str(v)
+            self._prepare(cfg, code_dir)
+            yield
+        finally:
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+
+    def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:
+        """Backend-specific changes to the submitting environment (undone after submission)."""
+
+    def preview(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
+        """What a dry run prints for one submission group."""
+        raise NotImplementedError
+
+    def submitted_script(self, job: Any) -> Optional[str]:
+        """The text of the script submitit handed to the scheduler for ``job`` (None: no script)."""
+        return None
+
+    def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:
+        """State of each job (job.json records) the scheduler still knows, by job id."""
+        raise NotImplementedError
+
+    def cancel(self, job: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def log_path(self, job: Dict[str, Any], rank: int, err: bool = False) -> Path:
+        """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
+        from submitit.core.utils import JobPaths
+
+        paths = JobPaths(job["submitit_folder"], job_id=str(job["job_id"]), task_id=rank)
+        return paths.stderr if err else paths.stdout

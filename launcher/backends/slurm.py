@@ -1,0 +1,144 @@
+"""Slurm through submitit's SlurmExecutor: one task per GPU, one array job per sweep group.
+
+Values reach the sbatch script only through submitit's flag writer, which shell-quotes each one;
+environment lines are quoted here with shlex.quote. ``cluster.setup`` lines are the user's own shell,
+verbatim. Job states come from sacct (accounting), and from squeue for jobs sacct has not listed yet.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+from launcher.backends.base import Backend, JobState
+from launcher.rundir import Status
+
+# Slurm's job states -> the run's status
+STATES = {
+    "PENDING": Status.pending, "CONFIGURING": Status.pending,
+    "RUNNING": Status.running, "COMPLETING": Status.running, "SUSPENDED": Status.running,
+    "COMPLETED": Status.completed,
+    "FAILED": Status.failed, "NODE_FAIL": Status.failed, "OUT_OF_MEMORY": Status.failed,
+    "BOOT_FAIL": Status.failed, "DEADLINE": Status.failed,
+    "CANCELLED": Status.cancelled, "TIMEOUT": Status.timeout,
+    "PREEMPTED": Status.requeued, "REQUEUED": Status.requeued, "REQUEUE_HOLD": Status.requeued,
+    "REQUEUE_FED": Status.requeued,
+}
+
+
+def state_of(raw: str) -> Optional[JobState]:
+    """``"CANCELLED by 0"``, ``"COMPLETED"``, ``"TIMEOUT+"`` -> JobState (None for an unknown word)."""
+    word = (raw.split() or [""])[0].rstrip("+").upper()
+    status = STATES.get(word)
+    return JobState(status, raw.strip()) if status is not None else None
+
+
+def env_lines(env: Dict[str, Any]) -> List[str]:
+    """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text. Secret-named
+    variables are left out: they reach the job through the submitting environment instead."""
+    from launcher.archive.secrets import is_secret
+
+    lines = []
+    for k, v in sorted(env.items()):
+        if not str(k).isidentifier():
+            raise ValueError(f"cluster.env: {k!r} is not a valid environment variable name")
+        if not is_secret(k):
+            lines.append(f"export {k}={shlex.quote(str(v))}")
+    return lines
+
+
+def code_lines(code_dir: Optional[Path]) -> List[str]:
+    """Jobs import the code snapshot first, so they run the code as it was at submission."""
+    if code_dir is None:
+        return []
+    return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
+def _run(cmd: List[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    waits = False
+
+    def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
+        cl = cfg.cluster
+        params: Dict[str, Any] = {
+            "job_name": str(cfg.submit.job_name),
+            "time": int(cl.time_min),
+            "nodes": int(cl.nodes),
+            "ntasks_per_node": int(cl.gpus_per_node),
+            "cpus_per_task": int(cl.cpus_per_task),
+            "array_parallelism": int(cl.array_parallelism),
+            "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir),
+            # Slurm signals the job 120 s before its time limit so it can checkpoint and requeue
+            "signal_delay_s": 120,
+            # one rank failing ends the step at once instead of leaving the others in a collective
+            "srun_args": ["--kill-on-bad-exit=1"],
+        }
+        if cl.use_gpus:
+            params["gpus_per_node"] = int(cl.gpus_per_node)
+        for key in ("partition", "account", "qos", "constraint"):
+            value = cl.get(key)
+            if value:
+                params[key] = str(value)
+        if cl.mem_gb:
+            params["mem"] = f"{int(cl.mem_gb)}GB"
+        extra = {str(k): v for k, v in cl.sbatch_extra.items()}
+        if code_dir is not None:
+            extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
+        if extra:
+            params["additional_parameters"] = extra
+        return params
+
+    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
+        from submitit import SlurmExecutor
+
+        ex = SlurmExecutor(folder=folder)
+        ex.update_parameters(**self.parameters(cfg, code_dir))
+        return ex
+
+    def preview(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
+        """The sbatch script submitit would write for these points (dry run: nothing is submitted)."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        params = self.parameters(cfg, code_dir)
+        if n_points > 1:
+            params["map_count"] = n_points
+        command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+        return _make_sbatch_string(command=command, folder=folder, **params)
+
+    def submitted_script(self, job: Any) -> Optional[str]:
+        path = Path(job.paths.submission_file)
+        return path.read_text() if path.exists() else None
+
+    def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:
+        ids = sorted({str(j["job_id"]) for j in jobs if j.get("job_id")})
+        if not ids:
+            return {}
+        out: Dict[str, JobState] = {}
+        for line in _run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)]).splitlines():
+            jid, _, raw = line.partition("|")
+            st = state_of(raw)
+            if st is not None:
+                out[jid.strip()] = st
+        missing = [i for i in ids if i not in out]
+        if missing:  # accounting lags submission: ask the controller
+            for line in _run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(missing)]).splitlines():
+                jid, _, raw = line.partition("|")
+                st = state_of(raw)
+                if st is not None and jid.strip() in missing:
+                    out[jid.strip()] = st
+        return out
+
+    def cancel(self, job: Dict[str, Any]) -> None:
+        subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+
+
+BACKEND = SlurmBackend()

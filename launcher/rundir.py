@@ -1,0 +1,382 @@
+"""RunDir: every file of a run directory by name, its status transitions and its seal.
+
+As submitit's JobPaths does for a job, RunDir names each file of ``<runs_root>/<sweep_id>/<index>/``
+once; the launcher (before submission), the job on the node, ``launcher cancel`` and the recipes
+(through ``ctx.rundir``) all write through it. ``FILES`` is the table docs/archive.md lists.
+SweepDir does the same for the sweep directory that holds the runs.
+
+A run becomes final once (completed, failed, cancelled, timeout): ``finish`` records the outcome and
+seals the dir (manifest.json with the sha256 of every file, then every file read-only); a later
+``finish`` or ``set_status`` changes nothing.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import secrets
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import yaml
+
+from launcher.archive import atomic
+
+
+class Status(str, Enum):
+    pending = "pending"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    timeout = "timeout"
+    requeued = "requeued"
+
+
+STATUSES = tuple(s.value for s in Status)
+FINAL = (Status.completed.value, Status.failed.value, Status.cancelled.value, Status.timeout.value)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# (path, written by, what it holds): the whole content of a run dir. <r> is a rank, <name>/<n> a node.
+FILES: Tuple[Tuple[str, str, str], ...] = (
+    ("run.json", "launcher", "run_id, sweep_id, index, created, seed, tags, backend, argv, layout (engine, dp, tp, "
+     "pp, ZeRO, micro batch, grad accumulation, procs per node: what the job runs with); `reproduces` for a "
+     "reproduction"),
+    ("config.yaml", "launcher", "the resolved config (no interpolations left) the job runs with; secret-named "
+     "values redacted"),
+    ("overrides.yaml", "launcher", "command-line overrides and the chosen option of every config group"),
+    ("seeds.json", "launcher", "every seed (init, data order, dropout per data-parallel rank) and how each is derived"),
+    ("plan.json", "launcher", "the planner's estimate for the layout (memory, communication, bubble, step time, MFU)"),
+    ("code/git.json", "launcher", "repo, commit, branch, dirty flag"),
+    ("code/patch.diff", "launcher", "patch of uncommitted changes including untracked files"),
+    ("code/snapshot.json", "launcher", "where the code snapshot this run executes lies, its file count and sha256"),
+    ("env/software.json", "launcher", "python, torch, deepspeed, hydra, submitit versions"),
+    ("env/pip-freeze.txt", "launcher", "full `pip freeze`"),
+    ("job.json", "launcher", "backend, job id (`<array>_<task>` in a sweep), submitit folder, log paths"),
+    ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
+    ("status.json", "launcher, job", "status (pending, running, completed, failed, cancelled, timeout, requeued), "
+     "exit code, error, summary"),
+    ("env/runtime.json", "job", "torch, CUDA, NCCL, cuDNN as seen on the node"),
+    ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
+    ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
+     "(model, memory, driver), `nvidia-smi topo -m`, InfiniBand devices"),
+    ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank"),
+    ("ranks/rank_<r>.error", "job", "traceback of a rank that raised"),
+    ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
+    ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held"),
+    ("deepspeed_config.json", "recipe", "the DeepSpeed config generated from the composed config (deepspeed engine)"),
+    ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
+     "lr, grad_norm, tflops, mfu"),
+    ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
+    ("manifest.json", "launcher, job", "sha256 of every file, written when the run is sealed"),
+)
+
+
+def _name(pattern: str, **parts: Any) -> str:
+    for k, v in parts.items():
+        pattern = pattern.replace(f"<{k}>", str(v))
+    return pattern
+
+
+class RunDir:
+    RUN, CONFIG, OVERRIDES, SEEDS, PLAN = "run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json"
+    GIT, PATCH, SNAPSHOT = "code/git.json", "code/patch.diff", "code/snapshot.json"
+    SOFTWARE, PIP_FREEZE = "env/software.json", "env/pip-freeze.txt"
+    JOB, SCRIPT, STATUS = "job.json", "sbatch.sh", "status.json"
+    RUNTIME, TRAINING_ENV = "env/runtime.json", "env/training-env.json"
+    TOPOLOGY = "topology/node_<name>_<n>.json"
+    RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
+                                     "ranks/state_<r>.json")
+    DEEPSPEED_CONFIG, METRICS, WANDB, MANIFEST = "deepspeed_config.json", "metrics.jsonl", "wandb", "manifest.json"
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def _p(self, name: str) -> Path:
+        return self.path / name
+
+    # ---- before submission (login side) ----------------------------------------------------------
+    def write_config(self, resolved: Dict[str, Any]) -> None:
+        atomic.write_text(self._p(self.CONFIG), yaml.safe_dump(resolved, sort_keys=False))
+
+    def write_overrides(self, overrides: List[str], choices: Dict[str, Any]) -> None:
+        atomic.write_text(self._p(self.OVERRIDES),
+                          yaml.safe_dump({"overrides": list(overrides), "choices": dict(choices)}, sort_keys=False))
+
+    def write_code(self, git: Dict[str, Any], patch: str, snapshot: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.GIT), git)
+        atomic.write_text(self._p(self.PATCH), patch)
+        atomic.write_json(self._p(self.SNAPSHOT), snapshot)
+
+    def write_software(self, versions: Dict[str, Any], pip_freeze: str) -> None:
+        atomic.write_json(self._p(self.SOFTWARE), versions)
+        atomic.write_text(self._p(self.PIP_FREEZE), pip_freeze)
+
+    def write_plan(self, plan: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.PLAN), plan)
+
+    def write_seeds(self, seeds: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.SEEDS), seeds)
+
+    def write_job(self, job: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.JOB), job)
+
+    def write_script(self, text: str) -> None:
+        atomic.write_text(self._p(self.SCRIPT), text)
+
+    def write_run(self, meta: Dict[str, Any]) -> None:
+        """run.json goes last: a dir without it is not a run."""
+        atomic.write_json(self._p(self.RUN), {**meta, "created": now_iso(), "created_ts": time.time()})
+
+    # ---- on the node -----------------------------------------------------------------------------
+    def write_rank(self, rank: int, info: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(_name(self.RANK, r=rank)), info)
+
+    def write_rank_error(self, rank: int, traceback_text: str) -> None:
+        atomic.write_text(self._p(_name(self.RANK_ERROR, r=rank)), traceback_text)
+
+    def write_mesh(self, rank: int, placement: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(_name(self.MESH, r=rank)), placement)
+
+    def write_state(self, rank: int, state: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(_name(self.STATE, r=rank)), state)
+
+    def write_topology(self, node: str, node_rank: int, info: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(_name(self.TOPOLOGY, name=node, n=node_rank)), info)
+
+    def write_environment(self, training_env: Dict[str, Any], runtime: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.TRAINING_ENV), training_env)
+        atomic.write_json(self._p(self.RUNTIME), runtime)
+
+    def write_deepspeed_config(self, config: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.DEEPSPEED_CONFIG), config)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self._p(self.METRICS)
+
+    @property
+    def wandb_dir(self) -> Path:
+        """wandb.init(dir=...): wandb makes its own ``wandb/`` folder inside."""
+        return self.path
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self._p(self.RUN).is_file()
+
+    def run(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.RUN))
+
+    def config(self) -> Dict[str, Any]:
+        return yaml.safe_load(self._p(self.CONFIG).read_text())
+
+    def overrides(self) -> Dict[str, Any]:
+        p = self._p(self.OVERRIDES)
+        return (yaml.safe_load(p.read_text()) or {}) if p.exists() else {}
+
+    def layout(self):
+        """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
+        from launcher.layout import Layout
+
+        return Layout.from_json((self.run() or {})["layout"])
+
+    def status(self) -> Dict[str, Any]:
+        return atomic.read_json(self._p(self.STATUS), {}) or {}
+
+    def job(self) -> Dict[str, Any]:
+        return atomic.read_json(self._p(self.JOB), {}) or {}
+
+    def seeds(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.SEEDS))
+
+    def plan(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.PLAN))
+
+    def git(self) -> Dict[str, Any]:
+        return atomic.read_json(self._p(self.GIT), {}) or {}
+
+    def patch(self) -> str:
+        p = self._p(self.PATCH)
+        return p.read_text() if p.exists() else ""
+
+    def snapshot(self) -> Dict[str, Any]:
+        return atomic.read_json(self._p(self.SNAPSHOT), {}) or {}
+
+    def software(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.SOFTWARE))
+
+    def runtime(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.RUNTIME))
+
+    def script(self) -> Optional[str]:
+        p = self._p(self.SCRIPT)
+        return p.read_text() if p.exists() else None
+
+    def ranks(self) -> List[Dict[str, Any]]:
+        rows = [atomic.read_json(p, {}) for p in self._glob(self.RANK, r="*")]
+        return sorted(rows, key=lambda r: r.get("rank", 0))
+
+    def topology(self) -> List[Dict[str, Any]]:
+        return [atomic.read_json(p, {}) for p in self._glob(self.TOPOLOGY, name="*", n="*")]
+
+    def failed_ranks(self, except_rank: Optional[int] = None) -> List[str]:
+        """Names of the ranks that recorded an error (``rank_3``), other than ``except_rank``."""
+        own = _name(self.RANK_ERROR, r=except_rank).rsplit("/", 1)[-1] if except_rank is not None else None
+        return [p.name.split(".")[0] for p in self._glob(self.RANK_ERROR, r="*") if p.name != own]
+
+    def metrics(self) -> List[Dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written right now
+                pass
+        return rows
+
+    def _glob(self, pattern: str, **parts: Any) -> List[Path]:
+        return sorted(self.path.glob(_name(pattern, **parts)))
+
+    # ---- status ----------------------------------------------------------------------------------
+    def is_final(self) -> bool:
+        return self.status().get("status") in FINAL
+
+    def set_status(self, status: Union[str, Status], **extra: Any) -> bool:
+        """Record a non-final or final status; False (nothing written) once the run is final."""
+        status = Status(status).value
+        prev = self.status()
+        if prev.get("status") in FINAL:
+            return False
+        record = {**prev, **extra, "status": status, "updated": now_iso()}
+        if status == Status.running.value and "started" not in record:
+            record["started"] = now_iso()
+        if status in FINAL:
+            record["ended"] = now_iso()
+        atomic.write_json(self._p(self.STATUS), record)
+        return True
+
+    def finish(self, status: Union[str, Status], seal: bool = True, **extra: Any) -> bool:
+        """Record the run's outcome (a final status) and seal it; False if it already had one."""
+        if Status(status).value not in FINAL:
+            raise ValueError(f"{status} is not a final status ({', '.join(FINAL)})")
+        done = self.set_status(status, **extra)
+        if done and seal:
+            self.seal()
+        return done
+
+    # ---- seal ------------------------------------------------------------------------------------
+    def seal(self) -> Dict[str, Any]:
+        """manifest.json with the sha256 of every file, then every file read-only. Idempotent."""
+        files = {}
+        for p in sorted(self.path.rglob("*")):
+            if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp"):
+                files[str(p.relative_to(self.path))] = _sha256(p)
+        manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
+                    "files": files}
+        mpath = self._p(self.MANIFEST)
+        if mpath.exists():
+            os.chmod(mpath, 0o644)
+        atomic.write_json(mpath, manifest)
+        for p in self.path.rglob("*"):
+            if p.is_file():
+                os.chmod(p, p.stat().st_mode & ~0o222)
+        return manifest
+
+    def verify(self) -> List[str]:
+        """Files whose content no longer matches the manifest (empty = intact)."""
+        manifest = atomic.read_json(self._p(self.MANIFEST))
+        if not manifest:
+            return [f"{self.MANIFEST} missing"]
+        return [rel for rel, digest in manifest["files"].items()
+                if not (self.path / rel).is_file() or _sha256(self.path / rel) != digest]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class SweepDir:
+    """``<runs_root>/<sweep_id>/``: sweep.json, the code snapshot, submitit's folder, and the runs
+    (``<index>/``, staged as ``.<index>.partial`` until submitted)."""
+
+    SWEEP, CODE, SUBMITIT = "sweep.json", "code", ".submitit"
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def new(cls, runs_root: Path) -> "SweepDir":
+        return cls(Path(runs_root) / (time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)))
+
+    @property
+    def sweep_id(self) -> str:
+        return self.path.name
+
+    @property
+    def code_dir(self) -> Path:
+        return self.path / self.CODE
+
+    @property
+    def submitit_folder(self) -> Path:
+        return self.path / self.SUBMITIT
+
+    def run_id(self, index: int) -> str:
+        return f"{self.sweep_id}-{index}"
+
+    def run(self, index: int) -> RunDir:
+        return RunDir(self.path / str(index))
+
+    def staging(self, index: int) -> RunDir:
+        """Invisible (dot name) until complete and submitted."""
+        return RunDir(self.path / f".{index}.partial")
+
+    def publish(self, index: int) -> RunDir:
+        """Rename the staged run into place (atomic): the run becomes visible whole."""
+        staged, final = self.staging(index), self.run(index)
+        if staged.path.exists():
+            os.replace(staged.path, final.path)
+        return final
+
+    def write(self, meta: Dict[str, Any]) -> None:
+        atomic.write_json(self.path / self.SWEEP, {**meta, "created": now_iso()})
+
+    def read(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self.path / self.SWEEP)
+
+    def runs(self) -> List[RunDir]:
+        """Every archived run of the sweep (a dir counts once its run.json exists)."""
+        if not self.path.is_dir():
+            return []
+        dirs = sorted(self.path.iterdir(), key=lambda p: (len(p.name), p.name))
+        return [RunDir(d) for d in dirs if not d.name.startswith(".") and (d / RunDir.RUN).is_file()]
+
+
+def sweeps(runs_root: Path) -> List[SweepDir]:
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    return [SweepDir(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+
+
+def runs(runs_root: Path, sweep: Optional[str] = None) -> Iterator[RunDir]:
+    """Every archived run under runs_root (or of one sweep)."""
+    for sd in ([SweepDir(Path(runs_root) / sweep)] if sweep else sweeps(runs_root)):
+        yield from sd.runs()
