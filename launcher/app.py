@@ -43,23 +43,42 @@ def _fail(err: Exception) -> None:
     sys.exit(2)
 
 
+def finish(result, points) -> None:
+    """After submission: wait for the runs where the backend (or submit.wait) says so, showing
+    progress; exit 1 unless every run completed."""
+    cfg = points[0].cfg
+    wait = cfg.submit.wait
+    if wait is None:
+        wait = bool(result.backend and result.backend.waits)
+    if wait and not result.dry_run:
+        from launcher.submit.progress import wait_and_report
+
+        if not wait_and_report(result, points, sys.stdout, timeout_s=int(cfg.submit.wait_timeout_s)):
+            sys.exit(1)
+
+
+def submit_points(points) -> None:
+    """The launch pipeline for these points, then the wait policy and the exit code."""
+    from launcher.submit.pipeline import InvalidSweep, launch
+
+    try:
+        result = launch(points)
+    except InvalidSweep as e:
+        _fail(e)
+    finish(result, points)
+    return result
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from launcher.submit.sweep import InvalidSweep, Point, launch
+    from launcher.submit.pipeline import Point
 
     hc = HydraConfig.get()
-    point = Point(
-        cfg=cfg,
-        overrides=list(hc.overrides.task),
-        choices=OmegaConf.to_container(hc.runtime.choices),
-    )
-    try:
-        launch([point])
-    except InvalidSweep as e:
-        _fail(e)
+    submit_points([Point(cfg=cfg, overrides=list(hc.overrides.task),
+                         choices=OmegaConf.to_container(hc.runtime.choices))])
 
 
 def main() -> None:

@@ -208,9 +208,11 @@ class RunDir:
     def git(self) -> Dict[str, Any]:
         return atomic.read_json(self._p(self.GIT), {}) or {}
 
+    def has_patch(self) -> bool:
+        return self._p(self.PATCH).exists()
+
     def patch(self) -> str:
-        p = self._p(self.PATCH)
-        return p.read_text() if p.exists() else ""
+        return self._p(self.PATCH).read_text() if self.has_patch() else ""
 
     def snapshot(self) -> Dict[str, Any]:
         return atomic.read_json(self._p(self.SNAPSHOT), {}) or {}
@@ -252,6 +254,9 @@ class RunDir:
         return sorted(self.path.glob(_name(pattern, **parts)))
 
     # ---- status ----------------------------------------------------------------------------------
+    def is_sealed(self) -> bool:
+        return self._p(self.MANIFEST).exists()
+
     def is_final(self) -> bool:
         return self.status().get("status") in FINAL
 

@@ -1,9 +1,8 @@
-"""Hydra Launcher plugin: hands all points of a `launch -m` sweep to launcher.submit.sweep at once,
+"""Hydra Launcher plugin: hands all points of a `launch -m` sweep to the launch pipeline at once,
 so they are validated together and queued as one Slurm array. Hydra requires plugins to live in
 the hydra_plugins namespace; the logic lives in the launcher package."""
 from __future__ import annotations
 
-import sys
 from typing import Any, List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -21,7 +20,8 @@ class LauncherPlugin(Launcher):
         self.config = config
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher.submit.sweep import InvalidSweep, Point, launch
+        from launcher.app import submit_points
+        from launcher.submit.pipeline import Point
 
         assert self.config is not None and self.hydra_context is not None
         points: List[Point] = []
@@ -38,11 +38,7 @@ class LauncherPlugin(Launcher):
                     choices=OmegaConf.to_container(hydra_node.runtime.choices),
                 )
             )
-        try:
-            result = launch(points)
-        except InvalidSweep as e:
-            print(f"launch: {e}", file=sys.stderr)
-            sys.exit(2)
+        result = submit_points(points)
         returns = []
         for i, (p, hn) in enumerate(zip(points, hydra_nodes)):
             ret = JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")

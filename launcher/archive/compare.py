@@ -1,12 +1,11 @@
 """Differences between two archived runs: config, seeds, topology, code and metrics."""
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher.archive import atomic, bundle
+from launcher.rundir import RunDir
 
 
 def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
@@ -26,23 +25,22 @@ def dict_diff(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Tuple[Any, Any]
 
 def topology_summary(run_dir: Path) -> Dict[str, Any]:
     """World size, nodes, hosts per rank and GPU models, from what the job recorded."""
-    run_dir = Path(run_dir)
-    ranks = [atomic.read_json(p, {}) for p in sorted(glob.glob(str(run_dir / "ranks" / "rank_*.json")))]
-    nodes = [atomic.read_json(p, {}) for p in sorted(glob.glob(str(run_dir / "topology" / "node_*.json")))]
+    rd = RunDir(run_dir)
+    ranks, nodes = rd.ranks(), rd.topology()
     gpus = sorted({d.get("name") for n in nodes for d in (n.get("gpus") or {}).get("devices", [])} - {None})
-    layout = (bundle.read_run(run_dir) or {}).get("layout", {})
+    layout = (rd.run() or {}).get("layout", {})
     return {
         "world_size": layout.get("world_size") or len(ranks),
         "nodes": layout.get("nodes"),
         "dp": layout.get("dp"), "tp": layout.get("tp"), "pp": layout.get("pp"),
-        "rank_hosts": [r.get("slurmd_nodename") or r.get("hostname") for r in sorted(ranks, key=lambda r: r.get("rank", 0))],
+        "rank_hosts": [r.get("slurmd_nodename") or r.get("hostname") for r in ranks],
         "gpu_models": gpus,
         "cpu_models": sorted({(n.get("cpu") or {}).get("model") for n in nodes} - {None}),
     }
 
 
 def losses(run_dir: Path) -> List[float]:
-    return [r["loss"] for r in bundle.read_metrics(run_dir) if "loss" in r]
+    return [r["loss"] for r in RunDir(run_dir).metrics() if "loss" in r]
 
 
 def loss_comparison(a: List[float], b: List[float]) -> Dict[str, Any]:
@@ -63,24 +61,22 @@ def loss_comparison(a: List[float], b: List[float]) -> Dict[str, Any]:
 
 
 def code_summary(run_dir: Path) -> Dict[str, Any]:
-    git = atomic.read_json(Path(run_dir) / "code" / "git.json", {}) or {}
-    snap = atomic.read_json(Path(run_dir) / "code" / "snapshot.json", {}) or {}
-    patch = Path(run_dir) / "code" / "patch.diff"
+    rd = RunDir(run_dir)
+    git, snap, patch = rd.git(), rd.snapshot(), rd.patch()
     import hashlib
 
     return {
         "commit": git.get("commit"),
         "dirty": git.get("dirty"),
-        "patch_sha256": hashlib.sha256(patch.read_bytes()).hexdigest() if patch.exists() else None,
+        "patch_sha256": hashlib.sha256(patch.encode()).hexdigest() if rd.has_patch() else None,
         "snapshot_sha256": snap.get("sha256"),
     }
 
 
 def diff_runs(a: Path, b: Path) -> Dict[str, Any]:
     a, b = Path(a), Path(b)
-    seeds_a = atomic.read_json(a / "seeds.json", {}) or {}
-    seeds_b = atomic.read_json(b / "seeds.json", {}) or {}
-    cfg_a, cfg_b = bundle.load_config(a), bundle.load_config(b)
+    seeds_a, seeds_b = RunDir(a).seeds() or {}, RunDir(b).seeds() or {}
+    cfg_a, cfg_b = RunDir(a).config(), RunDir(b).config()
     for cfg in (cfg_a, cfg_b):  # where a run was stored is not what it was
         cfg.get("submit", {}).pop("runs_root", None)
     return {

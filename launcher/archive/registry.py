@@ -2,99 +2,56 @@
 
 The run dirs are the truth: each holds run.json and status.json written by the launcher and the job.
 A run whose job died without writing its outcome (cancelled, timed out, node lost) gets its status
-from the scheduler: sacct for Slurm, the process table for local runs.
+from its backend (Slurm: sacct/squeue; local: the process table).
 """
 from __future__ import annotations
 
 import os
-import subprocess
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from launcher.archive import atomic, bundle, index
-
-SLURM_STATE = {
-    "PENDING": "pending",
-    "CONFIGURING": "pending",
-    "RUNNING": "running",
-    "COMPLETING": "running",
-    "SUSPENDED": "running",
-    "COMPLETED": "completed",
-    "FAILED": "failed",
-    "NODE_FAIL": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "failed",
-    "CANCELLED": "cancelled",
-    "TIMEOUT": "timeout",
-    "PREEMPTED": "requeued",
-    "REQUEUED": "requeued",
-    "REQUEUE_HOLD": "requeued",
-    "REQUEUE_FED": "requeued",
-}
+from launcher import backends
+from launcher.archive import index
+from launcher.rundir import FINAL, RunDir, Status, runs as run_dirs, sweeps
 
 
 def default_root() -> Path:
     return Path(os.environ.get("LAUNCHER_RUNS", "runs")).expanduser().resolve()
 
 
-def sacct_states(job_ids: Iterable[str]) -> Dict[str, str]:
-    """Slurm state of each job id ("123" or "123_4"), from one sacct call. {} if sacct is unavailable."""
-    ids = sorted(set(job_ids))
-    if not ids:
-        return {}
-    try:
-        res = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)],
-            capture_output=True, text=True, timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    states: Dict[str, str] = {}
-    for line in res.stdout.splitlines():
-        jid, _, state = line.partition("|")
-        states[jid.strip()] = state.split()[0] if state.strip() else ""
-    return states
-
-
-def record_lost_outcome(run_dir: Path, state: str) -> str:
+def record_lost_outcome(rd: RunDir, state: "backends.JobState") -> str:
     """A job ended without recording its outcome (killed, timed out, node lost): record the outcome
     its scheduler state implies (a clean exit that recorded nothing is a failure), then seal the run."""
-    mapped = SLURM_STATE.get((state.split() or [""])[0].rstrip("+").upper())
-    status = mapped if mapped in ("cancelled", "timeout") else "failed"
-    bundle.set_status(run_dir, status, exit_code=None,
-                      error=f"job ended without recording an outcome (scheduler state {state or '?'})")
-    bundle.finalize(run_dir)
-    return status
+    status = state.status.value if state.status in (Status.cancelled, Status.timeout) else Status.failed.value
+    rd.finish(status, exit_code=None,
+              error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
+    return rd.status().get("status", status)
 
 
-def _scheduler_status(job: Dict[str, Any], recorded: str, slurm: Dict[str, str]) -> Optional[str]:
-    if job.get("backend") == "slurm":
-        state = slurm.get(str(job.get("job_id")))
-        if not state:
-            return None
-        mapped = SLURM_STATE.get(state.rstrip("+"), None)
-        if mapped == "completed" and recorded != "completed":
-            return "failed"  # the task exited 0 but the run never recorded completion
-        return mapped
-    if job.get("backend") == "local" and recorded in ("pending", "running"):
-        pid = job.get("job_id")
-        if pid and str(pid).isdigit() and not bundle.pid_alive(int(pid)):
-            return "failed"
-    return None
+def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, "backends.JobState"]:
+    """Scheduler state of each job (job.json records), one query per backend."""
+    by_backend: Dict[str, List[Dict[str, Any]]] = {}
+    for j in jobs:
+        if j.get("backend") and j.get("job_id"):
+            by_backend.setdefault(str(j["backend"]), []).append(j)
+    out: Dict[str, backends.JobState] = {}
+    for name, js in by_backend.items():
+        out.update(backends.get(name).states(js))
+    return out
 
 
 def row_from_dir(rdir: Path) -> Optional[Dict[str, Any]]:
     """The index row of one run dir (None if it is not a complete run)."""
-    meta = bundle.read_run(rdir)
+    rd = RunDir(rdir)
+    meta = rd.run()
     if not meta:
         return None
-    st = bundle.read_status(rdir)
-    job = atomic.read_json(rdir / bundle.JOB_FILE, {}) or {}
+    st = rd.status()
+    job = rd.job()
     summary = st.get("summary") or {}
     try:
-        config = bundle.load_config(rdir)
+        config = rd.config()
     except (OSError, ValueError):
         config = {}
     return {
@@ -107,12 +64,11 @@ def row_from_dir(rdir: Path) -> Optional[Dict[str, Any]]:
     }
 
 
-def scan(root: Path, sweeps: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
+def scan(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
     """Rows read from the run dirs (all sweeps, or only the named ones)."""
     root = Path(root)
-    dirs = bundle.iter_run_dirs(root) if sweeps is None else [
-        d for s in sweeps for d in bundle.iter_run_dirs(root, sweep=s)]
-    return [r for r in (row_from_dir(d) for d in dirs) if r]
+    dirs = list(run_dirs(root)) if sweep_ids is None else [d for s in sweep_ids for d in run_dirs(root, sweep=s)]
+    return [r for r in (row_from_dir(d.path) for d in dirs) if r]
 
 
 def reindex(root: Optional[Path] = None) -> int:
@@ -131,27 +87,22 @@ def record(root: Path, run_dirs: Iterable[Path]) -> None:
 
 
 def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Re-read unfinished runs from their dirs and ask the scheduler about them; returns changed rows."""
-    live = [r for r in rows if r["status"] not in bundle.FINAL]
+    """Re-read unfinished runs from their dirs and ask their schedulers about them; returns changed rows."""
+    live = [r for r in rows if r["status"] not in FINAL]
     fresh = {r["run_id"]: row_from_dir(Path(r["dir"])) for r in live}
-    jobs = {rid: (f or {}).get("_job") or {} for rid, f in fresh.items()}
-    slurm = sacct_states(
-        j["job_id"] for rid, j in jobs.items()
-        if j.get("backend") == "slurm" and (fresh[rid] or {}).get("status") not in bundle.FINAL)
+    states = job_states(f["_job"] for f in fresh.values() if f and f["status"] not in FINAL)
     changed = []
     for r in live:
         f = fresh.get(r["run_id"])
         if f is None:
             continue
-        status = f["status"]
-        if status not in bundle.FINAL:
-            derived = _scheduler_status(jobs[r["run_id"]], status, slurm)
-            if derived in bundle.FINAL:
-                state = slurm.get(str(jobs[r["run_id"]].get("job_id")), "") or derived
-                record_lost_outcome(Path(r["dir"]), state.upper())
+        if f["status"] not in FINAL:
+            state = states.get(str(f["_job"].get("job_id")))
+            if state is not None and state.ended:
+                record_lost_outcome(RunDir(r["dir"]), state)
                 f = row_from_dir(Path(r["dir"])) or f
-            elif derived:
-                f["status"] = derived
+            elif state is not None:
+                f["status"] = state.status.value
         if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error")):
             changed.append(f)
     return changed
@@ -165,7 +116,7 @@ def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[st
     with closing(index.connect(root)) as conn:
         rows = index.rows(conn)
         known = {r["sweep_id"] for r in rows}
-        unknown = [d.name for d in bundle.iter_sweep_dirs(root) if d.name not in known]
+        unknown = [d.sweep_id for d in sweeps(root) if d.sweep_id not in known]
         if unknown:  # runs the index has not seen (e.g. the index was deleted): add them
             found = scan(root, unknown)
             index.upsert(conn, found)

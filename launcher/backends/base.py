@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from launcher.rundir import FINAL, Status
 
@@ -61,8 +61,8 @@ class Backend:
     def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:
         """Backend-specific changes to the submitting environment (undone after submission)."""
 
-    def preview(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
-        """What a dry run prints for one submission group."""
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+        """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
 
     def submitted_script(self, job: Any) -> Optional[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from launcher.backends.base import Backend, JobState
 from launcher.rundir import Status
@@ -42,8 +42,8 @@ class LocalBackend(Backend):
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
             os.chdir(code_dir)
 
-    def preview(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
-        return f"# local: {n_points} point(s), {cfg.cluster.gpus_per_node} process(es) each"
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+        return f"# ---- local: points {points}, {cfg.cluster.gpus_per_node} process(es) each"
 
     def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:
         # the job id is the pid of submitit's local job process; once it is gone the job has ended

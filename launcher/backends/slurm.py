@@ -104,8 +104,13 @@ class SlurmBackend(Backend):
         ex.update_parameters(**self.parameters(cfg, code_dir))
         return ex
 
-    def preview(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
-        """The sbatch script submitit would write for these points (dry run: nothing is submitted)."""
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+        """The sbatch script submitit would write for these points (dry run: nothing is submitted;
+        after a real submission the archive holds the file submitit wrote)."""
+        return (f"# ---- sbatch script for points {points} ({len(points)} array task(s))\n"
+                + self.script_text(cfg, folder, len(points), code_dir))
+
+    def script_text(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
         from submitit.slurm.slurm import _make_sbatch_string
 
         params = self.parameters(cfg, code_dir)

@@ -4,13 +4,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launcher.archive import atomic, bundle, compare
+from launcher.archive import compare
+from launcher.rundir import RunDir
 
 
 def resolve_run_dir(root: Path, ident: str) -> Path:
     """A run id, a run dir, or a sweep id of a one-run sweep -> the run dir."""
     p = Path(ident)
-    if (p / bundle.RUN_FILE).is_file():
+    if RunDir(p).exists():
         return p.resolve()
     from launcher.archive import registry
 
@@ -22,18 +23,19 @@ def resolve_run_dir(root: Path, ident: str) -> Path:
 
 def cmd_show(args) -> int:
     rdir = resolve_run_dir(args._root, args.run)
-    meta = bundle.read_run(rdir) or {}
-    st = bundle.read_status(rdir)
+    rd = RunDir(rdir)
+    meta = rd.run() or {}
+    st = rd.status()
     summary = {
         "run": meta,
         "status": st,
-        "seeds": atomic.read_json(rdir / "seeds.json"),
+        "seeds": rd.seeds(),
         "code": compare.code_summary(rdir),
         "topology": compare.topology_summary(rdir),
-        "software": atomic.read_json(rdir / "env" / "software.json"),
-        "runtime": atomic.read_json(rdir / "env" / "runtime.json"),
-        "job": atomic.read_json(rdir / bundle.JOB_FILE),
-        "manifest_problems": bundle.verify(rdir) if (rdir / bundle.MANIFEST_FILE).exists() else None,
+        "software": rd.software(),
+        "runtime": rd.runtime(),
+        "job": rd.job() or None,
+        "manifest_problems": rd.verify() if rd.is_sealed() else None,
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
     }
     if args.json:
@@ -91,8 +93,8 @@ def cmd_diff(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from launcher.layout import ConfigErrors
+    from launcher.submit.pipeline import InvalidSweep
     from launcher.submit.reproduce import reproduce
-    from launcher.submit.sweep import InvalidSweep
 
     rdir = resolve_run_dir(args._root, args.run)
     try:

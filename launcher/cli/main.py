@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.archive import registry
+from launcher.rundir import STATUSES
 
 
 def _root(args) -> Path:
@@ -72,14 +73,14 @@ def cmd_runs(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from launcher.archive import atomic, bundle
+    from launcher import backends
+    from launcher.rundir import RunDir
 
     (run,) = _select(args, args.run)[:1]
-    job = atomic.read_json(Path(run["dir"]) / bundle.JOB_FILE, {}) or {}
+    job = RunDir(run["dir"]).job()
     if not job:
         sys.exit(f"launcher: run {run['run_id']} was never submitted")
-    folder = Path(job["submitit_folder"])
-    path = folder / f"{job['job_id']}_{args.rank}_log.{'err' if args.err else 'out'}"
+    path = backends.get(job["backend"]).log_path(job, args.rank, err=args.err)
     if not path.exists():
         sys.exit(f"launcher: no log yet at {path} (rank {args.rank} has not started?)")
     sys.stdout.write(path.read_text(errors="replace"))
@@ -87,26 +88,19 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    import os
-    import signal
-    import subprocess
-
-    from launcher.archive import atomic, bundle
+    from launcher import backends
+    from launcher.rundir import FINAL, RunDir
 
     n = 0
     for run in _select(args, args.target):
-        if run["status"] in bundle.FINAL:
+        if run["status"] in FINAL:
             continue
-        job = atomic.read_json(Path(run["dir"]) / bundle.JOB_FILE, {}) or {}
-        if job.get("backend") == "slurm":
-            subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
-        elif job.get("job_id", "").isdigit():
-            try:
-                os.kill(int(job["job_id"]), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        bundle.set_status(Path(run["dir"]), "cancelled", exit_code=None, error="cancelled by user")
-        n += 1
+        rd = RunDir(run["dir"])
+        job = rd.job()
+        if job.get("job_id"):
+            backends.get(job["backend"]).cancel(job)
+        if rd.finish("cancelled", exit_code=None, error="cancelled by user"):
+            n += 1
     print(f"cancelled {n} run(s)")
     return 0
 
@@ -119,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("runs", help="list runs, oldest first", parents=[common])
     s.add_argument("--sweep", help="only this sweep id")
-    s.add_argument("--status", choices=registry.bundle.STATUSES, help="only runs in this status")
+    s.add_argument("--status", choices=STATUSES, help="only runs in this status")
     s.add_argument("--tag", help="only runs with this tag (launch tags=[a,b])")
     s.add_argument("filters", nargs="*", metavar="key=value", help="resolved-config filters, e.g. zero.stage=2")
     s.add_argument("--reindex", action="store_true", help="rebuild the SQLite index from the run dirs first")

@@ -1,7 +1,7 @@
 """The callable submitit runs in every task of a run: bootstrap, call the recipe, record the outcome.
 
-It holds only the run dir; the config is read from the archived config.yaml there, so the job runs
-exactly what was archived at launch time.
+It holds only the run dir; the config and the layout are read from what was archived there at launch
+time, so the job runs exactly that (the node never recomputes the layout).
 """
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Dict
 
-from launcher.archive import atomic, bundle
+from launcher.rundir import RunDir, now_iso
 
 
 class RunTask:
@@ -22,98 +21,86 @@ class RunTask:
         self.run_dir = str(run_dir)
 
     def __call__(self) -> Dict[str, Any]:
-        return run(Path(self.run_dir))
+        return run(RunDir(self.run_dir))
 
     def __repr__(self) -> str:
         return f"RunTask({self.run_dir!r})"
 
 
-def _record_rank(run_dir: Path, denv, extra: Dict[str, Any]) -> None:
-    atomic.write_json(
-        bundle.rank_file(run_dir, denv.rank),
-        {
-            "rank": denv.rank,
-            "local_rank": denv.local_rank,
-            "node_rank": denv.node_rank,
-            "hostname": socket.gethostname(),
-            "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
-            "pid": os.getpid(),
-            "job_id": denv.job_id,
-            "array_job_id": denv.array_job_id,
-            "array_task_id": denv.array_task_id,
-            "master_addr": denv.master_addr,
-            "master_port": denv.master_port,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "started": bundle.now_iso(),
-            **extra,
-        },
-    )
+def _record_rank(rd: RunDir, denv) -> None:
+    rd.write_rank(denv.rank, {
+        "rank": denv.rank,
+        "local_rank": denv.local_rank,
+        "node_rank": denv.node_rank,
+        "hostname": socket.gethostname(),
+        "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
+        "pid": os.getpid(),
+        "job_id": denv.job_id,
+        "array_job_id": denv.array_job_id,
+        "array_task_id": denv.array_task_id,
+        "master_addr": denv.master_addr,
+        "master_port": denv.master_port,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "started": now_iso(),
+    })
 
 
-def _wait_for(run_dir: Path, timeout_s: float = 120.0) -> None:
+def _wait_for(rd: RunDir, timeout_s: float = 120.0) -> None:
     """The launcher makes the run dir visible right after submission returns; a task can start first."""
     deadline = time.time() + timeout_s
-    while not (run_dir / bundle.RUN_FILE).exists():
+    while not rd.exists():
         if time.time() > deadline:
-            raise FileNotFoundError(f"run dir {run_dir} never appeared (was the launch interrupted?)")
+            raise FileNotFoundError(f"run dir {rd.path} never appeared (was the launch interrupted?)")
         time.sleep(0.2)
 
 
-def _record_node(run_dir: Path, denv) -> None:
+def _record_node(rd: RunDir, denv) -> None:
     """Topology once per node (its local rank 0); the training environment and runtime versions once."""
     from launcher.archive import secrets, topology
 
     if denv.local_rank == 0:
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        atomic.write_json(run_dir / "topology" / f"node_{node}_{denv.node_rank}.json", topology.gather())
+        rd.write_topology(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), denv.node_rank,
+                          topology.gather())
     if denv.rank == 0:
-        atomic.write_json(run_dir / "env" / "training-env.json", secrets.training_env(os.environ))
-        atomic.write_json(run_dir / "env" / "runtime.json", topology.runtime_software())
+        rd.write_environment(secrets.training_env(os.environ), topology.runtime_software())
 
 
-def run(run_dir: Path) -> Dict[str, Any]:
+def run(rd: RunDir) -> Dict[str, Any]:
     from launcher.runtime import env as dist_env
 
-    _wait_for(run_dir)
+    _wait_for(rd)
     denv = dist_env.detect()
     denv.export()
-    cfg_plain = bundle.load_config(run_dir)
+    cfg_plain = rd.config()
     for k, v in (cfg_plain.get("cluster", {}).get("env") or {}).items():
         os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
-    _record_rank(run_dir, denv, {})
-    _record_node(run_dir, denv)
+    _record_rank(rd, denv)
+    _record_node(rd, denv)
     job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
     if denv.rank == 0:
-        bundle.set_status(run_dir, "running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+        rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
     t0 = time.time()
     from launcher.runtime import watchdog
 
-    stop_watch = watchdog.start(run_dir, denv.rank)
+    stop_watch = watchdog.start(rd, denv.rank)
     try:
-        summary = _run_recipe(run_dir, cfg_plain, denv)
+        summary = _run_recipe(rd, cfg_plain, denv)
     except BaseException as e:  # record, then re-raise so the task exits non-zero
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        atomic.write_text(run_dir / "ranks" / f"rank_{denv.rank}.error", tb)
-        status = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
-        if bundle.read_status(run_dir).get("status") not in bundle.FINAL:
-            # the first rank to fail holds the root cause; the others fail because it went away
-            bundle.set_status(
-                run_dir, status, exit_code=1, error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids
-            )
-            bundle.finalize(run_dir)
+        rd.write_rank_error(denv.rank, tb)
+        # the first rank to fail holds the root cause; the others fail because it went away
+        rd.finish("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", exit_code=1,
+                  error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids)
         raise
     finally:
         stop_watch.set()
-    if denv.rank == 0 and not any((run_dir / "ranks").glob("*.error")):
-        bundle.set_status(
-            run_dir, "completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids
-        )
-        bundle.finalize(run_dir)
+    if denv.rank == 0 and not rd.failed_ranks():
+        rd.finish("completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids)
     return summary
 
 
-def _run_recipe(run_dir: Path, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
+def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
     from hydra.utils import get_method
@@ -141,7 +128,8 @@ def _run_recipe(run_dir: Path, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any
         local_world_size=denv.local_world_size,
         node_rank=denv.node_rank,
         hostname=socket.gethostname(),
-        run_dir=run_dir,
+        rundir=rd,
+        layout=rd.layout(),
         device=device,
         backend=backend,
     )

@@ -1,6 +1,6 @@
 """A rank whose peer died must not wait in a collective until the process-group timeout.
 
-Every failing rank writes ranks/rank_<r>.error in the run dir (shared by all ranks). The watchdog,
+Every failing rank records its error in the run dir (RunDir.write_rank_error) (shared by all ranks). The watchdog,
 a daemon thread in each rank, ends its own process as soon as another rank's error file appears.
 Slurm does the same through srun --kill-on-bad-exit; this also covers local runs."""
 from __future__ import annotations
@@ -8,20 +8,22 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from pathlib import Path
+from typing import Any
+
+from launcher.rundir import RunDir
 
 
-def start(run_dir: Path, rank: int, interval_s: float = 1.0) -> threading.Event:
-    """Watch `run_dir` for another rank's failure; returns an event that stops the watch."""
+def start(rundir: Any, rank: int, interval_s: float = 1.0) -> threading.Event:
+    """Watch the run dir (a RunDir or its path) for another rank's failure; returns an event that
+    stops the watch."""
+    rd = rundir if isinstance(rundir, RunDir) else RunDir(rundir)
     stop = threading.Event()
-    own = f"rank_{rank}.error"
 
     def watch() -> None:
-        ranks = Path(run_dir) / "ranks"
         while not stop.wait(interval_s):
-            failed = sorted(p.name for p in ranks.glob("rank_*.error") if p.name != own)
+            failed = rd.failed_ranks(except_rank=rank)
             if failed:
-                print(f"[watchdog] rank {rank}: {failed[0].split('.')[0]} failed; ending this rank too",
+                print(f"[watchdog] rank {rank}: {failed[0]} failed; ending this rank too",
                       file=sys.stderr, flush=True)
                 os._exit(1)
 

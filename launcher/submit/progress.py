@@ -4,21 +4,20 @@ from __future__ import annotations
 import time
 from typing import Any, List
 
-from launcher.archive import bundle
+from launcher.rundir import FINAL, Status
 
 
 def _final_status(run) -> str:
-    st = bundle.read_status(run.run_dir).get("status", "pending")
-    if st in bundle.FINAL:
+    """The run's recorded outcome; for a job that ended without one, what its scheduler says."""
+    st = run.rundir.status().get("status", "pending")
+    if st in FINAL:
         return st
-    from launcher.archive.registry import record_lost_outcome
+    from launcher.archive.registry import job_states, record_lost_outcome
+    from launcher.backends import JobState
 
-    state = ""
-    try:
-        state = str(run.job.state)
-    except Exception:  # the scheduler may no longer know the job
-        pass
-    return record_lost_outcome(run.run_dir, state)
+    job = run.rundir.job()
+    state = job_states([job]).get(str(job.get("job_id"))) or JobState(Status.failed, "")
+    return record_lost_outcome(run.rundir, state)
 
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5) -> bool:
@@ -39,8 +38,8 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         while pending:
             for i in list(pending):
                 r = runs[i]
-                rows = bundle.read_metrics(r.run_dir)
-                info = bundle.read_status(r.run_dir).get("status", "pending")
+                rows = r.rundir.metrics()
+                info = r.rundir.status().get("status", "pending")
                 if rows:
                     info = f"loss {rows[-1].get('loss', float('nan')):.4f}  {rows[-1].get('tokens_per_s', 0):,.0f} tok/s"
                 progress.update(tasks[i], completed=len(rows), info=info)
@@ -57,13 +56,14 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     for r in runs:
         st = _final_status(r)
         ok &= st == "completed"
-        summary = bundle.read_status(r.run_dir).get("summary") or {}
+        status = r.rundir.status()
+        summary = status.get("summary") or {}
         loss, first = summary.get("final_loss"), summary.get("first_loss")
         tps = summary.get("mean_tokens_per_s")
         extra = ""
         if loss is not None and first is not None and tps:
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
-            extra = bundle.read_status(r.run_dir).get("error", "") + f"  (logs: {r.job.paths.stderr})"
+            extra = r.rundir.status().get("error", "") + f"  (logs: {r.job.paths.stderr})"
         console.print(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}")
     return ok

@@ -9,18 +9,19 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.archive import atomic, bundle, compare
+from launcher.archive import compare
 from launcher.layout import ConfigError, ConfigErrors
+from launcher.rundir import RunDir
 from launcher.schema import RunConfig
 
 
 def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path]):
     """The run config to reproduce `run_dir` with, plus any overrides (dotted key=value)."""
-    from launcher.submit.sweep import Point
+    from launcher.submit.pipeline import Point
 
-    run_dir = Path(run_dir)
-    plain = bundle.load_config(run_dir)
-    plain.setdefault("submit", {})["runs_root"] = str(runs_root or run_dir.parent.parent)
+    rd = RunDir(run_dir)
+    plain = rd.config()
+    plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
     plain["submit"]["dry_run"] = False
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
@@ -29,9 +30,7 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")])
-    import yaml
-
-    ov = yaml.safe_load((run_dir / "overrides.yaml").read_text()) if (run_dir / "overrides.yaml").exists() else {}
+    ov = rd.overrides()
     return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}))
 
 
@@ -55,14 +54,16 @@ def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
 
 
 def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = None, out=None):
-    from launcher.submit import sweep
+    from launcher.app import finish
+    from launcher.submit import pipeline
 
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    meta = bundle.read_run(run_dir)
+    rd = RunDir(run_dir)
+    meta = rd.run()
     if not meta:
-        raise FileNotFoundError(f"{run_dir} is not an archived run (no run.json)")
-    snapshot = Path((atomic.read_json(run_dir / "code" / "snapshot.json", {}) or {}).get("path", ""))
+        raise FileNotFoundError(f"{run_dir} is not an archived run (no {RunDir.RUN})")
+    snapshot = Path(rd.snapshot().get("path", ""))
     if not snapshot.is_dir():
         raise FileNotFoundError(f"run {meta['run_id']} has no code snapshot to reproduce from ({snapshot})")
     point = archived_point(run_dir, overrides, runs_root)
@@ -70,4 +71,6 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
         print(f"warning: {w}", file=sys.stderr)
     print(f"reproducing {meta['run_id']} with its archived config, seeds and code snapshot {snapshot}", file=out)
     extra: Dict[str, Any] = {"reproduces": meta["run_id"], "reproduces_dir": str(run_dir)}
-    return sweep.launch([point], argv=list(sys.argv), out=out, code_snapshot=snapshot, extra_meta=extra)
+    result = pipeline.launch([point], argv=list(sys.argv), out=out, code_snapshot=snapshot, extra_meta=extra)
+    finish(result, [point])
+    return result

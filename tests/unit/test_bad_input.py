@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from helpers import launch
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.submit.sweep import InvalidSweep, Point, validate
+from launcher.submit.pipeline import InvalidSweep, Point, check
 
 A100_1B3 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 
@@ -74,7 +74,7 @@ def test_the_set_is_large_enough():
 @pytest.mark.parametrize("overrides,key", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_rejected_with_the_key_named(overrides, key):
     with pytest.raises(InvalidSweep) as ei:
-        validate([Point(compose_cfg(overrides), list(overrides))])
+        check([Point(compose_cfg(overrides), list(overrides))])
     text = str(ei.value)
     assert "nothing was submitted" in text and key in text, text
     if "cluster.gpu.memory_gb" not in key and "GiB per GPU" in text:
@@ -83,14 +83,14 @@ def test_rejected_with_the_key_named(overrides, key):
 
 @pytest.mark.parametrize("overrides,key", [b for b in BAD if b[1] in ("parallelism.pp", "zero.stage")][-2:])
 def test_warnings_pass_when_forced(overrides, key, capsys):
-    assert len(validate([Point(compose_cfg([*overrides, "submit.force=true"]))])) == 1
+    assert len(check([Point(compose_cfg([*overrides, "submit.force=true"]))])) == 1
     assert key in capsys.readouterr().err
 
 
 def test_one_bad_point_rejects_the_whole_sweep():
     points = [Point(compose_cfg(o), o) for o in (["optim.lr=1e-3"], BAD[30][0], ["optim.lr=3e-3"])]
     with pytest.raises(InvalidSweep) as ei:
-        validate(points)
+        check(points)
     assert str(ei.value).startswith("1 of 3 point(s) invalid; nothing was submitted")
 
 

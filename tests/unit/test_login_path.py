@@ -25,3 +25,37 @@ def test_no_torch_import(argv, tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "deepspeed" not in imported
     assert "hydra" in imported or "launcher.archive.registry" in imported
+
+
+def _imported(stderr: str) -> set:
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if "|" in line}
+
+
+@pytest.mark.timeout(300)
+def test_real_local_submission_imports_no_torch(tmp_path):
+    """The whole launch of a local run: check, stage, submit, wait for the job, report. The job's
+    processes import torch; the launching process does not."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "train.steps=4",
+                          "optim.warmup_steps=0", "wandb.enabled=false", "cluster.gpus_per_node=1"],
+                         capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "completed" in res.stdout
+    imported = _imported(res.stderr)
+    assert "launcher.submit.pipeline" in imported and "submitit" in imported
+    assert "torch" not in imported and "deepspeed" not in imported
+
+
+@pytest.mark.timeout(300)
+def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
+                          "train.steps=6", "optim.lr=1e-3,2e-3", "wandb.enabled=false"],
+                         capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **slurm})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "2 run(s) submitted (slurm), array job" in res.stdout
+    imported = _imported(res.stderr)
+    assert "launcher.backends.slurm" in imported and "submitit.slurm.slurm" in imported
+    assert "torch" not in imported and "deepspeed" not in imported
+    job_id = res.stdout.split("array job ")[1].split()[0]
+    subprocess.run(["scancel", job_id], env={"PATH": "/usr/bin:/bin", **slurm}, timeout=60)

@@ -1,0 +1,316 @@
+"""The launch pipeline, one step a function, read top to bottom in ``launch``:
+
+    check every point  ->  dry run (print, submit nothing)
+                       or  create the sweep dir  ->  stage each run  ->  submit each group  ->  publish
+
+A single run is a sweep of one point. Each point is resolved once (``check``); points that share
+their backend's grouping key go out as ONE submitit batch (one Slurm array job). Nothing is written
+or submitted unless every point is valid; a staged run becomes visible (``publish``) only whole.
+Waiting and exit codes are the app's (launcher.app).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher import backends
+from launcher.layout import ConfigError, ConfigErrors, Layout, resolve
+from launcher.rundir import RunDir, SweepDir, now_iso
+
+
+@dataclass
+class Point:
+    cfg: DictConfig  # composed run config (no hydra node)
+    overrides: List[str] = field(default_factory=list)
+    choices: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Checked:
+    """A valid point: its config resolved once, its layout, its planner estimate, its backend."""
+
+    point: Point
+    index: int
+    resolved: Dict[str, Any]
+    layout: Layout
+    plan: Dict[str, Any]
+    backend: backends.Backend
+
+
+@dataclass
+class SubmittedRun:
+    run_id: str
+    rundir: RunDir
+    job_id: Optional[str] = None
+    job: Any = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.rundir.path
+
+
+@dataclass
+class SweepResult:
+    sweep_id: str
+    sweep_dir: Optional[Path]
+    runs: List[SubmittedRun]
+    job_ids: List[str]
+    backend: Optional[backends.Backend] = None
+    dry_run: bool = False
+
+
+class InvalidSweep(ValueError):
+    """At least one point is invalid; nothing was submitted."""
+
+
+@dataclass
+class _Sweep:
+    """What every run of one launch shares."""
+
+    dir: SweepDir
+    code_dir: Path
+    snapshot: Dict[str, Any]
+    known: Dict[str, str]  # values to keep out of every archived text
+    argv: List[str]
+    extra_meta: Optional[Dict[str, Any]]
+
+
+# ---- 1. check ------------------------------------------------------------------------------------
+
+
+def _resolve(point: Point, index: int) -> Dict[str, Any]:
+    try:
+        return OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {getattr(e, 'msg', e)}",
+                                        "fix the interpolation")], f"(point {index})")
+
+
+def check(points: List[Point]) -> List[Checked]:
+    """Every point against the config rules, then the planner's pre-submit checks (memory fits,
+    pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
+    stop the launch too unless submit.force=true (then they go to stderr)."""
+    from launcher.plan import checks
+
+    problems: List[str] = []
+    warned: List[str] = []
+    good: List[Checked] = []
+    for i, p in enumerate(points):
+        where = f"point {i} ({' '.join(p.overrides) or 'defaults'})" if len(points) > 1 else "run"
+        try:
+            resolved = _resolve(p, i)
+            lay = resolve(p.cfg)
+            res = checks.evaluate(p.cfg)
+            if res.errors:
+                raise ConfigErrors(res.errors)
+        except ConfigErrors as e:
+            problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in e.errors))
+            continue
+        if res.warnings:
+            if bool(p.cfg.submit.force):
+                for w in res.warnings:
+                    print(f"launch: warning ({where}, submit.force=true): {w}", file=sys.stderr)
+            else:
+                warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
+        resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
+        good.append(Checked(p, i, resolved, lay, res.plan, backends.of(p.cfg)))
+    if problems or warned:
+        total, bad = len(points), len(problems) + len(warned)
+        head = (f"{bad} of {total} point(s) invalid; nothing was submitted" if total > 1
+                else "invalid config; nothing was submitted")
+        if warned:
+            head += " (warnings stop the launch: submit.force=true launches anyway; errors cannot be forced)"
+        raise InvalidSweep(head + "\n" + "\n".join(problems + warned))
+    return good
+
+
+def groups(checked: List[Checked]) -> Dict[str, List[Checked]]:
+    """Points with the same backend grouping key share one submission."""
+    out: Dict[str, List[Checked]] = {}
+    for c in checked:
+        out.setdefault(c.backend.group_key(c.point.cfg), []).append(c)
+    return out
+
+
+# ---- 2a. dry run ---------------------------------------------------------------------------------
+
+
+def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
+    sweep = SweepDir.new(runs_root)
+    for c in checked:
+        print(f"# ---- point {c.index}: {' '.join(c.point.overrides) or '(defaults)'}", file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(c.resolved)), file=out)
+    for group in groups(checked).values():
+        idxs = [c.index for c in group]
+        print(group[0].backend.preview(group[0].point.cfg, sweep.submitit_folder, idxs, sweep.code_dir), file=out)
+    print(f"# dry run: nothing submitted ({len(checked)} point(s))", file=out)
+    return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=None, runs=[], job_ids=[], dry_run=True)
+
+
+# ---- 2b. create the sweep dir --------------------------------------------------------------------
+
+
+def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapshot: Optional[Path],
+           extra_meta: Optional[Dict[str, Any]]) -> _Sweep:
+    """The sweep dir and the code snapshot every point runs (taken once per launch, or reused)."""
+    from launcher.archive import code, snapshot
+
+    sd = SweepDir.new(runs_root)
+    code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
+    if code_snapshot is None:
+        snapshot.take(code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent)
+                      or Path.cwd(), code_dir)
+    known = dict(os.environ)
+    for c in checked:
+        known.update({str(k): str(v) for k, v in dict(c.point.cfg.cluster.env).items()})
+    return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta)
+
+
+# ---- 3. stage each run ---------------------------------------------------------------------------
+
+
+def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
+    """Write everything known before submission into each run's hidden staging dir."""
+    from launcher.archive import secrets, snapshot, software
+    from launcher.seeding import seed_plan
+
+    scrub = lambda text: secrets.scrub(text, sweep.known)  # noqa: E731
+    code_dir = sweep.code_dir
+    patch = scrub((code_dir / snapshot.PATCH_FILE).read_text() if (code_dir / snapshot.PATCH_FILE).exists() else "")
+    git = sweep.snapshot.get("git") or {}
+    snap = {**{k: v for k, v in sweep.snapshot.items() if k != "git"}, "path": str(code_dir)}
+    versions, freeze = software.versions(), software.pip_freeze()
+    staged = []
+    for c in checked:
+        rd = sweep.dir.staging(c.index)
+        r = c.resolved
+        rd.write_plan(c.plan)
+        rd.write_seeds(seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp))
+        rd.write_config(secrets.redact_config(r))
+        rd.write_overrides([scrub(o) for o in c.point.overrides], c.point.choices)
+        rd.write_code({k: v for k, v in git.items() if k != "patch"}, patch, snap)
+        rd.write_software(versions, freeze)
+        rd.set_status("pending")
+        rd.write_run({
+            "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
+            "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
+            "argv": [scrub(a) for a in sweep.argv], "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
+        })
+        staged.append(rd)
+    return staged
+
+
+# ---- 4. submit each group ------------------------------------------------------------------------
+
+
+def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[SubmittedRun]:
+    """One submitit batch for the group (one array job); job.json and the submitted script per run.
+    A refused submission leaves its runs failed, with the reason."""
+    from launcher.archive import secrets
+    from launcher.runtime.task import RunTask
+
+    first = group[0]
+    backend, cfg = first.backend, first.point.cfg
+    folder = sweep.dir.submitit_folder
+    with backend.environment(cfg, sweep.code_dir):
+        ex = backend.executor(cfg, folder, sweep.code_dir)
+        try:
+            with ex.batch():
+                jobs = [ex.submit(RunTask(str(sweep.dir.run(c.index).path))) for c in group]
+        except Exception as e:
+            for c in group:
+                staged[c.index].finish("failed", seal=False, exit_code=None, error=f"submission failed: {e}")
+            raise
+    script = backend.submitted_script(jobs[0])
+    runs = []
+    for c, job in zip(group, jobs):
+        rd, job_id = staged[c.index], str(job.job_id)
+        array_id, _, task = job_id.partition("_")
+        if script is not None:
+            rd.write_script(secrets.scrub(script, sweep.known))
+        rd.write_job({
+            "backend": backend.name, "job_id": job_id,
+            "array_job_id": array_id if task else None, "array_task_id": int(task) if task else None,
+            "submitit_folder": str(folder), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
+            "num_tasks": c.layout.world_size, "submitted": now_iso(),
+        })
+        rd.set_status("pending", job_id=job_id)
+        runs.append(SubmittedRun(run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), job_id=job_id,
+                                 job=job))
+    return runs
+
+
+# ---- 5. publish ----------------------------------------------------------------------------------
+
+
+def publish(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
+    """Rename every staged run into place, seal the ones that already ended (refused submissions),
+    and index them."""
+    from launcher.archive import registry
+
+    published = [sweep.dir.publish(c.index) for c in checked]
+    for rd in published:
+        if rd.exists() and rd.is_final():
+            rd.seal()
+    registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()])
+    return published
+
+
+# ---- the pipeline --------------------------------------------------------------------------------
+
+
+def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code_snapshot: Optional[Path] = None,
+           extra_meta: Optional[Dict[str, Any]] = None) -> SweepResult:
+    """Check, archive and submit ``points``. ``code_snapshot`` reuses an existing snapshot (reproduce)
+    instead of taking one of the working tree; ``extra_meta`` is added to each run.json."""
+    out = out or sys.stdout
+    argv = list(sys.argv if argv is None else argv)
+    checked = check(points)
+    first = checked[0].point.cfg
+    runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
+    if bool(first.submit.dry_run):
+        return dry_run(checked, runs_root, out)
+
+    sweep = create(checked, runs_root, argv, code_snapshot, extra_meta)
+    staged = stage(sweep, checked)
+    runs: List[SubmittedRun] = []
+    job_ids: List[str] = []
+    try:
+        for group in groups(checked).values():
+            submitted = submit(sweep, group, staged)
+            runs.extend(submitted)
+            job_ids.append(submitted[0].job_id.partition("_")[0] if len(submitted) > 1 else submitted[0].job_id)
+    finally:
+        publish(sweep, checked)
+    runs.sort(key=lambda r: int(r.run_id.rsplit("-", 1)[1]))
+    backend = checked[0].backend
+    from launcher.archive import secrets
+
+    sweep.dir.write({
+        "sweep_id": sweep.dir.sweep_id, "argv": [secrets.scrub(a, sweep.known) for a in argv],
+        "num_runs": len(runs), "job_ids": job_ids, "backend": backend.name,
+        "runs": [r.run_id for r in runs], "code_snapshot": str(sweep.code_dir),
+    })
+    result = SweepResult(sweep_id=sweep.dir.sweep_id, sweep_dir=sweep.dir.path, runs=runs, job_ids=job_ids,
+                         backend=backend)
+    _print_submitted(result, out)
+    return result
+
+
+def _print_submitted(result: SweepResult, out) -> None:
+    n = len(result.runs)
+    what = "array job" if n > 1 and len(result.job_ids) == 1 else "job(s)"
+    name = result.backend.name if result.backend else "?"
+    print(f"sweep {result.sweep_id}: {n} run(s) submitted ({name}), {what} {', '.join(result.job_ids)}", file=out)
+    for r in result.runs:
+        print(f"  {r.run_id}  job {r.job_id}  {r.run_dir}", file=out)
+    root = result.sweep_dir.parent if result.sweep_dir else ""
+    print(f"watch: launcher runs --sweep {result.sweep_id} --root {root}", file=out)
+    out.flush()

@@ -1,0 +1,82 @@
+"""Backends: the sbatch text submitit will submit (resources, array, quoting of every value), grouping,
+scheduler states, and that cluster.backend names one of them."""
+import shlex
+import subprocess
+
+from hydra import compose, initialize_config_dir
+
+from launcher.app import CONF_DIR, normalize_overrides
+from launcher import backends, layout
+from launcher.backends import slurm
+
+SLURM = backends.get("slurm")
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=normalize_overrides(["cluster=local_slurm", *overrides]))
+
+
+def test_one_task_per_gpu_and_array(tmp_path):
+    text = SLURM.script_text(_cfg("cluster.nodes=2", "cluster.gpus_per_node=4"), tmp_path, 5)
+    assert "#SBATCH --nodes=2" in text
+    assert "#SBATCH --ntasks-per-node=4" in text
+    assert "#SBATCH --array=0-4%5" in text
+    assert "#SBATCH --partition=debug" in text
+    assert "--kill-on-bad-exit=1" in text
+
+
+def test_single_point_is_not_an_array(tmp_path):
+    assert "--array" not in SLURM.script_text(_cfg(), tmp_path, 1)
+
+
+def test_gpus_requested_only_when_cluster_has_them(tmp_path):
+    assert "--gpus-per-node" not in SLURM.script_text(_cfg(), tmp_path, 1)
+    text = SLURM.script_text(_cfg("cluster=a100_80g"), tmp_path, 1)
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --account" not in text
+
+
+def test_hostile_values_stay_text(tmp_path):
+    evil = "a;touch pwned$(touch pwned2)`touch pwned3`"
+    cfg = _cfg(f"submit.job_name='{evil}'", f"+cluster.env.EVIL='{evil}'")
+    text = SLURM.script_text(cfg, tmp_path, 1)
+    assert f"#SBATCH --job-name={shlex.quote(evil)}" in text
+    assert f"export EVIL={shlex.quote(evil)}" in text
+    # run the setup lines through a real shell: the value arrives verbatim and nothing executes
+    setup = [l for l in text.splitlines() if l.startswith("export ")]
+    out = subprocess.run(["bash", "-c", "\n".join(setup) + '\nprintf %s "$EVIL"'], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.stdout == evil
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_points_with_different_resources_are_grouped_apart():
+    a, b, c = _cfg("optim.lr=0.1"), _cfg("optim.lr=0.2"), _cfg("cluster.nodes=1")
+    assert SLURM.group_key(a) == SLURM.group_key(b) != SLURM.group_key(c)
+    local = backends.get("local")
+    assert local.group_key(_cfg("cluster=local")) != SLURM.group_key(a)
+
+
+def test_backends_are_the_modules_of_the_package():
+    assert backends.names() == ["local", "slurm"]
+    assert backends.get("local").waits and not SLURM.waits
+    assert backends.of(_cfg()).name == "slurm"
+
+
+def test_unknown_backend_names_the_key_and_the_choices():
+    errs = layout.check(_cfg("cluster.backend=pbs"))
+    assert [e.key for e in errs] == ["cluster.backend"]
+    assert "'pbs' is not a backend" in str(errs[0]) and "local, slurm" in errs[0].fix
+
+
+def test_slurm_states_map_to_run_statuses():
+    assert slurm.state_of("CANCELLED by 0").status.value == "cancelled"
+    assert slurm.state_of("TIMEOUT").ended and not slurm.state_of("PENDING").ended
+    assert slurm.state_of("PREEMPTED").status.value == "requeued"
+    assert slurm.state_of("SOMETHING_NEW") is None
+
+
+def test_log_paths_are_submitits(tmp_path):
+    job = {"backend": "slurm", "job_id": "12_3", "submitit_folder": str(tmp_path)}
+    assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"
+    assert SLURM.log_path(job, 0, err=True) == tmp_path / "12_3_0_log.err"

@@ -1,0 +1,88 @@
+"""The shape of the code: one home per concept, and the direction of imports.
+
+- the launcher never imports the recipes (recipes import the launcher's public API);
+- nothing outside launcher/backends compares against a scheduler's name;
+- no run-dir file name is spelled outside launcher/rundir.py;
+- docs/archive.md lists exactly the files RunDir names.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Iterator, Tuple
+
+from launcher import backends
+from launcher.rundir import FILES, RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _modules(*roots: str) -> Iterator[Tuple[Path, ast.AST]]:
+    for root in roots:
+        for path in sorted((REPO / root).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _imports(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            yield str(node.args[0].value)
+
+
+def test_launcher_never_imports_recipes():
+    bad = [f"{p.relative_to(REPO)}: {name}" for p, tree in _modules("launcher", "hydra_plugins")
+           for name in _imports(tree) if name == "recipes" or name.startswith("recipes.")]
+    assert not bad, bad
+
+
+def test_no_scheduler_name_branch_outside_backends():
+    names = set(backends.names())
+    bad = []
+    for path, tree in _modules("launcher", "hydra_plugins", "recipes"):
+        if "backends" in path.relative_to(REPO).parts:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                for side in [node.left, *node.comparators]:
+                    consts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                    for c in consts:
+                        if isinstance(c, ast.Constant) and c.value in names:
+                            bad.append(f"{path.relative_to(REPO)}:{node.lineno}: compares with {c.value!r}")
+    assert not bad, bad
+
+
+
+def test_run_dir_file_names_live_in_rundir():
+    pattern = re.compile(r"(^|/)(%s)$" % "|".join(re.escape(Path(n).name) for n in
+                                                 ("run.json", "config.yaml", "overrides.yaml", "seeds.json",
+                                                  "plan.json", "git.json", "patch.diff", "snapshot.json",
+                                                  "software.json", "pip-freeze.txt", "job.json", "sbatch.sh",
+                                                  "status.json", "runtime.json", "training-env.json",
+                                                  "deepspeed_config.json", "metrics.jsonl", "manifest.json")))
+    bad = []
+    for path, tree in _modules("launcher", "hydra_plugins", "recipes"):
+        if path.name == "rundir.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value):
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(
+                    r"(ranks/)?(rank|mesh|state)_|topology/(node_)?|ranks/?", node.value):
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert not bad, bad
+
+
+def test_archive_doc_lists_exactly_the_run_dir_files():
+    doc = (REPO / "docs" / "archive.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| `")]
+    documented = {m for line in rows for m in re.findall(r"`([^`]+)`", line.split("|")[1])}
+    assert documented == {f for f, _, _ in FILES}
+    # and every name RunDir spells is in the table
+    spelled = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
+    assert {s.rstrip("/") for s in spelled} <= {f.rstrip("/") for f in documented}
