@@ -5,6 +5,7 @@
 Workload: `launcher plan --search` for gpt_175b on 1024 A100s (128 nodes x 8, cluster a100_80g),
 global batch 1536, bf16: every valid (dp, tp, pp, zero, micro batch, recompute, sequence parallel).
 Prints layouts evaluated per second for
+  - enumerate: the candidates generated and each decided by launcher.layout's rule table
   - estimate:  the estimators alone over the enumerated layouts (memory, comm, time, feasibility)
   - search:    enumerate + estimate + rank, what `launcher plan --search` runs
   - baseline:  the same estimate reached through the run config, the way a launch checks one point:
@@ -61,6 +62,7 @@ def main() -> int:
 
     layouts = list(enumerate_layouts(m, cluster, gbs, "bf16"))
     n = len(layouts)
+    t_enum = best_of(lambda: list(enumerate_layouts(m, cluster, gbs, "bf16")), args.repeat)
     t_est = best_of(lambda: evaluate_all(m, cluster, layouts), args.repeat)
     t_search = best_of(lambda: search(m, cluster, gbs, "bf16"), args.repeat)
     t_search_cpu = best_of(lambda: search(m, cluster, gbs, "bf16"), args.repeat, time.process_time)
@@ -87,6 +89,7 @@ def main() -> int:
           f"({cluster.nodes} x {cluster.gpus_per_node}, {cluster.name}), global batch {gbs}, bf16")
     print(f"layouts: {n} valid, {sum(e.feasible for e in ranked)} fit in {cluster.memory_bytes / 2**30:g} GiB "
           f"(python {sys.version.split()[0]}, {os.cpu_count()} cpu, load average {os.getloadavg()[0]:.1f})")
+    print(f"enumerate only    : {n / t_enum:12,.0f} layouts/s  ({t_enum * 1e3:.1f} ms for {n})")
     print(f"estimate only     : {rate_est:12,.0f} layouts/s  ({t_est * 1e3:.1f} ms for {n})")
     print(f"search (enumerate + estimate + rank): {rate_search:,.0f} layouts/s  ({t_search * 1e3:.1f} ms wall; "
           f"{n / t_search_cpu:,.0f} layouts per CPU-second)")

@@ -13,6 +13,7 @@ Pure (no torch): runs on the login node for every sweep point before anything is
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cached_property
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from launcher.schema import enum_value
@@ -81,33 +82,34 @@ class Facts:
     fail_rank: int = 0
     backend: str = "local"
 
-    @property
+    @cached_property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    @property
+    @cached_property
     def derived_dp(self) -> Optional[int]:
         """world / (tp * pp), or None when tp * pp does not divide the world."""
         mp = self.tp * self.pp
         return self.world // mp if mp > 0 and self.world % mp == 0 else None
 
-    @property
+    @cached_property
     def per_step(self) -> Optional[int]:
         dp = self.derived_dp
         return None if dp is None else dp * self.micro_batch_size
 
-    @property
+    @cached_property
     def grad_accum(self) -> Optional[int]:
         """Micro-batches per step on each replica, or None when the batch does not split evenly."""
         ps = self.per_step
         return self.global_batch_size // ps if ps and self.global_batch_size % ps == 0 else None
 
-    @property
+    @cached_property
     def resolved_engine(self) -> str:
         return implied_engine(self.tp, self.pp, self.zero) if self.engine == "auto" else self.engine
 
     def with_(self, **changes: Any) -> "Facts":
-        return replace(self, **changes)
+        """A copy with some values changed (derived values are computed afresh)."""
+        return Facts(**{**{k: v for k, v in vars(self).items() if k in _FACT_FIELDS}, **changes})
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "Facts":
@@ -127,6 +129,8 @@ class Facts:
             backend=enum_value(cl.backend),
         )
 
+
+_FACT_FIELDS = frozenset(f.name for f in fields(Facts))
 
 # ---- the rule table -------------------------------------------------------------------------------
 
@@ -162,9 +166,9 @@ def _largest_divisor(n: int, upto: int) -> int:
 
 
 def _backend_names() -> List[str]:
-    from launcher import backends
+    from launcher.backends import names
 
-    return backends.names()
+    return names()
 
 
 RULES: Tuple[Rule, ...] = (
@@ -283,6 +287,15 @@ def violations(f: Facts, kinds: Sequence[str] = (VALUE, SHAPE, LAYOUT, RUN)) -> 
     if bad_values:
         return [r.error(f) for r in bad_values if VALUE in kinds]
     return [r.error(f) for r in RULES if r.kind in kinds and r.kind != VALUE and r.broken(f)]
+
+
+def ok(f: Facts, kinds: Sequence[str] = (VALUE, SHAPE, LAYOUT, RUN)) -> bool:
+    """Whether ``f`` breaks none of the rules of ``kinds`` (and no VALUE rule): ``not violations(f,
+    kinds)`` without formatting a message, for the planner's search over thousands of candidates."""
+    for r in RULES:
+        if (r.kind == VALUE or r.kind in kinds) and r.broken(f):
+            return False
+    return True
 
 
 def check(cfg_or_facts: Any) -> List[ConfigError]:

@@ -50,31 +50,18 @@ def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
         report["layouts"] = [_layout_json(cluster, e) for e in ests]
         report["searched"] = True
         return report
-    errors = layout_mod.check(cfg)
-    if not _estimable(cfg):
+    facts = layout_mod.Facts.from_cfg(cfg)
+    errors = layout_mod.check(facts)
+    if not layout_mod.buildable(facts):  # no whole layout (sizes, tp*pp vs the world, the batch split)
         raise ValueError("\n".join(f"- {e}" for e in errors))
     est = estimate(m, cluster, LayoutSpec.from_cfg(cfg))
     item = _layout_json(cluster, est)
-    if errors:
+    if errors:  # other rules broken: the estimate is kept, with the violations as its reasons
         item["feasible"] = False
         item["reasons"] = [str(e) for e in errors] + item["reasons"]
     report["layouts"] = [item]
     report["searched"] = False
     return report
-
-
-def _estimable(cfg: Any) -> bool:
-    """Whether the config names a whole layout: positive sizes, tp*pp dividing the world, dp*micro
-    dividing the global batch (other rule violations are reported as reasons of an estimate)."""
-    m, cl, par, tr = cfg.model, cfg.cluster, cfg.parallelism, cfg.train
-    values = [cl.nodes, cl.gpus_per_node, par.tp, par.pp, tr.micro_batch_size, tr.global_batch_size,
-              m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size, m.seq_len]
-    if any(v is None or int(v) < 1 for v in values):
-        return False
-    world, mp = int(cl.nodes) * int(cl.gpus_per_node), int(par.tp) * int(par.pp)
-    if world % mp:
-        return False
-    return int(tr.global_batch_size) % (world // mp * int(tr.micro_batch_size)) == 0
 
 
 def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:

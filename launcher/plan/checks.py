@@ -18,14 +18,13 @@ returned for the archive.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from launcher.layout import ConfigError
+from launcher.layout import ConfigError, Facts, violations
 from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
 from launcher.plan.params import ModelSpec
 from launcher.plan.search import enumerate_layouts, evaluate_all
-from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec, engine_allows
-from launcher.schema import enum_value
+from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3
@@ -153,19 +152,21 @@ def memory_error(cfg: Any, m: ModelSpec, cluster: ClusterSpec, est: Estimate) ->
 
 
 def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -> Optional[Fix]:
-    """The smallest layout change that fits: fewest knobs changed, then the fastest prediction."""
-    from launcher.layout import check as layout_check
+    """The smallest layout change that fits: fewest knobs changed, then the fastest prediction.
 
-    explicit_engine = enum_value(cfg.parallelism.engine) != "auto"
+    Candidates are the search's valid layouts of the same world size, global batch and precision, each
+    also with its states offloaded where the rules allow it; an explicit ``parallelism.engine`` is kept
+    where the rules let it run the candidate (else the implied engine is named in the fix). The fix is
+    the config with the candidate's knobs, checked against every rule of launcher.layout."""
+    base = Facts.from_cfg(cfg)
+    explicit_engine = base.engine != "auto"
     by_distance: Dict[int, List[Tuple[LayoutSpec, List[str]]]] = {}
-    for base in enumerate_layouts(m, cluster, cur.global_batch_size, cur.dtype):
-        for lay in _offload_variants(base):
-            if explicit_engine and engine_allows(cur.engine, lay.tp, lay.pp, lay.zero,
-                                                 lay.offload_optimizer or lay.offload_params):
-                lay = lay.with_(engine=cur.engine)
-            changed = [k for k, _ in KNOB_KEYS if getattr(lay, k) != getattr(cur, k)]
-            if changed and len(changed) <= MAX_FIX_CHANGES:
-                by_distance.setdefault(len(changed), []).append((lay, changed))
+    for lay in _candidates(m, cluster, cur.global_batch_size, cur.dtype):
+        if explicit_engine and lay.engine != cur.engine and not violations(_facts(base, lay.with_(engine=cur.engine))):
+            lay = lay.with_(engine=cur.engine)
+        changed = [k for k, _ in KNOB_KEYS if getattr(lay, k) != getattr(cur, k)]
+        if changed and len(changed) <= MAX_FIX_CHANGES:
+            by_distance.setdefault(len(changed), []).append((lay, changed))
     keys = dict(KNOB_KEYS)
     for dist in sorted(by_distance):
         group = by_distance[dist]
@@ -173,14 +174,40 @@ def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -
         order = sorted((e.step_time_s, i) for i, e in enumerate(ests) if e.feasible)
         for _, i in order:
             lay, changed = group[i]
+            if violations(_facts(base, lay)):
+                continue
             overrides: Dict[str, Any] = {keys[k]: getattr(lay, k) for k in changed}
             if explicit_engine and lay.engine != cur.engine:
                 overrides["parallelism.engine"] = lay.engine
-            if cfg.parallelism.dp is not None and lay.dp != cur.dp:
+            if base.dp is not None and lay.dp != cur.dp:
                 overrides["parallelism.dp"] = lay.dp
-            if not layout_check(_Overlay(cfg, overrides)):
-                return Fix(overrides, ests[i])
+            return Fix(overrides, ests[i])
     return None
+
+
+def _facts(base: Facts, lay: LayoutSpec) -> Facts:
+    """The config's Facts with a candidate layout's knobs (what its overrides would make of the config):
+    an explicit engine becomes the candidate's, an explicit parallelism.dp its dp."""
+    return base.with_(
+        tp=lay.tp, pp=lay.pp, zero=lay.zero, micro_batch_size=lay.micro_batch_size,
+        sequence_parallel=lay.sequence_parallel, offload_optimizer=lay.offload_optimizer,
+        offload_params=lay.offload_params, engine=base.engine if base.engine == "auto" else lay.engine,
+        dp=None if base.dp is None else lay.dp,
+    )
+
+
+def _candidates(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtype: str) -> Iterator[LayoutSpec]:
+    """Every valid layout, followed by its variants with the optimizer states offloaded, and with the
+    parameters too, where the rules allow (the search keeps a requested offload where they do)."""
+    plain = enumerate_layouts(m, cluster, global_batch_size, dtype)
+    opt = enumerate_layouts(m, cluster, global_batch_size, dtype, offload_optimizer=True)
+    both = enumerate_layouts(m, cluster, global_batch_size, dtype, offload_optimizer=True, offload_params=True)
+    for lay, lay_opt, lay_both in zip(plain, opt, both, strict=True):  # same layouts, same order
+        yield lay
+        if lay_opt != lay:
+            yield lay_opt
+        if lay_both != lay_opt:
+            yield lay_both
 
 
 def _recipe_target(cfg: Any) -> str:
@@ -193,40 +220,5 @@ def _recipe_target(cfg: Any) -> str:
         return str(getattr(recipe, "_target_", "") or "")
 
 
-def _offload_variants(lay: LayoutSpec):
-    yield lay
-    if lay.engine == "deepspeed" and lay.zero >= 1:
-        yield lay.with_(offload_optimizer=True)
-        if lay.zero == 3:
-            yield lay.with_(offload_optimizer=True, offload_params=True)
-
-
 def _fmt(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-class _Overlay:
-    """A read-only view of a config with some dotted keys replaced (to run launcher.layout.check on a
-    candidate without copying the OmegaConf tree)."""
-
-    def __init__(self, node: Any, overrides: Dict[str, Any], prefix: str = "") -> None:
-        self._node, self._over, self._prefix = node, overrides, prefix
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        full = self._prefix + name
-        if full in self._over:
-            return self._over[full]
-        value = getattr(self._node, name)
-        if any(k.startswith(full + ".") for k in self._over):
-            return _Overlay(value, self._over, full + ".")
-        return value
-
-    __getitem__ = __getattr__
-
-    def get(self, name: str, default: Any = None) -> Any:
-        try:
-            return self.__getattr__(name)
-        except (AttributeError, KeyError):
-            return default

@@ -13,7 +13,7 @@ position lookups, biases, norms, GELU and softmax are not counted). Backward cos
                         = 6 * N_matmul + 12 * l * h * s
                         = 72 * l * h^2 * (1 + s/(6h) + V/(12 l h))             when f = 4h
 
-which is the count MFU uses (recipes.common.metrics.flops_per_token computes the same). Recomputation
+which is the count MFU uses (``model_flops_per_token``; the recipes compute MFU from it). Recomputation
 re-runs forward work, counted in the hardware FLOPs (what the GPUs execute, what step time is
 predicted from, and what Megatron-LM reports as TFLOP/s per GPU):
 
@@ -73,6 +73,12 @@ def training_flops_per_token(m: ModelSpec, recompute: str = "none") -> float:
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"train.recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     return m.num_layers * layer_training_flops_per_token(m, recompute) + 3.0 * forward_flops_per_token(m).head
+
+
+def model_flops_per_token(m: ModelSpec) -> float:
+    """The model FLOPs per token, 6 * N_matmul + 12 * l * h * s (forward + backward, no recomputation):
+    what MFU divides by the peak."""
+    return training_flops_per_token(m, "none")
 
 
 def step_flops(m: ModelSpec, global_batch_size: int, recompute: str = "none") -> float:

@@ -55,8 +55,7 @@ from typing import Any, Dict, Optional, Tuple
 from launcher.plan.params import (
     ModelSpec, StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
 )
-from launcher.plan.spec import LayoutSpec, implied_engine
-from launcher.schema import enum_value
+from launcher.plan.spec import LayoutSpec
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # reduce_bucket_size default, elements
 FP32_GRAD = 4  # bytes per parameter of DeepSpeed's fp32 gradient partition (16-bit training)
@@ -286,28 +285,24 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
     """Bytes of parameters, gradients and optimizer state one rank holds on its device, exact for our
     GPT with AdamW (fp32 + DDP: 4 + 4 + 8 bytes per parameter).
 
-    ``cfg_like`` is a run config (model, parallelism, zero, precision, cluster). The rank's parameters
+    ``cfg_like`` is a run config (model, parallelism, zero, precision, cluster, train) naming a whole
+    layout: dp, engine (``auto`` resolved) and offload are its ``launcher.layout.Layout``'s
+    (``LayoutSpec.from_cfg``; raises ``ConfigErrors`` when it names none). The rank's parameters
     are its tensor-parallel share of pipeline stage ``stage`` (0-based; None = the stage holding
     the most: first or last), see launcher.plan.params; ZeRO then divides the optimizer states
     (stage >= 1), gradients (>= 2) and parameters (3) by dp (ceil); offloaded states count 0 here.
     Comparable to ``recipes.gpt.engines.base.Engine.state_bytes()``."""
+    lay = LayoutSpec.from_cfg(cfg_like)  # Layout.from_facts(Facts.from_cfg(cfg_like)) + dtype
     m = ModelSpec.from_cfg(cfg_like.model)
-    par, z = cfg_like.parallelism, cfg_like.zero
-    tp, pp = int(par.tp), int(par.pp)
-    dp = getattr(par, "dp", None)
-    if dp is None:
-        dp = int(cfg_like.cluster.nodes) * int(cfg_like.cluster.gpus_per_node) // (tp * pp)
-    engine = enum_value(getattr(par, "engine", "auto"))
-    if engine == "auto":
-        engine = implied_engine(tp, pp, int(z.stage))
+    tp, pp, dp, zero, engine = lay.tp, lay.pp, lay.dp, lay.zero, lay.engine
     sp = stage_params(m, tp, pp)
     n = sp.largest if stage is None else sp.stage(stage, pp)
-    per = bytes_per_param(enum_value(cfg_like.precision.dtype), engine, int(z.stage))
-    out = model_state_bytes(n, int(dp), int(z.stage), per, bool(z.offload_optimizer), bool(z.offload_params))
-    if engine == "megatron" and int(z.stage) == 1 and int(dp) > 1:
+    per = bytes_per_param(lay.dtype, engine, zero)
+    out = model_state_bytes(n, dp, zero, per, lay.offload_optimizer, lay.offload_params)
+    if engine == "megatron" and zero == 1 and dp > 1:
         # torch's ZeroRedundancyOptimizer shards whole tensors, greedily: model that exactly
         stages = range(pp) if stage is None else [stage]
-        shares = [greedy_partition(list(stage_tensor_sizes(m, tp, pp, st)), int(dp)) for st in stages]
+        shares = [greedy_partition(list(stage_tensor_sizes(m, tp, pp, st)), dp) for st in stages]
         held = [sh[dp_rank] if dp_rank is not None else max(sh) for sh in shares]
         out["optimizer"] = per[2] * max(held)
     return out

@@ -1,27 +1,39 @@
 """Enumerate every valid layout for a model, cluster and global batch, and rank them.
 
 A layout is (dp, tp, pp, zero, micro batch, recompute, sequence parallel) on the config's world size
-(cluster.nodes * cluster.gpus_per_node) and global batch. Valid means what launcher.layout.check
-demands, with the engines each layout implies (``parallelism.engine=auto``):
+(cluster.nodes * cluster.gpus_per_node) and global batch, with the engine each implies
+(``parallelism.engine=auto``, ``launcher.layout.implied_engine``).
 
-    tp divides the world, the heads, the ffn and the vocabulary, and fits in a node
-    pp divides world / tp and the layers;  dp = world / (tp pp) divides the global batch
-    micro batch divides global / dp (grad_accum = global / (dp * micro))
-    zero 0..3 with tp = pp = 1 (ddp, or deepspeed for zero > 0); 0..1 with tp or pp > 1 (megatron)
-    sequence parallelism only with tp > 1; recompute none, selective or full
+The enumeration generates candidates: tp a divisor of the world, pp a divisor of world / tp, ZeRO
+0..3, micro batches dividing the sequences one replica takes per step (dp = world / (tp pp) from
+``launcher.layout.Facts``; none when dp does not divide the global batch), sequence parallelism off
+and on. Whether a candidate is valid is decided by launcher.layout's rule table alone:
+``violations(Facts, (VALUE, SHAPE, LAYOUT))`` on the Facts of the model, the cluster and the
+candidate (the same rules ``launcher.layout.check`` applies to a run config: tp dividing the heads,
+ffn and vocabulary and fitting in a node, pp dividing the layers, dp * micro batch dividing the
+global batch, the ZeRO stages and offload each engine runs, a micro-batch per pipeline stage,
+sequence parallelism needing tp > 1 dividing seq_len, no dropout with tp > 1, ...). Recompute (none,
+selective, full) is no rule's concern: every valid candidate is yielded once per mode.
 
-Offload is not searched: the config's zero.offload_* flags are kept where the layout allows them.
-Ranking: feasible first, then predicted step time, then memory.
+No rule is restated here.
+
+Offload is not searched: the config's zero.offload_* flags are kept where the rules allow them.
+Layouts are ``LayoutSpec`` (a ``launcher.layout.Layout`` placed on the cluster's gpus_per_node, plus
+recompute and dtype). Ranking: feasible first, then predicted step time, then memory.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from launcher.layout import LAYOUT, SHAPE, VALUE, Facts, Layout, ok
 from launcher.plan.estimate import Estimate, estimate
 from launcher.plan.params import ModelSpec, StageParams, stage_params
-from launcher.plan.spec import ClusterSpec, LayoutSpec, implied_engine
+from launcher.plan.spec import ClusterSpec, LayoutSpec
 
 RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)  # candidates; the rules say which each engine runs
+# What a candidate must satisfy (value rules always apply: sizes must be positive).
+RULE_KINDS = (VALUE, SHAPE, LAYOUT)
 
 
 def divisors(n: int) -> List[int]:
@@ -36,49 +48,57 @@ def divisors(n: int) -> List[int]:
     return small + large[::-1]
 
 
-def model_parallel_degrees(m: ModelSpec, world: int, gpus_per_node: int) -> List[Tuple[int, int]]:
-    """Every valid (tp, pp) for the model on ``world`` GPUs."""
-    out = []
-    for tp in divisors(world):
-        if world > 1 and tp > gpus_per_node:
-            continue
-        if m.num_heads % tp or m.ffn_hidden_size % tp or m.vocab_size % tp or m.hidden_size % tp:
-            continue
-        for pp in divisors(world // tp):
-            if m.num_layers % pp == 0:
-                out.append((tp, pp))
-    return out
+def search_facts(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtype: str = "bf16") -> Facts:
+    """The rule table's view of a search: the model, the cluster, the global batch and the precision,
+    with the engine left to ``auto``. Each candidate sets its knobs on a copy."""
+    return Facts(
+        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, tp=1, pp=1, micro_batch_size=1,
+        global_batch_size=global_batch_size, num_layers=m.num_layers, hidden_size=m.hidden_size,
+        num_heads=m.num_heads, ffn_hidden_size=m.ffn_hidden_size, vocab_size=m.vocab_size, seq_len=m.seq_len,
+        dtype=dtype, dropout=m.dropout,
+    )
 
 
-def zero_stages(tp: int, pp: int) -> Sequence[int]:
-    return (0, 1, 2, 3) if tp == 1 and pp == 1 else (0, 1)
+def valid(f: Facts) -> bool:
+    """Whether the candidate ``f`` breaks none of the rules (launcher.layout decides)."""
+    return ok(f, RULE_KINDS)
 
 
 def enumerate_layouts(
     m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtype: str = "bf16",
     offload_optimizer: bool = False, offload_params: bool = False,
 ) -> Iterator[LayoutSpec]:
+    """Every valid layout, in a fixed order: tp, pp, ZeRO, micro batch ascending, then recompute
+    (none, selective, full), then sequence parallelism (off, on)."""
     world = cluster.world_size
-    for tp, pp in model_parallel_degrees(m, world, cluster.gpus_per_node):
-        dp = world // (tp * pp)
-        if global_batch_size % dp:
-            continue
-        per_replica = global_batch_size // dp
-        for zero in zero_stages(tp, pp):
-            engine = implied_engine(tp, pp, zero)
-            off_o = offload_optimizer and zero >= 1 and engine == "deepspeed"
-            off_p = offload_params and zero == 3
-            for mb in divisors(per_replica):
-                if per_replica // mb < pp:  # 1F1B needs a micro-batch per pipeline stage
-                    continue
-                for rc in RECOMPUTE:
-                    # sequence parallelism splits the sequence over tp
-                    for seq in ((False, True) if tp > 1 and m.seq_len % tp == 0 else (False,)):
-                        yield LayoutSpec(
-                            dp=dp, tp=tp, pp=pp, zero=zero, micro_batch_size=mb, grad_accum=per_replica // mb,
-                            recompute=rc, sequence_parallel=seq, dtype=dtype, engine=engine,
-                            offload_optimizer=off_o, offload_params=off_p,
-                        )
+    base = search_facts(m, cluster, global_batch_size, dtype)
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            degrees = base.with_(tp=tp, pp=pp)
+            # sequences per replica and step (grad_accum at micro batch 1); None: dp does not divide
+            # the global batch, so no micro batch size can split it
+            per_replica = degrees.grad_accum
+            if per_replica is None:
+                continue
+            micro_batches = divisors(per_replica)  # ascending, from 1
+            for zero in ZERO_STAGES:
+                stage = degrees.with_(zero=zero)
+                for mb in micro_batches:
+                    f = stage.with_(micro_batch_size=mb)
+                    if not valid(f):
+                        continue
+                    # the requested offload, where the rules allow it
+                    if offload_optimizer and valid(f.with_(offload_optimizer=True)):
+                        f = f.with_(offload_optimizer=True)
+                    if offload_params and valid(f.with_(offload_params=True)):
+                        f = f.with_(offload_params=True)
+                    lays = [Layout.from_facts(f)]
+                    split = f.with_(sequence_parallel=True)
+                    if valid(split):
+                        lays.append(Layout.from_facts(split))
+                    for rc in RECOMPUTE:  # not a rule's concern
+                        for lay in lays:
+                            yield LayoutSpec.of(lay, rc, dtype)
 
 
 def rank_key(est: Estimate) -> Tuple[bool, float, int]:

@@ -1,13 +1,17 @@
 """The planner's inputs as plain frozen dataclasses: a layout choice and the cluster's hardware.
 
+``LayoutSpec`` is ``launcher.layout.Layout`` plus recompute and dtype: the planner estimates the
+same layout object a launch archives, and which layouts are valid is launcher.layout's rule table.
+
 Built once from a composed run config (``from_cfg``), then every estimator works on these: the
 search evaluates thousands of layouts per second without touching OmegaConf.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple
 
+from launcher.layout import Facts, Layout
 from launcher.schema import enum_value
 
 GIB = 1 << 30
@@ -20,80 +24,30 @@ DEFAULT_INTRA_GBPS = 100.0
 DEFAULT_INTER_GBPS = 10.0
 
 
-def implied_engine(tp: int, pp: int, zero: int) -> str:
-    """The engine a layout needs: megatron for tp or pp > 1, deepspeed for ZeRO > 0, else ddp
-    (the same choice as ``parallelism.engine=auto``)."""
-    if tp > 1 or pp > 1:
-        return "megatron"
-    return "deepspeed" if zero > 0 else "ddp"
-
-
-def engine_allows(engine: str, tp: int, pp: int, zero: int, offload: bool = False) -> bool:
-    """Whether ``engine`` runs this layout (the rules of launcher.layout's engine checks)."""
-    if engine == "ddp":
-        return tp == 1 and pp == 1 and zero == 0
-    if engine == "deepspeed":
-        return tp == 1 and pp == 1
-    if engine == "megatron":
-        return zero <= 1 and not offload
-    return False
-
-
 @dataclass(frozen=True)
-class LayoutSpec:
-    """One way to run the model: degrees, batch split, ZeRO, recompute, precision and engine."""
+class LayoutSpec(Layout):
+    """A ``launcher.layout.Layout`` (degrees, ZeRO, batch split, engine, offload, node shape) plus what
+    the estimators read beyond it: activation recomputation and the training precision."""
 
-    dp: int
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
-    micro_batch_size: int = 1
-    grad_accum: int = 1
     recompute: str = "none"
-    sequence_parallel: bool = False
     dtype: str = "bf16"
-    engine: str = ""  # "" = implied by the layout
-    offload_optimizer: bool = False
-    offload_params: bool = False
 
-    def __post_init__(self) -> None:
-        if not self.engine:
-            object.__setattr__(self, "engine", implied_engine(self.tp, self.pp, self.zero))
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.dp * self.micro_batch_size * self.grad_accum
-
-    def with_(self, **changes: Any) -> "LayoutSpec":
-        return replace(self, **changes)
+    @classmethod
+    def of(cls, layout: Layout, recompute: str = "none", dtype: str = "bf16") -> "LayoutSpec":
+        """``layout`` (any Layout) with the planner's recompute and dtype."""
+        own = vars(layout) if type(layout) is Layout else {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
+        return cls(**own, recompute=recompute, dtype=dtype)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "LayoutSpec":
-        """The layout a (valid) run config names; ``parallelism.engine=auto`` becomes the implied one."""
-        par, tr, z, cl = cfg.parallelism, cfg.train, cfg.zero, cfg.cluster
-        tp, pp = int(par.tp), int(par.pp)
-        world = int(cl.nodes) * int(cl.gpus_per_node)
-        dp = world // (tp * pp)
-        mb = int(tr.micro_batch_size)
-        engine = enum_value(par.engine)
-        return cls(
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            zero=int(z.stage),
-            micro_batch_size=mb,
-            grad_accum=max(1, int(tr.global_batch_size) // max(1, dp * mb)),
-            recompute=enum_value(tr.recompute),
-            sequence_parallel=bool(par.sequence_parallel),
-            dtype=enum_value(cfg.precision.dtype),
-            engine="" if engine == "auto" else engine,
-            offload_optimizer=bool(z.offload_optimizer),
-            offload_params=bool(z.offload_params),
-        )
+        """The layout a run config names (``Layout.from_facts``: ``parallelism.engine=auto`` becomes the
+        implied engine), with its ``train.recompute`` and ``precision.dtype``. Raises
+        ``launcher.layout.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
+        f = Facts.from_cfg(cfg)
+        return cls.of(Layout.from_facts(f), enum_value(cfg.train.recompute), f.dtype)
+
+
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
 @dataclass(frozen=True)
@@ -126,13 +80,16 @@ class ClusterSpec:
     @classmethod
     def from_cfg(cls, cl: Any, meminfo_path: str = "/proc/meminfo") -> "ClusterSpec":
         """From a ClusterConfig. ``cluster.gpu.memory_gb`` is read as GiB (what nvidia-smi shows:
-        an "80 GB" A100 has 81920 MiB). With memory_gb = 0 on the local backend the processes share
-        this host's memory: MemAvailable / gpus_per_node; on Slurm it stays unknown."""
+        an "80 GB" A100 has 81920 MiB). With memory_gb = 0 on a backend whose processes share this
+        host's memory (``Backend.shares_host_memory``: local) each gets MemAvailable / gpus_per_node;
+        elsewhere (Slurm) it stays unknown."""
+        from launcher import backends
+
         gpu = cl.gpu
         assumed = []
         mem_gb = float(gpu.memory_gb or 0)
         memory, source = int(mem_gb * GIB), "cluster.gpu.memory_gb"
-        if mem_gb <= 0 and enum_value(cl.backend) == "local":
+        if mem_gb <= 0 and backends.get(enum_value(cl.backend)).shares_host_memory:
             avail = host_available_bytes(meminfo_path)
             if avail:
                 memory = avail // max(1, int(cl.gpus_per_node))

@@ -1,5 +1,5 @@
-"""Pre-submit checks (memory fits, bubble, ZeRO-3 over a slow link), their wiring into validate/launch,
-and `launcher plan`."""
+"""Pre-submit checks (memory fits, bubble, ZeRO-3 over a slow link), their wiring into launch's check
+of every point (launcher.submit.pipeline.check), and `launcher plan`."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.plan import checks, spec
 from launcher.plan.spec import GIB, ClusterSpec
-from launcher.submit.sweep import InvalidSweep, Point, validate
+from launcher.submit.pipeline import InvalidSweep, Point, check as check_points
 
 GPT_1B3_A100 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 
@@ -103,21 +103,20 @@ def test_zero3_over_a_slow_link_warns_and_a_fast_one_does_not():
     assert checks.check(cfg_with(*base, "cluster.nodes=1")) == ([], [])  # one node: NVLink only
 
 
-def test_validate_stops_on_warnings_unless_forced(capsys):
+def test_launch_check_stops_on_warnings_unless_forced(capsys):
     over = [*GPT_1B3_A100, "parallelism.pp=4", "train.micro_batch_size=4", "train.global_batch_size=32"]
     with pytest.raises(InvalidSweep) as ei:
-        validate([Point(cfg_with(*over))])
+        check_points([Point(cfg_with(*over))])
     assert "submit.force=true" in str(ei.value) and "parallelism.pp" in str(ei.value)
-    plans = []
-    layouts = validate([Point(cfg_with(*over, "submit.force=true"))], plans)
-    assert len(layouts) == 1 and plans[0]["layouts"][0]["pp"] == 4
+    checked = check_points([Point(cfg_with(*over, "submit.force=true"))])
+    assert len(checked) == 1 and checked[0].plan["layouts"][0]["pp"] == 4
     assert "parallelism.pp: pipeline bubble 43%" in capsys.readouterr().err
 
 
 def test_force_never_overrides_errors():
     with pytest.raises(InvalidSweep) as ei:
-        validate([Point(cfg_with("model=gpt_175b", "cluster=a100_80g", "submit.force=true",
-                                 "train.micro_batch_size=1", "train.global_batch_size=64"))])
+        check_points([Point(cfg_with("model=gpt_175b", "cluster=a100_80g", "submit.force=true",
+                                     "train.micro_batch_size=1", "train.global_batch_size=64"))])
     assert "cluster.gpu.memory_gb" in str(ei.value)
 
 
@@ -125,15 +124,14 @@ def test_sweep_with_one_point_that_does_not_fit_launches_nothing():
     points = [Point(cfg_with(*GPT_1B3_A100, f"cluster.gpu.memory_gb={gb}", "train.micro_batch_size=1",
                              "train.global_batch_size=64"), [f"cluster.gpu.memory_gb={gb}"]) for gb in (80, 8)]
     with pytest.raises(InvalidSweep) as ei:
-        validate(points)
+        check_points(points)
     assert str(ei.value).startswith("1 of 2 point(s) invalid; nothing was submitted")
     assert "point 1 (cluster.gpu.memory_gb=8)" in str(ei.value)
 
 
-def test_validate_returns_the_plan_for_the_archive():
-    plans = []
-    validate([Point(cfg_with())], plans)
-    (plan,) = plans
+def test_launch_check_returns_the_plan_for_the_archive():
+    (checked,) = check_points([Point(cfg_with())])
+    plan = checked.plan
     assert plan["model"]["params"] == 136_960
     lay = plan["layouts"][0]
     assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["engine"], lay["grad_accum"]) == (2, 1, 1, 0, "ddp", 2)

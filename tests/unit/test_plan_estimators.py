@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
 from launcher.plan import comm as comm_mod
-from launcher.plan.flops import narayanan_flops_per_step, step_flops, training_flops_per_token
+from launcher.plan.flops import model_flops_per_token, narayanan_flops_per_step, step_flops, training_flops_per_token
 from launcher.plan.memory import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
@@ -263,7 +263,8 @@ def test_model_state_bytes_per_rank_is_exact_for_fp32_adamw():
         ({"zero": {"stage": 1}}, {"params": 4 * 136_960, "grads": 4 * 136_960, "optimizer": 12 * 68_480}),
         ({"zero": {"stage": 2}, "precision": {"dtype": "bf16"}},
          {"params": 2 * 136_960, "grads": 2 * 68_480, "optimizer": 12 * 68_480}),
-        ({"zero": {"stage": 3}, "precision": {"dtype": "bf16"}, "cluster": {"gpus_per_node": 3}},
+        ({"zero": {"stage": 3}, "precision": {"dtype": "bf16"}, "cluster": {"gpus_per_node": 3},
+          "train": {"global_batch_size": 12}},  # a whole layout: dp 3 x micro batch 4
          {"params": 2 * 45_654, "grads": 2 * 45_654, "optimizer": 12 * 45_654}),  # ceil(136960 / 3)
         ({"zero": {"stage": 3, "offload_optimizer": True, "offload_params": True}, "precision": {"dtype": "bf16"}},
          {"params": 0, "grads": 0, "optimizer": 0}),  # offloaded optimizer takes the grad partitions along
@@ -339,13 +340,16 @@ def test_full_recompute_keeps_inputs_plus_one_working_layer():
 # ---- FLOPs, communication, bubble ------------------------------------------------------------------
 
 
-def test_flops_match_narayanan_and_the_recipe():
-    from recipes.common.metrics import flops_per_token
-
+def test_flops_match_narayanan_and_the_hand_count():
     m = GPT_175B
     assert step_flops(m, 1536, "none") == pytest.approx(narayanan_flops_per_step(m, 1536, False), rel=1e-12)
     assert step_flops(m, 1536, "full") == pytest.approx(narayanan_flops_per_step(m, 1536, True), rel=1e-12)
-    assert training_flops_per_token(m) == flops_per_token(m)
+    # what MFU divides by (the recipes call model_flops_per_token): 6 N_matmul + 12 l h s, counted by
+    # hand: N_matmul = l (qkv 3h^2 + proj h^2 + fc1 hf + fc2 fh) + head V h
+    l, h, f, v, s = 96, 12288, 49152, 50304, 2048
+    n_matmul = l * (3 * h * h + h * h + h * f + f * h) + v * h
+    assert model_flops_per_token(m) == training_flops_per_token(m) == 6.0 * n_matmul + 12.0 * l * h * s
+    assert model_flops_per_token(m) == 1_076_376_895_488  # exact: every term is an integer < 2^53
     n = param_count(m)
     # 6N + 12 l h s: N counts matmul weights (the head's V*h once, no position embedding or biases)
     assert training_flops_per_token(m) == pytest.approx(6 * n + 12 * 96 * 12288 * 2048, rel=1e-3)
