@@ -51,6 +51,37 @@ def implied_engine(tp: int, pp: int, zero: int) -> str:
 
 
 @dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only GPT (the fields of launcher.schema.ModelConfig): what the rules
+    read and what the planner's estimators take."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+
+    @classmethod
+    def from_cfg(cls, m: Any) -> "ModelSpec":
+        """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
+        return cls(
+            name=str(getattr(m, "name", "model")),
+            num_layers=int(m.num_layers),
+            hidden_size=int(m.hidden_size),
+            num_heads=int(m.num_heads),
+            ffn_hidden_size=int(m.ffn_hidden_size),
+            vocab_size=int(m.vocab_size),
+            seq_len=int(m.seq_len),
+            tie_embeddings=bool(getattr(m, "tie_embeddings", True)),
+            dropout=float(getattr(m, "dropout", 0.0) or 0.0),
+        )
+
+
+@dataclass(frozen=True)
 class Facts:
     """The values the rules read. Run-only fields (lr, steps, ...) default to valid values so the
     planner can check a candidate layout without a whole run config."""
@@ -61,12 +92,7 @@ class Facts:
     pp: int
     micro_batch_size: int
     global_batch_size: int
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_len: int
+    model: ModelSpec
     dp: Optional[int] = None  # requested (parallelism.dp); None = derived
     engine: str = "auto"  # requested (parallelism.engine)
     zero: int = 0
@@ -74,7 +100,6 @@ class Facts:
     offload_params: bool = False
     sequence_parallel: bool = False
     dtype: str = "fp32"
-    dropout: float = 0.0
     steps: int = 1
     lr: float = 1e-3
     warmup_steps: int = 0
@@ -119,12 +144,10 @@ class Facts:
         return cls(
             nodes=cl.nodes, gpus_per_node=cl.gpus_per_node, tp=par.tp, pp=par.pp,
             micro_batch_size=tr.micro_batch_size, global_batch_size=tr.global_batch_size,
-            num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
-            ffn_hidden_size=m.ffn_hidden_size, vocab_size=m.vocab_size, seq_len=m.seq_len,
-            dp=par.dp, engine=enum_value(par.engine), zero=z.stage,
+            model=ModelSpec.from_cfg(m), dp=par.dp, engine=enum_value(par.engine), zero=z.stage,
             offload_optimizer=bool(z.offload_optimizer), offload_params=bool(z.offload_params),
             sequence_parallel=bool(par.sequence_parallel), dtype=enum_value(cfg.precision.dtype),
-            dropout=float(m.dropout), steps=tr.steps, lr=float(opt("lr", 1e-3)),
+            steps=tr.steps, lr=float(opt("lr", 1e-3)),
             warmup_steps=int(opt("warmup_steps", 0)), fail_at_step=tr.fail_at_step, fail_rank=tr.fail_rank,
             backend=enum_value(cl.backend),
         )
@@ -155,9 +178,12 @@ class Rule:
         return ConfigError(self.key, text(self.problem), text(self.fix))
 
 
-def _positive(key: str, attr: str) -> Rule:
-    return Rule(key, lambda f: getattr(f, attr) is None or getattr(f, attr) < 1,
-                lambda f: f"must be a positive integer, got {getattr(f, attr)}", f"set {key}=1 or more", VALUE)
+def _positive(key: str) -> Rule:
+    """``key`` (e.g. model.num_layers) must be >= 1; Facts holds it under its last name."""
+    group, name = key.split(".")
+    get = (lambda f: getattr(f.model, name)) if group == "model" else (lambda f: getattr(f, name))
+    return Rule(key, lambda f: get(f) is None or get(f) < 1,
+                lambda f: f"must be a positive integer, got {get(f)}", f"set {key}=1 or more", VALUE)
 
 
 def _largest_divisor(n: int, upto: int) -> int:
@@ -172,19 +198,19 @@ def _backend_names() -> List[str]:
 
 
 RULES: Tuple[Rule, ...] = (
-    _positive("cluster.nodes", "nodes"),
-    _positive("cluster.gpus_per_node", "gpus_per_node"),
-    _positive("parallelism.tp", "tp"),
-    _positive("parallelism.pp", "pp"),
-    _positive("train.micro_batch_size", "micro_batch_size"),
-    _positive("train.global_batch_size", "global_batch_size"),
-    _positive("train.steps", "steps"),
-    _positive("model.num_layers", "num_layers"),
-    _positive("model.hidden_size", "hidden_size"),
-    _positive("model.num_heads", "num_heads"),
-    _positive("model.ffn_hidden_size", "ffn_hidden_size"),
-    _positive("model.vocab_size", "vocab_size"),
-    _positive("model.seq_len", "seq_len"),
+    _positive("cluster.nodes"),
+    _positive("cluster.gpus_per_node"),
+    _positive("parallelism.tp"),
+    _positive("parallelism.pp"),
+    _positive("train.micro_batch_size"),
+    _positive("train.global_batch_size"),
+    _positive("train.steps"),
+    _positive("model.num_layers"),
+    _positive("model.hidden_size"),
+    _positive("model.num_heads"),
+    _positive("model.ffn_hidden_size"),
+    _positive("model.vocab_size"),
+    _positive("model.seq_len"),
     Rule("cluster.backend", lambda f: f.backend not in _backend_names(),
          lambda f: f"{f.backend!r} is not a backend", lambda f: f"choose one of {', '.join(_backend_names())}",
          VALUE),
@@ -208,18 +234,18 @@ RULES: Tuple[Rule, ...] = (
          lambda f: (f"tp={f.tp} spans more than one node ({f.gpus_per_node} per node): tensor-parallel "
                     "collectives run every layer and need the intra-node link"),
          lambda f: f"use parallelism.tp<={f.gpus_per_node} and put the rest into parallelism.pp"),
-    Rule("model.num_heads", lambda f: f.hidden_size % f.num_heads != 0,
-         lambda f: f"hidden_size {f.hidden_size} is not divisible by num_heads {f.num_heads}",
+    Rule("model.num_heads", lambda f: f.model.hidden_size % f.model.num_heads != 0,
+         lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
          "pick num_heads dividing model.hidden_size"),
-    Rule("model.num_heads", lambda f: f.num_heads % f.tp != 0,
-         lambda f: f"{f.num_heads} heads cannot be split over tp={f.tp}", "make parallelism.tp divide model.num_heads"),
-    Rule("model.ffn_hidden_size", lambda f: f.ffn_hidden_size % f.tp != 0,
-         lambda f: f"{f.ffn_hidden_size} is not divisible by tp={f.tp}",
+    Rule("model.num_heads", lambda f: f.model.num_heads % f.tp != 0,
+         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}", "make parallelism.tp divide model.num_heads"),
+    Rule("model.ffn_hidden_size", lambda f: f.model.ffn_hidden_size % f.tp != 0,
+         lambda f: f"{f.model.ffn_hidden_size} is not divisible by tp={f.tp}",
          "make parallelism.tp divide model.ffn_hidden_size"),
-    Rule("model.vocab_size", lambda f: f.vocab_size % f.tp != 0,
-         lambda f: f"{f.vocab_size} is not divisible by tp={f.tp}", "pad model.vocab_size to a multiple of parallelism.tp"),
-    Rule("model.num_layers", lambda f: f.num_layers % f.pp != 0,
-         lambda f: f"{f.num_layers} layers cannot be split evenly into pp={f.pp} stages",
+    Rule("model.vocab_size", lambda f: f.model.vocab_size % f.tp != 0,
+         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}", "pad model.vocab_size to a multiple of parallelism.tp"),
+    Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
+         lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
          "make parallelism.pp divide model.num_layers"),
     Rule("zero.stage", lambda f: f.zero not in (0, 1, 2, 3),
          lambda f: f"must be 0, 1, 2 or 3, got {f.zero}", "choose zero=0..3"),
@@ -250,10 +276,10 @@ RULES: Tuple[Rule, ...] = (
          lambda f: (f"raise train.global_batch_size to >= {f.pp * (f.per_step or 1)} or lower "
                     "train.micro_batch_size")),
     Rule("parallelism.sequence_parallel",
-         lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.seq_len % f.tp != 0,
-         lambda f: f"model.seq_len={f.seq_len} cannot be split over tp={f.tp}",
+         lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
+         lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
          "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
-    Rule("model.dropout", lambda f: f.resolved_engine == "megatron" and f.dropout > 0 and f.tp > 1,
+    Rule("model.dropout", lambda f: f.resolved_engine == "megatron" and f.model.dropout > 0 and f.tp > 1,
          ("dropout with tp > 1 would draw the same masks on every tensor-parallel rank "
           "(there is no per-rank RNG stream yet)"),
          "set model.dropout=0.0 for tensor-parallel runs"),
@@ -269,8 +295,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("parallelism.engine", lambda f: f.resolved_engine not in ("ddp", "deepspeed", "megatron"),
          lambda f: f"{f.engine!r} is not an engine", "choose auto, ddp, deepspeed or megatron"),
     # the rest of the run
-    Rule("model.dropout", lambda f: not 0.0 <= f.dropout < 1.0,
-         lambda f: f"must be in [0, 1), got {f.dropout}", "set model.dropout=0.0", RUN),
+    Rule("model.dropout", lambda f: not 0.0 <= f.model.dropout < 1.0,
+         lambda f: f"must be in [0, 1), got {f.model.dropout}", "set model.dropout=0.0", RUN),
     Rule("optim.lr", lambda f: f.lr <= 0, lambda f: f"must be > 0, got {f.lr}", "set optim.lr to e.g. 3e-4", RUN),
     Rule("optim.warmup_steps", lambda f: f.warmup_steps < 0 or f.warmup_steps > f.steps,
          lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),

@@ -25,37 +25,9 @@ holds everything and a tied head adds nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from launcher.layout import ModelSpec  # noqa: F401  (the model shape the rules and estimators share)
 from typing import Any, List, Tuple
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a decoder-only GPT (the fields of launcher.schema.ModelConfig)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_len: int
-    tie_embeddings: bool = True
-    dropout: float = 0.0
-
-    @classmethod
-    def from_cfg(cls, m: Any) -> "ModelSpec":
-        """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
-        return cls(
-            name=str(getattr(m, "name", "model")),
-            num_layers=int(m.num_layers),
-            hidden_size=int(m.hidden_size),
-            num_heads=int(m.num_heads),
-            ffn_hidden_size=int(m.ffn_hidden_size),
-            vocab_size=int(m.vocab_size),
-            seq_len=int(m.seq_len),
-            tie_embeddings=bool(getattr(m, "tie_embeddings", True)),
-            dropout=float(getattr(m, "dropout", 0.0) or 0.0),
-        )
 
 
 def layer_params(m: ModelSpec) -> int:

@@ -51,12 +51,8 @@ def divisors(n: int) -> List[int]:
 def search_facts(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtype: str = "bf16") -> Facts:
     """The rule table's view of a search: the model, the cluster, the global batch and the precision,
     with the engine left to ``auto``. Each candidate sets its knobs on a copy."""
-    return Facts(
-        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, tp=1, pp=1, micro_batch_size=1,
-        global_batch_size=global_batch_size, num_layers=m.num_layers, hidden_size=m.hidden_size,
-        num_heads=m.num_heads, ffn_hidden_size=m.ffn_hidden_size, vocab_size=m.vocab_size, seq_len=m.seq_len,
-        dtype=dtype, dropout=m.dropout,
-    )
+    return Facts(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, tp=1, pp=1, micro_batch_size=1,
+                 global_batch_size=global_batch_size, model=m, dtype=dtype)
 
 
 def valid(f: Facts) -> bool:
