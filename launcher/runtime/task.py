@@ -109,6 +109,10 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
     from launcher.schema import typed
 
     cfg = typed(cfg_plain)
+    layout = rd.layout()
+    if layout.world_size != denv.world_size:  # the scheduler gave another shape than was archived
+        raise RuntimeError(f"the job has {denv.world_size} processes but the archived layout needs "
+                           f"{layout.world_size} (dp {layout.dp} x pp {layout.pp} x tp {layout.tp})")
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
@@ -129,7 +133,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
         node_rank=denv.node_rank,
         hostname=socket.gethostname(),
         rundir=rd,
-        layout=rd.layout(),
+        layout=layout,
         device=device,
         backend=backend,
     )

@@ -1,1 +1,1 @@
-"""Pieces shared by recipes: seeding and the synthetic dataset."""
+"""Pieces shared by recipes: seeding the RNGs, the synthetic dataset, the DeepSpeed config, metrics."""

@@ -12,19 +12,22 @@ step sees do not depend on the data-parallel layout:
 
     micro batch k of rank r at step s holds samples s*G + r*(a*mb) + k*mb + j, j < mb
 
-with G the global batch, mb the micro batch and a = G / (dp * mb) the gradient
-accumulation steps. Concatenating ranks in order, then micro batches, gives samples
-s*G .. s*G + G - 1 for every dp.
+with G the global batch, mb the micro batch and a the gradient accumulation steps, all three
+read from the run's ``Layout`` (``launcher.layout``: G = dp * mb * a). Concatenating ranks in
+order, then micro batches, gives samples s*G .. s*G + G - 1 for every dp.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-from typing import List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Sequence, Tuple
 
 import torch
 
-from recipes.common.seeding import derive_seed
+from launcher.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from launcher.layout import Layout
 
 try:  # the walk is ~8x faster in numpy; torch gives identical results without it
     import numpy as _np
@@ -35,7 +38,6 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 
 __all__ = [
     "BigramDataset",
-    "grad_accum_steps",
     "micro_batch_indices",
     "micro_batches",
     "sample_seed",
@@ -117,53 +119,31 @@ class BigramDataset:
         return tokens[0], labels[0]
 
 
-def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
-    """a = G / (dp * mb); raises ValueError when the batch does not divide evenly."""
-    if global_batch < 1 or micro_batch < 1 or dp < 1:
-        raise ValueError(
-            f"batch sizes and dp must be >= 1 (global_batch={global_batch}, "
-            f"micro_batch={micro_batch}, dp={dp})"
-        )
-    if global_batch % (dp * micro_batch):
-        raise ValueError(
-            f"train.global_batch_size={global_batch} is not a multiple of "
-            f"dp * train.micro_batch_size = {dp} * {micro_batch}"
-        )
-    return global_batch // (dp * micro_batch)
-
-
-def micro_batch_indices(
-    step: int, global_batch: int, micro_batch: int, dp: int, dp_rank: int
-) -> List[List[int]]:
-    """Global sample indices of each micro batch of ``dp_rank`` at 0-based ``step``."""
+def micro_batch_indices(step: int, layout: "Layout", dp_rank: int) -> List[List[int]]:
+    """Global sample indices of each micro batch of ``dp_rank`` at 0-based ``step``: the layout's
+    ``grad_accum`` lists of ``micro_batch_size`` indices."""
+    dp, mb, accum = int(layout.dp), int(layout.micro_batch_size), int(layout.grad_accum)
     if not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank must be in [0, {dp}), got {dp_rank}")
     if step < 0:
         raise ValueError(f"step must be >= 0 (0-based), got {step}")
-    accum = grad_accum_steps(global_batch, micro_batch, dp)
-    base = step * global_batch + dp_rank * accum * micro_batch
-    return [
-        [base + k * micro_batch + j for j in range(micro_batch)] for k in range(accum)
-    ]
+    base = step * int(layout.global_batch_size) + dp_rank * accum * mb
+    return [[base + k * mb + j for j in range(mb)] for k in range(accum)]
 
 
 def micro_batches(
     data_seed: int,
     step: int,
-    global_batch: int,
-    micro_batch: int,
-    dp: int,
+    layout: "Layout",
     dp_rank: int,
     vocab_size: int,
     seq_len: int,
     branching: int,
 ) -> List[Batch]:
-    """The micro batches of ``dp_rank`` at 0-based ``step``: a list (length a) of
-    (tokens, labels) LongTensors [micro_batch, seq_len] on the CPU."""
-    groups = micro_batch_indices(step, global_batch, micro_batch, dp, dp_rank)
+    """The micro batches of ``dp_rank`` at 0-based ``step``: a list (length ``layout.grad_accum``) of
+    (tokens, labels) LongTensors [layout.micro_batch_size, seq_len] on the CPU."""
+    groups = micro_batch_indices(step, layout, dp_rank)
+    mb = int(layout.micro_batch_size)
     ds = BigramDataset(data_seed, vocab_size, seq_len, branching)
     tokens, labels = ds.batch([i for group in groups for i in group])  # one walk for all
-    return [
-        (tokens[k * micro_batch:(k + 1) * micro_batch], labels[k * micro_batch:(k + 1) * micro_batch])
-        for k in range(len(groups))
-    ]
+    return [(tokens[k * mb:(k + 1) * mb], labels[k * mb:(k + 1) * mb]) for k in range(len(groups))]

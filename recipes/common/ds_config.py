@@ -2,17 +2,19 @@
 
 Pure: no torch / deepspeed import, so it can run (and be tested) anywhere, including on the
 login node. ``recipes.gpt.engines.deepspeed`` passes the result to ``deepspeed.initialize`` and
-archives it as ``<run_dir>/deepspeed_config.json``.
+archives it in the run dir (``ctx.rundir.write_deepspeed_config``).
 
-Mapping (run config key -> DeepSpeed key):
+Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.layout``), which the
+launcher resolved and checked against the rule table (``RULES``) before the job started; nothing
+the rules cover is checked again here. Mapping (layout field / run config key -> DeepSpeed key):
 
-    train.global_batch_size            -> train_batch_size
-    train.micro_batch_size             -> train_micro_batch_size_per_gpu
-    global / (micro * dp)              -> gradient_accumulation_steps
+    layout.global_batch_size           -> train_batch_size
+    layout.micro_batch_size            -> train_micro_batch_size_per_gpu
+    layout.grad_accum                  -> gradient_accumulation_steps
     optim.grad_clip (0 = off)          -> gradient_clipping (0.0 = off in DeepSpeed too)
-    zero.stage                         -> zero_optimization.stage
-    zero.offload_optimizer             -> zero_optimization.offload_optimizer {device: cpu, pin_memory: false}
-    zero.offload_params                -> zero_optimization.offload_param     {device: cpu, pin_memory: false}
+    layout.zero                        -> zero_optimization.stage
+    layout.offload_optimizer           -> zero_optimization.offload_optimizer {device: cpu, pin_memory: false}
+    layout.offload_params              -> zero_optimization.offload_param     {device: cpu, pin_memory: false}
     precision.dtype == fp16            -> fp16.enabled, with precision.loss_scale (0 = dynamic),
                                           initial_scale_power, loss_scale_window, hysteresis, min_loss_scale
     precision.dtype == bf16            -> bf16.enabled
@@ -23,7 +25,12 @@ its own (client) optimizer and the shared step loop sets the lr every step.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
+
+from launcher.schema import enum_value
+
+if TYPE_CHECKING:
+    from launcher.layout import Layout
 
 # Gradient reduce / parameter all-gather buckets for ZeRO-1/2, in elements (DeepSpeed's own
 # default is 5e8; 2e8 is the value its tutorials and Megatron-DeepSpeed use: 400 MB in 16-bit).
@@ -34,32 +41,10 @@ STEPS_PER_PRINT = 1_000_000_000
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def _str(value: Any) -> str:
-    """Enum member or plain string -> the string."""
-    return str(getattr(value, "value", value))
-
-
-def grad_accum_steps(global_batch: int, micro_batch: int, dp: int) -> int:
-    per_step = micro_batch * dp
-    if global_batch < 1 or micro_batch < 1 or dp < 1 or global_batch % per_step:
-        raise ValueError(
-            f"train.global_batch_size={global_batch} is not a positive multiple of "
-            f"train.micro_batch_size*dp = {micro_batch}*{dp} = {per_step}"
-        )
-    return global_batch // per_step
-
-
-def zero_section(cfg: Any) -> Dict[str, Any]:
+def zero_section(cfg: Any, layout: "Layout") -> Dict[str, Any]:
     """``zero_optimization``: stage, offload and bucket sizes."""
-    z = cfg.zero
-    stage = int(z.stage)
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero.stage must be 0, 1, 2 or 3, got {stage}")
-    offload_optimizer, offload_params = bool(z.offload_optimizer), bool(z.offload_params)
-    if (offload_optimizer or offload_params) and stage == 0:
-        raise ValueError("zero.offload_optimizer / zero.offload_params need zero.stage >= 1")
-    if offload_params and stage != 3:
-        raise ValueError("zero.offload_params needs zero.stage=3")
+    stage = int(layout.zero)
+    offload_optimizer, offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)
     section: Dict[str, Any] = {"stage": stage}
     if stage == 0:
         return section
@@ -97,22 +82,21 @@ def zero_section(cfg: Any) -> Dict[str, Any]:
     return section
 
 
-def deepspeed_config(cfg: Any, dp: int) -> Dict[str, Any]:
-    """The DeepSpeed config dict for run config ``cfg`` on ``dp`` data-parallel ranks."""
-    tr, prec = cfg.train, cfg.precision
-    dtype = _str(prec.dtype)
+def deepspeed_config(cfg: Any, layout: "Layout") -> Dict[str, Any]:
+    """The DeepSpeed config dict for run config ``cfg`` run with ``layout``."""
+    prec = cfg.precision
+    dtype = enum_value(prec.dtype)
     if dtype not in DTYPES:
         raise ValueError(f"precision.dtype must be one of {DTYPES}, got {dtype!r}")
-    gbs, mbs = int(tr.global_batch_size), int(tr.micro_batch_size)
     grad_clip = float(cfg.optim.grad_clip)
     if grad_clip < 0:
         raise ValueError(f"optim.grad_clip must be >= 0 (0 = off), got {grad_clip}")
     config: Dict[str, Any] = {
-        "train_batch_size": gbs,
-        "train_micro_batch_size_per_gpu": mbs,
-        "gradient_accumulation_steps": grad_accum_steps(gbs, mbs, int(dp)),
+        "train_batch_size": int(layout.global_batch_size),
+        "train_micro_batch_size_per_gpu": int(layout.micro_batch_size),
+        "gradient_accumulation_steps": int(layout.grad_accum),
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero_section(cfg),
+        "zero_optimization": zero_section(cfg, layout),
         "fp16": {"enabled": False},
         "bf16": {"enabled": dtype == "bf16"},
         "steps_per_print": STEPS_PER_PRINT,
@@ -127,7 +111,7 @@ def deepspeed_config(cfg: Any, dp: int) -> Dict[str, Any]:
             "hysteresis": int(prec.hysteresis),
             "min_loss_scale": float(prec.min_loss_scale),
         }
-    if bool(cfg.zero.offload_optimizer):
+    if bool(layout.offload_optimizer):
         # ZeRO-Offload steps the optimizer on the host: DeepSpeed's vectorised DeepSpeedCPUAdam
         # (the engine passes one, same param groups and hyper-parameters as torch AdamW).
         config["zero_force_ds_cpu_optimizer"] = True

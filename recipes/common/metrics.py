@@ -1,23 +1,12 @@
-"""Training metrics: the FLOPs account behind MFU, peak memory, and where rows go
-(metrics.jsonl through the run context, and wandb, offline by default)."""
+"""Training metrics: peak memory, and where rows go (the run's metrics file through
+``ctx.log_metrics``, and wandb, offline by default, under ``ctx.rundir.wandb_dir``). The FLOPs
+account behind MFU is the planner's (``launcher.plan.flops``)."""
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, Optional
 
 import torch
-
-
-def flops_per_token(model: Any) -> float:
-    """Training FLOPs per token, forward + backward, without recomputation:
-    6 * N (every parameter: one multiply-add forward, two backward) plus the attention scores and
-    weighted sum, 12 * layers * hidden * seq_len (causal masking not discounted), the
-    PaLM / Megatron convention. N counts the weights used in matmuls: per layer 12 h^2 (+ biases
-    ignored) and the output head V * h; position/token lookups are not matmuls."""
-    l, h, s = int(model.num_layers), int(model.hidden_size), int(model.seq_len)
-    f, v = int(model.ffn_hidden_size), int(model.vocab_size)
-    n_matmul = l * (4 * h * h + 2 * h * f) + v * h
-    return 6.0 * n_matmul + 12.0 * l * h * s
 
 
 def peak_memory_bytes(device: torch.device) -> Optional[int]:
@@ -27,7 +16,7 @@ def peak_memory_bytes(device: torch.device) -> Optional[int]:
 
 
 class MetricsSink:
-    """Rows go to metrics.jsonl (rank 0, through ctx.log_metrics) and, when enabled, to wandb."""
+    """Rows go to the run's metrics file (rank 0, through ctx.log_metrics) and, when enabled, to wandb."""
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         self.ctx = ctx
@@ -41,7 +30,7 @@ class MetricsSink:
             from omegaconf import OmegaConf
 
             self.run = wandb.init(
-                project=str(wb.project), dir=str(ctx.run_dir), mode=str(wb.mode),
+                project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
                 name=ctx.run_dir.parent.name + "-" + ctx.run_dir.name,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             )

@@ -1,21 +1,8 @@
-"""Reproducible seeding: one run seed, stable named sub-seeds."""
+"""Seeding the RNGs of a rank (the torch part). The seeds themselves (derive_seed, data_seed,
+dropout_seed, seed_plan) are pure and live in ``launcher.seeding``."""
 from __future__ import annotations
 
-import hashlib
 import random
-
-_SEED_MASK = 0x7FFFFFFF  # 31 bits: valid for python, numpy and torch alike
-
-
-def derive_seed(base_seed: int, *names: object) -> int:
-    """A stable 31-bit seed derived from ``base_seed`` and ``names``.
-
-    Uses sha256 (not Python's ``hash()``, which is salted per process), so the same
-    inputs give the same seed on every rank, node and run.
-    """
-    key = "\x1f".join([str(int(base_seed))] + [str(n) for n in names])
-    digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") & _SEED_MASK
 
 
 def seed_everything(seed: int) -> None:
@@ -33,28 +20,3 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-
-
-def data_seed(seed: int, explicit: object = None) -> int:
-    """The data-order seed: data.seed when set, else derived from the run seed."""
-    return int(explicit) if explicit is not None else derive_seed(int(seed), "data")
-
-
-def dropout_seed(seed: int, dp_rank: int) -> int:
-    """Per data-parallel replica, so dropout masks differ between replicas."""
-    return derive_seed(int(seed), "dropout", int(dp_rank))
-
-
-def seed_plan(seed: int, explicit_data_seed: object, dp: int) -> dict:
-    """Every seed a run uses and how it was derived (archived as seeds.json; no torch needed)."""
-    return {
-        "seed": int(seed),
-        "init": {"value": int(seed), "how": "torch/numpy/random seeded with `seed` before the model is built "
-                                            "(identical init on every rank)"},
-        "data": {"value": data_seed(seed, explicit_data_seed),
-                 "how": "data.seed" if explicit_data_seed is not None else "derive_seed(seed, 'data')",
-                 "order": "sample i of step s, dp rank r, micro batch k: s*G + r*(a*mb) + k*mb + j, "
-                          "each sample a function of (data seed, i) only"},
-        "dropout": {"how": "derive_seed(seed, 'dropout', dp_rank)",
-                    "per_dp_rank": {str(r): dropout_seed(seed, r) for r in range(int(dp))}},
-    }

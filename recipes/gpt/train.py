@@ -1,8 +1,9 @@
 """GPT training recipe: ``main(cfg, ctx) -> summary dict``.
 
 The launcher runtime has already initialised torch.distributed (gloo on CPU, nccl on GPU)
-when ``main`` runs. The engine (``parallelism.engine``: ddp, deepspeed, megatron) computes each
-optimizer step; this loop owns everything that must not differ between engines: the data each
+when ``main`` runs. The run's layout (``ctx.layout``, archived at launch) fixes the engine (ddp,
+deepspeed, megatron), dp/tp/pp, the micro batch and the gradient accumulation; the engine computes
+each optimizer step; this loop owns everything that must not differ between engines: the data each
 step sees, the learning-rate schedule, fault injection and the metrics.
 """
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any, Dict, List
 
 import torch
 
-from recipes.common.data import grad_accum_steps, micro_batches
-from recipes.common.metrics import MetricsSink, flops_per_token, peak_memory_bytes
-from recipes.common import seeding
+from launcher.plan.flops import step_flops as model_step_flops
+from launcher.plan.params import ModelSpec
+from launcher.seeding import data_seed as run_data_seed
+from recipes.common.data import micro_batches
+from recipes.common.metrics import MetricsSink, peak_memory_bytes
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
 
@@ -33,20 +36,20 @@ def lr_at(step: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, total
 
 def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     """Train the GPT of ``cfg.model`` for ``cfg.train.steps`` steps; return a summary."""
+    layout = ctx.layout
     engine = build_engine(cfg, ctx)
     dp, dp_rank = engine.dp, engine.dp_rank
-    gbs, mbs = int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size)
-    accum = grad_accum_steps(gbs, mbs, dp)
+    gbs, mbs, accum = layout.global_batch_size, layout.micro_batch_size, layout.grad_accum
     steps = int(cfg.train.steps)
     seq_len, vocab = int(cfg.model.seq_len), int(cfg.model.vocab_size)
-    data_seed = seeding.data_seed(int(cfg.seed), cfg.data.seed)
+    data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
     branching = int(cfg.data.branching)
     fail_at, fail_rank = cfg.train.fail_at_step, int(cfg.train.fail_rank)
     log_interval = int(cfg.train.log_interval)
     device = torch.device(ctx.device)
     sync_cuda = device.type == "cuda"
-    # model FLOPs per step (recomputation not counted: MFU measures useful work)
-    step_flops = flops_per_token(cfg.model) * gbs * seq_len
+    # model FLOPs per step, the planner's count (recomputation not counted: MFU measures useful work)
+    step_flops = model_step_flops(ModelSpec.from_cfg(cfg.model), gbs, recompute="none")
     peak = float(cfg.cluster.gpu.peak_tflops) * 1e12 * int(ctx.world_size)
     sink = MetricsSink(cfg, ctx)
 
@@ -67,7 +70,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
                        warmup_steps=int(cfg.optim.warmup_steps), total_steps=steps)
-            batches = micro_batches(data_seed, step - 1, gbs, mbs, dp, dp_rank, vocab, seq_len, branching)
+            batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
             loss, grad_norm = engine.train_step(batches, lr)
             if sync_cuda:
                 torch.cuda.synchronize(device)
@@ -90,12 +93,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
         sink.close()
 
     # what this rank holds, for the planner's exactness check (launcher.plan.memory)
-    from launcher.archive import atomic
-
-    mesh = getattr(engine, "mesh", None)
-    atomic.write_json(ctx.run_dir / "ranks" / f"state_{ctx.rank}.json",
-                      {"rank": ctx.rank, "pp_stage": int(getattr(mesh, "pp_rank", 0)), "dp_rank": dp_rank,
-                       **engine.state_bytes()})
+    ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1], "dp_rank": dp_rank,
+                                      **engine.state_bytes()})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,

@@ -1,4 +1,4 @@
-"""recipes.common.ds_config: the DeepSpeed config generated from a composed run config."""
+"""recipes.common.ds_config: the DeepSpeed config generated from a composed run config and its layout."""
 import itertools
 import json
 import subprocess
@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.layout import resolve
 from launcher.schema import register_configs
 from recipes.common.ds_config import BUCKET_ELEMENTS, deepspeed_config
 
@@ -17,6 +18,16 @@ register_configs()
 def _compose(*overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+
+
+def _ds(*overrides, dp=None):
+    """deepspeed_config of the composed config on its layout (``dp`` processes on one node when given),
+    as the engine calls it; resolving the layout raises (naming the key) when a layout rule is broken."""
+    cfg = _compose(*overrides, *([f"cluster.gpus_per_node={dp}"] if dp is not None else []))
+    layout = resolve(cfg)
+    if dp is not None:
+        assert layout.dp == dp
+    return deepspeed_config(cfg, layout)
 
 
 # every stage x precision x offload combination the layout rules admit
@@ -34,7 +45,9 @@ def test_every_stage_precision_offload_combination(stage, dtype, off_opt, off_pa
         "train.global_batch_size=64", "train.micro_batch_size=2",
         f"zero.offload_optimizer={str(off_opt).lower()}", f"zero.offload_params={str(off_par).lower()}",
     )
-    ds = deepspeed_config(cfg, dp=8)
+    layout = resolve(cfg)
+    assert layout.dp == 8
+    ds = deepspeed_config(cfg, layout)
     json.dumps(ds)  # plain JSON, nothing OmegaConf left in it
 
     assert ds["train_batch_size"] == 64
@@ -80,22 +93,21 @@ def test_every_stage_precision_offload_combination(stage, dtype, off_opt, off_pa
 
 
 def test_precision_keys_map_through():
-    cfg = _compose("zero=1", "precision=fp16", "precision.loss_scale=128", "precision.initial_scale_power=12",
-                   "precision.loss_scale_window=200", "precision.hysteresis=4", "precision.min_loss_scale=0.5")
-    fp16 = deepspeed_config(cfg, dp=2)["fp16"]
+    fp16 = _ds("zero=1", "precision=fp16", "precision.loss_scale=128", "precision.initial_scale_power=12",
+               "precision.loss_scale_window=200", "precision.hysteresis=4", "precision.min_loss_scale=0.5", dp=2)["fp16"]
     assert fp16 == {"enabled": True, "loss_scale": 128.0, "initial_scale_power": 12, "loss_scale_window": 200,
                     "hysteresis": 4, "min_loss_scale": 0.5}
 
 
 def test_grad_clip_zero_turns_clipping_off():
-    assert deepspeed_config(_compose("zero=2", "optim.grad_clip=0"), dp=2)["gradient_clipping"] == 0.0
-    assert deepspeed_config(_compose("zero=2", "optim.grad_clip=0.5"), dp=2)["gradient_clipping"] == 0.5
+    assert _ds("zero=2", "optim.grad_clip=0", dp=2)["gradient_clipping"] == 0.0
+    assert _ds("zero=2", "optim.grad_clip=0.5", dp=2)["gradient_clipping"] == 0.5
 
 
 @pytest.mark.parametrize("dp,accum", [(1, 8), (2, 4), (4, 2), (8, 1)])
 def test_grad_accumulation_follows_dp(dp, accum):
-    cfg = _compose("zero=1", "train.global_batch_size=16", "train.micro_batch_size=2")
-    assert deepspeed_config(cfg, dp=dp)["gradient_accumulation_steps"] == accum
+    assert _ds("zero=1", "train.global_batch_size=16", "train.micro_batch_size=2", dp=dp)[
+        "gradient_accumulation_steps"] == accum
 
 
 @pytest.mark.parametrize(
@@ -103,14 +115,15 @@ def test_grad_accumulation_follows_dp(dp, accum):
     [
         (["train.global_batch_size=16", "train.micro_batch_size=3"], 2, "train.global_batch_size"),
         (["train.global_batch_size=16", "train.micro_batch_size=2"], 3, "train.global_batch_size"),
-        (["zero=0", "zero.offload_optimizer=true"], 2, "zero.stage"),
+        # the key the layout rule table names: offload at ZeRO stage 0
+        (["zero=0", "zero.offload_optimizer=true"], 2, "zero.offload_optimizer"),
         (["zero=2", "zero.offload_params=true"], 2, "zero.offload_params"),
         (["zero=1", "optim.grad_clip=-1"], 2, "optim.grad_clip"),
     ],
 )
 def test_impossible_configs_raise_naming_the_key(overrides, dp, needle):
     with pytest.raises(ValueError, match=needle):
-        deepspeed_config(_compose(*overrides), dp=dp)
+        _ds(*overrides, dp=dp)
 
 
 def test_pure_no_torch_or_deepspeed_import():

@@ -11,15 +11,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from launcher.layout import Layout, resolve
+from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.schema import RunConfig
+from launcher.seeding import derive_seed
 from recipes.common.data import (
     BigramDataset,
     micro_batch_indices,
     micro_batches,
     transition_table,
 )
-from recipes.common.seeding import derive_seed
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.train import lr_at, main
 
@@ -50,7 +52,10 @@ def make_cfg(model=None, **sections):
     return OmegaConf.merge(OmegaConf.structured(RunConfig), overrides)
 
 
-def make_ctx(run_dir: Path, rank: int = 0, world_size: int = 1) -> RunContext:
+def make_ctx(cfg, run_dir: Path, rank: int = 0, world_size: int = 1) -> RunContext:
+    """As the launcher does: the layout of ``cfg`` on a ``world_size``-process node (raises
+    ConfigErrors, a ValueError, when a layout rule is broken)."""
+    on_world = OmegaConf.merge(cfg, {"cluster": {"nodes": 1, "gpus_per_node": world_size}})
     return RunContext(
         rank=rank,
         world_size=world_size,
@@ -58,7 +63,8 @@ def make_ctx(run_dir: Path, rank: int = 0, world_size: int = 1) -> RunContext:
         local_world_size=world_size,
         node_rank=0,
         hostname="localhost",
-        run_dir=Path(run_dir),
+        rundir=RunDir(run_dir),
+        layout=resolve(on_world),
         device="cpu",
         backend="gloo",
     )
@@ -72,10 +78,10 @@ def read_metrics(run_dir: Path):
 def run_single(cfg, run_dir: Path):
     """``main`` in this process, inside a world_size=1 gloo group (FileStore in run_dir)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = make_ctx(cfg, run_dir)
     dist.init_process_group(
         "gloo", init_method=f"file://{run_dir / 'store'}", rank=0, world_size=1
     )
-    ctx = make_ctx(run_dir)
     try:
         return main(cfg, ctx)
     finally:
@@ -89,7 +95,7 @@ def _ddp_worker(rank: int, world_size: int, cfg_yaml: str, run_dir: str) -> None
         "gloo", init_method=f"file://{run_dir}/store", rank=rank, world_size=world_size
     )
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(cfg_yaml))
-    ctx = make_ctx(Path(run_dir), rank=rank, world_size=world_size)
+    ctx = make_ctx(cfg, Path(run_dir), rank=rank, world_size=world_size)
     try:
         summary = main(cfg, ctx)
         (Path(run_dir) / f"summary{rank}.json").write_text(json.dumps(summary))
@@ -203,20 +209,26 @@ def test_derive_seed_stable():
 @pytest.mark.timeout(120)
 def test_sampler_indices_layout():
     # dp=2, a=2, mb=2, G=8, step 3: rank 1 holds 24+4.. in two micro batches
-    assert micro_batch_indices(3, 8, 2, 2, 1) == [[28, 29], [30, 31]]
+    layout = Layout(dp=2, micro_batch_size=2, grad_accum=2)
+    assert layout.global_batch_size == 8
+    assert micro_batch_indices(3, layout, 1) == [[28, 29], [30, 31]]
+    # a global batch that dp * micro batch does not divide has no layout (G=10, mb=4, dp=2)
     with pytest.raises(ValueError, match="global_batch_size"):
-        micro_batch_indices(0, 10, 4, 2, 0)
+        resolve(make_cfg(train={"global_batch_size": 10, "micro_batch_size": 4}, cluster={"gpus_per_node": 2}))
 
 
 @pytest.mark.timeout(120)
 def test_sampler_same_global_samples_for_any_dp():
-    args = dict(data_seed=11, global_batch=16, micro_batch=4, vocab_size=128, seq_len=32, branching=3)
+    args = dict(data_seed=11, vocab_size=128, seq_len=32, branching=3)
+    layouts = {dp: resolve(make_cfg(train={"global_batch_size": 16, "micro_batch_size": 4},
+                                    cluster={"gpus_per_node": dp})) for dp in (1, 2, 4)}
     for step in (0, 1, 5):
         per_layout = []
         for dp, expected_accum in ((1, 4), (2, 2), (4, 1)):
+            assert layouts[dp].dp == dp and layouts[dp].global_batch_size == 16
             toks, labs = [], []
             for rank in range(dp):
-                mbs = micro_batches(step=step, dp=dp, dp_rank=rank, **args)
+                mbs = micro_batches(step=step, layout=layouts[dp], dp_rank=rank, **args)
                 assert len(mbs) == expected_accum
                 for tokens, labels in mbs:
                     assert tokens.shape == labels.shape == (4, 32)
@@ -228,9 +240,9 @@ def test_sampler_same_global_samples_for_any_dp():
             assert torch.equal(tokens, per_layout[0][0])
             assert torch.equal(labels, per_layout[0][1])
     # deterministic across calls, different across steps
-    a = micro_batches(step=2, dp=2, dp_rank=1, **args)
-    b = micro_batches(step=2, dp=2, dp_rank=1, **args)
-    c = micro_batches(step=3, dp=2, dp_rank=1, **args)
+    a = micro_batches(step=2, layout=layouts[2], dp_rank=1, **args)
+    b = micro_batches(step=2, layout=layouts[2], dp_rank=1, **args)
+    c = micro_batches(step=3, layout=layouts[2], dp_rank=1, **args)
     assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
     assert not torch.equal(a[0][0], c[0][0])
 

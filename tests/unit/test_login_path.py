@@ -55,7 +55,7 @@ def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "2 run(s) submitted (slurm), array job" in res.stdout
     imported = _imported(res.stderr)
-    assert "launcher.backends.slurm" in imported and "submitit.slurm.slurm" in imported
+    assert "launcher.submit.pipeline" in imported and "submitit.slurm.slurm" in imported
     assert "torch" not in imported and "deepspeed" not in imported
     job_id = res.stdout.split("array job ")[1].split()[0]
     subprocess.run(["scancel", job_id], env={"PATH": "/usr/bin:/bin", **slurm}, timeout=60)

@@ -1,18 +1,19 @@
 """Training engines: how one optimizer step is computed over a layout.
 
 Every engine implements ``recipes.gpt.engines.base.Engine``; ``build_engine`` picks one by
-``parallelism.engine`` (ddp, deepspeed, megatron). The step loop in ``recipes.gpt.train``
+the engine of the run's layout (``ctx.layout.engine``: ddp, deepspeed, megatron; resolved and
+checked at launch, never recomputed here). The step loop in ``recipes.gpt.train``
 is shared, so data order, schedule, metrics and fault injection are identical across engines.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from recipes.gpt.engines.base import Engine, engine_name
+from recipes.gpt.engines.base import Engine
 
 
 def build_engine(cfg: Any, ctx: Any) -> Engine:
-    name = engine_name(cfg)
+    name = ctx.layout.engine
     if name == "ddp":
         from recipes.gpt.engines.ddp import DDPEngine
 
@@ -25,4 +26,4 @@ def build_engine(cfg: Any, ctx: Any) -> Engine:
         from recipes.gpt.engines.megatron import MegatronEngine
 
         return MegatronEngine(cfg, ctx)
-    raise ValueError(f"parallelism.engine={name!r} is not one of ddp, deepspeed, megatron")
+    raise ValueError(f"layout engine {name!r} is not one of ddp, deepspeed, megatron")

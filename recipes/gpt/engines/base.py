@@ -7,26 +7,17 @@ from typing import Any, Callable, ContextManager, Dict, List, Tuple
 import torch
 from torch import nn
 
-from recipes.common.seeding import dropout_seed, seed_everything
+from launcher.schema import enum_value
+from launcher.seeding import dropout_seed
+from recipes.common.seeding import seed_everything
 from recipes.gpt.model import GPT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
 
-def as_str(value: Any) -> str:
-    """Enum or str -> its plain string value."""
-    return str(getattr(value, "value", value))
-
-
-def engine_name(cfg: Any) -> str:
-    from launcher.layout import engine_for  # resolves "auto" from the layout
-
-    return engine_for(cfg)
-
-
 def dtype_name(cfg: Any) -> str:
-    name = as_str(cfg.precision.dtype)
+    name = enum_value(cfg.precision.dtype)
     if name not in DTYPES:
         raise ValueError(f"precision.dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return name
@@ -47,7 +38,7 @@ def build_model(cfg: Any, rank_for_dropout: int) -> GPT:
     """The full GPT with the same init on every rank (seeded before construction); dropout
     masks then differ per data-parallel replica."""
     seed_everything(int(cfg.seed))
-    model = GPT(cfg.model, recompute=as_str(cfg.train.recompute))
+    model = GPT(cfg.model, recompute=enum_value(cfg.train.recompute))
     torch.manual_seed(dropout_seed(int(cfg.seed), rank_for_dropout))
     return model
 
@@ -59,16 +50,19 @@ def param_groups(params: List[Tuple[str, nn.Parameter]], weight_decay: float) ->
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
-    name = as_str(getattr(optim, "name", "adamw")).lower()
+def adamw_kwargs(optim: Any) -> Dict[str, Any]:
+    """The AdamW hyper-parameters of ``cfg.optim`` (lr, betas, eps) as keyword arguments, the same for
+    every AdamW an engine builds (torch's, ZeroRedundancyOptimizer's, DeepSpeedCPUAdam's); the weight
+    decay goes per group (``param_groups``). Refuses any optimizer other than AdamW."""
+    name = enum_value(getattr(optim, "name", "adamw")).lower()
     if name != "adamw":
         raise ValueError(f"optim.name={name!r} is not supported by recipes.gpt (only 'adamw')")
-    return torch.optim.AdamW(
-        param_groups(list(model.named_parameters()), float(optim.weight_decay)),
-        lr=float(optim.lr),
-        betas=(float(optim.beta1), float(optim.beta2)),
-        eps=float(optim.eps),
-    )
+    return dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
+
+
+def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(list(model.named_parameters()), float(optim.weight_decay)),
+                             **adamw_kwargs(optim))
 
 
 def tensor_bytes(tensors) -> int:

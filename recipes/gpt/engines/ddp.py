@@ -1,4 +1,5 @@
-"""Plain data parallelism with torch DistributedDataParallel (tp = pp = 1, no ZeRO)."""
+"""Plain data parallelism with torch DistributedDataParallel (tp = pp = 1, no ZeRO: the layouts the
+launcher's rules give this engine)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,11 +17,9 @@ from recipes.gpt.model import count_parameters
 
 class DDPEngine(Engine):
     def __init__(self, cfg: Any, ctx: Any) -> None:
-        tp, pp = int(cfg.parallelism.tp), int(cfg.parallelism.pp)
-        if tp * pp != 1:
-            raise ValueError(f"parallelism.engine=ddp is data parallel only: parallelism.tp={tp}, parallelism.pp={pp}")
+        layout = ctx.layout  # data parallel only (tp = pp = 1): the launcher's layout rules hold
         self.world = int(ctx.world_size)
-        self.dp, self.dp_rank = self.world, int(ctx.rank)
+        self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
         self.model = build_model(cfg, self.dp_rank).to(self.device)
         self.num_params = count_parameters(self.model)

@@ -1,7 +1,10 @@
 """Data parallelism with DeepSpeed ZeRO stages 0-3 (tp = pp = 1), optimizer / parameter offload.
 
-The DeepSpeed config is generated from the run config by ``recipes.common.ds_config`` and archived
-as ``<run_dir>/deepspeed_config.json`` by rank 0. The model is built exactly as for DDP
+The DeepSpeed config is generated from the run config and the run's layout (``ctx.layout``: dp,
+ZeRO stage, offload, gradient accumulation) by ``recipes.common.ds_config`` and archived in the run
+dir by rank 0 (``ctx.rundir.write_deepspeed_config``). Which layouts this engine gets (tp = pp = 1;
+no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
+launcher's rule table's business (``launcher.layout.RULES``). The model is built exactly as for DDP
 (``base.build_model``: same seed, same init); the client optimizer is torch AdamW with the same
 param groups (no weight decay on ndim < 2), except with ``zero.offload_optimizer`` where
 DeepSpeed's host optimizer DeepSpeedCPUAdam (same groups, AdamW mode) steps the offloaded fp32
@@ -29,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from recipes.common.ds_config import deepspeed_config
-from recipes.gpt.engines.base import Batch, Engine, adamw, build_model, dtype_name, param_groups
+from recipes.gpt.engines.base import Batch, Engine, adamw, adamw_kwargs, build_model, dtype_name, param_groups
 from recipes.gpt.model import count_parameters
 
 
@@ -77,45 +80,31 @@ def _cpu_adam(model: torch.nn.Module, optim: Any):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     return DeepSpeedCPUAdam(
-        param_groups(list(model.named_parameters()), float(optim.weight_decay)),
-        lr=float(optim.lr),
-        betas=(float(optim.beta1), float(optim.beta2)),
-        eps=float(optim.eps),
-        adamw_mode=True,
+        param_groups(list(model.named_parameters()), float(optim.weight_decay)), adamw_mode=True,
+        **adamw_kwargs(optim),
     )
 
 
 class DeepSpeedEngine(Engine):
     def __init__(self, cfg: Any, ctx: Any) -> None:
-        tp, pp = int(cfg.parallelism.tp), int(cfg.parallelism.pp)
-        if tp * pp != 1:
-            raise ValueError(f"parallelism.engine=deepspeed is data parallel only: parallelism.tp={tp}, parallelism.pp={pp}")
-        self.stage = int(cfg.zero.stage)
+        layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's layout rules hold
+        self.stage = int(layout.zero)
         self.dtype = dtype_name(cfg)
-        if self.dtype == "fp16" and self.stage == 0:
-            raise ValueError(
-                "precision.dtype=fp16 with parallelism.engine=deepspeed needs zero.stage >= 1: at stage 0 "
-                "DeepSpeed (<= 0.19) never scales the loss but still divides the gradients by the loss scale "
-                "(deepspeedai/DeepSpeed#8393), so updates come out ~2**precision.initial_scale_power times "
-                "too small. Use zero=1 (or 2, 3), precision=bf16, or parallelism.engine=ddp."
-            )
         deepspeed = _import_deepspeed()
         # torch.distributed is already up (launcher runtime); DeepSpeed wraps the existing group.
         _init_comm(deepspeed, ctx.backend)
         self.world = int(ctx.world_size)
-        self.dp, self.dp_rank = self.world, int(ctx.rank)
+        self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
-        self.config = deepspeed_config(cfg, self.dp)
+        self.config = deepspeed_config(cfg, layout)
         if ctx.is_main:
-            from launcher.archive.atomic import write_json
-
-            write_json(os.path.join(str(ctx.run_dir), "deepspeed_config.json"), self.config)
+            ctx.rundir.write_deepspeed_config(self.config)
 
         model = build_model(cfg, self.dp_rank)
         self.num_params = count_parameters(model)
         model.train()
-        self.offload_optimizer = bool(cfg.zero.offload_optimizer)
-        self.offload_params = bool(cfg.zero.offload_params)
+        self.offload_optimizer = bool(layout.offload_optimizer)
+        self.offload_params = bool(layout.offload_params)
         client = _cpu_adam(model, cfg.optim) if self.offload_optimizer else adamw(model, cfg.optim)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client, config=self.config, dist_init_required=False

@@ -1,7 +1,11 @@
 """Megatron-style model parallelism: dp x pp x tp over a torch DeviceMesh.
 
-- Mesh (``recipes.gpt.parallel.mesh``): rank = dp_idx*(pp*tp) + pp_idx*tp + tp_idx; TP ranks adjacent
-  (inside a node), PP next, DP outermost. Every rank writes ``ranks/mesh_<rank>.json``.
+- Layout: dp, tp, pp, ZeRO, sequence parallelism and the micro-batches per step are the run's
+  ``ctx.layout``, resolved and checked against ``launcher.layout.RULES`` at launch (divisibility of
+  heads / ffn / vocab / layers / seq_len, ZeRO <= 1, no offload, >= pp micro-batches with pp > 1).
+- Mesh (``recipes.gpt.parallel.mesh``): the layout's placement, rank = dp_idx*(pp*tp) + pp_idx*tp +
+  tp_idx; TP ranks adjacent (inside a node), PP next, DP outermost. Every rank records its place
+  through ``ctx.rundir.write_mesh``.
 - Tensor parallelism (``recipes.gpt.parallel.tensor_parallel``): column-parallel qkv (split by heads)
   and fc1, row-parallel proj and fc2, vocab-parallel embedding, head and cross entropy (logits never
   gathered), optional sequence parallelism.
@@ -27,12 +31,13 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from recipes.common.data import grad_accum_steps
+from launcher.schema import enum_value
 from recipes.gpt.engines.base import (
-    Batch, Engine, as_str, autocast_for, build_model, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
+    Batch, Engine, adamw_kwargs, autocast_for, build_model, dtype_name, optimizer_state_bytes, param_groups,
+    tensor_bytes,
 )
 from recipes.gpt.model import count_parameters
-from recipes.gpt.parallel.mesh import build_mesh, write_placement
+from recipes.gpt.parallel.mesh import build_mesh, placement_record
 from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
 from recipes.gpt.parallel.tensor_parallel import TPContext, vocab_parallel_cross_entropy
 
@@ -82,40 +87,22 @@ class LossScaler:
 
 class MegatronEngine(Engine):
     def __init__(self, cfg: Any, ctx: Any) -> None:
-        par, m = cfg.parallelism, cfg.model
-        self.tp, self.pp = int(par.tp), int(par.pp)
-        world = int(ctx.world_size)
-        if world % (self.tp * self.pp):
-            raise ValueError(f"parallelism.tp*parallelism.pp = {self.tp}*{self.pp} does not divide the world size {world}")
-        dp = world // (self.tp * self.pp)
-        if par.dp is not None and int(par.dp) != dp:
-            raise ValueError(f"parallelism.dp={par.dp} but world {world} / (tp*pp) = {dp}")
-        self.zero = int(cfg.zero.stage)
-        if self.zero > 1:
-            raise ValueError(f"zero.stage={self.zero}: the megatron engine supports ZeRO stage 0 or 1")
-        if cfg.zero.offload_optimizer or cfg.zero.offload_params:
-            raise ValueError("zero.offload_*: offload needs the deepspeed engine")
-        self.sequence_parallel = bool(par.sequence_parallel) and self.tp > 1
-        self._check_model(m)
-        accum = grad_accum_steps(int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size), dp)
-        if self.pp > 1 and accum < self.pp:
-            raise ValueError(
-                f"pipeline parallelism needs at least pp={self.pp} micro-batches per step, but "
-                f"train.global_batch_size / (dp * train.micro_batch_size) = {cfg.train.global_batch_size} / "
-                f"({dp} * {cfg.train.micro_batch_size}) = {accum}: raise train.global_batch_size or lower train.micro_batch_size"
-            )
+        layout, m = ctx.layout, cfg.model
+        self.tp, self.pp, self.zero = int(layout.tp), int(layout.pp), int(layout.zero)
+        self.sequence_parallel = bool(layout.sequence_parallel)
         self.device = torch.device(ctx.device)
         self.rank = int(ctx.rank)
 
-        self.mesh = build_mesh(dp, self.pp, self.tp, self.rank, self.device.type)
-        self.dp, self.dp_rank = dp, self.mesh.dp_rank
-        write_placement(ctx.run_dir, self.mesh, {"local_rank": int(ctx.local_rank), "node_rank": int(ctx.node_rank)})
+        self.mesh = build_mesh(layout, self.rank, self.device.type)
+        self.dp, self.dp_rank = int(layout.dp), self.mesh.dp_rank
+        ctx.rundir.write_mesh(self.rank, placement_record(
+            self.mesh, {"local_rank": int(ctx.local_rank), "node_rank": int(ctx.node_rank)}))
         self.tp_ctx = TPContext(group=self.mesh.tp_group, rank=self.mesh.tp_rank, size=self.tp,
                                 sequence_parallel=self.sequence_parallel)
 
         full = build_model(cfg, self.dp_rank)  # same init everywhere; dropout seeded per dp replica
         self.num_params = count_parameters(full)
-        self.recompute = as_str(cfg.train.recompute)
+        self.recompute = enum_value(cfg.train.recompute)
         self.autocast = autocast_for(cfg, self.device.type)
         self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast)
         del full  # keep only this rank's slices
@@ -137,7 +124,7 @@ class MegatronEngine(Engine):
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
 
-        self.micro_batch = int(cfg.train.micro_batch_size)
+        self.micro_batch = int(layout.micro_batch_size)
         self.seq_len = int(m.seq_len)
         self.hidden = int(m.hidden_size)
         self._schedule = None
@@ -146,29 +133,10 @@ class MegatronEngine(Engine):
 
     # ------------------------------------------------------------------------------ setup
 
-    def _check_model(self, m: Any) -> None:
-        tp, pp = self.tp, self.pp
-        problems = []
-        if int(m.num_heads) % tp:
-            problems.append(f"model.num_heads={m.num_heads} is not divisible by parallelism.tp={tp}")
-        if int(m.ffn_hidden_size) % tp:
-            problems.append(f"model.ffn_hidden_size={m.ffn_hidden_size} is not divisible by parallelism.tp={tp}")
-        if int(m.vocab_size) % tp:
-            problems.append(f"model.vocab_size={m.vocab_size} is not divisible by parallelism.tp={tp}")
-        if int(m.num_layers) % pp:
-            problems.append(f"model.num_layers={m.num_layers} is not divisible by parallelism.pp={pp}")
-        if self.sequence_parallel and int(m.seq_len) % tp:
-            problems.append(f"parallelism.sequence_parallel needs model.seq_len={m.seq_len} divisible by tp={tp}")
-        if problems:
-            raise ValueError("; ".join(problems))
-
     def _build_optimizer(self, optim: Any) -> torch.optim.Optimizer:
-        name = as_str(getattr(optim, "name", "adamw")).lower()
-        if name != "adamw":
-            raise ValueError(f"optim.name={name!r} is not supported by recipes.gpt (only 'adamw')")
+        kw = adamw_kwargs(optim)
         named = [(n, p) for n, p in self.stage.named_parameters() if p.requires_grad]
         groups = [g for g in param_groups(named, float(optim.weight_decay)) if g["params"]]
-        kw = dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
         if self.zero == 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -100,12 +100,7 @@ def build_schedule(stage_module: GPTStage, mesh: Any, n_microbatches: int, micro
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     tp = stage_module.tp
-    if n_microbatches < mesh.pp:
-        raise ValueError(
-            f"1F1B needs at least pp={mesh.pp} micro-batches per step, got {n_microbatches} "
-            "(train.global_batch_size / (dp * train.micro_batch_size)): raise train.global_batch_size "
-            "or lower train.micro_batch_size"
-        )
+    # n_microbatches >= pp: a layout rule (launcher.layout.RULES), and Schedule1F1B's own check
     # requires_grad matters: it tells the stage to compute and send the input gradient upstream
     act = torch.empty(activation_shape(micro_batch, seq_len, hidden, tp), dtype=torch.float32, device=device,
                       requires_grad=True)
