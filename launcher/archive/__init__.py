@@ -1,1 +1,2 @@
-"""Run archive: what each run dir holds, and the index over all of them."""
+"""What goes into a run's archive (code snapshot, software, topology, secrets scrubbing), run
+comparison, and the SQLite index over all run dirs. The run dir's files are named by launcher.rundir."""

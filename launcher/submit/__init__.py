@@ -1,1 +1,1 @@
-"""Submission: turn validated run configs into submitit jobs (local processes or one Slurm array)."""
+"""Submission: the launch pipeline (check, stage, submit, publish), waiting, and reproduce."""
