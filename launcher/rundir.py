@@ -284,17 +284,26 @@ class RunDir:
         return done
 
     # ---- seal ------------------------------------------------------------------------------------
+    def _files(self) -> Dict[str, str]:
+        return {str(p.relative_to(self.path)): _sha256(p) for p in sorted(self.path.rglob("*"))
+                if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")}
+
+    def _snapshot_digest(self) -> Optional[Dict[str, str]]:
+        """The shared code snapshot this run executes (outside the run dir), hashed file by file."""
+        path = self.snapshot().get("path")
+        if not path or not Path(path).is_dir():
+            return None
+        return {"path": str(path), "sha256": tree_sha256(Path(path))}
+
     def seal(self) -> Dict[str, Any]:
-        """manifest.json with the sha256 of every file, then every file read-only. Idempotent."""
-        files = {}
-        for p in sorted(self.path.rglob("*")):
-            if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp"):
-                files[str(p.relative_to(self.path))] = _sha256(p)
-        manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
-                    "files": files}
+        """manifest.json with the sha256 of every file and of the code snapshot, then every file
+        read-only. Once: an existing manifest is never rewritten (a re-seal would hide tampering)."""
         mpath = self._p(self.MANIFEST)
-        if mpath.exists():
-            os.chmod(mpath, 0o644)
+        existing = atomic.read_json(mpath)
+        if existing:
+            return existing
+        manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
+                    "files": self._files(), "snapshot": self._snapshot_digest()}
         atomic.write_json(mpath, manifest)
         for p in self.path.rglob("*"):
             if p.is_file():
@@ -302,12 +311,33 @@ class RunDir:
         return manifest
 
     def verify(self) -> List[str]:
-        """Files whose content no longer matches the manifest (empty = intact)."""
+        """What no longer matches the seal (empty = intact): files changed, missing or added, the code
+        snapshot changed, or a finished run without its manifest. An unfinished, unsealed run is
+        intact by definition."""
         manifest = atomic.read_json(self._p(self.MANIFEST))
         if not manifest:
-            return [f"{self.MANIFEST} missing"]
-        return [rel for rel, digest in manifest["files"].items()
-                if not (self.path / rel).is_file() or _sha256(self.path / rel) != digest]
+            return [f"{self.MANIFEST} missing for a finished run"] if self.is_final() else []
+        now = self._files()
+        sealed = manifest.get("files", {})
+        problems = [f"{rel} changed" for rel, digest in sealed.items() if rel in now and now[rel] != digest]
+        problems += [f"{rel} missing" for rel in sealed if rel not in now]
+        problems += [f"{rel} added after the seal" for rel in now if rel not in sealed]
+        snap = manifest.get("snapshot")
+        if snap:
+            if not Path(snap["path"]).is_dir():
+                problems.append(f"code snapshot {snap['path']} missing")
+            elif tree_sha256(Path(snap["path"])) != snap["sha256"]:
+                problems.append(f"code snapshot {snap['path']} changed")
+        return problems
+
+
+def tree_sha256(root: Path) -> str:
+    """One digest of every file under ``root`` (relative path and content)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + _sha256(p).encode())
+    return h.hexdigest()
 
 
 def _sha256(path: Path) -> str:

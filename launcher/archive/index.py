@@ -7,6 +7,7 @@ login-node side (launch, the CLI) writes it; compute nodes write only their own 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -71,11 +72,19 @@ def rows(conn: sqlite3.Connection) -> List[Dict[str, Any]]:
 
 
 def replace_all(root: Path, new_rows: List[Dict[str, Any]]) -> None:
-    """Rebuild the index in one transaction: readers see the old index or the new one."""
-    with closing(connect(root)) as conn:
+    """Rebuild the index into a new file, then rename it over the old one: readers see the old index
+    or the new one, and an unreadable (corrupt) old file does not matter."""
+    path = db_path(root)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    conn = sqlite3.connect(str(tmp), timeout=60)
+    try:
         with conn:
-            conn.execute("DELETE FROM runs")
+            conn.executescript(SCHEMA)
             conn.executemany(_INSERT, _tuples(new_rows))
+    finally:
+        conn.close()
+    os.replace(tmp, path)
 
 
 def lookup(value: Any, dotted: str) -> Optional[Any]:

@@ -7,6 +7,8 @@ from its backend (Slurm: sacct/squeue; local: the process table).
 from __future__ import annotations
 
 import os
+import sqlite3
+import sys
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
@@ -79,11 +81,21 @@ def reindex(root: Optional[Path] = None) -> int:
     return len(found)
 
 
+def _rebuild_unreadable(root: Path, err: Exception) -> None:
+    print(f"launcher: the run index {index.db_path(root)} is unreadable ({err}); rebuilding it from the run "
+          "dirs", file=sys.stderr)
+    reindex(root)
+
+
 def record(root: Path, run_dirs: Iterable[Path]) -> None:
-    """Add or refresh the index rows of these run dirs (called by launch after submission)."""
+    """Add or refresh the index rows of these run dirs (called by launch after submission). An
+    unreadable index is rebuilt from the run dirs (they are the truth)."""
     new = [r for r in (row_from_dir(Path(d)) for d in run_dirs) if r]
-    with closing(index.connect(root)) as conn:
-        index.upsert(conn, new)
+    try:
+        with closing(index.connect(root)) as conn:
+            index.upsert(conn, new)
+    except sqlite3.DatabaseError as e:
+        _rebuild_unreadable(Path(root), e)
 
 
 def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -113,6 +125,14 @@ def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[st
     root = Path(root) if root else default_root()
     if not root.is_dir():
         return []
+    try:
+        return _list(root, refresh)
+    except sqlite3.DatabaseError as e:
+        _rebuild_unreadable(root, e)
+        return _list(root, refresh)
+
+
+def _list(root: Path, refresh: bool) -> List[Dict[str, Any]]:
     with closing(index.connect(root)) as conn:
         rows = index.rows(conn)
         known = {r["sweep_id"] for r in rows}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -142,8 +143,16 @@ class SlurmBackend(Backend):
                     out[jid.strip()] = st
         return out
 
-    def cancel(self, job: Dict[str, Any]) -> None:
+    def cancel(self, job: Dict[str, Any], wait_s: float = 60.0) -> None:
+        """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
+        of it writes into the run dir after the launcher seals it."""
         subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            state = self.states([job]).get(str(job["job_id"]))
+            if state is None or state.ended:
+                return
+            time.sleep(1.0)
 
 
 BACKEND = SlurmBackend()

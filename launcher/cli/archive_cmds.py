@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rich.markup import escape
+
 from launcher.archive import compare
 from launcher.rundir import RunDir
 
@@ -35,48 +37,67 @@ def cmd_show(args) -> int:
         "software": rd.software(),
         "runtime": rd.runtime(),
         "job": rd.job() or None,
-        "manifest_problems": rd.verify() if rd.is_sealed() else None,
+        "manifest_problems": rd.verify(),
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
     }
+    tampered = 1 if summary["manifest_problems"] else 0
     if args.json:
         print(compare.to_json(summary))
-        return 0
+        return _report_tampering({rdir: summary["manifest_problems"]}, "show") or tampered
     from rich.console import Console
     from rich.table import Table
 
-    c = Console()
-    c.print(f"[bold]{meta.get('run_id')}[/bold]  {st.get('status')}  exit {st.get('exit_code')}  {rdir}")
+    c = Console(highlight=False)
+    c.print(f"[bold]{escape(str(meta.get('run_id')))}[/bold]  {st.get('status')}  exit {st.get('exit_code')}  "
+            f"{escape(str(rdir))}")
     t = Table(show_header=False)
     layout = meta.get("layout", {})
-    t.add_row("layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
+    _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
                         f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
-    t.add_row("seed", str(meta.get("seed")))
-    t.add_row("code", f"commit {summary['code']['commit']}  dirty {summary['code']['dirty']}  "
+    _row(t, "seed", str(meta.get("seed")))
+    _row(t, "code", f"commit {summary['code']['commit']}  dirty {summary['code']['dirty']}  "
                       f"snapshot {str(summary['code']['snapshot_sha256'])[:12]}")
     topo = summary["topology"]
-    t.add_row("hosts", ", ".join(map(str, topo["rank_hosts"])))
-    t.add_row("job", str((summary["job"] or {}).get("job_id")))
+    _row(t, "hosts", ", ".join(map(str, topo["rank_hosts"])))
+    _row(t, "job", str((summary["job"] or {}).get("job_id")))
     s = st.get("summary") or {}
     if s:
-        t.add_row("metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
+        _row(t, "metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
                              f"{s.get('mean_tokens_per_s') or 0:,.0f} tokens/s")
     if st.get("error"):
-        t.add_row("error", st["error"])
+        _row(t, "error", st["error"])
     if summary["manifest_problems"]:
-        t.add_row("manifest", "CHANGED: " + ", ".join(summary["manifest_problems"]))
+        _row(t, "manifest", "DOES NOT MATCH THE SEAL: " + ", ".join(summary["manifest_problems"]))
     if meta.get("reproduces"):
-        t.add_row("reproduces", meta["reproduces"])
+        _row(t, "reproduces", meta["reproduces"])
     c.print(t)
-    return 0
+    return _report_tampering({rdir: summary["manifest_problems"]}, "show")
+
+
+def _row(table, key: str, value: str) -> None:
+    """Archived text (errors, paths, hosts) is shown as it is, never read as rich markup."""
+    from rich.text import Text
+
+    table.add_row(key, Text(str(value)))
+
+
+def _report_tampering(problems: dict, cmd: str) -> int:
+    """Print every run whose archive no longer matches its seal; 1 if there is one."""
+    bad = {rdir: p for rdir, p in problems.items() if p}
+    for rdir, p in bad.items():
+        print(f"launcher {cmd}: {rdir} DOES NOT MATCH ITS SEAL (manifest.json): {'; '.join(p)}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def cmd_diff(args) -> int:
     a = resolve_run_dir(args._root, args.run_a)
     b = resolve_run_dir(args._root, args.run_b)
+    problems = {a: RunDir(a).verify(), b: RunDir(b).verify()}
     d = compare.diff_runs(a, b)
+    d["tampered"] = {str(k): v for k, v in problems.items() if v}
     if args.json:
         print(compare.to_json(d))
-        return 0
+        return _report_tampering(problems, "diff")
     for section in ("config", "seeds", "topology", "code"):
         items = d[section]
         print(f"{section}: {'same' if not items else ''}")
@@ -88,7 +109,7 @@ def cmd_diff(args) -> int:
     else:
         print(f"metrics: loss curves differ (steps {m['steps'][0]} vs {m['steps'][1]}, first different step "
               f"{m['first_different_step']}, max |diff| {m['max_abs_diff']})")
-    return 0
+    return _report_tampering(problems, "diff")
 
 
 def cmd_reproduce(args) -> int:
@@ -97,6 +118,10 @@ def cmd_reproduce(args) -> int:
     from launcher.submit.reproduce import reproduce
 
     rdir = resolve_run_dir(args._root, args.run)
+    if _report_tampering({rdir: RunDir(rdir).verify()}, "reproduce"):
+        print("launcher reproduce: refusing to reproduce an archive that changed after it was sealed",
+              file=sys.stderr)
+        return 2
     try:
         reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None)
     except (InvalidSweep, ConfigErrors, FileNotFoundError) as e:

@@ -60,14 +60,21 @@ def cmd_runs(args) -> int:
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
+    if not runs:
+        print(f"no runs under {_root(args)}" + (" matching the filters" if args.filters or args.sweep or args.status
+                                                or args.tag else ""), file=sys.stderr)
+        return 0
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
+    from rich.text import Text
 
-    table = Table("run_id", "status", "job", "loss", "tokens/s", "dir")
+    # ids are what users copy into show/diff/reproduce: never cut; a long dir folds instead
+    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("job", no_wrap=True),
+                  "loss", "tokens/s", Column("dir", overflow="fold"))
     for r in runs:
         loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else ""
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else ""
-        table.add_row(r["run_id"], r["status"], str(r.get("job_id") or ""), loss, tps, r["dir"])
+        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r.get("job_id") or "", loss, tps, r["dir"])))
     Console().print(table)
     return 0
 
@@ -97,10 +104,13 @@ def cmd_cancel(args) -> int:
             continue
         rd = RunDir(run["dir"])
         job = rd.job()
+        # the outcome first (a final status is written once), then stop the job: a rank that notices
+        # cannot record anything else
+        if rd.finish("cancelled", seal=False, exit_code=None, error="cancelled by user"):
+            n += 1
         if job.get("job_id"):
             backends.get(job["backend"]).cancel(job)
-        if rd.finish("cancelled", exit_code=None, error="cancelled by user"):
-            n += 1
+        rd.seal()
     print(f"cancelled {n} run(s)")
     return 0
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, List
+
+from rich.text import Text
 
 from launcher.rundir import FINAL, Status
 
@@ -47,8 +50,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                     pending.discard(i)
                     progress.update(tasks[i], info=_final_status(r))
             if timeout_s and time.time() - t0 > timeout_s:
-                for i in pending:
-                    runs[i].job.cancel(check=False)
+                _cancel_after_timeout([runs[i] for i in pending], timeout_s)
                 break
             if pending:
                 time.sleep(poll_s)
@@ -64,6 +66,28 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         if loss is not None and first is not None and tps:
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
-            extra = r.rundir.status().get("error", "") + f"  (logs: {r.job.paths.stderr})"
-        console.print(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}")
+            extra = f"{status.get('error', '')}  (logs: {log_of_failure(r)})"
+        console.print(Text(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}"))
     return ok
+
+
+def log_of_failure(run) -> Path:
+    """The stderr log of the rank that failed first (rank 0 when no rank recorded a failure)."""
+    from launcher import backends
+
+    job = run.rundir.job()
+    rank = int(run.rundir.status().get("failed_rank") or 0)
+    return backends.get(job["backend"]).log_path(job, rank, err=True)
+
+
+def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
+    """submit.wait_timeout_s reached: cancel the jobs, wait until they have ended (their ranks no
+    longer write), then record the outcome and seal."""
+    for r in runs:
+        r.job.cancel(check=False)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and not all(r.job.done() for r in runs):
+        time.sleep(0.5)
+    for r in runs:
+        r.rundir.finish("cancelled", exit_code=None,
+                        error=f"cancelled: submit.wait_timeout_s={timeout_s} reached before the run ended")

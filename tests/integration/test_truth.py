@@ -1,0 +1,224 @@
+"""The archive tells the truth: tampering is found by show/diff/reproduce (non-zero exit), a seal is
+never rewritten, cancel and the wait timeout stop the processes before recording `cancelled`, a
+corrupt index is rebuilt, and text that looks like rich markup is printed as it is."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, REPO, launch, run_cmd, runs_json, wait_final
+from launcher.backends.local import pid_alive
+from launcher.rundir import RunDir
+
+pytestmark = [pytest.mark.timeout(600)]
+
+QUICK = ["train.steps=6", "optim.warmup_steps=0", "train.log_interval=0", "wandb.enabled=false",
+         "cluster.gpus_per_node=1"]
+LONG = ["train.steps=100000", "optim.warmup_steps=0", "train.log_interval=0", "wandb.enabled=false",
+        "cluster.gpus_per_node=2"]
+
+
+def launcher(args, runs_root, **kw) -> subprocess.CompletedProcess:
+    return run_cmd([str(BIN / "launcher"), *args, "--root", str(runs_root)], runs_root, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two sealed local runs of one sweep (seeds 1 and 2)."""
+    root = tmp_path_factory.mktemp("truth") / "runs"
+    res = launch(["-m", *QUICK, "seed=1,2"], root, timeout=400)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    runs = runs_json(root)
+    assert [r["status"] for r in runs] == ["completed", "completed"]
+    for r in runs:
+        assert RunDir(r["dir"]).verify() == []
+    return root, runs
+
+
+def _copy_run(run, dest_root: Path, name: str) -> Path:
+    """A copy of a sealed run dir to tamper with (the original stays intact)."""
+    dest = dest_root / name / "0"
+    shutil.copytree(run["dir"], dest)
+    return dest
+
+
+def _writable(path: Path) -> Path:
+    os.chmod(path, path.stat().st_mode | stat.S_IWUSR)
+    return path
+
+
+@pytest.mark.parametrize("tamper,expect", [
+    ("edit_config", "config.yaml changed"),
+    ("delete_manifest", "manifest.json missing"),
+    ("add_file", "notes.txt added after the seal"),
+    ("delete_status", "status.json missing"),
+])
+def test_show_and_diff_find_tampering(two_runs, tmp_path, tamper, expect):
+    root, runs = two_runs
+    rdir = _copy_run(runs[0], tmp_path, tamper)
+    if tamper == "edit_config":
+        cfg = _writable(rdir / "config.yaml")
+        cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.1"))
+    elif tamper == "delete_manifest":
+        (rdir / "manifest.json").unlink()
+    elif tamper == "add_file":
+        (rdir / "notes.txt").write_text("added later")
+    elif tamper == "delete_status":
+        (rdir / "status.json").unlink()
+    show = launcher(["show", str(rdir)], root)
+    assert show.returncode == 1, show.stdout + show.stderr
+    assert "DOES NOT MATCH ITS SEAL" in show.stderr and expect in show.stderr, show.stderr
+    diff = launcher(["diff", str(rdir), runs[1]["dir"]], root)
+    assert diff.returncode == 1 and expect in diff.stderr, diff.stdout + diff.stderr
+    intact = launcher(["show", runs[1]["dir"]], root)
+    assert intact.returncode == 0, intact.stderr
+
+
+def test_reproduce_refuses_a_tampered_run_and_launches_nothing(two_runs, tmp_path):
+    root, runs = two_runs
+    rdir = _copy_run(runs[0], root, "copied-sweep")
+    cfg = _writable(rdir / "config.yaml")
+    cfg.write_text(cfg.read_text().replace("seed: 1", "seed: 7"))
+    before = sorted(p.name for p in root.iterdir())
+    res = launcher(["reproduce", str(rdir)], root)
+    assert res.returncode == 2 and "config.yaml changed" in res.stderr, res.stdout + res.stderr
+    assert sorted(p.name for p in root.iterdir()) == before
+    shutil.rmtree(root / "copied-sweep")
+
+
+def test_a_seal_is_never_rewritten(tmp_path):
+    """Deleting status.json and letting the registry record an outcome must not re-seal over the
+    evidence: the old manifest stays and still shows the change."""
+    rd = RunDir(tmp_path / "run")
+    rd.set_status("running")
+    rd.write_seeds({"seed": 1})
+    assert rd.finish("completed", exit_code=0)
+    sealed = (rd.path / "manifest.json").read_text()
+    os.chmod(rd.path / "status.json", 0o644)
+    (rd.path / "status.json").unlink()
+    assert rd.finish("failed", error="lost")  # a new status may be recorded ...
+    assert (rd.path / "manifest.json").read_text() == sealed  # ... but the seal is not rewritten
+    assert "status.json changed" in rd.verify()
+
+
+def test_an_edited_code_snapshot_is_found(two_runs, tmp_path):
+    root, runs = two_runs
+    snap = Path(RunDir(runs[1]["dir"]).snapshot()["path"])
+    train = _writable(snap / "recipes" / "gpt" / "train.py")
+    train.write_text(train.read_text() + "\n# edited after the run\n")
+    show = launcher(["show", runs[1]["dir"]], root)
+    assert show.returncode == 1 and "code snapshot" in show.stderr and "changed" in show.stderr, show.stderr
+    diff = launcher(["diff", runs[0]["dir"], runs[1]["dir"]], root)
+    assert diff.returncode == 1, diff.stdout + diff.stderr
+
+
+def _wait_for_ranks(run_dir: Path, n: int, timeout: float = 120) -> list:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ranks = RunDir(run_dir).ranks()
+        if len(ranks) == n and RunDir(run_dir).metrics():
+            return ranks
+        time.sleep(0.5)
+    raise AssertionError(f"ranks of {run_dir} never started")
+
+
+def test_cancel_stops_a_local_run_and_records_cancelled(tmp_path):
+    root = tmp_path / "runs"
+    # the local job keeps launch's stdout: capture into a file, not a pipe that stays open
+    with open(tmp_path / "launch.log", "w") as log:
+        res = subprocess.run([str(BIN / "launch"), *LONG, "submit.wait=false"], stdout=log, stderr=log, timeout=120,
+                             env=dict(os.environ, LAUNCHER_RUNS=str(root)), cwd=str(tmp_path))
+    assert res.returncode == 0, (tmp_path / "launch.log").read_text()
+    (run,) = runs_json(root)
+    ranks = _wait_for_ranks(Path(run["dir"]), 2)
+    res = launcher(["cancel", run["run_id"]], root)
+    assert res.returncode == 0 and "cancelled 1 run(s)" in res.stdout, res.stdout + res.stderr
+    deadline = time.time() + 30
+    while time.time() < deadline and any(pid_alive(r["pid"]) for r in ranks):
+        time.sleep(0.2)
+    assert not any(pid_alive(r["pid"]) for r in ranks), "rank processes still running after cancel"
+    assert not pid_alive(int(run["job_id"]))
+    time.sleep(2)  # nothing of the job writes after this
+    st = RunDir(run["dir"]).status()
+    assert st["status"] == "cancelled" and st["exit_code"] is None, st
+    assert RunDir(run["dir"]).verify() == []
+    (again,) = runs_json(root)
+    assert again["status"] == "cancelled"
+
+
+def test_wait_timeout_cancels_then_records(tmp_path):
+    root = tmp_path / "runs"
+    res = launch([*LONG, "submit.wait_timeout_s=15"], root, timeout=200)
+    assert res.returncode == 1, res.stdout + res.stderr
+    (run,) = runs_json(root)
+    rd = RunDir(run["dir"])
+    st = rd.status()
+    assert st["status"] == "cancelled" and "wait_timeout_s=15" in st["error"], st
+    assert not any(pid_alive(r["pid"]) for r in rd.ranks())
+    time.sleep(2)
+    assert rd.verify() == []  # no rank wrote into the run after it was sealed
+
+
+def test_a_corrupt_index_is_rebuilt(two_runs, tmp_path):
+    root, runs = two_runs
+    work = tmp_path / "runs"
+    shutil.copytree(root, work, ignore=shutil.ignore_patterns("copied-sweep"))
+    (work / "registry.sqlite").write_bytes(b"this is not a database" * 100)
+    res = launcher(["runs", "--json"], work)
+    assert res.returncode == 0, res.stderr
+    assert {r["run_id"] for r in json.loads(res.stdout)} == {r["run_id"] for r in runs}
+    (work / "registry.sqlite").write_bytes(b"garbage")
+    res = launcher(["runs", "--reindex", "--json"], work)
+    assert res.returncode == 0 and "reindexed 2 run(s)" in res.stderr, res.stderr
+    with sqlite3.connect(str(work / "registry.sqlite")) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+    # launch into a root whose index is corrupt: submitted, archived, indexed
+    (work / "registry.sqlite").write_bytes(b"garbage")
+    res = launch(QUICK, work, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert len(runs_json(work)) == 3
+
+
+def test_markup_looking_text_is_printed_verbatim(tmp_path):
+    """A path or an error holding rich markup ([/x], [bold]) is text, not markup."""
+    root = tmp_path / "[bold]runs[/x]"
+    work = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True, timeout=120)
+    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
+                              capture_output=True, text=True, check=True).stdout.split():
+        if (REPO / rel).is_file():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, work / rel)
+    (work / "markup_recipe.py").write_text(
+        "def main(cfg, ctx):\n    raise RuntimeError('gloo: [/__w/pytorch/pytorch/x.cpp:42] [bold]peer closed[/x]')\n")
+    res = launch([*QUICK, "recipe._target_=markup_recipe.main"], root, timeout=300, cwd=work,
+                 extra_env={"LAUNCHER_CONF_DIR": str(work / "conf")})
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    squeeze = lambda text: "".join(text.split())  # noqa: E731  (rich wraps long lines)
+    assert squeeze("[/__w/pytorch/pytorch/x.cpp:42] [bold]peer closed[/x]") in squeeze(res.stdout)
+    (run,) = runs_json(root)
+    assert run["status"] == "failed"
+    show = launcher(["show", run["run_id"]], root)
+    assert show.returncode == 0, show.stderr
+    assert squeeze("[bold]peer closed[/x]") in squeeze(show.stdout) and "[bold]runs[/x]" in squeeze(show.stdout)
+    table = launcher(["runs"], root, extra_env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert run["run_id"] in table.stdout  # never cut at 80 columns
+
+
+def test_a_failed_rank_points_at_its_own_log(tmp_path):
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "cluster.gpus_per_node=2", "train.fail_at_step=2", "train.fail_rank=1"], root, timeout=300)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    log = f"{run['job_id']}_1_log.err"
+    assert log in "".join(res.stdout.split()), res.stdout
+    assert "injected failure at step 2 on rank 1" in (Path(run["dir"]).parent / ".submitit" / log).read_text()
