@@ -1,9 +1,13 @@
 """Layout: how a run's processes divide the work, and the ONE table of rules a config must obey.
 
 - ``Facts``: the config values the rules look at, flat (from a composed config, or from the planner
-  for a candidate layout). Built once per config.
+  for a candidate layout). Built once per config; ``Facts.values`` is every value of the config by
+  its dotted key, read lazily (only the RUN rules ask; the planner's search never does).
 - ``RULES``: every rule as a row (key, predicate, problem, fix). A row's predicate says when the rule
-  is broken; its key names the config key at fault, its fix says what to change.
+  is broken; its key names the config key at fault, its fix says what to change. The bound rows
+  (a numeric key below its minimum, above its maximum, nan or inf) are generated from the bounds
+  ``launcher.schema`` declares with each key; rows with ``each`` report one error per offending key
+  (unknown keys, control characters in strings).
 - ``Layout`` (as torchtitan's ParallelDims): engine, dp/tp/pp, ZeRO, micro batch and gradient
   accumulation, and where every rank sits (dp x pp x tp mesh, block placement on nodes). The login
   side archives it in run.json; the node, the engines and the planner read that same object.
@@ -12,10 +16,18 @@ Pure (no torch): runs on the login node for every sweep point before anything is
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
-from functools import cached_property
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import ast
+import importlib.machinery
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property, lru_cache
+from operator import attrgetter
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from launcher import schema
 from launcher.schema import enum_value
 
 AXES = ("dp", "pp", "tp")
@@ -81,6 +93,123 @@ class ModelSpec:
         )
 
 
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+SBATCH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+class Values:
+    """Every value of a run config by dotted key (``optim.lr``; list items ``cluster.setup[0]``, mapping
+    entries ``cluster.env.NAME``), resolved, enums as strings. Read from the config the first time a
+    rule asks: building Facts stays cheap, and the planner's search (no config) never pays for it.
+    What the RUN rules find in it is computed once and shared by every ``Facts.with_`` copy."""
+
+    def __init__(self, source: Any = None):
+        self._source = source
+
+    @cached_property
+    def tree(self) -> Dict[str, Any]:
+        """The config as plain dicts and lists (interpolations resolved where they resolve)."""
+        src = self._source
+        if src is None:
+            return {}
+        if isinstance(src, dict):
+            return src
+        from omegaconf import DictConfig, OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(src, DictConfig):
+            try:
+                return OmegaConf.to_container(src, resolve=True, enum_to_str=True)
+            except OmegaConfBaseException:  # an unresolvable interpolation: pipeline._resolve names it
+                return OmegaConf.to_container(src, resolve=False, enum_to_str=True)
+        try:
+            return asdict(src)
+        except TypeError:
+            return {}
+
+    @cached_property
+    def flat(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for key, v in _walk(self.tree, ""):
+            out[key] = v
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.flat.get(key, default) if self._source is not None else default
+
+    @cached_property
+    def unknown_keys(self) -> List[Tuple[str, str]]:
+        """(key, problem) for every key the schema does not declare (Hydra lets '+key=...' add one)."""
+        leaf_keys = {leaf.key for leaf in schema.leaves()}
+        known = leaf_keys | schema.groups()
+        out: List[Tuple[str, str]] = []
+
+        def visit(node: Dict[str, Any], prefix: str) -> None:
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if not prefix and k == "hydra":
+                    continue
+                if key not in known:
+                    close = _close_keys(key, leaf_keys)
+                    out.append((key, "is not a key of the run config (launcher/schema.py declares every key; "
+                                     "a '+' override adds any key without complaint)"
+                                + (f"; did you mean {' or '.join(close)}?" if close else "")))
+                elif key in schema.groups() and isinstance(v, dict):
+                    visit(v, key + ".")
+
+        visit(self.tree, "")
+        return out
+
+    @cached_property
+    def control_chars(self) -> List[Tuple[str, str]]:
+        """(key, problem) for every string value, mapping key or list item holding a control
+        character: a newline ends the #SBATCH or shell line it is written into and the rest runs."""
+        out: List[Tuple[str, str]] = []
+
+        def bad(text: str) -> Optional[str]:  # the value itself is not echoed: it may be a secret
+            m = CONTROL_CHARS.search(text)
+            return None if m is None else (f"contains the control character {m.group()!r} (at {m.start()} of "
+                                           f"{len(text)} characters)")
+
+        def visit(node: Any, key: str) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    why = bad(str(k))
+                    if why:
+                        out.append((key, f"has a key that {why}: {str(k)!r}"))
+                    visit(v, f"{key}.{k}" if key else str(k))
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    visit(v, f"{key}[{i}]")
+            elif isinstance(node, str):
+                why = bad(node)
+                if why:
+                    out.append((key, why))
+
+        visit(self.tree, "")
+        return out
+
+
+def _walk(node: Any, key: str) -> Iterator[Tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from _walk(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list) and node:
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{key}[{i}]")
+    else:
+        yield key, node
+
+
+def _close_keys(key: str, known: Any) -> List[str]:
+    import difflib
+
+    return difflib.get_close_matches(key, sorted(known), n=2, cutoff=0.8)
+
+
+NO_VALUES = Values()
+
+
 @dataclass(frozen=True)
 class Facts:
     """The values the rules read. Run-only fields (lr, steps, ...) default to valid values so the
@@ -106,6 +235,8 @@ class Facts:
     fail_at_step: Optional[int] = None
     fail_rank: int = 0
     backend: str = "local"
+    # every value of the run config (RUN rules); empty for a candidate layout of the planner
+    values: Values = field(default=NO_VALUES, compare=False, hash=False, repr=False)
 
     @cached_property
     def world(self) -> int:
@@ -148,8 +279,8 @@ class Facts:
             offload_optimizer=bool(z.offload_optimizer), offload_params=bool(z.offload_params),
             sequence_parallel=bool(par.sequence_parallel), dtype=enum_value(cfg.precision.dtype),
             steps=tr.steps, lr=float(opt("lr", 1e-3)),
-            warmup_steps=int(opt("warmup_steps", 0)), fail_at_step=tr.fail_at_step, fail_rank=tr.fail_rank,
-            backend=enum_value(cl.backend),
+            warmup_steps=int(opt("warmup_steps", 0) or 0), fail_at_step=tr.fail_at_step, fail_rank=tr.fail_rank,
+            backend=enum_value(cl.backend), values=Values(cfg),
         )
 
 
@@ -172,18 +303,212 @@ class Rule:
     problem: Text
     fix: Text
     kind: str = LAYOUT
+    # a row over many keys (unknown keys, control characters): (key, problem) of each offender; the
+    # row's own ``key`` then only describes it
+    each: Optional[Callable[[Facts], List[Tuple[str, str]]]] = None
 
     def error(self, f: Facts) -> ConfigError:
         text = lambda t: t(f) if callable(t) else t  # noqa: E731
         return ConfigError(self.key, text(self.problem), text(self.fix))
 
+    def errors(self, f: Facts) -> List[ConfigError]:
+        if self.each is None:
+            return [self.error(f)]
+        fix = self.fix(f) if callable(self.fix) else self.fix
+        return [ConfigError(key, problem, fix) for key, problem in self.each(f)]
 
-def _positive(key: str) -> Rule:
-    """``key`` (e.g. model.num_layers) must be >= 1; Facts holds it under its last name."""
-    group, name = key.split(".")
-    get = (lambda f: getattr(f.model, name)) if group == "model" else (lambda f: getattr(f, name))
-    return Rule(key, lambda f: get(f) is None or get(f) < 1,
-                lambda f: f"must be a positive integer, got {get(f)}", f"set {key}=1 or more", VALUE)
+
+def _each(key: str, find: Callable[[Facts], List[Tuple[str, str]]], fix: Text) -> Rule:
+    return Rule(key, lambda f: bool(find(f)), "", fix, RUN, each=find)
+
+
+# ---- bound rows, generated from the bounds launcher.schema declares ---------------------------------
+
+# Keys Facts holds as attributes (the search sets them on candidates without a config): their rows
+# read the attribute. Sizes are VALUE rows (nothing divides by them before they hold); the others
+# and every key read from ``Facts.values`` are RUN rows.
+_FACT_ATTR = {
+    "cluster.nodes": "nodes", "cluster.gpus_per_node": "gpus_per_node", "parallelism.tp": "tp",
+    "parallelism.pp": "pp", "parallelism.dp": "dp", "train.micro_batch_size": "micro_batch_size",
+    "train.global_batch_size": "global_batch_size", "train.steps": "steps", "zero.stage": "zero",
+    **{f"model.{n}": f"model.{n}" for n in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                                             "vocab_size", "seq_len", "dropout")},
+    "optim.lr": "lr", "optim.warmup_steps": "warmup_steps", "train.fail_at_step": "fail_at_step",
+    "train.fail_rank": "fail_rank",
+}
+_SIZES = frozenset(k for k in _FACT_ATTR if k.split(".")[0] != "optim" and k not in (
+    "model.dropout", "train.fail_at_step", "train.fail_rank"))
+_FLOAT_MAX = sys.float_info.max
+
+
+def _bound_row(leaf: "schema.Leaf") -> Rule:
+    """The row for one numeric key of the schema: within its declared bounds; a float also finite
+    (nan and inf refused), an int also a 64-bit one; null only where the schema allows it."""
+    b = leaf.bounds or schema.Bounds()
+    is_float = leaf.type is float
+    top = _FLOAT_MAX if is_float else schema.INT64_MAX
+    lo = b.gt if b.gt is not None else (b.ge if b.ge is not None else -top - (0 if is_float else 1))
+    hi = b.lt if b.lt is not None else (b.le if b.le is not None else top)
+    lo_open, hi_open, optional, key = b.gt is not None, b.lt is not None, leaf.optional, leaf.key
+    attr = _FACT_ATTR.get(key)
+    if attr is not None:
+        get = attrgetter(attr)  # typed: a number, or None (null)
+        if not lo_open and not hi_open:  # the common case, kept cheap for the search's VALUE rows
+            def broken(f: Facts) -> bool:
+                v = get(f)
+                return (not optional) if v is None else not (lo <= v <= hi)
+        else:
+            def broken(f: Facts) -> bool:
+                v = get(f)
+                return (not optional) if v is None else not _within(v, lo, lo_open, hi, hi_open)
+        kind = VALUE if key in _SIZES else RUN
+    else:
+        def get(f: Facts) -> Any:
+            return f.values.get(key)
+
+        def broken(f: Facts) -> bool:  # absent (no config) or not a number (Hydra's type check): not ours
+            v = get(f)
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and not _within(v, lo, lo_open, hi, hi_open)
+        kind = RUN
+
+    desc = b.describe() if leaf.bounds else ""
+
+    def problem(f: Facts) -> str:
+        v = get(f)
+        if v is None:
+            return "must be set (it may not be null)"
+        if is_float and not (-_FLOAT_MAX <= v <= _FLOAT_MAX):
+            what = f"a finite number {desc}".rstrip()
+        elif not is_float and not (-top - 1 <= v <= top):
+            what = f"a 64-bit integer {desc}".rstrip()
+        elif not is_float and b.ge == 1 and b.le is None and b.lt is None:
+            what = "a positive integer"
+        else:
+            what = desc
+        return f"must be {what}{(' ' + b.why) if b.why else ''}, got {v!r}"
+
+    if b.fix:
+        fix = b.fix
+    elif b.ge is not None and b.le is None and b.lt is None:
+        fix = f"set {key}={schema._num(b.ge)} or more"
+    else:
+        fix = f"set {key} to a value {desc or 'that fits'}"
+    return Rule(key, broken, problem, fix, kind)
+
+
+def _within(v: Any, lo: Any, lo_open: bool, hi: Any, hi_open: bool) -> bool:
+    return (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+
+
+def _bound_rows(kind: str) -> Tuple[Rule, ...]:
+    rows = (_bound_row(leaf) for leaf in schema.leaves() if leaf.type in (int, float))
+    return tuple(r for r in rows if r.kind == kind)
+
+
+# ---- what the RUN rows ask beyond the config ------------------------------------------------------
+
+# oneDNN has fp16 kernels (so DeepSpeed's CPU accelerator accepts fp16) only on CPUs with these flags
+FP16_CPU_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
+
+
+def _lacks_cpu_fp16(backend: str) -> bool:
+    """Whether the backend's jobs run on a CPU without fp16 kernels (known only where they run on
+    this host's CPU: ``Backend.host_cpu_flags``)."""
+    from launcher import backends
+
+    flags = backends.get(backend).host_cpu_flags()
+    return flags is not None and not (flags & FP16_CPU_FLAGS)
+
+
+def _max_nodes(backend: str) -> Optional[int]:
+    from launcher import backends
+
+    return backends.get(backend).max_nodes
+
+
+def target_problem(target: str) -> Optional[str]:
+    """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
+    and runs nothing: the module is found on sys.path (and the working dir, whose repo is the code
+    snapshot the job runs) by spec, the function looked up in its source by ``ast``."""
+    return _target_problem(target, os.getcwd())
+
+
+@lru_cache(maxsize=64)
+def _target_problem(target: str, cwd: str) -> Optional[str]:
+    parts = target.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        return f"{target!r} is not a dotted path module.function"
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], [cwd])
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(parts[0])  # a top-level name: finding it imports nothing
+        except (ImportError, ValueError):
+            spec = None
+    if spec is None:
+        return f"module {parts[0]!r} of {target!r} is not importable here"
+    n = 1
+    while n < len(parts) - 1 and spec.submodule_search_locations:
+        # a submodule, found in its parent's directories without importing the parent package
+        sub = importlib.machinery.PathFinder.find_spec(".".join(parts[:n + 1]), list(spec.submodule_search_locations))
+        if sub is None:
+            break
+        spec, n = sub, n + 1
+    module, name = ".".join(parts[:n]), parts[n]
+    if n == len(parts) - 1 and spec.submodule_search_locations and importlib.machinery.PathFinder.find_spec(
+            target, list(spec.submodule_search_locations)) is not None:
+        return f"{target!r} is a module, not a function in it"
+    origin = spec.origin or ""
+    if not origin.endswith(".py"):
+        return None  # compiled or namespace: nothing to read, the job will tell
+    try:
+        with open(origin, "rb") as fh:
+            tree = ast.parse(fh.read(), filename=origin)
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"{module} ({origin}) cannot be read: {e}"
+    if _top_level_names(tree) & {name, "*", "__getattr__"}:
+        return None
+    what = "submodule nor name" if spec.submodule_search_locations else "name"
+    return f"{module} ({origin}) has no {what} {name!r}"
+
+
+def _top_level_names(tree: ast.Module) -> set:
+    """Names a module binds at its top level (inside if/try/with blocks too), '*' for a star import."""
+    out: set = set()
+
+    def visit(body: List[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    out.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for attr in ("body", "orelse", "finalbody", "handlers"):  # if / try / with / for blocks
+                    inner = getattr(node, attr, None)
+                    if isinstance(inner, list):
+                        visit(inner)
+
+    visit(tree.body)
+    return out
+
+
+def _cluster_mapping(f: Facts, name: str) -> Dict[Any, Any]:
+    cl = f.values.tree.get("cluster")
+    m = cl.get(name) if isinstance(cl, dict) else None
+    return m if isinstance(m, dict) else {}
+
+
+def _env_names(f: Facts) -> List[Tuple[str, str]]:
+    return [(f"cluster.env.{k}", "is not an environment variable name (letters, digits and _, not starting "
+             "with a digit)") for k in _cluster_mapping(f, "env") if not str(k).isidentifier()]
+
+
+def _sbatch_names(f: Facts) -> List[Tuple[str, str]]:
+    return [(f"cluster.sbatch_extra.{k}", "is not an sbatch option name (letters, digits, - and _)")
+            for k in _cluster_mapping(f, "sbatch_extra") if not SBATCH_OPTION.match(str(k))]
 
 
 def _largest_divisor(n: int, upto: int) -> int:
@@ -198,19 +523,8 @@ def _backend_names() -> List[str]:
 
 
 RULES: Tuple[Rule, ...] = (
-    _positive("cluster.nodes"),
-    _positive("cluster.gpus_per_node"),
-    _positive("parallelism.tp"),
-    _positive("parallelism.pp"),
-    _positive("train.micro_batch_size"),
-    _positive("train.global_batch_size"),
-    _positive("train.steps"),
-    _positive("model.num_layers"),
-    _positive("model.hidden_size"),
-    _positive("model.num_heads"),
-    _positive("model.ffn_hidden_size"),
-    _positive("model.vocab_size"),
-    _positive("model.seq_len"),
+    # sizes: the bounds launcher.schema declares for the keys the layout is built from
+    *_bound_rows(VALUE),
     Rule("cluster.backend", lambda f: f.backend not in _backend_names(),
          lambda f: f"{f.backend!r} is not a backend", lambda f: f"choose one of {', '.join(_backend_names())}",
          VALUE),
@@ -247,8 +561,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
          lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
          "make parallelism.pp divide model.num_layers"),
-    Rule("zero.stage", lambda f: f.zero not in (0, 1, 2, 3),
-         lambda f: f"must be 0, 1, 2 or 3, got {f.zero}", "choose zero=0..3"),
     Rule("zero.offload_optimizer", lambda f: (f.offload_optimizer or f.offload_params) and f.zero == 0,
          "offload needs ZeRO stage 1 or more", "set zero=1/2/3 or turn offload off"),
     Rule("zero.offload_params", lambda f: f.offload_params and f.zero != 3,
@@ -294,32 +606,70 @@ RULES: Tuple[Rule, ...] = (
          "turn offload off, or use tp=pp=1 with parallelism.engine=deepspeed"),
     Rule("parallelism.engine", lambda f: f.resolved_engine not in ("ddp", "deepspeed", "megatron"),
          lambda f: f"{f.engine!r} is not an engine", "choose auto, ddp, deepspeed or megatron"),
-    # the rest of the run
-    Rule("model.dropout", lambda f: not 0.0 <= f.model.dropout < 1.0,
-         lambda f: f"must be in [0, 1), got {f.model.dropout}", "set model.dropout=0.0", RUN),
-    Rule("optim.lr", lambda f: f.lr <= 0, lambda f: f"must be > 0, got {f.lr}", "set optim.lr to e.g. 3e-4", RUN),
-    Rule("optim.warmup_steps", lambda f: f.warmup_steps < 0 or f.warmup_steps > f.steps,
+    # the rest of the run: every other numeric key within the bounds launcher.schema declares
+    *_bound_rows(RUN),
+    Rule("optim.warmup_steps", lambda f: f.warmup_steps > f.steps,
          lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),
+    Rule("train.fail_at_step", lambda f: f.fail_at_step is not None and f.fail_at_step > f.steps,
+         lambda f: f"step {f.fail_at_step} comes after the last step (train.steps={f.steps}): the fault never fires",
+         lambda f: f"choose train.fail_at_step in 1..{f.steps}, or null", RUN),
     Rule("train.fail_rank", lambda f: f.fail_at_step is not None and not 0 <= f.fail_rank < f.world,
          lambda f: f"{f.fail_rank} is not a rank of a {f.world}-process job", lambda f: f"choose 0..{f.world - 1}",
          RUN),
+    Rule("data.branching",
+         lambda f: isinstance(f.values.get("data.branching"), int) and f.values.get("data.branching") > f.model.vocab_size,
+         lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
+                    f"model.vocab_size={f.model.vocab_size} tokens"),
+         "lower data.branching or raise model.vocab_size", RUN),
+    Rule("cluster.nodes", lambda f: _max_nodes(f.backend) is not None and f.nodes > _max_nodes(f.backend),
+         lambda f: (f"the {f.backend} backend runs {_max_nodes(f.backend)} node(s) (its processes on this host), but "
+                    f"cluster.nodes={f.nodes}: {f.gpus_per_node * _max_nodes(f.backend)} process(es) would run a "
+                    f"layout archived for a world of {f.world}"),
+         lambda f: f"set cluster.nodes={_max_nodes(f.backend)} or use a Slurm cluster (e.g. cluster=local_slurm)", RUN),
+    Rule("precision.dtype",
+         lambda f: f.dtype == "fp16" and f.resolved_engine == "deepspeed" and _lacks_cpu_fp16(f.backend),
+         lambda f: (f"fp16 on the deepspeed engine runs on this host's CPU (cluster.backend={f.backend}), which has "
+                    f"no fp16 kernels (its /proc/cpuinfo flags include neither {' nor '.join(sorted(FP16_CPU_FLAGS))}): "
+                    "DeepSpeed's CPU accelerator refuses fp16 at start-up"),
+         ("use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
+          "whose fp16 autocast with a loss scaler runs on this CPU"), RUN),
+    Rule("recipe._target_",
+         lambda f: isinstance(f.values.get("recipe._target_"), str) and target_problem(f.values.get("recipe._target_")) is not None,
+         lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
+         "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=recipes.gpt.train.main", RUN),
+    _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
+    _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
+    _each("(any key)", lambda f: f.values.unknown_keys,
+          "remove it or fix its spelling (only cluster.env and cluster.sbatch_extra take new keys)"),
+    _each("(any string)", lambda f: f.values.control_chars,
+          ("remove the control character: a newline (or any character below 0x20, or 0x7f) would end the #SBATCH "
+           "or shell line the value is written into, and the rest would run as a command")),
 )
 
 
-def violations(f: Facts, kinds: Sequence[str] = (VALUE, SHAPE, LAYOUT, RUN)) -> List[ConfigError]:
+ALL_KINDS = (VALUE, SHAPE, LAYOUT, RUN)
+
+
+def violations(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> List[ConfigError]:
     """The broken rules of ``kinds``, in table order. When a VALUE rule is broken nothing else is
     evaluated (sizes must be positive before anything divides by them)."""
     bad_values = [r for r in RULES if r.kind == VALUE and r.broken(f)]
     if bad_values:
         return [r.error(f) for r in bad_values if VALUE in kinds]
-    return [r.error(f) for r in RULES if r.kind in kinds and r.kind != VALUE and r.broken(f)]
+    return [e for r in RULES if r.kind in kinds and r.kind != VALUE and r.broken(f) for e in r.errors(f)]
 
 
-def ok(f: Facts, kinds: Sequence[str] = (VALUE, SHAPE, LAYOUT, RUN)) -> bool:
+@lru_cache(maxsize=16)
+def _rows(kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
+    """The predicates of the VALUE rows and the rows of ``kinds``, in table order."""
+    return tuple(r.broken for r in RULES if r.kind == VALUE or r.kind in kinds)
+
+
+def ok(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> bool:
     """Whether ``f`` breaks none of the rules of ``kinds`` (and no VALUE rule): ``not violations(f,
     kinds)`` without formatting a message, for the planner's search over thousands of candidates."""
-    for r in RULES:
-        if (r.kind == VALUE or r.kind in kinds) and r.broken(f):
+    for broken in _rows(tuple(kinds)):
+        if broken(f):
             return False
     return True
 

@@ -1,16 +1,68 @@
 """Structured config schema: every key, its type and its default, defined once.
 
-Hydra validates the composed config against these dataclasses, so an unknown key or a
-wrong type fails at composition time with Hydra's own message naming the key.
+Hydra validates the composed config against these dataclasses, so a wrong type (or an unknown
+key given without '+') fails at composition time with Hydra's own message naming the key. Keys added
+with '+' pass Hydra (it opens the struct flag for them); launcher.layout refuses every key not
+declared here.
+
+Bounds are declared here too, once per numeric key: ``num(default, ge=.., gt=.., le=.., lt=..)``
+puts them in the field's metadata; ``leaves()`` lists every key with its type and bounds, and
+launcher.layout generates one rule row per bounded key from it (floats must also be finite). A new
+numeric key is checked by declaring its bounds.
 Nothing here imports torch: the login-node path loads this module.
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
+
+
+INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Where a numeric key's value must lie: ``ge``/``gt`` (>=, >) below, ``le``/``lt`` (<=, <) above;
+    None = unbounded on that side. ``why`` (appended to the problem) and ``fix`` (replaces the
+    default fix) explain a bound that is not obvious."""
+
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    lt: Optional[float] = None
+    why: str = ""
+    fix: str = ""
+
+    def describe(self) -> str:
+        """">= 1", "> 0", "in [0, 1)", "in [0, 40]"."""
+        lo = self.ge if self.ge is not None else self.gt
+        hi = self.le if self.le is not None else self.lt
+        if lo is not None and hi is not None:
+            return (f"in {'[' if self.ge is not None else '('}{_num(lo)}, {_num(hi)}"
+                    f"{']' if self.le is not None else ')'}")
+        if lo is not None:
+            return f"{'>=' if self.ge is not None else '>'} {_num(lo)}"
+        if hi is not None:
+            return f"{'<=' if self.le is not None else '<'} {_num(hi)}"
+        return "a number"
+
+
+def _num(x: float) -> str:
+    if x == INT64_MAX:
+        return "2**63-1"
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def num(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
+        lt: Optional[float] = None, why: str = "", fix: str = "") -> Any:
+    """A numeric field and its bounds (``leaves()`` reads them; launcher.layout checks them)."""
+    return field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt, why, fix)})
 
 
 class Dtype(str, Enum):
@@ -25,6 +77,15 @@ class Recompute(str, Enum):
     full = "full"
 
 
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"  # files in the run dir, no network
+    disabled = "disabled"
+
+    def __str__(self) -> str:  # str(mode) is what wandb.init(mode=...) and WANDB_MODE take
+        return self.value
+
+
 class Engine(str, Enum):
     auto = "auto"  # ddp, deepspeed (zero.stage > 0) or megatron (tp or pp > 1), from the layout
     ddp = "ddp"  # torch DistributedDataParallel (data parallel only)
@@ -35,13 +96,13 @@ class Engine(str, Enum):
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    num_heads: int = MISSING
-    ffn_hidden_size: int = MISSING
-    vocab_size: int = MISSING
-    seq_len: int = MISSING
-    dropout: float = 0.0
+    num_layers: int = num(MISSING, ge=1)
+    hidden_size: int = num(MISSING, ge=1)
+    num_heads: int = num(MISSING, ge=1)
+    ffn_hidden_size: int = num(MISSING, ge=1)
+    vocab_size: int = num(MISSING, ge=1)
+    seq_len: int = num(MISSING, ge=1)
+    dropout: float = num(0.0, ge=0.0, lt=1.0, fix="set model.dropout=0.0")
     tie_embeddings: bool = True
 
 
@@ -49,9 +110,9 @@ class ModelConfig:
 class ParallelConfig:
     name: str = "dp"
     engine: Engine = Engine.auto
-    tp: int = 1
-    pp: int = 1
-    dp: Optional[int] = None  # derived as world / (tp * pp) when null
+    tp: int = num(1, ge=1)
+    pp: int = num(1, ge=1)
+    dp: Optional[int] = num(None, ge=1, fix="set parallelism.dp=null to derive it")  # world / (tp * pp) when null
     sequence_parallel: bool = False
 
 
@@ -59,16 +120,17 @@ class ParallelConfig:
 class PrecisionConfig:
     dtype: Dtype = Dtype.fp32
     # fp16 loss scaling; 0 means dynamic scaling starting at 2**initial_scale_power
-    loss_scale: float = 0.0
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
-    min_loss_scale: float = 1.0
+    loss_scale: float = num(0.0, ge=0.0, why="(0 means dynamic scaling; a negative scale is not a way to ask for it)",
+                            fix="set precision.loss_scale=0 for dynamic scaling, or a positive static scale")
+    initial_scale_power: int = num(16, ge=0, le=40, why="(2**40 is already far beyond fp16's range, max 65504)")
+    loss_scale_window: int = num(1000, ge=1)
+    hysteresis: int = num(2, ge=1)
+    min_loss_scale: float = num(1.0, gt=0.0)
 
 
 @dataclass
 class ZeroConfig:
-    stage: int = 0
+    stage: int = num(0, ge=0, le=3, fix="choose zero=0..3")
     offload_optimizer: bool = False
     offload_params: bool = False
 
@@ -76,23 +138,23 @@ class ZeroConfig:
 @dataclass
 class GPUConfig:
     name: str = "cpu"
-    memory_gb: float = 0.0  # per device; 0 = unknown (skips the memory check)
-    peak_tflops: float = 0.0  # dense bf16/fp16 peak per device, for MFU
+    memory_gb: float = num(0.0, ge=0.0)  # per device; 0 = unknown (skips the memory check)
+    peak_tflops: float = num(0.0, ge=0.0)  # dense bf16/fp16 peak per device, for MFU; 0 = unknown
 
 
 @dataclass
 class ClusterConfig:
     name: str = MISSING
     backend: str = "local"  # a module of launcher/backends: local (processes here), slurm (sbatch)
-    nodes: int = 1
-    gpus_per_node: int = 1  # processes per node (one task per GPU; on CPU, processes)
-    cpus_per_task: int = 1
-    mem_gb: Optional[int] = None
+    nodes: int = num(1, ge=1)
+    gpus_per_node: int = num(1, ge=1)  # processes per node (one task per GPU; on CPU, processes)
+    cpus_per_task: int = num(1, ge=1)
+    mem_gb: Optional[int] = num(None, ge=1, fix="set cluster.mem_gb to 1 or more, or null for the partition's default")
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
-    time_min: int = 60
+    time_min: int = num(60, ge=1)
     # true when the nodes have GPUs Slurm should allocate (--gpus-per-node)
     use_gpus: bool = False
     # shell lines run in the sbatch script before the job starts (module load, conda activate...)
@@ -101,45 +163,46 @@ class ClusterConfig:
     env: Dict[str, str] = field(default_factory=dict)
     # extra sbatch options, name -> value (e.g. {exclusive: ""}, {reservation: big})
     sbatch_extra: Dict[str, str] = field(default_factory=dict)
-    array_parallelism: int = 256
+    array_parallelism: int = num(256, ge=1)
     gpu: GPUConfig = field(default_factory=GPUConfig)
-    intra_node_bandwidth: float = 0.0  # GB/s per GPU, one direction
-    inter_node_bandwidth: float = 0.0  # GB/s per GPU, one direction
+    intra_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
+    inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
 
 
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 0
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables clipping
+    lr: float = num(1e-3, gt=0.0, fix="set optim.lr to e.g. 3e-4")
+    min_lr_ratio: float = num(0.1, ge=0.0, le=1.0)
+    # null: min(DEFAULT_WARMUP_STEPS, train.steps) (see warmup_steps()); set: <= train.steps (a rule)
+    warmup_steps: Optional[int] = num(None, ge=0)
+    weight_decay: float = num(0.01, ge=0.0)
+    beta1: float = num(0.9, ge=0.0, lt=1.0)
+    beta2: float = num(0.95, ge=0.0, lt=1.0)
+    eps: float = num(1e-8, gt=0.0)
+    grad_clip: float = num(1.0, ge=0.0)  # 0 disables clipping
 
 
 @dataclass
 class DataConfig:
     name: str = "synthetic"
     # successors per token in the synthetic bigram language: lower = more learnable
-    branching: int = 4
-    seed: Optional[int] = None  # data-order seed; null derives it from the run seed
+    branching: int = num(4, ge=1)  # and <= model.vocab_size (a rule of launcher.layout)
+    seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")  # data-order seed; null derives it from the run seed
 
 
 @dataclass
 class TrainConfig:
-    micro_batch_size: int = 4
-    global_batch_size: int = 16
-    steps: int = 60
+    micro_batch_size: int = num(4, ge=1)
+    global_batch_size: int = num(16, ge=1)
+    steps: int = num(60, ge=1)
     recompute: Recompute = Recompute.none
-    log_interval: int = 5
+    log_interval: int = num(5, ge=0)  # 0 = no progress lines
     # seconds a collective may block before the process group gives up (a hang fails the run)
-    dist_timeout_s: int = 600
-    # fault injection for drills and tests: raise at this step on this rank
-    fail_at_step: Optional[int] = None
-    fail_rank: int = 0
+    dist_timeout_s: int = num(600, ge=1)
+    # fault injection for drills and tests: raise at this step (<= train.steps) on this rank
+    fail_at_step: Optional[int] = num(None, ge=1)
+    fail_rank: int = num(0, ge=0)
 
 
 @dataclass
@@ -152,7 +215,7 @@ class RecipeConfig:
 class WandbConfig:
     # rank 0 logs every step's metrics to wandb too; offline (files in the run dir) needs no network
     enabled: bool = True
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     project: str = "launcher"
 
 
@@ -165,13 +228,13 @@ class SubmitConfig:
     runs_root: str = "${oc.env:LAUNCHER_RUNS,runs}"
     job_name: str = "${name}"
     # seconds to wait for a local run before giving up on it (0 = forever)
-    wait_timeout_s: int = 0
+    wait_timeout_s: int = num(0, ge=0)
 
 
 @dataclass
 class RunConfig:
     name: str = "${model.name}"
-    seed: int = 1234
+    seed: int = num(1234, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
     tags: List[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelConfig = field(default_factory=ParallelConfig)
@@ -184,6 +247,55 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     submit: SubmitConfig = field(default_factory=SubmitConfig)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One key of the schema: its dotted name, its type (int, float, bool, str, an Enum class, list or
+    dict), whether it may be null, and its declared bounds (numbers)."""
+
+    key: str
+    type: Any
+    optional: bool = False
+    bounds: Optional[Bounds] = None
+    item: Any = None  # the element / value type of a list or dict key
+
+
+def _leaf_type(t: Any) -> Tuple[Any, bool, Any]:
+    """(base type, optional, item type) of a field annotation."""
+    optional = False
+    if typing.get_origin(t) is typing.Union:
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        optional, t = len(args) < len(typing.get_args(t)), args[0]
+    origin = typing.get_origin(t)
+    if origin in (list, List):
+        return list, optional, typing.get_args(t)[0]
+    if origin in (dict, Dict):
+        return dict, optional, typing.get_args(t)[1]
+    return t, optional, None
+
+
+def _walk(cls: Any, prefix: str) -> typing.Iterator[Leaf]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        t, optional, item = _leaf_type(hints[f.name])
+        if dataclasses.is_dataclass(t):
+            yield from _walk(t, key + ".")
+        else:
+            yield Leaf(key, t, optional, f.metadata.get("bounds"), item)
+
+
+@lru_cache(maxsize=1)
+def leaves() -> Tuple[Leaf, ...]:
+    """Every key of RunConfig (groups walked into), in declaration order."""
+    return tuple(_walk(RunConfig, ""))
+
+
+@lru_cache(maxsize=1)
+def groups() -> frozenset:
+    """The keys that are config groups (model, cluster, cluster.gpu, ...): nodes with fixed keys."""
+    return frozenset(".".join(leaf.key.split(".")[:i]) for leaf in leaves() for i in range(1, leaf.key.count(".") + 1))
 
 
 def register_configs() -> None:
@@ -205,6 +317,15 @@ def typed(cfg: Any):
 
     base = OmegaConf.structured(RunConfig)
     return OmegaConf.merge(base, cfg)
+
+
+DEFAULT_WARMUP_STEPS = 5
+
+
+def warmup_steps(cfg: Any) -> int:
+    """The warm-up a run uses: optim.warmup_steps, or when null the default, at most train.steps."""
+    explicit = cfg.optim.warmup_steps
+    return int(explicit) if explicit is not None else min(DEFAULT_WARMUP_STEPS, int(cfg.train.steps))
 
 
 def enum_value(x: Any) -> str:

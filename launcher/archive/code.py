@@ -1,9 +1,12 @@
-"""The code a run was launched with: git commit, branch, and a patch of every uncommitted change."""
+"""The code a run was launched with: git commit, branch, and a patch of every uncommitted change
+(secret-looking files left out, known secret values redacted)."""
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, List, Mapping, Optional
+
+from launcher.archive import secrets
 
 
 def _git(repo: Path, *args: str, check: bool = False) -> Optional[str]:
@@ -21,17 +24,42 @@ def repo_root(start: Path) -> Optional[Path]:
     return Path(top.strip()) if top else None
 
 
-def git_state(start: Path) -> Dict[str, object]:
-    """Commit, branch and a patch (tracked changes + untracked files) of the repo holding `start`,
-    or else of the repo this package was installed from (an editable install)."""
+def _refused(root: Path, rel: str, known: Mapping[str, Any]) -> bool:
+    """A changed file the patch leaves out: a secret-looking name (.env, *.pem ...), or a binary
+    file holding a known secret value (a binary diff is encoded, so it could not be scrubbed)."""
+    if secrets.is_secret_file(rel):
+        return True
+    path = root / rel
+    try:
+        data = path.read_bytes() if path.is_file() else b""
+    except OSError:
+        return False
+    return b"\0" in data and secrets.contains_secret(data, known)
+
+
+def git_state(start: Path, known: Optional[Mapping[str, Any]] = None) -> Dict[str, object]:
+    """Commit, branch and a patch (tracked changes + untracked files git does not ignore) of the repo
+    holding `start`, or else of the repo this package was installed from (an editable install).
+    Secret-looking files are left out of the patch (listed in ``patch_excluded``) and every known
+    secret value (``known``, default: the secret-named variables of os.environ) is redacted in it."""
+    known = secrets.known_secrets() if known is None else known
     root = repo_root(start) or repo_root(Path(__file__).resolve().parent)
     if root is None:
-        return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": ""}
+        return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": "", "patch_excluded": []}
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
-    patch = _git(root, "diff", "--binary", "HEAD") or "" if commit else ""
+    excluded: List[str] = []
+    patch = ""
+    if commit:
+        changed = (_git(root, "diff", "--no-renames", "--name-only", "-z", "HEAD") or "").split("\0")
+        excluded += [rel for rel in filter(None, changed) if _refused(root, rel, known)]
+        spec = ["--", "."] + [f":(exclude,literal){rel}" for rel in excluded] if excluded else []
+        patch = _git(root, "diff", "--no-renames", "--binary", "HEAD", *spec) or ""
     untracked = (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")
     for rel in filter(None, untracked):
+        if _refused(root, rel, known):
+            excluded.append(rel)
+            continue
         # `git diff --no-index` exits 1 when files differ, so read stdout regardless
         out = subprocess.run(
             ["git", "-C", str(root), "diff", "--binary", "--no-index", "/dev/null", rel],
@@ -42,6 +70,7 @@ def git_state(start: Path) -> Dict[str, object]:
         "repo": str(root),
         "commit": commit,
         "branch": branch,
-        "dirty": bool(patch),
-        "patch": patch,
+        "dirty": bool(patch) or bool(excluded),
+        "patch": secrets.scrub(patch, known),
+        "patch_excluded": sorted(excluded),
     }

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 

@@ -1,45 +1,199 @@
-"""Secrets never reach the archive or the logs: values of variables whose names look secret are
-replaced before anything is written."""
+"""Secrets never reach the archive or the logs.
+
+What is a secret:
+  * the value of a variable whose NAME looks secret (TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL:
+    ``is_secret``), from the submitting environment (``os.environ``) or from any secret-named key of a run
+    config (``cluster.env.HF_TOKEN``, ``wandb.api_key`` ...): ``known_secrets`` collects them;
+  * a literal assigned to an environment-variable-like secret name in a config file of the source
+    tree (``HF_TOKEN: hf_...`` in any YAML, ``export HF_TOKEN=...`` in a shell script: ``secrets_in_text``),
+    whether or not this launch uses that file;
+  * a FILE whose name looks secret (``.env``, ``.env.*``, ``*.pem``, ``*.key``, ``id_rsa*``,
+    ``*credentials*``, ``.netrc``, ``.pypirc``, ``*.p12`` ...: ``is_secret_file``): the code snapshot refuses it.
+
+Where a known value goes: every archived text has it replaced by ``REDACTED`` wherever it occurs, under
+any key (``scrub`` for text, ``scrub_bytes`` for bytes, ``scrub_tree`` for dicts and lists). Values
+shorter than ``MIN_SECRET_LEN`` characters and a few words no secret is (true, false, none, null, auto)
+are never treated as secrets, so short common values are not mangled everywhere they occur.
+"""
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
-from typing import Any, Dict, Iterable, Mapping
+from pathlib import Path, PurePath
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # environment that shapes training and is worth archiving
 TRAINING_ENV = re.compile(r"^(NCCL_|SLURM_|CUDA_|OMP_|TORCH_|MKL_|GLOO_|MASTER_|WORLD_SIZE$|RANK$|LOCAL_RANK$|"
                           r"PYTHONHASHSEED$|CUBLAS_|NVIDIA_|DS_|WANDB_|HYDRA_|SUBMITIT_)")
+# A value shorter than this is never scrubbed from free text: "1", "yes", "gpu" would be replaced
+# everywhere they occur. Secret-NAMED keys are redacted whatever their length (redact_config).
+MIN_SECRET_LEN = 4
+# values of secret-named variables that are settings, not secrets (TOKENIZERS_PARALLELISM=false)
+NOT_SECRET_VALUES = frozenset({"true", "false", "none", "null", "auto", REDACTED})
+# file names (matched case-insensitively against every path component) the code snapshot refuses
+SECRET_FILES = (".env", ".env.*", ".envrc", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore",
+                "*.ppk", "*.kdbx", "*.gpg", "*.asc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+                "*credentials*", ".netrc", "_netrc", ".pypirc", ".npmrc", ".git-credentials", ".htpasswd",
+                ".ssh", ".gnupg", ".aws", ".docker")
+
+Known = Mapping[str, Any]
 
 
 def is_secret(name: str) -> bool:
     return bool(SECRET_NAME.search(str(name)))
 
 
+def is_secret_file(path: Union[str, PurePath]) -> bool:
+    """A file the code snapshot refuses: any component of its path looks like a secret store."""
+    parts = PurePath(str(path)).parts
+    return any(fnmatch.fnmatchcase(part.lower(), pat) for part in parts for pat in SECRET_FILES)
+
+
+def is_secret_value(value: Any) -> bool:
+    """Whether a secret-named variable's value is worth scrubbing (long enough, not a plain setting)."""
+    if value is None or isinstance(value, (bool, dict, list, tuple)):
+        return False
+    text = str(value)
+    return len(text) >= MIN_SECRET_LEN and text.strip().lower() not in NOT_SECRET_VALUES
+
+
 def redact_env(env: Mapping[str, Any]) -> Dict[str, str]:
-    """name -> value, with secret-named values replaced."""
-    return {str(k): (REDACTED if is_secret(k) else str(v)) for k, v in env.items()}
+    """name -> value, with secret-named values replaced and known secret values scrubbed from the rest."""
+    return {str(k): (REDACTED if is_secret(k) else scrub(str(v), env)) for k, v in env.items()}
 
 
 def training_env(env: Mapping[str, str]) -> Dict[str, str]:
-    """The variables that shape training (NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_*, ...), redacted."""
-    return redact_env({k: v for k, v in sorted(env.items()) if TRAINING_ENV.match(k)})
+    """The variables that shape training (NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_*, ...), redacted:
+    secret-named ones, and any value containing the value of a secret-named variable of ``env``."""
+    kept = {k: v for k, v in sorted(env.items()) if TRAINING_ENV.match(k)}
+    known = {k: v for k, v in env.items() if is_secret(k)}
+    return {k: (REDACTED if is_secret(k) else scrub(str(v), known)) for k, v in kept.items()}
 
 
-def secret_values(env: Mapping[str, str], min_len: int = 4) -> Iterable[str]:
-    """Values of secret-named variables (to scrub from free text such as a patch or a script)."""
-    return sorted({v for k, v in env.items() if is_secret(k) and v and len(v) >= min_len}, key=len, reverse=True)
+def secret_values(env: Known, min_len: int = MIN_SECRET_LEN) -> List[str]:
+    """Values of secret-named entries (to scrub from free text such as a patch or a script), longest
+    first so a secret containing another is replaced whole."""
+    vals = {str(v) for k, v in env.items() if is_secret(k) and is_secret_value(v) and len(str(v)) >= min_len}
+    return sorted(vals, key=len, reverse=True)
 
 
-def scrub(text: str, env: Mapping[str, str]) -> str:
-    """Replace every secret value of `env` that occurs in `text`."""
+def _config_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            name = f"{path}.{k}" if path else str(k)
+            if is_secret(k) and not isinstance(v, (Mapping, list, tuple)) and is_secret_value(v):
+                out[name] = str(v)
+            else:
+                _config_secrets(v, name, out)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _config_secrets(v, f"{path}[{i}]", out)
+
+
+def _plain(cfg: Any) -> Any:
+    """A DictConfig as plain containers (resolved where it resolves), anything else unchanged."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover
+        return cfg
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        except Exception:  # an interpolation that does not resolve: take the rest as written
+            return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+    return cfg
+
+
+def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """name -> value of every secret the launch knows: the secret-named variables of ``env``
+    (``os.environ`` by default) and the secret-named keys of each config (plain dicts or DictConfigs;
+    ``cluster.env.HF_TOKEN``, ``wandb.api_key``, anywhere). Pass it to ``scrub``/``scrub_tree``."""
+    env = os.environ if env is None else env
+    out = {str(k): str(v) for k, v in env.items() if is_secret(k) and is_secret_value(v)}
+    for i, cfg in enumerate(cfgs):
+        _config_secrets(_plain(cfg), f"config[{i}]", out)
+    return out
+
+
+def scrub(text: str, env: Known) -> str:
+    """Replace every secret value of ``env`` (values of its secret-named entries) occurring in ``text``."""
     for value in secret_values(env):
-        text = text.replace(value, REDACTED)
+        if value in text:
+            text = text.replace(value, REDACTED)
     return text
 
 
-def redact_config(resolved: Dict[str, Any]) -> Dict[str, Any]:
-    """A resolved config with secret-named keys of cluster.env (and anywhere else) redacted."""
+def scrub_bytes(data: bytes, env: Known) -> bytes:
+    for value in secret_values(env):
+        needle = value.encode()
+        if needle in data:
+            data = data.replace(needle, REDACTED.encode())
+    return data
+
+
+def contains_secret(data: Union[str, bytes], env: Known) -> bool:
+    if isinstance(data, bytes):
+        return any(v.encode() in data for v in secret_values(env))
+    return any(v in data for v in secret_values(env))
+
+
+def scrub_tree(obj: Any, env: Known) -> Any:
+    """``obj`` (dicts, lists, tuples, strings; keys too) with every secret value of ``env`` replaced
+    in every string. Numbers, booleans and None are kept as they are (their type matters to the job)."""
+    values = secret_values(env)
+    if not values:
+        return obj
+
+    def text(s: str) -> str:
+        for v in values:
+            if v in s:
+                s = s.replace(v, REDACTED)
+        return s
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            return text(node)
+        if isinstance(node, Mapping):
+            return {(text(k) if isinstance(k, str) else k): walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(walk(v) for v in node)
+        return node
+
+    return walk(obj)
+
+
+def scrub_file(path: Union[str, Path], env: Known) -> bool:
+    """Rewrite ``path`` in place with every secret value of ``env`` replaced (keeps its mode);
+    True if it held one. For files a tool wrote that the launcher cannot write itself (submitit's
+    submission script)."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_file():
+        return False
+    data = p.read_bytes()
+    clean = scrub_bytes(data, env)
+    if clean == data:
+        return False
+    mode = p.stat().st_mode
+    tmp = p.with_name(p.name + ".scrub.tmp")
+    tmp.write_bytes(clean)
+    os.chmod(tmp, mode & 0o7777)
+    os.replace(tmp, p)
+    return True
+
+
+def scrub_files(paths: Iterable[Union[str, Path]], env: Known) -> List[str]:
+    """``scrub_file`` for each path; the ones that held a secret."""
+    return [str(p) for p in paths if scrub_file(p, env)]
+
+
+def redact_config(resolved: Dict[str, Any], known: Optional[Known] = None) -> Dict[str, Any]:
+    """A resolved config with the values of secret-named keys (cluster.env.HF_TOKEN, anywhere)
+    redacted, and, given ``known``, every known secret value scrubbed from every other string."""
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
@@ -49,4 +203,78 @@ def redact_config(resolved: Dict[str, Any]) -> Dict[str, Any]:
             return [walk(v) for v in node]
         return node
 
-    return walk(resolved)
+    out = walk(resolved)
+    return scrub_tree(out, known) if known else out
+
+
+# Secret values WRITTEN IN config files of the source tree (a cluster yaml with `env: {HF_TOKEN: ...}`
+# that this launch does not even use; `export HF_TOKEN=...` in a shell script): an environment-
+# variable-like secret name (upper case) assigned a literal. Python source is not read (a constant
+# such as API_KEY_ENV = "WANDB_API_KEY" names a variable, it holds no secret).
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ASSIGNMENT = re.compile(r"""^\s*(?:export\s+)?([A-Z][A-Z0-9_]*)\s*[=:]\s*(['"]?)([^'"\s$#`]+)\2\s*(?:#.*)?$""")
+YAML_SUFFIXES = (".yaml", ".yml")
+ASSIGNMENT_SUFFIXES = (".sh", ".bash", ".zsh", ".cfg", ".ini", ".conf", ".toml", ".properties")
+
+
+def _literal_secret(name: str, value: Any) -> bool:
+    if not (isinstance(value, str) and _ENV_NAME.match(name) and is_secret(name) and is_secret_value(value)):
+        return False
+    # an interpolation or a reference to another variable is not a secret value
+    return "${" not in value and not value.startswith("$") and not (_ENV_NAME.match(value) and is_secret(value))
+
+
+def secrets_in_text(name: str, text: str) -> Dict[str, str]:
+    """Secret literals a config file (by its name's suffix: YAML, shell, ini/toml/cfg) assigns to
+    environment-variable-like secret names: ``{"<name>:HF_TOKEN": value}``, for ``scrub``."""
+    out: Dict[str, str] = {}
+    low = name.lower()
+    if low.endswith(YAML_SUFFIXES):
+        try:
+            import yaml
+
+            docs = list(yaml.safe_load_all(text))
+        except Exception:  # not YAML after all (a template): read it line by line
+            docs = None
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if _literal_secret(str(k), v):
+                        out[f"{name}:{k}"] = str(v)
+                    else:
+                        walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+
+        if docs is not None:
+            for d in docs:
+                walk(d)
+            return out
+    elif not low.endswith(ASSIGNMENT_SUFFIXES):
+        return out
+    for line in text.splitlines():
+        m = _ASSIGNMENT.match(line)
+        if m and _literal_secret(m.group(1), m.group(3)):
+            out[f"{name}:{m.group(1)}"] = m.group(3)
+    return out
+
+
+_LOOSE_ASSIGNMENT = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*[=:]\s*(['"]?)([^'"\s$`]+)\2\s*$""")
+
+
+def secrets_in_secret_file(name: str, text: str) -> Dict[str, str]:
+    """Values a secret-looking file (.env, .pypirc ...) assigns to secret names (any case), for
+    ``scrub``: the file itself is never copied, but its values must not reach the archive elsewhere."""
+    out: Dict[str, str] = {}
+    for line in text.splitlines():
+        m = _LOOSE_ASSIGNMENT.match(line)
+        if m and is_secret(m.group(1)) and is_secret_value(m.group(3)) and "${" not in m.group(3):
+            out[f"{name}:{m.group(1)}"] = m.group(3)
+    return out
+
+
+def is_redacted(value: Any) -> bool:
+    """A value the archive redacted (never to be exported into a job's environment)."""
+    return isinstance(value, str) and REDACTED in value

@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
 from launcher.rundir import FINAL, Status
 
@@ -27,6 +27,12 @@ class Backend:
     name: str = ""
     waits: bool = False  # `launch` waits for the jobs unless submit.wait says otherwise
     shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
+    max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
+
+    def host_cpu_flags(self) -> Optional[FrozenSet[str]]:
+        """The /proc/cpuinfo flags of the CPU its jobs compute on, where that is known before submission
+        (local: this host, when it has no GPUs); None elsewhere (other hosts, or GPUs)."""
+        return None
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         """The submitit executor parameters for one run config."""
@@ -44,12 +50,12 @@ class Backend:
     def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
         """The submitting process's environment while it submits (every backend passes it on):
         secret-named ``cluster.env`` values travel here, never in a script or the archive."""
-        from launcher.archive.secrets import is_secret
+        from launcher.archive.secrets import is_redacted, is_secret
 
         saved_env, saved_cwd = dict(os.environ), os.getcwd()
         try:
             for k, v in dict(cfg.cluster.env).items():
-                if is_secret(k):
+                if is_secret(k) and not is_redacted(v):  # (a reproduction's archived config holds none)
                     os.environ[str(k)] = str(v)
             self._prepare(cfg, code_dir)
             yield

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -20,10 +21,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
+    """The CPU flags /proc/cpuinfo lists (those of its first processor; empty where it is missing)."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def has_nvidia_gpus(dev: str = "/dev") -> bool:
+    """Whether this host shows NVIDIA GPUs (device files /dev/nvidia0, ...) that CUDA_VISIBLE_DEVICES
+    does not hide: the local processes then compute on them (torch.cuda.is_available on the node)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    try:
+        return any(n[len("nvidia"):].isdigit() for n in os.listdir(dev) if n.startswith("nvidia"))
+    except OSError:
+        return False
+
+
 class LocalBackend(Backend):
     name = "local"
     waits = True
     shares_host_memory = True
+    max_nodes = 1  # every process runs on this host
+
+    def host_cpu_flags(self) -> Optional[frozenset]:
+        return None if has_nvidia_gpus() else cpu_flags()
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
@@ -55,13 +83,20 @@ class LocalBackend(Backend):
                 out[pid] = JobState(Status.running if alive else Status.failed, "RUNNING" if alive else "EXITED")
         return out
 
-    def cancel(self, job: Dict[str, Any]) -> None:
+    def cancel(self, job: Dict[str, Any], wait_s: float = 30.0) -> None:
+        """SIGINT to submitit's local controller, as submitit's own LocalJob.cancel does: it then
+        interrupts and kills its task processes (which, like Slurm tasks, ignore SIGTERM). Returns once
+        the controller has exited (or after ``wait_s``)."""
         pid = str(job.get("job_id") or "")
-        if pid.isdigit():
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        if not pid.isdigit():
+            return
+        try:
+            os.kill(int(pid), signal.SIGINT)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait_s
+        while pid_alive(int(pid)) and time.time() < deadline:
+            time.sleep(0.2)
 
 
 BACKEND = LocalBackend()

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.layout import ModelSpec  # noqa: F401  (the model shape the rules and estimators share)
-from typing import Any, List, Tuple
+from typing import List, Tuple
 
 
 def layer_params(m: ModelSpec) -> int:

@@ -23,7 +23,7 @@ recompute and dtype). Ranking: feasible first, then predicted step time, then me
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.layout import LAYOUT, SHAPE, VALUE, Facts, Layout, ok
 from launcher.plan.estimate import Estimate, estimate

@@ -72,8 +72,11 @@ def run(rd: RunDir) -> Dict[str, Any]:
     denv = dist_env.detect()
     denv.export()
     cfg_plain = rd.config()
+    from launcher.archive.secrets import is_redacted, scrub
+
     for k, v in (cfg_plain.get("cluster", {}).get("env") or {}).items():
-        os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
+        if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
+            os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
     _record_rank(rd, denv)
     _record_node(rd, denv)
     job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
@@ -88,10 +91,11 @@ def run(rd: RunDir) -> Dict[str, Any]:
     except BaseException as e:  # record, then re-raise so the task exits non-zero
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
+        tb = scrub(tb, os.environ)  # a secret in an exception message stays out of the archive
         rd.write_rank_error(denv.rank, tb)
         # the first rank to fail holds the root cause; the others fail because it went away
         rd.finish("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", exit_code=1,
-                  error=f"{type(e).__name__}: {e}", failed_rank=denv.rank, **job_ids)
+                  error=scrub(f"{type(e).__name__}: {e}", os.environ), failed_rank=denv.rank, **job_ids)
         raise
     finally:
         stop_watch.set()

@@ -10,7 +10,6 @@ Waiting and exit codes are the app's (launcher.app).
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,13 +96,16 @@ def check(points: List[Point]) -> List[Checked]:
     """Every point against the config rules, then the planner's pre-submit checks (memory fits,
     pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
     stop the launch too unless submit.force=true (then they go to stderr)."""
+    from launcher.archive import secrets
     from launcher.plan import checks
 
+    known = secrets.known_secrets([p.cfg for p in points])  # the messages below echo overrides
     problems: List[str] = []
     warned: List[str] = []
     good: List[Checked] = []
     for i, p in enumerate(points):
-        where = f"point {i} ({' '.join(p.overrides) or 'defaults'})" if len(points) > 1 else "run"
+        where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
+                 else "run")
         try:
             resolved = _resolve(p, i)
             lay = resolve(p.cfg)
@@ -116,7 +118,7 @@ def check(points: List[Point]) -> List[Checked]:
         if res.warnings:
             if bool(p.cfg.submit.force):
                 for w in res.warnings:
-                    print(f"launch: warning ({where}, submit.force=true): {w}", file=sys.stderr)
+                    print(secrets.scrub(f"launch: warning ({where}, submit.force=true): {w}", known), file=sys.stderr)
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
@@ -127,7 +129,7 @@ def check(points: List[Point]) -> List[Checked]:
                 else "invalid config; nothing was submitted")
         if warned:
             head += " (warnings stop the launch: submit.force=true launches anyway; errors cannot be forced)"
-        raise InvalidSweep(head + "\n" + "\n".join(problems + warned))
+        raise InvalidSweep(secrets.scrub(head + "\n" + "\n".join(problems + warned), known))
     return good
 
 
@@ -143,13 +145,22 @@ def groups(checked: List[Checked]) -> Dict[str, List[Checked]]:
 
 
 def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
+    """Print each point's resolved config and each group's submission preview, as the archive would
+    hold them (secrets redacted); write and submit nothing."""
+    from launcher.archive import code, secrets, snapshot
+
+    known = secrets.known_secrets([c.resolved for c in checked])  # as create() gathers them
+    known.update(snapshot.tree_secrets(code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent)
+                                       or Path.cwd()))
     sweep = SweepDir.new(runs_root)
     for c in checked:
-        print(f"# ---- point {c.index}: {' '.join(c.point.overrides) or '(defaults)'}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(c.resolved)), file=out)
+        head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
+        print(f"# ---- point {c.index}: {head}", file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known))), file=out)
     for group in groups(checked).values():
         idxs = [c.index for c in group]
-        print(group[0].backend.preview(group[0].point.cfg, sweep.submitit_folder, idxs, sweep.code_dir), file=out)
+        preview = group[0].backend.preview(group[0].point.cfg, sweep.submitit_folder, idxs, sweep.code_dir)
+        print(secrets.scrub(preview, known), file=out)
     print(f"# dry run: nothing submitted ({len(checked)} point(s))", file=out)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=None, runs=[], job_ids=[], dry_run=True)
 
@@ -160,16 +171,18 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
 def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapshot: Optional[Path],
            extra_meta: Optional[Dict[str, Any]]) -> _Sweep:
     """The sweep dir and the code snapshot every point runs (taken once per launch, or reused)."""
-    from launcher.archive import code, snapshot
+    from launcher.archive import code, secrets, snapshot
 
     sd = SweepDir.new(runs_root)
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
+    # secret-named values of the environment and of every point's config (cluster.env included), and
+    # secret literals written in the source tree: kept out of the snapshot and of everything staged,
+    # whatever key they appear under
+    known = secrets.known_secrets([c.resolved for c in checked])
     if code_snapshot is None:
-        snapshot.take(code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent)
-                      or Path.cwd(), code_dir)
-    known = dict(os.environ)
-    for c in checked:
-        known.update({str(k): str(v) for k, v in dict(c.point.cfg.cluster.env).items()})
+        root = code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent) or Path.cwd()
+        known.update(snapshot.tree_secrets(root))
+        snapshot.take(root, code_dir, known=known, exclude=[runs_root])
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta)
 
 
@@ -177,32 +190,35 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
 
 
 def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
-    """Write everything known before submission into each run's hidden staging dir."""
+    """Write everything known before submission into each run's hidden staging dir. Everything
+    written passes through the scrubber: a known secret value (sweep.known) under any key or in any
+    text (tags, cluster.setup, argv, overrides, the patch, pip freeze ...) becomes secrets.REDACTED."""
     from launcher.archive import secrets, snapshot, software
     from launcher.seeding import seed_plan
 
-    scrub = lambda text: secrets.scrub(text, sweep.known)  # noqa: E731
+    clean = lambda obj: secrets.scrub_tree(obj, sweep.known)  # noqa: E731
     code_dir = sweep.code_dir
-    patch = scrub((code_dir / snapshot.PATCH_FILE).read_text() if (code_dir / snapshot.PATCH_FILE).exists() else "")
-    git = sweep.snapshot.get("git") or {}
-    snap = {**{k: v for k, v in sweep.snapshot.items() if k != "git"}, "path": str(code_dir)}
-    versions, freeze = software.versions(), software.pip_freeze()
+    patch = clean((code_dir / snapshot.PATCH_FILE).read_text() if (code_dir / snapshot.PATCH_FILE).exists() else "")
+    git = clean({k: v for k, v in (sweep.snapshot.get("git") or {}).items() if k != "patch"})
+    snap = clean({**{k: v for k, v in sweep.snapshot.items() if k != "git"}, "path": str(code_dir)})
+    versions, freeze = clean(software.versions()), clean(software.pip_freeze())
+    argv = clean(list(sweep.argv))
     staged = []
     for c in checked:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
-        rd.write_plan(c.plan)
-        rd.write_seeds(seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp))
-        rd.write_config(secrets.redact_config(r))
-        rd.write_overrides([scrub(o) for o in c.point.overrides], c.point.choices)
-        rd.write_code({k: v for k, v in git.items() if k != "patch"}, patch, snap)
+        rd.write_plan(clean(c.plan))
+        rd.write_seeds(clean(seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp)))
+        rd.write_config(secrets.redact_config(r, sweep.known))
+        rd.write_overrides(clean(list(c.point.overrides)), clean(dict(c.point.choices)))
+        rd.write_code(git, patch, snap)
         rd.write_software(versions, freeze)
         rd.set_status("pending")
-        rd.write_run({
+        rd.write_run(clean({
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
             "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
-            "argv": [scrub(a) for a in sweep.argv], "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
-        })
+            "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
+        }))
         staged.append(rd)
     return staged
 
@@ -226,8 +242,11 @@ def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[Su
                 jobs = [ex.submit(RunTask(str(sweep.dir.run(c.index).path))) for c in group]
         except Exception as e:
             for c in group:
-                staged[c.index].finish("failed", seal=False, exit_code=None, error=f"submission failed: {e}")
+                staged[c.index].finish("failed", seal=False, exit_code=None,
+                                       error=secrets.scrub(f"submission failed: {e}", sweep.known))
             raise
+        finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
+            secrets.scrub_files(folder.glob("*.sh"), sweep.known)
     script = backend.submitted_script(jobs[0])
     runs = []
     for c, job in zip(group, jobs):
@@ -250,15 +269,21 @@ def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[Su
 # ---- 5. publish ----------------------------------------------------------------------------------
 
 
-def publish(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
+def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job_ids: List[str]) -> List[RunDir]:
     """Rename every staged run into place, seal the ones that already ended (refused submissions),
-    and index them."""
-    from launcher.archive import registry
+    write sweep.json, then index them (last: the index can always be rebuilt from the dirs)."""
+    from launcher.archive import registry, secrets
 
     published = [sweep.dir.publish(c.index) for c in checked]
     for rd in published:
         if rd.exists() and rd.is_final():
             rd.seal()
+    sweep.dir.write({
+        "sweep_id": sweep.dir.sweep_id, "argv": [secrets.scrub(a, sweep.known) for a in sweep.argv],
+        "num_runs": len(runs), "job_ids": job_ids, "backend": checked[0].backend.name,
+        "runs": sorted((r.run_id for r in runs), key=lambda rid: int(rid.rsplit("-", 1)[1])),
+        "code_snapshot": str(sweep.code_dir),
+    })
     registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()])
     return published
 
@@ -288,18 +313,10 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
             runs.extend(submitted)
             job_ids.append(submitted[0].job_id.partition("_")[0] if len(submitted) > 1 else submitted[0].job_id)
     finally:
-        publish(sweep, checked)
+        publish(sweep, checked, runs, job_ids)
     runs.sort(key=lambda r: int(r.run_id.rsplit("-", 1)[1]))
-    backend = checked[0].backend
-    from launcher.archive import secrets
-
-    sweep.dir.write({
-        "sweep_id": sweep.dir.sweep_id, "argv": [secrets.scrub(a, sweep.known) for a in argv],
-        "num_runs": len(runs), "job_ids": job_ids, "backend": backend.name,
-        "runs": [r.run_id for r in runs], "code_snapshot": str(sweep.code_dir),
-    })
     result = SweepResult(sweep_id=sweep.dir.sweep_id, sweep_dir=sweep.dir.path, runs=runs, job_ids=job_ids,
-                         backend=backend)
+                         backend=checked[0].backend)
     _print_submitted(result, out)
     return result
 

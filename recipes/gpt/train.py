@@ -16,6 +16,7 @@ import torch
 
 from launcher.plan.flops import step_flops as model_step_flops
 from launcher.plan.params import ModelSpec
+from launcher.schema import warmup_steps
 from launcher.seeding import data_seed as run_data_seed
 from recipes.common.data import micro_batches
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
@@ -69,7 +70,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                 raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
-                       warmup_steps=int(cfg.optim.warmup_steps), total_steps=steps)
+                       warmup_steps=warmup_steps(cfg), total_steps=steps)
             batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
             loss, grad_norm = engine.train_step(batches, lr)
             if sync_cuda:

@@ -141,15 +141,18 @@ def _all_files(*dirs):
 
 def test_secrets_never_reach_archive_or_logs(runs_root, tmp_path):
     extra = dict(SECRETS, NCCL_DEBUG="INFO", OMP_NUM_THREADS="1")
-    res = launch(["train.steps=6", f"+cluster.env.API_TOKEN={CFG_TOKEN}"], runs_root, extra_env=extra)
+    # and the same values under keys that are not secret-named (tags, cluster.setup): found by value
+    res = launch(["train.steps=6", f"+cluster.env.API_TOKEN={CFG_TOKEN}", f"tags=[{SECRETS['HF_TOKEN']},plain]",
+                  f"cluster.setup=['export X={CFG_TOKEN}']"], runs_root, extra_env=extra)
     assert res.returncode == 0, res.stdout + res.stderr
     (run,) = runs_json(runs_root)
     rdir = Path(run["dir"])
+    assert json.loads((rdir / "run.json").read_text())["tags"] == ["<redacted>", "plain"]
     env = json.loads((rdir / "env" / "training-env.json").read_text())
     assert env.get("NCCL_DEBUG") == "INFO"  # training environment is archived...
     values = list(SECRETS.values()) + [CFG_TOKEN]
     leaks = []
-    for p in _all_files(rdir.parent):  # the run dir, its sweep's logs and code snapshot
+    for p in _all_files(runs_root):  # the run dir, its sweep's logs and code snapshot, the index
         data = p.read_bytes()
         leaks += [(str(p), v) for v in values if v.encode() in data]
     assert not leaks, leaks  # ...but no secret value, anywhere

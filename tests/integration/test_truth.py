@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, REPO, launch, run_cmd, runs_json, wait_final
+from helpers import BIN, REPO, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
 from launcher.rundir import RunDir
 

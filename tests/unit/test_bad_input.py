@@ -1,11 +1,25 @@
 """Bad input: every invalid configuration is rejected by the full pre-submit check, naming its key,
-and nothing is submitted. Config rules (launcher.layout) and the planner's checks (launcher.plan.checks)."""
+and nothing is submitted. Config rules (launcher.layout) and the planner's checks (launcher.plan.checks).
+
+Every key of the schema is walked (launcher.schema.leaves): each numeric key out of its declared bounds
+(and nan / inf for floats), each enum with a bogus value, each string (and list item, mapping key and
+value) with a control character; and no control character ever reaches an sbatch script through the
+real `launch` command."""
 from __future__ import annotations
+
+import enum
+import math
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import open_dict
 
-from helpers import launch
+from helpers import REPO, launch
+from launcher import schema
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.submit.pipeline import InvalidSweep, Point, check
 
@@ -24,7 +38,8 @@ BAD = [
     (["model.num_heads=5"], "model.num_heads"),
     (["parallelism.tp=3"], "parallelism.tp"),
     (["parallelism.dp=3"], "parallelism.dp"),
-    (["cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism.tp=4"], "parallelism.tp"),  # TP across nodes
+    (["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism.tp=4"],
+     "parallelism.tp"),  # TP across nodes
     (["cluster.gpus_per_node=4", "parallelism.tp=4", "model.ffn_hidden_size=250"], "model.ffn_hidden_size"),
     (["cluster.gpus_per_node=4", "parallelism.tp=4", "model.vocab_size=510"], "model.vocab_size"),
     (["parallelism.pp=2", "model.num_layers=3"], "model.num_layers"),
@@ -45,6 +60,46 @@ BAD = [
     (["model.dropout=1.5"], "model.dropout"),
     (["train.fail_at_step=1", "train.fail_rank=5"], "train.fail_rank"),
     (["submit.job_name=${oc.env:LAUNCHER_SURELY_UNSET_VARIABLE}"], "submit.job_name"),
+    # --- values that used to pass, be archived and fail at run time
+    (["+train.stepz=5"], "train.stepz"),  # '+' adds any key: the rules refuse what the schema lacks
+    (["+cluster.gpu.memroy_gb=80"], "cluster.gpu.memroy_gb"),
+    (["optim.lr=nan"], "optim.lr"),
+    (["optim.lr=inf"], "optim.lr"),
+    (["seed=18446744073709551616"], "seed"),  # beyond 64 bits
+    (["seed=-1"], "seed"),
+    (["data.seed=9223372036854775808"], "data.seed"),
+    (["data.branching=0"], "data.branching"),
+    (["model.vocab_size=3", "data.branching=4"], "data.branching"),
+    (["train.dist_timeout_s=0"], "train.dist_timeout_s"),
+    (["precision.initial_scale_power=41"], "precision.initial_scale_power"),
+    (["precision.initial_scale_power=-1"], "precision.initial_scale_power"),
+    (["precision.loss_scale=-1"], "precision.loss_scale"),  # not "dynamic"
+    (["precision.min_loss_scale=0"], "precision.min_loss_scale"),
+    (["precision.loss_scale_window=0"], "precision.loss_scale_window"),
+    (["precision.hysteresis=0"], "precision.hysteresis"),
+    (["cluster.gpu.memory_gb=-1"], "cluster.gpu.memory_gb"),
+    (["cluster.gpu.peak_tflops=-1"], "cluster.gpu.peak_tflops"),
+    (["cluster.intra_node_bandwidth=-1"], "cluster.intra_node_bandwidth"),
+    (["cluster.inter_node_bandwidth=-1"], "cluster.inter_node_bandwidth"),
+    (["optim.min_lr_ratio=1.5"], "optim.min_lr_ratio"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay"),
+    (["optim.beta1=1.0"], "optim.beta1"),
+    (["optim.beta2=-0.5"], "optim.beta2"),
+    (["optim.eps=0"], "optim.eps"),
+    (["optim.grad_clip=-1"], "optim.grad_clip"),
+    (["train.log_interval=-1"], "train.log_interval"),
+    (["submit.wait_timeout_s=-1"], "submit.wait_timeout_s"),
+    (["train.fail_at_step=0"], "train.fail_at_step"),
+    (["train.fail_at_step=61"], "train.fail_at_step"),  # after the last step: never fires
+    (["recipe._target_=recipes.gpt.train.mian"], "recipe._target_"),
+    (["recipe._target_=recipes.gpt.tran.main"], "recipe._target_"),
+    (["recipe._target_=surely_no_such_package.train.main"], "recipe._target_"),
+    (["cluster.nodes=2"], "cluster.nodes"),  # the local backend runs one node
+    (["cluster=a100_80g", "cluster.time_min=0"], "cluster.time_min"),
+    (["cluster=a100_80g", "cluster.cpus_per_task=0"], "cluster.cpus_per_task"),
+    (["cluster=a100_80g", "cluster.mem_gb=0"], "cluster.mem_gb"),
+    (["cluster=a100_80g", "cluster.array_parallelism=0"], "cluster.array_parallelism"),
+    (["cluster=a100_80g", "+cluster.sbatch_extra.reservation='big\ntouch pwned #'"], "cluster.sbatch_extra.reservation"),
     # --- the planner: does not fit (errors name the memory key and the fix key)
     (["model=gpt_175b", "cluster=a100_80g", "train.micro_batch_size=1", "train.global_batch_size=64"],
      "cluster.gpu.memory_gb"),
@@ -68,7 +123,7 @@ def compose_cfg(overrides):
 
 
 def test_the_set_is_large_enough():
-    assert len(BAD) >= 25 and len({tuple(o) for o, _ in BAD}) == len(BAD)
+    assert len(BAD) >= 70 and len({tuple(o) for o, _ in BAD}) == len(BAD)
 
 
 @pytest.mark.parametrize("overrides,key", BAD, ids=[" ".join(o) for o, _ in BAD])
@@ -88,7 +143,7 @@ def test_warnings_pass_when_forced(overrides, key, capsys):
 
 
 def test_one_bad_point_rejects_the_whole_sweep():
-    points = [Point(compose_cfg(o), o) for o in (["optim.lr=1e-3"], BAD[30][0], ["optim.lr=3e-3"])]
+    points = [Point(compose_cfg(o), o) for o in (["optim.lr=1e-3"], ["optim.lr=nan"], ["optim.lr=3e-3"])]
     with pytest.raises(InvalidSweep) as ei:
         check(points)
     assert str(ei.value).startswith("1 of 3 point(s) invalid; nothing was submitted")
@@ -100,6 +155,9 @@ LAUNCH_BAD = [
     (["model=gpt_175b"], "cluster.gpu.memory_gb"),  # cluster=local: this host's memory
     (["parallelism.pp=2", "train.micro_batch_size=8"], "submit.force=true"),  # bubble 33%: a warning stops it
     (["-m", "cluster.gpu.memory_gb=0,0.001"], "1 of 2 point(s) invalid; nothing was submitted"),  # 1 MiB GPUs
+    (["cluster.nodes=2"], "set cluster.nodes=1 or use a Slurm cluster"),  # local: ran 2 processes, archived world 4
+    (["+train.stepz=5"], "train.stepz"),
+    (["optim.lr=nan"], "optim.lr"),
 ]
 
 
@@ -116,3 +174,229 @@ def test_launch_force_turns_warnings_into_stderr(runs_root):
                  runs_root, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "pipeline bubble 33%" in res.stderr and "# dry run: nothing submitted" in res.stdout
+
+
+
+# ---- every key of the schema ---------------------------------------------------------------------------
+
+LEAVES = schema.leaves()
+SLURM = ["cluster=a100_80g", "train.global_batch_size=32"]  # a valid Slurm config: values reach an sbatch script
+
+
+def _literal(v) -> str:
+    if isinstance(v, float):
+        return {math.inf: "inf", -math.inf: "-inf"}.get(v, "nan" if v != v else repr(v))
+    return str(v)
+
+
+def out_of_bounds(leaf: schema.Leaf):
+    """Values just outside the bounds the schema declares for ``leaf`` (and nan/inf for floats, 2**63
+    for an int without an upper bound)."""
+    b = leaf.bounds
+    one = 1.0 if leaf.type is float else 1
+    out = []
+    if b.ge is not None:
+        out.append(leaf.type(b.ge) - one)
+    if b.gt is not None:
+        out.append(leaf.type(b.gt))
+    if b.le is not None:
+        out.append(leaf.type(b.le) + one)
+    if b.lt is not None:
+        out.append(leaf.type(b.lt))
+    if leaf.type is float:
+        out += [math.nan, math.inf, -math.inf]
+    elif b.le is None and b.lt is None:
+        out.append(2**63)
+    return out
+
+
+NUMERIC = [(leaf.key, v) for leaf in LEAVES if leaf.type in (int, float) for v in out_of_bounds(leaf)]
+ENUMS = [leaf.key for leaf in LEAVES if isinstance(leaf.type, type) and issubclass(leaf.type, enum.Enum)]
+STRINGS = [leaf for leaf in LEAVES if leaf.type is str or (leaf.type in (list, dict) and leaf.item is str)]
+
+
+def _refused(overrides, key, base=()):
+    with pytest.raises(InvalidSweep) as ei:
+        check([Point(compose_cfg([*base, *overrides]), list(overrides))])
+    text = str(ei.value)
+    assert "nothing was submitted" in text and re.search(rf"- {re.escape(key)}:", text), text
+    return text
+
+
+def test_the_walk_covers_the_schema():
+    assert len(NUMERIC) >= 120 and len(ENUMS) >= 4 and len(STRINGS) >= 15
+    assert {"wandb.mode", "precision.dtype", "parallelism.engine", "train.recompute"} <= set(ENUMS)
+    # every numeric key declares its bounds in the schema (a new one is checked by declaring them)
+    assert not [leaf.key for leaf in LEAVES if leaf.type in (int, float) and leaf.bounds is None]
+
+
+@pytest.mark.parametrize("key,value", NUMERIC, ids=[f"{k}={_literal(v)}" for k, v in NUMERIC])
+def test_every_numeric_key_out_of_bounds_is_refused(key, value):
+    base = SLURM if key.startswith("cluster.") else []
+    text = _refused([f"{key}={_literal(value)}"], key, base)
+    assert "fix:" in text
+
+
+@pytest.mark.parametrize("key", ENUMS)
+def test_every_enum_refuses_a_bogus_value_at_composition(key):
+    with pytest.raises(ConfigCompositionException) as ei:
+        compose_cfg([f"{key}=surely_bogus"])
+    assert f"full_key: {key}" in str(ei.value.__cause__) and "expected one of" in str(ei.value.__cause__)
+
+
+def test_a_bogus_backend_is_refused():
+    _refused(["cluster.backend=pbs"], "cluster.backend")
+
+
+def _newline_overrides(leaf: schema.Leaf):
+    """(override, key the error must name) putting a newline into ``leaf``."""
+    if leaf.type is list:
+        return [f"{leaf.key}=['fine','x\ntouch pwned #']"], f"{leaf.key}[1]"
+    if leaf.type is dict:
+        return [f"+{leaf.key}.NAME='x\ntouch pwned #'"], f"{leaf.key}.NAME"
+    return [f"{leaf.key}='x\ntouch pwned #'"], leaf.key
+
+
+@pytest.mark.parametrize("leaf", STRINGS, ids=[leaf.key for leaf in STRINGS])
+def test_every_string_with_a_control_character_is_refused(leaf):
+    overrides, key = _newline_overrides(leaf)
+    _refused(overrides, key, SLURM)
+
+
+@pytest.mark.parametrize("char", ["\r", "\t", "\x00", "\x1b", "\x7f"])
+def test_every_control_character_is_refused(char):
+    cfg = compose_cfg(SLURM)
+    cfg.cluster.partition = f"gpu{char}x"
+    with pytest.raises(InvalidSweep, match=r"- cluster\.partition: contains the control character"):
+        check([Point(cfg)])
+
+
+@pytest.mark.parametrize("mapping", ["cluster.sbatch_extra", "cluster.env"])
+def test_mapping_keys_with_control_characters_are_refused(mapping):
+    cfg = compose_cfg(SLURM)
+    node = cfg.cluster[mapping.split(".")[1]]
+    with open_dict(node):
+        node["x\ntouch pwned #"] = "1"
+    with pytest.raises(InvalidSweep) as ei:
+        check([Point(cfg)])
+    assert re.search(rf"- {re.escape(mapping)}: has a key that contains the control character", str(ei.value))
+
+
+@pytest.mark.parametrize("mapping,name", [("cluster.sbatch_extra", "reser vation"), ("cluster.sbatch_extra", "--x"),
+                                          ("cluster.env", "1BAD"), ("cluster.env", "A-B")])
+def test_mapping_keys_must_be_names(mapping, name):
+    cfg = compose_cfg(SLURM)
+    node = cfg.cluster[mapping.split(".")[1]]
+    with open_dict(node):
+        node[name] = "1"
+    with pytest.raises(InvalidSweep) as ei:
+        check([Point(cfg)])
+    assert f"- {mapping}.{name}:" in str(ei.value)
+
+
+def test_good_strings_and_mappings_pass():
+    ok = ["cluster.partition=gpu", "cluster.qos=high", "+cluster.sbatch_extra.reservation=big",
+          "+cluster.sbatch_extra.exclusive=''", "+cluster.env.MY_VAR='a b; $(c)'", "cluster.setup=['module load x']",
+          "tags=[a,b]"]
+    assert len(check([Point(compose_cfg([*SLURM, *ok]))])) == 1
+
+
+# ---- no control character reaches an sbatch script: the real `launch`, a dry run --------------------------
+
+EVIL = "x\ntouch pwned #"
+NEWLINE_LAUNCHES = [
+    ([f"cluster.partition='{EVIL}'"], "cluster.partition"),
+    ([f"cluster.account='{EVIL}'"], "cluster.account"),
+    ([f"cluster.qos='{EVIL}'"], "cluster.qos"),
+    ([f"cluster.constraint='{EVIL}'"], "cluster.constraint"),
+    ([f"submit.job_name='{EVIL}'"], "submit.job_name"),
+    ([f"name='{EVIL}'"], "name"),
+    ([f"model.name='{EVIL}'"], "model.name"),
+    ([f"+cluster.sbatch_extra.reservation='{EVIL}'"], "cluster.sbatch_extra.reservation"),
+    ([f"cluster.setup=['module load x','{EVIL}']"], "cluster.setup[1]"),
+    ([f"+cluster.env.MY_VAR='{EVIL}'"], "cluster.env.MY_VAR"),
+    ([f"cluster.env.OMP_NUM_THREADS='{EVIL}'"], "cluster.env.OMP_NUM_THREADS"),
+    ([f"submit.runs_root='{EVIL}'"], "submit.runs_root"),
+    ([f"cluster.name='{EVIL}'"], "cluster.name"),
+    ([f"tags=['{EVIL}']"], "tags[0]"),
+]
+
+
+def _nothing_written(runs_root: Path) -> None:
+    assert not runs_root.exists() or not any(runs_root.iterdir())
+    assert not list(runs_root.parent.rglob("pwned")) and not (REPO / "pwned").exists()
+    assert not [p for p in runs_root.parent.iterdir() if "touch" in p.name]  # a runs_root made of the value
+
+
+def test_a_clean_dry_run_prints_the_sbatch_script(runs_root):
+    """The control: the same launch with clean values reaches the script (so the refusals below are the
+    rules' doing)."""
+    res = launch([*SLURM, "submit.dry_run=true", "cluster.qos=high", "+cluster.sbatch_extra.reservation=big"],
+                 runs_root, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "#SBATCH --qos=high" in res.stdout and "#SBATCH --reservation=big" in res.stdout
+    _nothing_written(runs_root)
+
+
+@pytest.mark.parametrize("overrides,key", NEWLINE_LAUNCHES, ids=[k for _, k in NEWLINE_LAUNCHES])
+def test_launch_refuses_control_characters_before_any_script(overrides, key, runs_root):
+    res = launch([*SLURM, "submit.dry_run=true", *overrides], runs_root, timeout=120)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"- {key}: contains the control character '\\n'" in res.stderr, res.stderr[-2000:]
+    assert "#SBATCH" not in res.stdout and "touch pwned" not in res.stdout
+    _nothing_written(runs_root)
+
+
+def test_launch_refuses_control_characters_in_mapping_keys(tmp_path, runs_root):
+    """Mapping keys with a newline cannot be typed as overrides, but a cluster file can hold them."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "cluster" / "evil.yaml").write_text(
+        (CONF_DIR / "cluster" / "a100_80g.yaml").read_text().replace("name: a100_80g", "name: evil")
+        .replace("sbatch_extra: {}", 'sbatch_extra: {"reservation=x\\ntouch pwned #": ""}')
+        .replace('  OMP_NUM_THREADS: "8"', '  "X\\ntouch pwned #": "1"'))
+    res = launch(["cluster=evil", "train.global_batch_size=32", "submit.dry_run=true"], runs_root, timeout=120,
+                 extra_env={"LAUNCHER_CONF_DIR": str(conf)})
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "- cluster.sbatch_extra: has a key that contains the control character" in res.stderr
+    assert "- cluster.env: has a key that contains the control character" in res.stderr
+    assert "#SBATCH" not in res.stdout
+    _nothing_written(runs_root)
+
+
+# ---- the README's examples still pass -----------------------------------------------------------------
+
+
+def _readme_launches():
+    """The `launch` lines of README.md's usage block, as overrides (a sweep's first value of each list)."""
+    out = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        words = line.split("#")[0].split()
+        if words[:1] != ["launch"] or any(w.startswith("--") for w in words):
+            continue
+        out.append([w.split(",")[0] for w in words[1:] if w != "-m"])
+    return out
+
+
+README = _readme_launches()
+
+
+def test_the_readme_shows_launches():
+    assert [] in README and len(README) >= 5
+
+
+@pytest.mark.parametrize("overrides", README, ids=[" ".join(o) or "(default)" for o in README])
+def test_readme_examples_pass_the_check(overrides):
+    assert len(check([Point(compose_cfg(overrides), overrides)])) == 1
+
+
+def test_the_readme_default_run_completes(runs_root):
+    res = launch([], runs_root, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "completed" in res.stdout
+
+
+def test_a_refused_value_is_not_echoed():
+    """A secret read with its trailing newline ($(cat token)) is refused without printing it."""
+    text = _refused(["+cluster.env.API_TOKEN='s3cr3t-value\n'"], "cluster.env.API_TOKEN")
+    assert "s3cr3t" not in text

@@ -16,8 +16,10 @@ register_configs()
 
 
 def _compose(*overrides):
+    # the DeepSpeed config does not depend on where the job runs; a Slurm cluster allows any node count
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+        return compose(config_name="config",
+                       overrides=normalize_overrides(["cluster=local_slurm", "cluster.nodes=1", *overrides]))
 
 
 def _ds(*overrides, dp=None):

@@ -74,6 +74,28 @@ def _init_comm(deepspeed: Any, backend: str) -> None:
             ds_torch_comm.build_shm_op = build
 
 
+def _refuse_unsupported_fp16(dtype: str) -> None:
+    """fp16 on DeepSpeed's CPU accelerator needs oneDNN's fp16 kernels (CPUs with avx512_fp16 or
+    amx_fp16). Launch refuses it for local runs (launcher.layout reads this host's CPU flags); a job
+    that lands on such a CPU anyway stops here, naming the key, instead of in deepspeed.initialize
+    ("Type fp16 is not supported on your device")."""
+    if dtype != "fp16":
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    from launcher.layout import ConfigError
+
+    acc = get_accelerator()
+    if acc.device_name() == "cpu" and not acc.is_fp16_supported():
+        raise ConfigError(
+            "precision.dtype",
+            "fp16 on the deepspeed engine, but DeepSpeed's CPU accelerator has no fp16 on this CPU (oneDNN has no "
+            "fp16 kernels: its flags include neither avx512_fp16 nor amx_fp16)",
+            "use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
+            "whose fp16 autocast with a loss scaler runs on this CPU",
+        )
+
+
 def _cpu_adam(model: torch.nn.Module, optim: Any):
     """DeepSpeedCPUAdam in AdamW mode with base.adamw's groups and hyper-parameters (JIT-compiles
     DeepSpeed's cpu_adam op on first use, cached under ~/.cache/torch_extensions)."""
@@ -91,6 +113,7 @@ class DeepSpeedEngine(Engine):
         self.stage = int(layout.zero)
         self.dtype = dtype_name(cfg)
         deepspeed = _import_deepspeed()
+        _refuse_unsupported_fp16(self.dtype)
         # torch.distributed is already up (launcher runtime); DeepSpeed wraps the existing group.
         _init_comm(deepspeed, ctx.backend)
         self.world = int(ctx.world_size)

@@ -1,0 +1,222 @@
+"""Nothing secret is ever written anywhere under runs_root, or printed.
+
+Secret values are planted every way a user can hand one to `launch`: the submitting environment
+(HF_TOKEN, WANDB_API_KEY, MY_SECRET), `+cluster.env.HF_TOKEN=...` on the command line, a `.env` file
+and a cluster yaml with `env: {HF_TOKEN: ...}` in the source tree launched from, and the same values
+under non-secret keys (cluster.setup, tags, so argv and overrides too). Then every byte of every file
+under runs_root (.hydra, .submitit, code/, registry.sqlite, wandb/ ... binary files too) and the
+command's output is searched for each value.
+"""
+import json
+import secrets as _random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, launch, runs_json, wait_final
+
+from launcher.archive import secrets, snapshot
+
+
+def _value(tag):  # made at test time: a literal would sit in the code snapshot of this very file
+    return f"s3cr3t-{tag}-{_random.token_hex(12)}"
+
+
+ENV = {"HF_TOKEN": _value("env-hf"), "WANDB_API_KEY": _value("env-wandb"), "MY_SECRET": _value("env-my")}
+CLI = _value("cli")        # +cluster.env.HF_TOKEN=... on the command line
+DOTENV = _value("dotenv")  # HF_TOKEN=... in the repo's (untracked, not ignored) .env
+LEAKY = _value("leaky")    # env: {HF_TOKEN: ...} in conf/cluster/leaky.yaml
+PEM = _value("pem")        # a tracked, secret-looking file (deploy/server.pem)
+IGNORED = _value("ignored")  # a file git ignores (build/notes.txt): never copied, never read
+PLANTED = [*ENV.values(), CLI, DOTENV, LEAKY, PEM, IGNORED]
+
+FAST = ["train.steps=6", "optim.warmup_steps=0", "train.log_interval=0"]
+# the values again, under keys that are not secret-named: the scrubber must find them by value
+LEAKS = [f"cluster.setup=['export MY_SECRET={ENV['MY_SECRET']}','true {LEAKY}']",
+         f"tags=[{ENV['MY_SECRET']},x{DOTENV}x,{LEAKY},{ENV['HF_TOKEN']},plain]"]
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def leaky_repo(tmp_path):
+    """A scratch clone of this repo with the working tree's current files, plus secrets lying around
+    as they do in real checkouts. `launch` runs from it (so it is the tree the snapshot copies)."""
+    dest = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True, timeout=120)
+    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
+                              capture_output=True, text=True, check=True).stdout.split():
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / ".env").write_text(f"HF_TOKEN={DOTENV}\n")
+    local = (dest / "conf" / "cluster" / "local.yaml").read_text()
+    (dest / "conf" / "cluster" / "leaky.yaml").write_text(
+        local.replace("name: local\n", "name: leaky\n") + f"  HF_TOKEN: {LEAKY}\n")
+    (dest / "deploy").mkdir()
+    (dest / "deploy" / "server.pem").write_text(f"-----BEGIN PRIVATE KEY-----\n{PEM}\n")
+    (dest / "build").mkdir(exist_ok=True)  # build/ is in .gitignore
+    (dest / "build" / "notes.txt").write_text(IGNORED)
+    _git(dest, "-c", "user.email=t@t", "-c", "user.name=t", "add", "-f", "deploy/server.pem")
+    _git(dest, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "add a key")
+    return dest
+
+
+def _env(repo, **extra):
+    return {**ENV, "LAUNCHER_CONF_DIR": str(repo / "conf"), **extra}
+
+
+def _leaks(root, text=""):
+    """(where, value) for every planted value found in any file under root, or in text."""
+    found = []
+    for p in sorted(Path(root).rglob("*")) if Path(root).exists() else []:
+        if p.is_file() and not p.is_symlink():
+            data = p.read_bytes()
+            found += [(str(p), v) for v in PLANTED if v.encode() in data]
+    found += [("output", v) for v in PLANTED if v in text]
+    return found
+
+
+def _check_snapshot(code_dir):
+    info = json.loads((code_dir / ".snapshot.json").read_text())
+    assert not (code_dir / ".env").exists() and ".env" in info["refused"], info
+    assert not (code_dir / "deploy" / "server.pem").exists() and "deploy/server.pem" in info["refused"], info
+    assert not (code_dir / "build").exists()  # ignored: never copied
+    assert "build/notes.txt" not in info["refused"]
+    leaky = (code_dir / "conf" / "cluster" / "leaky.yaml").read_text()
+    assert f"HF_TOKEN: {secrets.REDACTED}" in leaky and "conf/cluster/leaky.yaml" in info["redacted"]
+    assert (code_dir / "launcher" / "archive" / "secrets.py").is_file()  # the code itself is all there
+    patch = (code_dir / snapshot.PATCH_FILE).read_text()
+    heads = [line for line in patch.splitlines() if line.startswith("diff --git ")]
+    assert "diff --git a/conf/cluster/leaky.yaml b/conf/cluster/leaky.yaml" in heads
+    assert not [h for h in heads if "/.env" in h or ".pem" in h], heads
+
+
+@pytest.mark.timeout(300)
+def test_dry_run_sweep_prints_and_writes_no_secret(runs_root, leaky_repo, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = launch(["-m", "submit.dry_run=true", "cluster=leaky", f"+cluster.env.API_TOKEN={CLI}", *LEAKS, "seed=1,2"],
+                 runs_root, extra_env=_env(leaky_repo, TMPDIR=str(tmp)), cwd=leaky_repo)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "# dry run: nothing submitted (2 point(s))" in out
+    assert f"export MY_SECRET={secrets.REDACTED}" in out and f"HF_TOKEN: {secrets.REDACTED}" in out
+    assert not _leaks(runs_root, out), _leaks(runs_root, out)
+    # Hydra's multirun.yaml (the config with every override) went to a private temp dir, now gone
+    assert not (runs_root / ".hydra").exists()
+    assert list(tmp.iterdir()) == [], list(tmp.iterdir())
+
+
+@pytest.mark.timeout(600)
+def test_local_run_archives_no_secret(runs_root, leaky_repo):
+    # WANDB_NOTES: a non-secret name holding a secret: archived redacted, so the job must not export it
+    res = launch(["cluster=leaky", f"+cluster.env.API_TOKEN={CLI}", f"+cluster.env.WANDB_NOTES=x{DOTENV}", *LEAKS,
+                  *FAST, "wandb.enabled=true", "wandb.mode=offline"], runs_root, extra_env=_env(leaky_repo),
+                 cwd=leaky_repo, timeout=500)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    (run,) = runs_json(runs_root)
+    assert run["status"] == "completed", run
+    rdir = Path(run["dir"])
+    assert list((rdir / "wandb").rglob("*")), "wandb wrote no files"
+    assert (runs_root / "registry.sqlite").is_file()
+    _check_snapshot(rdir.parent / "code")
+    cfg = (rdir / "config.yaml").read_text()
+    assert f"API_TOKEN: {secrets.REDACTED}" in cfg and f"HF_TOKEN: {secrets.REDACTED}" in cfg
+    assert f"export MY_SECRET={secrets.REDACTED}" in cfg and f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
+    job_env = json.loads((rdir / "env" / "training-env.json").read_text())
+    assert "WANDB_NOTES" not in job_env, "the job exported a redacted value from config.yaml"
+    assert job_env.get("OMP_NUM_THREADS") == "1"  # plain cluster.env values still reach the job
+    meta = json.loads((rdir / "run.json").read_text())
+    assert meta["tags"] == [secrets.REDACTED, f"x{secrets.REDACTED}x", secrets.REDACTED, secrets.REDACTED, "plain"]
+    assert not _leaks(runs_root, out), _leaks(runs_root, out)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_slurm_sweep_archives_no_secret(slurm, runs_root, leaky_repo):
+    # leaky.yaml is not used here: its value (in tags) is known because it is written in the tree
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", f"+cluster.env.HF_TOKEN={CLI}", *LEAKS, *FAST,
+                  "wandb.enabled=true", "wandb.mode=offline", "seed=1,2"],
+                 runs_root, extra_env=_env(leaky_repo, **slurm), cwd=leaky_repo, timeout=400)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    runs = wait_final(runs_root, 2, timeout=600)
+    assert [r["status"] for r in runs] == ["completed", "completed"], runs
+    assert len({r["job_id"].split("_")[0] for r in runs}) == 1  # one array
+    rdir = Path(runs[0]["dir"])
+    assert list((rdir / "wandb").rglob("*")), "wandb wrote no files"
+    assert (rdir / "sbatch.sh").is_file() and list((rdir.parent / ".submitit").glob("*_submission.sh"))
+    _check_snapshot(rdir.parent / "code")
+    assert not _leaks(runs_root, out), _leaks(runs_root, out)
+
+
+@pytest.mark.timeout(120)
+def test_invalid_sweep_error_prints_no_secret(runs_root):
+    """An invalid sweep's error names each point by its overrides: a secret among them is redacted."""
+    res = launch(["-m", f"+cluster.env.HF_TOKEN={CLI}", f"tags=[{ENV['MY_SECRET']}]", "seed=1,2",
+                  "train.micro_batch_size=3"], runs_root, extra_env=ENV)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "2 of 2 point(s) invalid" in out, out
+    assert f"tags=[{secrets.REDACTED}]" in out
+    assert not _leaks(runs_root, out), _leaks(runs_root, out)
+
+
+@pytest.mark.timeout(120)
+def test_snapshot_outside_git_refuses_secret_files_and_scrubs(tmp_path, monkeypatch):
+    """Outside a git repo: today's choice of files (.py/.yaml/...), the same secret rules."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "train.py").write_text(f"TOKEN_HINT = '{ENV['HF_TOKEN']}'\n")
+    (src / "cluster.yaml").write_text(f"env:\n  HF_TOKEN: {LEAKY}\n")
+    (src / "aws_credentials.yaml").write_text("x: 1\n")
+    (src / ".env").write_text(f"HF_TOKEN={DOTENV}\n")
+    monkeypatch.setenv("HF_TOKEN", ENV["HF_TOKEN"])
+    monkeypatch.setattr(snapshot.subprocess, "run", _no_git(snapshot.subprocess.run))
+    info = snapshot.take(src, tmp_path / "out" / "s" / "code")
+    dest = tmp_path / "out" / "s" / "code"
+    assert sorted(info["refused"]) == ["aws_credentials.yaml"]  # .env is not a .py/.yaml file: never listed
+    assert (dest / "pkg" / "train.py").read_text() == f"TOKEN_HINT = '{secrets.REDACTED}'\n"
+    assert (dest / "cluster.yaml").read_text() == f"env:\n  HF_TOKEN: {secrets.REDACTED}\n"
+    assert not (dest / ".env").exists()
+    assert not _leaks(tmp_path / "out")
+
+
+def _no_git(run):
+    def fake(args, *a, **kw):  # snapshot.source_files as if root were no git repo
+        if list(args[:2]) == ["git", "-C"] and "ls-files" in args:
+            return subprocess.CompletedProcess(args, 128, "", "not a git repository")
+        return run(args, *a, **kw)
+
+    return fake
+
+
+@pytest.mark.timeout(60)
+def test_scrub_rules():
+    known = secrets.known_secrets([{"cluster": {"env": {"HF_TOKEN": CLI, "OMP_NUM_THREADS": "1"}},
+                                    "wandb": {"api_key": LEAKY}}],
+                                   env={"MY_SECRET": DOTENV, "TOKENIZERS_PARALLELISM": "false", "PIN_KEY": "123",
+                                        "PATH": "/usr/bin"})
+    assert sorted(known.values()) == sorted([CLI, LEAKY, DOTENV])  # no short or settings-like value
+    tree = {"tags": [CLI, f"a-{LEAKY}-b", 3, True, None], "setup": [f"export X={DOTENV}"], CLI: "key too"}
+    assert secrets.scrub_tree(tree, known) == {
+        "tags": [secrets.REDACTED, f"a-{secrets.REDACTED}-b", 3, True, None],
+        "setup": [f"export X={secrets.REDACTED}"], secrets.REDACTED: "key too"}
+    assert secrets.scrub("use false and 123 freely", {"TOKENIZERS_PARALLELISM": "false", "PIN_KEY": "123"}) == \
+        "use false and 123 freely"
+    assert secrets.redact_config({"cluster": {"env": {"HF_TOKEN": "abc"}}, "tags": [CLI]}, known) == \
+        {"cluster": {"env": {"HF_TOKEN": secrets.REDACTED}}, "tags": [secrets.REDACTED]}
+    for name in (".env", "a/.env.local", "x.pem", "k.key", "id_rsa", "id_ed25519.pub", "aws/credentials",
+                 ".netrc", ".pypirc", "c.p12", ".ssh/config"):
+        assert secrets.is_secret_file(name), name
+    for name in ("launcher/archive/secrets.py", "conf/cluster/local.yaml", "keys.py", "README.md"):
+        assert not secrets.is_secret_file(name), name
+    assert secrets.training_env({"NCCL_DEBUG": "INFO", "WANDB_NOTES": f"x{CLI}", "HF_TOKEN": CLI}) == \
+        {"NCCL_DEBUG": "INFO", "WANDB_NOTES": f"x{secrets.REDACTED}"}
+    assert secrets.is_redacted(secrets.REDACTED) and not secrets.is_redacted("1")
