@@ -66,3 +66,18 @@ def train_losses(overrides: List[str], runs_root: Path, procs: int, timeout: flo
     run = runs_json(runs_root)[-1]
     assert run["status"] == "completed", run
     return [r["loss"] for r in read_metrics(run["dir"])]
+
+
+def clone_worktree(dest: Path) -> Path:
+    """A scratch clone of this repo with the working tree's current files (committed or not): a
+    tree tests may change, or run `launch` from, as a user would."""
+    import shutil
+
+    subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True, timeout=120)
+    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
+                              capture_output=True, text=True, check=True).stdout.split():
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest

@@ -98,6 +98,7 @@ def _size(n: float) -> str:
 
 def _print_table(report: Dict[str, Any], top: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -105,13 +106,13 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
         con = Console(width=170)
     m, c = report["model"], report["cluster"]
     con.print(
-        f"[bold]{m['name']}[/]: {m['params']:,} parameters (formula {m['params_formula']:,}), "
+        f"[bold]{escape(str(m['name']))}[/]: {m['params']:,} parameters (formula {m['params_formula']:,}), "
         f"{m['global_batch_size']} x {m['seq_len']} tokens per step, {m['model_flops_per_step']:.3g} model FLOPs per step"
     )
-    mem = f"{_size(c['memory_bytes'])} ({_size(c['usable_bytes'])} usable; {c['memory_source']})" \
+    mem = f"{_size(c['memory_bytes'])} ({_size(c['usable_bytes'])} usable; {escape(c['memory_source'])})" \
         if c["memory_bytes"] else "unknown (no memory check)"
     con.print(
-        f"cluster [bold]{c['name']}[/]: {c['nodes']} x {c['gpus_per_node']} GPUs, memory per GPU {mem}, "
+        f"cluster [bold]{escape(str(c['name']))}[/]: {c['nodes']} x {c['gpus_per_node']} GPUs, memory per GPU {mem}, "
         f"peak {c['peak_tflops']:g} TFLOP/s, links {c['intra_node_gbps']:g} / {c['inter_node_gbps']:g} GB/s"
     )
     if c["assumed"]:

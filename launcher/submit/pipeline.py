@@ -171,7 +171,7 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
 def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapshot: Optional[Path],
            extra_meta: Optional[Dict[str, Any]]) -> _Sweep:
     """The sweep dir and the code snapshot every point runs (taken once per launch, or reused)."""
-    from launcher.archive import code, secrets, snapshot
+    from launcher.archive import secrets, snapshot
 
     sd = SweepDir.new(runs_root)
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
@@ -180,10 +180,25 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     # whatever key they appear under
     known = secrets.known_secrets([c.resolved for c in checked])
     if code_snapshot is None:
-        root = code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent) or Path.cwd()
+        root = source_root(Path.cwd(), [str(c.resolved["recipe"]["_target_"]) for c in checked])
         known.update(snapshot.tree_secrets(root))
         snapshot.take(root, code_dir, known=known, exclude=[runs_root])
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta)
+
+
+def source_root(cwd: Path, targets: List[str]) -> Path:
+    """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
+    holds a recipe's top-level module (a user's own code, not in git); else the repo holding the
+    launcher (whose recipes the run uses)."""
+    from launcher.archive import code
+
+    repo = code.repo_root(cwd)
+    if repo is not None:
+        return repo
+    tops = {t.split(".")[0] for t in targets}
+    if any((cwd / top).is_dir() or (cwd / f"{top}.py").is_file() for top in tops):
+        return cwd
+    return code.repo_root(Path(__file__).resolve().parent) or cwd
 
 
 # ---- 3. stage each run ---------------------------------------------------------------------------

@@ -81,13 +81,14 @@ def log_of_failure(run) -> Path:
 
 
 def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
-    """submit.wait_timeout_s reached: cancel the jobs, wait until they have ended (their ranks no
-    longer write), then record the outcome and seal."""
+    """submit.wait_timeout_s reached: record the outcome (once: a rank that notices cannot record
+    another), cancel the jobs, wait until they have ended (no rank writes any more), then seal."""
     for r in runs:
+        r.rundir.finish("cancelled", seal=False, exit_code=None,
+                        error=f"cancelled: submit.wait_timeout_s={timeout_s} reached before the run ended")
         r.job.cancel(check=False)
     deadline = time.time() + grace_s
     while time.time() < deadline and not all(r.job.done() for r in runs):
         time.sleep(0.5)
     for r in runs:
-        r.rundir.finish("cancelled", exit_code=None,
-                        error=f"cancelled: submit.wait_timeout_s={timeout_s} reached before the run ended")
+        r.rundir.seal()

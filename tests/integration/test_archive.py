@@ -1,7 +1,6 @@
 """The run archive end to end: code snapshot, exact reproduction, secrets, atomicity, registry."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, REPO, launch, read_metrics, run_cmd, runs_json, wait_final
+from helpers import clone_worktree, BIN, launch, read_metrics, run_cmd, runs_json, wait_final
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -21,13 +20,7 @@ def worktree(tmp_path):
     """A scratch clone of this repo with the working tree's current files: the tests change its
     conf/ and code after launching, as a user would."""
     dest = tmp_path / "work"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True, timeout=120)
-    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
-                              capture_output=True, text=True, check=True).stdout.split():
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
+    clone_worktree(dest)
     return dest
 
 

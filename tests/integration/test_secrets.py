@@ -9,13 +9,12 @@ command's output is searched for each value.
 """
 import json
 import secrets as _random
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, launch, runs_json, wait_final
+from helpers import clone_worktree, launch, runs_json, wait_final
 
 from launcher.archive import secrets, snapshot
 
@@ -47,13 +46,7 @@ def leaky_repo(tmp_path):
     """A scratch clone of this repo with the working tree's current files, plus secrets lying around
     as they do in real checkouts. `launch` runs from it (so it is the tree the snapshot copies)."""
     dest = tmp_path / "work"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True, timeout=120)
-    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
-                              capture_output=True, text=True, check=True).stdout.split():
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
+    clone_worktree(dest)
     (dest / ".env").write_text(f"HF_TOKEN={DOTENV}\n")
     local = (dest / "conf" / "cluster" / "local.yaml").read_text()
     (dest / "conf" / "cluster" / "leaky.yaml").write_text(

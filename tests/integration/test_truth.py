@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, REPO, launch, run_cmd, runs_json
+from helpers import clone_worktree, BIN, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
 from launcher.rundir import RunDir
 
@@ -162,6 +162,9 @@ def test_wait_timeout_cancels_then_records(tmp_path):
     rd = RunDir(run["dir"])
     st = rd.status()
     assert st["status"] == "cancelled" and "wait_timeout_s=15" in st["error"], st
+    deadline = time.time() + 30  # killed ranks linger briefly as zombies until reaped
+    while time.time() < deadline and any(pid_alive(r["pid"]) for r in rd.ranks()):
+        time.sleep(0.2)
     assert not any(pid_alive(r["pid"]) for r in rd.ranks())
     time.sleep(2)
     assert rd.verify() == []  # no rank wrote into the run after it was sealed
@@ -191,18 +194,13 @@ def test_markup_looking_text_is_printed_verbatim(tmp_path):
     """A path or an error holding rich markup ([/x], [bold]) is text, not markup."""
     root = tmp_path / "[bold]runs[/x]"
     work = tmp_path / "work"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True, timeout=120)
-    for rel in subprocess.run(["git", "-C", str(REPO), "ls-files", "-m", "-o", "--exclude-standard"],
-                              capture_output=True, text=True, check=True).stdout.split():
-        if (REPO / rel).is_file():
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, work / rel)
+    clone_worktree(work)
     (work / "markup_recipe.py").write_text(
         "def main(cfg, ctx):\n    raise RuntimeError('gloo: [/__w/pytorch/pytorch/x.cpp:42] [bold]peer closed[/x]')\n")
     res = launch([*QUICK, "recipe._target_=markup_recipe.main"], root, timeout=300, cwd=work,
                  extra_env={"LAUNCHER_CONF_DIR": str(work / "conf")})
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    squeeze = lambda text: "".join(text.split())  # noqa: E731  (rich wraps long lines)
+    squeeze = lambda text: "".join(text.replace("│", " ").split())  # noqa: E731  (rich wraps long lines)
     assert squeeze("[/__w/pytorch/pytorch/x.cpp:42] [bold]peer closed[/x]") in squeeze(res.stdout)
     (run,) = runs_json(root)
     assert run["status"] == "failed"
@@ -222,3 +220,22 @@ def test_a_failed_rank_points_at_its_own_log(tmp_path):
     log = f"{run['job_id']}_1_log.err"
     assert log in "".join(res.stdout.split()), res.stdout
     assert "injected failure at step 2 on rank 1" in (Path(run["dir"]).parent / ".submitit" / log).read_text()
+
+
+def test_own_recipe_outside_a_git_repo_runs_from_its_snapshot(tmp_path):
+    """`launch recipe._target_=mypkg.train.main` from a plain directory snapshots that directory
+    (not the launcher's repo) and the job imports the user's package from the snapshot."""
+    work = tmp_path / "proj"
+    (work / "mypkg").mkdir(parents=True)
+    (work / "mypkg" / "__init__.py").write_text("")
+    (work / "mypkg" / "train.py").write_text(
+        "def main(cfg, ctx):\n"
+        "    ctx.log_metrics(1, loss=1.5)\n"
+        "    return {'steps': 1, 'final_loss': 1.5, 'world': ctx.layout.world_size}\n")
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "recipe._target_=mypkg.train.main"], root, timeout=300, cwd=work)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    assert run["status"] == "completed" and run["final_loss"] == 1.5
+    snap = Path(RunDir(run["dir"]).snapshot()["path"])
+    assert (snap / "mypkg" / "train.py").is_file() and not (snap / "launcher").exists()
