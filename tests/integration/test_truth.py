@@ -239,3 +239,10 @@ def test_own_recipe_outside_a_git_repo_runs_from_its_snapshot(tmp_path):
     assert run["status"] == "completed" and run["final_loss"] == 1.5
     snap = Path(RunDir(run["dir"]).snapshot()["path"])
     assert (snap / "mypkg" / "train.py").is_file() and not (snap / "launcher").exists()
+
+
+def test_no_runs_says_which_root(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    res = launcher(["runs"], root)
+    assert res.returncode == 0 and f"no runs under {root}" in res.stderr, res.stderr
