@@ -268,7 +268,9 @@ class Facts:
         return Facts(**{**{k: v for k, v in vars(self).items() if k in _FACT_FIELDS}, **changes})
 
     @classmethod
-    def from_cfg(cls, cfg: Any) -> "Facts":
+    def from_cfg(cls, cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> "Facts":
+        """``resolved``: the config already resolved to plain dicts (enums as strings), when the caller
+        has it, so the RUN rules do not resolve it again."""
         m, par, tr, cl, z = cfg.model, cfg.parallelism, cfg.train, cfg.cluster, cfg.zero
         optim = cfg.get("optim") if hasattr(cfg, "get") else getattr(cfg, "optim", None)
         opt = lambda name, default: default if optim is None else getattr(optim, name)  # noqa: E731
@@ -280,7 +282,7 @@ class Facts:
             sequence_parallel=bool(par.sequence_parallel), dtype=enum_value(cfg.precision.dtype),
             steps=tr.steps, lr=float(opt("lr", 1e-3)),
             warmup_steps=int(opt("warmup_steps", 0) or 0), fail_at_step=tr.fail_at_step, fail_rank=tr.fail_rank,
-            backend=enum_value(cl.backend), values=Values(cfg),
+            backend=enum_value(cl.backend), values=Values(cfg if resolved is None else resolved),
         )
 
 
@@ -800,9 +802,10 @@ class Layout:
                    procs_per_node=f.gpus_per_node)
 
 
-def resolve(cfg: Any) -> Layout:
-    """The layout a valid config describes. Raises ConfigErrors listing every broken rule."""
-    f = Facts.from_cfg(cfg)
+def resolve(cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Layout:
+    """The layout a valid config describes (``resolved``: see Facts.from_cfg). Raises ConfigErrors
+    listing every broken rule."""
+    f = Facts.from_cfg(cfg, resolved)
     errs = violations(f)
     if errs:
         raise ConfigErrors(errs)

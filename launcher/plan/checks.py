@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from launcher.layout import ConfigError, Facts, violations
+from launcher.layout import ConfigError, Facts, ok
 from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
 from launcher.plan.params import ModelSpec
 from launcher.plan.search import enumerate_layouts, evaluate_all
@@ -162,7 +162,7 @@ def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -
     explicit_engine = base.engine != "auto"
     by_distance: Dict[int, List[Tuple[LayoutSpec, List[str]]]] = {}
     for lay in _candidates(m, cluster, cur.global_batch_size, cur.dtype):
-        if explicit_engine and lay.engine != cur.engine and not violations(_facts(base, lay.with_(engine=cur.engine))):
+        if explicit_engine and lay.engine != cur.engine and ok(_facts(base, lay.with_(engine=cur.engine))):
             lay = lay.with_(engine=cur.engine)
         changed = [k for k, _ in KNOB_KEYS if getattr(lay, k) != getattr(cur, k)]
         if changed and len(changed) <= MAX_FIX_CHANGES:
@@ -174,7 +174,7 @@ def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -
         order = sorted((e.step_time_s, i) for i, e in enumerate(ests) if e.feasible)
         for _, i in order:
             lay, changed = group[i]
-            if violations(_facts(base, lay)):
+            if not ok(_facts(base, lay)):
                 continue
             overrides: Dict[str, Any] = {keys[k]: getattr(lay, k) for k in changed}
             if explicit_engine and lay.engine != cur.engine:

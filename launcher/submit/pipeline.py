@@ -108,7 +108,7 @@ def check(points: List[Point]) -> List[Checked]:
                  else "run")
         try:
             resolved = _resolve(p, i)
-            lay = resolve(p.cfg)
+            lay = resolve(p.cfg, resolved)  # the rules read the same resolution
             res = checks.evaluate(p.cfg)
             if res.errors:
                 raise ConfigErrors(res.errors)
@@ -147,11 +147,9 @@ def groups(checked: List[Checked]) -> Dict[str, List[Checked]]:
 def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     """Print each point's resolved config and each group's submission preview, as the archive would
     hold them (secrets redacted); write and submit nothing."""
-    from launcher.archive import code, secrets, snapshot
+    from launcher.archive import secrets
 
-    known = secrets.known_secrets([c.resolved for c in checked])  # as create() gathers them
-    known.update(snapshot.tree_secrets(code.repo_root(Path.cwd()) or code.repo_root(Path(__file__).resolve().parent)
-                                       or Path.cwd()))
+    known = _known_secrets(checked, _snapshot_root(checked))  # as create() gathers them
     sweep = SweepDir.new(runs_root)
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
@@ -171,19 +169,31 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
 def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapshot: Optional[Path],
            extra_meta: Optional[Dict[str, Any]]) -> _Sweep:
     """The sweep dir and the code snapshot every point runs (taken once per launch, or reused)."""
-    from launcher.archive import secrets, snapshot
+    from launcher.archive import snapshot
 
     sd = SweepDir.new(runs_root)
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
-    # secret-named values of the environment and of every point's config (cluster.env included), and
-    # secret literals written in the source tree: kept out of the snapshot and of everything staged,
-    # whatever key they appear under
-    known = secrets.known_secrets([c.resolved for c in checked])
-    if code_snapshot is None:
-        root = source_root(Path.cwd(), [str(c.resolved["recipe"]["_target_"]) for c in checked])
-        known.update(snapshot.tree_secrets(root))
+    root = _snapshot_root(checked) if code_snapshot is None else None
+    known = _known_secrets(checked, root)
+    if root is not None:
         snapshot.take(root, code_dir, known=known, exclude=[runs_root])
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta)
+
+
+def _snapshot_root(checked: List[Checked]) -> Path:
+    return source_root(Path.cwd(), [str(c.resolved["recipe"]["_target_"]) for c in checked])
+
+
+def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, str]:
+    """Secret-named values of the environment and of every point's config (cluster.env included), and
+    secret literals written in the source tree ``root``: kept out of the snapshot and of everything
+    staged or printed, whatever key they appear under."""
+    from launcher.archive import secrets, snapshot
+
+    known = secrets.known_secrets([c.resolved for c in checked])
+    if root is not None:
+        known.update(snapshot.tree_secrets(root))
+    return known
 
 
 def source_root(cwd: Path, targets: List[str]) -> Path:
