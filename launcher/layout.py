@@ -618,6 +618,12 @@ RULES: Tuple[Rule, ...] = (
     Rule("train.fail_rank", lambda f: f.fail_at_step is not None and not 0 <= f.fail_rank < f.world,
          lambda f: f"{f.fail_rank} is not a rank of a {f.world}-process job", lambda f: f"choose 0..{f.world - 1}",
          RUN),
+    Rule("train.dist_timeout_s",
+         lambda f: 0 < (f.values.get("train.hang_timeout_s") or 0) >= (f.values.get("train.dist_timeout_s") or 0),
+         lambda f: (f"collectives give up after {f.values.get('train.dist_timeout_s')} s, before the hang watchdog "
+                    f"(train.hang_timeout_s={f.values.get('train.hang_timeout_s')}) can dump the stacks and name the "
+                    "stuck rank"),
+         lambda f: f"raise train.dist_timeout_s above {f.values.get('train.hang_timeout_s')} (e.g. twice it)", RUN),
     Rule("data.branching",
          lambda f: isinstance(f.values.get("data.branching"), int) and f.values.get("data.branching") > f.model.vocab_size,
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "

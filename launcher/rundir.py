@@ -75,7 +75,18 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
-    ("manifest.json", "launcher, job", "sha256 of every file, written when the run is sealed"),
+    ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
+     "loss scaler; ZeRO or tensor/pipeline shards by rank), every rank's RNG states, the step and the metrics so far "
+     "(meta.json); written as checkpoints/.step_<n>.partial/ and renamed when every rank has written its part"),
+    ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
+    ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
+     "time_limit, scheduler, resume), detail, from_step (the checkpoint resumed from), nodes, job id"),
+    ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
+    ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
+     "the collective each other rank waits in"),
+    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the manifest of a "
+     "resumed run), moved aside when the next attempt starts"),
+    ("manifest.json", "launcher, job", "sha256 of every file (checkpoints: names only), written when the run is sealed"),
 )
 
 
@@ -95,6 +106,9 @@ class RunDir:
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
     DEEPSPEED_CONFIG, METRICS, WANDB, MANIFEST = "deepspeed_config.json", "metrics.jsonl", "wandb", "manifest.json"
+    CHECKPOINTS, CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints", "checkpoints/step_<n>",
+                                                           "checkpoints/.step_<n>.partial", "checkpoints/latest")
+    RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -163,6 +177,98 @@ class RunDir:
 
     def write_deepspeed_config(self, config: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.DEEPSPEED_CONFIG), config)
+
+    def rewrite_metrics(self, rows: List[Dict[str, Any]]) -> None:
+        """The metrics file holds exactly ``rows`` (a resumed attempt drops the steps it redoes)."""
+        atomic.write_text(self._p(self.METRICS), "".join(json.dumps(r) + "\n" for r in rows))
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_dir(self, step: int) -> Path:
+        return self._p(_name(self.CHECKPOINT, n=f"{int(step):08d}"))
+
+    def checkpoint_partial(self, step: int) -> Path:
+        """Where a checkpoint is written until every rank has its part in (then one rename)."""
+        return self._p(_name(self.CHECKPOINT_PARTIAL, n=f"{int(step):08d}"))
+
+    def checkpoints(self) -> List[Path]:
+        """Complete checkpoints, oldest first."""
+        return self._glob(self.CHECKPOINT, n="*")
+
+    def latest_checkpoint(self) -> Optional[Path]:
+        """The checkpoint ``latest`` names (None: none yet, or it names one that is gone)."""
+        p = self._p(self.LATEST)
+        name = p.read_text().strip() if p.is_file() else ""
+        ckpt = self._p(self.CHECKPOINTS) / name if name else None
+        return ckpt if ckpt is not None and ckpt.is_dir() else None
+
+    def set_latest(self, ckpt: Path) -> None:
+        atomic.write_text(self._p(self.LATEST), Path(ckpt).name + "\n")
+
+    def stale_partials(self) -> List[Path]:
+        return self._glob(self.CHECKPOINT_PARTIAL, n="*")
+
+    @staticmethod
+    def checkpoint_step(ckpt: Path) -> int:
+        return int(Path(ckpt).name.rsplit("_", 1)[-1])
+
+    # ---- attempts, restarts, hangs ---------------------------------------------------------------
+    def restarts(self) -> List[Dict[str, Any]]:
+        p = self._p(self.RESTARTS)
+        if not p.exists():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+    def record_restart(self, row: Dict[str, Any]) -> None:
+        with open(self._p(self.RESTARTS), "a") as f:
+            f.write(json.dumps({"time": now_iso(), **row}) + "\n")
+
+    def restarts_since_launch(self) -> int:
+        """Automatic restarts since the run was launched or last resumed (what train.max_restarts bounds)."""
+        n = 0
+        for row in self.restarts():
+            n = 0 if row.get("reason") == "resume" else n + 1
+        return n
+
+    def stack_path(self, rank: int) -> Path:
+        return self._p(_name(self.STACK, r=rank))
+
+    def stacks(self) -> Dict[int, str]:
+        return {int(p.stem.split("_")[-1]): p.read_text(errors="replace") for p in self._glob(self.STACK, r="*")}
+
+    def write_hang(self, finding: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.HANG), finding)
+
+    def hang(self) -> Optional[Dict[str, Any]]:
+        return atomic.read_json(self._p(self.HANG))
+
+    def attempt_dir(self, attempt: int) -> Path:
+        return self._p(_name(self.ATTEMPT, a=attempt))
+
+    def move_aside(self, attempt: int) -> None:
+        """What attempt ``attempt`` left that would mislead the next one (its rank errors, which the
+        watchdog reads as a peer's failure; its stacks and hang finding) goes to attempts/<a>/."""
+        dest = self.attempt_dir(attempt)
+        leftovers = (self._glob(self.RANK_ERROR, r="*") + self._glob(self.STACK, r="*")
+                     + [p for p in (self._p(self.HANG),) if p.exists()])
+        for p in leftovers:
+            target = dest / p.relative_to(self.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, target)
+
+    def reopen(self, attempt: int) -> None:
+        """Make a finished run writable again for a new attempt (``launcher resume``): its manifest
+        moves to attempts/<a>/ (the seal of that attempt, kept, never rewritten) and its files become
+        writable. The caller has verified the seal first."""
+        m = self._p(self.MANIFEST)
+        for p in self.path.rglob("*"):
+            if p.is_file():
+                os.chmod(p, p.stat().st_mode | 0o200)
+        if m.exists():
+            dest = self.attempt_dir(attempt) / self.MANIFEST
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(m, dest)
+        atomic.write_json(self._p(self.STATUS), {**self.status(), "status": Status.pending.value,
+                                                  "updated": now_iso()})
 
     @property
     def metrics_path(self) -> Path:
@@ -234,10 +340,24 @@ class RunDir:
     def topology(self) -> List[Dict[str, Any]]:
         return [atomic.read_json(p, {}) for p in self._glob(self.TOPOLOGY, name="*", n="*")]
 
-    def failed_ranks(self, except_rank: Optional[int] = None) -> List[str]:
-        """Names of the ranks that recorded an error (``rank_3``), other than ``except_rank``."""
+    def failed_ranks(self, except_rank: Optional[int] = None, since: Optional[float] = None) -> List[str]:
+        """Names of the ranks that recorded an error (``rank_3``), other than ``except_rank``; with
+        ``since``, only errors recorded at or after that time (not an earlier attempt's)."""
         own = _name(self.RANK_ERROR, r=except_rank).rsplit("/", 1)[-1] if except_rank is not None else None
-        return [p.name.split(".")[0] for p in self._glob(self.RANK_ERROR, r="*") if p.name != own]
+        out = []
+        for p in self._glob(self.RANK_ERROR, r="*"):
+            try:
+                fresh = since is None or p.stat().st_mtime >= since
+            except FileNotFoundError:  # moved aside by the next attempt
+                continue
+            if p.name != own and fresh:
+                out.append(p.name.split(".")[0])
+        return out
+
+    def rank_errors(self) -> Dict[int, str]:
+        """Each failed rank's recorded error text, by rank."""
+        return {int(p.name.split(".")[0].split("_")[-1]): p.read_text(errors="replace")
+                for p in self._glob(self.RANK_ERROR, r="*")}
 
     def metrics(self) -> List[Dict[str, Any]]:
         if not self.metrics_path.exists():
@@ -285,8 +405,10 @@ class RunDir:
 
     # ---- seal ------------------------------------------------------------------------------------
     def _files(self) -> Dict[str, str]:
+        ckpts = self._p(self.CHECKPOINTS)
         return {str(p.relative_to(self.path)): _sha256(p) for p in sorted(self.path.rglob("*"))
-                if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")}
+                if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")
+                and ckpts not in p.parents}
 
     def _snapshot_digest(self) -> Optional[Dict[str, str]]:
         """The shared code snapshot this run executes (outside the run dir), hashed file by file."""
@@ -303,7 +425,9 @@ class RunDir:
         if existing:
             return existing
         manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
-                    "files": self._files(), "snapshot": self._snapshot_digest()}
+                    "files": self._files(), "snapshot": self._snapshot_digest(),
+                    # checkpoints are large and pruned as training goes: named, not hashed
+                    "checkpoints": [p.name for p in self.checkpoints()]}
         atomic.write_json(mpath, manifest)
         for p in self.path.rglob("*"):
             if p.is_file():

@@ -86,6 +86,16 @@ class WandbMode(str, Enum):
         return self.value
 
 
+class FailMode(str, Enum):
+    """What an injected fault does (train.fail_mode), for drills and tests."""
+
+    exception = "exception"  # raise RuntimeError in the step
+    sleep = "sleep"  # sleep forever inside the step (a hang)
+    kill = "kill"  # SIGKILL this rank mid-step (a lost process or node)
+    kill_in_save = "kill_in_save"  # SIGKILL this rank while it writes the step's checkpoint
+    oom = "oom"  # allocate until the memory limit raises (out of memory during the step)
+
+
 class Engine(str, Enum):
     auto = "auto"  # ddp, deepspeed (zero.stage > 0) or megatron (tp or pp > 1), from the layout
     ddp = "ddp"  # torch DistributedDataParallel (data parallel only)
@@ -155,6 +165,11 @@ class ClusterConfig:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     time_min: int = num(60, ge=1)
+    # Slurm (and the local backend) signal USR2 this many seconds before the time limit: the run
+    # saves a checkpoint at the next step boundary and requeues
+    signal_delay_s: int = num(120, ge=0)
+    # rendezvous port; null: derived from the job id (two jobs sharing a node never collide)
+    master_port: Optional[int] = num(None, ge=1024, le=65535)
     # true when the nodes have GPUs Slurm should allocate (--gpus-per-node)
     use_gpus: bool = False
     # shell lines run in the sbatch script before the job starts (module load, conda activate...)
@@ -192,6 +207,15 @@ class DataConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # save every N steps (0: only at the end and when the job is signalled or requeued)
+    every: int = num(0, ge=0)
+    keep: int = num(2, ge=1)  # complete checkpoints kept (the oldest are deleted)
+    # write in a background thread (ddp, megatron engines); the step loop only waits for the copy
+    async_save: bool = True
+
+
+@dataclass
 class TrainConfig:
     micro_batch_size: int = num(4, ge=1)
     global_batch_size: int = num(16, ge=1)
@@ -200,9 +224,17 @@ class TrainConfig:
     log_interval: int = num(5, ge=0)  # 0 = no progress lines
     # seconds a collective may block before the process group gives up (a hang fails the run)
     dist_timeout_s: int = num(600, ge=1)
-    # fault injection for drills and tests: raise at this step (<= train.steps) on this rank
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # restarts (requeues after a failure, hang, preemption or time limit) before the run is failed
+    max_restarts: int = num(3, ge=0)
+    # no step finished on a rank for this long: dump every rank's stack and abort (0: off)
+    hang_timeout_s: int = num(0, ge=0)
+    # fault injection for drills and tests: at this step (<= train.steps), on this rank, do fail_mode
     fail_at_step: Optional[int] = num(None, ge=1)
     fail_rank: int = num(0, ge=0)
+    fail_mode: FailMode = FailMode.exception
+    # the attempt (1 = first start, 2 = first restart, ...) the fault fires on; null: every attempt
+    fail_attempt: Optional[int] = num(None, ge=1)
 
 
 @dataclass

@@ -82,6 +82,13 @@ class Backend:
     def cancel(self, job: Dict[str, Any]) -> None:
         raise NotImplementedError
 
+    # the exit status of a process whose job should start again (after request_requeue)
+    requeue_exit_code: int = 1
+
+    def request_requeue(self, job_id: Optional[str]) -> None:
+        """From inside the job: have the scheduler start this job again, in the same run dir."""
+        raise NotImplementedError
+
     def log_path(self, job: Dict[str, Any], rank: int, err: bool = False) -> Path:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
         from submitit.core.utils import JobPaths

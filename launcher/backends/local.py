@@ -55,7 +55,8 @@ class LocalBackend(Backend):
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
-        return {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1}
+        return {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
+                "signal_delay_s": int(cl.signal_delay_s)}
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
         from submitit import LocalExecutor
@@ -97,6 +98,13 @@ class LocalBackend(Backend):
         deadline = time.time() + wait_s
         while pid_alive(int(pid)) and time.time() < deadline:
             time.sleep(0.2)
+
+
+    # submitit's local controller starts every process again when one exits with this status
+    requeue_exit_code = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
+
+    def request_requeue(self, job_id: Optional[str]) -> None:
+        """Nothing to ask: the exit status (requeue_exit_code) is the request."""
 
 
 BACKEND = LocalBackend()

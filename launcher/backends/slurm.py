@@ -78,8 +78,8 @@ class SlurmBackend(Backend):
             "cpus_per_task": int(cl.cpus_per_task),
             "array_parallelism": int(cl.array_parallelism),
             "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir),
-            # Slurm signals the job 120 s before its time limit so it can checkpoint and requeue
-            "signal_delay_s": 120,
+            # Slurm signals USR2 this long before the time limit: the run checkpoints and requeues
+            "signal_delay_s": int(cl.signal_delay_s),
             # one rank failing ends the step at once instead of leaving the others in a collective
             "srun_args": ["--kill-on-bad-exit=1"],
         }
@@ -153,6 +153,12 @@ class SlurmBackend(Backend):
             if state is None or state.ended:
                 return
             time.sleep(1.0)
+
+    def request_requeue(self, job_id: Optional[str]) -> None:
+        """``scontrol requeue``: Slurm ends this job's processes and queues the same job id again."""
+        if not job_id:
+            raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, timeout=60, capture_output=True)
 
 
 BACKEND = SlurmBackend()

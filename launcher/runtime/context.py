@@ -24,6 +24,9 @@ class RunContext:
     layout: Layout  # the layout archived at launch (engine, dp/tp/pp, grad accumulation, placement)
     device: str  # "cpu" or "cuda:N"
     backend: str  # torch.distributed backend: "gloo" or "nccl"
+    attempt: int = 1  # 1 = first start of the run's job, 2 = first restart, ...
+    watch: Optional[Any] = field(default=None, repr=False)  # the rank's watchdog (hang watch)
+    stop_flag: Optional[Any] = field(default=None, repr=False)  # the signals the job received
     _metrics_file: Optional[Any] = field(default=None, repr=False)
 
     @property
@@ -42,6 +45,33 @@ class RunContext:
             self._metrics_file = open(self.rundir.metrics_path, "a", buffering=1)
         row: Dict[str, Any] = {"step": step, **metrics, "time": time.time()}
         self._metrics_file.write(json.dumps(row) + "\n")
+
+    def heartbeat(self, step: Optional[int] = None) -> None:
+        """Progress (a finished step, a long save): resets the hang watchdog (train.hang_timeout_s)."""
+        if self.watch is not None:
+            self.watch.beat(step)
+
+    def should_stop(self) -> Optional[str]:
+        """At a step boundary, on every rank together: the reason the job must stop now ("time_limit":
+        USR2 before the time limit; "preempted": TERM), or None. One tiny all-reduce, so that all ranks
+        agree at the same step even when the signal reached them at different times."""
+        import torch
+        import torch.distributed as dist
+
+        from launcher.runtime.restarts import STOP_CODES, STOP_REASONS
+
+        own = self.stop_flag.reason if self.stop_flag is not None else None
+        if not dist.is_initialized() or self.world_size == 1:
+            return own
+        flag = torch.tensor([STOP_CODES[own]], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return STOP_REASONS[int(flag.item())]
+
+    def interrupted(self, reason: str, step: int):
+        """The exception a recipe raises after saving, once ``should_stop`` said so."""
+        from launcher.runtime.restarts import Interrupted
+
+        return Interrupted(reason, step)
 
     def close(self) -> None:
         if self._metrics_file is not None:

@@ -83,8 +83,9 @@ class DistEnv:
         return env
 
 
-def detect() -> DistEnv:
-    """Read the running submitit job's environment (Slurm or local)."""
+def detect(master_port: Optional[int] = None) -> DistEnv:
+    """Read the running submitit job's environment (Slurm or local); ``master_port`` (cluster.master_port)
+    overrides the port derived from the job id."""
     import submitit
 
     je = submitit.JobEnvironment()
@@ -104,5 +105,5 @@ def detect() -> DistEnv:
         array_job_id=je.array_job_id,
         array_task_id=je.array_task_id,
         master_addr=resolve_addr(hosts[0]) if hosts else "127.0.0.1",
-        master_port=port_for_job(je.raw_job_id, ephemeral_start()),
+        master_port=int(master_port) if master_port else port_for_job(je.raw_job_id, ephemeral_start()),
     )

@@ -66,45 +66,82 @@ def _record_node(rd: RunDir, denv) -> None:
 
 
 def run(rd: RunDir) -> Dict[str, Any]:
+    from launcher import backends
+    from launcher.archive.secrets import is_redacted, scrub
     from launcher.runtime import env as dist_env
+    from launcher.runtime import restarts, watchdog
 
     _wait_for(rd)
-    denv = dist_env.detect()
-    denv.export()
     cfg_plain = rd.config()
-    from launcher.archive.secrets import is_redacted, scrub
-
-    for k, v in (cfg_plain.get("cluster", {}).get("env") or {}).items():
+    cluster, train = cfg_plain.get("cluster", {}), cfg_plain.get("train", {})
+    denv = dist_env.detect(master_port=cluster.get("master_port"))
+    denv.export()
+    for k, v in (cluster.get("env") or {}).items():
         if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
             os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
+    if rd.is_final():  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
+        print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
+        return rd.status().get("summary") or {}
+    backend = backends.get(str(cluster.get("backend", "local")))
+    max_restarts = int(train.get("max_restarts", 0))
+    job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
+    stop_flag = restarts.StopFlag().install()
+    attempt: Dict[str, int] = {"n": 0}
+
+    def requeue(reason: str, detail: str, step: Any = None) -> bool:
+        return restarts.request_requeue(rd, backend, attempt=attempt["n"] or 1, max_restarts=max_restarts,
+                                        reason=reason, detail=scrub(detail, os.environ), rank=denv.rank, step=step,
+                                        job_id=denv.job_id)
+
+    def on_hang(message: str) -> int:
+        rd.write_rank_error(denv.rank, message)
+        if requeue("hang", message):
+            return backend.requeue_exit_code
+        rd.finish("failed", exit_code=1, error=message, failed_rank=denv.rank, **job_ids)
+        return 1
+
+    watch = watchdog.start(rd, denv.rank, world=denv.world_size,
+                           hang_timeout_s=float(train.get("hang_timeout_s") or 0), on_hang=on_hang)
     _record_rank(rd, denv)
     _record_node(rd, denv)
-    job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
-    if denv.rank == 0:
-        rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
     t0 = time.time()
-    from launcher.runtime import watchdog
-
-    stop_watch = watchdog.start(rd, denv.rank)
     try:
-        summary = _run_recipe(rd, cfg_plain, denv)
+        if denv.rank == 0:
+            attempt["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
+            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+        summary = _run_recipe(rd, cfg_plain, denv, watch, stop_flag, attempt)
+    except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
+        watch.set()
+        detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
+        if e.reason == "time_limit":
+            if requeue(e.reason, detail, e.step):
+                raise SystemExit(backend.requeue_exit_code)
+            rd.finish("timeout", exit_code=1, error=detail + "; restart budget spent", **job_ids)
+        else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
+            rd.set_status("requeued", stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
+        raise SystemExit(1)
     except BaseException as e:  # record, then re-raise so the task exits non-zero
+        watch.set()
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         tb = scrub(tb, os.environ)  # a secret in an exception message stays out of the archive
         rd.write_rank_error(denv.rank, tb)
+        error = scrub(f"{type(e).__name__}: {e}", os.environ)
+        if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
+            raise SystemExit(backend.requeue_exit_code) from e
         # the first rank to fail holds the root cause; the others fail because it went away
         rd.finish("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", exit_code=1,
-                  error=scrub(f"{type(e).__name__}: {e}", os.environ), failed_rank=denv.rank, **job_ids)
+                  error=error, failed_rank=denv.rank, **job_ids)
         raise
     finally:
-        stop_watch.set()
+        watch.set()
     if denv.rank == 0 and not rd.failed_ranks():
-        rd.finish("completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3), **job_ids)
+        rd.finish("completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3),
+                  attempt=attempt["n"], restarts=len(rd.restarts()), **job_ids)
     return summary
 
 
-def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
+def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, attempt: Dict[str, int]) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
     from hydra.utils import get_method
@@ -129,6 +166,8 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
         world_size=denv.world_size,
         timeout=timedelta(seconds=int(cfg.train.dist_timeout_s)),
     )
+    dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
+    attempt["n"] = int(rd.status().get("attempt") or 1)
     ctx = RunContext(
         rank=denv.rank,
         world_size=denv.world_size,
@@ -140,6 +179,9 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv) -> Dict[str, Any]:
         layout=layout,
         device=device,
         backend=backend,
+        attempt=attempt["n"],
+        watch=watch,
+        stop_flag=stop_flag,
     )
     try:
         recipe = get_method(cfg.recipe._target_)

@@ -1,31 +1,85 @@
-"""A rank whose peer died must not wait in a collective until the process-group timeout.
+"""Two watches in each rank, so that no rank waits in a collective until the process-group timeout.
 
-Every failing rank records its error in the run dir (RunDir.write_rank_error) (shared by all ranks). The watchdog,
-a daemon thread in each rank, ends its own process as soon as another rank's error file appears.
-Slurm does the same through srun --kill-on-bad-exit; this also covers local runs."""
+- Peer failure: every failing rank records its error in the run dir (RunDir.write_rank_error). The
+  watch ends its own process as soon as another rank's error file appears. Slurm does the same
+  through srun --kill-on-bad-exit; this also covers local runs.
+- Hang (``train.hang_timeout_s``): when this rank has finished no step for that long, it dumps every
+  thread's Python stack (faulthandler) into the run dir, waits briefly for the other ranks' dumps,
+  writes hang.json (which rank is stuck where, which collective the others wait in) and calls
+  ``on_hang`` (which records the failure and asks for a requeue) before ending the process.
+"""
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, Callable, Optional
 
 from launcher.rundir import RunDir
+from launcher.runtime import stacks
 
 
-def start(rundir: Any, rank: int, interval_s: float = 1.0) -> threading.Event:
-    """Watch the run dir (a RunDir or its path) for another rank's failure; returns an event that
-    stops the watch."""
-    rd = rundir if isinstance(rundir, RunDir) else RunDir(rundir)
-    stop = threading.Event()
+class Watch:
+    def __init__(self, rd: RunDir, rank: int, world: int, hang_timeout_s: float = 0.0,
+                 on_hang: Optional[Callable[[str], int]] = None, interval_s: float = 1.0) -> None:
+        self.rd, self.rank, self.world = rd, rank, world
+        self.hang_timeout_s = float(hang_timeout_s)
+        self.on_hang = on_hang
+        self.interval_s = interval_s
+        self.step: Optional[int] = None
+        self._last: Optional[float] = None  # armed by the first beat (start-up may take long)
+        self._born = time.time()  # errors recorded before this process started are an earlier attempt's
+        self.stop_event = threading.Event()
 
-    def watch() -> None:
-        while not stop.wait(interval_s):
-            failed = rd.failed_ranks(except_rank=rank)
+    def beat(self, step: Optional[int] = None) -> None:
+        """The rank made progress (finished a step, or a long save/load)."""
+        if step is not None:
+            self.step = step
+        self._last = time.monotonic()
+
+    def set(self) -> None:  # (the old stop-event interface)
+        self.stop_event.set()
+
+    def start(self) -> "Watch":
+        threading.Thread(target=self._run, name="rank-watchdog", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.interval_s):
+            failed = self.rd.failed_ranks(except_rank=self.rank, since=self._born)
             if failed:
-                print(f"[watchdog] rank {rank}: {failed[0]} failed; ending this rank too",
+                print(f"[watchdog] rank {self.rank}: {failed[0]} failed; ending this rank too",
                       file=sys.stderr, flush=True)
                 os._exit(1)
+            if self.hang_timeout_s > 0 and self._last is not None and \
+                    time.monotonic() - self._last > self.hang_timeout_s:
+                os._exit(self._hang())
 
-    threading.Thread(target=watch, name="rank-watchdog", daemon=True).start()
-    return stop
+    def _hang(self) -> int:
+        path = self.rd.stack_path(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(f"# rank {self.rank}, no step finished for {self.hang_timeout_s:.0f} s "
+                    f"(last finished step: {self.step})\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        deadline = time.monotonic() + min(15.0, max(3.0, self.hang_timeout_s))
+        while len(self.rd.stacks()) < self.world and time.monotonic() < deadline:
+            time.sleep(0.2)
+        finding = stacks.finding(self.rd.stacks(), self.world, self.step, self.hang_timeout_s)
+        if self.rank == min(self.rd.stacks(), default=self.rank):
+            self.rd.write_hang(finding)
+        message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + \
+            stacks.describe(finding)
+        print(f"[watchdog] rank {self.rank}: {message}", file=sys.stderr, flush=True)
+        return self.on_hang(message) if self.on_hang is not None else 1
+
+
+def start(rundir: Any, rank: int, interval_s: float = 1.0, world: int = 1, hang_timeout_s: float = 0.0,
+          on_hang: Optional[Callable[[str], int]] = None) -> Watch:
+    """Start both watches for ``rank``; ``.set()`` on the result stops them, ``.beat(step)`` feeds the
+    hang watch."""
+    rd = rundir if isinstance(rundir, RunDir) else RunDir(rundir)
+    return Watch(rd, rank, world, hang_timeout_s, on_hang, interval_s).start()

@@ -9,6 +9,8 @@ step sees, the learning-rate schedule, fault injection and the metrics.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from typing import Any, Dict, List
 
@@ -16,8 +18,9 @@ import torch
 
 from launcher.plan.flops import step_flops as model_step_flops
 from launcher.plan.params import ModelSpec
-from launcher.schema import warmup_steps
+from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
+from recipes.common.checkpoint import Checkpointer
 from recipes.common.data import micro_batches
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
 from recipes.gpt.engines import build_engine
@@ -35,6 +38,30 @@ def lr_at(step: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, total
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def inject_fault(cfg: Any, ctx: Any, step: int) -> None:
+    """train.fail_mode at train.fail_at_step on train.fail_rank (on attempt train.fail_attempt, or every
+    attempt): the failures a cluster produces, on demand."""
+    tr = cfg.train
+    if tr.fail_at_step is None or step != int(tr.fail_at_step) or ctx.rank != int(tr.fail_rank):
+        return
+    if tr.fail_attempt is not None and int(tr.fail_attempt) != int(ctx.attempt):
+        return
+    mode = enum_value(tr.fail_mode)
+    if mode == "exception":
+        raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
+    if mode == "sleep":
+        print(f"[gpt] rank {ctx.rank}: injected hang at step {step}", flush=True)
+        while True:
+            time.sleep(3600)
+    if mode == "kill":
+        print(f"[gpt] rank {ctx.rank}: injected SIGKILL at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "oom":  # one allocation larger than the host's memory (or the GPU's)
+        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4
+        torch.empty(size, dtype=torch.uint8, device=ctx.device)
+    # kill_in_save: the checkpointer (recipes.common.checkpoint) dies while writing this step's checkpoint
+
+
 def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     """Train the GPT of ``cfg.model`` for ``cfg.train.steps`` steps; return a summary."""
     layout = ctx.layout
@@ -45,7 +72,6 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     seq_len, vocab = int(cfg.model.seq_len), int(cfg.model.vocab_size)
     data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
     branching = int(cfg.data.branching)
-    fail_at, fail_rank = cfg.train.fail_at_step, int(cfg.train.fail_rank)
     log_interval = int(cfg.train.log_interval)
     device = torch.device(ctx.device)
     sync_cuda = device.type == "cuda"
@@ -53,6 +79,11 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     step_flops = model_step_flops(ModelSpec.from_cfg(cfg.model), gbs, recompute="none")
     peak = float(cfg.cluster.gpu.peak_tflops) * 1e12 * int(ctx.world_size)
     sink = MetricsSink(cfg, ctx)
+    ckpt = Checkpointer(cfg, ctx, engine)
+    start, history = ckpt.resume()  # (0, []) on a fresh start
+    if start and ctx.is_main:
+        ctx.rundir.rewrite_metrics(history)  # the steps after the checkpoint are redone
+        print(f"[gpt] attempt {ctx.attempt}: resumed from the checkpoint after step {start}", flush=True)
 
     if ctx.is_main:
         print(
@@ -62,12 +93,11 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             flush=True,
         )
 
-    losses: List[float] = []
+    losses: List[float] = [float(r["loss"]) for r in history]
     tokens_per_s: List[float] = []
     try:
-        for step in range(1, steps + 1):
-            if fail_at is not None and step == int(fail_at) and ctx.rank == fail_rank:
-                raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
+        for step in range(start + 1, steps + 1):
+            inject_fault(cfg, ctx, step)
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
@@ -87,9 +117,19 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             if mem is not None:
                 row["peak_memory_bytes"] = mem
             sink.log(step, row)
+            history.append({"step": step, **row})
+            ctx.heartbeat(step)
+            stop = ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
+            if stop:
+                ckpt.save(step, history, block=True)
+                ckpt.finish()
+                raise ctx.interrupted(stop, step)
+            if ckpt.due(step):
+                ckpt.save(step, history)
             if ctx.is_main and log_interval > 0 and step % log_interval == 0:
                 print(f"[gpt] step {step}/{steps} loss {loss:.4f} lr {lr:.3e} grad_norm {grad_norm:.3f} "
                       f"{tps:,.0f} tok/s {step_time * 1e3:.1f} ms", flush=True)
+        ckpt.finish()
     finally:
         sink.close()
 
@@ -99,6 +139,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,
+        "resumed_from": start,
         "final_loss": losses[-1] if losses else None,
         "first_loss": losses[0] if losses else None,
         "mean_tokens_per_s": sum(timed) / len(timed) if timed else None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Tuple
 
 import torch
@@ -100,3 +101,16 @@ class Engine:
 
     def describe(self) -> str:
         return type(self).__name__
+
+    # ---- checkpoints (recipes.common.checkpoint) ---------------------------------------------------
+    def checkpoint_files(self) -> Dict[str, Any]:
+        """File name -> state this rank writes into a checkpoint (model, optimizer, loss scaler: all it
+        needs to continue bit for bit); the checkpointer copies it to host memory and writes it."""
+        return {}
+
+    def save_native(self, path: Path) -> None:
+        """An engine with its own (collective, synchronous) save writes into ``path`` here."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore this rank's state from the checkpoint directory ``path``."""
+        raise NotImplementedError

@@ -3,6 +3,7 @@ launcher's rules give this engine)."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -79,6 +80,22 @@ class DDPEngine(Engine):
             loss_sum /= self.world
         loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
         return loss_value, norm_value
+
+    # one copy of the replicated state, written by data-parallel rank 0 and read by every rank
+    FILE = "model.pt"
+
+    def checkpoint_files(self) -> Dict[str, Any]:
+        if self.dp_rank != 0:
+            return {}
+        return {self.FILE: {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = torch.load(path / self.FILE, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
 
     def state_bytes(self) -> Dict[str, int]:
         return {

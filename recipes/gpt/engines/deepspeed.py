@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -193,6 +194,19 @@ class DeepSpeedEngine(Engine):
             float("nan") if norm is None else float(norm), device=loss_sum.device)
         loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
         return loss_value, norm_value
+
+    # ---- checkpoints: DeepSpeed's own save/load (model, optimizer, ZeRO partitions, loss scaler) ----
+
+    DIR, TAG = "deepspeed", "state"
+
+    def save_native(self, path: Path) -> None:
+        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+
+    def load_checkpoint(self, path: Path) -> None:
+        loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
     def _grad_norm_before_step(self) -> Optional[torch.Tensor]:
         """ZeRO-0 with fp32 steps the client optimizer directly, which records no norm: compute it

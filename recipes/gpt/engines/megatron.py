@@ -232,6 +232,38 @@ class MegatronEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
         return loss_value, grad_norm
 
+    # ------------------------------------------------------------------------------ checkpoints
+    #
+    # Sharded by rank: data-parallel rank 0 of each (pp, tp) place writes that shard's parameters
+    # (and the optimizer state with ZeRO-0); with ZeRO-1 every rank writes its optimizer partition.
+
+    def _names(self) -> Tuple[str, str]:
+        dp_idx, pp_idx, tp_idx = self.mesh.coords
+        return f"model_pp{pp_idx}_tp{tp_idx}.pt", f"optim_pp{pp_idx}_tp{tp_idx}_dp{dp_idx}.pt"
+
+    def checkpoint_files(self) -> Dict[str, Any]:
+        shard, partition = self._names()
+        files: Dict[str, Any] = {}
+        if self.dp_rank == 0:
+            files[shard] = {"model": self.stage.state_dict(),
+                            "optimizer": self.optimizer.state_dict() if self.zero == 0 else None,
+                            "scaler": dict(vars(self.scaler)) if self.scaler is not None else None}
+        if self.zero == 1:
+            files[partition] = self.optimizer.optim.state_dict()
+        return files
+
+    def load_checkpoint(self, path: Any) -> None:
+        shard, partition = self._names()
+        state = torch.load(path / shard, map_location=self.device, weights_only=True)
+        self.stage.load_state_dict(state["model"])
+        if self.zero == 1:
+            self.optimizer.optim.load_state_dict(torch.load(path / partition, map_location=self.device,
+                                                            weights_only=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None:
+            vars(self.scaler).update(state["scaler"])
+
     # ------------------------------------------------------------------------------ reporting
 
     def state_bytes(self) -> Dict[str, int]:

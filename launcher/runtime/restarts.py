@@ -1,0 +1,105 @@
+"""The requeue contract, on the node (no torch here).
+
+A run lives in ONE run dir for its whole life; each start of its job in that dir is an attempt.
+
+- Signals: Slurm (and submitit's local controller) send USR2 ``cluster.signal_delay_s`` before the time
+  limit; Slurm sends TERM on preemption, ``scontrol requeue`` and ``scancel``. ``StopFlag`` records
+  which arrived (chaining any handler installed before it, except submitit's own, whose job this
+  takes over); the recipe polls ``ctx.should_stop()`` at each step boundary, where all ranks agree,
+  save a checkpoint and stop (``Interrupted``).
+- A time limit, a failed rank or a hang asks the backend for a requeue (``request_requeue``) while the
+  restart budget lasts (``train.max_restarts`` restarts since launch or the last ``launcher resume``);
+  Slurm requeues the same job id, submitit's local controller restarts the processes. Either way the
+  job starts again in the same run dir and resumes from ``checkpoints/latest``.
+- ``begin_attempt`` (rank 0, before the process group forms) records the restart in
+  ``restarts.jsonl`` (when, why, from which step, on which nodes), moves what the last attempt left
+  aside, and refuses to start once the budget is spent.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Dict, Optional
+
+from launcher.rundir import RunDir, Status
+
+# the reason each signal stands for, and the code ranks agree on (the highest wins)
+SIGNAL_REASONS = {signal.SIGTERM: "preempted", signal.SIGUSR2: "time_limit"}
+STOP_CODES = {None: 0, "preempted": 1, "time_limit": 2}
+STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
+
+
+class Interrupted(Exception):
+    """Raised by a recipe after it saved a checkpoint because the job was signalled."""
+
+    def __init__(self, reason: str, step: int) -> None:
+        super().__init__(f"{reason} at step {step} (checkpoint saved)")
+        self.reason, self.step = reason, step
+
+
+class StopFlag:
+    """Remembers the first stop signal; the step loop reads it at a boundary."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+
+    def install(self) -> "StopFlag":
+        for sig, reason in SIGNAL_REASONS.items():
+            prev = signal.getsignal(sig)
+
+            def handler(signum: int, frame: Any, prev: Any = prev, reason: str = reason) -> None:
+                if self.reason is None or STOP_CODES[reason] > STOP_CODES[self.reason]:
+                    self.reason = reason
+                if callable(prev) and not str(getattr(prev, "__module__", "")).startswith("submitit"):
+                    prev(signum, frame)
+
+            signal.signal(sig, handler)
+        return self
+
+
+def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
+    """Rank 0, before the others can read the run dir's state: the number of this attempt (1 = first
+    start). Records the restart that led here; raises RuntimeError once the restart budget is spent."""
+    st = rd.status()
+    prev = int(st.get("attempt") or 0)
+    attempt = prev + 1
+    if prev:
+        rd.move_aside(prev)
+        stop = st.get("stop") or {}
+        latest = rd.latest_checkpoint()
+        if not st.get("resumed"):  # launcher resume recorded its own row
+            reason = stop.get("reason") or "scheduler"
+            rd.record_restart({
+                "attempt": attempt, "reason": reason,
+                "detail": stop.get("detail") or ("the scheduler restarted the job (preemption, node failure or "
+                                                 "scontrol requeue) without a request from the run"),
+                "failed_step": stop.get("step"), "failed_rank": stop.get("rank"),
+                "from_step": RunDir.checkpoint_step(latest) if latest else 0,
+                "nodes": st.get("hosts"), "job_id": job_id,
+            })
+        if rd.restarts_since_launch() > max_restarts:
+            msg = (f"restart budget spent: {rd.restarts_since_launch()} restarts (train.max_restarts={max_restarts}); "
+                   f"last stop: {stop.get('reason') or 'scheduler'} {stop.get('detail') or ''}".strip())
+            rd.finish(Status.failed, exit_code=1, error=msg, attempt=attempt)
+            raise RuntimeError(msg)
+    rd.set_status(Status.running, attempt=attempt, stop=None, resumed=None)
+    return attempt
+
+
+def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int, reason: str, detail: str,
+                    rank: int, step: Optional[int], job_id: Optional[str]) -> bool:
+    """Ask the backend to start the job again (False: the budget is spent, the run should fail).
+    The first rank of an attempt to ask does it; later ones only learn that it was done."""
+    if rd.restarts_since_launch() >= max_restarts:
+        return False
+    marker = rd.attempt_dir(attempt) / "requeue"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return True
+    os.close(fd)
+    stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
+    rd.set_status(Status.requeued, stop=stop)
+    backend.request_requeue(job_id)
+    return True

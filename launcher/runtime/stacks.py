@@ -1,0 +1,93 @@
+"""Reading the Python stacks the hang watchdog dumps (faulthandler's format), pure functions.
+
+A hang looks like this: one rank is stuck somewhere that is not a collective (a dead loop, a sleep,
+a blocked read, a deadlock) while every other rank waits for it inside a collective. So each rank's
+main thread is classified by its innermost frames: inside torch.distributed (which collective) or not
+(the frame it is stuck in).
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+MAIN_MARKERS = ("launcher/runtime/task.py", "submitit/core/_submit.py", "submitit/core/submission.py")
+COLLECTIVE_FILES = ("torch/distributed/", "deepspeed/comm/")
+
+
+def threads(dump: str) -> List[List[Tuple[str, int, str]]]:
+    """Each thread's frames, innermost first: (file, line, function)."""
+    out: List[List[Tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if _THREAD.match(line):
+            out.append([])
+            continue
+        m = _FRAME.match(line)
+        if m and out:
+            out[-1].append((m["file"], int(m["line"]), m["func"]))
+    return out
+
+
+def main_thread(dump: str) -> List[Tuple[str, int, str]]:
+    """The frames of the thread that runs the job (the one whose stack holds the task's entry)."""
+    for frames in threads(dump):
+        if any(any(mark in f for mark in MAIN_MARKERS) for f, _, _ in frames):
+            return frames
+    ts = threads(dump)
+    return ts[-1] if ts else []
+
+
+def where(dump: str) -> Dict[str, Optional[str]]:
+    """{"collective": name or None, "frame": "file:line in func" of the innermost frame outside
+    torch.distributed and the standard library's threading}."""
+    frames = main_thread(dump)
+    collective = None
+    for f, _, func in frames:
+        if any(c in f for c in COLLECTIVE_FILES):
+            if collective is None or "distributed_c10d" in f:
+                collective = func
+        elif collective is not None:
+            break
+    own = next(((f, ln, fn) for f, ln, fn in frames if not any(c in f for c in COLLECTIVE_FILES)
+                and "/threading.py" not in f and "c10d_logger" not in f), None)
+    frame = f"{_short(own[0])}:{own[1]} in {own[2]}" if own else None
+    return {"collective": collective, "frame": frame}
+
+
+def finding(dumps: Dict[int, str], world: int, step: Optional[int], timeout_s: float) -> Dict[str, object]:
+    """hang.json: which ranks are stuck outside a collective (the cause), which wait in one, and which
+    left no stack at all (dead, or stuck where Python cannot run)."""
+    stuck, waiting, frames = [], {}, {}
+    for rank in sorted(dumps):
+        w = where(dumps[rank])
+        frames[rank] = w["frame"]
+        if w["collective"]:
+            waiting[rank] = w["collective"]
+        else:
+            stuck.append(rank)
+    silent = [r for r in range(world) if r not in dumps]
+    return {"step": step, "timeout_s": timeout_s, "stuck_ranks": stuck + silent, "waiting": waiting,
+            "frames": frames, "no_stack": silent}
+
+
+def describe(f: Dict[str, object]) -> str:
+    stuck = f.get("stuck_ranks") or []
+    frames = f.get("frames") or {}
+    parts = []
+    for r in stuck:
+        at = frames.get(r) or frames.get(str(r))
+        parts.append(f"rank {r} stuck " + (f"in {at}" if at else "(no stack: dead or outside Python)"))
+    waiting = f.get("waiting") or {}
+    if waiting:
+        names = sorted(set(waiting.values()))
+        parts.append(f"rank(s) {', '.join(str(r) for r in sorted(waiting, key=int))} wait in {'/'.join(names)}")
+    return "; ".join(parts) or "no rank finished a step"
+
+
+def _short(path: str) -> str:
+    for root in ("recipes/", "launcher/", "torch/", "deepspeed/"):
+        i = path.rfind("/" + root)
+        if i >= 0:
+            return path[i + 1:]
+    return path

@@ -1,0 +1,194 @@
+"""Checkpoints that let a run continue bit for bit, written aside and made visible by one rename.
+
+A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run dir (names: RunDir):
+
+- each engine's own state: ``Engine.save_native`` (DeepSpeed's save_checkpoint: model, optimizer,
+  ZeRO partitions, loss scaler) and/or ``Engine.checkpoint_files`` (ddp: one model+optimizer file
+  from data-parallel rank 0; megatron: one file per (pp, tp) shard, plus one per rank for ZeRO-1's
+  optimizer partitions);
+- ``rng_rank_<r>.pt``: every RNG state of every rank (torch, CUDA, Python, NumPy);
+- ``meta.json`` (rank 0): the step and the metrics rows so far. The data order needs nothing more:
+  every step's batch is a pure function of (data seed, step, dp rank) (recipes.common.data).
+
+Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
+marker; whichever rank completes the set renames the directory into place and only then points
+``checkpoints/latest`` at it, so ``latest`` only ever names a complete checkpoint. A crash mid-write
+leaves a partial directory, which the next attempt deletes. The last ``train.checkpoint.keep``
+complete checkpoints are kept.
+
+With ``train.checkpoint.async_save`` the step loop is blocked only while the state is copied to host
+memory; a background thread serialises and writes it (one save in flight at a time). DeepSpeed's own
+save is synchronous.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from launcher.schema import enum_value
+
+RNG_FILE = "rng_rank_{rank:05d}.pt"
+META_FILE = "meta.json"
+DONE_FILE = "done_rank_{rank:05d}"
+
+
+def rng_state() -> Dict[str, Any]:
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def host_copy(obj: Any) -> Any:
+    """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
+    host-memory clones: training may change the originals while the copy is written."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
+def _write_file(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        if path.suffix == ".json":
+            f.write(json.dumps(obj).encode())
+        else:
+            torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Checkpointer:
+    """Save, resume and prune the checkpoints of one rank of a run (see the module doc)."""
+
+    def __init__(self, cfg: Any, ctx: Any, engine: Any) -> None:
+        ck = cfg.train.checkpoint
+        self.every, self.keep, self.async_save = int(ck.every), int(ck.keep), bool(ck.async_save)
+        self.steps = int(cfg.train.steps)
+        self.ctx, self.rd, self.engine = ctx, ctx.rundir, engine
+        self.rank, self.world = int(ctx.rank), int(ctx.world_size)
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        tr = cfg.train
+        fires = (tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
+                 and int(tr.fail_rank) == self.rank and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
+        self.kill_at: Optional[int] = int(tr.fail_at_step) if fires else None
+        self.kill_step = int(tr.fail_at_step) if tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save" else None
+
+    # ---- resume ------------------------------------------------------------------------------------
+    def resume(self) -> Tuple[int, List[Dict[str, Any]]]:
+        """Load ``latest`` if there is one: (the step it was taken after, the metrics rows up to it);
+        (0, []) for a fresh start. Partial checkpoints an earlier attempt left are deleted first."""
+        if self.rank == 0:
+            for p in self.rd.stale_partials():
+                shutil.rmtree(p, ignore_errors=True)
+        if dist.is_initialized():
+            dist.barrier()
+        latest = self.rd.latest_checkpoint()
+        if latest is None:
+            return 0, []
+        meta = json.loads((latest / META_FILE).read_text())
+        self.engine.load_checkpoint(latest)
+        set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False))
+        self.ctx.heartbeat()
+        return int(meta["step"]), list(meta["metrics"])
+
+    # ---- save --------------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return (self.every > 0 and step % self.every == 0) or step == self.steps or step == self.kill_step
+
+    def save(self, step: int, metrics: List[Dict[str, Any]], block: bool = False) -> None:
+        """Checkpoint the state after ``step`` (every rank calls it at the same step). Returns once the
+        state is copied (async) or written (``block``, or async_save off)."""
+        self.wait()
+        partial = self.rd.checkpoint_partial(step)
+        partial.mkdir(parents=True, exist_ok=True)
+        self.engine.save_native(partial)  # collective, synchronous (DeepSpeed)
+        staged = {name: host_copy(state) for name, state in self.engine.checkpoint_files().items()}
+        staged[RNG_FILE.format(rank=self.rank)] = rng_state()
+        if self.rank == 0:
+            staged[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
+        if self.async_save and not block:
+            self._thread = threading.Thread(target=self._write_guarded, args=(partial, staged, step),
+                                            name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._write(partial, staged, step)
+        self.ctx.heartbeat()
+
+    def wait(self) -> None:
+        """Until the save in flight (if any) is written; re-raises its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint failed on rank {self.rank}: {err}") from err
+
+    def finish(self) -> None:
+        """Every save of every rank written and committed (call on all ranks before the job ends)."""
+        self.wait()
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _write_guarded(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+        try:
+            self._write(partial, staged, step)
+        except BaseException as e:  # surfaced by the next wait()
+            self._error = e
+
+    def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+        for i, (name, state) in enumerate(staged.items()):
+            _write_file(partial / name, state)
+            if i == 0 and step == self.kill_at:  # fault drill: die with the checkpoint half written
+                os.kill(os.getpid(), signal.SIGKILL)
+        (partial / DONE_FILE.format(rank=self.rank)).touch()
+        self._commit(partial, step)
+
+    def _commit(self, partial: Path, step: int) -> None:
+        """The rank that completes the set renames it into place, then moves ``latest``, then prunes."""
+        if len(list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*")))) < self.world:
+            return
+        try:
+            os.close(os.open(partial / "commit", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        final = self.rd.checkpoint_dir(step)
+        if final.exists():  # committed by an earlier attempt that died before moving `latest`
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        self.rd.set_latest(final)
+        for old in self.rd.checkpoints()[:-self.keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
