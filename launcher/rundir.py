@@ -267,8 +267,11 @@ class RunDir:
             dest = self.attempt_dir(attempt) / self.MANIFEST
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(m, dest)
-        atomic.write_json(self._p(self.STATUS), {**self.status(), "status": Status.pending.value,
-                                                  "updated": now_iso()})
+        prev = self.status()
+        keep = {k: prev[k] for k in ("attempt", "hosts", "world_size", "job_id") if k in prev}
+        ended = {k: prev[k] for k in ("status", "error", "exit_code", "failed_rank", "ended") if k in prev}
+        atomic.write_json(self._p(self.STATUS), {**keep, "status": Status.pending.value, "updated": now_iso(),
+                                                  "earlier": [*prev.get("earlier", []), ended]})
 
     @property
     def metrics_path(self) -> Path:

@@ -128,3 +128,24 @@ def cmd_reproduce(args) -> int:
         print(f"launcher reproduce: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def cmd_resume(args) -> int:
+    from omegaconf import OmegaConf
+
+    from launcher.layout import ConfigErrors
+    from launcher.submit.progress import wait_and_report
+    from launcher.submit.resume import resume
+
+    rdir = resolve_run_dir(args._root, args.run)
+    try:
+        result = resume(rdir, steps=args.steps)
+    except (ConfigErrors, FileNotFoundError) as e:
+        print(f"launcher resume: {e}", file=sys.stderr)
+        return 2
+    wait = args.wait if args.wait is not None else bool(result.backend.waits)
+    if not wait:
+        print(f"watch: launcher runs --sweep {result.sweep_id}" + (f" --root {args.root}" if args.root else ""))
+        return 0
+    point = type("P", (), {"cfg": OmegaConf.create(RunDir(rdir).config())})()
+    return 0 if wait_and_report(result, [point], sys.stdout) else 1
