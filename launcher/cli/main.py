@@ -160,6 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the archived config")
     s.set_defaults(fn=archive_cmds.cmd_reproduce)
 
+    s = sub.add_parser("resume", help="continue a failed, cancelled or finished run from its latest checkpoint, "
+                       "as a new attempt of the same run", parents=[common])
+    s.add_argument("run", help="run id or run dir")
+    s.add_argument("--steps", type=int, default=None, help="train this many steps in all (more than before)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--wait", dest="wait", action="store_true", default=None,
+                   help="wait for the job and show progress (default for local runs)")
+    g.add_argument("--no-wait", dest="wait", action="store_false", help="return once submitted (default for Slurm)")
+    s.set_defaults(fn=archive_cmds.cmd_resume)
+
     plan_cmd.add_parser(sub)
     return p
 
