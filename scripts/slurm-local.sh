@@ -149,7 +149,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCK
+# cred_expire also holds a requeued job back before it may start again (default 120 s): the
+# fault-tolerance tests requeue jobs and wait for them
+AuthInfo=socket=$MUNGE_SOCK,cred_expire=10
 
 StateSaveLocation=$STATE/spool/ctld
 SlurmdSpoolDir=$STATE/spool/slurmd-%n

@@ -14,6 +14,11 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 MAIN_MARKERS = ("launcher/runtime/task.py", "submitit/core/_submit.py", "submitit/core/submission.py")
 COLLECTIVE_FILES = ("torch/distributed/", "deepspeed/comm/")
+# innermost frames that wait for other ranks without a torch.distributed Python frame on top:
+# (file, function) -> what the rank waits in
+WAITING_FRAMES = {
+    ("torch/autograd/graph.py", "_engine_run_backward"): "backward (DDP/ZeRO gradient reduction)",
+}
 
 
 def threads(dump: str) -> List[List[Tuple[str, int, str]]]:
@@ -43,14 +48,18 @@ def where(dump: str) -> Dict[str, Optional[str]]:
     torch.distributed and the standard library's threading}."""
     frames = main_thread(dump)
     collective = None
-    for f, _, func in frames:
+    if frames:
+        f, _, func = frames[0]
+        collective = next((name for (file, fn), name in WAITING_FRAMES.items() if f.endswith(file) and fn == func),
+                          None)
+    for f, _, func in frames if collective is None else []:
         if any(c in f for c in COLLECTIVE_FILES):
             if collective is None or "distributed_c10d" in f:
                 collective = func
         elif collective is not None:
             break
     own = next(((f, ln, fn) for f, ln, fn in frames if not any(c in f for c in COLLECTIVE_FILES)
-                and "/threading.py" not in f and "c10d_logger" not in f), None)
+                and "/threading.py" not in f and "/torch/" not in f), None)
     frame = f"{_short(own[0])}:{own[1]} in {own[2]}" if own else None
     return {"collective": collective, "frame": frame}
 

@@ -94,6 +94,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
                                         job_id=denv.job_id)
 
     def on_hang(message: str) -> int:
+        if rd.is_final():
+            return 1
         rd.write_rank_error(denv.rank, message)
         if requeue("hang", message):
             return backend.requeue_exit_code
@@ -125,7 +127,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         tb = scrub(tb, os.environ)  # a secret in an exception message stays out of the archive
-        rd.write_rank_error(denv.rank, tb)
+        if not rd.is_final():  # once another rank recorded the outcome (and sealed), the log keeps this one
+            rd.write_rank_error(denv.rank, tb)
         error = scrub(f"{type(e).__name__}: {e}", os.environ)
         if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
             raise SystemExit(backend.requeue_exit_code) from e

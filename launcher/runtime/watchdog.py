@@ -69,7 +69,7 @@ class Watch:
         while len(self.rd.stacks()) < self.world and time.monotonic() < deadline:
             time.sleep(0.2)
         finding = stacks.finding(self.rd.stacks(), self.world, self.step, self.hang_timeout_s)
-        if self.rank == min(self.rd.stacks(), default=self.rank):
+        if self.rd.hang() is None and not self.rd.is_final():  # the first rank to get here records it
             self.rd.write_hang(finding)
         message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + \
             stacks.describe(finding)

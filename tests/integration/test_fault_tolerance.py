@@ -1,0 +1,242 @@
+"""Runs survive the cluster: interrupted runs end bit for bit where an uninterrupted run of the same
+config ends (losses and every tensor of the final checkpoint), for each engine, on real Slurm
+(scontrol requeue, the time-limit signal) and locally (a SIGKILLed rank, a kill while a checkpoint is
+written, a hang, a resume)."""
+import json
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from helpers import BIN, launch, read_metrics, run_cmd, runs_json
+
+QUICK = ["wandb.enabled=false", "train.log_interval=0"]
+
+
+def tensors(obj, prefix=""):
+    import torch
+
+    if torch.is_tensor(obj):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from tensors(v, f"{prefix}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from tensors(v, f"{prefix}/{i}")
+
+
+def final_state(run_dir: Path) -> Dict[str, "object"]:
+    """Every tensor of the run's latest checkpoint (weights, optimizer, loss scaler, RNG states)."""
+    import torch
+
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    out = {}
+    for f in sorted(ckpt.rglob("*.pt")):
+        for k, t in tensors(torch.load(f, map_location="cpu", weights_only=False)):
+            out[f"{f.relative_to(ckpt)}{k}"] = t
+    return out
+
+
+def assert_identical(run: Path, reference: Path) -> None:
+    import torch
+
+    losses = [r["loss"] for r in read_metrics(run)]
+    ref_losses = [r["loss"] for r in read_metrics(reference)]
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, len(ref_losses) + 1))
+    assert losses == ref_losses  # bitwise: float equality of every step's loss
+    a, b = final_state(run), final_state(reference)
+    assert a.keys() == b.keys() and len(a) > 10
+    different = [k for k in a if a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
+    assert not different, different[:5]
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def restarts(run_dir: Path) -> List[dict]:
+    p = run_dir / "restarts.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def last_step(run_dir: Path) -> int:
+    try:
+        rows = read_metrics(run_dir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+    return rows[-1]["step"] if rows else 0
+
+
+def wait_for(what, cond, timeout: float, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def only_run(runs_root: Path) -> Path:
+    (run,) = runs_json(runs_root)
+    return Path(run["dir"])
+
+
+# ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
+
+ENGINES = {
+    "ddp_2nodes": ["cluster.nodes=2", "cluster.gpus_per_node=1"],
+    "zero2": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=2"],
+    "zero3": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=3"],
+    "megatron_tp2_pp2": ["cluster.nodes=1", "cluster.gpus_per_node=4", "parallelism.tp=2", "parallelism.pp=2"],
+}
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine):
+    seed = int(os.environ.get("FT_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    print(f"FT_SEED={seed}")
+    cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=40", "train.checkpoint.every=5", *QUICK]
+    roots = {k: tmp_path / k for k in ("interrupted", "reference")}
+    for root in roots.values():  # both jobs queue at once; Slurm runs them side by side
+        res = launch(cfg, root, extra_env=slurm)
+        assert res.returncode == 0, res.stdout + res.stderr
+    run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+
+    k1 = rng.randint(3, 14)
+    wait_for(f"step {k1}", lambda: last_step(run) >= k1, 300)
+    subprocess.run(["scontrol", "requeue", job_id], check=True, env={**os.environ, **slurm})
+    wait_for("attempt 2", lambda: status(run).get("attempt") == 2 and status(run)["status"] == "running", 240)
+    k2 = rng.randint(max(k1, 15) + 3, 32)
+    wait_for(f"step {k2} of attempt 2", lambda: last_step(run) >= k2, 300)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env={**os.environ, **slurm})
+    wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout"), 400, poll=1)
+    wait_for("the reference", lambda: status(ref)["status"] in ("completed", "failed"), 300, poll=1)
+
+    assert status(run)["status"] == "completed", status(run)
+    assert status(ref)["status"] == "completed", status(ref)
+    rows = restarts(run)
+    assert [r["attempt"] for r in rows] == [2, 3]
+    # TERM from `scontrol requeue` is caught and saved at a step boundary when Slurm's KillWait allows
+    assert rows[0]["reason"] in ("preempted", "scheduler") and rows[1]["reason"] == "time_limit", rows
+    assert rows[1]["from_step"] == rows[1]["failed_step"] >= k2  # saved at the boundary after the signal
+    assert all(r["nodes"] and r["job_id"] == job_id for r in rows)
+    assert_identical(run, ref)
+
+
+# ---- local: a killed rank, a kill while saving, a hang, the budget, resume -----------------------
+
+LOCAL = ["cluster.gpus_per_node=2", "train.steps=12", "train.checkpoint.every=3", *QUICK]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("reference")
+    res = launch(LOCAL, root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return only_run(root)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_killed_rank_requeues_and_finishes_identical(runs_root, reference):
+    res = launch([*LOCAL, "train.fail_at_step=8", "train.fail_rank=1", "train.fail_mode=kill",
+                  "train.fail_attempt=1"], runs_root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = only_run(runs_root)
+    (row,) = restarts(run)
+    assert row["attempt"] == 2 and row["reason"] == "failure" and row["from_step"] == 6
+    assert row["nodes"] and row["time"]
+    assert list((run / "attempts" / "1" / "ranks").glob("rank_*.error"))  # the survivor's view, kept aside
+    assert status(run)["attempt"] == 2 and status(run)["summary"]["resumed_from"] == 6
+    assert_identical(run, reference)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_kill_while_saving_uses_the_previous_checkpoint(runs_root, reference):
+    res = launch([*LOCAL, "train.fail_at_step=9", "train.fail_rank=1", "train.fail_mode=kill_in_save",
+                  "train.fail_attempt=1"], runs_root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = only_run(runs_root)
+    (row,) = restarts(run)
+    assert row["from_step"] == 6  # step 9's checkpoint was never completed
+    assert not list((run / "checkpoints").glob(".*partial"))  # the next attempt cleared the half-written one
+    assert_identical(run, reference)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_restart_budget_ends_a_run_that_always_fails(runs_root):
+    res = launch([*LOCAL, "train.fail_at_step=2", "train.fail_rank=0", "train.max_restarts=2"], runs_root,
+                 timeout=300)
+    assert res.returncode == 1
+    run = only_run(runs_root)
+    st = status(run)
+    assert st["status"] == "failed" and "injected failure" in st["error"]
+    assert [r["attempt"] for r in restarts(run)] == [2, 3]  # two restarts, then the budget is spent
+    assert st["attempt"] == 3
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_hang_watchdog_names_the_sleeping_rank(runs_root):
+    t0 = time.time()
+    res = launch([*LOCAL, "train.fail_at_step=5", "train.fail_rank=1", "train.fail_mode=sleep",
+                  "train.hang_timeout_s=6", "train.dist_timeout_s=120", "train.max_restarts=0"], runs_root,
+                 timeout=300)
+    elapsed = time.time() - t0
+    assert res.returncode == 1
+    run = only_run(runs_root)
+    hang = json.loads((run / "hang.json").read_text())
+    assert hang["stuck_ranks"] == [1] and hang["step"] == 4
+    assert set(hang["waiting"]) == {"0"}, hang  # rank 0 waits for it inside a collective
+    assert "train.py" in hang["frames"]["1"] and "inject_fault" in hang["frames"]["1"]
+    assert "inject_fault" in (run / "stacks" / "rank_1.txt").read_text()
+    st = status(run)
+    assert st["status"] == "failed" and "hang" in st["error"] and "rank 1 stuck" in st["error"]
+    assert elapsed < 120  # fired within the timeout, long before the collective timeout (120 s)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_resume_continues_a_failed_run_identically(runs_root, reference):
+    res = launch([*LOCAL, "train.fail_at_step=8", "train.fail_rank=0", "train.max_restarts=0",
+                  "train.fail_attempt=1"], runs_root, timeout=300)
+    assert res.returncode == 1
+    run = only_run(runs_root)
+    assert status(run)["status"] == "failed" and (run / "manifest.json").exists()
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run)], runs_root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "from step 6" in res.stdout
+    st = status(run)
+    assert st["status"] == "completed" and st["attempt"] == 2
+    assert st["earlier"][0]["status"] == "failed"
+    (row,) = restarts(run)
+    assert row["reason"] == "resume" and row["from_step"] == 6
+    assert (run / "attempts" / "1" / "manifest.json").exists()  # the first attempt's seal, kept
+    assert run_cmd([str(BIN / "launcher"), "show", str(run)], runs_root).returncode == 0
+    assert_identical(run, reference)
+
+    # a reproduction of the interrupted run gives the same losses
+    res = run_cmd([str(BIN / "launcher"), "reproduce", str(run), "train.fail_at_step=null"], runs_root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    repro = [Path(r["dir"]) for r in runs_json(runs_root) if Path(r["dir"]) != run]
+    assert [r["loss"] for r in read_metrics(repro[0])] == [r["loss"] for r in read_metrics(reference)]
+
+    # a completed run resumes only to train further
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run)], runs_root, timeout=60)
+    assert res.returncode == 2 and "--steps" in res.stderr
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run), "--steps", "15"], runs_root, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 16))
+    assert restarts(run)[-1]["detail"].endswith("train.steps 12 -> 15")
