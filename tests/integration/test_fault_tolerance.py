@@ -90,7 +90,7 @@ def only_run(runs_root: Path) -> Path:
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
 
 ENGINES = {
-    "ddp_2nodes": ["cluster.nodes=2", "cluster.gpus_per_node=1"],
+    "ddp_2nodes": ["cluster.nodes=2", "cluster.gpus_per_node=1", "train.global_batch_size=64"],
     "zero2": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=2"],
     "zero3": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=3"],
     "megatron_tp2_pp2": ["cluster.nodes=1", "cluster.gpus_per_node=4", "parallelism.tp=2", "parallelism.pp=2"],
@@ -116,7 +116,8 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     wait_for(f"step {k1}", lambda: last_step(run) >= k1, 300)
     subprocess.run(["scontrol", "requeue", job_id], check=True, env={**os.environ, **slurm})
     wait_for("attempt 2", lambda: status(run).get("attempt") == 2 and status(run)["status"] == "running", 240)
-    k2 = rng.randint(max(k1, 15) + 3, 32)
+    resumed = restarts(run)[0]["from_step"]
+    k2 = rng.randint(resumed + 2, max(resumed + 2, 34))  # a step attempt 2 itself reaches
     wait_for(f"step {k2} of attempt 2", lambda: last_step(run) >= k2, 300)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env={**os.environ, **slurm})
     wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout"), 400, poll=1)

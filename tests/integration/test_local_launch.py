@@ -48,7 +48,7 @@ def test_local_run_trains_and_archives(runs_root):
 
 
 def test_local_failure_is_failed_with_traceback(runs_root):
-    res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1"], runs_root)
+    res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1", "train.max_restarts=0"], runs_root)
     assert res.returncode != 0
     (run,) = runs_json(runs_root)
     assert run["status"] == "failed"

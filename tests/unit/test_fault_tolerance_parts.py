@@ -1,0 +1,258 @@
+"""The parts of fault tolerance that need no job: the run dir's checkpoint and restart records, the
+checkpointer's commit protocol, the requeue decision, the stop signals, the hang finding."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.rundir import RunDir
+from launcher.runtime import restarts, stacks
+
+
+def make_run(tmp_path: Path, status: dict = None) -> RunDir:
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.write_run({"run_id": "x-0", "layout": {}})
+    rd.set_status(**(status or {"status": "pending"}))
+    return rd
+
+
+# ---- checkpoint records ------------------------------------------------------------------------
+
+def test_latest_names_only_a_complete_checkpoint(tmp_path):
+    rd = make_run(tmp_path)
+    assert rd.latest_checkpoint() is None
+    rd.checkpoint_partial(5).mkdir(parents=True)
+    assert rd.latest_checkpoint() is None and rd.checkpoints() == []
+    assert rd.stale_partials() == [rd.checkpoint_partial(5)]
+    os.replace(rd.checkpoint_partial(5), rd.checkpoint_dir(5))
+    rd.set_latest(rd.checkpoint_dir(5))
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(5) and RunDir.checkpoint_step(rd.checkpoint_dir(5)) == 5
+    import shutil
+
+    shutil.rmtree(rd.checkpoint_dir(5))  # a pointer to something gone points nowhere
+    assert rd.latest_checkpoint() is None
+
+
+def test_seal_names_checkpoints_without_hashing_them(tmp_path):
+    rd = make_run(tmp_path)
+    rd.checkpoint_dir(10).mkdir(parents=True)
+    (rd.checkpoint_dir(10) / "model.pt").write_bytes(b"x" * 100)
+    rd.set_latest(rd.checkpoint_dir(10))
+    rd.finish("completed")
+    manifest = json.loads((rd.path / "manifest.json").read_text())
+    assert manifest["checkpoints"] == ["step_00000010"]
+    assert not any(k.startswith("checkpoints/") for k in manifest["files"])
+    assert rd.verify() == []
+
+
+def test_restarts_since_launch_counts_from_the_last_resume(tmp_path):
+    rd = make_run(tmp_path)
+    for reason in ("failure", "hang", "resume", "time_limit"):
+        rd.record_restart({"reason": reason})
+    assert [r["reason"] for r in rd.restarts()] == ["failure", "hang", "resume", "time_limit"]
+    assert all(r["time"] for r in rd.restarts())
+    assert rd.restarts_since_launch() == 1
+
+
+def test_reopen_keeps_the_old_seal_and_makes_the_run_writable(tmp_path):
+    rd = make_run(tmp_path)
+    rd.set_status("running", attempt=1, hosts=["n1"])
+    rd.finish("failed", error="boom", exit_code=1)
+    assert not os.access(rd.path / "run.json", os.W_OK) or os.geteuid() == 0
+    rd.reopen(1)
+    st = rd.status()
+    assert st["status"] == "pending" and "error" not in st and st["earlier"][0]["error"] == "boom"
+    assert st["attempt"] == 1 and st["hosts"] == ["n1"]
+    assert (rd.attempt_dir(1) / "manifest.json").exists() and not (rd.path / "manifest.json").exists()
+    assert os.stat(rd.path / "run.json").st_mode & 0o200
+
+
+# ---- attempts and the requeue decision -----------------------------------------------------------
+
+class Recorder:
+    requeue_exit_code = 144
+
+    def __init__(self):
+        self.calls = []
+
+    def request_requeue(self, job_id):
+        self.calls.append(job_id)
+
+
+def test_attempts_record_why_they_restarted_and_stop_at_the_budget(tmp_path):
+    rd = make_run(tmp_path)
+    backend = Recorder()
+    assert restarts.begin_attempt(rd, max_restarts=1, job_id="7") == 1
+    rd.write_rank_error(1, "Traceback: boom")
+    assert restarts.request_requeue(rd, backend, attempt=1, max_restarts=1, reason="failure", detail="rank 1: boom",
+                                    rank=1, step=None, job_id="7")
+    # a second rank of the same attempt learns it was done, without asking again
+    assert restarts.request_requeue(rd, backend, attempt=1, max_restarts=1, reason="failure", detail="rank 0: reset",
+                                    rank=0, step=None, job_id="7")
+    assert backend.calls == ["7"] and rd.status()["status"] == "requeued"
+
+    assert restarts.begin_attempt(rd, max_restarts=1, job_id="7") == 2
+    (row,) = rd.restarts()
+    assert row["attempt"] == 2 and row["reason"] == "failure" and row["detail"] == "rank 1: boom"
+    assert rd.failed_ranks() == [] and (rd.attempt_dir(1) / "ranks" / "rank_1.error").exists()
+    assert rd.status()["status"] == "running" and rd.status()["stop"] is None
+
+    # the budget (1 restart) is spent: no second requeue; a restart the scheduler makes anyway is refused
+    assert not restarts.request_requeue(rd, backend, attempt=2, max_restarts=1, reason="failure", detail="again",
+                                        rank=0, step=None, job_id="7")
+    with pytest.raises(RuntimeError, match="restart budget spent"):
+        restarts.begin_attempt(rd, max_restarts=1, job_id="7")
+    assert rd.status()["status"] == "failed" and rd.restarts()[-1]["reason"] == "scheduler"
+
+
+def test_stop_signals_are_remembered_and_chained(tmp_path):
+    seen = []
+    old_usr2 = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        flag = restarts.StopFlag().install()
+        assert flag.reason is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert flag.reason == "time_limit" and seen == [signal.SIGUSR2]  # the earlier handler still ran
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert flag.reason == "time_limit"  # the time limit outranks a later TERM (both save; it requeues)
+    finally:
+        signal.signal(signal.SIGUSR2, old_usr2)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+# ---- the checkpointer's commit protocol (one process, no process group) ---------------------------
+
+class TinyEngine:
+    def __init__(self):
+        import torch
+
+        self.w = torch.arange(4.0)
+
+    def save_native(self, path):
+        pass
+
+    def checkpoint_files(self):
+        return {"model.pt": {"w": self.w}}
+
+    def load_checkpoint(self, path):
+        import torch
+
+        self.w = torch.load(path / "model.pt", weights_only=True)["w"]
+
+
+class Ctx:
+    rank, world_size, attempt = 0, 1, 1
+
+    def __init__(self, rd):
+        self.rundir = rd
+
+    def heartbeat(self, step=None):
+        pass
+
+
+def checkpointer(rd, every=2, keep=2, async_save=True, steps=9):
+    from omegaconf import OmegaConf
+
+    from recipes.common.checkpoint import Checkpointer
+
+    cfg = OmegaConf.create({"train": {"steps": steps, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
+                                      "fail_attempt": None,
+                                      "checkpoint": {"every": every, "keep": keep, "async_save": async_save}}})
+    engine = TinyEngine()
+    return Checkpointer(cfg, Ctx(rd), engine), engine
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save):
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, async_save=async_save)
+    assert ck.resume() == (0, [])
+    history = []
+    for step in range(1, 10):
+        engine.w = engine.w + 1  # training changes the state while the last save may still be written
+        history.append({"step": step, "loss": float(step)})
+        if ck.due(step):
+            ck.save(step, history)
+    ck.finish()
+    assert [p.name for p in rd.checkpoints()] == ["step_00000008", "step_00000009"]  # every 2, the end, keep 2
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(9) and rd.stale_partials() == []
+
+    rd.checkpoint_partial(11).mkdir()  # a save that died half-way
+    ck2, engine2 = checkpointer(rd)
+    step, rows = ck2.resume()
+    assert step == 9 and [r["step"] for r in rows] == list(range(1, 10))
+    assert engine2.w.tolist() == [9.0, 10.0, 11.0, 12.0]  # the state after step 9, not a later one
+    assert rd.stale_partials() == []
+
+
+# ---- the hang finding ----------------------------------------------------------------------------
+
+WAITING = '''# rank 0, no step finished for 6 s (last finished step: 4)
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/runs/s/code/launcher/runtime/watchdog.py", line 67 in _hang
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2806 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/runs/s/code/recipes/gpt/engines/megatron.py", line 214 in train_step
+  File "/runs/s/code/recipes/gpt/train.py", line 102 in main
+  File "/runs/s/code/launcher/runtime/task.py", line 188 in _run_recipe
+'''
+STUCK = '''# rank 1
+Current thread 0x00007f0000000003 (most recent call first):
+  File "/runs/s/code/launcher/runtime/watchdog.py", line 67 in _hang
+
+Thread 0x00007f0000000004 (most recent call first):
+  File "/runs/s/code/recipes/gpt/train.py", line 55 in inject_fault
+  File "/runs/s/code/recipes/gpt/train.py", line 100 in main
+  File "/runs/s/code/launcher/runtime/task.py", line 188 in _run_recipe
+'''
+DDP_BACKWARD = '''Thread 0x00007f0000000005 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 630 in backward
+  File "/runs/s/code/recipes/gpt/engines/ddp.py", line 61 in train_step
+  File "/runs/s/code/launcher/runtime/task.py", line 188 in _run_recipe
+'''
+
+
+def test_hang_finding_names_the_stuck_rank_and_the_collective_the_others_wait_in():
+    assert stacks.where(WAITING) == {"collective": "all_reduce", "frame": "recipes/gpt/engines/megatron.py:214 in train_step"}
+    assert stacks.where(STUCK) == {"collective": None, "frame": "recipes/gpt/train.py:55 in inject_fault"}
+    assert stacks.where(DDP_BACKWARD)["collective"].startswith("backward")
+    f = stacks.finding({0: WAITING, 1: STUCK, 2: DDP_BACKWARD}, world=4, step=4, timeout_s=6)
+    assert f["stuck_ranks"] == [1, 3] and f["no_stack"] == [3] and set(f["waiting"]) == {0, 2}
+    text = stacks.describe(f)
+    assert "rank 1 stuck in recipes/gpt/train.py:55 in inject_fault" in text
+    assert "rank 3 stuck (no stack" in text and "wait in" in text
+
+
+def test_a_real_dump_parses(tmp_path):
+    """faulthandler's own output for a thread blocked in a function of this file."""
+    import faulthandler
+    import threading
+
+    ready, release = threading.Event(), threading.Event()
+
+    def blocked_here():
+        ready.set()
+        release.wait(10)
+
+    t = threading.Thread(target=blocked_here)
+    t.start()
+    ready.wait(5)
+    path = tmp_path / "dump.txt"
+    with open(path, "w") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    release.set()
+    t.join()
+    threads = stacks.threads(path.read_text())
+    assert any(any(fn == "blocked_here" for _, _, fn in frames) for frames in threads)
