@@ -7,6 +7,7 @@
   launcher reproduce RUN [key=value ...]            re-run from the archived config, code and seeds
   launcher runs --reindex | --tag T | key=value     rebuild the index; filter
   launcher plan [overrides] [--search] [--json]     memory / speed of a layout, or rank every layout
+  launcher doctor RUN [--json]                      why a run failed (its class), the evidence, the fix
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.archive import registry
-from launcher.rundir import STATUSES
+from launcher.rundir import FINAL, STATUSES
 
 
 def _root(args) -> Path:
@@ -57,6 +58,10 @@ def cmd_runs(args) -> int:
     if args.tag:
         runs = [r for r in runs if args.tag in (r.get("tags") or [])]
     runs = [r for r in runs if registry.matches(r, where)]
+    from launcher import doctor
+
+    for r in runs:  # why a finished run did not complete (the run dir says; no scheduler query)
+        r["class"] = doctor.classify(r["dir"]).kind if r["status"] in FINAL and r["status"] != "completed" else None
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
@@ -69,12 +74,13 @@ def cmd_runs(args) -> int:
     from rich.text import Text
 
     # ids are what users copy into show/diff/reproduce: never cut; a long dir folds instead
-    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("job", no_wrap=True),
-                  "loss", "tokens/s", Column("dir", overflow="fold"))
+    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("class", no_wrap=True),
+                  Column("job", no_wrap=True), "loss", "tokens/s", Column("dir", overflow="fold"))
     for r in runs:
         loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else ""
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else ""
-        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r.get("job_id") or "", loss, tps, r["dir"])))
+        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r["class"] or "", r.get("job_id") or "", loss,
+                                                tps, r["dir"])))
     Console().print(table)
     return 0
 
@@ -140,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
 
-    from launcher.cli import archive_cmds, plan_cmd
+    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd
 
     s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
     s.add_argument("run", help="run id or run dir")
@@ -171,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=archive_cmds.cmd_resume)
 
     plan_cmd.add_parser(sub)
+    doctor_cmd.add_parser(sub, parents=[common])
     return p
 
 
