@@ -77,7 +77,9 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
      "loss scaler; ZeRO or tensor/pipeline shards by rank), every rank's RNG states, the step and the metrics so far "
-     "(meta.json); written as checkpoints/.step_<n>.partial/ and renamed when every rank has written its part"),
+     "(meta.json)"),
+    ("checkpoints/.step_<n>.partial/", "recipe", "a checkpoint being written: each rank's part and its done_rank_<r> "
+     "marker; renamed to step_<n>/ once every rank's part is in, deleted by the next attempt if a rank died first"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
      "time_limit, scheduler, resume), detail, from_step (the checkpoint resumed from), nodes, job id"),
@@ -106,8 +108,8 @@ class RunDir:
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
     DEEPSPEED_CONFIG, METRICS, WANDB, MANIFEST = "deepspeed_config.json", "metrics.jsonl", "wandb", "manifest.json"
-    CHECKPOINTS, CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints", "checkpoints/step_<n>",
-                                                           "checkpoints/.step_<n>.partial", "checkpoints/latest")
+    CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
+                                              "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
 
     def __init__(self, path: Union[str, Path]) -> None:
@@ -198,7 +200,7 @@ class RunDir:
         """The checkpoint ``latest`` names (None: none yet, or it names one that is gone)."""
         p = self._p(self.LATEST)
         name = p.read_text().strip() if p.is_file() else ""
-        ckpt = self._p(self.CHECKPOINTS) / name if name else None
+        ckpt = p.parent / name if name else None
         return ckpt if ckpt is not None and ckpt.is_dir() else None
 
     def set_latest(self, ckpt: Path) -> None:
@@ -408,7 +410,7 @@ class RunDir:
 
     # ---- seal ------------------------------------------------------------------------------------
     def _files(self) -> Dict[str, str]:
-        ckpts = self._p(self.CHECKPOINTS)
+        ckpts = self._p(self.LATEST).parent
         return {str(p.relative_to(self.path)): _sha256(p) for p in sorted(self.path.rglob("*"))
                 if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")
                 and ckpts not in p.parents}

@@ -91,6 +91,7 @@ BAD = [
     (["submit.wait_timeout_s=-1"], "submit.wait_timeout_s"),
     (["train.fail_at_step=0"], "train.fail_at_step"),
     (["train.fail_at_step=61"], "train.fail_at_step"),  # after the last step: never fires
+    (["train.hang_timeout_s=600"], "train.dist_timeout_s"),  # collectives would give up first
     (["recipe._target_=recipes.gpt.train.mian"], "recipe._target_"),
     (["recipe._target_=recipes.gpt.tran.main"], "recipe._target_"),
     (["recipe._target_=surely_no_such_package.train.main"], "recipe._target_"),
