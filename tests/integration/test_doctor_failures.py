@@ -198,7 +198,7 @@ def test_hang_names_the_stuck_rank_and_where(runs_root):
 def test_collective_timeout_names_the_rank_waited_for(runs_root):
     # no hang watchdog: rank 0 waits in the gradient all-reduce until train.dist_timeout_s
     run = failed_run(["train.steps=6", "train.fail_mode=sleep", "train.fail_at_step=2", "train.fail_rank=1",
-                      "train.dist_timeout_s=6"], runs_root)
+                      "train.dist_timeout_s=10"], runs_root)
     d = doctor(run, runs_root)
     expect(d, "collective_timeout", 1, "rank 0 timed out", "waiting for rank 1")
     assert "train.dist_timeout_s" in d["fix"]
