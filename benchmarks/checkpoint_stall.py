@@ -3,8 +3,9 @@
 The same state (a GPT's parameters and its AdamW state, after real optimizer steps) is saved by the
 run's own checkpointer (recipes.common.checkpoint.Checkpointer) in a loop of real training steps,
 once with train.checkpoint.async_save=false and once with true. "Blocked" is the wall time the loop
-spends inside save() (for async: copying the state to host memory, plus any wait for the previous
-save still being written). Target: async blocked time <= 10% of the synchronous save.
+spends waiting for saves: inside save(), and (async) in the optimizer step that waits for the copy to
+host memory the save started in the background. The async copy and write share the CPU with the
+training step, so the median step time is printed too. Target: async blocked time <= 10% of the synchronous save.
 
     .venv/bin/python benchmarks/checkpoint_stall.py [--model gpt_125m] [--saves 3] [--every 4]
 """
@@ -40,6 +41,9 @@ class _Engine:
     def save_native(self, path):
         pass
 
+    def optimizers(self):
+        return [self.optimizer]
+
     def checkpoint_files(self):
         return {"model.pt": {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}}
 
@@ -69,24 +73,22 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
         rd = RunDir(Path(tmp) / "run")
         rd.path.mkdir()
         ck = Checkpointer(cfg, _Ctx(rd), _Engine(model, opt))
-        blocked, step_times, history = [], [], []
+        step_times, history = [], []
         for step in range(1, saves * every + 1):
             t0 = time.perf_counter()
             loss = model(data, labels=data)
             loss.backward()
-            opt.step()
+            opt.step()  # (an asynchronous save's copy must be done before this: the hook waits)
             opt.zero_grad(set_to_none=True)
             step_times.append(time.perf_counter() - t0)
-            history.append({"step": step, "loss": float(loss)})
+            history.append({"step": step, "loss": float(loss.detach())})
             if ck.due(step):
-                t0 = time.perf_counter()
                 ck.save(step, history)
-                blocked.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         ck.finish()
         tail = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in rd.latest_checkpoint().rglob("*") if f.is_file())
-    return {"blocked": blocked, "tail": tail, "step": statistics.median(step_times), "bytes": size,
+    return {"blocked": ck.blocked_s / saves, "tail": tail, "step": statistics.median(step_times), "bytes": size,
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -100,15 +102,13 @@ def main() -> None:
     args = ap.parse_args()
     sync = run(args.model, False, args.saves, args.every, args.tokens, args.threads)
     asyn = run(args.model, True, args.saves, args.every, args.tokens, args.threads)
-    # the first save allocates the host buffers the later ones reuse: steady state = the later saves
-    s_sync = statistics.median(sync["blocked"][1:] or sync["blocked"])
-    s_async = statistics.median(asyn["blocked"][1:] or asyn["blocked"])
+    s_sync, s_async = sync["blocked"], asyn["blocked"]
     print(f"model {args.model}: {sync['params'] / 1e6:.0f}M parameters, checkpoint {sync['bytes'] / 2**30:.2f} GiB, "
-          f"training step {sync['step'] * 1e3:.0f} ms, a save every {args.every} steps")
-    print(f"{'':22}{'sync':>12}{'async':>12}")
-    print(f"{'blocked per save (s)':22}{s_sync:12.3f}{s_async:12.3f}")
-    print(f"{'first save (s)':22}{sync['blocked'][0]:12.3f}{asyn['blocked'][0]:12.3f}")
-    print(f"{'final wait (s)':22}{sync['tail']:12.3f}{asyn['tail']:12.3f}")
+          f"{args.saves} saves, one every {args.every} training steps")
+    print(f"{'':34}{'sync':>10}{'async':>10}")
+    print(f"{'loop blocked per save (s)':34}{s_sync:10.3f}{s_async:10.3f}")
+    print(f"{'median training step (s)':34}{sync['step']:10.3f}{asyn['step']:10.3f}")
+    print(f"{'wait for the last write at the end (s)':34}{sync['tail']:10.3f}{asyn['tail']:10.3f}")
     ratio = s_async / s_sync
     print(f"async/sync blocked-time ratio: {ratio:.3f} (target <= 0.10) -> {'PASS' if ratio <= 0.10 else 'FAIL'}")
 

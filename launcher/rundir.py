@@ -359,6 +359,13 @@ class RunDir:
                 out.append(p.name.split(".")[0])
         return out
 
+    def rank_error_path(self, rank: int) -> Path:
+        return self._p(_name(self.RANK_ERROR, r=rank))
+
+    def attempts(self) -> List[Path]:
+        """The dirs of earlier attempts (attempts/<a>/), in order."""
+        return sorted(self._glob(self.ATTEMPT, a="*"), key=lambda p: int(p.name) if p.name.isdigit() else 0)
+
     def rank_errors(self) -> Dict[int, str]:
         """Each failed rank's recorded error text, by rank."""
         return {int(p.name.split(".")[0].split("_")[-1]): p.read_text(errors="replace")

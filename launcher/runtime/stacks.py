@@ -52,6 +52,10 @@ def where(dump: str) -> Dict[str, Optional[str]]:
         f, _, func = frames[0]
         collective = next((name for (file, fn), name in WAITING_FRAMES.items() if f.endswith(file) and fn == func),
                           None)
+        if collective is None and "/torch/" in f and not any(c in f for c in COLLECTIVE_FILES):
+            # inside torch without a Python frame of torch.distributed on top: a C++ collective that
+            # torch issues itself (DDP's buffer broadcast or bucket rebuild in forward, ...)
+            collective = f"{func} ({_short(f)})"
     for f, _, func in frames if collective is None else []:
         if any(c in f for c in COLLECTIVE_FILES):
             if collective is None or "distributed_c10d" in f:

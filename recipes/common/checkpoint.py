@@ -16,9 +16,10 @@ marker; whichever rank completes the set renames the directory into place and on
 leaves a partial directory, which the next attempt deletes. The last ``train.checkpoint.keep``
 complete checkpoints are kept.
 
-With ``train.checkpoint.async_save`` the step loop is blocked only while the state is copied to host
-memory; a background thread serialises and writes it (one save in flight at a time). DeepSpeed's own
-save is synchronous.
+With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
+copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,
+the next optimizer step waits only if that copy is not done yet, and the thread then serialises and
+writes it (one save in flight at a time). DeepSpeed's own save is synchronous.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import random
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -111,6 +113,10 @@ class Checkpointer:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._staged: Dict[str, Any] = {}  # the last save's host copies (their buffers are reused)
+        self._copied = threading.Event()
+        self._copied.set()
+        self._hooks: Optional[List[Any]] = None
+        self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
         tr = cfg.train
         fires = (tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
                  and int(tr.fail_rank) == self.rank and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
@@ -140,26 +146,61 @@ class Checkpointer:
         return (self.every > 0 and step % self.every == 0) or step == self.steps or step == self.kill_step
 
     def save(self, step: int, metrics: List[Dict[str, Any]], block: bool = False) -> None:
-        """Checkpoint the state after ``step`` (every rank calls it at the same step). Returns once the
-        state is copied (async) or written (``block``, or async_save off)."""
+        """Checkpoint the state after ``step`` (every rank calls it at the same step).
+
+        Synchronous (``block``, or async_save off, or an engine that names no optimizer): returns once
+        written. Asynchronous: returns at once; a background thread copies the state to host memory
+        and writes it, and the next optimizer step (the first thing to change that state) waits until
+        the copy is done, so the copy overlaps the next forward and backward."""
+        t0 = time.perf_counter()
         self.wait()
         partial = self.rd.checkpoint_partial(step)
         partial.mkdir(parents=True, exist_ok=True)
         self.engine.save_native(partial)  # collective, synchronous (DeepSpeed)
-        staged = {name: host_copy(state, self._staged.get(name)) for name, state in self.engine.checkpoint_files().items()}
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the pinned copies have landed before the writer reads them
-        self._staged = staged
-        staged[RNG_FILE.format(rank=self.rank)] = rng_state()
+        live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
+        small = {RNG_FILE.format(rank=self.rank): rng_state()}
         if self.rank == 0:
-            staged[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
-        if self.async_save and not block:
-            self._thread = threading.Thread(target=self._write_guarded, args=(partial, staged, step),
+            small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
+        if self.async_save and not block and self._hooked():
+            self._copied.clear()
+            self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step),
                                             name="checkpoint-writer", daemon=True)
             self._thread.start()
         else:
-            self._write(partial, staged, step)
+            self._write(partial, {**self._copy(live), **small}, step)
         self.ctx.heartbeat()
+        self.blocked_s += time.perf_counter() - t0
+
+    def _hooked(self) -> bool:
+        """Make every optimizer of the engine wait for a copy in flight before it steps (once)."""
+        if self._hooks is None:
+            opts = list(getattr(self.engine, "optimizers", lambda: [])())
+            self._hooks = [opt.register_step_pre_hook(lambda *_: self.wait_copied()) for opt in opts]
+        return bool(self._hooks)
+
+    def _copy(self, live: Dict[str, Any]) -> Dict[str, Any]:
+        staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the pinned copies have landed before the writer reads them
+        self._staged = staged
+        return staged
+
+    def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int) -> None:
+        try:
+            staged = self._copy(live)
+        except BaseException as e:  # surfaced by the next wait()
+            self._error = e
+            return
+        finally:
+            self._copied.set()
+        self._write_guarded(partial, {**staged, **small}, step)
+
+    def wait_copied(self) -> None:
+        """Until the state of the save in flight is in host memory (the training state may change)."""
+        if not self._copied.is_set():
+            t0 = time.perf_counter()
+            self._copied.wait()
+            self.blocked_s += time.perf_counter() - t0
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written; re-raises its error."""

@@ -134,6 +134,41 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     assert_identical(run, ref)
 
 
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_killed_rank_and_lost_node_on_slurm(slurm, tmp_path):
+    """A SIGKILLed rank (srun ends the step) and then a node Slurm loses (set DOWN under the job): the
+    same job id runs again each time and the run ends identical to an uninterrupted one."""
+    env = {**os.environ, **slurm}
+    cfg = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "train.steps=30",
+           "train.global_batch_size=64", "train.checkpoint.every=4", *QUICK]
+    roots = {k: tmp_path / k for k in ("interrupted", "reference")}
+    res = launch([*cfg, "train.fail_at_step=7", "train.fail_rank=1", "train.fail_mode=kill", "train.fail_attempt=1"],
+                 roots["interrupted"], extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert launch(cfg, roots["reference"], extra_env=slurm).returncode == 0
+    run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    wait_for("attempt 2 after the kill", lambda: status(run).get("attempt") == 2 and last_step(run) >= 14, 300)
+    node = wait_for("the job's nodes", lambda: subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, env=env).stdout.strip(), 60)
+    lost = subprocess.run(["scontrol", "show", "hostnames", node], capture_output=True, text=True,
+                          env=env).stdout.split()[-1]
+    subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=fault-tolerance-test"],
+                   check=True, env=env)
+    try:
+        wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout"), 400, poll=1)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], check=False, env=env)
+    wait_for("the reference", lambda: status(ref)["status"] in ("completed", "failed"), 300, poll=1)
+    assert status(run)["status"] == "completed", status(run)
+    rows = restarts(run)
+    # a DOWN node's processes get TERM (a real lost node sends nothing): saved, or restarted from `latest`
+    assert rows[0]["reason"] == "failure" and rows[1]["reason"] in ("preempted", "scheduler"), rows
+    assert lost in rows[1]["nodes"] and rows[0]["from_step"] == 4
+    assert_identical(run, ref)
+
+
 # ---- local: a killed rank, a kill while saving, a hang, the budget, resume -----------------------
 
 LOCAL = ["cluster.gpus_per_node=2", "train.steps=12", "train.checkpoint.every=3", *QUICK]

@@ -131,21 +131,38 @@ def test_stop_signals_are_remembered_and_chained(tmp_path):
 # ---- the checkpointer's commit protocol (one process, no process group) ---------------------------
 
 class TinyEngine:
+    """One parameter and an optimizer whose step changes it in place (as every engine's does)."""
+
     def __init__(self):
         import torch
 
-        self.w = torch.arange(4.0)
+        self.p = torch.nn.Parameter(torch.arange(4.0))
+        self.optimizer = torch.optim.SGD([self.p], lr=1.0)
+
+    def train_step(self):
+        import torch
+
+        self.p.grad = -torch.ones(4)
+        self.optimizer.step()  # p += 1, in place
+
+    @property
+    def w(self):
+        return self.p.detach()
+
+    def optimizers(self):
+        return [self.optimizer]
 
     def save_native(self, path):
         pass
 
     def checkpoint_files(self):
-        return {"model.pt": {"w": self.w}}
+        return {"model.pt": {"w": self.p, "opt": self.optimizer.state_dict()}}
 
     def load_checkpoint(self, path):
         import torch
 
-        self.w = torch.load(path / "model.pt", weights_only=True)["w"]
+        with torch.no_grad():
+            self.p.copy_(torch.load(path / "model.pt", weights_only=True)["w"])
 
 
 class Ctx:
@@ -177,7 +194,7 @@ def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save):
     assert ck.resume() == (0, [])
     history = []
     for step in range(1, 10):
-        engine.w = engine.w + 1  # training changes the state while the last save may still be written
+        engine.train_step()  # changes the state in place while the last save may still be copied/written
         history.append({"step": step, "loss": float(step)})
         if ck.due(step):
             ck.save(step, history)

@@ -108,6 +108,11 @@ class Engine:
         needs to continue bit for bit); the checkpointer copies it to host memory and writes it."""
         return {}
 
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        """The optimizers whose step changes the checkpointed state (an asynchronous save's copy must
+        be done before they step); none: saves are synchronous."""
+        return []
+
     def save_native(self, path: Path) -> None:
         """An engine with its own (collective, synchronous) save writes into ``path`` here."""
 

@@ -84,6 +84,9 @@ class DDPEngine(Engine):
     # one copy of the replicated state, written by data-parallel rank 0 and read by every rank
     FILE = "model.pt"
 
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def checkpoint_files(self) -> Dict[str, Any]:
         if self.dp_rank != 0:
             return {}

@@ -241,6 +241,9 @@ class MegatronEngine(Engine):
         dp_idx, pp_idx, tp_idx = self.mesh.coords
         return f"model_pp{pp_idx}_tp{tp_idx}.pt", f"optim_pp{pp_idx}_tp{tp_idx}_dp{dp_idx}.pt"
 
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def checkpoint_files(self) -> Dict[str, Any]:
         shard, partition = self._names()
         files: Dict[str, Any] = {}
