@@ -428,6 +428,12 @@ def _max_nodes(backend: str) -> Optional[int]:
     return backends.get(backend).max_nodes
 
 
+def _max_restarts(backend: str) -> Optional[int]:
+    from launcher import backends
+
+    return backends.get(backend).max_restarts
+
+
 def target_problem(target: str) -> Optional[str]:
     """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
     and runs nothing: the module is found on sys.path (and the working dir, whose repo is the code
@@ -624,6 +630,11 @@ RULES: Tuple[Rule, ...] = (
                     f"(train.hang_timeout_s={f.values.get('train.hang_timeout_s')}) can dump the stacks and name the "
                     "stuck rank"),
          lambda f: f"raise train.dist_timeout_s above {f.values.get('train.hang_timeout_s')} (e.g. twice it)", RUN),
+    Rule("train.max_restarts",
+         lambda f: _max_restarts(f.backend) is not None and (f.values.get("train.max_restarts") or 0) > _max_restarts(f.backend),
+         lambda f: (f"the {f.backend} backend restarts a job at most {_max_restarts(f.backend)} times, but "
+                    f"train.max_restarts={f.values.get('train.max_restarts')}"),
+         lambda f: f"set train.max_restarts to {_max_restarts(f.backend)} or less (or use a Slurm cluster)", RUN),
     Rule("data.branching",
          lambda f: isinstance(f.values.get("data.branching"), int) and f.values.get("data.branching") > f.model.vocab_size,
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "

@@ -28,6 +28,7 @@ class Backend:
     waits: bool = False  # `launch` waits for the jobs unless submit.wait says otherwise
     shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
     max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
+    max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
 
     def host_cpu_flags(self) -> Optional[FrozenSet[str]]:
         """The /proc/cpuinfo flags of the CPU its jobs compute on, where that is known before submission

@@ -49,6 +49,7 @@ class LocalBackend(Backend):
     waits = True
     shares_host_memory = True
     max_nodes = 1  # every process runs on this host
+    max_restarts = 5  # submitit's local controller starts a job at most 6 times
 
     def host_cpu_flags(self) -> Optional[frozenset]:
         return None if has_nvidia_gpus() else cpu_flags()

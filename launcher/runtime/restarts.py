@@ -100,6 +100,10 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
         return True
     os.close(fd)
     stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
+    try:
+        backend.request_requeue(job_id)
+    except Exception as e:  # e.g. a partition that forbids requeues: the run fails, saying why
+        rd.set_status(Status.running, stop={**stop, "requeue_error": f"{type(e).__name__}: {e}"})
+        return False
     rd.set_status(Status.requeued, stop=stop)
-    backend.request_requeue(job_id)
     return True

@@ -92,6 +92,7 @@ BAD = [
     (["train.fail_at_step=0"], "train.fail_at_step"),
     (["train.fail_at_step=61"], "train.fail_at_step"),  # after the last step: never fires
     (["train.hang_timeout_s=600"], "train.dist_timeout_s"),  # collectives would give up first
+    (["train.max_restarts=6"], "train.max_restarts"),  # submitit's local controller stops at 6 starts
     (["recipe._target_=recipes.gpt.train.mian"], "recipe._target_"),
     (["recipe._target_=recipes.gpt.tran.main"], "recipe._target_"),
     (["recipe._target_=surely_no_such_package.train.main"], "recipe._target_"),

@@ -273,3 +273,15 @@ def test_a_real_dump_parses(tmp_path):
     t.join()
     threads = stacks.threads(path.read_text())
     assert any(any(fn == "blocked_here" for _, _, fn in frames) for frames in threads)
+
+
+def test_a_refused_requeue_fails_the_run_instead(tmp_path):
+    class Refusing(Recorder):
+        def request_requeue(self, job_id):
+            raise RuntimeError("Requested operation is presently disabled")
+
+    rd = make_run(tmp_path)
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    assert not restarts.request_requeue(rd, Refusing(), attempt=1, max_restarts=3, reason="failure", detail="x",
+                                        rank=0, step=3, job_id="9")
+    assert "presently disabled" in rd.status()["stop"]["requeue_error"]
