@@ -241,6 +241,10 @@ def test_hang_watchdog_names_the_sleeping_rank(runs_root):
     st = status(run)
     assert st["status"] == "failed" and "hang" in st["error"] and "rank 1 stuck" in st["error"]
     assert elapsed < 120  # fired within the timeout, long before the collective timeout (120 s)
+    res = run_cmd([str(BIN / "launcher"), "doctor", str(run), "--json"], runs_root, timeout=120)
+    diagnosis = json.loads(res.stdout)
+    assert diagnosis["kind"] == "hang" and diagnosis["rank"] == 1, diagnosis
+    assert "hang_timeout_s" in diagnosis["fix"] or "stack" in diagnosis["fix"], diagnosis
 
 
 @pytest.mark.dist
