@@ -179,6 +179,10 @@ class ClusterConfig:
     # extra sbatch options, name -> value (e.g. {exclusive: ""}, {reservation: big})
     sbatch_extra: Dict[str, str] = field(default_factory=dict)
     array_parallelism: int = num(256, ge=1)
+    # the most tasks one Slurm array may hold / jobs one user may have queued; null: read from
+    # `scontrol show config` (MaxArraySize, MaxSubmitJobs) when submitting
+    max_array_size: Optional[int] = num(None, ge=1)
+    max_submit_jobs: Optional[int] = num(None, ge=1)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     intra_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
@@ -261,6 +265,9 @@ class SubmitConfig:
     job_name: str = "${name}"
     # seconds to wait for a local run before giving up on it (0 = forever)
     wait_timeout_s: int = num(0, ge=0)
+    # what a sweeper that needs results (Optuna, ...) gets back from each run: a key of the run's
+    # summary (final_loss, mean_tokens_per_s, ...)
+    objective: str = "final_loss"
 
 
 @dataclass
