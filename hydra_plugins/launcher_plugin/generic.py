@@ -1,0 +1,494 @@
+"""A Hydra launcher for ANY Hydra app: ``hydra/launcher=launcher_slurm`` or ``hydra/launcher=launcher_local``.
+
+Registered when Hydra scans the ``hydra_plugins`` namespace (the ConfigStore entries below run at
+import; nothing of the project's ``launch`` app is imported). It runs the app's OWN task function on
+the nodes, the way Hydra's own launchers do, and gives every point the archive a ``launch`` run gets:
+
+login side (``launch``)
+  compose each point once (``load_sweep_config``: the config the node runs, ``now`` resolved as on
+  the login side), a SweepDir under ``runs_root`` with ONE code snapshot of the app's repo, then per
+  point a staged RunDir: config.yaml (resolved, secrets redacted), overrides.yaml, seeds.json (when
+  the app has ``seed``), code/, env/, status pending, run.json last; ONE submitit batch for all
+  points (one Slurm array) through ``launcher.backends.get(...)``; job.json and the sbatch script;
+  publish, sweep.json, the registry. ``wait: true`` (the default) then blocks for the jobs and
+  returns each task's JobReturn in job-index order; ``wait: false`` returns at once, each
+  JobReturn holding its run id.
+
+node side (``_HydraJob.__call__``)
+  Hydra's singletons and resolvers as on the login side, the run dir's rank / node / environment
+  records, status running, then ``hydra.core.utils.run_job`` from the launch directory (so
+  ``hydra.sweep.dir``/``subdir``, ``hydra.runtime.output_dir`` and ``hydra.job.chdir`` behave as
+  with Hydra's launchers), then status completed (the return value in the summary) or failed (the
+  exception and its traceback), and the seal. The task's exception goes back inside the JobReturn.
+
+The pickled jobs hold the app's config (secrets included, as Hydra's own launchers' do), so
+submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_root``.
+"""
+# no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
+# sys.modules, where dataclasses cannot resolve string annotations
+import inspect
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "launcher"
+
+
+# ---- configuration --------------------------------------------------------------------------------
+
+
+@dataclass
+class BaseLauncherConf:
+    """What both launchers take (submitit's names, so a hydra-submitit-launcher config carries over)."""
+
+    # where the run archive goes; null: $LAUNCHER_RUNS, else ./runs (from the launch directory)
+    runs_root: Optional[str] = None
+    # block until every job ended and return their results (Hydra's launchers do); false: return
+    # once queued, each JobReturn holding the run id
+    wait: bool = True
+    # submitit's folder (pickled jobs hold the app's config: keep it out of runs_root)
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit"
+    name: str = "${hydra.job.name}"
+    timeout_min: int = 60
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: Optional[int] = None
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[int] = None
+    # seconds before the time limit that the job gets its warning signal
+    signal_delay_s: int = 120
+    # environment of every task (secret-named values travel through the submitting environment)
+    env: Dict[str, str] = field(default_factory=dict)
+    # tags recorded in each run.json (launcher runs --tag)
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class SlurmLauncherConf(BaseLauncherConf):
+    _target_: str = "hydra_plugins.launcher_plugin.generic.SlurmLauncher"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # shell lines run in the sbatch script before the job starts (module load, venv activation)
+    setup: List[str] = field(default_factory=list)
+    # most array tasks running at once (sbatch --array=...%k)
+    array_parallelism: int = 256
+    # any other sbatch option, name -> value ({exclude: node3, mail-type: END})
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LocalLauncherConf(BaseLauncherConf):
+    _target_: str = "hydra_plugins.launcher_plugin.generic.LocalLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="launcher_slurm", node=SlurmLauncherConf,
+                             provider=PROVIDER)
+ConfigStore.instance().store(group="hydra/launcher", name="launcher_local", node=LocalLauncherConf,
+                             provider=PROVIDER)
+
+
+def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
+    """The plugin's parameters in the shape ``launcher.backends`` reads (``cluster.*``,
+    ``submit.job_name``), every other key at the schema's default, so the backend builds the
+    executor exactly as it does for ``launch`` runs. One task per process: ``gpus_per_node`` of a
+    Slurm job is an sbatch option of its own, not the task count."""
+    from launcher.schema import ClusterConfig
+
+    extra = {str(k): ("" if v is None else str(v)) for k, v in (params.get("additional_parameters") or {}).items()}
+    gpus = params.get("gpus_per_node")
+    if gpus:
+        extra.setdefault("gpus-per-node", str(int(gpus)))
+    cluster = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="hydra_app")), {
+        "backend": backend,
+        "nodes": int(params.get("nodes") or 1),
+        "gpus_per_node": int(params.get("tasks_per_node") or 1),
+        "cpus_per_task": int(params.get("cpus_per_task") or 1),
+        "mem_gb": params.get("mem_gb"),
+        "partition": params.get("partition"),
+        "account": params.get("account"),
+        "qos": params.get("qos"),
+        "constraint": params.get("constraint"),
+        "time_min": int(params.get("timeout_min") or 60),
+        "signal_delay_s": int(params.get("signal_delay_s") or 0),
+        "use_gpus": False,
+        "setup": [str(s) for s in params.get("setup") or []],
+        "env": {str(k): str(v) for k, v in (params.get("env") or {}).items()},
+        "sbatch_extra": extra,
+        "array_parallelism": int(params.get("array_parallelism") or 256),
+    })
+    return OmegaConf.create({"cluster": cluster, "submit": {"job_name": str(params.get("name") or "hydra_app")}})
+
+
+def runs_root_of(params: Dict[str, Any]) -> Path:
+    root = params.get("runs_root") or os.environ.get("LAUNCHER_RUNS") or "runs"
+    return Path(str(root)).expanduser().resolve()
+
+
+def source_root(task_function: Any, cwd: Path) -> Path:
+    """The app's tree to snapshot: the git repo holding the task function's source file; else the
+    git repo of the launch directory; else the top package directory of the task's module; else
+    the launch directory."""
+    from launcher.archive import code
+
+    try:
+        src = inspect.getsourcefile(inspect.unwrap(task_function))
+    except TypeError:
+        src = None
+    here = Path(src).resolve().parent if src else None
+    for start in filter(None, (here, cwd)):
+        repo = code.repo_root(start)
+        if repo is not None:
+            return repo
+    if here is not None:
+        top = here
+        while (top / "__init__.py").is_file() and (top.parent / "__init__.py").is_file():
+            top = top.parent
+        return top.parent if (top / "__init__.py").is_file() else top
+    return cwd
+
+
+def plain(value: Any) -> Any:
+    """A return value as the JSON of status.json can hold it (numbers, strings, lists, dicts), else its repr."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    try:
+        json.dumps(value, allow_nan=True)
+        return value
+    except (TypeError, ValueError):
+        pass
+    try:
+        return float(value)  # numpy / torch scalars
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def resolved_app_config(sweep_config: DictConfig) -> Dict[str, Any]:
+    """The point's config without Hydra's node, resolved where it resolves (an interpolation only the
+    node can resolve, ``${oc.env:...}`` of a variable set there, is archived as written)."""
+    cfg = OmegaConf.masked_copy(sweep_config, [k for k in sweep_config.keys() if k != "hydra"])
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except Exception:
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+
+
+# ---- on the node ------------------------------------------------------------------------------------
+
+
+class _HydraJob:
+    """What submitit pickles for one point: the app's task function, the point's composed config and
+    Hydra's state; on the node it runs ``run_job`` as Hydra's launchers do, inside the run's records."""
+
+    def __init__(self, task_function: Any, hydra_context: Any, config: DictConfig, run_dir: str,
+                 singleton_state: Dict[Any, Any], env: Dict[str, str]) -> None:
+        self.task_function = task_function
+        self.hydra_context = hydra_context
+        self.config = config
+        self.run_dir = str(run_dir)
+        self.singleton_state = singleton_state
+        self.env = dict(env)
+
+    def __repr__(self) -> str:
+        return f"_HydraJob({self.run_dir!r})"
+
+    def __call__(self) -> JobReturn:
+        import submitit
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import run_job, setup_globals
+
+        from launcher.archive.secrets import is_redacted, scrub
+        from launcher.rundir import RunDir
+        from launcher.runtime import env as dist_env
+        from launcher.runtime import task
+
+        Singleton.set_state(self.singleton_state)
+        setup_globals()
+        rd = RunDir(self.run_dir)
+        task._wait_for(rd)
+        denv = dist_env.detect()
+        denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT: an app may start torch.distributed
+        for k, v in self.env.items():
+            if not is_redacted(v):
+                os.environ.setdefault(str(k), str(v))
+        config = self.config
+        with open_dict(config.hydra.job):
+            config.hydra.job.id = submitit.JobEnvironment().job_id
+        if rd.is_final():  # the scheduler started a job whose run has ended (requeued after a cancel)
+            print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
+            ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+            return ret
+        job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
+        task._record_rank(rd, denv)
+        if denv.local_rank == 0:
+            from launcher.archive import topology
+
+            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+            rd.write_topology(node, denv.node_rank, topology.gather())
+        if denv.rank == 0:
+            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+        t0 = time.time()
+        # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
+        # the app's own relative paths) mean there what they meant at the command line
+        os.chdir(str(config.hydra.runtime.cwd))
+        try:
+            ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
+                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
+            ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
+        finally:
+            self._record_environment(rd, denv)
+        if ret.status != JobStatus.COMPLETED:
+            err = ret._return_value
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)) if isinstance(
+                err, BaseException) else str(err)
+            print(tb, file=sys.stderr, flush=True)
+            if not rd.is_final():
+                rd.write_rank_error(denv.rank, scrub(tb, os.environ))
+            rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
+                      failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
+                      **job_ids)
+        elif denv.rank == 0 and not rd.failed_ranks():
+            rd.finish("completed", exit_code=0, summary={"return_value": plain(ret._return_value)},
+                      **self._dirs(ret), duration_s=round(time.time() - t0, 3), **job_ids)
+        return ret
+
+    @staticmethod
+    def _dirs(ret: JobReturn) -> Dict[str, Any]:
+        """Hydra's output dir of the job (``hydra.runtime.output_dir``) and the working dir it ran in."""
+        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg is not None else None
+        return {"output_dir": None if out is None else str(out), "working_dir": ret.working_dir}
+
+    @staticmethod
+    def _record_environment(rd: Any, denv: Any) -> None:
+        """The training environment (rank 0), and torch / CUDA / NCCL as seen on the node when the
+        app imported torch (importing it only to record its version would slow every job)."""
+        if denv.rank != 0:
+            return
+        import platform
+
+        from launcher.archive import secrets, topology
+
+        runtime: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
+        if "torch" in sys.modules:
+            runtime.update(topology.runtime_software())
+        else:
+            runtime["torch"] = "not imported by the app"
+        rd.write_environment(secrets.training_env(os.environ), runtime)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """On preemption / time limit, submitit resubmits the same job (Hydra's submitit launcher does)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+# ---- on the login node ---------------------------------------------------------------------------
+
+
+class _GenericLauncher(Launcher):
+    backend_name = ""
+
+    def __init__(self, **params: Any) -> None:
+        self.params: Dict[str, Any] = {k: (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v)
+                                       for k, v in params.items()}
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Any = None
+        self.task_function: Any = None
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import configure_log, filter_overrides, setup_globals
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep and self.config.hydra.sweep.mode is not None:
+            os.chmod(sweep_dir, int(str(self.config.hydra.sweep.mode), 8))
+        log.info(f"launcher '{self.backend_name}': {len(job_overrides)} job(s), sweep output dir {sweep_dir}")
+        configs = []
+        for i, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + i
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.id = f"{cfg.hydra.job.name}_{idx}"
+                cfg.hydra.job.num = idx
+            configs.append(cfg)
+        submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
+                           Singleton.get_state())
+        print(f"sweep {submitted.sweep_id}: {len(configs)} run(s) submitted ({self.backend_name}), "
+              f"job(s) {', '.join(submitted.job_ids)}; archive {submitted.sweep_dir}", flush=True)
+        if not bool(self.params.get("wait", True)):
+            return [_queued(cfg, run_id) for cfg, run_id in zip(configs, submitted.run_ids)]
+        return collect(submitted, configs)
+
+
+class SlurmLauncher(_GenericLauncher):
+    backend_name = "slurm"
+
+
+class LocalLauncher(_GenericLauncher):
+    backend_name = "local"
+
+
+def _app_of(cfg: DictConfig) -> DictConfig:
+    return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+
+
+def _queued(cfg: DictConfig, run_id: str) -> JobReturn:
+    """``wait: false``: the job is queued, its JobReturn holds the run id (launcher runs / status)."""
+    return JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+                     working_dir=None, task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED,
+                     _return_value=run_id)
+
+
+@dataclass
+class Submitted:
+    sweep_id: str
+    sweep_dir: Path
+    runs_root: Path
+    run_dirs: List[Path]
+    run_ids: List[str]
+    job_ids: List[str]
+    jobs: List[Any]
+
+
+def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_context: Any,
+           configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None) -> Submitted:
+    """Archive and submit the composed points as ONE submitit batch; the runs are visible (published
+    and indexed) when this returns."""
+    from launcher import backends
+    from launcher.archive import registry, secrets, snapshot, software
+    from launcher.rundir import SweepDir, now_iso
+
+    backend = backends.get(backend_name)
+    shim = cluster_config(backend.name, params)
+    runs_root = runs_root_of(params)
+    folder = Path(str(params.get("submitit_folder") or "")).expanduser()
+    argv = list(sys.argv if argv is None else argv)
+
+    # create: the sweep dir and one code snapshot of the app's tree
+    apps = [resolved_app_config(c) for c in configs]
+    root = source_root(task_function, Path.cwd())
+    known = secrets.known_secrets(apps + [dict(params.get("env") or {})])
+    known.update(snapshot.tree_secrets(root))
+    sd = SweepDir.new(runs_root)
+    if not folder.parts:
+        folder = sd.submitit_folder
+    folder = folder.resolve()
+    snapshot.take(root, sd.code_dir, known=known, exclude=[runs_root])
+    snap = snapshot.info(sd.code_dir) or {}
+
+    # stage: everything known before submission, run.json last
+    clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
+    patch_path = sd.code_dir / snapshot.PATCH_FILE
+    patch = clean(patch_path.read_text() if patch_path.exists() else "")
+    git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
+    snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(sd.code_dir)})
+    versions, freeze = clean(software.versions()), clean(software.pip_freeze())
+    fn = inspect.unwrap(task_function)
+    app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+                      "config_name": configs[0].hydra.job.config_name, "source_root": str(root)})
+    staged = []
+    for i, (cfg, app) in enumerate(zip(configs, apps)):
+        rd = sd.staging(i)
+        seed = app.get("seed") if isinstance(app, dict) else None
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            rd.write_seeds({"seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"})
+        rd.write_config(secrets.redact_config(app, known))
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+        rd.write_overrides(clean(list(cfg.hydra.overrides.task)), clean(dict(choices)))
+        rd.write_code(git, patch, snap_meta)
+        rd.write_software(versions, freeze)
+        rd.set_status("pending")
+        rd.write_run(clean({
+            "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
+            "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
+            "kind": "hydra_app", "app": app_meta,
+            "hydra": {"job_num": int(cfg.hydra.job.num), "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
+                      "subdir": str(cfg.hydra.sweep.subdir)},
+        }))
+        staged.append(rd)
+
+    # submit: one batch, one array
+    env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
+    jobs: List[Any] = []
+    try:
+        with backend.environment(shim, sd.code_dir):
+            ex = backend.executor(shim, folder, sd.code_dir)
+            try:
+                with ex.batch():
+                    jobs = [ex.submit(_HydraJob(task_function, hydra_context, cfg, str(sd.run(i).path),
+                                                singleton_state, env)) for i, cfg in enumerate(configs)]
+            finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
+                secrets.scrub_files(folder.glob("*.sh"), known)
+        script = backend.submitted_script(jobs[0])
+        for rd, job in zip(staged, jobs):
+            job_id = str(job.job_id)
+            array_id, _, task_id = job_id.partition("_")
+            if script is not None:
+                rd.write_script(secrets.scrub(script, known))
+            rd.write_job({"backend": backend.name, "job_id": job_id, "array_job_id": array_id if task_id else None,
+                          "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
+                          "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
+                          "num_tasks": int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1),
+                          "submitted": now_iso()})
+            rd.set_status("pending", job_id=job_id)
+    except Exception as e:
+        for rd in staged:
+            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
+        raise
+    finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
+        published = [sd.publish(i) for i in range(len(configs))]
+        for rd in published:
+            if rd.exists() and rd.is_final():
+                rd.seal()
+        job_ids = sorted({str(j.job_id).partition("_")[0] for j in jobs})
+        sd.write({"sweep_id": sd.sweep_id, "argv": clean(argv), "num_runs": len(configs), "job_ids": job_ids,
+                  "backend": backend.name, "runs": [sd.run_id(i) for i in range(len(configs))],
+                  "code_snapshot": str(sd.code_dir), "kind": "hydra_app"})
+        registry.record(runs_root, [rd.path for rd in published if rd.exists()])
+    return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
+                     run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in range(len(configs))],
+                     job_ids=job_ids, jobs=jobs)
+
+
+def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
+    """Wait for every job; each point's JobReturn in job-index order (a job that died without one, a
+    FAILED JobReturn holding the error)."""
+    from launcher.archive import registry
+
+    out = []
+    for cfg, job, run_id in zip(configs, submitted.jobs, submitted.run_ids):
+        try:
+            ret = job.results()[0]
+        except Exception as e:  # killed, cancelled, node lost: no JobReturn came back
+            ret = JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+                            task_name=str(cfg.hydra.job.name), status=JobStatus.FAILED,
+                            _return_value=RuntimeError(f"run {run_id}: job {job.job_id} ended without a result: {e}"))
+        out.append(ret)
+    registry.record(submitted.runs_root, submitted.run_dirs)  # the final statuses
+    return out
