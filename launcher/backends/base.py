@@ -6,9 +6,12 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
 from launcher.rundir import FINAL, Status
+
+if TYPE_CHECKING:
+    from launcher.sweeps import ArrayLimits
 
 
 @dataclass(frozen=True)
@@ -35,17 +38,35 @@ class Backend:
         (local: this host, when it has no GPUs); None elsewhere (other hosts, or GPUs)."""
         return None
 
+    # executor parameters that name or throttle a submission rather than shape its resources: they
+    # are the submission's (set by ``executor``), not a point's, and never split a sweep
+    submission_parameters: FrozenSet[str] = frozenset({"job_name", "array_parallelism"})
+
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         """The submitit executor parameters for one run config."""
         raise NotImplementedError
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
-        """A submitit executor for this config, writing into ``folder``."""
+    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+                 parallelism: Optional[int] = None) -> Any:
+        """A submitit executor for this config, writing into ``folder``; ``job_name`` and ``parallelism``
+        (tasks of one array at once) are the submission's, where the scheduler has them."""
         raise NotImplementedError
 
     def group_key(self, cfg: Any) -> str:
-        """Points with the same key share one submission (one Slurm array)."""
-        return self.name + ":" + repr(sorted(self.parameters(cfg).items()))
+        """Points with the same key share one submission (one Slurm array): equal resources. The job
+        name and the throttle are the submission's, so points that differ only in name, model or
+        hyper-parameters share one array."""
+        params = self.parameters(cfg)
+        return self.name + ":" + repr(sorted((k, v) for k, v in params.items() if k not in self.submission_parameters))
+
+    def array_limits(self, cfg: Any = None) -> "ArrayLimits":
+        """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
+        jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and
+        cluster.max_submit_jobs, when set, replace what the scheduler would say (and spare asking it).
+        Default: no limits of the scheduler's own."""
+        from launcher.sweeps import ArrayLimits
+
+        return ArrayLimits().with_overrides(*_limit_overrides(cfg))
 
     @contextlib.contextmanager
     def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
@@ -68,7 +89,8 @@ class Backend:
     def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:
         """Backend-specific changes to the submitting environment (undone after submission)."""
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+                job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
 
@@ -96,3 +118,11 @@ class Backend:
 
         paths = JobPaths(job["submitit_folder"], job_id=str(job["job_id"]), task_id=rank)
         return paths.stderr if err else paths.stdout
+
+
+def _limit_overrides(cfg: Any):
+    """(cluster.max_array_size, cluster.max_submit_jobs) of a run config (None: not set)."""
+    cl = getattr(cfg, "cluster", None) if cfg is not None else None
+    get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)
+    size, jobs = get("max_array_size"), get("max_submit_jobs")
+    return (int(size) if size else None), (int(jobs) if jobs else None)

@@ -59,7 +59,8 @@ class LocalBackend(Backend):
         return {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
                 "signal_delay_s": int(cl.signal_delay_s)}
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
+    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+                 parallelism: Optional[int] = None) -> Any:
         from submitit import LocalExecutor
 
         ex = LocalExecutor(folder=folder)
@@ -72,7 +73,8 @@ class LocalBackend(Backend):
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
             os.chdir(code_dir)
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+                job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         return f"# ---- local: points {points}, {cfg.cluster.gpus_per_node} process(es) each"
 
     def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:

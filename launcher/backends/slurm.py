@@ -57,6 +57,26 @@ def code_lines(code_dir: Optional[Path]) -> List[str]:
     return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
+def limits_from_config(text: str) -> Dict[str, Optional[int]]:
+    """``scontrol show config`` -> {max_array_size, max_job_count, max_submit_jobs} (None where absent).
+    MaxArraySize is the largest array index + 1, i.e. the most tasks one array may hold."""
+    found: Dict[str, Optional[int]] = {"max_array_size": None, "max_job_count": None, "max_submit_jobs": None}
+    names = {"maxarraysize": "max_array_size", "maxjobcount": "max_job_count", "maxsubmitjobs": "max_submit_jobs"}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        name = names.get(key.strip().lower())
+        if sep and name:
+            word = (value.split() or [""])[0]
+            found[name] = int(word) if word.isdigit() and int(word) > 0 else None
+    return found
+
+
+def max_submit_from_sacctmgr(text: str) -> Optional[int]:
+    """The smallest MaxSubmitJobs of ``sacctmgr -n -P show assoc ... format=MaxSubmit`` lines (None: unset)."""
+    values = [int(w) for w in (line.strip().split("|")[0] for line in text.splitlines()) if w.isdigit()]
+    return min(values) if values else None
+
+
 def _run(cmd: List[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
@@ -98,23 +118,58 @@ class SlurmBackend(Backend):
             params["additional_parameters"] = extra
         return params
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None) -> Any:
+    def submission(self, cfg: Any, code_dir: Optional[Path], job_name: Optional[str],
+                   parallelism: Optional[int]) -> Dict[str, Any]:
+        """The executor parameters of one submission: the point's, with the submission's name and throttle."""
+        params = self.parameters(cfg, code_dir)
+        if job_name is not None:
+            params["job_name"] = str(job_name)
+        if parallelism is not None:
+            params["array_parallelism"] = max(1, int(parallelism))  # sbatch --array=0-<n-1>%<k>
+        return params
+
+    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+                 parallelism: Optional[int] = None) -> Any:
         from submitit import SlurmExecutor
 
         ex = SlurmExecutor(folder=folder)
-        ex.update_parameters(**self.parameters(cfg, code_dir))
+        ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism))
         return ex
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None) -> str:
+    def array_limits(self, cfg: Any = None) -> Any:
+        """MaxArraySize and MaxJobCount from ``scontrol show config``, the user's MaxSubmitJobs from its
+        association (``sacctmgr``; the smaller of it and MaxJobCount), and how many jobs (array tasks
+        counted one by one) the user has queued now (``squeue --me -r``). cluster.max_array_size /
+        cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
+        from launcher.backends.base import _limit_overrides
+        from launcher.sweeps import ArrayLimits
+
+        size, jobs = _limit_overrides(cfg)
+        conf: Dict[str, Optional[int]] = {}
+        if size is None or jobs is None:
+            conf = limits_from_config(_run(["scontrol", "show", "config"]))
+        if jobs is None:
+            import getpass
+
+            assoc = max_submit_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "assoc",
+                                                   f"where user={getpass.getuser()}", "format=MaxSubmit"]))
+            known = [v for v in (conf.get("max_submit_jobs"), assoc, conf.get("max_job_count")) if v]
+            jobs = min(known) if known else None
+        queued = len(_run(["squeue", "-h", "-r", "--me", "-o", "%i"]).split()) if jobs is not None else 0
+        return ArrayLimits(size or conf.get("max_array_size"), jobs, queued)
+
+    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+                job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """The sbatch script submitit would write for these points (dry run: nothing is submitted;
         after a real submission the archive holds the file submitit wrote)."""
         return (f"# ---- sbatch script for points {points} ({len(points)} array task(s))\n"
-                + self.script_text(cfg, folder, len(points), code_dir))
+                + self.script_text(cfg, folder, len(points), code_dir, job_name, parallelism))
 
-    def script_text(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None) -> str:
+    def script_text(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None,
+                    job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         from submitit.slurm.slurm import _make_sbatch_string
 
-        params = self.parameters(cfg, code_dir)
+        params = self.submission(cfg, code_dir, job_name, parallelism)
         if n_points > 1:
             params["map_count"] = n_points
         command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])

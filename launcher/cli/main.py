@@ -8,6 +8,9 @@
   launcher runs --reindex | --tag T | key=value     rebuild the index; filter
   launcher plan [overrides] [--search] [--json]     memory / speed of a layout, or rank every layout
   launcher doctor RUN [--json]                      why a run failed (its class), the evidence, the fix
+  launcher status [SWEEP|RUN] [--watch]             a sweep's counts per state and one row per point
+  launcher retry SWEEP --failed [key=value ...]     the failed points again, one array of new attempts
+  launcher results SWEEP [--csv] [--plot F.png]     swept overrides and final metrics, best first
 """
 from __future__ import annotations
 
@@ -146,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
 
-    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd
+    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, sweep_cmds
 
     s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
     s.add_argument("run", help="run id or run dir")
@@ -178,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub, parents=[common])
+    sweep_cmds.add_parsers(sub, parents=[common])
     return p
 
 

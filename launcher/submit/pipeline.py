@@ -134,11 +134,60 @@ def check(points: List[Point]) -> List[Checked]:
 
 
 def groups(checked: List[Checked]) -> Dict[str, List[Checked]]:
-    """Points with the same backend grouping key share one submission."""
+    """Points with the same backend grouping key (equal resources) share one submission."""
     out: Dict[str, List[Checked]] = {}
     for c in checked:
         out.setdefault(c.backend.group_key(c.point.cfg), []).append(c)
     return out
+
+
+@dataclass
+class Array:
+    """One submission: points of one group, at most the scheduler's MaxArraySize of them, throttled
+    to ``parallelism`` tasks at once (sbatch --array=0-<n-1>%<parallelism>)."""
+
+    points: List[Checked]
+    parallelism: int
+
+
+def arrays(checked: List[Checked]) -> List[Array]:
+    """Every group split into arrays under its backend's limits (Backend.array_limits, asked once per
+    backend and launch; cluster.max_array_size / max_submit_jobs override them). Raises InvalidSweep,
+    before anything is written or submitted, when the sweep needs more jobs than the user may queue."""
+    from types import SimpleNamespace
+
+    from launcher.sweeps import TooManyJobs, plan_arrays
+
+    grouped = list(groups(checked).values())
+    by_backend: Dict[str, List[List[Checked]]] = {}
+    for g in grouped:
+        by_backend.setdefault(g[0].backend.name, []).append(g)
+    out: List[Array] = []
+    for gs in by_backend.values():
+        points = [c for g in gs for c in g]
+
+        def smallest(key: str) -> Optional[int]:
+            values = [int(v) for v in (c.point.cfg.cluster.get(key) for c in points) if v]
+            return min(values) if values else None
+
+        asked = SimpleNamespace(cluster={"max_array_size": smallest("max_array_size"),
+                                         "max_submit_jobs": smallest("max_submit_jobs")})
+        limits = gs[0][0].backend.array_limits(asked)
+        throttle = [min(int(c.point.cfg.cluster.array_parallelism) for c in g) for g in gs]
+        try:
+            chunks = plan_arrays([len(g) for g in gs], limits, throttle)
+        except TooManyJobs as e:
+            raise InvalidSweep(str(e)) from None
+        out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)
+    return out
+
+
+def sweep_job_name(checked: List[Checked], sweep_id: str) -> str:
+    """The job name every submission of the launch carries: the name (submit.job_name) its points
+    share, else ``sweep-<sweep_id>``."""
+    from launcher.sweeps import job_name
+
+    return job_name([str(c.resolved["submit"]["job_name"]) for c in checked], sweep_id)
 
 
 # ---- 2a. dry run ---------------------------------------------------------------------------------
@@ -149,15 +198,19 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     hold them (secrets redacted); write and submit nothing."""
     from launcher.archive import secrets
 
+    planned = arrays(checked)
     known = _known_secrets(checked, _snapshot_root(checked))  # as create() gathers them
     sweep = SweepDir.new(runs_root)
+    name = sweep_job_name(checked, sweep.sweep_id)
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
         print(f"# ---- point {c.index}: {head}", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known))), file=out)
-    for group in groups(checked).values():
-        idxs = [c.index for c in group]
-        preview = group[0].backend.preview(group[0].point.cfg, sweep.submitit_folder, idxs, sweep.code_dir)
+    for arr in planned:
+        idxs = [c.index for c in arr.points]
+        first = arr.points[0]
+        preview = first.backend.preview(first.point.cfg, sweep.submitit_folder, idxs, sweep.code_dir,
+                                        job_name=name, parallelism=arr.parallelism)
         print(secrets.scrub(preview, known), file=out)
     print(f"# dry run: nothing submitted ({len(checked)} point(s))", file=out)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=None, runs=[], job_ids=[], dry_run=True)
@@ -251,9 +304,11 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
 # ---- 4. submit each group ------------------------------------------------------------------------
 
 
-def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[SubmittedRun]:
-    """One submitit batch for the group (one array job); job.json and the submitted script per run.
-    A refused submission leaves its runs failed, with the reason."""
+def submit(sweep: _Sweep, group: List[Checked], staged: Dict[int, RunDir], job_name: Optional[str] = None,
+           parallelism: Optional[int] = None) -> List[SubmittedRun]:
+    """One submitit batch for the group (one array job, named ``job_name``, at most ``parallelism``
+    tasks at once); job.json and the submitted script per run. A refused submission leaves its runs
+    failed, with the reason."""
     from launcher.archive import secrets
     from launcher.runtime.task import RunTask
 
@@ -261,7 +316,7 @@ def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[Su
     backend, cfg = first.backend, first.point.cfg
     folder = sweep.dir.submitit_folder
     with backend.environment(cfg, sweep.code_dir):
-        ex = backend.executor(cfg, folder, sweep.code_dir)
+        ex = backend.executor(cfg, folder, sweep.code_dir, job_name=job_name, parallelism=parallelism)
         try:
             with ex.batch():
                 jobs = [ex.submit(RunTask(str(sweep.dir.run(c.index).path))) for c in group]
@@ -289,6 +344,20 @@ def submit(sweep: _Sweep, group: List[Checked], staged: List[RunDir]) -> List[Su
         runs.append(SubmittedRun(run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), job_id=job_id,
                                  job=job))
     return runs
+
+
+def array_id(submitted: List[SubmittedRun]) -> str:
+    """The scheduler's id of one submission: the array job's id (``<array>`` of ``<array>_<task>``)."""
+    return str(submitted[0].job_id).partition("_")[0] if len(submitted) > 1 else str(submitted[0].job_id)
+
+
+def _not_submitted(sweep: _Sweep, rest: List[Checked], staged: Dict[int, RunDir], err: Exception) -> None:
+    """Points of later arrays, after one array was refused: failed, saying why (nothing else is tried)."""
+    from launcher.archive import secrets
+
+    for c in rest:
+        staged[c.index].finish("failed", seal=False, exit_code=None, error=secrets.scrub(
+            f"not submitted: an earlier array of the sweep was refused ({err})", sweep.known))
 
 
 # ---- 5. publish ----------------------------------------------------------------------------------
@@ -328,15 +397,21 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     if bool(first.submit.dry_run):
         return dry_run(checked, runs_root, out)
 
+    planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
     sweep = create(checked, runs_root, argv, code_snapshot, extra_meta)
-    staged = stage(sweep, checked)
+    staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
+    name = sweep_job_name(checked, sweep.sweep_id)
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
     try:
-        for group in groups(checked).values():
-            submitted = submit(sweep, group, staged)
+        for i, arr in enumerate(planned):
+            try:
+                submitted = submit(sweep, arr.points, staged, job_name=name, parallelism=arr.parallelism)
+            except Exception as e:
+                _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)
+                raise
             runs.extend(submitted)
-            job_ids.append(submitted[0].job_id.partition("_")[0] if len(submitted) > 1 else submitted[0].job_id)
+            job_ids.append(array_id(submitted))
     finally:
         publish(sweep, checked, runs, job_ids)
     runs.sort(key=lambda r: int(r.run_id.rsplit("-", 1)[1]))
@@ -348,7 +423,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
 
 def _print_submitted(result: SweepResult, out) -> None:
     n = len(result.runs)
-    what = "array job" if n > 1 and len(result.job_ids) == 1 else "job(s)"
+    what = "job" if n == 1 else "array job" if len(result.job_ids) == 1 else f"{len(result.job_ids)} jobs"
     name = result.backend.name if result.backend else "?"
     print(f"sweep {result.sweep_id}: {n} run(s) submitted ({name}), {what} {', '.join(result.job_ids)}", file=out)
     for r in result.runs:

@@ -1,0 +1,278 @@
+"""`launcher status | retry | results`: a sweep as a whole (thin over launcher.archive.registry,
+launcher.submit.resume and the pure tables of launcher.sweeps).
+
+  launcher status [SWEEP|RUN] [--watch]        counts per state and one row per point
+  launcher retry SWEEP --failed [key=value]    the failed points again, as one array of new attempts
+  launcher results SWEEP [--csv] [--plot F]    swept overrides and final metrics, best first
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from launcher import sweeps
+from launcher.archive import registry
+from launcher.rundir import FINAL, STATUSES, RunDir
+
+RETRYABLE = ("failed", "cancelled", "timeout")
+
+
+def _sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
+    """The runs ``ident`` names (a sweep id, a run id or a run dir; none: the newest sweep), oldest
+    first, with their status refreshed from the scheduler."""
+    runs = registry.list_runs(root, refresh=refresh)
+    if not runs:
+        sys.exit(f"launcher: no runs under {root}")
+    if ident is None:
+        newest = max(runs, key=lambda r: (r.get("created") or "", r["sweep_id"]))["sweep_id"]
+        return [r for r in runs if r["sweep_id"] == newest]
+    chosen = [r for r in runs if r["sweep_id"] == ident]
+    chosen = chosen or [r for r in runs if ident in (r["run_id"], r["dir"]) or
+                        (Path(ident).exists() and Path(r["dir"]) == Path(ident).resolve())]
+    if not chosen:
+        sys.exit(f"launcher: no sweep or run {ident!r} under {root} (see `launcher runs`)")
+    return chosen
+
+
+def _overrides(run: Dict[str, Any]) -> Dict[str, str]:
+    return sweeps.parse_overrides(RunDir(run["dir"]).overrides().get("overrides") or [])
+
+
+# ---- status --------------------------------------------------------------------------------------
+
+
+def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per run: status, attempt, restarts, steps done of the total, last loss, swept overrides."""
+    ovs = [_overrides(r) for r in runs]
+    keys = sweeps.swept_keys(ovs)
+    rows = []
+    for r, ov in zip(runs, ovs):
+        rd = RunDir(r["dir"])
+        st = rd.status()
+        metrics = rd.metrics()
+        total = (r.get("config") or {}).get("train", {}).get("steps")
+        rows.append({
+            "run_id": r["run_id"], "status": r["status"], "attempt": int(st.get("attempt") or 0) or None,
+            "restarts": len(rd.restarts()), "step": metrics[-1].get("step") if metrics else 0, "steps": total,
+            "loss": metrics[-1].get("loss") if metrics else r.get("final_loss"), "job_id": r.get("job_id"),
+            "error": r.get("error"), **{k: ov.get(k, "") for k in keys}, "_keys": keys,
+        })
+    return rows
+
+
+def counts(runs: List[Dict[str, Any]]) -> Dict[str, int]:
+    out = {s: 0 for s in STATUSES}
+    for r in runs:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return {k: v for k, v in out.items() if v}
+
+
+def _status_view(runs: List[Dict[str, Any]]):
+    from rich.console import Group
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    rows = point_rows(runs)
+    keys = rows[0]["_keys"] if rows else []
+    sweep_ids = sorted({r["sweep_id"] for r in runs})
+    head = Text(f"sweep {', '.join(sweep_ids)}: {len(runs)} run(s)  " +
+                "  ".join(f"{k} {v}" for k, v in counts(runs).items()))
+    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), "attempt", "restarts",
+                  Column("step", justify="right"), "loss", *keys, Column("job", no_wrap=True))
+    for r in rows:
+        step = f"{r['step']}/{r['steps']}" if r["steps"] else str(r["step"])
+        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r["attempt"] or "", r["restarts"], step,
+                                                sweeps.fmt(r["loss"]), *(r[k] for k in keys), r["job_id"] or "")))
+    return Group(head, table)
+
+
+def cmd_status(args) -> int:
+    from rich.console import Console
+
+    console = Console()
+    if args.json:
+        runs = _sweep_runs(args._root, args.target)
+        rows = [{k: v for k, v in r.items() if k != "_keys"} for r in point_rows(runs)]
+        print(json.dumps({"counts": counts(runs), "swept": point_rows(runs)[0]["_keys"] if runs else [],
+                          "runs": rows}, indent=2))
+        return 0
+    if not args.watch:
+        console.print(_status_view(_sweep_runs(args._root, args.target)))
+        return 0
+    from rich.live import Live
+
+    runs = _sweep_runs(args._root, args.target)
+    with Live(_status_view(runs), console=console, refresh_per_second=4) as live:
+        try:
+            while not all(r["status"] in FINAL for r in runs):
+                time.sleep(args.interval)
+                runs = _sweep_runs(args._root, args.target)
+                live.update(_status_view(runs))
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+# ---- retry ---------------------------------------------------------------------------------------
+
+
+def cmd_retry(args) -> int:
+    from omegaconf import OmegaConf
+
+    from launcher.layout import ConfigErrors
+    from launcher.submit.progress import wait_and_report
+    from launcher.submit.resume import resubmit
+
+    if args.failed is None:
+        print("launcher retry: say which points to retry: --failed (the failed, cancelled and timed-out ones)",
+              file=sys.stderr)
+        return 2
+    runs = _sweep_runs(args._root, args.sweep)
+    if len({r["sweep_id"] for r in runs}) != 1 or runs[0]["sweep_id"] != args.sweep:
+        print(f"launcher retry: {args.sweep!r} is not a sweep id (see `launcher runs`)", file=sys.stderr)
+        return 2
+    todo = [r for r in runs if r["status"] in RETRYABLE]
+    if not todo:
+        print(f"sweep {args.sweep}: no failed, cancelled or timed-out runs to retry "
+              f"({', '.join(f'{k} {v}' for k, v in counts(runs).items())})")
+        return 0
+    try:
+        result = resubmit([Path(r["dir"]) for r in todo], reason="retry", changes=list(args.overrides) + list(args.failed))
+    except (ConfigErrors, FileNotFoundError, ValueError) as e:
+        print(f"launcher retry: {e}", file=sys.stderr)
+        return 2
+    print(f"sweep {args.sweep}: {len(result.runs)} run(s) retried as {', '.join(result.job_ids)}")
+    wait = args.wait if args.wait is not None else bool(result.backend.waits)
+    if not wait:
+        print(f"watch: launcher status {args.sweep}" + (f" --root {args.root}" if args.root else ""))
+        return 0
+    points = [type("P", (), {"cfg": OmegaConf.create(r.rundir.config())})() for r in result.runs]
+    return 0 if wait_and_report(result, points, sys.stdout) else 1
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+
+def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
+    """(rows best first, swept keys, objective) of a sweep's runs."""
+    ovs = [_overrides(r) for r in runs]
+    keys = sweeps.swept_keys(ovs)
+    if not objective:
+        wanted = {str((r.get("config") or {}).get("submit", {}).get("objective") or "final_loss") for r in runs}
+        objective = sorted(wanted)[0] if len(wanted) == 1 else "final_loss"
+    rows = [sweeps.result_row(r["run_id"], r["status"], ov, RunDir(r["dir"]).status().get("summary") or {}, keys,
+                              objective) for r, ov in zip(runs, ovs)]
+    for row, r in zip(rows, runs):
+        row["_dir"] = r["dir"]
+    return sweeps.ranked(sweeps.sort_results(rows, objective)), keys, objective
+
+
+def plot(rows: List[Dict[str, Any]], keys: List[str], objective: str, path: Path) -> None:
+    """Loss curves of every run, and the objective against each swept key, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = 1 + len(keys)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+    ax = axes[0][0]
+    for r in rows:
+        m = [x for x in RunDir(r["_dir"]).metrics() if x.get("loss") is not None]
+        if m:
+            label = r["run_id"].rsplit("-", 1)[-1] + (" " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
+            ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
+                    linestyle="-" if r["status"] == "completed" else ":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss per step (dotted: not completed)")
+    if len(rows) <= 20:
+        ax.legend(fontsize=7)
+    key_obj = sweeps.objective_key(objective)
+    direction = "higher" if sweeps.higher_is_better(objective) else "lower"
+    for ax, k in zip(axes[0][1:], keys):
+        pts = [(r[k], r["objective"]) for r in rows if r.get("objective") is not None]
+        xs = [sweeps._number(x) for x, _ in pts]
+        if pts and all(x is not None for x in xs):
+            ax.scatter(xs, [y for _, y in pts])
+            if min(xs) > 0 and max(xs) / min(xs) >= 100:
+                ax.set_xscale("log")
+        else:
+            labels = sorted({str(x) for x, _ in pts})
+            ax.scatter([labels.index(str(x)) for x, _ in pts], [y for _, y in pts])
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
+        ax.set_xlabel(k)
+        ax.set_ylabel(key_obj)
+        ax.set_title(f"{key_obj} ({direction} is better) vs {k}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd_results(args) -> int:
+    runs = _sweep_runs(args._root, args.sweep)
+    rows, keys, objective = results_table(runs, args.objective)
+    if args.plot:
+        plot(rows, keys, objective, Path(args.plot))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.csv:
+        sys.stdout.write(sweeps.to_csv(rows, keys))
+        return 0
+    if args.json:
+        print(json.dumps({"objective": objective, "higher_is_better": sweeps.higher_is_better(objective),
+                          "swept": keys, "rows": [{k: v for k, v in r.items() if k != "_dir"} for r in rows]},
+                         indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    direction = "higher" if sweeps.higher_is_better(objective) else "lower"
+    table = Table(*(Column(c, no_wrap=c == "run_id") for c in sweeps.columns(keys)),
+                  title=f"sweep {runs[0]['sweep_id']}: best first by {sweeps.objective_key(objective)} "
+                        f"({direction} is better)")
+    for r in rows:
+        table.add_row(*(Text(sweeps.fmt(r.get(c))) for c in sweeps.columns(keys)))
+    Console().print(table)
+    return 0
+
+
+# ---- registration --------------------------------------------------------------------------------
+
+
+def add_parsers(sub, parents) -> None:
+    s = sub.add_parser("status", help="a sweep's counts per state and one row per point (--watch refreshes)",
+                       parents=parents)
+    s.add_argument("target", nargs="?", metavar="SWEEP|RUN", help="sweep id or run id (default: the newest sweep)")
+    s.add_argument("--watch", action="store_true", help="refresh until every run has ended (Ctrl-C stops)")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (--watch)")
+    s.add_argument("--json", action="store_true", help="machine-readable counts and rows")
+    s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("retry", help="submit a sweep's failed points again, as one array of new attempts of the "
+                       "same runs", parents=parents)
+    s.add_argument("sweep", help="sweep id")
+    # `retry S --failed k=v`: the changes may follow --failed (argparse takes no positional after an option)
+    s.add_argument("--failed", nargs="*", metavar="key=value", default=None,
+                   help="the failed, cancelled and timed-out points (required); key=value changes to their "
+                   "archived configs may follow (recorded in restarts.jsonl; the layout must stay the same)")
+    s.add_argument("overrides", nargs="*", metavar="key=value", help="changes, as after --failed")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--wait", dest="wait", action="store_true", default=None,
+                   help="wait for the jobs and show progress (default for local runs)")
+    g.add_argument("--no-wait", dest="wait", action="store_false", help="return once submitted (default for Slurm)")
+    s.set_defaults(fn=cmd_retry)
+
+    s = sub.add_parser("results", help="a sweep's swept overrides and final metrics, best first", parents=parents)
+    s.add_argument("sweep", help="sweep id")
+    s.add_argument("--objective", default=None, help="summary key to rank by (default: the sweep's "
+                   "submit.objective, final_loss); lower is better unless it names a rate (*_per_s, tflops, mfu) "
+                   "or a score (accuracy, f1, ...); a leading + or - forces higher / lower")
+    s.add_argument("--csv", action="store_true", help="CSV on stdout")
+    s.add_argument("--json", action="store_true", help="machine-readable rows")
+    s.add_argument("--plot", metavar="FILE.png", help="write the loss curves and the objective against each "
+                   "swept key to this PNG")
+    s.set_defaults(fn=cmd_results)
