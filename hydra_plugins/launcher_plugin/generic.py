@@ -26,6 +26,7 @@ submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_r
 """
 # no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
 # sys.modules, where dataclasses cannot resolve string annotations
+import functools
 import inspect
 import json
 import logging
@@ -36,7 +37,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
@@ -376,12 +377,20 @@ class Submitted:
     jobs: List[Any]
 
 
+@functools.lru_cache(maxsize=1)
+def _software() -> Tuple[Dict[str, Any], str]:
+    """Versions and `pip freeze`, once per process (a sweeper such as Optuna launches many batches)."""
+    from launcher.archive import software
+
+    return software.versions(), software.pip_freeze()
+
+
 def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_context: Any,
            configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None) -> Submitted:
     """Archive and submit the composed points as ONE submitit batch; the runs are visible (published
     and indexed) when this returns."""
     from launcher import backends
-    from launcher.archive import registry, secrets, snapshot, software
+    from launcher.archive import registry, secrets, snapshot
     from launcher.rundir import SweepDir, now_iso
 
     backend = backends.get(backend_name)
@@ -408,7 +417,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     patch = clean(patch_path.read_text() if patch_path.exists() else "")
     git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
     snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(sd.code_dir)})
-    versions, freeze = clean(software.versions()), clean(software.pip_freeze())
+    versions, freeze = (clean(x) for x in _software())
     fn = inspect.unwrap(task_function)
     app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
                       "config_name": configs[0].hydra.job.config_name, "source_root": str(root)})

@@ -1,0 +1,131 @@
+"""The generic Hydra launcher's pure parts: its registration, the executor parameters it hands the
+backends, what it archives of a point's config and of a return value, and where its code snapshot
+comes from. (Real sweeps: tests/integration/test_hydra_app.py.)"""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from hydra_plugins.launcher_plugin import generic
+from launcher import backends
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_registered_as_hydra_launcher_options():
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's plugin scan imports every module of hydra_plugins
+    options = ConfigStore.instance().list("hydra/launcher")
+    assert {"launcher_slurm.yaml", "launcher_local.yaml"} <= set(options)
+    slurm = OmegaConf.structured(generic.SlurmLauncherConf)
+    assert slurm._target_ == "hydra_plugins.launcher_plugin.generic.SlurmLauncher"
+    # submitit's names, so a hydra-submitit-launcher config carries over
+    for key in ("partition", "account", "qos", "timeout_min", "gpus_per_node", "tasks_per_node", "cpus_per_task",
+                "mem_gb", "setup", "array_parallelism", "env", "runs_root", "wait", "nodes"):
+        assert key in slurm, key
+    assert slurm.wait is True
+    local = OmegaConf.structured(generic.LocalLauncherConf)
+    assert local._target_.endswith("generic.LocalLauncher") and "partition" not in local
+
+
+@pytest.mark.timeout(120)
+def test_plugin_module_and_app_import_no_torch():
+    """Hydra imports the plugin for every app (and for `launch`): it must stay light."""
+    code = ("import sys, hydra_plugins.launcher_plugin.generic, recipes.hydra_example.app; "
+            "print('torch' in sys.modules, 'launcher.app' in sys.modules, 'submitit' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False", "False", "False"]
+
+
+def test_slurm_parameters_from_plugin_config():
+    params = {"partition": "debug", "account": "acct", "qos": "high", "timeout_min": 15, "nodes": 2,
+              "tasks_per_node": 4, "gpus_per_node": 8, "cpus_per_task": 3, "mem_gb": 64, "array_parallelism": 5,
+              "setup": ["module load cuda"], "env": {"OMP_NUM_THREADS": "2", "HF_TOKEN": "hf_secret_value"},
+              "additional_parameters": {"exclude": "node3"}, "name": "myapp", "signal_delay_s": 30}
+    shim = generic.cluster_config("slurm", params)
+    p = backends.get("slurm").parameters(shim, Path("/snap"))
+    assert p["partition"] == "debug" and p["account"] == "acct" and p["qos"] == "high"
+    assert p["time"] == 15 and p["nodes"] == 2 and p["ntasks_per_node"] == 4 and p["cpus_per_task"] == 3
+    assert p["mem"] == "64GB" and p["array_parallelism"] == 5 and p["job_name"] == "myapp"
+    assert p["signal_delay_s"] == 30
+    # GPUs are their own sbatch option: tasks per node stays what the app asked
+    assert "gpus_per_node" not in p and p["additional_parameters"]["gpus-per-node"] == "8"
+    assert p["additional_parameters"]["exclude"] == "node3" and p["additional_parameters"]["chdir"] == "/snap"
+    assert "module load cuda" in p["setup"] and "export OMP_NUM_THREADS=2" in p["setup"]
+    assert not any("hf_secret_value" in line for line in p["setup"])  # secrets travel in the environment
+
+
+def test_local_parameters_from_plugin_config():
+    shim = generic.cluster_config("local", {"timeout_min": 7, "tasks_per_node": 2})
+    p = backends.get("local").parameters(shim)
+    assert p["timeout_min"] == 7 and p["tasks_per_node"] == 2 and p["nodes"] == 1
+
+
+def test_defaults_give_one_task_without_gpus():
+    shim = generic.cluster_config("slurm", dict(OmegaConf.to_container(OmegaConf.structured(
+        generic.SlurmLauncherConf(name="app")))))
+    p = backends.get("slurm").parameters(shim)
+    assert p["ntasks_per_node"] == 1 and p["nodes"] == 1 and p["time"] == 60
+    assert "gpus-per-node" not in (p.get("additional_parameters") or {})
+
+
+def test_runs_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAUNCHER_RUNS", str(tmp_path / "env_root"))
+    assert generic.runs_root_of({}) == tmp_path / "env_root"
+    assert generic.runs_root_of({"runs_root": str(tmp_path / "x")}) == tmp_path / "x"
+    monkeypatch.delenv("LAUNCHER_RUNS")
+    monkeypatch.chdir(tmp_path)
+    assert generic.runs_root_of({"runs_root": None}) == tmp_path / "runs"
+
+
+def test_resolved_app_config_drops_hydra_and_keeps_unresolvable_as_written():
+    cfg = OmegaConf.create({"hydra": {"job": {"name": "a"}}, "x": 1, "y": "${x}", "z": "${oc.env:NOT_SET_ANYWHERE_123}"})
+    out = generic.resolved_app_config(cfg)
+    assert "hydra" not in out and out["x"] == 1 and out["z"] == "${oc.env:NOT_SET_ANYWHERE_123}"
+    ok = generic.resolved_app_config(OmegaConf.create({"hydra": {}, "x": 2, "y": "${x}"}))
+    assert ok == {"x": 2, "y": 2}
+
+
+def test_return_values_archived_as_json():
+    class Obj:
+        def __repr__(self):
+            return "Obj()"
+
+    assert generic.plain(1.5) == 1.5 and generic.plain({"a": [1, "b"]}) == {"a": [1, "b"]}
+    assert generic.plain(None) is None and generic.plain(OmegaConf.create({"k": 1})) == {"k": 1}
+    assert generic.plain(Obj()) == "Obj()"
+    np = pytest.importorskip("numpy")
+    assert generic.plain(np.float32(2.5)) == 2.5
+
+
+def test_snapshot_root_is_the_apps_repo(tmp_path):
+    from recipes.hydra_example import app
+
+    assert generic.source_root(app.main, tmp_path) == REPO  # the repo holding the task's file
+    # outside any repo: the top package holding the task's module, else the launch dir
+    pkg = tmp_path / "proj" / "mypkg" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "proj" / "mypkg" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "task.py").write_text("def main(cfg):\n    return 1\n")
+    sys.path.insert(0, str(tmp_path / "proj"))
+    try:
+        from mypkg.sub import task  # noqa: E402
+
+        assert generic.source_root(task.main, tmp_path / "elsewhere") == tmp_path / "proj"
+    finally:
+        sys.path.remove(str(tmp_path / "proj"))
+        for m in [m for m in sys.modules if m.startswith("mypkg")]:
+            del sys.modules[m]
+    assert generic.source_root(len, tmp_path) == tmp_path  # a builtin: no source file
+
+
+def test_queued_return_holds_the_run_id():
+    cfg = OmegaConf.create({"hydra": {"overrides": {"task": ["x=1"]}, "job": {"name": "app"}}, "x": 1})
+    ret = generic._queued(cfg, "S-0")
+    assert ret.return_value == "S-0" and ret.overrides == ["x=1"] and ret.cfg == {"x": 1}
