@@ -1,0 +1,235 @@
+"""Any Hydra app on this project's Hydra launcher (hydra/launcher=launcher_local | launcher_slurm):
+the example app recipes/hydra_example swept for real, its return values (and a failing point's
+exception) back in Hydra's JobReturns, its runs archived and listed by `launcher runs`, Hydra's
+output dirs as Hydra's own launchers leave them; then Hydra's own launcher test suites
+(hydra.test_utils.launcher_common_tests) run against both launchers."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+import yaml
+
+from helpers import REPO, run_cmd, runs_json, wait_final
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+
+from launcher.rundir import RunDir
+
+pytestmark = [pytest.mark.timeout(420)]
+
+APP = ["-m", "recipes.hydra_example.app"]
+
+
+def quadratic(x: float, y: float) -> float:
+    return (x - 1.0) ** 2 + (y + 2.0) ** 2
+
+
+def run_app(args: List[str], runs_root: Path, cwd: Path, extra_env=None, timeout: float = 360):
+    return run_cmd([sys.executable, *APP, *args], runs_root, timeout=timeout, extra_env=extra_env, cwd=cwd)
+
+
+def check_archived(run: dict, sweep_out: Path, point: dict) -> RunDir:
+    """The run dir a generic app's point gets, and Hydra's own output dir of that point."""
+    rd = RunDir(run["dir"])
+    meta = rd.run()
+    assert meta["kind"] == "hydra_app" and meta["app"]["task_function"].endswith("main")
+    cfg = rd.config()
+    assert "hydra" not in cfg and {k: cfg[k] for k in point} == point
+    assert rd.seeds()["seed"] == cfg["seed"]
+    over = rd.overrides()["overrides"]
+    assert all(f"{k}={v}" in over for k, v in point.items()), over
+    snap = Path(rd.snapshot()["path"])
+    assert (snap / "recipes" / "hydra_example" / "app.py").is_file()
+    assert rd.software()["python"] and rd.job()["job_id"] == run["job_id"]
+    assert rd.ranks() and rd.ranks()[0]["rank"] == 0 and rd.topology()
+    assert rd.runtime()["python"]
+    assert rd.is_sealed() and rd.verify() == []
+    st = rd.status()
+    out = Path(st["output_dir"])
+    assert out.parent == sweep_out.resolve()
+    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+        assert (out / ".hydra" / name).is_file(), name
+    assert yaml.safe_load((out / ".hydra" / "config.yaml").read_text())["x"] == point["x"]
+    return rd
+
+
+# ---- the example app from the command line ------------------------------------------------------
+
+
+def test_example_app_local(runs_root, tmp_path):
+    out = tmp_path / "sweep"
+    res = run_app(["-m", "x=1,2", "y=0,1", "hydra/launcher=launcher_local", f"hydra.sweep.dir={out}",
+                   "hydra.job.chdir=true"], runs_root, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "4 run(s) submitted (local)" in res.stdout
+    runs = runs_json(runs_root)  # blocking by default: every run has ended
+    assert [r["status"] for r in runs] == ["completed"] * 4, runs
+    assert [r["index"] for r in runs] == [0, 1, 2, 3]
+    for i, (r, (x, y)) in enumerate(zip(runs, [(1, 0), (1, 1), (2, 0), (2, 1)])):
+        rd = check_archived(r, out, {"x": x, "y": y})
+        st = rd.status()
+        assert st["summary"]["return_value"] == quadratic(x, y)
+        assert Path(st["output_dir"]) == out / str(i)
+        # job.chdir=true: the task ran in its output dir, and wrote its own file there
+        assert Path(st["working_dir"]).resolve() == (out / str(i)).resolve()
+        assert float((out / str(i) / "value.txt").read_text()) == quadratic(x, y)
+        assert (out / str(i) / "app.log").is_file()  # Hydra's job log
+    assert (out / "multirun.yaml").is_file()
+
+
+@pytest.mark.slurm
+def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_path):
+    out = tmp_path / "sweep"
+    res = run_app(["-m", "x=1,2", "fail=false,true", "hydra/launcher=launcher_slurm",
+                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={out}"],
+                  runs_root, cwd=tmp_path, extra_env=slurm)
+    # Hydra's basic sweeper re-raises the failed point's exception once every job has ended
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "ValueError: asked to fail (x=1, y=0.0)" in res.stderr or "asked to fail" in res.stderr
+    assert "4 run(s) submitted (slurm)" in res.stdout
+    runs = runs_json(runs_root)
+    assert [r["status"] for r in runs] == ["completed", "failed", "completed", "failed"], runs
+    arrays = {r["job_id"].split("_")[0] for r in runs}
+    assert len(arrays) == 1, arrays  # ONE array job for the sweep
+    (array,) = arrays
+    assert [r["job_id"] for r in runs] == [f"{array}_{i}" for i in range(4)]
+    for r, (x, fail) in zip(runs, [(1, False), (1, True), (2, False), (2, True)]):
+        rd = check_archived(r, out, {"x": x, "fail": fail})
+        assert "#SBATCH --array=0-3" in rd.script()
+        assert rd.ranks()[0]["slurmd_nodename"].startswith("node")
+        st = rd.status()
+        if fail:
+            assert st["error"].startswith("ValueError: asked to fail") and rd.rank_errors()
+            assert not (Path(st["output_dir"]) / "value.txt").exists()
+        else:
+            assert st["summary"]["return_value"] == quadratic(x, 0.0)
+            # job.chdir=false (Hydra 1.3's default): the task ran in the launch directory
+            assert Path(st["working_dir"]).resolve() == tmp_path.resolve()
+            assert float((Path(st["output_dir"]) / "value.txt").read_text()) == quadratic(x, 0.0)
+    show = run_cmd([sys.executable, "-m", "launcher.cli.main", "show", runs[0]["run_id"], "--root", str(runs_root)],
+                   runs_root, timeout=120)
+    assert show.returncode == 0, show.stdout + show.stderr
+    diff = run_cmd([sys.executable, "-m", "launcher.cli.main", "diff", runs[0]["run_id"], runs[2]["run_id"],
+                    "--root", str(runs_root)], runs_root, timeout=120)
+    assert diff.returncode == 0 and "x: 1 -> 2" in diff.stdout, diff.stdout + diff.stderr
+
+
+@pytest.mark.slurm
+def test_wait_false_returns_once_queued(slurm, runs_root, tmp_path):
+    res = run_app(["-m", "x=3,4", "sleep_s=2", "hydra/launcher=launcher_slurm", "hydra.launcher.partition=debug",
+                   "hydra.launcher.wait=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                  runs_root, cwd=tmp_path, extra_env=slurm)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = wait_final(runs_root, 2, timeout=300)
+    assert [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs] == [quadratic(3, 0), quadratic(4, 0)]
+
+
+# ---- JobReturns, through a tiny wrapper: the app's task function on our launcher, in process -------
+
+
+def launch_points(launcher_name: str, points: List[List[str]], overrides: List[str], tmp_path: Path):
+    """What Hydra's sweeper does with a batch: compose, instantiate the launcher, launch; the JobReturns."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext, RunMode
+
+    from recipes.hydra_example import app
+
+    GlobalHydra.instance().clear()
+    hydra_ = Hydra.create_main_hydra2(task_name="app", config_search_path=create_config_search_path(
+        str(REPO / "recipes" / "hydra_example" / "conf")))
+    try:
+        cfg = hydra_.compose_config("config", overrides=[f"hydra/launcher={launcher_name}",
+                                                         f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+                                    run_mode=RunMode.MULTIRUN)
+        ctx = HydraContext(config_loader=hydra_.config_loader, callbacks=Callbacks(cfg))
+        launcher = Plugins.instance().instantiate_launcher(hydra_context=ctx, task_function=app.main.__wrapped__,
+                                                           config=cfg)
+        return launcher.launch(points, initial_job_idx=0)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_job_returns_in_order_with_a_failed_point(runs_root, tmp_path, monkeypatch):
+    from hydra.core.utils import JobStatus
+
+    monkeypatch.setenv("LAUNCHER_RUNS", str(runs_root))
+    monkeypatch.chdir(tmp_path)
+    points = [["x=3"], ["x=1", "fail=true"], ["x=0", "y=1"]]
+    rets = launch_points("launcher_local", points, [], tmp_path)
+    assert [r.status for r in rets] == [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.COMPLETED]
+    assert rets[0].return_value == quadratic(3, 0) and rets[2].return_value == quadratic(0, 1)
+    with pytest.raises(ValueError, match="asked to fail"):
+        rets[1].return_value
+    assert [r.overrides for r in rets] == points
+    assert [r.hydra_cfg.hydra.job.num for r in rets] == [0, 1, 2]
+    assert all(r.hydra_cfg.hydra.job.id for r in rets)
+    runs = runs_json(runs_root)
+    assert [r["status"] for r in runs] == ["completed", "failed", "completed"]
+
+
+@pytest.mark.usefixtures("hydra_restore_singletons")
+def test_wait_false_job_returns_hold_run_ids(runs_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_RUNS", str(runs_root))
+    monkeypatch.chdir(tmp_path)
+    rets = launch_points("launcher_local", [["x=5"], ["x=6"]], ["hydra.launcher.wait=false"], tmp_path)
+    ids = [r.return_value for r in rets]
+    runs = wait_final(runs_root, 2, timeout=300)
+    assert ids == [r["run_id"] for r in runs]
+    assert [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs] == [quadratic(5, 0), quadratic(6, 0)]
+
+
+# ---- Hydra's own launcher test suites, against our launchers ------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(request, tmp_path, monkeypatch):
+    """Every run of these tests goes to a runs root of its own (the suites' subprocesses inherit it).
+    The suites' task functions live in Hydra's package: the code snapshot is then of the launch
+    directory, a scratch dir here (not this repo, whose every copy would carry the suites' config
+    secret `db.password: secret` redacted out of its code)."""
+    monkeypatch.setenv("LAUNCHER_RUNS", str(tmp_path / "suite-runs"))
+    monkeypatch.chdir(tmp_path)
+    if "launcher_slurm" in request.node.name:
+        env = request.getfixturevalue("slurm")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+
+
+SUITE_LAUNCHERS = [
+    ("launcher_local", ["hydra.launcher.timeout_min=5"]),
+    pytest.param("launcher_slurm", ["hydra.launcher.timeout_min=5", "hydra.launcher.partition=debug"],
+                 marks=pytest.mark.slurm),
+]
+
+
+@pytest.mark.parametrize("launcher_name, overrides", SUITE_LAUNCHERS)
+class TestHydraLauncherSuite(LauncherTestSuite):
+    """Hydra's LauncherTestSuite: 1 and 2 job sweeps, strict mode, bad keys, config groups,
+    not sweeping Hydra's own config, custom resolvers, overriding the sweep."""
+
+
+@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [
+    ({}, ["-m", "hydra/launcher=launcher_local"]),
+])
+class TestHydraIntegrationSuite(IntegrationTestSuite):
+    """Hydra's IntegrationTestSuite: task names, hydra.sweep.dir/subdir (config and command line,
+    override_dirname), hydra.job.chdir, get_original_cwd and to_absolute_path in multirun."""
+
+
+def test_registered_for_an_app_that_never_imports_the_project(tmp_path):
+    """`--info plugins` of a bare Hydra app lists our launchers (Hydra's plugin scan registers them)."""
+    (tmp_path / "bare.py").write_text(
+        "import hydra\n\n@hydra.main(version_base=None, config_path=None)\ndef f(cfg):\n    pass\n\n"
+        "if __name__ == '__main__':\n    f()\n")
+    res = subprocess.run([sys.executable, "bare.py", "--info", "defaults", "hydra/launcher=launcher_slurm"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert res.returncode == 0, res.stderr
+    assert "hydra/launcher/launcher_slurm" in res.stdout
