@@ -20,6 +20,13 @@ from launcher.rundir import FINAL, STATUSES, RunDir
 RETRYABLE = ("failed", "cancelled", "timeout")
 
 
+def _console():
+    """Rich's console; wide when the output is not a terminal (a pipe or a file keeps every column)."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
 def _sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
     """The runs ``ident`` names (a sweep id, a run id or a run dir; none: the newest sweep), oldest
     first, with their status refreshed from the scheduler."""
@@ -37,17 +44,34 @@ def _sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[
     return chosen
 
 
+def _text(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _overrides(run: Dict[str, Any]) -> Dict[str, str]:
-    return sweeps.parse_overrides(RunDir(run["dir"]).overrides().get("overrides") or [])
+    """The run's overrides as launched, with the changes later attempts ran with (``launcher retry
+    SWEEP --failed key=value``, from restarts.jsonl) shown as ``old -> new``."""
+    rd = RunDir(run["dir"])
+    ov = sweeps.parse_overrides(rd.overrides().get("overrides") or [])
+    for row in rd.restarts():
+        for key, new in (row.get("changes") or {}).items():
+            base = ov.get(key, "").split(" -> ")[0]
+            ov[key] = f"{base} -> {_text(new)}" if base else f"-> {_text(new)}"
+    return ov
 
 
 # ---- status --------------------------------------------------------------------------------------
 
 
 def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per run: status, attempt, restarts, steps done of the total, last loss, swept overrides."""
+    """One row per run: status, attempt, restarts, steps done of the total, last loss, and the overrides
+    that differ between the points of its sweep."""
     ovs = [_overrides(r) for r in runs]
     keys = sweeps.swept_keys(ovs)
+    if len(runs) == 1:  # one run of a sweep: the keys its sweep varies
+        whole = [r for r in registry.list_runs(Path(runs[0]["dir"]).parent.parent, refresh=False)
+                 if r["sweep_id"] == runs[0]["sweep_id"]]
+        keys = sweeps.swept_keys([_overrides(r) for r in whole])
     rows = []
     for r, ov in zip(runs, ovs):
         rd = RunDir(r["dir"])
@@ -90,9 +114,7 @@ def _status_view(runs: List[Dict[str, Any]]):
 
 
 def cmd_status(args) -> int:
-    from rich.console import Console
-
-    console = Console()
+    console = _console()
     if args.json:
         runs = _sweep_runs(args._root, args.target)
         rows = [{k: v for k, v in r.items() if k != "_keys"} for r in point_rows(runs)]
@@ -183,7 +205,7 @@ def plot(rows: List[Dict[str, Any]], keys: List[str], objective: str, path: Path
     for r in rows:
         m = [x for x in RunDir(r["_dir"]).metrics() if x.get("loss") is not None]
         if m:
-            label = r["run_id"].rsplit("-", 1)[-1] + (" " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
+            label = "run " + r["run_id"].rsplit("-", 1)[-1] + (": " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
             ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
                     linestyle="-" if r["status"] == "completed" else ":")
     ax.set_xlabel("step")
@@ -226,7 +248,6 @@ def cmd_results(args) -> int:
                           "swept": keys, "rows": [{k: v for k, v in r.items() if k != "_dir"} for r in rows]},
                          indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Column, Table
     from rich.text import Text
 
@@ -236,7 +257,7 @@ def cmd_results(args) -> int:
                         f"({direction} is better)")
     for r in rows:
         table.add_row(*(Text(sweeps.fmt(r.get(c))) for c in sweeps.columns(keys)))
-    Console().print(table)
+    _console().print(table)
     return 0
 
 

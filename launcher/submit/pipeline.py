@@ -400,7 +400,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
     sweep = create(checked, runs_root, argv, code_snapshot, extra_meta)
     staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
-    name = sweep_job_name(checked, sweep.sweep_id)
+    name = sweep_job_name(checked, sweep.dir.sweep_id)
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
     try:

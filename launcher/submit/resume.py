@@ -70,7 +70,11 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     rd = RunDir(run_dir)
     if not rd.exists():
         raise FileNotFoundError(f"{run_dir} is not an archived run (no {RunDir.RUN})")
-    run_id = (rd.run() or {}).get("run_id", rd.path.name)
+    meta = rd.run() or {}
+    run_id = meta.get("run_id", rd.path.name)
+    if meta.get("kind") == "hydra_app":  # its job is the app's task function, not a RunTask
+        raise ConfigErrors([ConfigError("RUN", f"{run_id} is a run of a Hydra app (hydra/launcher=launcher_*)",
+                                        "run the app's sweep again")])
     st = rd.status()
     if st.get("status") not in FINAL:
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.get('status')}: its job may still be running or "
