@@ -71,6 +71,16 @@ def limits_from_config(text: str) -> Dict[str, Optional[int]]:
     return found
 
 
+def enforces_limits(text: str) -> bool:
+    """Whether ``scontrol show config`` says association limits (MaxSubmitJobs...) are enforced:
+    AccountingStorageEnforce lists ``limits`` (or ``safe``, which implies it)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "accountingstorageenforce":
+            return bool({"limits", "safe"} & {w.strip().lower() for w in value.split(",")})
+    return False
+
+
 def max_submit_from_sacctmgr(text: str) -> Optional[int]:
     """The smallest MaxSubmitJobs of ``sacctmgr -n -P show assoc ... format=MaxSubmit`` lines (None: unset)."""
     values = [int(w) for w in (line.strip().split("|")[0] for line in text.splitlines()) if w.isdigit()]
@@ -138,24 +148,28 @@ class SlurmBackend(Backend):
 
     def array_limits(self, cfg: Any = None) -> Any:
         """MaxArraySize and MaxJobCount from ``scontrol show config``, the user's MaxSubmitJobs from its
-        association (``sacctmgr``; the smaller of it and MaxJobCount), and how many jobs (array tasks
-        counted one by one) the user has queued now (``squeue --me -r``). cluster.max_array_size /
+        association (``sacctmgr``, when AccountingStorageEnforce enforces limits; the smaller of it and
+        MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
+        (``squeue -r -u USER``). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
         from launcher.backends.base import _limit_overrides
         from launcher.sweeps import ArrayLimits
 
+        import getpass
+
+        user = getpass.getuser()
         size, jobs = _limit_overrides(cfg)
         conf: Dict[str, Optional[int]] = {}
         if size is None or jobs is None:
-            conf = limits_from_config(_run(["scontrol", "show", "config"]))
+            text = _run(["scontrol", "show", "config"])
+            conf = limits_from_config(text)
+            if jobs is None and enforces_limits(text):  # association limits apply only when enforced
+                conf["assoc"] = max_submit_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "assoc",
+                                                               f"where user={user}", "format=MaxSubmit"]))
         if jobs is None:
-            import getpass
-
-            assoc = max_submit_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "assoc",
-                                                   f"where user={getpass.getuser()}", "format=MaxSubmit"]))
-            known = [v for v in (conf.get("max_submit_jobs"), assoc, conf.get("max_job_count")) if v]
+            known = [v for v in (conf.get("max_submit_jobs"), conf.get("assoc"), conf.get("max_job_count")) if v]
             jobs = min(known) if known else None
-        queued = len(_run(["squeue", "-h", "-r", "--me", "-o", "%i"]).split()) if jobs is not None else 0
+        queued = len(_run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split()) if jobs is not None else 0
         return ArrayLimits(size or conf.get("max_array_size"), jobs, queued)
 
     def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,

@@ -83,6 +83,8 @@ def test_limits_from_real_scontrol_output():
                                                   "max_submit_jobs": None}
     assert slurm.limits_from_config("") == {"max_array_size": None, "max_job_count": None, "max_submit_jobs": None}
     assert slurm.limits_from_config("MaxArraySize = 0\n")["max_array_size"] is None  # 0: arrays disabled/unset
+    assert not slurm.enforces_limits(SCONTROL)  # AccountingStorageEnforce = none: no association limits
+    assert slurm.enforces_limits("AccountingStorageEnforce = associations,limits,qos\n")
     assert slurm.max_submit_from_sacctmgr("|\n") is None
     assert slurm.max_submit_from_sacctmgr("50|\n20|\n") == 20
 
@@ -195,3 +197,41 @@ def test_results_csv():
 def test_a_non_finite_objective_counts_as_none():
     row = sweeps.result_row("r", "completed", {}, {"final_loss": float("nan")}, [], "final_loss")
     assert row["objective"] is None
+
+
+# ---- retry: what is checked before anything changes -----------------------------------------------
+
+
+def _ended_run(tmp_path, *overrides):
+    """A staged, never submitted run (local backend), recorded failed and sealed."""
+    from launcher.submit import pipeline
+
+    cfg = _cfg("cluster=local", "model=gpt_tiny", "train.steps=3", "wandb.enabled=false", *overrides)
+    checked = pipeline.check([pipeline.Point(cfg, list(overrides))])
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    sweep = pipeline.create(checked, tmp_path / "runs", ["launch"], code, None)
+    (rd,) = pipeline.stage(sweep, checked)
+    rd.finish("failed", exit_code=1, error="boom")
+    return rd
+
+
+def test_retry_checks_every_change_before_anything_changes(tmp_path):
+    from launcher.layout import ConfigErrors
+    from launcher.submit import resume
+
+    rd = _ended_run(tmp_path, "train.fail_at_step=2")
+    n = resume.prepare(rd.path, changes=["train.fail_at_step=null", "optim.lr=0.01"])
+    assert n.changed == {"optim.lr": (0.001, 0.01), "train.fail_at_step": (2, None)}
+    assert n.plain["train"]["fail_at_step"] is None and rd.config()["train"]["fail_at_step"] == 2
+    with pytest.raises(ConfigErrors, match="changes the layout"):
+        resume.prepare(rd.path, changes=["cluster.gpus_per_node=1"])
+    with pytest.raises(ConfigErrors, match="no_such_key"):
+        resume.prepare(rd.path, changes=["train.no_such_key=1"])
+    with pytest.raises(ConfigErrors, match="optim.lr"):
+        resume.prepare(rd.path, changes=["optim.lr=-1"])
+    assert rd.is_sealed() and not rd.restarts() and rd.verify() == []  # nothing was touched
+    (rd.path / "config.yaml").chmod(0o644)
+    (rd.path / "config.yaml").write_text((rd.path / "config.yaml").read_text() + "\n# edited\n")
+    with pytest.raises(ConfigErrors, match="changed after it was sealed"):
+        resume.prepare(rd.path)
