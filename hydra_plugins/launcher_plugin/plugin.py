@@ -1,22 +1,47 @@
-"""Hydra Launcher plugin: hands all points of a `launch -m` sweep to the launch pipeline at once,
-so they are validated together and queued as one Slurm array. Hydra requires plugins to live in
-the hydra_plugins namespace; the logic lives in the launcher package.
+"""Hydra Launcher plugin for `launch -m`: hands all points of each batch the sweeper gives it to the
+launch pipeline at once, so they are validated together and queued as one Slurm array per resource
+shape. Hydra requires plugins to live in the hydra_plugins namespace; the logic lives in the launcher
+package (launcher.app).
+
+Two modes, chosen per sweep:
+
+- queue (Hydra's BasicSweeper, submit.wait not true): as before, the runs are submitted and the
+  backend's wait policy applies (Slurm returns once queued; cluster=local waits and exits 1 unless
+  every run completed); each JobReturn holds the run id.
+- results (any other sweeper: Optuna, Nevergrad, Ax..., or submit.wait=true): each batch is
+  submitted, waited for (one compact progress bar), and each JobReturn holds the run's objective,
+  ``submit.objective`` (a key of the run summary, default final_loss), as a float; a failed,
+  cancelled or timed-out run, a run without that key, or (sweepers other than BasicSweeper) a point
+  the launch checks refuse is a FAILED JobReturn holding the error, as Hydra's own launchers return
+  a task's exception. What a failed trial means is the sweeper's decision: Optuna goes on up to its
+  ``hydra.sweeper.max_failure_rate`` and `launch -m` exits 0 when the study completes; BasicSweeper
+  raises the first failure (exit 1), as with Hydra's own launchers.
 
 Hydra's sweeper saves the whole composed config, command-line overrides included (so any secret
 given there, `+cluster.env.HF_TOKEN=...`), to `<hydra.sweep.dir>/multirun.yaml` before it calls us.
 That file is no part of the archive: `setup` points hydra.sweep.dir at a private temporary directory
 (mode 0700, outside runs_root), and `launch` removes it before anything else happens (and at exit,
-should the sweep fail before `launch`)."""
+should the sweep fail before `launch`). In results mode, hydra.sweep.dir then becomes the sweep dir
+of the first batch, where a sweeper writes its results once it is done (Optuna:
+optimization_results.yaml); they are scrubbed of known secrets at exit and printed.
+
+Composition: every point is composed once, by launcher.app.SweepComposer (installed as the config
+loader's load_sweep_config, so the sweeper's own validation composes it and we take that config)."""
 from __future__ import annotations
 
 import atexit
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+RESULTS_FILES = ("optimization_results.yaml",)  # what sweepers write into hydra.sweep.dir at the end
 
 
 class LauncherPlugin(Launcher):
@@ -24,45 +49,150 @@ class LauncherPlugin(Launcher):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Any = None
         self.sweep_dir: Optional[str] = None
+        self.composer: Any = None
+        self.study: dict = {}  # results mode: the first batch's sweep dir, snapshot, sweeps, trials
+        self.known: dict = {}  # secret values of the sweep's configs (results files are scrubbed)
+
+    # ---- which mode ---------------------------------------------------------------------------
+
+    @property
+    def sweeper(self) -> str:
+        return str(OmegaConf.select(self.config, "hydra.sweeper._target_", default="") or "")
+
+    @property
+    def basic(self) -> bool:
+        return self.sweeper == BASIC_SWEEPER
+
+    def needs_results(self) -> bool:
+        """A sweeper that reads return values, or an explicit submit.wait=true."""
+        return not self.basic or OmegaConf.select(self.config, "submit.wait", default=None) is True
+
+    # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        from launcher.app import SweepComposer
+
         self.hydra_context = hydra_context
         self.config = config
         # the sweeper holds this same config object and reads hydra.sweep.dir after setup
         self.sweep_dir = tempfile.mkdtemp(prefix="launcher-hydra-")
-        atexit.register(self._remove_sweep_dir)
+        atexit.register(self._at_exit)
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = self.sweep_dir
+        self.composer = SweepComposer.install(hydra_context.config_loader)
+        self.composer.expected = self._basic_batch_size()
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.submit.pipeline import Point
+
+        assert self.config is not None and self.hydra_context is not None
+        self._remove_sweep_dir()  # multirun.yaml: the composed config with every override, secrets too
+        self.composer.end()  # the sweeper's validation composed the points (kept for us)
+        self.composer.expected = len(job_overrides)
+        points: List[Point] = []
+        hydra_nodes = []
+        try:
+            for overrides in job_overrides:
+                cfg = self.composer.take(self.config, list(overrides))
+                with read_write(cfg), open_dict(cfg):
+                    hydra_node = cfg.pop("hydra")
+                hydra_nodes.append(hydra_node)
+                points.append(Point(cfg=cfg, overrides=list(hydra_node.overrides.task),
+                                    choices=OmegaConf.to_container(hydra_node.runtime.choices)))
+        finally:
+            self.composer.end()
+        if self.needs_results():
+            outcomes = self._launch_for_results(points, initial_job_idx)
+        else:
+            from launcher.app import submit_points
+
+            result = submit_points(points)
+            outcomes = [result.runs[i].run_id if result.runs else None for i in range(len(points))]
+        returns = []
+        for p, hn, outcome in zip(points, hydra_nodes, outcomes):
+            ret = JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")
+            ret.status = JobStatus.FAILED if isinstance(outcome, BaseException) else JobStatus.COMPLETED
+            ret.return_value = outcome
+            returns.append(ret)
+        return returns
+
+    # ---- results mode ----------------------------------------------------------------------------
+
+    def _launch_for_results(self, points, initial_job_idx: int) -> list:
+        """Submit the batch, wait, and return per point its objective or its error. A sweeper other
+        than BasicSweeper gets a refused point as a failed trial (the rest of the batch runs)."""
+        from launcher.app import RunFailed, _fail, check_each, submit_for_results
+        from launcher.archive import secrets
+        from launcher.submit.pipeline import InvalidSweep
+
+        objective = str(points[0].cfg.submit.objective)
+        self.known.update(secrets.known_secrets([p.cfg for p in points]))
+        refused = {} if self.basic else check_each(points)
+        for i, e in refused.items():
+            print(f"launch: trial {initial_job_idx + i} refused, a failed trial: {e}", file=sys.stderr)
+        ok = [i for i in range(len(points)) if i not in refused]
+        outcomes: list = [RunFailed(str(refused[i])) if i in refused else None for i in range(len(points))]
+        if not ok:
+            return outcomes
+        meta = {"study": {"sweeper": self.sweeper, "objective": objective,
+                          "first_sweep": self.study.get("first_sweep"),
+                          "trials": [initial_job_idx + i for i in ok]}}
+        try:
+            result, got = submit_for_results([points[i] for i in ok], objective=objective, extra_meta=meta,
+                                             code_snapshot=self.study.get("code"))
+        except InvalidSweep as e:
+            _fail(e)
+        if result.dry_run:
+            return [None] * len(points)
+        if not self.study:  # the first batch: its sweep dir holds the study's results; one code snapshot
+            self.study = {"first_sweep": result.sweep_id, "dir": str(result.sweep_dir),
+                          "code": str(Path(result.sweep_dir) / "code"), "sweeps": []}
+            with read_write(self.config.hydra), open_dict(self.config.hydra):
+                self.config.hydra.sweep.dir = str(result.sweep_dir)
+        self.study["sweeps"].append(result.sweep_id)
+        for i, value in zip(ok, got):
+            outcomes[i] = value
+        for i, (p, value) in enumerate(zip(points, outcomes)):
+            what = (f"failed: {str(value).splitlines()[0]}" if isinstance(value, BaseException)
+                    else f"{objective} = {value:.6g}")
+            print(f"trial {initial_job_idx + i} ({' '.join(p.overrides) or 'defaults'}): {what}")
+        sys.stdout.flush()
+        return outcomes
+
+    def _basic_batch_size(self) -> Optional[int]:
+        """Points in the BasicSweeper's first batch (the composing bar's total); None if unknown."""
+        if not self.basic:
+            return None
+        try:
+            from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            params = [f"{k}={v}" for k, v in (OmegaConf.select(self.config, "hydra.sweeper.params") or {}).items()]
+            lines = params + list(self.config.hydra.overrides.task)
+            parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(lines)
+            batches = BasicSweeper.split_arguments(parsed, OmegaConf.select(self.config, "hydra.sweeper.max_batch_size"))
+            return len(batches[0]) if batches else None
+        except Exception:  # only a progress bar's total
+            return None
+
+    # ---- cleanup ---------------------------------------------------------------------------------
 
     def _remove_sweep_dir(self) -> None:
         if self.sweep_dir:
             shutil.rmtree(self.sweep_dir, ignore_errors=True)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher.app import submit_points
-        from launcher.submit.pipeline import Point
+    def _at_exit(self) -> None:
+        self._remove_sweep_dir()
+        if not self.study:
+            return
+        from launcher.archive import secrets
 
-        assert self.config is not None and self.hydra_context is not None
-        self._remove_sweep_dir()  # multirun.yaml: the composed config with every override, secrets too
-        points: List[Point] = []
-        hydra_nodes = []
-        for overrides in job_overrides:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with read_write(cfg), open_dict(cfg):
-                hydra_node = cfg.pop("hydra")
-            hydra_nodes.append(hydra_node)
-            points.append(
-                Point(
-                    cfg=cfg,
-                    overrides=list(hydra_node.overrides.task),
-                    choices=OmegaConf.to_container(hydra_node.runtime.choices),
-                )
-            )
-        result = submit_points(points)
-        returns = []
-        for i, (p, hn) in enumerate(zip(points, hydra_nodes)):
-            ret = JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")
-            ret.status = JobStatus.COMPLETED
-            ret.return_value = result.runs[i].run_id if result.runs else None
-            returns.append(ret)
-        return returns
+        found = [Path(self.study["dir"]) / n for n in RESULTS_FILES if (Path(self.study["dir"]) / n).is_file()]
+        for f in found:
+            secrets.scrub_file(f, self.known)
+        sweeps = self.study["sweeps"]
+        print(f"study: {len(sweeps)} batch(es), sweep(s) {', '.join(sweeps)} "
+              f"(launcher runs --sweep SWEEP); results in {self.study['dir']}")
+        for f in found:
+            print(f"{f}:\n  " + f.read_text().strip().replace("\n", "\n  "))
+        sys.stdout.flush()

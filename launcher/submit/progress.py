@@ -23,8 +23,11 @@ def _final_status(run) -> str:
     return record_lost_outcome(run.rundir, state)
 
 
-def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5) -> bool:
-    """Block until every run's job ends, showing steps done; True if all completed."""
+def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,
+                    compact: bool = False) -> bool:
+    """Block until every run's job ends, showing steps done; True if all completed. ``compact``: one
+    bar for all the runs (steps of all of them, counts per state) and one outcome line per run, for
+    a sweeper's batches and large sweeps."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -34,21 +37,35 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     t0 = time.time()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=console, transient=False,
+        TimeElapsedColumn(), console=console, transient=compact,
     ) as progress:
-        tasks = [progress.add_task(r.run_id, total=t, info="pending") for r, t in zip(runs, totals)]
+        if compact:
+            whole = progress.add_task(f"{len(runs)} run(s), steps", total=sum(totals), info="pending")
+            tasks = []
+        else:
+            tasks = [progress.add_task(r.run_id, total=t, info="pending") for r, t in zip(runs, totals)]
         pending = set(range(len(runs)))
+        done_steps = [0] * len(runs)
         while pending:
             for i in list(pending):
                 r = runs[i]
                 rows = r.rundir.metrics()
-                info = r.rundir.status().get("status", "pending")
-                if rows:
-                    info = f"loss {rows[-1].get('loss', float('nan')):.4f}  {rows[-1].get('tokens_per_s', 0):,.0f} tok/s"
-                progress.update(tasks[i], completed=len(rows), info=info)
+                done_steps[i] = len(rows)
+                if not compact:
+                    info = r.rundir.status().get("status", "pending")
+                    if rows:
+                        info = (f"loss {rows[-1].get('loss', float('nan')):.4f}  "
+                                f"{rows[-1].get('tokens_per_s', 0):,.0f} tok/s")
+                    progress.update(tasks[i], completed=len(rows), info=info)
                 if r.job.done():
                     pending.discard(i)
-                    progress.update(tasks[i], info=_final_status(r))
+                    if compact:
+                        done_steps[i] = totals[i]
+                    else:
+                        progress.update(tasks[i], info=_final_status(r))
+            if compact:
+                ended = len(runs) - len(pending)
+                progress.update(whole, completed=sum(done_steps), info=f"{ended}/{len(runs)} ended")
             if timeout_s and time.time() - t0 > timeout_s:
                 _cancel_after_timeout([runs[i] for i in pending], timeout_s)
                 break
@@ -67,7 +84,10 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
             extra = f"{status.get('error', '')}  (logs: {log_of_failure(r)})"
-        console.print(Text(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}"))
+        if compact:
+            console.print(Text(f"{r.run_id}: {st}  {extra}  [{r.run_dir}]"))
+        else:
+            console.print(Text(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}"))
     return ok
 
 

@@ -1,0 +1,121 @@
+"""launcher.app.SweepComposer composes a sweep point as Hydra's load_sweep_config does, once per
+distinct combination of group choices (value overrides applied onto a copy), and each point once."""
+import itertools
+import random
+
+import pytest
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
+from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+from launcher.app import CONF_DIR, SweepComposer
+
+# a master config as `launch -m` composes it (sweep overrides on the command line)
+SWEEP = ["model=gpt_tiny,gpt_125m", "zero=0,1,2", "cluster=local,local_slurm", "optim.lr=1e-3,3e-3",
+         "train.steps=5,7"]
+# points as sweepers hand them over: group choices, value overrides, +/++ and dict values mixed
+POINTS = [
+    *[list(p) for p in itertools.product(["model=gpt_tiny", "model=gpt_125m"], ["zero=0", "zero=2"],
+                                         ["cluster=local", "cluster=local_slurm"], ["optim.lr=0.001", "optim.lr=0.003"],
+                                         ["train.steps=5", "train.steps=7"])],
+    ["zero='1'", "optim.lr=2e-3", "+cluster.env.MY_VAR=abc", "++train.log_interval=2"],
+    ["zero=3", "++cluster.env={A: b}", "tags=[x,y]", "precision=bf16", "parallelism=zero"],
+    ["zero={stage: 1}", "seed=5"],  # a dict given for a group: a config value (as Hydra decides)
+    ["optim.lr=1e-2", "hydra.job.name=renamed", "name=${model.name}-x"],
+    ["submit.objective=mean_tokens_per_s", "train.fail_at_step=null"],
+    [],
+]
+
+
+@pytest.fixture(scope="module")
+def loader():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
+
+
+@pytest.fixture(scope="module")
+def master(loader):
+    return loader.load_configuration("config", ["hydra.sweeper.max_batch_size=50", *SWEEP], run_mode=RunMode.MULTIRUN)
+
+
+def _split(cfg):
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg))  # a plain copy: compare, don't change
+    with read_write(cfg), open_dict(cfg):
+        hydra_node = cfg.pop("hydra")
+    return cfg, hydra_node
+
+
+@pytest.mark.parametrize("overrides", random.Random(11).sample(POINTS[:32], 6) + POINTS[32:], ids=" ".join)
+def test_same_config_as_hydra(loader, master, overrides):
+    composer = SweepComposer(loader)
+    fast = composer.compose(master, list(overrides))
+    ref = loader.load_sweep_config(master, list(overrides))  # Hydra's own (the composer is not installed)
+    fast_app, fast_hydra = _split(fast)
+    ref_app, ref_hydra = _split(ref)
+    assert OmegaConf.to_yaml(fast_app) == OmegaConf.to_yaml(ref_app)
+    with read_write(fast), open_dict(fast):
+        fast.pop("hydra")
+    with read_write(ref), open_dict(ref):
+        ref.pop("hydra")
+    assert OmegaConf.to_container(fast, resolve=True) == OmegaConf.to_container(ref, resolve=True)
+    # and the hydra node too (overrides.task, runtime.choices, job.override_dirname, ...)
+    assert OmegaConf.to_yaml(fast_hydra) == OmegaConf.to_yaml(ref_hydra)
+    # typed and closed as Hydra's: a wrong type or an unknown key still fails
+    with pytest.raises(Exception):
+        fast.train.steps = "abc"
+    with pytest.raises((ConfigAttributeError, ConfigKeyError)):
+        fast.train.no_such_key = 1
+
+
+def test_each_group_combination_composed_once(loader, master):
+    composer = SweepComposer(loader)
+    for p in POINTS[:32]:
+        composer.compose(master, p)
+    assert len(composer.bases) == 8  # 2 models x 2 zero x 2 clusters; the values are merged on
+    assert composer.composed == 32
+
+
+def test_sweeper_check_and_launcher_compose_each_point_once(loader, master):
+    composer = SweepComposer(loader)
+    check = composer.load_sweep_config  # what the sweeper's validate_batch_is_legal calls
+    points = POINTS[:4]
+    first = [check(master, p) for p in points]
+    taken = [composer.take(master, p) for p in points]
+    assert all(a is b for a, b in zip(first, taken)) and composer.composed == 4
+    assert composer.kept == {}  # handed over, not held
+    composer.take(master, points[0])  # not checked before: composed now
+    assert composer.composed == 5
+
+
+def test_install_replaces_the_loaders_method_once(loader):
+    saved = loader.__dict__.pop("load_sweep_config", None), loader.__dict__.pop("_launcher_composer", None)
+    try:
+        c1 = SweepComposer.install(loader)
+        assert SweepComposer.install(loader) is c1
+        assert loader.load_sweep_config == c1.load_sweep_config
+    finally:
+        loader.__dict__.pop("load_sweep_config", None)
+        loader.__dict__.pop("_launcher_composer", None)
+        if saved[0] is not None:
+            loader.__dict__["load_sweep_config"], loader.__dict__["_launcher_composer"] = saved
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["model.hiden_size=10"], "hiden_size"),
+    (["train.steps=abc"], "train.steps=abc"),
+    (["zero=7"], "zero/7"),
+    (["+train.steps=3"], "Could not append"),
+])
+def test_errors_as_hydra_reports_them(loader, master, overrides, needle):
+    composer = SweepComposer(loader)
+    with pytest.raises(Exception) as fast_err:
+        composer.compose(master, overrides)
+    with pytest.raises(Exception) as ref_err:
+        loader.load_sweep_config(master, overrides)
+    assert type(fast_err.value) is type(ref_err.value)
+    text = str(fast_err.value) + str(fast_err.value.__cause__)
+    assert needle in text, text
+    assert isinstance(fast_err.value, (ConfigCompositionException, Exception))

@@ -1,0 +1,105 @@
+"""Numeric config-group names (zero/0.yaml .. zero/3.yaml) with Hydra's whole override grammar: a
+plain choice, quoted or not, and every sweep form (comma list, range, choice, glob, Optuna's choice),
+in single-run and -m mode."""
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from helpers import launch
+from launcher.app import CONF_DIR
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.mark.parametrize("given,stage", [("zero=2", 2), ("zero='2'", 2), ('zero="3"', 3), ("zero=0", 0)])
+def test_plain_choice_quoted_or_not(given, stage):
+    cfg = _compose(given)
+    assert cfg.zero.stage == stage
+    assert cfg.hydra.runtime.choices.zero == str(stage)
+    assert list(cfg.hydra.overrides.task) == [given]  # archived as the user wrote it
+
+
+def test_plain_keys_keep_their_ints():
+    cfg = _compose("seed=3", "train.steps=7", "cluster.nodes=1")
+    assert cfg.seed == 3 and cfg.train.steps == 7 and isinstance(cfg.seed, int)
+
+
+def test_unknown_option_named_by_hydra():
+    with pytest.raises(Exception) as ei:
+        _compose("zero=7")
+    text = str(ei.value)
+    assert "zero/7" in text and "Available options" in text and "'2'" not in text.split("zero/7")[0]
+
+
+@pytest.mark.parametrize("sweep", ["zero=1,2", "zero=range(0,2)", "zero=choice(0,1)", "zero=glob(*)"])
+def test_sweeps_need_multirun_in_single_run_mode(sweep):
+    """Hydra's rule for any key: a sweep in a single run is refused, saying --multirun."""
+    with pytest.raises(ConfigCompositionException, match="--multirun"):
+        _compose(sweep)
+
+
+def test_optuna_choice_points_compose():
+    """Optuna reads `zero=choice(0,1)` as a categorical of ints and hands back `zero=<int>`."""
+    import optuna
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+
+    dists, fixed = create_params_from_overrides(["zero=choice(0,1)", "optim.lr=interval(1e-4,1e-2)"])
+    assert not fixed and list(dists["zero"].choices) == [0, 1]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(6):
+        trial = study.ask()
+        z = trial._suggest("zero", dists["zero"])
+        cfg = _compose(f"zero={z}", f"optim.lr={trial._suggest('optim.lr', dists['optim.lr'])}")
+        assert cfg.zero.stage == z
+        seen.add(z)
+    assert seen == {0, 1}
+
+
+# ---- through `launch`, as a user types it -----------------------------------------------------
+
+def _points(stdout):
+    """(overrides, zero.stage) of each point of a dry run."""
+    heads = re.findall(r"^# ---- point \d+: (.*)$", stdout, re.M)
+    stages = [int(s) for s in re.findall(r"^zero:\n  stage: (\d)", stdout, re.M)]
+    return list(zip(heads, stages))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sweep,want", [
+    ("zero=1,2", [1, 2]),
+    ("zero='1','2'", [1, 2]),
+    ("zero=range(0,2)", [0, 1]),
+    ("zero=range(1,4,2)", [1, 3]),
+    ("zero=choice(0,2)", [0, 2]),
+    ("zero=glob(*)", [0, 1, 2, 3]),
+    ("zero=glob([1,2])", [1, 2]),
+    ("zero=glob(*,exclude=[0,3])", [1, 2]),
+])
+def test_multirun_forms(sweep, want, tmp_path):
+    res = launch(["-m", "submit.dry_run=true", "cluster=local_slurm", sweep], tmp_path / "runs", timeout=280)
+    assert res.returncode == 0, res.stderr[-3000:]
+    points = _points(res.stdout)
+    assert [s for _, s in points] == want, res.stdout[-3000:]
+    for head, stage in points:
+        assert re.search(rf"zero='?{stage}'?", head), head
+    assert f"# dry run: nothing submitted ({len(want)} point(s))" in res.stdout
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("given,stage", [("zero=3", 3), ("zero='1'", 1)])
+def test_single_run(given, stage, tmp_path):
+    res = launch(["submit.dry_run=true", "cluster=local_slurm", given], tmp_path / "runs", timeout=280)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [s for _, s in _points(res.stdout)] == [stage]
+
+
+@pytest.mark.timeout(300)
+def test_single_run_refuses_a_sweep_saying_multirun(tmp_path):
+    res = launch(["submit.dry_run=true", "zero=range(0,2)"], tmp_path / "runs", timeout=280)
+    assert res.returncode != 0 and "--multirun" in res.stderr
