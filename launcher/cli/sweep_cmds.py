@@ -77,7 +77,8 @@ def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         rd = RunDir(r["dir"])
         st = rd.status()
         metrics = rd.metrics()
-        total = (r.get("config") or {}).get("train", {}).get("steps")
+        train = (r.get("config") or {}).get("train")
+        total = train.get("steps") if isinstance(train, dict) else None  # (a Hydra app's config may have none)
         rows.append({
             "run_id": r["run_id"], "status": r["status"], "attempt": int(st.get("attempt") or 0) or None,
             "restarts": len(rd.restarts()), "step": metrics[-1].get("step") if metrics else 0, "steps": total,
@@ -182,11 +183,15 @@ def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
     """(rows best first, swept keys, objective) of a sweep's runs."""
     ovs = [_overrides(r) for r in runs]
     keys = sweeps.swept_keys(ovs)
+    summaries = [RunDir(r["dir"]).status().get("summary") or {} for r in runs]
     if not objective:
-        wanted = {str((r.get("config") or {}).get("submit", {}).get("objective") or "final_loss") for r in runs}
+        subs = [(r.get("config") or {}).get("submit") for r in runs]
+        wanted = {str(s.get("objective") or "final_loss") for s in subs if isinstance(s, dict)}
+        if not wanted and any("return_value" in s for s in summaries):  # a Hydra app's runs: what the task returned
+            wanted = {"return_value"}
         objective = sorted(wanted)[0] if len(wanted) == 1 else "final_loss"
-    rows = [sweeps.result_row(r["run_id"], r["status"], ov, RunDir(r["dir"]).status().get("summary") or {}, keys,
-                              objective) for r, ov in zip(runs, ovs)]
+    rows = [sweeps.result_row(r["run_id"], r["status"], ov, summary, keys, objective)
+            for r, ov, summary in zip(runs, ovs, summaries)]
     for row, r in zip(rows, runs):
         row["_dir"] = r["dir"]
     return sweeps.ranked(sweeps.sort_results(rows, objective)), keys, objective
@@ -202,17 +207,21 @@ def plot(rows: List[Dict[str, Any]], keys: List[str], objective: str, path: Path
     n = 1 + len(keys)
     fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
     ax = axes[0][0]
+    curves = 0
     for r in rows:
         m = [x for x in RunDir(r["_dir"]).metrics() if x.get("loss") is not None]
         if m:
             label = "run " + r["run_id"].rsplit("-", 1)[-1] + (": " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
             ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
                     linestyle="-" if r["status"] == "completed" else ":")
+            curves += 1
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("loss per step (dotted: not completed)")
-    if len(rows) <= 20:
+    if 0 < curves <= 20:
         ax.legend(fontsize=7)
+    elif not curves:
+        ax.text(0.5, 0.5, "no per-step metrics", ha="center", va="center", transform=ax.transAxes)
     key_obj = sweeps.objective_key(objective)
     direction = "higher" if sweeps.higher_is_better(objective) else "lower"
     for ax, k in zip(axes[0][1:], keys):
@@ -290,7 +299,7 @@ def add_parsers(sub, parents) -> None:
     s = sub.add_parser("results", help="a sweep's swept overrides and final metrics, best first", parents=parents)
     s.add_argument("sweep", help="sweep id")
     s.add_argument("--objective", default=None, help="summary key to rank by (default: the sweep's "
-                   "submit.objective, final_loss); lower is better unless it names a rate (*_per_s, tflops, mfu) "
+                   "submit.objective, final_loss; a Hydra app's runs: return_value); lower is better unless it names a rate (*_per_s, tflops, mfu) "
                    "or a score (accuracy, f1, ...); a leading + or - forces higher / lower")
     s.add_argument("--csv", action="store_true", help="CSV on stdout")
     s.add_argument("--json", action="store_true", help="machine-readable rows")
