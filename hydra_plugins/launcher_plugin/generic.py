@@ -264,10 +264,18 @@ class _HydraJob:
             rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
                       failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
                       **job_ids)
-        elif denv.rank == 0 and not rd.failed_ranks():
+        elif denv.rank == 0 and self._others_recorded(rd, denv.world_size) and not rd.failed_ranks():
             rd.finish("completed", exit_code=0, summary={"return_value": plain(ret._return_value)},
                       **self._dirs(ret), duration_s=round(time.time() - t0, 3), **job_ids)
         return ret
+
+    @staticmethod
+    def _others_recorded(rd: Any, world: int, timeout_s: float = 120.0) -> bool:
+        """Rank 0 seals the run: first every task's rank record must be in (tasks start apart)."""
+        deadline = time.time() + timeout_s
+        while len(rd.ranks()) < world and time.time() < deadline:
+            time.sleep(0.2)
+        return True
 
     @staticmethod
     def _dirs(ret: JobReturn) -> Dict[str, Any]:
@@ -332,12 +340,17 @@ class _GenericLauncher(Launcher):
         configs = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(cfg):
                 cfg.hydra.job.id = f"{cfg.hydra.job.name}_{idx}"
                 cfg.hydra.job.num = idx
             configs.append(cfg)
+        from launcher.archive import secrets
+
+        # as Hydra's launchers list the points, but a secret-named value given there is not printed
+        known = secrets.known_secrets([resolved_app_config(c) for c in configs[:1000]])
+        for i, overrides in enumerate(job_overrides):
+            log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
         submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
                            Singleton.get_state())
         print(f"sweep {submitted.sweep_id}: {len(configs)} run(s) submitted ({self.backend_name}), "

@@ -79,6 +79,27 @@ def test_example_app_local(runs_root, tmp_path):
     assert (out / "multirun.yaml").is_file()
 
 
+def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_path):
+    """A secret given on the command line reaches the task but nothing under runs_root; two tasks
+    per job both run the task function, rank 0 records the outcome."""
+    secret = "sk-hydra-app-0123456789"
+    out = tmp_path / "sweep"
+    res = run_app(["-m", "x=1,2", f"+api_key={secret}", "hydra/launcher=launcher_local",
+                   "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={out}"], runs_root, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert secret not in res.stdout
+    runs = runs_json(runs_root)
+    assert [r["status"] for r in runs] == ["completed"] * 2, runs
+    for r in runs:
+        rd = RunDir(r["dir"])
+        assert rd.config()["api_key"] == "<redacted>"
+        assert [k["rank"] for k in rd.ranks()] == [0, 1] and rd.status()["world_size"] == 2
+        assert yaml.safe_load((Path(rd.status()["output_dir"]) / ".hydra" / "config.yaml").read_text())[
+            "api_key"] == secret  # Hydra's own output dir: the task's config as the task saw it
+    leaked = [str(p) for p in runs_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+
 @pytest.mark.slurm
 def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_path):
     out = tmp_path / "sweep"
