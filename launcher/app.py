@@ -223,18 +223,23 @@ def check_each(points) -> dict:
 
 def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot=None, out=None):
     """Submit ``points`` (the pipeline: one array per resource shape), wait for every run with the
-    compact view, and return (result, outcomes): per point, the float value of the run summary's
-    ``objective`` key, or the exception (RunFailed) saying why the run has none. InvalidSweep
-    propagates: nothing was submitted."""
+    compact view, and return (result, outcomes, run ids): per point, the float value of the run
+    summary's ``objective`` key, or the exception (RunFailed) saying why the run has none; and its
+    run id (None if not submitted). InvalidSweep propagates: nothing was submitted."""
     from launcher.submit.pipeline import launch
     from launcher.submit.progress import _final_status, log_of_failure, wait_and_report
 
+    import io
+
     out = out or sys.stdout
-    result = launch(points, out=out, code_snapshot=code_snapshot, extra_meta=extra_meta)
+    said = io.StringIO()  # the pipeline's per-run listing: one line of it here, the runs are listed below
+    result = launch(points, out=said, code_snapshot=code_snapshot, extra_meta=extra_meta)
     if result.dry_run:
-        return result, [None] * len(points)
+        out.write(said.getvalue())
+        return result, [None] * len(points), [None] * len(points)
+    print(said.getvalue().splitlines()[0], file=out, flush=True)
     cfg = points[0].cfg
-    wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True)
+    wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True, quiet=True)
     by_index = {int(r.run_id.rsplit("-", 1)[1]): r for r in result.runs}
     outcomes = []
     for i in range(len(points)):
@@ -255,7 +260,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot
             keys = ", ".join(sorted(k for k, v in summary.items() if isinstance(v, (int, float))))
             outcomes.append(RunFailed(f"run {r.run_id} completed, but its summary has no number "
                                       f"submit.objective={objective!r} (numbers: {keys or 'none'})"))
-    return result, outcomes
+    return result, outcomes, [by_index[i].run_id if i in by_index else None for i in range(len(points))]
 
 
 def _fail(err: Exception) -> None:

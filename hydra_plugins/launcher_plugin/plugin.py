@@ -52,6 +52,7 @@ class LauncherPlugin(Launcher):
         self.composer: Any = None
         self.study: dict = {}  # results mode: the first batch's sweep dir, snapshot, sweeps, trials
         self.known: dict = {}  # secret values of the sweep's configs (results files are scrubbed)
+        self._swept_keys: Optional[set] = None
 
     # ---- which mode ---------------------------------------------------------------------------
 
@@ -138,8 +139,8 @@ class LauncherPlugin(Launcher):
                           "first_sweep": self.study.get("first_sweep"),
                           "trials": [initial_job_idx + i for i in ok]}}
         try:
-            result, got = submit_for_results([points[i] for i in ok], objective=objective, extra_meta=meta,
-                                             code_snapshot=self.study.get("code"))
+            result, got, run_ids = submit_for_results([points[i] for i in ok], objective=objective,
+                                                      extra_meta=meta, code_snapshot=self.study.get("code"))
         except InvalidSweep as e:
             _fail(e)
         if result.dry_run:
@@ -150,14 +151,31 @@ class LauncherPlugin(Launcher):
             with read_write(self.config.hydra), open_dict(self.config.hydra):
                 self.config.hydra.sweep.dir = str(result.sweep_dir)
         self.study["sweeps"].append(result.sweep_id)
-        for i, value in zip(ok, got):
-            outcomes[i] = value
+        ids: dict = {}
+        for i, value, rid in zip(ok, got, run_ids):
+            outcomes[i], ids[i] = value, rid
         for i, (p, value) in enumerate(zip(points, outcomes)):
             what = (f"failed: {str(value).splitlines()[0]}" if isinstance(value, BaseException)
-                    else f"{objective} = {value:.6g}")
-            print(f"trial {initial_job_idx + i} ({' '.join(p.overrides) or 'defaults'}): {what}")
+                    else f"{objective} = {value:.6g}  (run {ids[i]})")
+            print(f"trial {initial_job_idx + i} ({self._swept(p.overrides)}): {what}")
         sys.stdout.flush()
         return outcomes
+
+    def _swept(self, overrides: List[str]) -> str:
+        """The point's overrides of the keys the sweeper varies (all of them if those are unknown)."""
+        if self._swept_keys is None:
+            self._swept_keys = set()
+            try:
+                from hydra.core.override_parser.overrides_parser import OverridesParser
+
+                params = OmegaConf.select(self.config, "hydra.sweeper.params") or {}
+                lines = [f"{k}={v}" for k, v in params.items()] + list(self.config.hydra.overrides.task)
+                parsed = OverridesParser.create().parse_overrides(lines)
+                self._swept_keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+            except Exception:  # only what a line shows
+                pass
+        shown = [o for o in overrides if o.split("=", 1)[0] in self._swept_keys]
+        return " ".join(shown or overrides) or "defaults"
 
     def _basic_batch_size(self) -> Optional[int]:
         """Points in the BasicSweeper's first batch (the composing bar's total); None if unknown."""

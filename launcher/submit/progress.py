@@ -24,10 +24,10 @@ def _final_status(run) -> str:
 
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,
-                    compact: bool = False) -> bool:
+                    compact: bool = False, quiet: bool = False) -> bool:
     """Block until every run's job ends, showing steps done; True if all completed. ``compact``: one
     bar for all the runs (steps of all of them, counts per state) and one outcome line per run, for
-    a sweeper's batches and large sweeps."""
+    a sweeper's batches and large sweeps. ``quiet``: no outcome lines (the caller reports them)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -84,6 +84,8 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
             extra = f"{status.get('error', '')}  (logs: {log_of_failure(r)})"
+        if quiet:
+            continue
         if compact:
             console.print(Text(f"{r.run_id}: {st}  {extra}  [{r.run_dir}]"))
         else:
