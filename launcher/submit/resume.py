@@ -11,6 +11,7 @@ attempt does (launcher.runtime.restarts).
 """
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
                                         + "; ".join(problems), "resume an intact run (launcher show RUN lists "
                                         "what changed)")])
     archived = rd.config()
-    plain = _apply(archived, changes, run_id) if changes else dict(archived)
+    plain = _apply(archived, changes, run_id) if changes else copy.deepcopy(archived)
     latest = rd.latest_checkpoint()
     done = RunDir.checkpoint_step(latest) if latest else 0
     old_steps = int(archived["train"]["steps"])

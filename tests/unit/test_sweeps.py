@@ -235,3 +235,12 @@ def test_retry_checks_every_change_before_anything_changes(tmp_path):
     (rd.path / "config.yaml").write_text((rd.path / "config.yaml").read_text() + "\n# edited\n")
     with pytest.raises(ConfigErrors, match="changed after it was sealed"):
         resume.prepare(rd.path)
+
+
+def test_resume_steps_is_a_change_of_the_config(tmp_path):
+    from launcher.submit import resume
+
+    rd = _ended_run(tmp_path)
+    n = resume.prepare(rd.path, steps=5)
+    assert n.changed == {"train.steps": (3, 5)} and n.plain["train"]["steps"] == 5
+    assert rd.config()["train"]["steps"] == 3
