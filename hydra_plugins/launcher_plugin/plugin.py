@@ -128,11 +128,13 @@ class LauncherPlugin(Launcher):
 
         objective = str(points[0].cfg.submit.objective)
         self.known.update(secrets.known_secrets([p.cfg for p in points]))
-        refused = {} if self.basic else check_each(points)
-        for i, e in refused.items():
-            print(f"launch: trial {initial_job_idx + i} refused, a failed trial: {e}", file=sys.stderr)
+        refused = {i: "refused by the launch checks: " + " ".join(
+            line.strip() for line in str(e).splitlines()[1:] if line.strip() not in ("run:", ""))
+            for i, e in ({} if self.basic else check_each(points)).items()}
+        for i, why in refused.items():
+            print(f"launch: trial {initial_job_idx + i} {why}", file=sys.stderr)
         ok = [i for i in range(len(points)) if i not in refused]
-        outcomes: list = [RunFailed(str(refused[i])) if i in refused else None for i in range(len(points))]
+        outcomes: list = [RunFailed(refused[i]) if i in refused else None for i in range(len(points))]
         if not ok:
             return outcomes
         meta = {"study": {"sweeper": self.sweeper, "objective": objective,
@@ -143,8 +145,9 @@ class LauncherPlugin(Launcher):
                                                       extra_meta=meta, code_snapshot=self.study.get("code"))
         except InvalidSweep as e:
             _fail(e)
-        if result.dry_run:
-            return [None] * len(points)
+        if result.dry_run:  # nothing ran: BasicSweeper gets None (exit 0), a study a failed trial
+            return [None if self.basic else RunFailed("submit.dry_run=true: nothing ran, no objective")
+                    for _ in points]
         if not self.study:  # the first batch: its sweep dir holds the study's results; one code snapshot
             self.study = {"first_sweep": result.sweep_id, "dir": str(result.sweep_dir),
                           "code": str(Path(result.sweep_dir) / "code"), "sweeps": []}
@@ -157,7 +160,7 @@ class LauncherPlugin(Launcher):
         for i, (p, value) in enumerate(zip(points, outcomes)):
             what = (f"failed: {str(value).splitlines()[0]}" if isinstance(value, BaseException)
                     else f"{objective} = {value:.6g}  (run {ids[i]})")
-            print(f"trial {initial_job_idx + i} ({self._swept(p.overrides)}): {what}")
+            print(secrets.scrub(f"trial {initial_job_idx + i} ({self._swept(p.overrides)}): {what}", self.known))
         sys.stdout.flush()
         return outcomes
 
