@@ -202,6 +202,18 @@ def to_csv(rows: List[Dict[str, Any]], keys: Sequence[str]) -> str:
     return buf.getvalue()
 
 
+def current_curve(metrics: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The per-step rows the run's latest attempt stands on: after the last place where the step went
+    back (an attempt that started again from an earlier step appended after the previous one's rows)."""
+    start = 0
+    for i in range(1, len(metrics)):
+        if (metrics[i].get("step") or 0) <= (metrics[i - 1].get("step") or 0):
+            start = i
+    # rows before ``start`` up to the step it restarted from are still part of the curve
+    first = metrics[start].get("step") or 0 if metrics else 0
+    return [r for r in metrics[:start] if (r.get("step") or 0) < first] + list(metrics[start:])
+
+
 def fmt(value: Any) -> str:
     """A table cell: floats to 4 significant digits (large ones with thousands separators)."""
     if value is None:

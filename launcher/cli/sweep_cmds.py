@@ -209,7 +209,7 @@ def plot(rows: List[Dict[str, Any]], keys: List[str], objective: str, path: Path
     ax = axes[0][0]
     curves = 0
     for r in rows:
-        m = [x for x in RunDir(r["_dir"]).metrics() if x.get("loss") is not None]
+        m = [x for x in sweeps.current_curve(RunDir(r["_dir"]).metrics()) if x.get("loss") is not None]
         if m:
             label = "run " + r["run_id"].rsplit("-", 1)[-1] + (": " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
             ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],

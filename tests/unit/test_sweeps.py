@@ -244,3 +244,11 @@ def test_resume_steps_is_a_change_of_the_config(tmp_path):
     n = resume.prepare(rd.path, steps=5)
     assert n.changed == {"train.steps": (3, 5)} and n.plain["train"]["steps"] == 5
     assert rd.config()["train"]["steps"] == 3
+
+
+def test_the_curve_of_the_latest_attempt():
+    rows = lambda *steps: [{"step": s} for s in steps]  # noqa: E731
+    assert sweeps.current_curve(rows(1, 2, 3)) == rows(1, 2, 3)
+    assert sweeps.current_curve(rows(1, 1, 2, 3)) == rows(1, 2, 3)  # started again from step 0
+    assert sweeps.current_curve(rows(1, 2, 3, 4, 3, 4, 5)) == rows(1, 2, 3, 4, 5)  # from a checkpoint after 2
+    assert sweeps.current_curve([]) == []
