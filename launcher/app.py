@@ -104,6 +104,7 @@ class SweepComposer:
         self.kept = {}  # point overrides -> config composed for the sweeper's check, for the launcher
         self.expected = None  # points of the coming batch (the progress bar's total), when known
         self.composed = 0  # points composed (a statistic for tests and benchmarks)
+        self.parsed = {}  # override text -> Hydra's parsed Override
         self._burst = None  # [start time, count, rich Progress or None, task]
 
     @classmethod
@@ -142,7 +143,10 @@ class SweepComposer:
 
         self._tick()
         lines = list(OmegaConf.to_container(master_config.hydra.overrides.hydra)) + list(sweep_overrides)
-        parsed = OverridesParser.create().parse_overrides(lines)
+        new = [line for line in dict.fromkeys(lines) if line not in self.parsed]
+        if new:  # each distinct override text parsed once (the parsed Override is only read)
+            self.parsed.update(zip(new, OverridesParser.create().parse_overrides(new)))
+        parsed = [self.parsed[line] for line in lines]
         if any(o.is_sweep_override() or o.get_key_element() == "hydra.searchpath" for o in parsed):
             return self.original(master_config, sweep_overrides)  # Hydra's own errors / search path
         repo = self.loader.repository
