@@ -26,6 +26,7 @@ submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_r
 """
 # no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
 # sys.modules, where dataclasses cannot resolve string annotations
+import contextlib
 import functools
 import inspect
 import json
@@ -324,6 +325,7 @@ class _GenericLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        self.composed = _KeepComposed.install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
@@ -340,7 +342,7 @@ class _GenericLauncher(Launcher):
         configs = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = self.composed.take(self.config, list(overrides))
             with open_dict(cfg):
                 cfg.hydra.job.id = f"{cfg.hydra.job.name}_{idx}"
                 cfg.hydra.job.num = idx
@@ -351,13 +353,53 @@ class _GenericLauncher(Launcher):
         known = secrets.known_secrets([resolved_app_config(c) for c in configs[:1000]])
         for i, overrides in enumerate(job_overrides):
             log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
-        submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
-                           Singleton.get_state())
+        with self.composed.removed():  # Hydra's state travels to the nodes without it
+            submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
+                               Singleton.get_state())
         print(f"sweep {submitted.sweep_id}: {len(configs)} run(s) submitted ({self.backend_name}), "
               f"job(s) {', '.join(submitted.job_ids)}; archive {submitted.sweep_dir}", flush=True)
         if not bool(self.params.get("wait", True)):
             return [_queued(cfg, run_id) for cfg, run_id in zip(configs, submitted.run_ids)]
         return collect(submitted, configs)
+
+
+class _KeepComposed:
+    """Hydra's sweepers compose every point of a batch to validate it (``validate_batch_is_legal``),
+    then hand the batch to the launcher, which composes the same points again. Installed on the
+    config loader, this keeps what the validation composed for the launcher to take, once; a point
+    not composed before is composed on the spot. Holds nothing once the batch is taken."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.original = loader.load_sweep_config
+        self.kept: Dict[Any, DictConfig] = {}
+
+    @classmethod
+    def install(cls, loader: Any) -> "_KeepComposed":
+        current = loader.__dict__.get("load_sweep_config")
+        if isinstance(current, cls):
+            return current
+        keeper = cls(loader)
+        loader.load_sweep_config = keeper
+        return keeper
+
+    def __call__(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
+        cfg = self.original(master_config, list(sweep_overrides))
+        self.kept[(id(master_config), tuple(sweep_overrides))] = cfg
+        return cfg
+
+    def take(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
+        cfg = self.kept.pop((id(master_config), tuple(sweep_overrides)), None)
+        return cfg if cfg is not None else self.original(master_config, list(sweep_overrides))
+
+    @contextlib.contextmanager
+    def removed(self) -> Any:
+        self.kept.clear()
+        self.loader.__dict__.pop("load_sweep_config", None)
+        try:
+            yield
+        finally:
+            self.loader.load_sweep_config = self
 
 
 class SlurmLauncher(_GenericLauncher):

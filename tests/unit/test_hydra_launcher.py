@@ -129,3 +129,24 @@ def test_queued_return_holds_the_run_id():
     cfg = OmegaConf.create({"hydra": {"overrides": {"task": ["x=1"]}, "job": {"name": "app"}}, "x": 1})
     ret = generic._queued(cfg, "S-0")
     assert ret.return_value == "S-0" and ret.overrides == ["x=1"] and ret.cfg == {"x": 1}
+
+
+def test_points_composed_by_the_sweeper_are_taken_not_composed_again():
+    class Loader:
+        def __init__(self):
+            self.calls = []
+
+        def load_sweep_config(self, master_config, sweep_overrides):
+            self.calls.append(list(sweep_overrides))
+            return OmegaConf.create({"o": list(sweep_overrides)})
+
+    loader, master = Loader(), OmegaConf.create({})
+    keeper = generic._KeepComposed.install(loader)
+    assert generic._KeepComposed.install(loader) is keeper  # once per loader
+    validated = [loader.load_sweep_config(master_config=master, sweep_overrides=o) for o in (["a=1"], ["a=2"])]
+    assert keeper.take(master, ["a=1"]) is validated[0] and keeper.take(master, ["a=2"]) is validated[1]
+    assert len(loader.calls) == 2
+    assert keeper.take(master, ["a=1"]).o == ["a=1"] and len(loader.calls) == 3  # taken once; then composed
+    with keeper.removed():  # pickled Hydra state carries the plain loader
+        assert "load_sweep_config" not in vars(loader)
+    assert vars(loader)["load_sweep_config"] is keeper and not keeper.kept
