@@ -147,6 +147,24 @@ def test_wait_false_returns_once_queued(slurm, runs_root, tmp_path):
     assert [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs] == [quadratic(3, 0), quadratic(4, 0)]
 
 
+def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
+    """A sweeper that needs results (hydra-optuna-sweeper) on our launcher: every trial's value comes
+    back, each batch of trials is one submission, and the best value is the smallest return value."""
+    out = tmp_path / "sweep"
+    res = run_app(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+                   "x=interval(-2,3)", "y=interval(-3,0)", "hydra/launcher=launcher_local", f"hydra.sweep.dir={out}"],
+                  runs_root, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = runs_json(runs_root)
+    assert len(runs) == 4 and len({r["sweep_id"] for r in runs}) == 2, runs  # 2 batches of 2 trials
+    values = [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs]
+    for r, v in zip(runs, values):
+        cfg = RunDir(r["dir"]).config()
+        assert v == pytest.approx(quadratic(cfg["x"], cfg["y"]))
+    best = yaml.safe_load((out / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(min(values))
+
+
 # ---- JobReturns, through a tiny wrapper: the app's task function on our launcher, in process -------
 
 
