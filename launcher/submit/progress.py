@@ -37,7 +37,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     t0 = time.time()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=console, transient=compact,
+        TimeElapsedColumn(), console=console, transient=compact, disable=compact and not console.is_terminal,
     ) as progress:
         if compact:
             whole = progress.add_task(f"{len(runs)} run(s), steps", total=sum(totals), info="pending")
