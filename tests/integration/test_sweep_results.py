@@ -89,3 +89,26 @@ def test_basic_sweeper_waits_and_returns_the_objective(tmp_path):
     summary = json.loads((Path(runs[m.group(2)]["dir"]) / "status.json").read_text())["summary"]
     assert float(m.group(1)) == pytest.approx(summary["mean_tokens_per_s"], rel=1e-5)
     assert "injected failure at step 2" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.slurm
+def test_optuna_on_slurm_over_a_numeric_group(slurm, tmp_path):
+    """An Optuna study on the local Slurm cluster: each batch is one array, the study waits for it,
+    and Optuna's categorical over the numeric group `zero` composes (zero=1: DeepSpeed ZeRO-1)."""
+    root = tmp_path / "runs"
+    res = launch(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2",
+                  "hydra.sweeper.sampler.seed=6", "optim.lr=interval(0.001,0.01)", "zero=choice(0,1)",
+                  "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=4",
+                  "wandb.enabled=false", "train.log_interval=0"], root, timeout=560)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    trials = _trials(res.stdout)
+    assert len(trials) == 3 and all(t[2].startswith("final_loss = ") for t in trials), res.stdout
+    assert re.search(r"^sweep \S+: 2 run\(s\) submitted \(slurm\), array job \d+$", res.stdout, re.M)
+    runs = runs_json(root)
+    assert len(runs) == 3 and all(r["status"] == "completed" for r in runs)
+    stages = {t[1].split("zero=")[1].split()[0] for t in trials}
+    for r in runs:
+        cfg = yaml.safe_load((Path(r["dir"]) / "config.yaml").read_text())
+        assert str(cfg["zero"]["stage"]) in stages
+        assert cfg["parallelism"]["engine"] == ("deepspeed" if cfg["zero"]["stage"] else "ddp")
+    assert yaml.safe_load(next(root.glob("*/optimization_results.yaml")).read_text())["name"] == "optuna"
