@@ -262,6 +262,7 @@ class _HydraJob:
             print(tb, file=sys.stderr, flush=True)
             if not rd.is_final():
                 rd.write_rank_error(denv.rank, scrub(tb, os.environ))
+            self._others_recorded(rd, denv.world_size)
             rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
                       failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
                       **job_ids)
