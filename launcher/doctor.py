@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from launcher.rundir import RESTARTED_BY_USER
+
 KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
          "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending", "unknown")
 # kinds that are not a failure: nothing to diagnose
@@ -315,7 +317,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
 
 def restarts_line(ev: Evidence) -> Optional[str]:
     """``2 restarts: failure (rank 1: RuntimeError ...), hang`` from the run's restart records."""
-    rows = [r for r in ev.restarts if r.get("reason") != "resume"]
+    rows = [r for r in ev.restarts if r.get("reason") not in RESTARTED_BY_USER]
     if not rows:
         return None
     parts = []
@@ -402,7 +404,7 @@ def _live(ev: Evidence, status: str) -> Diagnosis:
 
 
 def _last_restart(ev: Evidence) -> Optional[str]:
-    rows = [r for r in ev.restarts if r.get("reason") != "resume"]
+    rows = [r for r in ev.restarts if r.get("reason") not in RESTARTED_BY_USER]
     return str(rows[-1].get("reason")) if rows else None
 
 

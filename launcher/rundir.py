@@ -37,6 +37,8 @@ class Status(str, Enum):
 
 
 STATUSES = tuple(s.value for s in Status)
+# restart reasons a user asked for (launcher resume / retry): the restart budget starts again there
+RESTARTED_BY_USER = ("resume", "retry")
 FINAL = (Status.completed.value, Status.failed.value, Status.cancelled.value, Status.timeout.value)
 
 
@@ -82,7 +84,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "marker; renamed to step_<n>/ once every rank's part is in, deleted by the next attempt if a rank died first"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
-     "time_limit, scheduler, resume), detail, from_step (the checkpoint resumed from), nodes, job id"),
+     "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id"),
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),
@@ -225,10 +227,10 @@ class RunDir:
             f.write(json.dumps({"time": now_iso(), **row}) + "\n")
 
     def restarts_since_launch(self) -> int:
-        """Automatic restarts since the run was launched or last resumed (what train.max_restarts bounds)."""
+        """Automatic restarts since the run was launched, resumed or retried (what train.max_restarts bounds)."""
         n = 0
         for row in self.restarts():
-            n = 0 if row.get("reason") == "resume" else n + 1
+            n = 0 if row.get("reason") in RESTARTED_BY_USER else n + 1
         return n
 
     def stack_path(self, rank: int) -> Path:

@@ -81,9 +81,10 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     sink = MetricsSink(cfg, ctx)
     ckpt = Checkpointer(cfg, ctx, engine)
     start, history = ckpt.resume()  # (0, []) on a fresh start
-    if start and ctx.is_main:
-        ctx.rundir.rewrite_metrics(history)  # the steps after the checkpoint are redone
-        print(f"[gpt] attempt {ctx.attempt}: resumed from the checkpoint after step {start}", flush=True)
+    if ctx.is_main and (start or ctx.attempt > 1):
+        ctx.rundir.rewrite_metrics(history)  # the steps after the checkpoint (or all, without one) are redone
+        print(f"[gpt] attempt {ctx.attempt}: resumed from the checkpoint after step {start}" if start else
+              f"[gpt] attempt {ctx.attempt}: no checkpoint yet, starting again from step 1", flush=True)
 
     if ctx.is_main:
         print(
