@@ -118,26 +118,40 @@ def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = N
     return out
 
 
+SHORT_SECRET = 12  # values shorter than this are matched as whole tokens only
+
+
+def _token(value: str) -> "re.Pattern[str]":
+    """Where ``value`` counts as found: anywhere for a long value (a token is found inside a URL or a
+    longer string too); as a whole token for a short one, so that a secret that is a common word
+    ("secret") does not rewrite ``secrets`` in code and text."""
+    if len(value) >= SHORT_SECRET:
+        return re.compile(re.escape(value))
+    left = r"(?<![A-Za-z0-9_])" if (value[:1].isalnum() or value[:1] == "_") else ""
+    right = r"(?![A-Za-z0-9_])" if (value[-1:].isalnum() or value[-1:] == "_") else ""
+    return re.compile(left + re.escape(value) + right)
+
+
 def scrub(text: str, env: Known) -> str:
-    """Replace every secret value of ``env`` (values of its secret-named entries) occurring in ``text``."""
+    """Replace every secret value of ``env`` (values of its secret-named entries) occurring in ``text``
+    as a whole token."""
     for value in secret_values(env):
         if value in text:
-            text = text.replace(value, REDACTED)
+            text = _token(value).sub(REDACTED, text)
     return text
 
 
 def scrub_bytes(data: bytes, env: Known) -> bytes:
     for value in secret_values(env):
-        needle = value.encode()
-        if needle in data:
-            data = data.replace(needle, REDACTED.encode())
+        if value.encode() in data:
+            data = re.compile(_token(value).pattern.encode()).sub(REDACTED.encode(), data)
     return data
 
 
 def contains_secret(data: Union[str, bytes], env: Known) -> bool:
     if isinstance(data, bytes):
-        return any(v.encode() in data for v in secret_values(env))
-    return any(v in data for v in secret_values(env))
+        return any(re.search(_token(v).pattern.encode(), data) for v in secret_values(env) if v.encode() in data)
+    return any(_token(v).search(data) for v in secret_values(env) if v in data)
 
 
 def scrub_tree(obj: Any, env: Known) -> Any:
