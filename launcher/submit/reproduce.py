@@ -20,6 +20,13 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
     from launcher.submit.pipeline import Point
 
     rd = RunDir(run_dir)
+    meta = rd.run() or {}
+    if meta.get("kind") == "hydra_app":  # another Hydra app's config: not a RunConfig of this project
+        app = meta.get("app") or {}
+        raise ConfigErrors([ConfigError("RUN", f"run {meta.get('run_id')} is a run of a Hydra app "
+                                        f"({app.get('name') or app.get('task') or 'not launch'}), not of `launch`",
+                                        "run that app again with its archived overrides (overrides.yaml) and "
+                                        "hydra/launcher=launcher_slurm or launcher_local")])
     plain = rd.config()
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
     plain["submit"]["dry_run"] = False

@@ -77,6 +77,10 @@ def test_example_app_local(runs_root, tmp_path):
         assert float((out / str(i) / "value.txt").read_text()) == quadratic(x, y)
         assert (out / str(i) / "app.log").is_file()  # Hydra's job log
     assert (out / "multirun.yaml").is_file()
+    # `launcher reproduce` is for `launch` runs: an app's run is refused with what to do instead
+    res = run_cmd([sys.executable, "-m", "launcher.cli.main", "reproduce", runs[0]["run_id"], "--root",
+                   str(runs_root)], runs_root, timeout=120)
+    assert res.returncode == 2 and "is a run of a Hydra app" in res.stderr, res.stderr
 
 
 def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_path):
