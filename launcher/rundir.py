@@ -422,7 +422,13 @@ class RunDir:
         ckpts = self._p(self.LATEST).parent
         return {str(p.relative_to(self.path)): _sha256(p) for p in sorted(self.path.rglob("*"))
                 if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")
-                and ckpts not in p.parents}
+                and ckpts not in p.parents and not self._late_log(p)}
+
+    def _late_log(self, p: Path) -> bool:
+        """wandb's own debug logs (wandb/<run>/logs/): its service process may still append to them
+        after the run ended and was sealed; they are not run data."""
+        rel = p.relative_to(self.path).parts
+        return len(rel) > 2 and rel[0] == self.WANDB and "logs" in rel[1:-1]
 
     def _snapshot_digest(self) -> Optional[Dict[str, str]]:
         """The shared code snapshot this run executes (outside the run dir), hashed file by file."""

