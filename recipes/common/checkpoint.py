@@ -118,10 +118,11 @@ class Checkpointer:
         self._hooks: Optional[List[Any]] = None
         self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
         tr = cfg.train
-        fires = (tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
-                 and int(tr.fail_rank) == self.rank and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
-        self.kill_at: Optional[int] = int(tr.fail_at_step) if fires else None
-        self.kill_step = int(tr.fail_at_step) if tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save" else None
+        drill = tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
+        # every rank saves at the drill's step; the drilled rank (on the drilled attempt) dies in it
+        self.kill_step: Optional[int] = int(tr.fail_at_step) if drill else None
+        fires = drill and int(tr.fail_rank) == self.rank and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt)
+        self.kill_at: Optional[int] = self.kill_step if fires else None
 
     # ---- resume ------------------------------------------------------------------------------------
     def resume(self) -> Tuple[int, List[Dict[str, Any]]]:
