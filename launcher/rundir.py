@@ -16,14 +16,13 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import time
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-import yaml
-
-from launcher.archive import atomic
+from launcher.archive import atomic, yamlio
 
 
 class Status(str, Enum):
@@ -113,6 +112,7 @@ class RunDir:
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
+    SHARED_FILES = (GIT, PATCH, SNAPSHOT, SOFTWARE, PIP_FREEZE)  # alike for every run of a sweep
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -128,11 +128,11 @@ class RunDir:
 
     # ---- before submission (login side) ----------------------------------------------------------
     def write_config(self, resolved: Dict[str, Any]) -> None:
-        atomic.write_text(self._p(self.CONFIG), yaml.safe_dump(resolved, sort_keys=False))
+        atomic.write_text(self._p(self.CONFIG), yamlio.dump(resolved))
 
     def write_overrides(self, overrides: List[str], choices: Dict[str, Any]) -> None:
         atomic.write_text(self._p(self.OVERRIDES),
-                          yaml.safe_dump({"overrides": list(overrides), "choices": dict(choices)}, sort_keys=False))
+                          yamlio.dump({"overrides": list(overrides), "choices": dict(choices)}))
 
     def write_code(self, git: Dict[str, Any], patch: str, snapshot: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.GIT), git)
@@ -142,6 +142,22 @@ class RunDir:
     def write_software(self, versions: Dict[str, Any], pip_freeze: str) -> None:
         atomic.write_json(self._p(self.SOFTWARE), versions)
         atomic.write_text(self._p(self.PIP_FREEZE), pip_freeze)
+
+    def link_from(self, other: "RunDir", names: Tuple[str, ...]) -> None:
+        """These files as ``other`` holds them, hard-linked (a sweep's runs share their code and
+        software records: written once, linked into each run). Safe because no archive file is ever
+        changed in place (atomic writes replace them), so a link never makes two runs share a change.
+        Copied where the file system refuses links."""
+        for name in names:
+            src, dst = other._p(name), self._p(name)
+            try:
+                try:
+                    os.link(src, dst)
+                except FileNotFoundError:  # its folder (code/, env/) not made yet
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
 
     def write_plan(self, plan: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.PLAN), plan)
@@ -266,6 +282,10 @@ class RunDir:
         m = self._p(self.MANIFEST)
         for p in self.path.rglob("*"):
             if p.is_file():
+                if p.stat().st_nlink > 1:  # shared with the sweep's other runs (link_from): made its own
+                    tmp = p.with_name(f".{p.name}.own")
+                    shutil.copyfile(p, tmp)
+                    os.replace(tmp, p)
                 os.chmod(p, p.stat().st_mode | 0o200)
         if m.exists():
             dest = self.attempt_dir(attempt) / self.MANIFEST
@@ -294,11 +314,11 @@ class RunDir:
         return atomic.read_json(self._p(self.RUN))
 
     def config(self) -> Dict[str, Any]:
-        return yaml.safe_load(self._p(self.CONFIG).read_text())
+        return yamlio.load(self._p(self.CONFIG).read_text())
 
     def overrides(self) -> Dict[str, Any]:
         p = self._p(self.OVERRIDES)
-        return (yaml.safe_load(p.read_text()) or {}) if p.exists() else {}
+        return (yamlio.load(p.read_text()) or {}) if p.exists() else {}
 
     def layout(self):
         """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
@@ -319,19 +339,39 @@ class RunDir:
         return atomic.read_json(self._p(self.PLAN))
 
     def git(self) -> Dict[str, Any]:
-        return atomic.read_json(self._p(self.GIT), {}) or {}
+        return atomic.read_json(self._shared_p(self.GIT), {}) or {}
 
     def has_patch(self) -> bool:
-        return self._p(self.PATCH).exists()
+        return self._shared_p(self.PATCH).exists()
 
     def patch(self) -> str:
-        return self._p(self.PATCH).read_text() if self.has_patch() else ""
+        return self._shared_p(self.PATCH).read_text() if self.has_patch() else ""
 
     def snapshot(self) -> Dict[str, Any]:
-        return atomic.read_json(self._p(self.SNAPSHOT), {}) or {}
+        return atomic.read_json(self._shared_p(self.SNAPSHOT), {}) or {}
 
     def software(self) -> Optional[Dict[str, Any]]:
-        return atomic.read_json(self._p(self.SOFTWARE))
+        return atomic.read_json(self._shared_p(self.SOFTWARE))
+
+    # A sweep writes the files every run holds alike (SHARED_FILES: code and software records) once,
+    # into <sweep>/shared/; a run links them in when it starts (adopt_shared) and at the latest when
+    # it is sealed. Until then they are read from there.
+    def _shared_p(self, name: str) -> Path:
+        own = self._p(name)
+        if own.exists():
+            return own
+        shared = self.path.parent / SweepDir.SHARED / name
+        return shared if shared.exists() else own
+
+    def adopt_shared(self) -> None:
+        """Link the sweep's shared files this run lacks into it (idempotent; safe from many tasks)."""
+        shared = RunDir(self.path.parent / SweepDir.SHARED)
+        for name in self.SHARED_FILES:
+            if not self._p(name).exists() and shared._p(name).exists():
+                try:
+                    self.link_from(shared, (name,))
+                except FileExistsError:  # another task of the run linked it first
+                    pass
 
     def runtime(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.RUNTIME))
@@ -444,6 +484,7 @@ class RunDir:
         existing = atomic.read_json(mpath)
         if existing:
             return existing
+        self.adopt_shared()  # a run that never started holds them too once sealed
         manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
                     "files": self._files(), "snapshot": self._snapshot_digest(),
                     # checkpoints are large and pruned as training goes: named, not hashed
@@ -496,7 +537,7 @@ class SweepDir:
     """``<runs_root>/<sweep_id>/``: sweep.json, the code snapshot, submitit's folder, and the runs
     (``<index>/``, staged as ``.<index>.partial`` until submitted)."""
 
-    SWEEP, CODE, SUBMITIT = "sweep.json", "code", ".submitit"
+    SWEEP, CODE, SUBMITIT, SHARED = "sweep.json", "code", ".submitit", "shared"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -522,6 +563,11 @@ class SweepDir:
 
     def run(self, index: int) -> RunDir:
         return RunDir(self.path / str(index))
+
+    def shared(self) -> RunDir:
+        """The files every run of the sweep holds alike (RunDir.SHARED_FILES), written once, linked
+        into each run (RunDir.adopt_shared)."""
+        return RunDir(self.path / self.SHARED)
 
     def staging(self, index: int) -> RunDir:
         """Invisible (dot name) until complete and submitted."""

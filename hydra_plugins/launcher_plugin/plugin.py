@@ -44,6 +44,20 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 RESULTS_FILES = ("optimization_results.yaml",)  # what sweepers write into hydra.sweep.dir at the end
 
 
+class _JobReturn(JobReturn):
+    """Hydra's JobReturn whose hydra_cfg may be given as a function, called when first read."""
+
+    @property  # type: ignore[override]
+    def hydra_cfg(self):
+        if callable(self._hydra_cfg):
+            self._hydra_cfg = self._hydra_cfg()
+        return self._hydra_cfg
+
+    @hydra_cfg.setter
+    def hydra_cfg(self, value) -> None:
+        self._hydra_cfg = value
+
+
 class LauncherPlugin(Launcher):
     def __init__(self, **_: Any) -> None:
         self.config: Optional[DictConfig] = None
@@ -72,7 +86,9 @@ class LauncherPlugin(Launcher):
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         from launcher.app import SweepComposer
+        from launcher.archive import software
 
+        software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
         self.hydra_context = hydra_context
         self.config = config
         # the sweeper holds this same config object and reads hydra.sweep.dir after setup
@@ -84,6 +100,7 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.app import FastPoint
         from launcher.submit.pipeline import Point
 
         assert self.config is not None and self.hydra_context is not None
@@ -94,11 +111,15 @@ class LauncherPlugin(Launcher):
         hydra_nodes = []
         try:
             for overrides in job_overrides:
-                cfg = self.composer.take(self.config, list(overrides))
-                with read_write(cfg), open_dict(cfg):
-                    hydra_node = cfg.pop("hydra")
+                got = self.composer.take(self.config, list(overrides))
+                if isinstance(got, FastPoint):  # already resolved; its hydra node composed if asked for
+                    hydra_nodes.append(self._hydra_node_of(list(overrides)))
+                    points.append(Point.of_resolved(got.resolved, list(got.overrides), dict(got.choices)))
+                    continue
+                with read_write(got), open_dict(got):
+                    hydra_node = got.pop("hydra")
                 hydra_nodes.append(hydra_node)
-                points.append(Point(cfg=cfg, overrides=list(hydra_node.overrides.task),
+                points.append(Point(cfg=got, overrides=list(hydra_node.overrides.task),
                                     choices=OmegaConf.to_container(hydra_node.runtime.choices)))
         finally:
             self.composer.end()
@@ -111,11 +132,23 @@ class LauncherPlugin(Launcher):
             outcomes = [result.runs[i].run_id if result.runs else None for i in range(len(points))]
         returns = []
         for p, hn, outcome in zip(points, hydra_nodes, outcomes):
-            ret = JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")
+            ret = _JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")
             ret.status = JobStatus.FAILED if isinstance(outcome, BaseException) else JobStatus.COMPLETED
             ret.return_value = outcome
             returns.append(ret)
         return returns
+
+    def _hydra_node_of(self, overrides: List[str]):
+        """The point's hydra node, composed when first read (a JobReturn's hydra_cfg: no sweeper reads
+        it, so a fast point is not composed for it)."""
+        master, composer = self.config, self.composer
+
+        def compose():
+            cfg = composer.compose(master, overrides)
+            with read_write(cfg), open_dict(cfg):
+                return cfg.pop("hydra")
+
+        return compose
 
     # ---- results mode ----------------------------------------------------------------------------
 

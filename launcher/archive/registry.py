@@ -43,8 +43,9 @@ def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, "backends.JobState"]
     return out
 
 
-def row_from_dir(rdir: Path) -> Optional[Dict[str, Any]]:
-    """The index row of one run dir (None if it is not a complete run)."""
+def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The index row of one run dir (None if it is not a complete run); ``config``: its config.yaml
+    as already known to the caller (the launch that wrote it), else read."""
     rd = RunDir(rdir)
     meta = rd.run()
     if not meta:
@@ -52,10 +53,11 @@ def row_from_dir(rdir: Path) -> Optional[Dict[str, Any]]:
     st = rd.status()
     job = rd.job()
     summary = st.get("summary") or {}
-    try:
-        config = rd.config()
-    except (OSError, ValueError):
-        config = {}
+    if config is None:
+        try:
+            config = rd.config()
+        except (OSError, ValueError):
+            config = {}
     return {
         "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": meta.get("index"),
         "name": meta.get("name"), "dir": str(rdir), "status": st.get("status", "pending"),
@@ -87,10 +89,12 @@ def _rebuild_unreadable(root: Path, err: Exception) -> None:
     reindex(root)
 
 
-def record(root: Path, run_dirs: Iterable[Path]) -> None:
-    """Add or refresh the index rows of these run dirs (called by launch after submission). An
-    unreadable index is rebuilt from the run dirs (they are the truth)."""
-    new = [r for r in (row_from_dir(Path(d)) for d in run_dirs) if r]
+def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+    """Add or refresh the index rows of these run dirs (called by launch after submission; ``configs``:
+    run dir -> the config it archived, when the caller has it). An unreadable index is rebuilt from
+    the run dirs (they are the truth)."""
+    configs = configs or {}
+    new = [r for r in (row_from_dir(Path(d), configs.get(os.fspath(d))) for d in run_dirs) if r]
     try:
         with closing(index.connect(root)) as conn:
             index.upsert(conn, new)

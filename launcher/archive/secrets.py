@@ -18,6 +18,7 @@ are never treated as secrets, so short common values are not mangled everywhere 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from pathlib import Path, PurePath
@@ -43,7 +44,12 @@ Known = Mapping[str, Any]
 
 
 def is_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(str(name)))
+    return _is_secret_name(str(name))
+
+
+@functools.lru_cache(maxsize=4096)  # a sweep asks about the same few hundred key names per point
+def _is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
 
 
 def is_secret_file(path: Union[str, PurePath]) -> bool:

@@ -5,7 +5,10 @@ import platform
 import subprocess
 import sys
 from importlib import metadata
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 KEY_PACKAGES = ("torch", "deepspeed", "hydra-core", "omegaconf", "submitit", "wandb", "numpy")
 
@@ -20,7 +23,28 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
+_prefetched: Optional["Future[str]"] = None
+
+
+def prefetch_pip_freeze() -> None:
+    """Start `pip freeze` in the background (once): a launch composes and checks its points meanwhile."""
+    global _prefetched
+    if _prefetched is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pip-freeze")
+        _prefetched = pool.submit(_pip_freeze)
+        pool.shutdown(wait=False)
+
+
 def pip_freeze() -> str:
+    """The full `pip freeze --all` (the prefetched one when started)."""
+    if _prefetched is not None:
+        return _prefetched.result()
+    return _pip_freeze()
+
+
+def _pip_freeze() -> str:
     try:
         res = subprocess.run(
             [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, timeout=120

@@ -72,6 +72,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
     from launcher.runtime import restarts, watchdog
 
     _wait_for(rd)
+    rd.adopt_shared()
     cfg_plain = rd.config()
     cluster, train = cfg_plain.get("cluster", {}), cfg_plain.get("train", {})
     denv = dist_env.detect(master_port=cluster.get("master_port"))

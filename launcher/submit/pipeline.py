@@ -10,24 +10,33 @@ Waiting and exit codes are the app's (launcher.app).
 """
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import backends
+from launcher.archive import atomic
+from launcher.configview import ConfigView
 from launcher.layout import ConfigError, ConfigErrors, Layout, resolve
 from launcher.rundir import RunDir, SweepDir, now_iso
 
 
 @dataclass
 class Point:
-    cfg: DictConfig  # composed run config (no hydra node)
+    cfg: Any  # composed run config (no hydra node): a DictConfig, or a ConfigView over ``resolved``
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
+    resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.app.SweepComposer's fast path)
+
+    @classmethod
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> "Point":
+        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
 
 
 @dataclass
@@ -40,6 +49,8 @@ class Checked:
     layout: Layout
     plan: Dict[str, Any]
     backend: backends.Backend
+    archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
+    known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
 
 
 @dataclass
@@ -84,6 +95,8 @@ class _Sweep:
 
 
 def _resolve(point: Point, index: int) -> Dict[str, Any]:
+    if point.resolved is not None:
+        return point.resolved
     try:
         return OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
@@ -99,17 +112,27 @@ def check(points: List[Point]) -> List[Checked]:
     from launcher.archive import secrets
     from launcher.plan import checks
 
-    known = secrets.known_secrets([p.cfg for p in points])  # the messages below echo overrides
+    resolved_all: List[Any] = []
+    for i, p in enumerate(points):
+        try:
+            resolved_all.append(_resolve(p, i))
+        except ConfigErrors as e:
+            resolved_all.append(e)
+    # the messages below echo overrides: secrets of every point, read from its resolution (or, where
+    # that failed, from its config as written)
+    known = secrets.known_secrets([r if isinstance(r, dict) else p.cfg for p, r in zip(points, resolved_all)])
     problems: List[str] = []
     warned: List[str] = []
     good: List[Checked] = []
-    for i, p in enumerate(points):
+    for i, (p, resolved) in enumerate(zip(points, resolved_all)):
         where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
                  else "run")
         try:
-            resolved = _resolve(p, i)
-            lay = resolve(p.cfg, resolved)  # the rules read the same resolution
-            res = checks.evaluate(p.cfg)
+            if isinstance(resolved, ConfigErrors):
+                raise resolved
+            view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
+            lay = resolve(view, resolved)
+            res = checks.evaluate(view)
             if res.errors:
                 raise ConfigErrors(res.errors)
         except ConfigErrors as e:
@@ -122,7 +145,7 @@ def check(points: List[Point]) -> List[Checked]:
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
-        good.append(Checked(p, i, resolved, lay, res.plan, backends.of(p.cfg)))
+        good.append(Checked(p, i, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     if problems or warned:
         total, bad = len(points), len(problems) + len(warned)
         head = (f"{bad} of {total} point(s) invalid; nothing was submitted" if total > 1
@@ -243,7 +266,8 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
     staged or printed, whatever key they appear under."""
     from launcher.archive import secrets, snapshot
 
-    known = secrets.known_secrets([c.resolved for c in checked])
+    known = dict(checked[0].known) if checked and checked[0].known is not None else \
+        secrets.known_secrets([c.resolved for c in checked])
     if root is not None:
         known.update(snapshot.tree_secrets(root))
     return known
@@ -281,24 +305,43 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     snap = clean({**{k: v for k, v in sweep.snapshot.items() if k != "git"}, "path": str(code_dir)})
     versions, freeze = clean(software.versions()), clean(software.pip_freeze())
     argv = clean(list(sweep.argv))
-    staged = []
-    for c in checked:
+    shared = sweep.dir.shared()  # written once; each run links them in when it starts (RunDir.adopt_shared)
+    shared.write_code(git, patch, snap)
+    shared.write_software(versions, freeze)
+    # most points of a sweep share their plan: each distinct one written once, linked into its runs
+    plan_of = {c.index: json.dumps(clean(c.plan), sort_keys=True) for c in checked}
+    plans: Dict[str, RunDir] = {}
+    for text in dict.fromkeys(plan_of.values()):
+        plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
+        plans[text].write_plan(json.loads(text))
+
+    def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
-        rd.write_plan(clean(c.plan))
+        rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
         rd.write_seeds(clean(seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp)))
-        rd.write_config(secrets.redact_config(r, sweep.known))
+        c.archived = secrets.redact_config(r, sweep.known)
+        rd.write_config(c.archived)
         rd.write_overrides(clean(list(c.point.overrides)), clean(dict(c.point.choices)))
-        rd.write_code(git, patch, snap)
-        rd.write_software(versions, freeze)
-        rd.set_status("pending")
-        rd.write_run(clean({
+        rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
             "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
             "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
         }))
-        staged.append(rd)
-    return staged
+        return rd
+
+    # a dozen files per run: the file system's work (system time) overlaps in a few threads
+    return _each(one, checked)
+
+
+def _each(fn, items: list) -> list:
+    """``[fn(x) for x in items]``, in a few threads when there are many."""
+    if len(items) < 16:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(fn, items))
 
 
 # ---- 4. submit each group ------------------------------------------------------------------------
@@ -328,22 +371,25 @@ def submit(sweep: _Sweep, group: List[Checked], staged: Dict[int, RunDir], job_n
         finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
             secrets.scrub_files(folder.glob("*.sh"), sweep.known)
     script = backend.submitted_script(jobs[0])
-    runs = []
-    for c, job in zip(group, jobs):
+    shared = sweep.dir.shared()
+    if script is not None:  # one script for the whole array: written once, linked into each run
+        shared.write_script(secrets.scrub(script, sweep.known))
+
+    def one(c_job) -> SubmittedRun:  # job.json (a run stays pending, with no status.json, until it starts)
+        c, job = c_job
         rd, job_id = staged[c.index], str(job.job_id)
         array_id, _, task = job_id.partition("_")
         if script is not None:
-            rd.write_script(secrets.scrub(script, sweep.known))
+            rd.link_from(shared, (RunDir.SCRIPT,))
         rd.write_job({
             "backend": backend.name, "job_id": job_id,
             "array_job_id": array_id if task else None, "array_task_id": int(task) if task else None,
             "submitit_folder": str(folder), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
             "num_tasks": c.layout.world_size, "submitted": now_iso(),
         })
-        rd.set_status("pending", job_id=job_id)
-        runs.append(SubmittedRun(run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), job_id=job_id,
-                                 job=job))
-    return runs
+        return SubmittedRun(run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), job_id=job_id, job=job)
+
+    return _each(one, list(zip(group, jobs)))
 
 
 def array_id(submitted: List[SubmittedRun]) -> str:
@@ -369,6 +415,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets
 
     published = [sweep.dir.publish(c.index) for c in checked]
+    for linked in [*sweep.dir.shared().path.glob(".plan-*"), sweep.dir.shared().path / RunDir.SCRIPT]:
+        shutil.rmtree(linked, ignore_errors=True) if linked.is_dir() else linked.unlink(missing_ok=True)
     for rd in published:
         if rd.exists() and rd.is_final():
             rd.seal()
@@ -378,7 +426,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
         "runs": sorted((r.run_id for r in runs), key=lambda rid: int(rid.rsplit("-", 1)[1])),
         "code_snapshot": str(sweep.code_dir),
     })
-    registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()])
+    archived = {str(rd.path): c.archived for c, rd in zip(checked, published) if c.archived is not None}
+    registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()], configs=archived)
     return published
 
 
@@ -399,19 +448,21 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
 
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
     sweep = create(checked, runs_root, argv, code_snapshot, extra_meta)
-    staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
+    with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
+        staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
     name = sweep_job_name(checked, sweep.dir.sweep_id)
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
     try:
-        for i, arr in enumerate(planned):
-            try:
-                submitted = submit(sweep, arr.points, staged, job_name=name, parallelism=arr.parallelism)
-            except Exception as e:
-                _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)
-                raise
-            runs.extend(submitted)
-            job_ids.append(array_id(submitted))
+        with atomic.deferred_sync(private=True):  # job.json of every staged run: flushed before publishing
+            for i, arr in enumerate(planned):
+                try:
+                    submitted = submit(sweep, arr.points, staged, job_name=name, parallelism=arr.parallelism)
+                except Exception as e:
+                    _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)
+                    raise
+                runs.extend(submitted)
+                job_ids.append(array_id(submitted))
     finally:
         publish(sweep, checked, runs, job_ids)
     runs.sort(key=lambda r: int(r.run_id.rsplit("-", 1)[1]))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import RunDir
 from helpers import clone_worktree, BIN, launch, read_metrics, run_cmd, runs_json, wait_final
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -210,9 +211,12 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
         listed = runs_json(runs_root)
         for r in listed:
             rdir = Path(r["dir"])
-            for name in ("run.json", "config.yaml", "overrides.yaml", "seeds.json", "code/git.json",
-                         "env/pip-freeze.txt", "job.json", "status.json"):
+            for name in ("run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json", "job.json"):
                 assert (rdir / name).is_file(), (rdir, name)
+            # the sweep's shared records (linked in when the job starts) are already readable
+            rd = RunDir(rdir)
+            assert rd.git() and rd.software() and rd.snapshot()["path"], rdir
+            assert r["status"] == "pending" and r["job_id"], r
         res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
         assert res.returncode == 0, res.stderr
         assert [r["run_id"] for r in json.loads(res.stdout)] == [r["run_id"] for r in listed]

@@ -82,9 +82,11 @@ def test_sweeper_check_and_launcher_compose_each_point_once(loader, master):
     composer = SweepComposer(loader)
     check = composer.load_sweep_config  # what the sweeper's validate_batch_is_legal calls
     points = POINTS[:4]
-    first = [check(master, p) for p in points]
+    for p in points:
+        check(master, p)
+    kept = dict(composer.kept)
     taken = [composer.take(master, p) for p in points]
-    assert all(a is b for a, b in zip(first, taken)) and composer.composed == 4
+    assert all(t is kept[tuple(p)] for t, p in zip(taken, points)) and composer.composed == 4
     assert composer.kept == {}  # handed over, not held
     composer.take(master, points[0])  # not checked before: composed now
     assert composer.composed == 5
@@ -119,3 +121,88 @@ def test_errors_as_hydra_reports_them(loader, master, overrides, needle):
     text = str(fast_err.value) + str(fast_err.value.__cause__)
     assert needle in text, text
     assert isinstance(fast_err.value, (ConfigCompositionException, Exception))
+
+
+# ---- the fast path: points that differ only in plain values ---------------------------------------
+
+FAST = [
+    ["seed=7"],
+    ["optim.lr=3e-4", "train.steps=9"],
+    ["model.name=renamed"],  # `name: ${model.name}` and `submit.job_name: ${name}` follow it
+    ["model=gpt_125m", "seed=3", "train.log_interval=2"],
+    ["cluster=local_slurm", "cluster.nodes=2", "cluster.partition=other"],
+    ["precision.dtype=bf16"],  # an enum: archived as its name
+    ["zero=2", "zero.offload_optimizer=true", "name=custom"],
+    ["+cluster.env.MY_VAR=abc", "seed=11"],  # `+key`: composed into the base once, the value put in
+    ["train.fail_at_step=null", "submit.objective=mean_tokens_per_s"],
+]
+
+
+def _hydra_resolved(loader, master, overrides):
+    ref = loader.load_sweep_config(master, list(overrides))
+    with read_write(ref), open_dict(ref):
+        hydra_node = ref.pop("hydra")
+    return OmegaConf.to_container(ref, resolve=True, enum_to_str=True), hydra_node
+
+
+@pytest.mark.parametrize("overrides", FAST, ids=" ".join)
+def test_fast_point_is_hydras_resolution(loader, master, overrides):
+    from launcher.app import FastPoint
+
+    composer = SweepComposer(loader)
+    got = composer.point(master, list(overrides))
+    assert isinstance(got, FastPoint), "expected the fast path"
+    ref, hydra_node = _hydra_resolved(loader, master, overrides)
+    assert got.resolved == ref
+    assert list(got.resolved) == list(ref)  # the config's own key order (config.yaml reads the same)
+    assert got.overrides == list(hydra_node.overrides.task)
+    assert got.choices == OmegaConf.to_container(hydra_node.runtime.choices)
+
+
+def test_fast_points_do_not_leak_into_each_other(loader, master):
+    """The scratch config gets its old values back: a later point without an override sees the base."""
+    composer = SweepComposer(loader)
+    a = composer.point(master, ["model.name=first", "seed=1"])
+    b = composer.point(master, ["seed=2"])
+    ref, _ = _hydra_resolved(loader, master, ["seed=2"])
+    assert b.resolved == ref and a.resolved["name"] == "first" and b.resolved["name"] != "first"
+    a.resolved["train"]["steps"] = -1  # each point owns its dicts
+    assert composer.point(master, ["seed=3"]).resolved["train"]["steps"] != -1
+
+
+@pytest.mark.parametrize("overrides", [["train.steps=abc"], ["model.hiden_size=10"], ["seed=${train.steps}"],
+                                       ["~train.fail_at_step"], ["tags=[a,b]", "seed=4"], ["seed=4", "+seed=5"]],
+                         ids=" ".join)
+def test_other_values_as_hydra_composes_them(loader, master, overrides):
+    """A bad value, an unknown key (Hydra's errors, from the full path), an interpolation, a deletion, a
+    list (composed into the base), an override of the same key twice (the full path, in order)."""
+    from launcher.app import FastPoint
+
+    composer = SweepComposer(loader)
+    try:
+        got = composer.point(master, list(overrides))
+    except Exception as e:
+        with pytest.raises(type(e)):
+            loader.load_sweep_config(master, list(overrides))
+        return
+    ref, _ = _hydra_resolved(loader, master, overrides)
+    if not isinstance(got, FastPoint):
+        with read_write(got), open_dict(got):
+            got.pop("hydra")
+        got = FastPoint(OmegaConf.to_container(got, resolve=True, enum_to_str=True), None, None, None)
+    assert got.resolved == ref
+
+
+@pytest.mark.parametrize("line", ["seed=0", "seed=17", "seed=-3", "seed=+4", "optim.lr=0.0003", "optim.lr=3e-4",
+                                  "optim.lr=3E+4", "a.b=1.", "a.b=.5", "x=-0.0", "x=1e5", "x=-.5", "zero=2",
+                                  "x=00", "x=01", "x=1_000", "x=inf", "x=nan", "x=0.1.2", "a-b=1", "x=true"])
+def test_plain_number_lines_parse_as_hydra_parses_them(line):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launcher.app import plain_number_override
+
+    ref = OverridesParser.create().parse_overrides([line])[0]
+    mine = plain_number_override(line)
+    if mine is None:  # left to Hydra's parser
+        return
+    assert mine == ref and type(mine.value()) is type(ref.value())
