@@ -29,15 +29,10 @@ _lock = threading.Lock()
 
 def write_text(path: Union[str, Path], text: str) -> None:
     path = Path(path)
-    if _deferred.private:  # nobody reads the dir yet: write in place
+    if _deferred.private:  # nobody reads the dir yet: no temporary file
         with _lock:
             _deferred.dirs.add(str(path.parent))
-        try:
-            f = open(path, "w")
-        except FileNotFoundError:  # (a sweep writes thousands of files: mkdir only when missing)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "w")
-        with f:
+        with _create(path) as f:
             f.write(text)
         return
     try:
@@ -61,6 +56,20 @@ def write_text(path: Union[str, Path], text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _create(path: Path):
+    """``path`` opened for writing as a NEW file: an existing one is unlinked first, never truncated
+    (it may be hard-linked into other runs, RunDir.link_from). The folder is made when missing (a
+    sweep writes thousands of files: mkdir only then)."""
+    for _ in range(3):
+        try:
+            return open(path, "x")
+        except FileExistsError:
+            path.unlink(missing_ok=True)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "x")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,41 @@
+"""launcher.archive.atomic: a write never changes a file in place (runs of a sweep share hard-linked
+files), deferred flushing writes the same bytes, and a private (staging) write makes its folder."""
+import os
+
+import pytest
+
+from launcher.archive import atomic
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_a_write_replaces_a_linked_file_never_changes_it(tmp_path, private):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one")
+    os.link(a, b)
+    with atomic.deferred_sync(private=private):
+        atomic.write_text(a, "two")
+    assert a.read_text() == "two" and b.read_text() == "one"
+    assert a.stat().st_ino != b.stat().st_ino
+
+
+def test_deferred_writes_land_whole_and_make_their_folders(tmp_path):
+    with atomic.deferred_sync(private=True):
+        for i in range(20):
+            atomic.write_json(tmp_path / f"run{i}" / "sub" / "x.json", {"i": i})
+        with atomic.deferred_sync():  # nested: flushed by the outer one
+            atomic.write_text(tmp_path / "plain.txt", "p")
+    assert [atomic.read_json(tmp_path / f"run{i}" / "sub" / "x.json")["i"] for i in range(20)] == list(range(20))
+    assert (tmp_path / "plain.txt").read_text() == "p"
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_outside_deferral_writes_are_flushed_one_by_one(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    atomic.write_text(tmp_path / "x", "1")
+    assert len(synced) == 1
+    with atomic.deferred_sync():
+        atomic.write_text(tmp_path / "y", "2")
+        atomic.write_text(tmp_path / "z", "3")
+    assert len(synced) == 1  # one syncfs of the file system instead
