@@ -8,9 +8,10 @@ login side (``launch``)
   compose each point once (``load_sweep_config``: the config the node runs, ``now`` resolved as on
   the login side), a SweepDir under ``runs_root`` with ONE code snapshot of the app's repo, then per
   point a staged RunDir: config.yaml (resolved, secrets redacted), overrides.yaml, seeds.json (when
-  the app has ``seed``), code/, env/, status pending, run.json last; ONE submitit batch for all
-  points (one Slurm array) through ``launcher.backends.get(...)``; job.json and the sbatch script;
-  publish, sweep.json, the registry. ``wait: true`` (the default) then blocks for the jobs and
+  the app has ``seed``), run.json last (code and software records once, in the sweep's shared/);
+  ONE submitit batch for all points (one Slurm array; several when the sweep is larger than the
+  scheduler's MaxArraySize, the %k throttle shared out) through ``launcher.backends.get(...)``;
+  job.json and the sbatch script; publish, sweep.json, the registry. ``wait: true`` (the default) then blocks for the jobs and
   returns each task's JobReturn in job-index order; ``wait: false`` returns at once, each
   JobReturn holding its run id.
 
@@ -88,8 +89,12 @@ class SlurmLauncherConf(BaseLauncherConf):
     constraint: Optional[str] = None
     # shell lines run in the sbatch script before the job starts (module load, venv activation)
     setup: List[str] = field(default_factory=list)
-    # most array tasks running at once (sbatch --array=...%k)
+    # most array tasks running at once (sbatch --array=...%k; shared out when the sweep is split)
     array_parallelism: int = 256
+    # most tasks per array / jobs queued per user; null: read from the scheduler (scontrol show config,
+    # MaxArraySize and MaxSubmitJobs). A larger sweep goes out as several arrays.
+    max_array_size: Optional[int] = None
+    max_submit_jobs: Optional[int] = None
     # any other sbatch option, name -> value ({exclude: node3, mail-type: END})
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
 
@@ -133,6 +138,8 @@ def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
         "env": {str(k): str(v) for k, v in (params.get("env") or {}).items()},
         "sbatch_extra": extra,
         "array_parallelism": int(params.get("array_parallelism") or 256),
+        "max_array_size": params.get("max_array_size"),
+        "max_submit_jobs": params.get("max_submit_jobs"),
     })
     return OmegaConf.create({"cluster": cluster, "submit": {"job_name": str(params.get("name") or "hydra_app")}})
 
@@ -446,8 +453,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     """Archive and submit the composed points as ONE submitit batch; the runs are visible (published
     and indexed) when this returns."""
     from launcher import backends
-    from launcher.archive import registry, secrets, snapshot
+    from launcher.archive import atomic, registry, secrets, snapshot
     from launcher.rundir import SweepDir, now_iso
+    from launcher.sweeps import TooManyJobs, plan_arrays
 
     backend = backends.get(backend_name)
     shim = cluster_config(backend.name, params)
@@ -467,7 +475,14 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     snapshot.take(root, sd.code_dir, known=known, exclude=[runs_root])
     snap = snapshot.info(sd.code_dir) or {}
 
-    # stage: everything known before submission, run.json last
+    # the scheduler's limits: a sweep too large is refused here, before anything is written
+    try:
+        chunks = plan_arrays([len(configs)], backend.array_limits(shim), [int(shim.cluster.array_parallelism)])
+    except TooManyJobs as e:
+        raise ValueError(f"hydra.launcher: {e}") from None
+
+    # stage: everything known before submission, run.json last; what every run holds alike (code and
+    # software records) once, in the sweep's shared dir (linked into each run when it starts)
     clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
     patch_path = sd.code_dir / snapshot.PATCH_FILE
     patch = clean(patch_path.read_text() if patch_path.exists() else "")
@@ -477,53 +492,57 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     fn = inspect.unwrap(task_function)
     app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
                       "config_name": configs[0].hydra.job.config_name, "source_root": str(root)})
+    shared = sd.shared()
+    shared.write_code(git, patch, snap_meta)
+    shared.write_software(versions, freeze)
     staged = []
-    for i, (cfg, app) in enumerate(zip(configs, apps)):
-        rd = sd.staging(i)
-        seed = app.get("seed") if isinstance(app, dict) else None
-        if isinstance(seed, int) and not isinstance(seed, bool):
-            rd.write_seeds({"seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"})
-        rd.write_config(secrets.redact_config(app, known))
-        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-        rd.write_overrides(clean(list(cfg.hydra.overrides.task)), clean(dict(choices)))
-        rd.write_code(git, patch, snap_meta)
-        rd.write_software(versions, freeze)
-        rd.set_status("pending")
-        rd.write_run(clean({
-            "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
-            "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
-            "kind": "hydra_app", "app": app_meta,
-            "hydra": {"job_num": int(cfg.hydra.job.num), "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
-                      "subdir": str(cfg.hydra.sweep.subdir)},
-        }))
-        staged.append(rd)
+    with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
+        for i, (cfg, app) in enumerate(zip(configs, apps)):
+            rd = sd.staging(i)
+            seed = app.get("seed") if isinstance(app, dict) else None
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                rd.write_seeds({"seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"})
+            rd.write_config(secrets.redact_config(app, known))
+            choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+            rd.write_overrides(clean(list(cfg.hydra.overrides.task)), clean(dict(choices)))
+            rd.write_run(clean({
+                "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
+                "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
+                "kind": "hydra_app", "app": app_meta,
+                "hydra": {"job_num": int(cfg.hydra.job.num),
+                          "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
+                          "subdir": str(cfg.hydra.sweep.subdir)},
+            }))
+            staged.append(rd)
 
-    # submit: one batch, one array
+    # submit: one batch (one array) per chunk of at most MaxArraySize points
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
     jobs: List[Any] = []
     try:
-        with backend.environment(shim, sd.code_dir):
-            ex = backend.executor(shim, folder, sd.code_dir)
-            try:
-                with ex.batch():
-                    jobs = [ex.submit(_HydraJob(task_function, hydra_context, cfg, str(sd.run(i).path),
-                                                singleton_state, env)) for i, cfg in enumerate(configs)]
-            finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
-                secrets.scrub_files(folder.glob("*.sh"), known)
-        script = backend.submitted_script(jobs[0])
-        for rd, job in zip(staged, jobs):
-            job_id = str(job.job_id)
-            array_id, _, task_id = job_id.partition("_")
-            if script is not None:
-                rd.write_script(secrets.scrub(script, known))
-            rd.write_job({"backend": backend.name, "job_id": job_id, "array_job_id": array_id if task_id else None,
-                          "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
-                          "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-                          "num_tasks": int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1),
-                          "submitted": now_iso()})
-            rd.set_status("pending", job_id=job_id)
+        with backend.environment(shim, sd.code_dir), atomic.deferred_sync(private=True):
+            for chunk in chunks:
+                ex = backend.executor(shim, folder, sd.code_dir, parallelism=chunk.parallelism)
+                try:
+                    with ex.batch():
+                        batch = [ex.submit(_HydraJob(task_function, hydra_context, configs[i], str(sd.run(i).path),
+                                                     singleton_state, env)) for i in range(chunk.start, chunk.stop)]
+                finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
+                    secrets.scrub_files(folder.glob("*.sh"), known)
+                script = backend.submitted_script(batch[0])
+                for rd, job in zip(staged[chunk.start:chunk.stop], batch):
+                    job_id = str(job.job_id)
+                    array_id, _, task_id = job_id.partition("_")
+                    if script is not None:
+                        rd.write_script(secrets.scrub(script, known))
+                    rd.write_job({"backend": backend.name, "job_id": job_id,
+                                  "array_job_id": array_id if task_id else None,
+                                  "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
+                                  "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
+                                  "num_tasks": int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1),
+                                  "submitted": now_iso()})
+                jobs.extend(batch)
     except Exception as e:
-        for rd in staged:
+        for rd in staged[len(jobs):]:
             rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
         raise
     finally:  # publish: rename into place, seal what already ended, sweep.json, then the index

@@ -16,13 +16,13 @@ DB_NAME = "registry.sqlite"
 
 COLUMNS = (
     "run_id", "sweep_id", "idx", "name", "dir", "status", "exit_code", "job_id", "backend", "created",
-    "created_ts", "tags", "config", "final_loss", "tokens_per_s", "error", "reproduces",
+    "created_ts", "tags", "config", "final_loss", "tokens_per_s", "error", "reproduces", "return_value",
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT, status TEXT,
   exit_code INTEGER, job_id TEXT, backend TEXT, created TEXT, created_ts REAL, tags TEXT,
-  config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT
+  config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT, return_value TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep_id);
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
@@ -51,6 +51,7 @@ def _tuples(rows: Iterable[Dict[str, Any]]) -> List[tuple]:
         r = dict(r)
         r["tags"] = json.dumps(r.get("tags") or [])
         r["config"] = json.dumps(r.get("config") or {})
+        r["return_value"] = None if r.get("return_value") is None else json.dumps(r["return_value"], default=str)
         data.append(tuple(r.get(c) for c in COLUMNS))
     return data
 
@@ -66,6 +67,7 @@ def rows(conn: sqlite3.Connection) -> List[Dict[str, Any]]:
         d = dict(rec)
         d["tags"] = json.loads(d["tags"] or "[]")
         d["config"] = json.loads(d["config"] or "{}")
+        d["return_value"] = json.loads(d["return_value"]) if d.get("return_value") else None
         out.append(d)
     return out
 

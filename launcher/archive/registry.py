@@ -65,6 +65,7 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
         "created": meta.get("created"), "created_ts": meta.get("created_ts", 0.0), "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
         "error": st.get("error"), "reproduces": meta.get("reproduces"), "_job": job,
+        "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
     }
 
 
@@ -84,8 +85,8 @@ def reindex(root: Optional[Path] = None) -> int:
 
 
 def _rebuild_unreadable(root: Path, err: Exception) -> None:
-    print(f"launcher: the run index {index.db_path(root)} is unreadable ({err}); rebuilding it from the run "
-          "dirs", file=sys.stderr)
+    print(f"launcher: the run index {index.db_path(root)} is unreadable or of an older layout ({err}); "
+          "rebuilding it from the run dirs", file=sys.stderr)
     reindex(root)
 
 
@@ -119,7 +120,7 @@ def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 f = row_from_dir(Path(r["dir"])) or f
             elif state is not None:
                 f["status"] = state.status.value
-        if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error")):
+        if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error", "return_value")):
             changed.append(f)
     return changed
 
@@ -160,7 +161,7 @@ def public(r: Dict[str, Any]) -> Dict[str, Any]:
         "status": r["status"], "exit_code": r["exit_code"], "job_id": r["job_id"], "backend": r["backend"],
         "created": r["created"], "tags": r.get("tags") or [], "final_loss": r["final_loss"],
         "tokens_per_s": r["tokens_per_s"], "error": r["error"], "reproduces": r.get("reproduces"),
-        "config": r.get("config") or {},
+        "return_value": r.get("return_value"), "config": r.get("config") or {},
     }
 
 

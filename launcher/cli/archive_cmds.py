@@ -52,16 +52,23 @@ def cmd_show(args) -> int:
             f"{escape(str(rdir))}")
     t = Table(show_header=False)
     layout = meta.get("layout", {})
-    _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
-                        f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
+    s = st.get("summary") or {}
+    if meta.get("kind") == "hydra_app":  # a Hydra app's run: its task function, Hydra's dirs, its result
+        app, hy = meta.get("app") or {}, meta.get("hydra") or {}
+        _row(t, "app", f"{app.get('task_function')}  (config {app.get('config_name')}, job {hy.get('job_num')})")
+        _row(t, "hydra", f"output {st.get('output_dir') or hy.get('sweep_dir')}")
+        if "return_value" in s:
+            _row(t, "returned", repr(s["return_value"]))
+    else:
+        _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
+                            f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
     _row(t, "seed", str(meta.get("seed")))
     _row(t, "code", f"commit {summary['code']['commit']}  dirty {summary['code']['dirty']}  "
                       f"snapshot {str(summary['code']['snapshot_sha256'])[:12]}")
     topo = summary["topology"]
     _row(t, "hosts", ", ".join(map(str, topo["rank_hosts"])))
     _row(t, "job", str((summary["job"] or {}).get("job_id")))
-    s = st.get("summary") or {}
-    if s:
+    if s and "final_loss" in s:
         _row(t, "metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
                              f"{s.get('mean_tokens_per_s') or 0:,.0f} tokens/s")
     if st.get("error"):

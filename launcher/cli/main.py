@@ -78,14 +78,22 @@ def cmd_runs(args) -> int:
 
     # ids are what users copy into show/diff/reproduce: never cut; a long dir folds instead
     table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("class", no_wrap=True),
-                  Column("job", no_wrap=True), "loss", "tokens/s", Column("dir", overflow="fold"))
+                  Column("job", no_wrap=True), "loss/result", "tokens/s", Column("dir", overflow="fold"))
     for r in runs:
-        loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else ""
+        loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else _result(r.get("return_value"))
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else ""
         table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r["class"] or "", r.get("job_id") or "", loss,
                                                 tps, r["dir"])))
     Console().print(table)
     return 0
+
+
+def _result(value) -> str:
+    """A Hydra app's return value, short."""
+    if value is None:
+        return ""
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 24 else text[:23] + "…"
 
 
 def cmd_logs(args) -> int:

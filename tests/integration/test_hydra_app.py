@@ -3,6 +3,7 @@ the example app recipes/hydra_example swept for real, its return values (and a f
 exception) back in Hydra's JobReturns, its runs archived and listed by `launcher runs`, Hydra's
 output dirs as Hydra's own launchers leave them; then Hydra's own launcher test suites
 (hydra.test_utils.launcher_common_tests) run against both launchers."""
+import json
 import os
 import subprocess
 import sys
@@ -136,9 +137,31 @@ def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_p
     show = run_cmd([sys.executable, "-m", "launcher.cli.main", "show", runs[0]["run_id"], "--root", str(runs_root)],
                    runs_root, timeout=120)
     assert show.returncode == 0, show.stdout + show.stderr
+    assert "returned" in show.stdout and repr(quadratic(1, 0.0)) in show.stdout, show.stdout
+    listed = run_cmd([sys.executable, "-m", "launcher.cli.main", "runs", "--json", "--root", str(runs_root)],
+                     runs_root, timeout=120)
+    assert [r["return_value"] for r in json.loads(listed.stdout)] == [quadratic(1, 0), None, quadratic(2, 0), None]
     diff = run_cmd([sys.executable, "-m", "launcher.cli.main", "diff", runs[0]["run_id"], runs[2]["run_id"],
                     "--root", str(runs_root)], runs_root, timeout=120)
     assert diff.returncode == 0 and "x: 1 -> 2" in diff.stdout, diff.stdout + diff.stderr
+
+
+@pytest.mark.slurm
+def test_sweep_larger_than_max_array_size_splits(slurm, runs_root, tmp_path):
+    """5 points, at most 2 tasks per array: 3 arrays, every point runs, results in job order."""
+    res = run_app(["-m", "x=1,2,3,4,5", "hydra/launcher=launcher_slurm", "hydra.launcher.partition=debug",
+                   "hydra.launcher.max_array_size=2", "hydra.launcher.array_parallelism=3",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], runs_root, cwd=tmp_path, extra_env=slurm)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = runs_json(runs_root)
+    arrays = [r["job_id"].split("_")[0] for r in runs]
+    assert len(set(arrays)) == 3 and arrays[0] == arrays[1] != arrays[2] == arrays[3] != arrays[4], arrays
+    assert [r["status"] for r in runs] == ["completed"] * 5
+    assert [r["return_value"] for r in runs] == [quadratic(x, 0) for x in range(1, 6)]
+    scripts = [RunDir(r["dir"]).script() for r in runs]
+    # the throttle (3 at once) shared out between the 3 arrays: 1 each
+    assert "#SBATCH --array=0-1%1" in scripts[0] and "#SBATCH --array=0-1%1" in scripts[2], scripts[0]
+    assert "--array" not in scripts[4] and "_" not in runs[4]["job_id"]  # a lone point is a plain job
 
 
 @pytest.mark.slurm
@@ -252,11 +275,24 @@ SUITE_LAUNCHERS = [
 ]
 
 
-# Known defect (issue 11, open): run alone or with this file these pass; after the other integration
-# files in one pytest process, the suites' jobs leave no `<task_name>.log` in the job's working dir
-# (Hydra's verify_dir_outputs). Not yet understood; kept visible as xfail rather than removed.
-@pytest.mark.xfail(strict=False, reason="order-dependent: the job log file is missing after other integration "
-                   "tests ran in the same process (open, issue 11)")
+@pytest.fixture
+def _fresh_version_base():
+    """Hydra keeps the app's version_base in a process-wide singleton, set by the first app or compose
+    call of the process, and a launcher hands it to its jobs (with the rest of Hydra's state). Hydra's
+    suites are written for an app that names none (Hydra 1.1 defaults: hydra.job.chdir=True, so the
+    job's log lies in its working dir); an earlier test of this process that named version_base="1.3"
+    would change that. Each suite test starts as in a process of its own."""
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+
+    saved = Singleton._instances.pop(VersionBase, None)
+    yield
+    Singleton._instances.pop(VersionBase, None)
+    if saved is not None:
+        VersionBase.set_instance(saved)
+
+
+@pytest.mark.usefixtures("_fresh_version_base")
 @pytest.mark.parametrize("launcher_name, overrides", SUITE_LAUNCHERS)
 class TestHydraLauncherSuite(LauncherTestSuite):
     """Hydra's LauncherTestSuite: 1 and 2 job sweeps, strict mode, bad keys, config groups,

@@ -23,3 +23,33 @@ def test_a_final_status_is_never_overwritten(tmp_path):
     assert rd.finish("completed", exit_code=0)
     assert not rd.finish("failed", exit_code=1) and not rd.set_status("running")
     assert rd.status()["status"] == "completed" and rd.verify() == []
+
+
+def _hydra_app_run(root, sweep, index, value):
+    from launcher.rundir import SweepDir
+
+    rd = SweepDir(root / sweep).run(index)
+    rd.write_config({"x": index})
+    rd.write_run({"run_id": f"{sweep}-{index}", "sweep_id": sweep, "index": index, "kind": "hydra_app"})
+    rd.finish("completed", exit_code=0, summary={"return_value": value})
+    return rd
+
+
+def test_a_hydra_apps_return_value_is_indexed(tmp_path, capsys):
+    """What a Hydra app's task returned goes into the index (launcher runs: loss/result, --json)."""
+    import sqlite3
+
+    from launcher.archive import index, registry
+
+    rds = [_hydra_app_run(tmp_path, "S", i, v) for i, v in enumerate([1.5, {"acc": 0.9}, None])]
+    registry.record(tmp_path, [rd.path for rd in rds])
+    rows = registry.list_runs(tmp_path)
+    assert [r["return_value"] for r in rows] == [1.5, {"acc": 0.9}, None]
+    # an index written before the column existed is rebuilt from the run dirs, saying so
+    db = index.db_path(tmp_path)
+    db.unlink()
+    with sqlite3.connect(db) as conn:
+        conn.executescript(index.SCHEMA.replace(", return_value TEXT", ""))
+    registry.record(tmp_path, [rds[0].path])
+    assert "older layout" in capsys.readouterr().err
+    assert [r["return_value"] for r in registry.list_runs(tmp_path)] == [1.5, {"acc": 0.9}, None]
