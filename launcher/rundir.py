@@ -76,6 +76,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
+    ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
+     "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),
     ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
      "loss scaler; ZeRO or tensor/pipeline shards by rank), every rank's RNG states, the step and the metrics so far "
      "(meta.json)"),
@@ -109,6 +111,7 @@ class RunDir:
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
     DEEPSPEED_CONFIG, METRICS, WANDB, MANIFEST = "deepspeed_config.json", "metrics.jsonl", "wandb", "manifest.json"
+    COMMBENCH = "commbench.json"
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
@@ -156,8 +159,13 @@ class RunDir:
                 except FileNotFoundError:  # its folder (code/, env/) not made yet
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     os.link(src, dst)
-            except OSError:
-                shutil.copyfile(src, dst)
+            except FileExistsError:  # linked already (every rank of a run adopts the shared files)
+                if not os.path.samefile(src, dst):
+                    raise
+            except OSError:  # the file system refuses hard links: a copy, put in place whole
+                tmp = dst.with_name(f".{dst.name}.{os.getpid()}.copy")
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
 
     def write_plan(self, plan: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.PLAN), plan)
@@ -366,12 +374,8 @@ class RunDir:
     def adopt_shared(self) -> None:
         """Link the sweep's shared files this run lacks into it (idempotent; safe from many tasks)."""
         shared = RunDir(self.path.parent / SweepDir.SHARED)
-        for name in self.SHARED_FILES:
-            if not self._p(name).exists() and shared._p(name).exists():
-                try:
-                    self.link_from(shared, (name,))
-                except FileExistsError:  # another task of the run linked it first
-                    pass
+        missing = tuple(n for n in self.SHARED_FILES if not self._p(n).exists() and shared._p(n).exists())
+        self.link_from(shared, missing)  # ranks racing to it: each link made once (link_from)
 
     def runtime(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.RUNTIME))

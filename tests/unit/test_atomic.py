@@ -39,3 +39,27 @@ def test_outside_deferral_writes_are_flushed_one_by_one(tmp_path, monkeypatch):
         atomic.write_text(tmp_path / "y", "2")
         atomic.write_text(tmp_path / "z", "3")
     assert len(synced) == 1  # one syncfs of the file system instead
+
+
+def test_ranks_adopting_a_sweeps_shared_files_at_once_all_succeed(tmp_path):
+    """Every rank of a run links the sweep's shared records in when it starts; they race."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from launcher.rundir import RunDir, SweepDir
+
+    sweep = SweepDir(tmp_path / "S")
+    sweep.shared().write_code({"commit": "abc"}, "diff", {"path": "p"})
+    sweep.shared().write_software({"python": "3"}, "torch==2")
+    runs = [sweep.run(i) for i in range(2)]
+    for rd in runs:
+        rd.write_run({"run_id": rd.path.name})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda rd: rd.adopt_shared(), runs * 8))
+    for rd in runs:
+        assert rd.git() == {"commit": "abc"} and rd.software() == {"python": "3"}
+        assert all((rd.path / n).stat().st_ino == (sweep.shared().path / n).stat().st_ino
+                   for n in RunDir.SHARED_FILES)
+    other = RunDir(tmp_path / "other")
+    other.write_code({"commit": "zzz"}, "", {})
+    with pytest.raises(FileExistsError):  # a different file already there is never replaced silently
+        runs[0].link_from(other, (RunDir.GIT,))
