@@ -245,6 +245,9 @@ class TrainConfig:
 class RecipeConfig:
     # dotted path of the training function: fn(cfg, ctx) -> summary dict
     _target_: str = "recipes.gpt.train.main"
+    # the recipe's own settings (recipes/commbench: message sizes, iterations), read by the recipe;
+    # any keys (`launch recipe=commbench recipe.params.max_bytes=1048576`)
+    params: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
