@@ -65,6 +65,23 @@ def _record_node(rd: RunDir, denv) -> None:
         rd.write_environment(secrets.training_env(os.environ), topology.runtime_software())
 
 
+def _record_early_failure(rd: RunDir, tb: str) -> None:
+    """A rank that fails before it knows its place: its traceback as a rank error (rank from the
+    launcher's environment), the run failed."""
+    from launcher.archive.secrets import scrub
+
+    try:
+        import submitit
+
+        rank = int(submitit.JobEnvironment().global_rank)
+    except Exception:  # not in a submitit job (or its environment is what failed)
+        rank = next((int(os.environ[k]) for k in ("RANK", "SLURM_PROCID") if os.environ.get(k, "").isdigit()), 0)
+    print(tb, file=sys.stderr, flush=True)
+    if not rd.is_final():
+        rd.write_rank_error(rank, scrub(tb, os.environ))
+        rd.finish("failed", exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+
+
 def run(rd: RunDir) -> Dict[str, Any]:
     from launcher import backends
     from launcher.archive.secrets import is_redacted, scrub
@@ -72,10 +89,14 @@ def run(rd: RunDir) -> Dict[str, Any]:
     from launcher.runtime import restarts, watchdog
 
     _wait_for(rd)
-    rd.adopt_shared()
-    cfg_plain = rd.config()
-    cluster, train = cfg_plain.get("cluster", {}), cfg_plain.get("train", {})
-    denv = dist_env.detect(master_port=cluster.get("master_port"))
+    try:
+        rd.adopt_shared()
+        cfg_plain = rd.config()
+        cluster, train = cfg_plain.get("cluster", {}), cfg_plain.get("train", {})
+        denv = dist_env.detect(master_port=cluster.get("master_port"))
+    except BaseException:  # before the watches start: recorded, so that the other ranks' watches end them
+        _record_early_failure(rd, traceback.format_exc())  # (instead of their waiting in the rendezvous)
+        raise
     denv.export()
     for k, v in (cluster.get("env") or {}).items():
         if not is_redacted(v):  # a secret comes through the submitting environment, never the archive

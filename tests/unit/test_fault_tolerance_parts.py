@@ -285,3 +285,24 @@ def test_a_refused_requeue_fails_the_run_instead(tmp_path):
     assert not restarts.request_requeue(rd, Refusing(), attempt=1, max_restarts=3, reason="failure", detail="x",
                                         rank=0, step=3, job_id="9")
     assert "presently disabled" in rd.status()["stop"]["requeue_error"]
+
+
+def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypatch):
+    """A failure before the rank knows its place (reading the run, its shared records) is written as a
+    rank error, so the other ranks' peer watches end them instead of their waiting in the rendezvous."""
+    from launcher.runtime import task, watchdog
+
+    rd = RunDir(tmp_path / "run")
+    rd.write_run({"run_id": "r"})
+    rd.write_config({"cluster": {}, "train": {}})
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(RunDir, "adopt_shared", lambda self: (_ for _ in ()).throw(OSError("disk gone")))
+    watch = watchdog.Watch(rd, rank=0, world=2)  # rank 0's peer watch, started a moment before
+    watch._born -= 5
+    with pytest.raises(OSError, match="disk gone"):
+        task.run(rd)
+    assert "OSError: disk gone" in rd.rank_errors()[1]
+    st = rd.status()
+    assert st["status"] == "failed" and st["failed_rank"] == 1 and "disk gone" in st["error"]
+    # what rank 0's peer watch asks (and ends its process on)
+    assert rd.failed_ranks(except_rank=0, since=watch._born)
