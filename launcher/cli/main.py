@@ -11,6 +11,7 @@
   launcher status [SWEEP|RUN] [--watch]             a sweep's counts per state and one row per point
   launcher retry SWEEP --failed [key=value ...]     the failed points again, one array of new attempts
   launcher results SWEEP [--csv] [--plot F.png]     swept overrides and final metrics, best first
+  launcher report RUN|SWEEP [-o F.html]             one self-contained HTML page: plots, plan vs measured, layout
 """
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
 
-    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, sweep_cmds
+    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, report_cmd, sweep_cmds
 
     s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
     s.add_argument("run", help="run id or run dir")
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub, parents=[common])
     sweep_cmds.add_parsers(sub, parents=[common])
+    report_cmd.add_parser(sub, parents=[common])
     return p
 
 

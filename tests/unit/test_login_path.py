@@ -16,6 +16,7 @@ import pytest
          "train.micro_batch_size=2"],
         ["-m", "launcher.cli.main", "plan", "--search", "--json", "model=gpt_175b", "cluster=a100_80g",
          "cluster.nodes=16", "train.global_batch_size=512"],
+        ["-m", "launcher.cli.main", "report", "--help"],  # pages of real dirs: tests/unit/test_report.py
     ],
 )
 def test_no_torch_import(argv, tmp_path):
