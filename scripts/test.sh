@@ -14,4 +14,8 @@ eval "$(./scripts/slurm-local.sh env)"
 cleanup() { [ "$started_slurm" = 1 ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
+# the report's browser test (Debian's chromium, headless)
+LAUNCHER_CHROMIUM="$(./scripts/browser.sh)"
+export LAUNCHER_CHROMIUM LAUNCHER_REQUIRE_BROWSER=1
+
 LAUNCHER_REQUIRE_SLURM=1 .venv/bin/python -m pytest -q -ra "${@:-tests}"
