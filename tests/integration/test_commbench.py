@@ -1,11 +1,14 @@
 """recipe=commbench end to end: real launches, real gloo collectives, rows checked against the
 nccl-tests bus-bandwidth factors (recipes/commbench, docs/commbench.md)."""
+import base64
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from helpers import launch, read_metrics, runs_json, wait_final
+from helpers import BIN, REPO, launch, read_metrics, run_cmd, runs_json, wait_final
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.dist]
 
@@ -39,6 +42,19 @@ def _check_rows(rdir: Path, scope: str) -> dict:
     return bench
 
 
+def _report_plots(run: dict, runs_root: Path, docs_name: str) -> None:
+    """`launcher report RUN` of a commbench run draws bus bandwidth and time against message size
+    (LAUNCHER_DOCS_SCREENSHOTS=1: the bandwidth plot goes to docs/<docs_name>)."""
+    res = run_cmd([str(BIN / "launcher"), "report", run["run_id"], "--root", str(runs_root)], runs_root, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    text = Path(res.stdout.strip().splitlines()[-1]).read_text()
+    imgs = dict((alt, data) for data, alt in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">', text))
+    assert set(imgs) == {"bus bandwidth vs message size", "time per operation vs message size"}, list(imgs)
+    assert "<h2>Communication</h2>" in text and "peak bus bandwidth per operation" in text
+    if os.environ.get("LAUNCHER_DOCS_SCREENSHOTS"):
+        (REPO / "docs" / docs_name).write_bytes(base64.b64decode(imgs["bus bandwidth vs message size"]))
+
+
 def test_commbench_two_local_ranks(runs_root):
     res = launch([*SMALL, "cluster=local", "cluster.gpus_per_node=2"], runs_root, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -49,6 +65,7 @@ def test_commbench_two_local_ranks(runs_root):
     summary = json.loads((rdir / "status.json").read_text())["summary"]
     assert summary["world_size"] == 2 and summary["rows"] == len(SIZES) * len(OPS)
     assert all(summary[f"{op}_peak_busbw_gbs"] > 0 for op in OPS)
+    _report_plots(run, runs_root, "commbench-intra.png")
 
 
 @pytest.mark.slurm
@@ -61,3 +78,4 @@ def test_commbench_two_slurm_nodes_is_inter_node(slurm, runs_root):
     assert run["status"] == "completed", run
     bench = _check_rows(Path(run["dir"]), "inter")
     assert len(set(bench["nodes"])) == 2  # one rank per Slurm node
+    _report_plots(run, runs_root, "commbench-inter.png")

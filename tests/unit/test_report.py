@@ -173,6 +173,26 @@ def test_a_hydra_apps_run_shows_what_it_returned(sweep):
     assert re.search(r"returned</th><td[^>]*>0\.25</td>", text) and "my_app.main" in text
 
 
+def test_a_commbench_run_draws_bandwidth_against_message_size(sweep):
+    """recipes/commbench's commbench.json: bus bandwidth and time per op against size, peaks per op."""
+    import json
+
+    rd = make_run(sweep, 0, metrics=False)
+    rows = [{"op": op, "bytes": b, "time_us": t, "algbw_gbs": b / t / 1e3, "busbw_gbs": f * b / t / 1e3,
+             "scope": "inter"}
+            for op, f in (("all_reduce", 1.0), ("all_gather", 0.5)) for b, t in ((1024, 10.0), (4096, 20.0))]
+    (rd.path / RunDir.COMMBENCH).write_text(json.dumps({"world_size": 2, "nodes": ["node1", "node2"],
+                                                        "backend": "gloo", "rows": rows, "skipped": []}))
+    text = report.run_report(rd.path)
+    page = parse(text)
+    assert len(page.imgs) == 2 and all(src.startswith("data:image/png;base64,") for src in page.imgs)
+    assert re.findall(r'alt="([^"]*)"', text) == ["bus bandwidth vs message size", "time per operation vs message size"]
+    assert "<h2>Communication</h2>" in text and "<h2>Metrics</h2>" not in text
+    # peaks: all_reduce 4096 B in 20 us = 0.2048 GB/s; all_gather half of that on 2 ranks
+    assert re.search(r"<td>all_reduce</td><td>inter</td><td[^>]*>4096</td><td[^>]*>0\.2048</td>", text), text
+    assert re.search(r"<td>all_gather</td><td>inter</td><td[^>]*>4096</td><td[^>]*>0\.1024</td>", text)
+
+
 def test_report_command_writes_beside_the_sealed_run(sweep, capsys):
     rd = make_run(sweep, 0)
     make_run(sweep, 1, seed=2)
