@@ -312,7 +312,32 @@ def run_plots(metrics: Sequence[Dict[str, Any]]) -> List[Plot]:
             ax.grid(alpha=0.3)
 
         out.append((title, figure_png(draw)))
+    phases = phase_series(metrics)
+    if phases:
+        steps = [int(m["step"]) for m in metrics if "step" in m]
+
+        def stacked(ax, phases=phases, steps=steps):
+            ax.stackplot(steps, *[[1e3 * v for v in vals] for vals in phases.values()], labels=list(phases))
+            ax.set_xlabel("step")
+            ax.set_ylabel("ms")
+            ax.set_title("step time by phase")
+            ax.legend(fontsize=6, loc="upper right")
+            ax.grid(alpha=0.3)
+
+        out.append(("step time by phase", figure_png(stacked)))
     return out
+
+
+PHASE_ORDER = ("data", "forward", "backward", "forward_backward", "grad_sync", "optimizer", "loss_sync", "other")
+
+
+def phase_series(metrics: Sequence[Dict[str, Any]]) -> Dict[str, List[float]]:
+    """recipes/common/phases.py's ``time_<phase>_s`` per step (0 where a step lacks one), in the
+    order a step runs them; empty when the rows hold none."""
+    names = {k[len("time_"):-len("_s")] for m in metrics for k in m if k.startswith("time_") and k.endswith("_s")}
+    ordered = [n for n in PHASE_ORDER if n in names] + sorted(names - set(PHASE_ORDER))
+    rows = [m for m in metrics if "step" in m]
+    return {n: [float(m.get(f"time_{n}_s") or 0.0) for m in rows] for n in ordered} if names else {}
 
 
 def commbench_plots(bench: Dict[str, Any]) -> List[Plot]:

@@ -74,7 +74,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held"),
     ("deepspeed_config.json", "recipe", "the DeepSpeed config generated from the composed config (deepspeed engine)"),
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
-     "lr, grad_norm, tflops, mfu"),
+     "lr, grad_norm, tflops, mfu, and the step's time by phase (time_<phase>_s)"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
      "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),

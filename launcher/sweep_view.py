@@ -118,6 +118,10 @@ def draw_objective(ax, rows: List[Dict[str, Any]], key: str, objective: str) -> 
         ax.scatter(xs, [y for _, y in pts])
         if min(xs) > 0 and max(xs) / min(xs) >= 100:
             ax.set_xscale("log")
+        distinct = sorted(set(xs))
+        if len(distinct) <= 8:  # a grid sweep: ticks at the swept values, written as given
+            ax.set_xticks(distinct, [f"{x:g}" for x in distinct], fontsize=8)
+            ax.minorticks_off()
     else:
         labels = sorted({str(x) for x, _ in pts})
         ax.scatter([labels.index(str(x)) for x, _ in pts], [y for _, y in pts])

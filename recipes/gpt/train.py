@@ -23,6 +23,7 @@ from launcher.seeding import data_seed as run_data_seed
 from recipes.common.checkpoint import Checkpointer
 from recipes.common.data import micro_batches
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
+from recipes.common.phases import Phases, step_row
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
 
@@ -79,6 +80,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     step_flops = model_step_flops(ModelSpec.from_cfg(cfg.model), gbs, recompute="none")
     peak = float(cfg.cluster.gpu.peak_tflops) * 1e12 * int(ctx.world_size)
     sink = MetricsSink(cfg, ctx)
+    phases = engine.phases = Phases(device)  # the step's time by phase, into each metrics row
     ckpt = Checkpointer(cfg, ctx, engine)
     start, history = ckpt.resume()  # (0, []) on a fresh start
     if ctx.is_main and (start or ctx.attempt > 1):
@@ -102,11 +104,13 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
-            batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
+            with phases("data"):
+                batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
             loss, grad_norm = engine.train_step(batches, lr)
             if sync_cuda:
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - t0
+            times = step_row(phases.take(), step_time)
             tps = gbs * seq_len / step_time
             losses.append(loss)
             tokens_per_s.append(tps)
@@ -114,6 +118,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                        lr=lr, grad_norm=grad_norm, tflops=step_flops / step_time / 1e12 / int(ctx.world_size))
             if peak > 0:
                 row["mfu"] = step_flops / step_time / peak
+            row.update(times)
             mem = peak_memory_bytes(device)
             if mem is not None:
                 row["peak_memory_bytes"] = mem

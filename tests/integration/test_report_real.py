@@ -67,7 +67,13 @@ def test_report_of_a_real_run_and_a_sweep(runs_root, tmp_path):
     rdir = Path(run["dir"])
     assert path == rdir.parent / f"report-{rdir.name}.html"
     alts = IMG.findall(text)
-    assert {"loss", "learning rate", "gradient norm", "tokens/s", "step time (s)"} <= set(alts), alts
+    assert {"loss", "learning rate", "gradient norm", "tokens/s", "step time (s)", "step time by phase"} <= set(alts), alts
+    # the recipe's step-time breakdown (recipes/common/phases.py), every step
+    rows = RunDir(rdir).metrics()
+    for m in rows:
+        parts = [m[f"time_{p}_s"] for p in ("data", "forward", "backward", "optimizer", "loss_sync", "other")]
+        assert all(v >= 0 for v in parts) and parts[1] > 0 and parts[2] > 0, m
+        assert sum(parts) == pytest.approx(m["step_time_s"], rel=1e-6), m
     assert run["run_id"] in text and "<h2>Planned and measured</h2>" in text and "step time (s)</td>" in text
     assert "<h2>Layout</h2>" in text and "<h2>Topology</h2>" in text and "resolved config" in text
     assert RunDir(rdir).verify() == []  # the report lies beside the sealed run, not in it

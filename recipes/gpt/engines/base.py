@@ -87,6 +87,10 @@ class Engine:
     dp: int = 1
     dp_rank: int = 0
     num_params: int = 0
+    phases: Any = None  # recipes.common.phases.Phases, set by the training loop: where the step's time goes
+
+    def _phase(self, name: str) -> ContextManager[None]:
+        return self.phases(name) if self.phases is not None else contextlib.nullcontext()
 
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         """Forward/backward over the micro batches, optimizer step at ``lr``.

@@ -56,10 +56,22 @@ class DDPEngine(Engine):
             labels = labels.to(self.device, non_blocking=True)
             sync = self.ddp is None or k == accum - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with self.autocast():
+                with self._phase("forward"), self.autocast():
                     loss = self.runner(tokens, labels=labels) / accum
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                with self._phase("backward"):  # (the last one holds DDP's overlapped gradient all-reduce)
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             loss_sum += loss.detach()
+        with self._phase("optimizer"):
+            grad_norm = self._optimizer_step()
+        if self.world > 1:
+            with self._phase("loss_sync"):
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum /= self.world
+        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+        return loss_value, norm_value
+
+    def _optimizer_step(self) -> torch.Tensor:
+        """Unscale, clip, step, zero the gradients; the norm before clipping."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip > 0:
@@ -75,11 +87,7 @@ class DDPEngine(Engine):
             self.optimizer.step()
         self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.world > 1:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum /= self.world
-        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
-        return loss_value, norm_value
+        return grad_norm
 
     # one copy of the replicated state, written by data-parallel rank 0 and read by every rank
     FILE = "model.pt"

@@ -175,20 +175,24 @@ class DeepSpeedEngine(Engine):
         for k, (tokens, labels) in enumerate(batches):
             tokens = tokens.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            loss = self.ds(tokens, labels)  # mean over this micro batch (fp32: the model upcasts logits)
-            self.ds.backward(loss)  # DeepSpeed scales by 1/accum and reduces at the boundary
+            with self._phase("forward"):
+                loss = self.ds(tokens, labels)  # mean over this micro batch (fp32: the model upcasts logits)
+            with self._phase("backward"):
+                self.ds.backward(loss)  # DeepSpeed scales by 1/accum and reduces at the boundary
             loss_sum += loss.detach().float()
             self._sample_grads()
             if k == accum - 1:
                 own_norm = self._grad_norm_before_step()
-            self.ds.step()  # steps the optimizer (and clips) only at the accumulation boundary
+            with self._phase("optimizer"):
+                self.ds.step()  # steps the optimizer (and clips) only at the accumulation boundary
         self._grads_last = self._grads_peak
         norm = self.ds.get_global_grad_norm()
         if norm is None:
             norm = own_norm
         loss_sum /= accum
         if self.world > 1:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            with self._phase("loss_sync"):
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
             loss_sum /= self.world
         norm_t = norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm) else torch.tensor(
             float("nan") if norm is None else float(norm), device=loss_sum.device)

@@ -202,8 +202,10 @@ class MegatronEngine(Engine):
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = self._forward_backward(batches)
-        self._reduce_grads()
+        with self._phase("forward_backward"):  # the pipeline schedule interleaves them (1F1B)
+            loss_sum = self._forward_backward(batches)
+        with self._phase("grad_sync"):
+            self._reduce_grads()
 
         # one all-reduce over the world: [global mean loss, global squared grad norm]
         sq = torch.zeros((), device=self.device, dtype=torch.float32)
@@ -212,7 +214,8 @@ class MegatronEngine(Engine):
                 sq += p.grad.detach().float().pow(2).sum()
         loss_part = loss_sum / self.dp if (self.stage.is_last and self.mesh.tp_rank == 0) else torch.zeros_like(loss_sum)
         stats = torch.stack([loss_part, sq])
-        dist.all_reduce(stats)
+        with self._phase("loss_sync"):
+            dist.all_reduce(stats)
         loss_value, sq_value = stats.tolist()
         grad_norm = math.sqrt(sq_value) if math.isfinite(sq_value) else float("nan") if math.isnan(sq_value) else float("inf")
 
@@ -220,16 +223,17 @@ class MegatronEngine(Engine):
         overflow = self.scaler is not None and not math.isfinite(grad_norm)
         if self.scaler is not None:
             self.scaler.update(overflow)  # an fp16 overflow skips the step on every rank
-        if not overflow:
-            grad_norm /= scale
-            coef = 1.0 / scale
-            if self.grad_clip > 0 and grad_norm > 0:
-                coef *= min(1.0, self.grad_clip / (grad_norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
-            if coef != 1.0:
-                torch._foreach_mul_([p.grad for p in self.params], coef)
-            self.optimizer.step()
-        self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
-        self.optimizer.zero_grad(set_to_none=True)
+        with self._phase("optimizer"):
+            if not overflow:
+                grad_norm /= scale
+                coef = 1.0 / scale
+                if self.grad_clip > 0 and grad_norm > 0:
+                    coef *= min(1.0, self.grad_clip / (grad_norm + 1e-6))  # as torch.nn.utils.clip_grad_norm_
+                if coef != 1.0:
+                    torch._foreach_mul_([p.grad for p in self.params], coef)
+                self.optimizer.step()
+            self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
+            self.optimizer.zero_grad(set_to_none=True)
         return loss_value, grad_norm
 
     # ------------------------------------------------------------------------------ checkpoints
