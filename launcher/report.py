@@ -270,7 +270,7 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
         "meta": rd.run() or {}, "status": rd.status(), "job": rd.job(),
         "metrics": sweeps.current_curve(rd.metrics()),  # the curve the latest attempt stands on
         "plan": rd.plan(), "states": list(_per_rank(rd, RunDir.STATE).values()),
-        "ranks": rd.ranks(), "meshes": _per_rank(rd, RunDir.MESH),
+        "rank_records": rd.ranks(), "meshes": _per_rank(rd, RunDir.MESH),
         "topology": rd.topology(), "software": rd.software() or {}, "runtime": rd.runtime() or {},
         "seeds": rd.seeds() or {}, "config_text": cfg.read_text(errors="replace") if cfg.is_file() else None,
         "overrides": rd.overrides(), "restarts": rd.restarts(), "rank_errors": rd.rank_errors(),
@@ -378,7 +378,7 @@ def _commbench_section(bench: Dict[str, Any], plots: Sequence[Plot]) -> Html:
         best = max(mine, key=lambda r: r.get("busbw_gbs") or 0)
         peaks.append((op, best.get("scope"), best.get("bytes"), f"{best.get('busbw_gbs') or 0:.4g}",
                       f"{best.get('algbw_gbs') or 0:.4g}", f"{best.get('time_us') or 0:.1f}"))
-    info = kv_table([("ranks", bench.get("world_size")), ("nodes", _node_count(bench)),
+    info = kv_table([("world size", bench.get("world_size")), ("nodes", _node_count(bench)),
                      ("backend", bench.get("backend")), ("dtype", bench.get("dtype")),
                      ("hosts", ", ".join(map(str, bench.get("hosts") or []))),
                      ("skipped", ", ".join(map(str, bench.get("skipped") or [])) or "none")])
@@ -408,7 +408,7 @@ def run_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
     layout = meta.get("layout") or {}
     if data["plan"] or data["states"]:
         body.append(section("Planned and measured", _plan_section(data, layout, summary)))
-    grid = rank_grid(layout, data["ranks"], data["meshes"]) if layout else []
+    grid = rank_grid(layout, data["rank_records"], data["meshes"]) if layout else []
     if grid:
         body.append(section("Layout", _layout_section(layout, grid)))
     if data["topology"]:
