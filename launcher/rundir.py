@@ -12,6 +12,7 @@ seals the dir (manifest.json with the sha256 of every file, then every file read
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -326,7 +327,9 @@ class RunDir:
 
     def overrides(self) -> Dict[str, Any]:
         p = self._p(self.OVERRIDES)
-        return (yamlio.load(p.read_text()) or {}) if p.exists() else {}
+        if p.exists():
+            return yamlio.load(p.read_text()) or {}
+        return (self._point_record() or {}).get("overrides") or {}
 
     def layout(self):
         """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
@@ -341,7 +344,8 @@ class RunDir:
         return atomic.read_json(self._p(self.JOB), {}) or {}
 
     def seeds(self) -> Optional[Dict[str, Any]]:
-        return atomic.read_json(self._p(self.SEEDS))
+        found = atomic.read_json(self._p(self.SEEDS))
+        return found if found is not None else (self._point_record() or {}).get("seeds")
 
     def plan(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.PLAN))
@@ -372,10 +376,27 @@ class RunDir:
         return shared if shared.exists() else own
 
     def adopt_shared(self) -> None:
-        """Link the sweep's shared files this run lacks into it (idempotent; safe from many tasks)."""
+        """Link the sweep's shared files this run lacks into it, and write its own seeds.json and
+        overrides.yaml from the sweep's per-point record (idempotent; safe from many tasks at once:
+        each write replaces the file whole, with the same content)."""
         shared = RunDir(self.path.parent / SweepDir.SHARED)
         missing = tuple(n for n in self.SHARED_FILES if not self._p(n).exists() and shared._p(n).exists())
         self.link_from(shared, missing)  # ranks racing to it: each link made once (link_from)
+        point = self._point_record()
+        if point is not None:
+            if not self._p(self.SEEDS).exists() and point.get("seeds") is not None:
+                self.write_seeds(point["seeds"])
+            if not self._p(self.OVERRIDES).exists() and point.get("overrides") is not None:
+                ov = point["overrides"]
+                self.write_overrides(ov.get("overrides") or [], ov.get("choices") or {})
+
+    def _point_record(self) -> Optional[Dict[str, Any]]:
+        """This run's entry in its sweep's per-point record (<sweep>/shared/points.json: seeds and
+        overrides of every point, written in one file at launch), or None."""
+        if not self.path.name.isdigit():
+            return None
+        found = _points(self.path.parent / SweepDir.SHARED / SweepDir.POINTS).get(self.path.name)
+        return None if found is None else json.loads(json.dumps(found))  # the caller's own copy
 
     def runtime(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.RUNTIME))
@@ -529,6 +550,21 @@ def tree_sha256(root: Path) -> str:
     return h.hexdigest()
 
 
+def _points(path: Path) -> Dict[str, Any]:
+    """A sweep's per-point record, read once per version of the file (listing a sweep's runs asks for
+    every point: the file is parsed once, not once per run)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    return _points_at(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _points_at(path: str, mtime_ns: int, size: int) -> Dict[str, Any]:
+    return atomic.read_json(path, {}) or {}
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -541,7 +577,7 @@ class SweepDir:
     """``<runs_root>/<sweep_id>/``: sweep.json, the code snapshot, submitit's folder, and the runs
     (``<index>/``, staged as ``.<index>.partial`` until submitted)."""
 
-    SWEEP, CODE, SUBMITIT, SHARED = "sweep.json", "code", ".submitit", "shared"
+    SWEEP, CODE, SUBMITIT, SHARED, POINTS = "sweep.json", "code", ".submitit", "shared", "points.json"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)

@@ -308,6 +308,12 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     shared = sweep.dir.shared()  # written once; each run links them in when it starts (RunDir.adopt_shared)
     shared.write_code(git, patch, snap)
     shared.write_software(versions, freeze)
+    # seeds and overrides of every point in one file; each run writes its own seeds.json and
+    # overrides.yaml from it when it starts (RunDir.adopt_shared): two files fewer per point at launch
+    atomic.write_json(shared.path / SweepDir.POINTS, {str(c.index): {
+        "seeds": clean(seed_plan(c.resolved["seed"], c.resolved["data"].get("seed"), c.layout.dp)),
+        "overrides": {"overrides": clean(list(c.point.overrides)), "choices": clean(dict(c.point.choices))},
+    } for c in checked})
     # most points of a sweep share their plan: each distinct one written once, linked into its runs
     plan_of = {c.index: json.dumps(clean(c.plan), sort_keys=True) for c in checked}
     plans: Dict[str, RunDir] = {}
@@ -319,10 +325,8 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
-        rd.write_seeds(clean(seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp)))
         c.archived = secrets.redact_config(r, sweep.known)
         rd.write_config(c.archived)
-        rd.write_overrides(clean(list(c.point.overrides)), clean(dict(c.point.choices)))
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
             "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
@@ -330,7 +334,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         }))
         return rd
 
-    # a dozen files per run: the file system's work (system time) overlaps in a few threads
+    # a few files per run: the file system's work (system time) overlaps in a few threads
     return _each(one, checked)
 
 

@@ -211,11 +211,13 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
         listed = runs_json(runs_root)
         for r in listed:
             rdir = Path(r["dir"])
-            for name in ("run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json", "job.json"):
+            for name in ("run.json", "config.yaml", "plan.json", "job.json"):
                 assert (rdir / name).is_file(), (rdir, name)
-            # the sweep's shared records (linked in when the job starts) are already readable
+            # the sweep's shared records and its per-point seeds and overrides (written into the run
+            # when its job starts) are already readable
             rd = RunDir(rdir)
             assert rd.git() and rd.software() and rd.snapshot()["path"], rdir
+            assert rd.seeds()["seed"] == rd.config()["seed"] and rd.overrides()["overrides"], rdir
             assert r["status"] == "pending" and r["job_id"], r
         res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
         assert res.returncode == 0, res.stderr

@@ -63,3 +63,26 @@ def test_ranks_adopting_a_sweeps_shared_files_at_once_all_succeed(tmp_path):
     other.write_code({"commit": "zzz"}, "", {})
     with pytest.raises(FileExistsError):  # a different file already there is never replaced silently
         runs[0].link_from(other, (RunDir.GIT,))
+
+
+def test_a_points_seeds_and_overrides_come_from_the_sweep_record_until_it_starts(tmp_path):
+    """stage writes every point's seeds and overrides in one file; a run reads them from there and
+    writes its own seeds.json / overrides.yaml when it starts (or is sealed)."""
+    from launcher.archive import atomic as at
+    from launcher.rundir import RunDir, SweepDir
+
+    sweep = SweepDir(tmp_path / "S")
+    at.write_json(sweep.shared().path / SweepDir.POINTS, {
+        str(i): {"seeds": {"seed": 10 + i}, "overrides": {"overrides": [f"seed={10 + i}"], "choices": {"model": "m"}}}
+        for i in range(3)})
+    rd = sweep.run(1)
+    rd.write_run({"run_id": "S-1"})
+    assert rd.seeds() == {"seed": 11} and rd.overrides()["overrides"] == ["seed=11"]
+    assert not (rd.path / RunDir.SEEDS).exists()
+    rd.overrides()["overrides"].append("x")  # a caller's copy: the record stays as written
+    assert rd.overrides()["overrides"] == ["seed=11"]
+    rd.adopt_shared()
+    assert at.read_json(rd.path / RunDir.SEEDS) == {"seed": 11}
+    assert "seed=11" in (rd.path / RunDir.OVERRIDES).read_text()
+    assert rd.overrides()["choices"] == {"model": "m"}
+    assert sweep.run(2).seeds() == {"seed": 12} and RunDir(tmp_path / "S" / "x").seeds() is None
