@@ -75,9 +75,11 @@ def _slurm_env() -> Optional[Dict[str, str]]:
 
 SLURM = ["cluster=local_slurm", "cluster.nodes=1", *BASE]
 SLURM_JOBS = {
-    # one minute of time; rank 1 sleeps in step 2 (no hang watchdog), so no step boundary ever comes
+    # one minute of time; rank 1 sleeps in step 1 (no hang watchdog), so no step boundary ever comes and
+    # the job meets its limit (Slurm may send the warning signal up to a minute early: with a boundary
+    # after step 1 the ranks could stop there cleanly, and the drill would not be a time limit)
     "time_limit": ["cluster.time_min=1", "cluster.signal_delay_s=30", "train.steps=20", "train.fail_mode=sleep",
-                   "train.fail_at_step=2", "train.fail_rank=1"],
+                   "train.fail_at_step=1", "train.fail_rank=1"],
     "killed": ["train.steps=6", "train.fail_mode=kill", "train.fail_at_step=2", "train.fail_rank=1"],
 }
 
