@@ -11,6 +11,19 @@ from launcher.backends.base import Backend, JobState
 from launcher.rundir import Status
 
 
+def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:
+    """The run's rank processes on this host that are still ending (a stopped rank may append its last
+    metrics row on its way out): waited for (up to ``timeout_s``), so that a seal made next covers
+    everything they wrote. Ranks on other hosts are the scheduler's to end."""
+    import socket
+
+    host = socket.gethostname()
+    pids = [int(r["pid"]) for r in rd.ranks() if r.get("hostname") == host and str(r.get("pid", "")).isdigit()]
+    deadline = time.time() + timeout_s
+    while any(pid_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

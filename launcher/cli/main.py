@@ -114,6 +114,7 @@ def cmd_logs(args) -> int:
 
 def cmd_cancel(args) -> int:
     from launcher import backends
+    from launcher.backends.local import wait_for_local_ranks
     from launcher.rundir import FINAL, RunDir
 
     n = 0
@@ -128,6 +129,7 @@ def cmd_cancel(args) -> int:
             n += 1
         if job.get("job_id"):
             backends.get(job["backend"]).cancel(job)
+        wait_for_local_ranks(rd)
         rd.seal()
     print(f"cancelled {n} run(s)")
     return 0

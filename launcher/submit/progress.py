@@ -112,5 +112,8 @@ def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
     deadline = time.time() + grace_s
     while time.time() < deadline and not all(r.job.done() for r in runs):
         time.sleep(0.5)
+    from launcher.backends.local import wait_for_local_ranks
+
     for r in runs:
+        wait_for_local_ranks(r.rundir, timeout_s=max(1.0, deadline - time.time()))
         r.rundir.seal()
