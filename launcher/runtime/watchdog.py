@@ -1,7 +1,8 @@
 """Two watches in each rank, so that no rank waits in a collective until the process-group timeout.
 
 - Peer failure: every failing rank records its error in the run dir (RunDir.write_rank_error). The
-  watch ends its own process as soon as another rank's error file appears. Slurm does the same
+  watch ends its own process as soon as another rank's error file appears, or the run is recorded
+  cancelled (a rank blocked in a collective would otherwise wait for the process-group timeout). Slurm does the same
   through srun --kill-on-bad-exit; this also covers local runs.
 - Hang (``train.hang_timeout_s``): when this rank has finished no step for that long, it dumps every
   thread's Python stack (faulthandler) into the run dir, waits briefly for the other ranks' dumps,
@@ -17,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, Status
 from launcher.runtime import stacks
 
 
@@ -51,6 +52,12 @@ class Watch:
             failed = self.rd.failed_ranks(except_rank=self.rank, since=self._born)
             if failed:
                 print(f"[watchdog] rank {self.rank}: {failed[0]} failed; ending this rank too",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+            if self.rd.status().get("status") == Status.cancelled.value:
+                # cancelled (launcher cancel, submit.wait_timeout_s): the outcome is recorded, and a rank
+                # blocked in a collective would not see the interrupt until the process-group timeout
+                print(f"[watchdog] rank {self.rank}: the run was cancelled; ending this rank",
                       file=sys.stderr, flush=True)
                 os._exit(1)
             if self.hang_timeout_s > 0 and self._last is not None and \
