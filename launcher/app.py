@@ -239,9 +239,7 @@ class SweepComposer:
         except OmegaConfBaseException as e:  # as load_configuration reports it
             raise ConfigCompositionException().with_traceback(sys.exc_info()[2]) from e
         app = [o for o in parsed if not o.is_hydra_override()]
-        task = list(cfg.hydra.overrides.task)
-        task = task[:len(task) - (len(app) - len(values))] + [o.input_line for o in app]
-        cfg.hydra.overrides.task = task
+        cfg.hydra.overrides.task = task_overrides(list(cfg.hydra.overrides.task), app, len(values))
         dirname = cfg.hydra.job.config.override_dirname
         cfg.hydra.job.override_dirname = get_overrides_dirname(
             overrides=app, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys)
@@ -463,9 +461,14 @@ class FastBase:
             for node, old in reversed(restore):
                 node._set_value(old)
         resolved = {k: resolved[k] for k in self.resolved}  # the config's own key order
-        app = [o for o in parsed if not o.is_hydra_override()]
-        task = self.task[:len(self.task) - (len(app) - n_values)] + [o.input_line for o in app]
+        task = task_overrides(self.task, [o for o in parsed if not o.is_hydra_override()], n_values)
         return FastPoint(resolved, task, self.choices, self)
+
+
+def task_overrides(base_task, app, n_values: int):
+    """hydra.overrides.task of a point: its base's task overrides (the app's group choices, composed
+    into the base) are replaced by every app override of the point, in command-line order."""
+    return base_task[:len(base_task) - (len(app) - n_values)] + [o.input_line for o in app]
 
 
 def _overlap(keys, others) -> bool:
