@@ -129,7 +129,7 @@ class SweepComposer:
         got = self.kept.get(key)
         if got is None:
             got = self.kept[key] = self.point(master_config, list(sweep_overrides))
-        return got.base_cfg(self) if isinstance(got, FastPoint) else got
+        return got.base_cfg() if isinstance(got, FastPoint) else got
 
     def take(self, master_config, sweep_overrides):
         """The point: the one composed for the sweeper's check, or composed now (a FastPoint or a
@@ -313,7 +313,7 @@ class FastPoint:
     def __init__(self, resolved, overrides, choices, base) -> None:
         self.resolved, self.overrides, self.choices, self._base = resolved, overrides, choices, base
 
-    def base_cfg(self, composer):
+    def base_cfg(self):
         return self._base.config()
 
 
