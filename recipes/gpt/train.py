@@ -139,9 +139,11 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     finally:
         sink.close()
 
-    # what this rank holds, for the planner's exactness check (launcher.plan.memory)
-    ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1], "dp_rank": dp_rank,
-                                      **engine.state_bytes()})
+    # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory);
+    # an attempt that resumed at the last step ran none (no gradients): the earlier record stands
+    if start < steps:
+        ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1],
+                                          "dp_rank": dp_rank, **engine.state_bytes()})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,

@@ -35,10 +35,12 @@ def test_estimated_model_state_bytes_are_exact(name, overrides, procs, runs_root
     (run,) = runs_json(runs_root)
     rdir = Path(run["dir"])
     cfg = typed(yaml.safe_load((rdir / "config.yaml").read_text()))
+    status = json.loads((rdir / "status.json").read_text())
+    attempts = {k: status.get(k) for k in ("restarts", "resumed", "stop")}  # why, should a check fail
     for rank in range(procs):
         held = json.loads((rdir / "ranks" / f"state_{rank}.json").read_text())
         # megatron's ZeRO-1 (torch ZeroRedundancyOptimizer) shards whole tensors greedily, so each
         # data-parallel rank holds a different share: the planner models that partition exactly
         want = model_state_bytes_per_rank(cfg, stage=held["pp_stage"], dp_rank=held["dp_rank"])
         got = {k: held[k] for k in ("params", "grads", "optimizer")}
-        assert got == {k: want[k] for k in got}, (name, rank, got, want)
+        assert got == {k: want[k] for k in got}, (name, rank, got, want, attempts)
