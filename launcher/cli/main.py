@@ -12,6 +12,7 @@
   launcher retry SWEEP --failed [key=value ...]     the failed points again, one array of new attempts
   launcher results SWEEP [--csv] [--plot F.png]     swept overrides and final metrics, best first
   launcher report RUN|SWEEP [-o F.html]             one self-contained HTML page: plots, plan vs measured, layout
+  launcher preflight [overrides] [--steps N]        the check ladder before a large run: go / no-go per rung
 """
 from __future__ import annotations
 
@@ -113,24 +114,13 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from launcher import backends
-    from launcher.backends.local import wait_for_local_ranks
     from launcher.rundir import FINAL, RunDir
+    from launcher.submit.progress import cancel_run
 
     n = 0
     for run in _select(args, args.target):
-        if run["status"] in FINAL:
-            continue
-        rd = RunDir(run["dir"])
-        job = rd.job()
-        # the outcome first (a final status is written once), then stop the job: a rank that notices
-        # cannot record anything else
-        if rd.finish("cancelled", seal=False, exit_code=None, error="cancelled by user"):
+        if run["status"] not in FINAL and cancel_run(RunDir(run["dir"]), "cancelled by user"):
             n += 1
-        if job.get("job_id"):
-            backends.get(job["backend"]).cancel(job)
-        wait_for_local_ranks(rd)
-        rd.seal()
     print(f"cancelled {n} run(s)")
     return 0
 
@@ -160,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
 
-    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, report_cmd, sweep_cmds
+    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 
     s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
     s.add_argument("run", help="run id or run dir")
@@ -194,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.add_parser(sub, parents=[common])
     sweep_cmds.add_parsers(sub, parents=[common])
     report_cmd.add_parser(sub, parents=[common])
+    preflight_cmd.add_parser(sub, parents=[common])
     return p
 
 

@@ -117,3 +117,19 @@ def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
     for r in runs:
         wait_for_local_ranks(r.rundir, timeout_s=max(1.0, deadline - time.time()))
         r.rundir.seal()
+
+
+def cancel_run(rd: Any, error: str) -> bool:
+    """Record ``error`` as the run's outcome (unless it has one; a rank that notices the cancel
+    cannot record anything else), stop its job, wait for its ranks on this host, seal. True when
+    this call recorded the outcome."""
+    from launcher import backends
+    from launcher.backends.local import wait_for_local_ranks
+
+    recorded = rd.finish("cancelled", seal=False, exit_code=None, error=error)
+    job = rd.job()
+    if job.get("job_id"):
+        backends.get(job["backend"]).cancel(job)
+    wait_for_local_ranks(rd)
+    rd.seal()
+    return recorded

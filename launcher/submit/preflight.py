@@ -1,0 +1,300 @@
+"""`launcher preflight`: the ladder (launcher.preflight) composed, checked, submitted and judged.
+
+Every rung is composed and checked before anything is submitted (a rung the launch checks refuse
+names itself and nothing is queued). On a Slurm cluster the rungs go out at once as dependent jobs
+(``--dependency=afterok:<previous rung>``, ``--kill-on-invalid-dep=yes``): the ladder climbs in the
+queue without this process. Locally each rung starts when the one before it has passed. Waiting,
+the rungs are judged in order; at the first no-go the rungs above it are cancelled and the failing
+rung's diagnosis (launcher doctor) is printed. The ladder is recorded in
+``<runs_root>/preflight/<id>.json``: `launcher preflight --show ID` judges it again from its runs.
+"""
+from __future__ import annotations
+
+import io
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Tuple
+
+from launcher import preflight as rules
+from launcher.archive import atomic
+from launcher.rundir import FINAL, RunDir, now_iso
+
+RECORD_DIR = "preflight"
+
+
+class InvalidLadder(ValueError):
+    """A rung's config is refused by the launch checks (or cannot be composed): nothing was submitted."""
+
+
+@dataclass
+class Prepared:
+    base: Any  # the config as `launch` would run it
+    rungs: List[rules.Rung]
+    points: Dict[str, Any]  # rung name -> Point (rungs that are not skipped)
+    runs_root: Path
+
+
+def compose_point(overrides: List[str]) -> Any:
+    """A launch Point for these overrides (Hydra's compose API over launch's conf/)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from launcher.app import CONF_DIR, normalize_overrides
+    from launcher.submit.pipeline import Point
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return Point(cfg=cfg, overrides=list(overrides), choices={k: v for k, v in choices.items()
+                                                              if not str(k).startswith("hydra/")})
+
+
+def prepare(overrides: List[str], steps: int) -> Prepared:
+    """Compose the config and every rung, and check each rung as `launch` would. Raises InvalidLadder."""
+    from launcher.submit.pipeline import InvalidSweep, check
+
+    try:
+        point = compose_point(overrides)
+    except Exception as e:  # Hydra/OmegaConf: unknown key, bad type, bad group option
+        cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+        raise InvalidLadder(f"cannot compose the config: {e}{cause}") from None
+    base = point.cfg
+    try:
+        check([point])
+    except InvalidSweep as e:
+        raise InvalidLadder(f"the config itself is refused (fix it first; the ladder climbs towards it):\n{e}") from None
+    rungs = rules.ladder(base, steps=steps)
+    points = {}
+    for rung in rungs:
+        if rung.skip:
+            continue
+        try:
+            point = compose_point([*overrides, *rung.overrides])
+            check([point])
+        except InvalidSweep as e:
+            raise InvalidLadder(f"rung {rung.name} ({rung.title}) is refused:\n{e}") from None
+        except Exception as e:
+            raise InvalidLadder(f"rung {rung.name}: cannot compose its config: {e}") from None
+        points[rung.name] = point
+    return Prepared(base, rungs, points, Path(str(base.submit.runs_root)).expanduser().resolve())
+
+
+def new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def record_path(runs_root: Path, pid: str) -> Path:
+    return runs_root / RECORD_DIR / f"{pid}.json"
+
+
+def _submit(prep: Prepared, rung: rules.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
+    """Launch one rung (one run); ``after``: the job it depends on (Slurm)."""
+    from launcher.submit.pipeline import launch
+
+    extra = list(overrides) + list(rung.overrides)
+    if after:
+        extra += [f"cluster.sbatch_extra.dependency=afterok:{after}", "cluster.sbatch_extra.kill-on-invalid-dep=yes"]
+    point = compose_point(extra) if after else prep.points[rung.name]
+    said = io.StringIO()  # the pipeline's listing: the ladder prints its own
+    result = launch([point], argv=["launcher", "preflight", *overrides], out=said,
+                    extra_meta={"preflight": {"id": pid, "rung": rung.name}})
+    return result
+
+
+def _rung_entry(rung: rules.Rung) -> Dict[str, Any]:
+    return {"name": rung.name, "title": rung.title, "overrides": list(rung.overrides), "notes": list(rung.notes),
+            "skip": rung.skip, "run_id": None, "run_dir": None, "job_id": None}
+
+
+def _save(path: Path, record: Dict[str, Any]) -> None:
+    atomic.write_json(path, record)
+
+
+def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
+    """The `launcher preflight` command: 0 when every rung is a go, 1 at a no-go, 2 when refused."""
+    out = out or sys.stdout
+    try:
+        prep = prepare(overrides, steps)
+    except InvalidLadder as e:
+        print(f"launcher preflight: {e}", file=sys.stderr)
+        return 2
+    pid = new_id()
+    path = record_path(prep.runs_root, pid)
+    record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps,
+              "rungs": [_rung_entry(r) for r in prep.rungs]}
+    _save(path, record)
+    from launcher import backends
+
+    queued = not backends.get(str(prep.base.cluster.backend)).waits  # Slurm: every rung queued now
+    wait = wait or not queued  # local rungs start one after another: someone has to wait
+    print(f"preflight {pid}: {sum(1 for r in prep.rungs if not r.skip)} rung(s), "
+          f"{'queued as dependent jobs' if queued else 'run one after another'}  ({path})", file=out, flush=True)
+    results: Dict[str, Any] = {}
+    judged: List[str] = []  # passed rungs (locally, each before the next starts)
+    after = None
+    for rung, entry in zip(prep.rungs, record["rungs"]):
+        if rung.skip:
+            continue
+        if not queued and results:  # locally: the next rung starts only after this one passed
+            last = next(reversed(results))
+            if not _wait_and_judge(prep, record, last, results[last], out):
+                break
+            judged.append(last)
+        res = _submit(prep, rung, overrides, pid, after if queued else None)
+        sub = res.runs[0]
+        entry.update(run_id=sub.run_id, run_dir=str(sub.run_dir), job_id=sub.job_id)
+        _save(path, record)
+        print(f"  {rung.name:<6} {sub.run_id}  job {sub.job_id}", file=out, flush=True)
+        results[rung.name] = res
+        after = sub.job_id
+    if not wait:
+        print(f"not waiting: launcher preflight --show {pid} --root {prep.runs_root}", file=out)
+        return 0
+    for name, res in results.items():
+        if name not in judged and not _wait_and_judge(prep, record, name, res, out):
+            break
+    return show_record(record, out)
+
+
+def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: Any, out) -> bool:
+    """Wait for one rung's run; at a no-go cancel the rungs above it. True when it passed."""
+    from launcher.submit.progress import cancel_run, wait_and_report
+
+    point = prep.points[name]
+    wait_and_report(result, [point], out, timeout_s=int(point.cfg.submit.wait_timeout_s), quiet=True)
+    entry = next(e for e in record["rungs"] if e["name"] == name)
+    verdict = judge_entry(entry)
+    if verdict.passed:
+        return True
+    later = record["rungs"][record["rungs"].index(entry) + 1:]
+    for e in later:
+        if e.get("run_dir"):
+            cancel_run(RunDir(e["run_dir"]), f"not run: preflight stopped at rung {name}")
+    return False
+
+
+def _status(rd: RunDir) -> Dict[str, Any]:
+    """The run's status; for a job that ended without recording one, what the scheduler says."""
+    from launcher.submit.progress import _final_status
+
+    st = rd.status()
+    if st.get("status") in FINAL or not rd.job().get("job_id"):
+        return st
+    final = _final_status(SimpleNamespace(rundir=rd))
+    return {**rd.status(), "status": final}
+
+
+def judge_entry(entry: Dict[str, Any]) -> rules.Verdict:
+    """A recorded rung's verdict, from what its run left."""
+    if entry.get("skip"):
+        return rules.Verdict(rules.SKIPPED, reasons=[entry["skip"]])
+    if not entry.get("run_dir"):
+        return rules.Verdict(rules.NOT_RUN)
+    rd = RunDir(entry["run_dir"])
+    status = _status(rd)
+    if status.get("status") == "cancelled" and str(status.get("error", "")).startswith("not run"):
+        return rules.Verdict(rules.NOT_RUN, reasons=[str(status["error"])])
+    cfg = rd.config() or {}
+    cl = cfg.get("cluster") or {}
+    if entry["name"] == "comm":
+        bench = atomic.read_json(rd.path / RunDir.COMMBENCH)
+        return rules.judge_comm(status, bench, float(cl.get("inter_node_bandwidth") or 0.0))
+    calibrated = bool((cl.get("calibration") or {}).get("fitted_at"))
+    return rules.judge_training(status, rd.metrics(), rd.plan(), calibrated)
+
+
+def diagnosis(entry: Dict[str, Any]) -> Optional[Tuple[str, str, List[str], str]]:
+    """(kind, why, evidence, fix) of a failed rung's run (launcher doctor)."""
+    from launcher import doctor
+
+    if not entry.get("run_dir"):
+        return None
+    d = doctor.classify(RunDir(entry["run_dir"]), scheduler=True)
+    if d.kind in doctor.NOT_FAILED:
+        return None
+    return d.kind, d.summary, list(d.detail), d.fix
+
+
+def _num(x: Optional[float], unit: str = "") -> str:
+    if x is None:
+        return "-"
+    if unit == "B":
+        return f"{x / 2**20:,.1f} MiB"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _pair(v: rules.Verdict, key: str, unit: str = "") -> str:
+    m, p = v.measured.get(key), v.planned.get(key)
+    if m is None and p is None:
+        return "-"
+    ratio = f" ({m / p:.2g}x)" if m and p else ""
+    return f"{_num(m, unit)} / {_num(p, unit)}{ratio}"
+
+
+def show_record(record: Dict[str, Any], out=None) -> int:
+    """Print the go / no-go table of a recorded ladder (and the diagnosis of its first no-go)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    out = out or sys.stdout
+    con = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 170, highlight=False)
+    table = Table("rung", "what", "run", "status", "tokens/s\nmeasured / plan", "memory per GPU\nmeasured / plan",
+                  "link GB/s\nmeasured / config", "verdict", "notes", title=f"preflight {record['id']}")
+    first_bad = None
+    verdicts = []
+    for e in record["rungs"]:
+        v = judge_entry(e)
+        verdicts.append(v)
+        st = "" if v.verdict in (rules.SKIPPED, rules.NOT_RUN) and not e.get("run_dir") else \
+            _status(RunDir(e["run_dir"])).get("status", "") if e.get("run_dir") else ""
+        style = {rules.GO: "green", rules.WARN: "yellow", rules.NO_GO: "bold red"}.get(v.verdict, "dim")
+        notes = list(e.get("notes") or []) + v.reasons
+        table.add_row(e["name"], Text(e["title"]), Text(e.get("run_id") or "-"), st,
+                      _pair(v, "tokens_per_s"), _pair(v, "memory_bytes", "B"), _pair(v, "busbw_gbs"),
+                      Text(v.verdict, style=style), Text("; ".join(notes)))
+        if v.verdict == rules.NO_GO and first_bad is None:
+            first_bad = (e, v)
+    con.print(table)
+    if not any(v.calibrated for v in verdicts):
+        con.print("planned tokens/s: the planner's constants are not calibrated for this cluster "
+                  "(`launcher plan --calibrate RUN...`), so throughput is shown, not judged")
+    if first_bad is not None:
+        e, v = first_bad
+        d = diagnosis(e) if _status(RunDir(e["run_dir"])).get("status") != "completed" else None
+        con.print(Text(f"no-go at rung {e['name']} ({e['title']}), run {e['run_id']}", style="bold red"))
+        if d is not None:
+            kind, why, evidence, fix = d
+            con.print(Text(f"doctor: {kind}: {why}"))
+            for line in evidence[:6]:
+                con.print(Text(f"  {line}"))
+            con.print(Text(f"fix: {fix}"))
+        else:
+            for r in v.reasons:
+                con.print(Text(f"why: {r}"))
+            if v.fix:
+                con.print(Text(f"fix: {v.fix}"))
+        con.print(Text(f"more: launcher doctor {e['run_id']}; launcher report {e['run_id']}"))
+        return 1
+    if any(v.verdict == rules.RUNNING for v in verdicts):
+        con.print("not finished: some rungs are still queued or running")
+        return 3
+    con.print(Text("go: every rung passed", style="bold green"))
+    return 0
+
+
+def show(pid: str, runs_root: Path, out=None) -> int:
+    path = record_path(runs_root, pid)
+    record = atomic.read_json(path)
+    if record is None:
+        known = sorted(p.stem for p in (runs_root / RECORD_DIR).glob("*.json")) if (runs_root / RECORD_DIR).is_dir() else []
+        print(f"launcher preflight: no preflight {pid!r} under {runs_root}"
+              + (f" (known: {', '.join(known[-5:])})" if known else ""), file=sys.stderr)
+        return 2
+    return show_record(record, out)

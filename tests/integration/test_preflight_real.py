@@ -1,0 +1,93 @@
+"""`launcher preflight` on the 2-node local Slurm cluster: a good config climbs every rung (queued at
+once as dependent jobs); a config broken on purpose for one rung stops there, with that rung's
+diagnosis, and the rungs above it never run."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, run_cmd
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slurm, pytest.mark.dist]
+
+# tp=2 x pp=2 over 2 nodes of 2 processes: every rung has something to do
+GOOD = ["model=gpt_tiny", "precision=fp32", "parallelism=3d", "cluster=local_slurm", "cluster.nodes=2",
+        "cluster.gpus_per_node=2", "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=0",
+        "wandb.enabled=false", "seed=5"]
+STEPS = "6"
+
+
+def preflight(extra, runs_root, slurm):
+    res = run_cmd([str(BIN / "launcher"), "preflight", *GOOD, *extra, "--steps", STEPS], runs_root, timeout=840,
+                  extra_env={**slurm, "COLUMNS": "250"})
+    (record,) = [json.loads(p.read_text()) for p in (runs_root / "preflight").glob("*.json")]
+    return res, record
+
+
+def rows(stdout):
+    """{rung: verdict} from the printed table."""
+    out = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^[│|]\s*(smoke|node|comm|full|tuned)\s*[│|]", line)
+        if m:
+            cells = [c.strip() for c in re.split(r"[│|]", line)[1:-1]]
+            out[m.group(1)] = cells[7]
+    return out
+
+
+def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
+    res, record = preflight([], runs_root, slurm)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert rows(res.stdout) == {r: "go" for r in ("smoke", "node", "comm", "full", "tuned")}, res.stdout
+    assert "go: every rung passed" in res.stdout
+    rungs = record["rungs"]
+    jobs = [r["job_id"] for r in rungs]
+    # each rung after the first waited in the queue for the one before it
+    for prev, r in zip(rungs, rungs[1:]):
+        sbatch = (Path(r["run_dir"]) / "sbatch.sh").read_text()
+        assert f"--dependency=afterok:{prev['job_id']}" in sbatch, (r["name"], sbatch)
+    assert len(set(jobs)) == 5
+    run = {r["name"]: json.loads((Path(r["run_dir"]) / "status.json").read_text()) for r in rungs}
+    assert run["smoke"]["world_size"] == 1 and run["node"]["world_size"] == 2
+    assert run["comm"]["world_size"] == 4 and run["full"]["world_size"] == 4
+    bench = json.loads((Path(rungs[2]["run_dir"]) / "commbench.json").read_text())
+    assert len(bench["hosts"]) == 2 and any(r["scope"] == "inter" for r in bench["rows"])
+    tuned = json.loads(Path(rungs[4]["run_dir"], "run.json").read_text())
+    assert tuned["preflight"] == {"id": record["id"], "rung": "tuned"}
+    # --show judges the recorded ladder again from its runs
+    again = run_cmd([str(BIN / "launcher"), "preflight", "--show", record["id"], "--root", str(runs_root)],
+                    runs_root, timeout=120, extra_env={**slurm, "COLUMNS": "250"})
+    assert again.returncode == 0 and rows(again.stdout) == rows(res.stdout), again.stdout + again.stderr
+
+
+BROKEN = [
+    # a model that runs out of memory in its first step: the smoke rung, out of memory in the step
+    ("smoke", ["train.fail_at_step=2", "train.fail_rank=0", "train.fail_mode=oom"], "doctor: oom_step"),
+    # a failure only a second process meets (rank 1): the node rung
+    ("node", ["train.fail_at_step=2", "train.fail_rank=1", "train.fail_mode=exception"], "doctor: exception"),
+    # a cluster config that promises an interconnect the nodes do not have: the comm rung
+    ("comm", ["cluster.inter_node_bandwidth=10000"], "cluster.inter_node_bandwidth=10000"),
+    # a hang after the short rungs' last step: the full rung, found by the hang watchdog
+    ("full", ["train.fail_at_step=5", "train.fail_mode=sleep", "train.hang_timeout_s=20"], "doctor: hang"),
+    # fp16 with a loss scale that overflows every step: the tuned rung (the full rung runs in fp32)
+    ("tuned", ["precision=fp16", "precision.loss_scale=1e30"], "non-finite gradient norm"),
+]
+
+
+@pytest.mark.parametrize("rung,extra,why", BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_config_broken_for_one_rung_stops_there_with_its_diagnosis(rung, extra, why, slurm, runs_root):
+    res, record = preflight(extra, runs_root, slurm)
+    assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
+    order = ["smoke", "node", "comm", "full", "tuned"]
+    at = order.index(rung)
+    verdicts = rows(res.stdout)
+    assert [verdicts[r] for r in order[:at]] == ["go"] * at, res.stdout
+    assert verdicts[rung] == "no-go", res.stdout
+    assert all(verdicts[r] == "not run" for r in order[at + 1:]), res.stdout
+    assert f"no-go at rung {rung}" in res.stdout and why in res.stdout, res.stdout
+    # the rungs above never trained: cancelled in the queue, no step recorded
+    for r in record["rungs"][at + 1:]:
+        status = json.loads((Path(r["run_dir"]) / "status.json").read_text())
+        assert status["status"] == "cancelled" and status["error"].startswith("not run"), status
+        assert not (Path(r["run_dir"]) / "metrics.jsonl").exists() or not (Path(r["run_dir"]) / "metrics.jsonl").read_text()

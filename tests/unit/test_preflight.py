@@ -1,0 +1,188 @@
+"""The preflight ladder's rules: which rungs a config gets and what each changes (composed with the
+real conf/ and checked as `launch` checks), and the verdict rules on what a rung's run left."""
+import math
+
+import pytest
+
+from launcher import preflight as rules
+from launcher.submit.preflight import InvalidLadder, compose_point, prepare
+from launcher.submit.pipeline import check
+
+BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2",
+        "wandb.enabled=false"]
+SLURM_3D = [*BASE, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism=3d"]
+
+
+def _ladder(overrides, steps=6):
+    return {r.name: r for r in rules.ladder(compose_point(overrides).cfg, steps=steps)}
+
+
+def _values(rung):
+    return dict(o.split("=", 1) for o in rung.overrides)
+
+
+def test_every_rung_of_a_3d_layout_over_two_nodes():
+    rungs = _ladder(SLURM_3D)
+    assert list(rungs) == list(rules.RUNGS)
+    assert not any(r.skip for r in rungs.values())
+    smoke, node, comm = _values(rungs["smoke"]), _values(rungs["node"]), _values(rungs["comm"])
+    assert (smoke["cluster.nodes"], smoke["cluster.gpus_per_node"], smoke["parallelism.tp"], smoke["parallelism.pp"]) \
+        == ("1", "1", "1", "1")
+    assert smoke["train.global_batch_size"] == "1" and smoke["train.steps"] == str(rules.SHORT_STEPS)
+    # one node holds the tp group (tp=2 of 2 processes: dp 1); one stage's share of the layers
+    assert node["cluster.nodes"] == "1" and node["parallelism.pp"] == "1" and "parallelism.tp" not in node
+    assert node["train.global_batch_size"] == "2" and node["model.num_layers"] == "1"
+    assert comm["recipe"] == "commbench" and comm["cluster.nodes"] == "2"
+    assert _values(rungs["full"])["train.steps"] == "6"
+    tuned = _values(rungs["tuned"])
+    assert (tuned["precision.dtype"], tuned["train.recompute"]) == ("bf16", "selective")
+    # no rung restarts: a preflight wants to see a failure, not hide it
+    assert all(_values(r)["train.max_restarts"] == "0" for r in rungs.values())
+
+
+def test_each_rung_composes_to_a_config_launch_accepts():
+    prep = prepare(SLURM_3D, steps=6)
+    assert set(prep.points) == set(rules.RUNGS)
+    for name, point in prep.points.items():
+        check([point])  # raises if refused
+    cfg = prep.points["node"].cfg
+    assert (int(cfg.cluster.nodes), int(cfg.parallelism.tp), int(cfg.parallelism.pp)) == (1, 2, 1)
+    assert str(prep.points["comm"].cfg.recipe._target_) == "recipes.commbench.bench.main"
+
+
+def test_one_node_skips_the_comm_rung_and_one_process_per_node_the_node_rung():
+    rungs = _ladder([*BASE, "cluster=local", "cluster.gpus_per_node=2", "parallelism=tp"])
+    assert "cluster.nodes=1" in rungs["comm"].skip
+    assert rungs["node"].skip is None
+    rungs = _ladder([*BASE, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1"])
+    assert rungs["node"].skip and rungs["comm"].skip is None
+
+
+def test_a_model_too_large_for_one_gpu_is_cut_to_the_layers_that_fit():
+    big = ["model=gpt_1b3", "precision=bf16", "cluster=a100_80g", "cluster.nodes=2", "cluster.gpu.memory_gb=8",
+           "parallelism=tp", "parallelism.tp=8", "train.global_batch_size=64", "train.micro_batch_size=8",
+           "train.recompute=full", "wandb.enabled=false"]
+    cfg = compose_point(big).cfg
+    rungs = _ladder(big)
+    layers = int(_values(rungs["smoke"])["model.num_layers"])
+    assert 1 <= layers < int(cfg.model.num_layers)
+    assert f"of {int(cfg.model.num_layers)}" in rungs["smoke"].notes[0]
+    # the cut is the planner's: one more layer would not fit the 8 GiB GPU in fp32
+    assert rules._fits(cfg, layers, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none", procs_per_node=1, mbs=1)
+    assert not rules._fits(cfg, layers + 1, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none",
+                           procs_per_node=1, mbs=1)
+    # the full layout does not fit in fp32 without recomputation: it keeps the config's own
+    full = rungs["full"]
+    assert "precision.dtype=fp32" not in full.overrides and "kept precision.dtype=bf16" in full.notes[0]
+
+
+def test_a_mixed_precision_config_keeps_its_own_settings_in_the_tuned_rung():
+    rungs = _ladder([*SLURM_3D, "precision=fp16", "train.recompute=full"])
+    tuned = _values(rungs["tuned"])
+    assert (tuned["precision.dtype"], tuned["train.recompute"]) == ("fp16", "full")
+    assert not rungs["tuned"].notes
+    full = _values(rungs["full"])
+    assert (full["precision.dtype"], full["train.recompute"]) == ("fp32", "none")
+
+
+def test_an_injected_fault_after_a_rungs_last_step_is_dropped_there():
+    rungs = _ladder([*SLURM_3D, "train.fail_at_step=5"], steps=6)
+    assert _values(rungs["smoke"])["train.fail_at_step"] == "null"
+    assert _values(rungs["node"])["train.fail_at_step"] == "null"
+    assert "train.fail_at_step" not in _values(rungs["full"])  # it fires there
+    prepare([*SLURM_3D, "train.fail_at_step=5"], steps=6)  # every rung valid (fail_at_step <= train.steps)
+
+
+@pytest.mark.parametrize("bad,key", [
+    (["parallelism.tp=3"], "parallelism.tp"),
+    (["train.micro_batch_size=5"], "train"),
+])
+def test_a_refused_config_names_the_key_and_submits_nothing(bad, key, tmp_path):
+    with pytest.raises(InvalidLadder) as e:
+        prepare([*SLURM_3D, f"submit.runs_root={tmp_path}", *bad], steps=6)
+    assert key in str(e.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unknown_key_is_refused_before_composing_the_rungs():
+    with pytest.raises(InvalidLadder, match="cannot compose"):
+        prepare([*SLURM_3D, "train.stepz=3"], steps=6)
+
+
+# ---- verdicts ------------------------------------------------------------------------------------
+
+PLAN = {"model": {"tokens_per_step": 1000}, "cluster": {"usable_bytes": 10 * 2**30},
+        "layouts": [{"step_time_s": 0.1, "memory_bytes": {"total": 2 * 2**30}}]}
+DONE = {"status": "completed"}
+
+
+def _rows(n=6, **kw):
+    return [{"step": i + 1, "loss": 5.0 - 0.1 * i, "grad_norm": 1.0, "tokens_per_s": 8000.0, **kw} for i in range(n)]
+
+
+def test_a_completed_finite_run_is_a_go_and_shows_measured_beside_planned():
+    v = rules.judge_training(DONE, _rows(), PLAN, calibrated=False)
+    assert v.verdict == rules.GO and v.passed
+    assert v.measured["tokens_per_s"] == 8000.0 and v.planned["tokens_per_s"] == pytest.approx(10000.0)
+    assert v.planned["memory_bytes"] == 2 * 2**30
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled", "timeout"])
+def test_a_run_that_did_not_complete_is_a_no_go(status):
+    assert rules.judge_training({"status": status}, _rows(2), PLAN, False).verdict == rules.NO_GO
+
+
+def test_a_live_run_is_running():
+    assert rules.judge_training({"status": "running"}, _rows(2), PLAN, False).verdict == rules.RUNNING
+
+
+def test_a_non_finite_loss_is_a_no_go_from_its_step():
+    rows = _rows()
+    rows[3]["loss"] = math.nan
+    v = rules.judge_training(DONE, rows, PLAN, False)
+    assert v.verdict == rules.NO_GO and "step 4" in v.reasons[0] and "optim.lr" in v.fix
+
+
+def test_most_steps_overflowing_is_a_no_go_naming_the_loss_scale():
+    rows = _rows(grad_norm=math.inf)
+    v = rules.judge_training(DONE, rows, PLAN, False)
+    assert v.verdict == rules.NO_GO and "6 of 6" in v.reasons[0] and "precision.loss_scale=0" in v.fix
+    rows = _rows()
+    rows[0]["grad_norm"] = math.inf  # fp16's first steps may overflow while the scale settles: fine
+    assert rules.judge_training(DONE, rows, PLAN, False).verdict == rules.GO
+
+
+def test_memory_above_usable_is_a_no_go_and_above_plan_a_warning():
+    v = rules.judge_training(DONE, _rows(peak_memory_bytes=11 * 2**30), PLAN, False)
+    assert v.verdict == rules.NO_GO and "usable" in v.reasons[0]
+    v = rules.judge_training(DONE, _rows(peak_memory_bytes=3 * 2**30), PLAN, False)
+    assert v.verdict == rules.WARN and v.passed and "1.50x" in v.reasons[0]
+
+
+def test_throughput_is_judged_only_against_a_calibrated_plan():
+    slow = _rows(tokens_per_s=1000.0)
+    assert rules.judge_training(DONE, slow, PLAN, calibrated=False).verdict == rules.GO
+    v = rules.judge_training(DONE, slow, PLAN, calibrated=True)
+    assert v.verdict == rules.WARN and "10%" in v.reasons[0]
+
+
+def _bench(busbw, scope="inter"):
+    return {"rows": [{"op": "all_reduce", "scope": scope, "busbw_gbs": b} for b in busbw]}
+
+
+def test_comm_rung_compares_the_inter_node_bus_bandwidth_with_the_cluster_config():
+    v = rules.judge_comm(DONE, _bench([0.5, 2.0]), inter_gbps=100.0)
+    assert v.verdict == rules.NO_GO and v.measured["busbw_gbs"] == 2.0
+    assert "cluster.inter_node_bandwidth=100" in v.reasons[0] and "cluster.inter_node_bandwidth=2" in v.fix
+    assert rules.judge_comm(DONE, _bench([60.0]), inter_gbps=100.0).verdict == rules.GO
+    assert rules.judge_comm(DONE, _bench([0.1]), inter_gbps=0.0).verdict == rules.GO  # unknown: nothing to hold to
+    v = rules.judge_comm(DONE, _bench([5.0], scope="intra"), inter_gbps=0.0)
+    assert v.verdict == rules.NO_GO and "no all-reduce between nodes" in v.reasons[0]
+    assert rules.judge_comm({"status": "failed"}, None, 10.0).verdict == rules.NO_GO
+
+
+def test_an_injected_fault_on_a_rank_a_rung_lacks_is_dropped_there():
+    rungs = _ladder([*SLURM_3D, "train.fail_at_step=2", "train.fail_rank=1"])
+    assert _values(rungs["smoke"])["train.fail_at_step"] == "null"  # one process: no rank 1
+    assert "train.fail_at_step" not in _values(rungs["node"])  # two processes: rank 1 fails there
+    prepare([*SLURM_3D, "train.fail_at_step=2", "train.fail_rank=3"], steps=6)
