@@ -72,10 +72,12 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank"),
     ("ranks/rank_<r>.error", "job", "traceback of a rank that raised"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
-    ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held"),
+    ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held, and "
+     "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt"),
     ("deepspeed_config.json", "recipe", "the DeepSpeed config generated from the composed config (deepspeed engine)"),
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
-     "lr, grad_norm, tflops, mfu, and the step's time by phase (time_<phase>_s)"),
+     "lr, grad_norm, tflops, mfu, and the step's time by phase (time_<phase>_s); activation_bytes (rank 0's) on the "
+     "first step of each attempt"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
      "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),
@@ -408,6 +410,15 @@ class RunDir:
     def ranks(self) -> List[Dict[str, Any]]:
         rows = [atomic.read_json(p, {}) for p in self._glob(self.RANK, r="*")]
         return sorted(rows, key=lambda r: r.get("rank", 0))
+
+    def states(self) -> Dict[int, Dict[str, Any]]:
+        """ranks/state_<r>.json of every rank that wrote one, by rank."""
+        out = {}
+        for p in self._glob(self.STATE, r="*"):
+            rank, data = p.stem.rsplit("_", 1)[-1], atomic.read_json(p)
+            if rank.isdigit() and isinstance(data, dict):
+                out[int(rank)] = data
+        return out
 
     def topology(self) -> List[Dict[str, Any]]:
         return [atomic.read_json(p, {}) for p in self._glob(self.TOPOLOGY, name="*", n="*")]

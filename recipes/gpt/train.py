@@ -8,11 +8,12 @@ step sees, the learning-rate schedule, fault injection and the metrics.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -20,6 +21,7 @@ from launcher.plan.flops import step_flops as model_step_flops
 from launcher.plan.params import ModelSpec
 from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
+from recipes.common.activations import ActivationMeter
 from recipes.common.checkpoint import Checkpointer
 from recipes.common.data import micro_batches
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
@@ -98,6 +100,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
 
     losses: List[float] = [float(r["loss"]) for r in history]
     tokens_per_s: List[float] = []
+    activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
     try:
         for step in range(start + 1, steps + 1):
             inject_fault(cfg, ctx, step)
@@ -106,7 +109,10 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
             with phases("data"):
                 batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
-            loss, grad_norm = engine.train_step(batches, lr)
+            # the first step of an attempt also measures the peak of live saved-for-backward bytes
+            meter = ActivationMeter() if step == start + 1 else None
+            with meter if meter is not None else contextlib.nullcontext():
+                loss, grad_norm = engine.train_step(batches, lr)
             if sync_cuda:
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - t0
@@ -119,6 +125,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             if peak > 0:
                 row["mfu"] = step_flops / step_time / peak
             row.update(times)
+            if meter is not None:
+                activation_bytes = row["activation_bytes"] = meter.peak_bytes
             mem = peak_memory_bytes(device)
             if mem is not None:
                 row["peak_memory_bytes"] = mem
@@ -139,11 +147,14 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     finally:
         sink.close()
 
-    # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory);
-    # an attempt that resumed at the last step ran none (no gradients): the earlier record stands
+    # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory)
+    # and its calibration (activation_bytes: the peak of live saved-for-backward bytes in this
+    # attempt's first step); an attempt that resumed at the last step ran none (no gradients): the
+    # earlier record stands
     if start < steps:
         ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1],
-                                          "dp_rank": dp_rank, **engine.state_bytes()})
+                                          "dp_rank": dp_rank, **engine.state_bytes(),
+                                          "activation_bytes": activation_bytes})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,
