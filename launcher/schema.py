@@ -153,6 +153,22 @@ class GPUConfig:
 
 
 @dataclass
+class CalibrationConfig:
+    """The planner's calibration for this cluster (``launcher plan --calibrate RUN...`` fits it from
+    measured runs and writes it into the cluster's YAML; docs/calibration.md). Every estimate made for
+    the cluster applies it: step time = compute_scale x compute + comm_scale x communication (tp, pp,
+    exposed dp) + offload + step_overhead_s; activation bytes x activation_scale. The defaults change
+    nothing."""
+
+    compute_scale: float = num(1.0, gt=0.0, why="(it multiplies the predicted compute time)")
+    comm_scale: float = num(1.0, ge=0.0)
+    step_overhead_s: float = num(0.0, ge=0.0)  # seconds added to every step
+    activation_scale: float = num(1.0, gt=0.0, why="(it multiplies the predicted activation bytes)")
+    runs: List[str] = field(default_factory=list)  # the run ids it was fitted on
+    fitted_at: Optional[str] = None  # when (ISO 8601)
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
     backend: str = "local"  # a module of launcher/backends: local (processes here), slurm (sbatch)
@@ -186,6 +202,7 @@ class ClusterConfig:
     gpu: GPUConfig = field(default_factory=GPUConfig)
     intra_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
 
 @dataclass

@@ -59,9 +59,10 @@ class Estimate:
 
 def estimate(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, sp: Optional[StageParams] = None) -> Estimate:
     """Memory, communication and time of ``lay``; infeasible when it does not fit the GPU memory (or the
-    host memory its offloaded states need). The estimate is complete either way."""
+    host memory its offloaded states need). The estimate is complete either way. The cluster's
+    calibration (``cluster.calibration``) scales activation memory and step time."""
     sp = sp or stage_params(m, lay.tp, lay.pp)
-    mem = layout_memory(m, lay, sp)
+    mem = layout_memory(m, lay, sp, cluster.calibration.activation_scale)
     comm = comm_volume(m, lay, sp)
     timing = predict(m, cluster, lay, comm, sp)
     reasons = []
@@ -113,4 +114,5 @@ def cluster_json(c: ClusterSpec) -> Dict[str, Any]:
         "intra_node_gbps": c.intra_bw / 1e9,
         "inter_node_gbps": c.inter_bw / 1e9,
         "assumed": list(c.assumed),
+        **({} if c.calibration.is_default else {"calibration": c.calibration.as_dict()}),
     }

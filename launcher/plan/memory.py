@@ -221,8 +221,28 @@ class MemoryBreakdown:
         }
 
 
-def layout_memory(m: ModelSpec, lay: LayoutSpec, sp: Optional[StageParams] = None) -> MemoryBreakdown:
-    """Per-GPU memory of ``lay``: the larger of its first and last pipeline stage."""
+def layout_memory(m: ModelSpec, lay: LayoutSpec, sp: Optional[StageParams] = None,
+                  activation_scale: float = 1.0) -> MemoryBreakdown:
+    """Per-GPU memory of ``lay``: the larger of its first and last pipeline stage. Each stage's
+    activation bytes are multiplied by ``activation_scale`` (the cluster's calibration,
+    ``cluster.calibration.activation_scale``; 1 = the model above)."""
+    sp = sp or stage_params(m, lay.tp, lay.pp)
+    e = activation_bytes_per_element(lay.dtype)
+    t_sp = lay.tp if lay.sequence_parallel else 1
+    sbh = m.seq_len * lay.micro_batch_size * m.hidden_size
+    best: Optional[MemoryBreakdown] = None
+    for name, n_params, act in stage_activation_bytes(m, lay, sp, activation_scale):
+        mem = _stage_memory(m, lay, n_params, act, sbh, e, t_sp, name)
+        if best is None or mem.total > best.total:
+            best = mem
+    assert best is not None
+    return best
+
+
+def stage_activation_bytes(m: ModelSpec, lay: LayoutSpec, sp: Optional[StageParams] = None,
+                           activation_scale: float = 1.0) -> Tuple[Tuple[str, int, int], ...]:
+    """(stage, its parameters, its activation bytes x ``activation_scale``) of the first and the last
+    pipeline stage, or of the only one ("only") with pp = 1."""
     sp = sp or stage_params(m, lay.tp, lay.pp)
     e = activation_bytes_per_element(lay.dtype)
     e_ln = 4 if (lay.engine == "ddp" and e == 2) else e
@@ -238,16 +258,12 @@ def layout_memory(m: ModelSpec, lay: LayoutSpec, sp: Optional[StageParams] = Non
     act_first = in_flight_first * (layers * stored + emb_extra) + work
     act_last = layers * stored + work + head_extra
     if pp == 1:
-        candidates = (("only", sp.first, act_first + head_extra),)
+        out = (("only", sp.first, act_first + head_extra),)
     else:
-        candidates = (("first", sp.first, act_first), ("last", sp.last, act_last))
-    best: Optional[MemoryBreakdown] = None
-    for name, n_params, act in candidates:
-        mem = _stage_memory(m, lay, n_params, act, sbh, e, t_sp, name)
-        if best is None or mem.total > best.total:
-            best = mem
-    assert best is not None
-    return best
+        out = (("first", sp.first, act_first), ("last", sp.last, act_last))
+    if activation_scale != 1.0:
+        out = tuple((name, n, int(round(act * activation_scale))) for name, n, act in out)
+    return out
 
 
 def _stage_memory(m: ModelSpec, lay: LayoutSpec, n_params: int, act: int, sbh: int, e: int, t_sp: int,

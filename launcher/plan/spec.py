@@ -9,7 +9,7 @@ search evaluates thousands of layouts per second without touching OmegaConf.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from launcher.layout import Facts, Layout
 from launcher.schema import enum_value
@@ -51,6 +51,39 @@ _LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """The planner's correction for one cluster, fitted from measured runs (``cluster.calibration``,
+    launcher/schema.py CalibrationConfig; launcher/plan/calibrate.py fits it). The defaults change
+    nothing: predicted step time = compute_scale x compute + comm_scale x communication + offload
+    + step_overhead_s, activation bytes x activation_scale."""
+
+    compute_scale: float = 1.0
+    comm_scale: float = 1.0
+    step_overhead_s: float = 0.0
+    activation_scale: float = 1.0
+
+    @property
+    def is_default(self) -> bool:
+        return self == Calibration()
+
+    @classmethod
+    def from_cfg(cls, node: Any) -> "Calibration":
+        """From a ``cluster.calibration`` node (None, or a config without one: the defaults)."""
+        if node is None:
+            return cls()
+        get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
+        out = {}
+        for f in fields(cls):
+            v = get(f.name, None)
+            if v is not None:
+                out[f.name] = float(v)
+        return cls(**out)
+
+    def as_dict(self) -> Dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """Hardware per GPU (bytes, FLOP/s, bytes/s) and the node shape."""
 
@@ -64,6 +97,7 @@ class ClusterSpec:
     inter_bw: float = DEFAULT_INTER_GBPS * 1e9
     node_memory_bytes: int = 0  # host memory per node (cluster.mem_gb); 0 = unknown
     assumed: Tuple[str, ...] = ()  # config keys that were unknown and replaced by defaults
+    calibration: Calibration = Calibration()  # cluster.calibration: applied by every estimate
 
     @property
     def world_size(self) -> int:
@@ -117,7 +151,16 @@ class ClusterSpec:
             inter_bw=inter * 1e9,
             node_memory_bytes=int(float(cl.mem_gb) * GIB) if cl.mem_gb else 0,
             assumed=tuple(assumed),
+            calibration=Calibration.from_cfg(_get(cl, "calibration")),
         )
+
+
+def _get(node: Any, key: str) -> Any:
+    """``node.key``, None where the node has no such key (a config archived before the key existed)."""
+    try:
+        return node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+    except Exception:  # OmegaConf struct mode refusing an unknown key
+        return None
 
 
 def host_available_bytes(path: str = "/proc/meminfo") -> Optional[int]:

@@ -24,6 +24,15 @@ Placement (the order of ranks): tp innermost, then pp, then dp outermost. A grou
 at the inter-node bandwidth. TP never crosses nodes (launcher.layout rejects it).
 
     step_time = (m + p - 1) t_mb + exposed DP time + offload time
+
+Calibration (``cluster.calibration``, fitted from measured runs by launcher/plan/calibrate.py)
+scales the parts: compute time by compute_scale, TP, PP and exposed DP time by comm_scale, and adds
+step_overhead_s per step; the overlap of DP traffic with the backward is decided on the uncalibrated
+figures, so the step time is linear in the constants (``StepParts``), which is what the fit solves:
+
+    step_time = compute_scale (m + p - 1) t_compute + comm_scale ((m + p - 1)(t_tp + t_pp) + exposed DP)
+                + offload time + step_overhead_s
+
     TFLOP/s per GPU = hardware FLOPs per step (with recomputation) / step_time / world
     MFU = model FLOPs per step (without recomputation) / (step_time * world * peak)
 """
@@ -36,7 +45,7 @@ from launcher.plan.comm import CommVolume
 from launcher.plan.flops import forward_flops_per_token, layer_training_flops_per_token, step_flops
 from launcher.plan.memory import bytes_per_param, shard
 from launcher.plan.params import ModelSpec, StageParams
-from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 
 GEMM_EFFICIENCY_MAX = 0.70
 GEMM_HALF_SIZE = float(1 << 18)
@@ -60,6 +69,20 @@ def spans_nodes(inner: int, size: int, gpus_per_node: int) -> bool:
 
 
 @dataclass(frozen=True)
+class StepParts:
+    """A step's uncalibrated predicted time split as the calibration scales it."""
+
+    compute_s: float  # (m + p - 1) x compute per micro-batch
+    comm_s: float  # (m + p - 1) x (TP + PP per micro-batch) + exposed DP
+    other_s: float  # offload (PCIe, CPU Adam): not scaled
+
+    def step_time(self, cal: Calibration) -> float:
+        """The step time ``predict`` gives with calibration ``cal``."""
+        return (cal.compute_scale * self.compute_s + cal.comm_scale * self.comm_s + self.other_s
+                + cal.step_overhead_s)
+
+
+@dataclass(frozen=True)
 class Timing:
     step_time_s: float
     micro_batch_s: float  # t_mb on the slowest stage
@@ -75,6 +98,7 @@ class Timing:
     mfu: Optional[float]  # None when the cluster's peak is unknown
     dp_link: str  # "intra" or "inter"
     zero3_comm_s: float  # ZeRO-3 collectives per micro-batch (for the slow-link warning)
+    parts: StepParts  # uncalibrated: parts.step_time(cluster.calibration) == step_time_s
 
 
 def predict(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, comm: CommVolume, sp: StageParams) -> Timing:
@@ -90,9 +114,7 @@ def predict(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, comm: CommVolum
     tp_s = comm.tp_micro / cluster.intra_bw if t > 1 else 0.0
     pp_bw = cluster.inter_bw if spans_nodes(t, pp, gpn) else cluster.intra_bw
     pp_s = comm.pp_micro / pp_bw if pp > 1 else 0.0
-    t_mb = compute + tp_s + pp_s
     bubble = bubble_fraction(pp, mb)
-    pipeline = (mb + pp - 1) * t_mb
 
     inter = spans_nodes(t * pp, d, gpn)
     dp_bw = cluster.inter_bw if inter else cluster.intra_bw
@@ -112,7 +134,13 @@ def predict(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, comm: CommVolum
         offload += part * (g_bytes + p_bytes) / PCIE_BANDWIDTH + part / CPU_ADAM_PARAMS_PER_S
     if lay.offload_params:
         offload += mb * 2 * part * p_bytes / PCIE_BANDWIDTH
-    step = pipeline + exposed + offload
+    slots = mb + pp - 1
+    parts = StepParts(slots * compute, slots * (tp_s + pp_s) + exposed, offload)
+    cal = cluster.calibration
+    compute, tp_s, pp_s = compute * cal.compute_scale, tp_s * cal.comm_scale, pp_s * cal.comm_scale
+    exposed, zero3_s = exposed * cal.comm_scale, zero3_s * cal.comm_scale
+    t_mb = compute + tp_s + pp_s
+    step = slots * t_mb + exposed + offload + cal.step_overhead_s
 
     gbs = d * b * mb
     hw = step_flops(m, gbs, lay.recompute)
@@ -133,5 +161,6 @@ def predict(m: ModelSpec, cluster: ClusterSpec, lay: LayoutSpec, comm: CommVolum
         mfu=model / (step * world * cluster.peak_flops) if cluster.peak_known else None,
         dp_link="inter" if inter else "intra",
         zero3_comm_s=zero3_s,
+        parts=parts,
     )
 
