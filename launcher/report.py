@@ -195,6 +195,8 @@ def plan_vs_measured(plan: Optional[Dict[str, Any]], layout: Dict[str, Any], sum
     for part in ("params", "grads", "optimizer"):
         per_rank = [s[part] for s in states if _is_num(s.get(part))]
         add(f"{part} bytes per rank (largest)", "bytes", mem.get(part), max(per_rank) if per_rank else held.get(part))
+    acts = [s["activation_bytes"] for s in states if _is_num(s.get("activation_bytes"))]
+    add("activation bytes per rank (largest)", "bytes", mem.get("activations"), max(acts) if acts else None)
     peaks = [r["peak_memory_bytes"] for r in metrics if _is_num(r.get("peak_memory_bytes"))]
     add("peak GPU memory per rank (rank 0)", "bytes", mem.get("total"), max(peaks) if peaks else None)
     step_time = est.get("step_time_s")
@@ -208,6 +210,57 @@ def plan_vs_measured(plan: Optional[Dict[str, Any]], layout: Dict[str, Any], sum
     add("TFLOP/s per GPU", "num", est.get("tflops_per_gpu"), steady_mean([r.get("tflops") for r in metrics]))
     add("MFU", "num", est.get("mfu"), steady_mean([r.get("mfu") for r in metrics]))
     return rows
+
+
+def calibration_rows(view: Dict[str, Any], metrics: Sequence[Dict[str, Any]],
+                     states: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Rows (quantity, kind, before, after, measured, error_before, error_after): the planner's estimate
+    without and with the cluster's calibration (``view``: calibration_view) against the measurement."""
+    from launcher.plan.calibrate import measured_activation_bytes
+
+    cal = view["calibration"]
+    measured_step = steady_mean([r.get("step_time_s") for r in metrics])
+    measured_act = measured_activation_bytes(states)
+    out = []
+    for quantity, kind, before, after, measured in (
+            ("step time (s)", "num", view["step_before"], view["parts"].step_time(cal), measured_step),
+            ("activation bytes per rank (largest)", "bytes", view["activations_before"],
+             int(round(view["activations_before"] * cal.activation_scale)), measured_act)):
+        out.append({"quantity": quantity, "kind": kind, "before": before, "after": after, "measured": measured,
+                    "error_before": rel_error(before, measured), "error_after": rel_error(after, measured)})
+    return out
+
+
+def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The cluster's calibration for this run, where it has one, and the planner's uncalibrated estimate
+    (launcher.plan.calibrate.planned): the calibration the run was launched with (its config's
+    cluster.calibration: plan.json is calibrated), else the one its cluster's config file holds now
+    (conf/cluster/<choice>.yaml, written by `launcher plan --calibrate`). None without either, or
+    when the planner cannot estimate the run."""
+    from launcher.plan import calibrate
+    from launcher.plan.spec import Calibration
+    from launcher.schema import typed
+
+    rd = RunDir(run_dir)
+    try:
+        cfg = typed(rd.config())
+        if not str(cfg.recipe._target_ or "").startswith("recipes.gpt."):
+            return None
+        cal = Calibration.from_cfg(cfg.cluster.calibration)
+        source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"
+        if cal.is_default:
+            path = calibrate.cluster_file(str((overrides.get("choices") or {}).get("cluster") or cfg.cluster.name))
+            found = calibrate.file_calibration(path)
+            if found is None:
+                return None
+            cal, block = found
+            source = (f"{path} (fitted {block.get('fitted_at') or '?'} from {len(block.get('runs') or [])} run(s)), "
+                      f"applied to this run's config")
+        _, parts, act = calibrate.planned(cfg, layout or None)
+    except Exception:  # an archive the planner cannot read: the page shows what it has
+        return None
+    return {"calibration": cal, "source": source, "parts": parts, "step_before": parts.step_time(Calibration()),
+            "activations_before": act}
 
 
 def rank_grid(layout: Dict[str, Any], ranks: Sequence[Dict[str, Any]],
@@ -275,6 +328,8 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
         "seeds": rd.seeds() or {}, "config_text": cfg.read_text(errors="replace") if cfg.is_file() else None,
         "overrides": rd.overrides(), "restarts": rd.restarts(), "rank_errors": rd.rank_errors(),
         "commbench": atomic.read_json(rd.path / RunDir.COMMBENCH),  # recipes/commbench's results
+        "calibration": calibration_view(rd.path, (rd.run() or {}).get("layout") or {}, rd.overrides() or {})
+        if cfg.is_file() else None,
     }
 
 
@@ -468,13 +523,30 @@ def _plan_section(data: Dict[str, Any], layout: Dict[str, Any], summary: Dict[st
     out = Html(table(("quantity", "planned (plan.json)", "measured", "error (measured vs planned)"), cells)
                + tag("p", "Memory: the plan's figure is for the pipeline stage that needs the most; step time, "
                           "tokens/s, TFLOP/s and MFU are means over the steps after the first two.", cls="note"))
+    view = data.get("calibration")
+    if view:
+        cal = view["calibration"]
+        cells = []
+        for r in calibration_rows(view, data["metrics"], data["states"]):
+            show = fmt_bytes if r["kind"] == "bytes" else (lambda v: sweeps.fmt(float(v)))
+            cells.append([r["quantity"], *[show(v) if v is not None else "not recorded"
+                                           for v in (r["before"], r["after"], r["measured"])],
+                          fmt_pct(r["error_before"]), fmt_pct(r["error_after"])])
+        out = Html(out + tag("h3", "before and after calibration")
+                   + table(("quantity", "planned, uncalibrated", "planned, calibrated", "measured",
+                            "error before", "error after"), cells)
+                   + tag("p", f"Calibration from {view['source']}: " + ", ".join(
+                       f"{k} {v:.4g}" for k, v in cal.as_dict().items()) + ". Errors: (measured - planned) / "
+                       "planned; docs/calibration.md.", cls="note"))
     if data["states"]:
         per_rank = [[s.get("rank"), s.get("pp_stage"), s.get("dp_rank"), fmt_bytes(s.get("params")),
                      fmt_bytes(s.get("grads")), fmt_bytes(s.get("optimizer")),
-                     fmt_bytes(sum(s.get(k) or 0 for k in ("params", "grads", "optimizer")))]
+                     fmt_bytes(sum(s.get(k) or 0 for k in ("params", "grads", "optimizer"))),
+                     fmt_bytes(s.get("activation_bytes"))]
                     for s in sorted(data["states"], key=lambda s: s.get("rank", 0))]
         out = Html(out + tag("h3", "model state held per rank (ranks/state_<r>.json)")
-                   + table(("rank", "pp stage", "dp rank", "params", "grads", "optimizer", "total"), per_rank))
+                   + table(("rank", "pp stage", "dp rank", "params", "grads", "optimizer", "total",
+                            "activations (peak, step 1)"), per_rank))
     return out
 
 

@@ -3,11 +3,19 @@
 Composes the run config exactly as `launch` does (same conf/, same overrides), then evaluates the
 layout it names, or with --search every valid layout for its model, cluster and global batch, ranked
 feasible first by predicted step time. Never imports torch; answers in milliseconds.
+
+`launcher plan --calibrate RUN [RUN ...] [--cluster-file PATH] [--dry-run] [--json]` fits the
+planner's calibration (cluster.calibration: compute_scale, comm_scale, step_overhead_s,
+activation_scale) to what the runs measured (all of one cluster), prints planned vs measured step time
+and activation memory per run before and after, and writes the constants as the `calibration:`
+block of the runs' cluster config (conf/cluster/<cluster>.yaml; the rest of the file kept byte for
+byte), so every later estimate for that cluster uses them. docs/calibration.md.
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
@@ -73,6 +81,14 @@ def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:
 
 
 def cmd_plan(args) -> int:
+    if args.calibrate:
+        given = [x for x in [*args.calibrate, *args.overrides] if "=" in x and not Path(x).exists()]
+        if given or args.overrides or args.search:
+            return _fail(f"--calibrate takes run ids or run dirs, not overrides or --search "
+                         f"({' '.join(given or args.overrides) or '--search'})")
+        return cmd_calibrate(args)
+    if args.cluster_file or args.dry_run:
+        return _fail("--cluster-file and --dry-run go with --calibrate RUN ...")
     try:
         cfg = compose(args.overrides)
     except Exception as e:  # Hydra/OmegaConf composition errors: unknown key, bad type, bad group option
@@ -87,6 +103,112 @@ def cmd_plan(args) -> int:
         return 0
     _print_table(report, args.top or TABLE_TOP)
     return 0
+
+
+def cmd_calibrate(args) -> int:
+    import datetime
+    import os
+
+    from launcher.archive import atomic
+    from launcher.cli.archive_cmds import resolve_run_dir
+    from launcher.plan import calibrate as cal_mod
+
+    root = getattr(args, "_root", None)
+    if root is None:
+        from launcher.archive import registry
+
+        root = registry.default_root()
+    try:
+        samples = []
+        for ident in args.calibrate:
+            try:  # a directory is read as the run dir it must be (read_sample says when it is not one)
+                rdir = Path(ident) if Path(ident).is_dir() else resolve_run_dir(Path(root), ident)
+            except SystemExit as e:  # its message names the run and the root
+                raise cal_mod.CalibrationError(str(e.code).removeprefix("launcher: ")) from None
+            samples.append(cal_mod.read_sample(rdir))
+        ids = [s.run_id for s in samples]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise cal_mod.CalibrationError(f"run {dup[0]} is given more than once")
+        cal_mod.check_one_cluster(samples)
+        result = cal_mod.fit(samples)
+        if args.cluster_file:
+            target = Path(args.cluster_file)
+        else:
+            choice = samples[0].cluster_choice or samples[0].cluster_name
+            target = cal_mod.cluster_file(choice)
+        new_text = None
+        if not args.dry_run:
+            if not target.is_file():
+                raise cal_mod.CalibrationError(
+                    f"cluster: no cluster config file {target} for cluster {samples[0].cluster_name!r}; "
+                    f"name the file to write with --cluster-file PATH (or --dry-run)")
+            fitted_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+            new_text = cal_mod.updated_cluster_file(target.read_text(), result.calibration, ids, fitted_at)
+    except cal_mod.CalibrationError as e:
+        return _fail(f"--calibrate: {e}\nnothing was written")
+    except OSError as e:
+        return _fail(f"--calibrate: {e}\nnothing was written")
+    if new_text is not None:
+        mode = target.stat().st_mode & 0o7777
+        try:
+            atomic.write_text(target, new_text)
+            os.chmod(target, mode)
+        except OSError as e:
+            return _fail(f"--calibrate: cannot write {target}: {e}")
+    table = cal_mod.rows(samples, result.calibration)
+    report = {"cluster": samples[0].cluster_name, "calibration": result.calibration.as_dict(),
+              "fitted": list(result.fitted), "notes": list(result.notes), "runs": table,
+              "cluster_file": str(target), "written": new_text is not None}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    _print_calibration(report)
+    return 0
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _print_calibration(report: Dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Column, Table
+
+    from launcher.plan.calibrate import mean_abs
+
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=170)
+    runs = report["runs"]
+    table = Table(Column("run", no_wrap=True), "layout", "step planned s", "measured s", "error", "calibrated s", "error",
+                  "activations planned", "measured", "error", "calibrated", "error",
+                  title=f"cluster {report['cluster']}: {len(runs)} run(s), planner before and after calibration "
+                        f"(error = (predicted - measured) / measured)")
+    for r in runs:
+        st, act = r["step_time_s"], r["activation_bytes"]
+        table.add_row(
+            escape(r["run_id"]), escape(r["layout"]), f"{st['planned']:.4g}", f"{st['measured']:.4g}",
+            _pct(st["error_before"]), f"{st['calibrated']:.4g}", _pct(st["error_after"]),
+            _size(act["planned"]), _size(act["measured"]) if act["measured"] is not None else "-",
+            _pct(act["error_before"]), _size(act["calibrated"]), _pct(act["error_after"]))
+    con.print(table)
+    for key, name in (("step_time_s", "step time"), ("activation_bytes", "activation memory")):
+        before = mean_abs([r[key]["error_before"] for r in runs])
+        after = mean_abs([r[key]["error_after"] for r in runs])
+        if before is not None:
+            con.print(f"mean |error| of {name}: {before:.1%} before, {after:.1%} after calibration")
+    fitted = set(report["fitted"])
+    con.print("calibration: " + ", ".join(f"{k} = {v:.6g}" + ("" if k in fitted else " (kept)")
+                                          for k, v in report["calibration"].items()))
+    for note in report["notes"]:
+        con.print(f"note: {note}", style="yellow", markup=False)
+    if report["written"]:
+        con.print(f"written to {report['cluster_file']} (its `calibration:` block); every estimate for this "
+                  f"cluster now uses it", markup=False)
+    else:
+        con.print(f"dry run: {report['cluster_file']} not changed", markup=False)
 
 
 def _size(n: float) -> str:
@@ -117,6 +239,8 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
     )
     if c["assumed"]:
         con.print(f"[yellow]assumed (unknown in the cluster config): {', '.join(c['assumed'])}[/]")
+    if c.get("calibration"):
+        con.print("calibrated (cluster.calibration): " + ", ".join(f"{k} {v:.4g}" for k, v in c["calibration"].items()))
     layouts = report["layouts"]
     title = f"{len(layouts)} layout(s)" + (f", best {min(top, len(layouts))} shown" if len(layouts) > top else "")
     table = Table("#", "dp", "tp", "pp", "zero", "mb", "accum", "recompute", "sp", "engine", "mem/GPU", "bubble",
@@ -146,10 +270,21 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all)",
-                       description=__doc__)
+    import argparse
+
+    s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all); "
+                       "--calibrate RUN... fits the planner to measured runs", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=a100_80g ...)")
     s.add_argument("--search", action="store_true", help="enumerate and rank every valid layout")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--top", type=int, default=None, help=f"show the best N layouts (table default {TABLE_TOP}, JSON all)")
+    s.add_argument("--calibrate", nargs="+", metavar="RUN", default=None,
+                   help="fit cluster.calibration to these runs (ids or dirs, all of one cluster, 3+ steps each) "
+                        "and write it into the cluster's config file")
+    s.add_argument("--cluster-file", metavar="PATH", default=None,
+                   help="with --calibrate: the YAML file to write the calibration block into (default: "
+                        "conf/cluster/<the runs' cluster>.yaml)")
+    s.add_argument("--dry-run", action="store_true", help="with --calibrate: print the fit, write nothing")
+    s.add_argument("--root", help="runs root for --calibrate run ids (default: $LAUNCHER_RUNS or ./runs)")
     s.set_defaults(fn=cmd_plan)
