@@ -266,7 +266,7 @@ def judge_comm(status: Dict[str, Any], bench: Optional[Dict[str, Any]], inter_gb
         return v
     if inter_gbps and peak < LINK_UNDER_CONFIG * inter_gbps:
         v.verdict = NO_GO
-        v.reasons.append(f"all-reduce bus bandwidth between nodes {peak:.3g} GB/s is {peak / inter_gbps:.0%} of "
+        v.reasons.append(f"all-reduce bus bandwidth between nodes {peak:.3g} GB/s is {peak / inter_gbps:.2g}x "
                          f"cluster.inter_node_bandwidth={inter_gbps:g} GB/s")
         v.fix = ("the interconnect is not what the cluster config says, or is not used: check NCCL_IB_HCA / "
                  "NCCL_SOCKET_IFNAME (cluster.env), NCCL_DEBUG=INFO shows the transport; if the link really is "

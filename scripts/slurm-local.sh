@@ -14,7 +14,8 @@
 # lives in ${LAUNCHER_SLURM_DIR:-<repo>/.slurm-local}. Nothing system-wide is
 # configured or started; the system munge/mariadb/slurm services are untouched.
 # Ports: slurmctld 16817, slurmdbd 16819, mariadb 16306 (127.0.0.1 only),
-# slurmd node1..4 on 17001..17004.
+# slurmd node1..4 on 17001..17004, each plus ${LAUNCHER_SLURM_PORT_OFFSET:-0}: a second
+# cluster (another checkout, its own LAUNCHER_SLURM_DIR) runs beside the first with an offset.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,10 +25,11 @@ STATE="$(cd "$STATE" && pwd)"   # absolute: daemons chdir and configs need it
 
 CLUSTER=launcher
 NODES=(node1 node2 node3 node4)
-CTLD_PORT=16817
-DBD_PORT=16819
-DB_PORT=16306
-NODE_PORT_BASE=17001
+OFFSET=${LAUNCHER_SLURM_PORT_OFFSET:-0}
+CTLD_PORT=$((16817 + OFFSET))
+DBD_PORT=$((16819 + OFFSET))
+DB_PORT=$((16306 + OFFSET))
+NODE_PORT_BASE=$((17001 + OFFSET))
 NODE_CPUS=4
 NODE_MEM=4000
 GPUS_PER_NODE=2

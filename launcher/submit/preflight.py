@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from launcher import preflight as rules
 from launcher.archive import atomic
 from launcher.rundir import FINAL, RunDir, now_iso
+from launcher.submit.progress import cancel_run
 
 RECORD_DIR = "preflight"
 
@@ -99,7 +100,7 @@ def _submit(prep: Prepared, rung: rules.Rung, overrides: List[str], pid: str, af
 
     extra = list(overrides) + list(rung.overrides)
     if after:
-        extra += [f"cluster.sbatch_extra.dependency=afterok:{after}", "cluster.sbatch_extra.kill-on-invalid-dep=yes"]
+        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}", "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
     point = compose_point(extra) if after else prep.points[rung.name]
     said = io.StringIO()  # the pipeline's listing: the ladder prints its own
     result = launch([point], argv=["launcher", "preflight", *overrides], out=said,
@@ -146,7 +147,13 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
             if not _wait_and_judge(prep, record, last, results[last], out):
                 break
             judged.append(last)
-        res = _submit(prep, rung, overrides, pid, after if queued else None)
+        try:
+            res = _submit(prep, rung, overrides, pid, after if queued else None)
+        except Exception:  # a half-queued ladder is worse than none: the rungs already queued go
+            for e in record["rungs"]:
+                if e.get("run_dir"):
+                    cancel_run(RunDir(e["run_dir"]), f"not run: preflight could not queue rung {rung.name}")
+            raise
         sub = res.runs[0]
         entry.update(run_id=sub.run_id, run_dir=str(sub.run_dir), job_id=sub.job_id)
         _save(path, record)
@@ -164,7 +171,7 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
 
 def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: Any, out) -> bool:
     """Wait for one rung's run; at a no-go cancel the rungs above it. True when it passed."""
-    from launcher.submit.progress import cancel_run, wait_and_report
+    from launcher.submit.progress import wait_and_report
 
     point = prep.points[name]
     wait_and_report(result, [point], out, timeout_s=int(point.cfg.submit.wait_timeout_s), quiet=True)
