@@ -6,7 +6,6 @@ decoder blocks), ``model.final_norm`` and ``model.head``.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import torch
@@ -14,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from recipes.gpt.init import init_values
+
 RECOMPUTE_MODES = ("none", "selective", "full")
-INIT_STD = 0.02
 
 
 def _mode(value: Any) -> str:
@@ -105,10 +105,11 @@ class GPT(nn.Module):
     """GPT built from a ModelConfig-like object (attributes as in launcher.schema.ModelConfig).
 
     ``forward(tokens)`` returns logits [b, s, vocab]; ``forward(tokens, labels)`` returns
-    the mean cross-entropy loss (fp32).
+    the mean cross-entropy loss (fp32). ``seed``: the init's (``recipes.gpt.init``); None leaves the
+    parameters as constructed (a sharded build initialises only its shard).
     """
 
-    def __init__(self, config: Any, recompute: Any = "none") -> None:
+    def __init__(self, config: Any, recompute: Any = "none", seed: Optional[int] = 0) -> None:
         super().__init__()
         self.num_layers = int(config.num_layers)
         self.hidden_size = int(config.hidden_size)
@@ -126,28 +127,17 @@ class GPT(nn.Module):
         self.head = nn.Linear(self.hidden_size, self.vocab_size, bias=False)
         if self.tie_embeddings:
             self.head.weight = self.embedding.word.weight
-        self._init_weights()
+        if seed is not None:  # None: left as constructed (on the meta device, or for ZeRO-3 partitions)
+            self._init_weights(int(seed))
         self.recompute = "none"
         self.set_recompute(recompute)
 
-    def _init_weights(self) -> None:
-        """GPT-2/Megatron init: N(0, 0.02); output projections N(0, 0.02/sqrt(2L))."""
-        out_std = INIT_STD / math.sqrt(2.0 * self.num_layers)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                if module is self.head and self.tie_embeddings:
-                    continue  # shares the token embedding's weight
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=out_std)
-            nn.init.normal_(block.mlp.fc2.weight, mean=0.0, std=out_std)
+    def _init_weights(self, seed: int) -> None:
+        """The shard-stable init of ``recipes.gpt.init`` (GPT-2 / Megatron: N(0, 0.02), output
+        projections N(0, 0.02/sqrt(2L)), biases 0, norms 1): the values any sharded build gets too."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():  # a tied head is the embedding's parameter
+                p.copy_(init_values(seed, name, p.shape, self.num_layers))
 
     def set_recompute(self, mode: Any) -> None:
         """Activation recomputation: "none", "selective" (attention core) or "full" (blocks)."""

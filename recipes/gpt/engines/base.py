@@ -39,7 +39,7 @@ def build_model(cfg: Any, rank_for_dropout: int) -> GPT:
     """The full GPT with the same init on every rank (seeded before construction); dropout
     masks then differ per data-parallel replica."""
     seed_everything(int(cfg.seed))
-    model = GPT(cfg.model, recompute=enum_value(cfg.train.recompute))
+    model = GPT(cfg.model, recompute=enum_value(cfg.train.recompute), seed=int(cfg.seed))
     torch.manual_seed(dropout_seed(int(cfg.seed), rank_for_dropout))
     return model
 

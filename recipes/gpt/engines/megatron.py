@@ -18,8 +18,10 @@
 - Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
   counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
 
-Every rank builds the full single-process model (same seed) and keeps only its slices, so the
-sharded run starts from exactly the single-process initialisation.
+Shard-first: the full model is built on the meta device only (no memory), each rank cuts its slices
+from it and creates just those, initialised by ``recipes.gpt.init`` (per parameter row, seeded by
+name): the sharded run starts from exactly the single-process initialisation, and a model far larger
+than one process's memory can start.
 """
 from __future__ import annotations
 
@@ -32,14 +34,15 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from launcher.schema import enum_value
+from launcher.seeding import dropout_seed
+from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import (
-    Batch, Engine, adamw_kwargs, autocast_for, build_model, dtype_name, optimizer_state_bytes, param_groups,
-    tensor_bytes,
+    Batch, Engine, adamw_kwargs, autocast_for, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
 )
-from recipes.gpt.model import count_parameters
+from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
 from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
-from recipes.gpt.parallel.tensor_parallel import TPContext, vocab_parallel_cross_entropy
+from recipes.gpt.parallel.tensor_parallel import TPContext, materialize, name_parameters, vocab_parallel_cross_entropy
 
 
 def _all_reduce_coalesced(tensors: List[torch.Tensor], group: Any, scale: Optional[float] = None) -> None:
@@ -100,13 +103,20 @@ class MegatronEngine(Engine):
         self.tp_ctx = TPContext(group=self.mesh.tp_group, rank=self.mesh.tp_rank, size=self.tp,
                                 sequence_parallel=self.sequence_parallel)
 
-        full = build_model(cfg, self.dp_rank)  # same init everywhere; dropout seeded per dp replica
-        self.num_params = count_parameters(full)
+        # shard-first: the full model exists only on the meta device (no memory); this rank's slices
+        # are cut from it, then created and initialised with exactly their part of the full values
         self.recompute = enum_value(cfg.train.recompute)
+        seed_everything(int(cfg.seed))
+        with torch.device("meta"):
+            full = GPT(cfg.model, recompute=self.recompute, seed=None)
+        name_parameters(full)
+        self.num_params = count_parameters(full)
         self.autocast = autocast_for(cfg, self.device.type)
         self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast)
-        del full  # keep only this rank's slices
-        self.stage.to(self.device).train()
+        del full
+        materialize(self.stage, int(cfg.seed), int(m.num_layers), self.device)
+        torch.manual_seed(dropout_seed(int(cfg.seed), self.dp_rank))  # dropout masks differ per dp replica
+        self.stage.train()
         self.params: List[nn.Parameter] = [p for p in self.stage.parameters() if p.requires_grad]
         self.embedding_param = self.stage.embedding_param()
 

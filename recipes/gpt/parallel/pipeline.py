@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from recipes.gpt.parallel.tensor_parallel import (
-    ParallelBlock, ParallelHead, TPContext, VocabParallelEmbedding, _chunk, _param, mark_replicated,
+    ParallelBlock, ParallelHead, TPContext, VocabParallelEmbedding, chunk_of, mark_replicated, shard,
 )
 
 
@@ -29,7 +29,8 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> Tuple[int, int]:
 
 
 class GPTStage(nn.Module):
-    """One pipeline stage of a tensor-parallel GPT, built by slicing the full model."""
+    """One pipeline stage of a tensor-parallel GPT, built by slicing the full model (on the meta device:
+    then ``tensor_parallel.materialize`` creates only this stage's shards)."""
 
     def __init__(self, full: Any, tp: TPContext, pp: int, stage: int, recompute: str,
                  autocast: Callable[[], ContextManager]) -> None:
@@ -53,11 +54,13 @@ class GPTStage(nn.Module):
             if full.tie_embeddings and self.embedding is not None:
                 weight = self.embedding.weight  # same stage: the very same parameter
             elif full.tie_embeddings:
-                weight = _param(_chunk(full.embedding.word.weight, tp, 0), tensor_parallel=True,
-                                sequence_parallel=False, shared_embedding_copy=True)
+                word = full.embedding.word.weight
+                weight = shard(word, chunk_of(word.shape[0], tp), tensor_parallel=True, sequence_parallel=False,
+                               shared_embedding_copy=True)
                 self.head_is_copy = True
             else:
-                weight = _param(_chunk(full.head.weight, tp, 0), tensor_parallel=True, sequence_parallel=False)
+                weight = shard(full.head.weight, chunk_of(full.head.weight.shape[0], tp), tensor_parallel=True,
+                               sequence_parallel=False)
             self.head = ParallelHead(weight, tp)
 
     def set_recompute(self, mode: str) -> None:

@@ -26,7 +26,7 @@ chunk, so its gradient is partial and must be all-reduced over tp).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -204,15 +204,31 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp:
 # --------------------------------------------------------------------------------- layers
 
 
-def _param(t: torch.Tensor, **attrs: bool) -> nn.Parameter:
+def shard(full: nn.Parameter, rows: Any = None, cols: Optional[slice] = None, **attrs: bool) -> nn.Parameter:
+    """A parameter holding ``full[rows][:, cols]``, remembering where it came from (``init_spec``:
+    the full parameter's name and shape, rows, cols) so that a shard sliced from a meta-device model
+    is initialised with exactly its part of the full values (``materialize``)."""
+    t = full if rows is None else full[rows]
+    if cols is not None:
+        t = t[:, cols]
     p = nn.Parameter(t.detach().clone().contiguous())
+    if full.is_meta:
+        p.init_spec = (*source(full), rows, cols)
     for k, v in attrs.items():
         setattr(p, k, v)
     return p
 
 
-def _chunk(t: torch.Tensor, tp: TPContext, dim: int) -> torch.Tensor:
-    return t.chunk(tp.size, dim=dim)[tp.rank]
+def source(p: nn.Parameter) -> Tuple[str, Tuple[int, ...]]:
+    """(name, shape) of the full-model parameter ``p`` is, or is a shard of."""
+    spec = getattr(p, "init_spec", None)
+    return (spec[0], spec[1]) if spec is not None else (p.global_name, tuple(p.shape))
+
+
+def chunk_of(n: int, tp: TPContext) -> slice:
+    """This rank's contiguous 1/tp of ``n`` (``torch.chunk``'s split, n divisible by tp)."""
+    per = n // tp.size
+    return slice(tp.rank * per, (tp.rank + 1) * per)
 
 
 def mark_replicated(module: nn.Module, tp: TPContext) -> nn.Module:
@@ -230,12 +246,11 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, tp: TPContext, rows: Optional[torch.Tensor] = None) -> None:
         super().__init__()
         self.tp = tp
-        w = full.weight if rows is None else full.weight[rows]
-        self.weight = _param(w if rows is not None else _chunk(w, tp, 0), tensor_parallel=True, sequence_parallel=False)
+        pick = rows if rows is not None else chunk_of(full.weight.shape[0], tp)
+        self.weight = shard(full.weight, pick, tensor_parallel=True, sequence_parallel=False)
         self.bias = None
         if full.bias is not None:
-            b = full.bias if rows is None else full.bias[rows]
-            self.bias = _param(b if rows is not None else _chunk(b, tp, 0), tensor_parallel=True, sequence_parallel=False)
+            self.bias = shard(full.bias, pick, tensor_parallel=True, sequence_parallel=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(enter_column(x, self.tp), self.weight, self.bias)
@@ -248,10 +263,11 @@ class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, tp: TPContext) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = _param(_chunk(full.weight, tp, 1), tensor_parallel=True, sequence_parallel=False)
+        self.weight = shard(full.weight, cols=chunk_of(full.weight.shape[1], tp), tensor_parallel=True,
+                            sequence_parallel=False)
         self.bias = None
         if full.bias is not None:
-            self.bias = _param(full.bias, tensor_parallel=False, sequence_parallel=tp.sequence_parallel)
+            self.bias = shard(full.bias, tensor_parallel=False, sequence_parallel=tp.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = leave_row(F.linear(x, self.weight), self.tp)
@@ -278,8 +294,8 @@ class VocabParallelEmbedding(nn.Module):
         self.tp = tp
         vocab = full.word.weight.shape[0]
         self.vocab_start = tp.rank * (vocab // tp.size)
-        self.weight = _param(_chunk(full.word.weight, tp, 0), tensor_parallel=True, sequence_parallel=False)
-        self.position = _param(full.position.weight, tensor_parallel=False, sequence_parallel=tp.sequence_parallel)
+        self.weight = shard(full.word.weight, chunk_of(vocab, tp), tensor_parallel=True, sequence_parallel=False)
+        self.position = shard(full.position.weight, tensor_parallel=False, sequence_parallel=tp.sequence_parallel)
         self.dropout = nn.Dropout(full.dropout.p)
         self.seq_len = int(full.seq_len)
 
@@ -374,3 +390,34 @@ class ParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(enter_column(x, self.tp), self.weight)
+
+
+# --------------------------------------------------------------------------------- shard-first build
+
+
+def name_parameters(full: nn.Module) -> None:
+    """Tag every parameter of the full (meta-device) model with its name, for ``shard``/``materialize``."""
+    for name, p in full.named_parameters():
+        p.global_name = name
+
+
+def materialize(module: nn.Module, seed: int, num_layers: int, device: torch.device) -> None:
+    """Replace every meta-device parameter of ``module`` with its values on ``device``: each is a full
+    parameter or a shard of one (``shard``), initialised with exactly its part of the full values
+    (``recipes.gpt.init``). Parameters shared between modules (a tied head) stay shared; their flags
+    (tensor_parallel, sequence_parallel, ...) are kept."""
+    from recipes.gpt.init import init_values
+
+    made: Dict[int, Tuple[nn.Parameter, nn.Parameter]] = {}  # id(meta) -> (meta, real): meta kept alive
+    for sub in module.modules():
+        for key, p in list(sub._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in made:
+                name, shape = source(p)
+                rows, cols = (p.init_spec[2], p.init_spec[3]) if hasattr(p, "init_spec") else (None, None)
+                values = init_values(seed, name, shape, num_layers, rows=rows, cols=cols)
+                real = nn.Parameter(values.to(device), requires_grad=p.requires_grad)
+                real.__dict__.update(p.__dict__)
+                made[id(p)] = (p, real)
+            sub._parameters[key] = made[id(p)][1]
