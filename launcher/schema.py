@@ -129,6 +129,9 @@ class ParallelConfig:
 @dataclass
 class PrecisionConfig:
     dtype: Dtype = Dtype.fp32
+    # on GPUs, fp32 matmuls and convolutions in TF32 (Ampere and later: ~8x the fp32 rate, 10-bit
+    # mantissa); false for exact fp32
+    tf32: bool = True
     # fp16 loss scaling; 0 means dynamic scaling starting at 2**initial_scale_power
     loss_scale: float = num(0.0, ge=0.0, why="(0 means dynamic scaling; a negative scale is not a way to ask for it)",
                             fix="set precision.loss_scale=0 for dynamic scaling, or a positive static scale")
@@ -175,6 +178,8 @@ class ClusterConfig:
     nodes: int = num(1, ge=1)
     gpus_per_node: int = num(1, ge=1)  # processes per node (one task per GPU; on CPU, processes)
     cpus_per_task: int = num(1, ge=1)
+    # CPUs of one node; set, gpus_per_node x cpus_per_task must fit in it (a rule)
+    cpus_per_node: Optional[int] = num(None, ge=1, fix="set cluster.cpus_per_node to the node's core count, or null")
     mem_gb: Optional[int] = num(None, ge=1, fix="set cluster.mem_gb to 1 or more, or null for the partition's default")
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -192,7 +197,9 @@ class ClusterConfig:
     setup: List[str] = field(default_factory=list)
     # environment set for every task (NCCL_*, OMP_NUM_THREADS...)
     env: Dict[str, str] = field(default_factory=dict)
-    # extra sbatch options, name -> value (e.g. {exclusive: ""}, {reservation: big})
+    # sbatch --exclusive: the job's nodes run no other job (all their CPUs, memory and NICs)
+    exclusive: bool = False
+    # extra sbatch options, name -> value (e.g. {reservation: big})
     sbatch_extra: Dict[str, str] = field(default_factory=dict)
     array_parallelism: int = num(256, ge=1)
     # the most tasks one Slurm array may hold / jobs one user may have queued; null: read from

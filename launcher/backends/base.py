@@ -33,6 +33,11 @@ class Backend:
     max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
     max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
 
+    def host_has_gpus(self) -> bool:
+        """Whether the jobs run on this host and it has NVIDIA GPUs they will use without being asked
+        (local); False where the scheduler allocates GPUs only when asked (cluster.use_gpus)."""
+        return False
+
     def host_cpu_flags(self) -> Optional[FrozenSet[str]]:
         """The /proc/cpuinfo flags of the CPU its jobs compute on, where that is known before submission
         (local: this host, when it has no GPUs); None elsewhere (other hosts, or GPUs)."""

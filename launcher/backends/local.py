@@ -57,6 +57,20 @@ def has_nvidia_gpus(dev: str = "/dev") -> bool:
         return False
 
 
+def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optional[str]) -> Dict[str, Any]:
+    """submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES to the GPUs a job asks for (gpus_per_node,
+    taken from visible_gpus): none asked is every GPU hidden, and the job would train on CPU. On a
+    host with GPUs a job asks for one per process, from the ones this process may use."""
+    if not host_has_gpus:
+        return {}
+    params: Dict[str, Any] = {"gpus_per_node": int(gpus_per_node)}
+    if visible_env:
+        ids = [int(x) for x in visible_env.split(",") if x.strip().isdigit()]
+        if ids:
+            params["visible_gpus"] = ids
+    return params
+
+
 class LocalBackend(Backend):
     name = "local"
     waits = True
@@ -67,10 +81,15 @@ class LocalBackend(Backend):
     def host_cpu_flags(self) -> Optional[frozenset]:
         return None if has_nvidia_gpus() else cpu_flags()
 
+    def host_has_gpus(self) -> bool:
+        return has_nvidia_gpus()
+
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
-        return {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
-                "signal_delay_s": int(cl.signal_delay_s)}
+        params = {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
+                  "signal_delay_s": int(cl.signal_delay_s)}
+        params.update(gpu_parameters(int(cl.gpus_per_node), has_nvidia_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        return params
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:

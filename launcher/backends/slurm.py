@@ -57,6 +57,12 @@ def code_lines(code_dir: Optional[Path]) -> List[str]:
     return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
+def cpu_lines(cpus_per_task: int) -> List[str]:
+    """srun (Slurm >= 22.05) takes the CPUs per task from SRUN_CPUS_PER_TASK, not from sbatch's
+    --cpus-per-task: export it for any srun the user's setup lines run too."""
+    return [f"export SRUN_CPUS_PER_TASK={int(cpus_per_task)}"]
+
+
 def limits_from_config(text: str) -> Dict[str, Optional[int]]:
     """``scontrol show config`` -> {max_array_size, max_job_count, max_submit_jobs} (None where absent).
     MaxArraySize is the largest array index + 1, i.e. the most tasks one array may hold."""
@@ -107,12 +113,16 @@ class SlurmBackend(Backend):
             "ntasks_per_node": int(cl.gpus_per_node),
             "cpus_per_task": int(cl.cpus_per_task),
             "array_parallelism": int(cl.array_parallelism),
-            "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir),
+            "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir) + cpu_lines(int(cl.cpus_per_task)),
             # Slurm signals USR2 this long before the time limit: the run checkpoints and requeues
             "signal_delay_s": int(cl.signal_delay_s),
-            # one rank failing ends the step at once instead of leaving the others in a collective
-            "srun_args": ["--kill-on-bad-exit=1"],
+            # one rank failing ends the step at once instead of leaving the others in a collective;
+            # since Slurm 22.05 srun no longer inherits --cpus-per-task: without it every rank is
+            # bound to one CPU (data loading, CPU Adam and OMP threads all on one core)
+            "srun_args": ["--kill-on-bad-exit=1", f"--cpus-per-task={int(cl.cpus_per_task)}"],
         }
+        if cl.get("exclusive"):
+            params["exclusive"] = True  # sbatch --exclusive: no other job shares the nodes
         if cl.use_gpus:
             params["gpus_per_node"] = int(cl.gpus_per_node)
         for key in ("partition", "account", "qos", "constraint"):

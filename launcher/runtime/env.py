@@ -25,12 +25,19 @@ def ephemeral_start(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int
         return EPHEMERAL_START
 
 
+# torchrun's and DeepSpeed's default rendezvous port (29500) and its neighbours: never derived
+RESERVED = range(29400, 29600)
+
+
 def port_for_job(job_id: str, first_ephemeral: int = EPHEMERAL_START) -> int:
     """A rendezvous port derived from the job id ("1234", "1234_5" or a local pid), between
-    PORT_BASE and the ephemeral range, so neither another job nor a client socket holds it."""
+    PORT_BASE and the ephemeral range, so neither another job nor a client socket holds it, and
+    outside RESERVED (a torchrun on the same node). Two jobs get the same port only when their ids
+    differ by a multiple of the span (~17,500 ids apart: not side by side on one node)."""
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    span = max(1000, first_ephemeral - PORT_BASE)
-    return PORT_BASE + int(digits) % span
+    span = max(1000, first_ephemeral - PORT_BASE - len(RESERVED))
+    port = PORT_BASE + int(digits) % span
+    return port + len(RESERVED) if port >= RESERVED.start else port
 
 
 def resolve_addr(host: str) -> str:
@@ -107,3 +114,45 @@ def detect(master_port: Optional[int] = None) -> DistEnv:
         master_addr=resolve_addr(hosts[0]) if hosts else "127.0.0.1",
         master_port=int(master_port) if master_port else port_for_job(je.raw_job_id, ephemeral_start()),
     )
+
+
+class DeviceError(RuntimeError):
+    """This rank cannot get a GPU of its own: the job would crawl on CPU or NCCL would fail later."""
+
+
+def device_index(local_rank: int, local_world: int, visible: int, visible_env: Optional[str]) -> int:
+    """The CUDA device (among the ``visible`` this process sees) for the rank ``local_rank`` of
+    ``local_world`` ranks on its node. Two binding styles:
+
+    - every rank sees the node's GPUs (sbatch --gpus-per-node, the local executor): device =
+      local rank; fewer GPUs than ranks would put two ranks on one GPU: refused;
+    - every rank sees one GPU (--gpus-per-task=1, --gpu-bind=single:1 / map_gpu: Slurm sets a
+      different CUDA_VISIBLE_DEVICES per task): device 0, whatever its local rank.
+
+    One visible GPU and several ranks with no CUDA_VISIBLE_DEVICES set is one GPU shared."""
+    if visible <= 0:
+        raise DeviceError("no CUDA device is visible to this process")
+    if visible == 1 and (local_world == 1 or visible_env not in (None, "")):
+        return 0
+    if local_world > visible:
+        raise DeviceError(
+            f"{local_world} ranks on this node but {visible} GPU(s) visible to each: ranks would share a GPU "
+            f"(NCCL fails with 'Duplicate GPU detected'); set cluster.gpus_per_node={visible}, or bind one GPU per "
+            "task (cluster.sbatch_extra: {gpus-per-task: 1})")
+    return local_rank
+
+
+def cuda_problem(expect_gpus: bool, cuda_available: bool, torch_cuda: Optional[str], visible_env: Optional[str],
+                 why: str) -> Optional[str]:
+    """Why a job that should compute on GPUs cannot (or None): never fall back to CPU silently.
+    ``torch_cuda``: torch.version.cuda (None for a CPU build); ``why``: what promised GPUs."""
+    if not expect_gpus or cuda_available:
+        return None
+    if torch_cuda is None:
+        return (f"{why}, but torch is a CPU build (torch.version.cuda is None): install a CUDA build on the "
+                "nodes (scripts/setup.sh does where nvidia-smi works)")
+    if visible_env in ("", "-1"):
+        return (f"{why}, but CUDA_VISIBLE_DEVICES={visible_env!r} hides every GPU: ask the scheduler for them "
+                "(cluster.use_gpus=true: --gpus-per-node)")
+    return (f"{why}, but torch (CUDA {torch_cuda}) finds no usable GPU: check the driver (nvidia-smi) against "
+            "the CUDA version of the torch build")

@@ -166,6 +166,35 @@ def run(rd: RunDir) -> Dict[str, Any]:
     return summary
 
 
+def _select_device(cfg: Any, denv) -> bool:
+    """Bind this rank to its GPU (True), or stay on CPU (False) where no GPU was promised; a job that
+    was promised GPUs and has none fails here, with the reason, instead of training on CPU."""
+    import torch
+
+    from launcher import backends
+    from launcher.runtime import env as dist_env
+
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cl = cfg.cluster
+    backend = backends.get(str(cl.backend))
+    promised = "cluster.use_gpus=true" if bool(cl.use_gpus) else \
+        "this host has NVIDIA GPUs (cluster=local uses them)" if backend.host_has_gpus() else ""
+    problem = dist_env.cuda_problem(bool(promised), torch.cuda.is_available(), torch.version.cuda, visible_env,
+                                    promised)
+    if problem:
+        raise dist_env.DeviceError(problem)
+    if not torch.cuda.is_available():
+        return False
+    index = dist_env.device_index(denv.local_rank, denv.local_world_size, torch.cuda.device_count(), visible_env)
+    torch.cuda.set_device(index)
+    if index != denv.local_rank:  # one GPU per task: libraries that pick the device by LOCAL_RANK
+        os.environ["LOCAL_RANK"] = str(index)  # (DeepSpeed) must pick the one this task sees
+    # TF32 matmuls for fp32 (MFU is reported against the 16-bit peak); precision.tf32=false for exact fp32
+    torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.get("tf32", True))
+    torch.backends.cudnn.allow_tf32 = bool(cfg.precision.get("tf32", True))
+    return True
+
+
 def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, attempt: Dict[str, int]) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -179,9 +208,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, a
     if layout.world_size != denv.world_size:  # the scheduler gave another shape than was archived
         raise RuntimeError(f"the job has {denv.world_size} processes but the archived layout needs "
                            f"{layout.world_size} (dp {layout.dp} x pp {layout.pp} x tp {layout.tp})")
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
+    use_cuda = _select_device(cfg, denv)
     backend = "nccl" if use_cuda else "gloo"
     device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
     dist.init_process_group(
@@ -190,6 +217,8 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, a
         rank=denv.rank,
         world_size=denv.world_size,
         timeout=timedelta(seconds=int(cfg.train.dist_timeout_s)),
+        # NCCL communicators are created at once, on this device (not lazily at the first collective)
+        **({"device_id": torch.device(device)} if use_cuda else {}),
     )
     dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
     attempt["n"] = int(rd.status().get("attempt") or 1)

@@ -8,6 +8,9 @@
   thread's Python stack (faulthandler) into the run dir, waits briefly for the other ranks' dumps,
   writes hang.json (which rank is stuck where, which collective the others wait in) and calls
   ``on_hang`` (which records the failure and asks for a requeue) before ending the process.
+
+The hang watch looks at this rank's own clock every second; the peer watch reads the (shared) run
+dir every second, or less often for large jobs (``fs_poll_interval``: ~128 reads/s per job at most).
 """
 from __future__ import annotations
 
@@ -20,6 +23,16 @@ from typing import Any, Callable, Optional
 
 from launcher.rundir import RunDir, Status
 from launcher.runtime import stacks
+
+
+# the run dir's shared filesystem sees at most about this many watchdog reads per second from a job
+# (every rank lists the rank errors and reads the status): 1,024 ranks poll every 8 s, not every 1 s
+FS_READS_PER_S = 128.0
+
+
+def fs_poll_interval(world: int, interval_s: float = 1.0) -> float:
+    """Seconds between one rank's reads of the run dir: ``interval_s``, longer for large jobs."""
+    return max(float(interval_s), float(world) / FS_READS_PER_S)
 
 
 class Watch:
@@ -48,7 +61,15 @@ class Watch:
         return self
 
     def _run(self) -> None:
+        every = fs_poll_interval(self.world, self.interval_s)
+        next_fs = time.monotonic() + every
         while not self.stop_event.wait(self.interval_s):
+            if self.hang_timeout_s > 0 and self._last is not None and \
+                    time.monotonic() - self._last > self.hang_timeout_s:
+                os._exit(self._hang())
+            if time.monotonic() < next_fs:
+                continue
+            next_fs = time.monotonic() + every
             failed = self.rd.failed_ranks(except_rank=self.rank, since=self._born)
             if failed:
                 print(f"[watchdog] rank {self.rank}: {failed[0]} failed; ending this rank too",
@@ -60,9 +81,6 @@ class Watch:
                 print(f"[watchdog] rank {self.rank}: the run was cancelled; ending this rank",
                       file=sys.stderr, flush=True)
                 os._exit(1)
-            if self.hang_timeout_s > 0 and self._last is not None and \
-                    time.monotonic() - self._last > self.hang_timeout_s:
-                os._exit(self._hang())
 
     def _hang(self) -> int:
         path = self.rd.stack_path(self.rank)

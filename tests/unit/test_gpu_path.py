@@ -1,0 +1,124 @@
+"""The GPU path, tested on CPU with the environment a GPU node gives: which device a rank binds to
+under both Slurm binding styles, the refusal to fall back to CPU, the GPUs the local executor hands
+out, srun's CPU binding and --exclusive in the generated sbatch, the templates against their nodes,
+rendezvous ports and the watchdog's read rate."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import backends
+from launcher.backends.local import gpu_parameters
+from launcher.runtime import env as dist_env
+from launcher.runtime.watchdog import fs_poll_interval
+from launcher.submit.preflight import compose_point
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+
+
+# ---- device binding ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("local_rank", range(8))
+def test_every_rank_sees_the_nodes_gpus_and_takes_its_local_rank(local_rank):
+    # sbatch --gpus-per-node=8 (or the local executor): CUDA_VISIBLE_DEVICES=0,...,7 in every task
+    assert dist_env.device_index(local_rank, 8, 8, "0,1,2,3,4,5,6,7") == local_rank
+
+
+@pytest.mark.parametrize("local_rank", range(8))
+def test_one_gpu_per_task_is_device_0_whatever_the_local_rank(local_rank):
+    # --gpus-per-task=1 / --gpu-bind=single:1: task k sees only its GPU (CUDA_VISIBLE_DEVICES=k)
+    assert dist_env.device_index(local_rank, 8, 1, str(local_rank)) == 0
+
+
+def test_more_ranks_than_gpus_is_refused_naming_the_key():
+    with pytest.raises(dist_env.DeviceError, match="cluster.gpus_per_node=4") as e:
+        dist_env.device_index(5, 8, 4, "0,1,2,3")
+    assert "Duplicate GPU" in str(e.value)
+    # one physical GPU, two ranks, nothing bound per task: they would share it
+    with pytest.raises(dist_env.DeviceError, match="share a GPU"):
+        dist_env.device_index(1, 2, 1, None)
+    with pytest.raises(dist_env.DeviceError, match="no CUDA device"):
+        dist_env.device_index(0, 1, 0, None)
+
+
+def test_a_job_promised_gpus_never_falls_back_to_cpu():
+    why = "cluster.use_gpus=true"
+    assert dist_env.cuda_problem(False, False, None, None, why) is None  # a CPU cluster: fine
+    assert dist_env.cuda_problem(True, True, "12.4", "0", why) is None
+    assert "CPU build" in dist_env.cuda_problem(True, False, None, None, why)
+    assert "hides every GPU" in dist_env.cuda_problem(True, False, "12.4", "", why)
+    assert "driver" in dist_env.cuda_problem(True, False, "12.4", "0,1", why)
+
+
+# ---- the local executor's GPUs ---------------------------------------------------------------------
+
+def test_the_local_executor_is_asked_for_one_gpu_per_process_on_a_gpu_host():
+    assert gpu_parameters(4, host_has_gpus=False, visible_env=None) == {}  # CPU host: nothing asked
+    assert gpu_parameters(4, True, None) == {"gpus_per_node": 4}
+    # the GPUs this process may use are the ones handed out
+    assert gpu_parameters(2, True, "2,3") == {"gpus_per_node": 2, "visible_gpus": [2, 3]}
+
+
+def test_submitit_local_hands_a_job_the_gpus_it_asks_for(tmp_path):
+    """What the local executor really exports to its tasks (no GPU needed to see it)."""
+    code = (
+        "import os, submitit\n"
+        f"ex = submitit.LocalExecutor(folder={str(tmp_path)!r})\n"
+        "ex.update_parameters(timeout_min=1, tasks_per_node=1, **PARAMS)\n"
+        "job = ex.submit(os.getenv, 'CUDA_VISIBLE_DEVICES')\n"
+        "print(repr(job.result()))\n"
+    )
+    def visible(params):
+        res = subprocess.run([sys.executable, "-c", f"PARAMS = {params!r}\n" + code], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return eval(res.stdout.strip().splitlines()[-1])
+    assert visible({}) == ""  # asked for none: every GPU hidden (the job would train on CPU)
+    assert visible(gpu_parameters(2, True, "2,3")) == "2,3"
+
+
+# ---- the sbatch script -----------------------------------------------------------------------------
+
+def _script(overrides):
+    cfg = compose_point(overrides).cfg
+    return backends.get("slurm").script_text(cfg, Path("/tmp/launcher-test"), 1)
+
+
+def test_srun_gets_the_cpus_per_task_and_exclusive_is_asked_where_configured():
+    text = _script(["cluster=local_slurm", "cluster.cpus_per_task=3"])
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=3" in srun  # Slurm >= 22.05: srun does not inherit sbatch's
+    assert "export SRUN_CPUS_PER_TASK=3" in text  # for any srun the setup lines run
+    assert "#SBATCH --exclusive" not in text
+    assert "#SBATCH --exclusive" in _script(["cluster=local_slurm", "cluster.exclusive=true"])
+
+
+@pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_cluster_template_fits_the_nodes_it_describes(path):
+    c = yaml.safe_load(path.read_text())
+    if c.get("cpus_per_node"):
+        assert c["gpus_per_node"] * c["cpus_per_task"] <= c["cpus_per_node"], path.name
+    threads = int((c.get("env") or {}).get("OMP_NUM_THREADS", 1))
+    assert threads <= int(c.get("cpus_per_task", 1)), f"{path.name}: OMP_NUM_THREADS above the task's CPUs"
+    assert "NCCL_ASYNC_ERROR_HANDLING" not in (c.get("env") or {}), "deprecated name: TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    if c.get("use_gpus"):
+        assert c.get("gpu", {}).get("memory_gb") and c.get("gpu", {}).get("peak_tflops"), path.name
+
+
+# ---- ports and the watchdog --------------------------------------------------------------------------
+
+def test_no_job_id_maps_to_torchruns_port():
+    ports = {dist_env.port_for_job(str(j)) for j in range(0, 60_000)}
+    assert not ports & set(dist_env.RESERVED)
+    assert all(dist_env.PORT_BASE <= p < dist_env.EPHEMERAL_START for p in ports)
+    # consecutive ids (jobs side by side on a node) never share a port
+    assert len({dist_env.port_for_job(str(j)) for j in range(5000, 15000)}) == 10000
+
+
+def test_the_watchdog_reads_the_run_dir_less_often_in_large_jobs():
+    assert fs_poll_interval(8) == 1.0
+    assert fs_poll_interval(1024) == 8.0
+    assert 1024 / fs_poll_interval(1024) <= 128 and 16384 / fs_poll_interval(16384) <= 128
+
