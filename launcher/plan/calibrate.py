@@ -9,8 +9,9 @@ saved-for-backward bytes in the first step, recipes/common/activations.py).
 
     measured step  ~  compute_scale * C + comm_scale * M + R + step_overhead_s
 
-is solved by non-negative least squares over the runs (three unknowns: every active set is tried,
-the best non-negative solution kept). Constants the runs cannot tell apart stay at their neutral
+is solved by non-negative least squares over the runs, each equation divided by the run's measured
+step time (so the fit minimises the relative errors: a slow layout does not outweigh the others;
+three unknowns: every active set is tried, the best non-negative solution kept). Constants the runs cannot tell apart stay at their neutral
 value (1, 1, 0) and the fit says why: fewer runs than constants (kept in the order compute_scale,
 comm_scale, step_overhead_s), no run with communication, or columns proportional to each other.
 ``activation_scale`` is the s minimising sum ((s * planned - measured) / measured)^2 over the runs
@@ -302,12 +303,29 @@ def fit_step(samples: Sequence[Sample]) -> Tuple[Dict[str, float], Tuple[str, ..
             continue
         basis.append(q)
         chosen.append(name)
-    values = dict(NEUTRAL)
-    target = [s.measured_step_s - s.parts.other_s - sum(NEUTRAL[k] * columns[k][i] for k in STEP_UNKNOWNS
-                                                         if k not in chosen)
-              for i, s in enumerate(samples)]
-    for name, v in zip(chosen, nnls([columns[k] for k in chosen], target)):
-        values[name] = v
+    # every run's equation divided by its measured time: the fit minimises the relative errors, so a
+    # slow layout does not outweigh the others
+    weight = [1.0 / s.measured_step_s for s in samples]
+
+    def solve() -> Dict[str, float]:
+        values = dict(NEUTRAL)
+        target = [(s.measured_step_s - s.parts.other_s - sum(NEUTRAL[k] * columns[k][i] for k in STEP_UNKNOWNS
+                                                              if k not in chosen)) * weight[i]
+                  for i, s in enumerate(samples)]
+        cols = [[v * w for v, w in zip(columns[k], weight)] for k in chosen]
+        for name, v in zip(chosen, nnls(cols, target)):
+            values[name] = v
+        return values
+
+    values = solve()
+    if values["compute_scale"] <= 0 and "step_overhead_s" in chosen:
+        # the per-step constant took all the time: compute must stay in the model (the planner ranks
+        # layouts by it), so the fit goes through the origin instead
+        chosen.remove("step_overhead_s")
+        notes.append("step_overhead_s kept at 0: with it the fit left no compute time (compute_scale 0: these "
+                     "runs' step times do not grow with their predicted compute), so compute_scale carries the "
+                     "per-step time")
+        values = solve()
     if values["compute_scale"] <= 0:
         raise CalibrationError("the fit leaves no compute time (compute_scale 0): these runs' step times do not "
                                "grow with their predicted compute; calibrate on runs of different sizes or layouts")

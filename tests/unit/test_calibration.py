@@ -114,6 +114,24 @@ def test_runs_without_communication_fit_compute_and_overhead():
     assert "comm_scale kept at 1: no run has predicted communication time" in fit.notes
 
 
+def test_an_overhead_that_would_leave_no_compute_time_is_dropped():
+    # step times that do not grow with the predicted compute: a constant would explain them all
+    runs = [sample(i, c, 0.0, measured=y) for i, (c, y) in enumerate([(1e-3, 0.030), (2e-3, 0.020), (3e-3, 0.025)])]
+    fit = calibrate.fit(runs)
+    assert fit.fitted == ("compute_scale",) and fit.calibration.step_overhead_s == 0
+    assert fit.calibration.compute_scale > 0
+    assert any(n.startswith("step_overhead_s kept at 0: with it the fit left no compute time") for n in fit.notes)
+
+
+def test_the_fit_weighs_every_run_by_its_own_time():
+    # a slow run 10% off the others' rate must not outweigh them (plain least squares on seconds would
+    # fit it exactly and leave both fast runs 10% off)
+    runs = [sample(0, 1e-3, 0.0, measured=0.1), sample(1, 2e-3, 0.0, measured=0.2), sample(2, 1.0, 0.0, measured=110.0)]
+    fit = calibrate.fit(runs)
+    errors = [r["step_time_s"]["error_after"] for r in calibrate.rows(runs, fit.calibration)]
+    assert max(abs(e) for e in errors) < 0.07 and abs(errors[0]) < 0.05 and abs(errors[1]) < 0.05
+
+
 def test_proportional_columns_are_not_told_apart():
     fit = calibrate.fit([sample(i, c, c / 10, measured=150 * c) for i, c in enumerate([1e-3, 2e-3, 5e-3])])
     assert "comm_scale" not in fit.fitted
