@@ -48,9 +48,11 @@ LAYOUTS = [
 def launch(name: str, overrides: Sequence[str], procs: int, steps: int, root: Path) -> Path:
     args = [str(Path(sys.executable).parent / "launch"), *BASE, *overrides, f"cluster.gpus_per_node={procs}",
             f"train.steps={steps}", f"tags=[calibration_{name}]"]
-    env = dict(os.environ, LAUNCHER_RUNS=str(root))
+    # the launcher and the job both run this checkout's code (its snapshot), whatever else is installed
+    env = dict(os.environ, LAUNCHER_RUNS=str(root),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     t0 = time.time()
-    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900, cwd=root.parent)
+    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
     if res.returncode != 0:
         raise SystemExit(f"{name}: launch failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     run = runs_of(root, name)[-1]
@@ -138,6 +140,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from launcher.plan import calibrate
+    from launcher.rundir import RunDir
 
     chosen = [x for x in LAYOUTS if not args.only or x[0] in args.only.split(",")]
     t0 = time.time()
@@ -173,7 +176,10 @@ def main() -> None:
     for note in fit_all.notes:
         md += f"Note: {note}\n"
     steps = sorted({s.steps_measured + calibrate.WARMUP_STEPS for s in samples})
-    md += (f"\nMachine: {machine()}; {'/'.join(map(str, steps))} steps per run, the least disturbed of "
+    commits = sorted({str(((RunDir(s.run_dir).git() or {}).get("commit") or "?"))[:7]
+                      + ("+dirty" if (RunDir(s.run_dir).git() or {}).get("dirty") else "") for s in samples})
+    md += (f"\nCode: {', '.join(commits)}. Machine: {machine()}; {'/'.join(map(str, steps))} steps per run, "
+           f"the least disturbed of "
            f"{'/'.join(map(str, sorted(runs_per)))} run(s) per layout; whole benchmark {time.time() - t0:.0f} s. "
            f"Reproduce: `.venv/bin/python benchmarks/calibration.py`.\n")
     print(md)
