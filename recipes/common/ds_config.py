@@ -13,8 +13,9 @@ the rules cover is checked again here. Mapping (layout field / run config key ->
     layout.grad_accum                  -> gradient_accumulation_steps
     optim.grad_clip (0 = off)          -> gradient_clipping (0.0 = off in DeepSpeed too)
     layout.zero                        -> zero_optimization.stage
-    layout.offload_optimizer           -> zero_optimization.offload_optimizer {device: cpu, pin_memory: false}
-    layout.offload_params              -> zero_optimization.offload_param     {device: cpu, pin_memory: false}
+    layout.offload_optimizer           -> zero_optimization.offload_optimizer {device: cpu, pin_memory: on GPUs}
+    layout.offload_params              -> zero_optimization.offload_param     {device: cpu, pin_memory: on GPUs}
+    device (cuda / cpu)                -> zero_optimization.overlap_comm (on GPUs; ZeRO-3 always)
     precision.dtype == fp16            -> fp16.enabled, with precision.loss_scale (0 = dynamic),
                                           initial_scale_power, loss_scale_window, hysteresis, min_loss_scale
     precision.dtype == bf16            -> bf16.enabled
@@ -41,8 +42,11 @@ STEPS_PER_PRINT = 1_000_000_000
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def zero_section(cfg: Any, layout: "Layout") -> Dict[str, Any]:
-    """``zero_optimization``: stage, offload and bucket sizes."""
+def zero_section(cfg: Any, layout: "Layout", device_type: str = "cpu") -> Dict[str, Any]:
+    """``zero_optimization``: stage, offload and bucket sizes. On GPUs the gradient reduction
+    overlaps the backward (overlap_comm, its own CUDA stream) and offloaded state moves through
+    pinned host memory; on CPU neither exists."""
+    gpu = device_type == "cuda"
     stage = int(layout.zero)
     offload_optimizer, offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)
     section: Dict[str, Any] = {"stage": stage}
@@ -54,13 +58,12 @@ def zero_section(cfg: Any, layout: "Layout") -> Dict[str, Any]:
         reduce_scatter=True,
         reduce_bucket_size=BUCKET_ELEMENTS,
         contiguous_gradients=True,
-        # overlap needs separate CUDA streams; DeepSpeed's defaults: off for 1/2, on for 3
-        overlap_comm=stage == 3,
+        # overlap needs separate CUDA streams (DeepSpeed's own defaults: off for 1/2, on for 3)
+        overlap_comm=gpu or stage == 3,
     )
     if offload_optimizer:
-        # pin_memory false: pinned host memory is a CUDA-only benefit, and it is locked RAM the
-        # node's other processes lose; turn it on by hand when host RAM is plentiful.
-        section["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        # pinned host memory: asynchronous copies at full PCIe speed (a CUDA-only benefit)
+        section["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
     if stage == 3:
         h = int(cfg.model.hidden_size)
         # The sizes HuggingFace's "auto" ZeRO-3 settings derive from the hidden size:
@@ -78,12 +81,13 @@ def zero_section(cfg: Any, layout: "Layout") -> Dict[str, Any]:
             stage3_gather_16bit_weights_on_model_save=False,
         )
         if offload_params:
-            section["offload_param"] = {"device": "cpu", "pin_memory": False}
+            section["offload_param"] = {"device": "cpu", "pin_memory": gpu}
     return section
 
 
-def deepspeed_config(cfg: Any, layout: "Layout") -> Dict[str, Any]:
-    """The DeepSpeed config dict for run config ``cfg`` run with ``layout``."""
+def deepspeed_config(cfg: Any, layout: "Layout", device_type: str = "cpu") -> Dict[str, Any]:
+    """The DeepSpeed config dict for run config ``cfg`` run with ``layout`` on ``device_type``
+    ("cuda" or "cpu")."""
     prec = cfg.precision
     dtype = enum_value(prec.dtype)
     if dtype not in DTYPES:
@@ -96,7 +100,7 @@ def deepspeed_config(cfg: Any, layout: "Layout") -> Dict[str, Any]:
         "train_micro_batch_size_per_gpu": int(layout.micro_batch_size),
         "gradient_accumulation_steps": int(layout.grad_accum),
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero_section(cfg, layout),
+        "zero_optimization": zero_section(cfg, layout, device_type),
         "fp16": {"enabled": False},
         "bf16": {"enabled": dtype == "bf16"},
         "steps_per_print": STEPS_PER_PRINT,

@@ -136,3 +136,21 @@ def test_pure_no_torch_or_deepspeed_import():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_on_gpus_reduction_overlaps_the_backward_and_offload_is_pinned(stage):
+    from omegaconf import OmegaConf
+
+    from launcher.layout import Layout
+
+    cfg = OmegaConf.create({"model": {"hidden_size": 64}, "optim": {"grad_clip": 1.0},
+                            "precision": {"dtype": "bf16"}})
+    lay = Layout(dp=2, zero=stage, micro_batch_size=1, grad_accum=1, offload_optimizer=True,
+                 offload_params=stage == 3)
+    gpu = deepspeed_config(cfg, lay, "cuda")["zero_optimization"]
+    cpu = deepspeed_config(cfg, lay, "cpu")["zero_optimization"]
+    assert gpu["overlap_comm"] is True and cpu["overlap_comm"] is (stage == 3)
+    assert gpu["offload_optimizer"]["pin_memory"] is True and cpu["offload_optimizer"]["pin_memory"] is False
+    if stage == 3:
+        assert gpu["offload_param"]["pin_memory"] is True and cpu["offload_param"]["pin_memory"] is False
