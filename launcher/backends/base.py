@@ -64,6 +64,10 @@ class Backend:
         params = self.parameters(cfg)
         return self.name + ":" + repr(sorted((k, v) for k, v in params.items() if k not in self.submission_parameters))
 
+    def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
+        """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
+        return None
+
     def array_limits(self, cfg: Any = None) -> "ArrayLimits":
         """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
         jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and

@@ -7,11 +7,12 @@ verbatim. Job states come from sacct (accounting), and from squeue for jobs sacc
 from __future__ import annotations
 
 import shlex
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 from launcher.backends.base import Backend, JobState
 from launcher.rundir import Status
@@ -55,6 +56,49 @@ def code_lines(code_dir: Optional[Path]) -> List[str]:
     if code_dir is None:
         return []
     return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+
+
+# filesystems every node of a cluster can mount at the same path
+SHARED_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
+                       "wekafs", "panfs", "cifs", "smb3", "afs", "orangefs", "pvfs2", "fuse.juicefs", "fuse.sshfs",
+                       "virtiofs", "9p", "fuse.weka", "exascaler"})
+
+
+def fs_type(path: Path, mounts: str) -> str:
+    """The type of the filesystem ``path`` is on (longest mount point of /proc/mounts above it)."""
+    target = str(Path(path).expanduser().absolute())
+    best, kind = "", ""
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/") or mnt == "/") and len(mnt) >= len(best):
+            best, kind = mnt, parts[2]
+    return kind
+
+
+def own_addresses() -> Set[str]:
+    """Names and addresses of this host (and loopback)."""
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        names.update(a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None))
+    except OSError:
+        pass
+    return names
+
+
+def unshared_runs_root(runs_root: Path, fs: str, node_addrs: Set[str], own: Set[str]) -> Optional[str]:
+    """The problem of a runs root on a local filesystem (``fs``) when some node is another host."""
+    if not fs or fs in SHARED_FS or not node_addrs:
+        return None
+    others = sorted(a for a in node_addrs if a not in own and not a.startswith("127."))
+    if not others:  # every node is this host (a single-machine cluster)
+        return None
+    return (f"submit.runs_root={runs_root} is on a {fs} filesystem of this host, which the nodes "
+            f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) do not mount: each job would wait for "
+            "its run dir and fail. Put it on a shared filesystem (submit.runs_root=/shared/... or $LAUNCHER_RUNS; "
+            f"NFS, Lustre, GPFS, ...)")
 
 
 def cpu_lines(cpus_per_task: int) -> List[str]:
@@ -155,6 +199,19 @@ class SlurmBackend(Backend):
         ex = SlurmExecutor(folder=folder)
         ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism))
         return ex
+
+    def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
+        """A runs root on a filesystem only this host has, for nodes that are other hosts: the job
+        would wait 120 s for its run dir and fail. Unknown (no sinfo, no /proc/mounts): None."""
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+        part = cfg.cluster.get("partition") if cfg is not None else None
+        nodes = [ln.split() for ln in _run(["sinfo", "-h", "-N", "-o", "%N %o"]
+                                           + (["-p", str(part)] if part else [])).splitlines()]
+        return unshared_runs_root(runs_root, fs_type(runs_root, mounts), {n[1] for n in nodes if len(n) == 2},
+                                  own_addresses())
 
     def array_limits(self, cfg: Any = None) -> Any:
         """MaxArraySize and MaxJobCount from ``scontrol show config``, the user's MaxSubmitJobs from its

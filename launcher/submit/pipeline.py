@@ -146,6 +146,14 @@ def check(points: List[Point]) -> List[Checked]:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         good.append(Checked(p, i, resolved, lay, res.plan, backends.of(p.cfg), known=known))
+    seen = set()
+    for c in good:  # the jobs read and write their run dirs: the nodes must see the runs root
+        root = Path(str(c.point.cfg.submit.runs_root)).expanduser().absolute()
+        if (c.backend.name, root) not in seen:
+            seen.add((c.backend.name, root))
+            problem = c.backend.runs_root_problem(root, c.point.cfg)
+            if problem:
+                problems.append(f"submit.runs_root:\n  - {problem}")
     if problems or warned:
         total, bad = len(points), len(problems) + len(warned)
         head = (f"{bad} of {total} point(s) invalid; nothing was submitted" if total > 1

@@ -122,3 +122,35 @@ def test_the_watchdog_reads_the_run_dir_less_often_in_large_jobs():
     assert fs_poll_interval(1024) == 8.0
     assert 1024 / fs_poll_interval(1024) <= 128 and 16384 / fs_poll_interval(16384) <= 128
 
+
+
+# ---- the runs root the nodes must see -------------------------------------------------------------
+
+MOUNTS = """/dev/sda1 / ext4 rw 0 0
+tmpfs /tmp tmpfs rw 0 0
+nas:/export/home /home nfs4 rw 0 0
+lustre@o2ib:/scratch /scratch lustre rw 0 0
+"""
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount_point():
+    from launcher.backends.slurm import fs_type
+
+    assert fs_type(Path("/home/me/runs"), MOUNTS) == "nfs4"
+    assert fs_type(Path("/scratch/x"), MOUNTS) == "lustre"
+    assert fs_type(Path("/tmp/runs"), MOUNTS) == "tmpfs"
+    assert fs_type(Path("/opt/runs"), MOUNTS) == "ext4"
+    assert fs_type(Path("/scratchpad"), MOUNTS) == "ext4"  # a prefix of the name is not a mount point above it
+
+
+def test_a_runs_root_the_nodes_cannot_mount_is_refused_before_submitting():
+    from launcher.backends.slurm import unshared_runs_root
+
+    own = {"login1", "10.0.0.1", "127.0.0.1", "localhost"}
+    problem = unshared_runs_root(Path("/tmp/runs"), "tmpfs", {"10.0.1.5", "10.0.1.6"}, own)
+    assert "submit.runs_root=/tmp/runs" in problem and "shared filesystem" in problem and "10.0.1.5" in problem
+    assert unshared_runs_root(Path("/home/r"), "nfs4", {"10.0.1.5"}, own) is None  # shared: fine
+    # every node is this host (scripts/slurm-local.sh): a local filesystem is fine
+    assert unshared_runs_root(Path("/tmp/runs"), "tmpfs", {"127.0.0.1"}, own) is None
+    assert unshared_runs_root(Path("/tmp/runs"), "ext4", {"login1"}, own) is None
+    assert unshared_runs_root(Path("/tmp/runs"), "ext4", set(), own) is None  # unknown nodes: no claim
