@@ -599,10 +599,6 @@ RULES: Tuple[Rule, ...] = (
          lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
          lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
          "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
-    Rule("model.dropout", lambda f: f.resolved_engine == "megatron" and f.model.dropout > 0 and f.tp > 1,
-         ("dropout with tp > 1 would draw the same masks on every tensor-parallel rank "
-          "(there is no per-rank RNG stream yet)"),
-         "set model.dropout=0.0 for tensor-parallel runs"),
     Rule("zero.stage", lambda f: f.resolved_engine == "megatron" and f.zero > 1,
          lambda f: (f"ZeRO stage {f.zero} cannot be combined with tensor/pipeline parallelism here "
                     "(gradients and parameters are already split by tp/pp; stages 2-3 would re-shard "

@@ -31,6 +31,15 @@ def dropout_seed(seed: int, dp_rank: int) -> int:
     return derive_seed(int(seed), "dropout", int(dp_rank))
 
 
+def tracker_seeds(seed: int, dp_rank: int, pp_rank: int, tp_rank: int) -> dict:
+    """The megatron engine's dropout streams of one rank (``recipes.gpt.rng``): ``replicated`` is the
+    same on every tensor-parallel rank (masks of replicated activations), ``model_parallel`` distinct
+    per tensor-parallel rank (masks of split ones); both distinct per data-parallel replica and stage."""
+    base = ("dropout", int(dp_rank), int(pp_rank))
+    return {"replicated": derive_seed(int(seed), *base),
+            "model_parallel": derive_seed(int(seed), *base, int(tp_rank))}
+
+
 def seed_plan(seed: int, explicit_data_seed: object, dp: int) -> dict:
     """Every seed a run uses and how it was derived (archived as seeds.json)."""
     return {
@@ -42,5 +51,13 @@ def seed_plan(seed: int, explicit_data_seed: object, dp: int) -> dict:
                  "order": "sample i of step s, dp rank r, micro batch k: s*G + r*(a*mb) + k*mb + j, "
                           "each sample a function of (data seed, i) only"},
         "dropout": {"how": "derive_seed(seed, 'dropout', dp_rank)",
-                    "per_dp_rank": {str(r): dropout_seed(seed, r) for r in range(int(dp))}},
+                    "per_dp_rank": {str(r): dropout_seed(seed, r) for r in range(int(dp))},
+                    "megatron": {
+                        "how": "two named streams per rank (an RNG tracker, recipes.gpt.rng); the ddp and "
+                               "deepspeed engines draw from per_dp_rank",
+                        "replicated": "derive_seed(seed, 'dropout', dp_rank, pp_rank): the same on every "
+                                      "tensor-parallel rank; embedding and residual dropouts",
+                        "model_parallel": "derive_seed(seed, 'dropout', dp_rank, pp_rank, tp_rank): distinct "
+                                          "per tensor-parallel rank; attention-probability dropout, and the "
+                                          "embedding and residual dropouts under sequence parallelism"}},
     }

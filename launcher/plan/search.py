@@ -12,7 +12,7 @@ and on. Whether a candidate is valid is decided by launcher.layout's rule table 
 candidate (the same rules ``launcher.layout.check`` applies to a run config: tp dividing the heads,
 ffn and vocabulary and fitting in a node, pp dividing the layers, dp * micro batch dividing the
 global batch, the ZeRO stages and offload each engine runs, a micro-batch per pipeline stage,
-sequence parallelism needing tp > 1 dividing seq_len, no dropout with tp > 1, ...). Recompute (none,
+sequence parallelism needing tp > 1 dividing seq_len, ...). Recompute (none,
 selective, full) is no rule's concern: every valid candidate is yielded once per mode.
 
 No rule is restated here.

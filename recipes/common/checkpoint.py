@@ -6,7 +6,8 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   ZeRO partitions, loss scaler) and/or ``Engine.checkpoint_files`` (ddp: one model+optimizer file
   from data-parallel rank 0; megatron: one file per (pp, tp) shard, plus one per rank for ZeRO-1's
   optimizer partitions);
-- ``rng_rank_<r>.pt``: every RNG state of every rank (torch, CUDA, Python, NumPy);
+- ``rng_rank_<r>.pt``: every RNG state of every rank (torch, CUDA, Python, NumPy, and the engine's
+  dropout streams: ``engine.rng_tracker``, the megatron engine's ``recipes.gpt.rng.RNGTracker``);
 - ``meta.json`` (rank 0): the step and the metrics rows so far. The data order needs nothing more:
   every step's batch is a pure function of (data seed, step, dp rank) (recipes.common.data).
 
@@ -43,8 +44,11 @@ META_FILE = "meta.json"
 DONE_FILE = "done_rank_{rank:05d}"
 
 
-def rng_state() -> Dict[str, Any]:
+def rng_state(tracker: Any = None) -> Dict[str, Any]:
+    """This process's RNG states; ``tracker``: an RNG tracker whose streams are saved too (state_dict)."""
     state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if tracker is not None:
+        state["tracker"] = tracker.state_dict()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
@@ -56,8 +60,12 @@ def rng_state() -> Dict[str, Any]:
     return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: Dict[str, Any], tracker: Any = None) -> None:
+    """Restore ``rng_state``'s states (and ``tracker``'s streams, when saved: a checkpoint from before
+    the engine had a tracker leaves it freshly seeded)."""
     torch.set_rng_state(state["torch"])
+    if tracker is not None and "tracker" in state:
+        tracker.load_state_dict(state["tracker"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -138,9 +146,13 @@ class Checkpointer:
             return 0, []
         meta = json.loads((latest / META_FILE).read_text())
         self.engine.load_checkpoint(latest)
-        set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False))
+        set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
         self.ctx.heartbeat()
         return int(meta["step"]), list(meta["metrics"])
+
+    def _tracker(self) -> Any:
+        """The engine's dropout RNG streams (``recipes.gpt.rng.RNGTracker``), or None."""
+        return getattr(self.engine, "rng_tracker", None)
 
     # ---- save --------------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -159,7 +171,7 @@ class Checkpointer:
         partial.mkdir(parents=True, exist_ok=True)
         self.engine.save_native(partial)  # collective, synchronous (DeepSpeed)
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
-        small = {RNG_FILE.format(rank=self.rank): rng_state()}
+        small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
         if self.rank == 0:
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
         if self.async_save and not block and self._hooked():

@@ -3,6 +3,10 @@
 Kept modular so tensor and pipeline parallelism can later split it along its seams:
 ``model.embedding`` (token + position embedding), ``model.blocks`` (a ModuleList of
 decoder blocks), ``model.final_norm`` and ``model.head``.
+
+Dropout draws from the default generator, unless an RNG tracker is attached (``recipes.gpt.rng.attach``):
+then from its streams as the tensor-parallel model's dropout sites do with tp=1 (embedding and
+residual dropouts: ``replicated``; attention probabilities: ``model_parallel``).
 """
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from recipes.gpt import rng
 from recipes.gpt.init import init_values
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -31,13 +35,14 @@ class Embedding(nn.Module):
         self.position = nn.Embedding(seq_len, hidden_size)
         self.dropout = nn.Dropout(dropout)
         self.seq_len = seq_len
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]
         if length > self.seq_len:
             raise ValueError(f"sequence of {length} tokens exceeds model.seq_len={self.seq_len}")
         positions = torch.arange(length, device=tokens.device)
-        return self.dropout(self.word(tokens) + self.position(positions))
+        return rng.dropout(self.dropout, self.word(tokens) + self.position(positions), self.rng, rng.REPLICATED)
 
 
 class CausalSelfAttention(nn.Module):
@@ -56,22 +61,24 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
         self.recompute_core = False  # set by GPT.set_recompute("selective")
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + causal mask) v: the part selective recompute redoes."""
         p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        with rng.fork(self.rng if p > 0 else None, rng.MODEL_PARALLEL):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         qkv = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [b, heads, s, head_dim]
         if self.recompute_core and torch.is_grad_enabled():
-            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+            y = rng.checkpoint(self.core, q, k, v, tracker=self.rng)
         else:
             y = self.core(q, k, v)
         y = y.transpose(1, 2).reshape(b, s, h)
-        return self.resid_dropout(self.proj(y))
+        return rng.dropout(self.resid_dropout, self.proj(y), self.rng, rng.REPLICATED)
 
 
 class MLP(nn.Module):
@@ -81,9 +88,10 @@ class MLP(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Linear(ffn_hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.act(self.fc1(x))))
+        return rng.dropout(self.dropout, self.fc2(self.act(self.fc1(x))), self.rng, rng.REPLICATED)
 
 
 class Block(nn.Module):
@@ -130,6 +138,7 @@ class GPT(nn.Module):
         if seed is not None:  # None: left as constructed (on the meta device, or for ZeRO-3 partitions)
             self._init_weights(int(seed))
         self.recompute = "none"
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach: restored for full recompute
         self.set_recompute(recompute)
 
     def _init_weights(self, seed: int) -> None:
@@ -152,7 +161,7 @@ class GPT(nn.Module):
         x = self.embedding(tokens)
         full = self.recompute == "full" and torch.is_grad_enabled()
         for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False) if full else block(x)
+            x = rng.checkpoint(block, x, tracker=self.rng) if full else block(x)
         logits = self.head(self.final_norm(x))
         if labels is None:
             return logits

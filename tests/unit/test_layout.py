@@ -66,7 +66,6 @@ def test_tp_pp_not_dividing_world_names_key_and_fix():
         (["parallelism=pp", "cluster.gpus_per_node=2", "train.global_batch_size=4", "train.micro_batch_size=4"],
          "train.global_batch_size"),
         (["parallelism=tp", "parallelism.sequence_parallel=true", "model.seq_len=63"], "parallelism.sequence_parallel"),
-        (["parallelism=tp", "model.dropout=0.1"], "model.dropout"),
         (["parallelism=zero", "zero=0", "precision=fp16"], "precision.dtype"),
         (["parallelism=tp", "parallelism.engine=deepspeed"], "parallelism.engine"),
     ],

@@ -39,6 +39,7 @@ from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import (
     Batch, Engine, adamw_kwargs, autocast_for, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
 )
+from recipes.gpt import rng
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
 from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
@@ -116,6 +117,7 @@ class MegatronEngine(Engine):
         del full
         materialize(self.stage, int(cfg.seed), int(m.num_layers), self.device)
         torch.manual_seed(dropout_seed(int(cfg.seed), self.dp_rank))  # dropout masks differ per dp replica
+        self.rng_tracker = rng.attach(self.stage, rng.dropout_tracker(int(cfg.seed), *self.mesh.coords, self.device))
         self.stage.train()
         self.params: List[nn.Parameter] = [p for p in self.stage.parameters() if p.requires_grad]
         self.embedding_param = self.stage.embedding_param()

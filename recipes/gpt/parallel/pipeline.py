@@ -12,8 +12,8 @@ from typing import Any, Callable, ContextManager, Optional, Tuple
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from recipes.gpt import rng
 from recipes.gpt.parallel.tensor_parallel import (
     ParallelBlock, ParallelHead, TPContext, VocabParallelEmbedding, chunk_of, mark_replicated, shard,
 )
@@ -39,6 +39,7 @@ class GPTStage(nn.Module):
         self.is_first, self.is_last = stage == 0, stage == pp - 1
         self.recompute = recompute
         self.autocast = autocast
+        self.rng: Optional[rng.RNGTracker] = None  # the dropout streams (rng.attach): restored for recompute
         self.vocab_size = int(full.vocab_size)
         self.vocab_start = tp.rank * (self.vocab_size // tp.size)
         start, end = stage_layers(len(full.blocks), pp, stage)
@@ -83,7 +84,7 @@ class GPTStage(nn.Module):
                 x = self.embedding(x)
             full = self.recompute == "full" and torch.is_grad_enabled()
             for block in self.blocks:
-                x = checkpoint(block, x, use_reentrant=False) if full else block(x)
+                x = rng.checkpoint(block, x, tracker=self.rng) if full else block(x)
             if self.head is not None:
                 return self.head(self.final_norm(x)).float()  # vocab-sharded logits, fp32 for the loss
         return x.float()

@@ -22,6 +22,12 @@ exactly the single-process initialisation. Parameter attributes used by the engi
 ``tensor_parallel`` (sharded across tp: its squared norm is summed over the tp group) and
 ``sequence_parallel`` (replicated, but with sequence parallelism each rank sees only its sequence
 chunk, so its gradient is partial and must be all-reduced over tp).
+
+Dropout (``recipes.gpt.rng``): every dropout site draws from a stream of the RNG tracker the engine
+attaches (``rng.attach``): the attention-probability dropout (this rank's heads) from the
+model-parallel stream, distinct per tp rank; the embedding and residual dropouts from the replicated
+stream, the same on every tp rank - or, under sequence parallelism (this rank's sequence chunk), from
+the model-parallel one. Without a tracker (``rng`` None) they draw from the default generator.
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from recipes.gpt import rng
 
 SEQ_DIM = 1
 
@@ -297,6 +304,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = shard(full.word.weight, chunk_of(vocab, tp), tensor_parallel=True, sequence_parallel=False)
         self.position = shard(full.position.weight, tensor_parallel=False, sequence_parallel=tp.sequence_parallel)
         self.dropout = nn.Dropout(full.dropout.p)
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
         self.seq_len = int(full.seq_len)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -317,7 +325,8 @@ class VocabParallelEmbedding(nn.Module):
         else:
             word = reduce_from_tp(word, self.tp)
             positions = torch.arange(length, device=tokens.device)
-        return self.dropout(word + self.position[positions])
+        return rng.dropout(self.dropout, word + self.position[positions], self.rng,
+                           rng.residual_stream(self.tp.sequence_parallel))
 
 
 class ParallelAttention(nn.Module):
@@ -334,33 +343,38 @@ class ParallelAttention(nn.Module):
         self.attn_dropout = full.attn_dropout
         self.resid_dropout = nn.Dropout(full.resid_dropout.p)
         self.recompute_core = bool(full.recompute_core)
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         p = self.attn_dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        with rng.fork(self.rng if p > 0 else None, rng.MODEL_PARALLEL):  # this rank's heads: its own masks
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # [b, s, 3 * local_heads * head_dim] (full sequence under SP)
         b, s = qkv.shape[:2]
         q, k, v = qkv.view(b, s, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.recompute_core and torch.is_grad_enabled():
-            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+            y = rng.checkpoint(self.core, q, k, v, tracker=self.rng)
         else:
             y = self.core(q, k, v)
         y = y.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
-        return self.resid_dropout(self.proj(y))
+        return rng.dropout(self.resid_dropout, self.proj(y), self.rng, rng.residual_stream(self.tp.sequence_parallel))
 
 
 class ParallelMLP(nn.Module):
     def __init__(self, full: Any, tp: TPContext) -> None:  # full: recipes.gpt.model.MLP
         super().__init__()
+        self.tp = tp
         self.fc1 = ColumnParallelLinear(full.fc1, tp)
         self.act = full.act
         self.fc2 = RowParallelLinear(full.fc2, tp)
         self.dropout = nn.Dropout(full.dropout.p)
+        self.rng: Optional[rng.RNGTracker] = None  # rng.attach
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.act(self.fc1(x))))
+        return rng.dropout(self.dropout, self.fc2(self.act(self.fc1(x))), self.rng,
+                           rng.residual_stream(self.tp.sequence_parallel))
 
 
 class ParallelBlock(nn.Module):
