@@ -422,6 +422,12 @@ def _lacks_cpu_fp16(backend: str) -> bool:
     return flags is not None and not (flags & FP16_CPU_FLAGS)
 
 
+def _host_gpus(backend: str) -> Optional[int]:
+    from launcher import backends
+
+    return backends.get(backend).host_gpu_count()
+
+
 def _max_nodes(backend: str) -> Optional[int]:
     from launcher import backends
 
@@ -641,6 +647,20 @@ RULES: Tuple[Rule, ...] = (
                     f"cluster.nodes={f.nodes}: {f.gpus_per_node * _max_nodes(f.backend)} process(es) would run a "
                     f"layout archived for a world of {f.world}"),
          lambda f: f"set cluster.nodes={_max_nodes(f.backend)} or use a Slurm cluster (e.g. cluster=local_slurm)", RUN),
+    Rule("cluster.cpus_per_task",
+         lambda f: bool(f.values.get("cluster.cpus_per_node")) and
+         f.gpus_per_node * int(f.values.get("cluster.cpus_per_task") or 1) > int(f.values.get("cluster.cpus_per_node")),
+         lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} tasks x cluster.cpus_per_task="
+                    f"{f.values.get('cluster.cpus_per_task')} = {f.gpus_per_node * int(f.values.get('cluster.cpus_per_task'))} "
+                    f"CPUs, more than a node's cluster.cpus_per_node={f.values.get('cluster.cpus_per_node')}: "
+                    "Slurm would never start the job"),
+         lambda f: (f"set cluster.cpus_per_task={max(1, int(f.values.get('cluster.cpus_per_node')) // f.gpus_per_node)} "
+                    "or fewer"), RUN),
+    Rule("cluster.gpus_per_node",
+         lambda f: _host_gpus(f.backend) is not None and f.gpus_per_node > _host_gpus(f.backend),
+         lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} processes, but this host has {_host_gpus(f.backend)} "
+                    "GPU(s) for them: two processes on one GPU (NCCL refuses a duplicate GPU)"),
+         lambda f: (f"set cluster.gpus_per_node={_host_gpus(f.backend)}, or CUDA_VISIBLE_DEVICES to the GPUs to use"), RUN),
     Rule("precision.dtype",
          lambda f: f.dtype == "fp16" and f.resolved_engine == "deepspeed" and _lacks_cpu_fp16(f.backend),
          lambda f: (f"fp16 on the deepspeed engine runs on this host's CPU (cluster.backend={f.backend}), which has "

@@ -38,6 +38,10 @@ class Backend:
         (local); False where the scheduler allocates GPUs only when asked (cluster.use_gpus)."""
         return False
 
+    def host_gpu_count(self) -> Optional[int]:
+        """The GPUs its jobs may use on this host, where they run here and it has GPUs; else None."""
+        return None
+
     def host_cpu_flags(self) -> Optional[FrozenSet[str]]:
         """The /proc/cpuinfo flags of the CPU its jobs compute on, where that is known before submission
         (local: this host, when it has no GPUs); None elsewhere (other hosts, or GPUs)."""

@@ -46,6 +46,18 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
     return frozenset()
 
 
+def nvidia_gpu_count(dev: str = "/dev") -> int:
+    """NVIDIA GPUs this process may use: the ids in CUDA_VISIBLE_DEVICES where it is set, else the
+    device files /dev/nvidia0, ... (0 where none, or CUDA_VISIBLE_DEVICES hides them)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
+    try:
+        return sum(1 for n in os.listdir(dev) if n.startswith("nvidia") and n[len("nvidia"):].isdigit())
+    except OSError:
+        return 0
+
+
 def has_nvidia_gpus(dev: str = "/dev") -> bool:
     """Whether this host shows NVIDIA GPUs (device files /dev/nvidia0, ...) that CUDA_VISIBLE_DEVICES
     does not hide: the local processes then compute on them (torch.cuda.is_available on the node)."""
@@ -83,6 +95,9 @@ class LocalBackend(Backend):
 
     def host_has_gpus(self) -> bool:
         return has_nvidia_gpus()
+
+    def host_gpu_count(self) -> Optional[int]:
+        return nvidia_gpu_count() if has_nvidia_gpus() else None
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster

@@ -101,6 +101,10 @@ BAD = [
     (["cluster=a100_80g", "cluster.cpus_per_task=0"], "cluster.cpus_per_task"),
     (["cluster=a100_80g", "cluster.mem_gb=0"], "cluster.mem_gb"),
     (["cluster=a100_80g", "cluster.array_parallelism=0"], "cluster.array_parallelism"),
+    # more CPUs asked per node than the node has (the template says how many)
+    ([*A100_1B3, "cluster.cpus_per_task=17", "train.micro_batch_size=1", "train.global_batch_size=64"],
+     "cluster.cpus_per_task"),
+    (["cluster=a100_80g", "cluster.cpus_per_node=0"], "cluster.cpus_per_node"),
     (["cluster=a100_80g", "+cluster.sbatch_extra.reservation='big\ntouch pwned #'"], "cluster.sbatch_extra.reservation"),
     # --- the planner: does not fit (errors name the memory key and the fix key)
     (["model=gpt_175b", "cluster=a100_80g", "train.micro_batch_size=1", "train.global_batch_size=64"],

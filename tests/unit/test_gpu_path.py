@@ -154,3 +154,22 @@ def test_a_runs_root_the_nodes_cannot_mount_is_refused_before_submitting():
     assert unshared_runs_root(Path("/tmp/runs"), "tmpfs", {"127.0.0.1"}, own) is None
     assert unshared_runs_root(Path("/tmp/runs"), "ext4", {"login1"}, own) is None
     assert unshared_runs_root(Path("/tmp/runs"), "ext4", set(), own) is None  # unknown nodes: no claim
+
+
+def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
+    from launcher.backends import local
+    from launcher.layout import ConfigErrors, resolve
+    from launcher.configview import ConfigView
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(local, "has_nvidia_gpus", lambda dev="/dev": True)  # a host with two GPUs given
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert local.BACKEND.host_gpu_count() == 2
+    cfg = compose_point(["cluster=local", "cluster.gpus_per_node=4", "train.global_batch_size=16"]).cfg
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    with pytest.raises(ConfigErrors) as e:
+        resolve(ConfigView(resolved), resolved)
+    assert any(err.key == "cluster.gpus_per_node" and "cluster.gpus_per_node=2" in err.fix for err in e.value.errors)
+    ok = compose_point(["cluster=local", "cluster.gpus_per_node=2", "train.global_batch_size=16"]).cfg
+    resolved = OmegaConf.to_container(ok, resolve=True)
+    resolve(ConfigView(resolved), resolved)
