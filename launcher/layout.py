@@ -422,6 +422,28 @@ def _lacks_cpu_fp16(backend: str) -> bool:
     return flags is not None and not (flags & FP16_CPU_FLAGS)
 
 
+# recipes whose recipe.params are read by a pure (torch-free) function: checked at launch, so a bad
+# value fails here, not after the job has queued. target -> (module:function raising ValueError, doc)
+RECIPE_SETTINGS = {
+    "recipes.commbench.bench.main": ("recipes.commbench.settings:from_cfg", "docs/commbench.md"),
+}
+
+
+def _recipe_settings_problem(f: "Facts") -> Optional[str]:
+    entry = RECIPE_SETTINGS.get(f.values.get("recipe._target_"))
+    if entry is None:
+        return None
+    import importlib
+
+    module, _, fn = entry[0].partition(":")
+    tree = f.values.tree
+    try:
+        getattr(importlib.import_module(module), fn)(tree)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _host_gpus(backend: str) -> Optional[int]:
     from launcher import backends
 
@@ -668,6 +690,9 @@ RULES: Tuple[Rule, ...] = (
                     "DeepSpeed's CPU accelerator refuses fp16 at start-up"),
          ("use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
           "whose fp16 autocast with a loss scaler runs on this CPU"), RUN),
+    Rule("recipe.params", lambda f: _recipe_settings_problem(f) is not None,
+         lambda f: f"{_recipe_settings_problem(f)}: the job would fail when it starts",
+         lambda f: f"set a valid value (the recipe's settings and their bounds: {RECIPE_SETTINGS[f.values.get('recipe._target_')][1]})", RUN),
     Rule("recipe._target_",
          lambda f: isinstance(f.values.get("recipe._target_"), str) and target_problem(f.values.get("recipe._target_")) is not None,
          lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",

@@ -7,6 +7,7 @@
   launcher reproduce RUN [key=value ...]            re-run from the archived config, code and seeds
   launcher runs --reindex | --tag T | key=value     rebuild the index; filter
   launcher plan [overrides] [--search] [--json]     memory / speed of a layout, or rank every layout
+  launcher plan --calibrate RUN... [--dry-run]      fit the planner to measured runs of a cluster
   launcher doctor RUN [--json]                      why a run failed (its class), the evidence, the fix
   launcher status [SWEEP|RUN] [--watch]             a sweep's counts per state and one row per point
   launcher retry SWEEP --failed [key=value ...]     the failed points again, one array of new attempts

@@ -101,6 +101,10 @@ BAD = [
     (["cluster=a100_80g", "cluster.cpus_per_task=0"], "cluster.cpus_per_task"),
     (["cluster=a100_80g", "cluster.mem_gb=0"], "cluster.mem_gb"),
     (["cluster=a100_80g", "cluster.array_parallelism=0"], "cluster.array_parallelism"),
+    # a recipe's own settings (recipe.params), read by a pure function at launch
+    (["recipe=commbench", "recipe.params.max_bytes=-5"], "recipe.params"),
+    (["recipe=commbench", "recipe.params.dtype=int8"], "recipe.params"),
+    (["recipe=commbench", "recipe.params.factor=1"], "recipe.params"),
     # more CPUs asked per node than the node has (the template says how many)
     ([*A100_1B3, "cluster.cpus_per_task=17", "train.micro_batch_size=1", "train.global_batch_size=64"],
      "cluster.cpus_per_task"),
