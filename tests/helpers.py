@@ -81,3 +81,17 @@ def clone_worktree(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
+
+
+def tensors(obj, prefix=""):
+    """(key path, tensor) for every tensor in a loaded checkpoint object (dicts and lists walked)."""
+    import torch
+
+    if torch.is_tensor(obj):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from tensors(v, f"{prefix}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from tensors(v, f"{prefix}/{i}")

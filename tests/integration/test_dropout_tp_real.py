@@ -23,7 +23,7 @@ from typing import List
 
 import pytest
 
-from helpers import launch, read_metrics, runs_json
+from helpers import launch, read_metrics, runs_json, tensors
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -86,19 +86,9 @@ def _checkpoint_tensors(run_dir: Path) -> dict:
     """Every tensor of the run's latest checkpoint, by file and key path."""
     import torch
 
-    def walk(obj, prefix):
-        if torch.is_tensor(obj):
-            yield prefix, obj
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                yield from walk(v, f"{prefix}/{k}")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                yield from walk(v, f"{prefix}/{i}")
-
     ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     return {k: t for f in sorted(ckpt.rglob("*.pt"))
-            for k, t in walk(torch.load(f, map_location="cpu", weights_only=False), str(f.relative_to(ckpt)))}
+            for k, t in tensors(torch.load(f, map_location="cpu", weights_only=False), str(f.relative_to(ckpt)))}
 
 
 def test_trains_and_resumes_bitwise(tmp_path):

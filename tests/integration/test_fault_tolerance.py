@@ -12,22 +12,9 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import BIN, launch, read_metrics, run_cmd, runs_json
+from helpers import BIN, launch, read_metrics, run_cmd, runs_json, tensors
 
 QUICK = ["wandb.enabled=false", "train.log_interval=0"]
-
-
-def tensors(obj, prefix=""):
-    import torch
-
-    if torch.is_tensor(obj):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from tensors(v, f"{prefix}/{k}")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from tensors(v, f"{prefix}/{i}")
 
 
 def final_state(run_dir: Path) -> Dict[str, "object"]:
