@@ -24,6 +24,7 @@ from launcher.seeding import data_seed as run_data_seed
 from recipes.common.activations import ActivationMeter
 from recipes.common.checkpoint import Checkpointer
 from recipes.common.data import micro_batches
+from recipes.common.memory import StepPeak, host_rss_bytes
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.gpt.engines import build_engine
@@ -101,6 +102,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     losses: List[float] = [float(r["loss"]) for r in history]
     tokens_per_s: List[float] = []
     activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
+    step_peak = StepPeak(device).start()  # host (and CUDA) peak over this attempt's steps
     try:
         for step in range(start + 1, steps + 1):
             inject_fault(cfg, ctx, step)
@@ -130,6 +132,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             mem = peak_memory_bytes(device)
             if mem is not None:
                 row["peak_memory_bytes"] = mem
+            row["host_rss_bytes"] = host_rss_bytes()
             sink.log(step, row)
             history.append({"step": step, **row})
             ctx.heartbeat(step)
@@ -150,11 +153,13 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory)
     # and its calibration (activation_bytes: the peak of live saved-for-backward bytes in this
     # attempt's first step); an attempt that resumed at the last step ran none (no gradients): the
-    # earlier record stands
+    # earlier record stands. With it, the memory the model's construction used (recipes.common.memory)
+    # and the peak over the steps
     if start < steps:
+        built = engine.build_meter.record() if engine.build_meter is not None else {}
         ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1],
                                           "dp_rank": dp_rank, **engine.state_bytes(),
-                                          "activation_bytes": activation_bytes})
+                                          "activation_bytes": activation_bytes, **built, **step_peak.record()})
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,

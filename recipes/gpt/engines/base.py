@@ -88,6 +88,7 @@ class Engine:
     dp_rank: int = 0
     num_params: int = 0
     phases: Any = None  # recipes.common.phases.Phases, set by the training loop: where the step's time goes
+    build_meter: Any = None  # recipes.common.memory.BuildMeter around the model's construction: memory it used
 
     def _phase(self, name: str) -> ContextManager[None]:
         return self.phases(name) if self.phases is not None else contextlib.nullcontext()

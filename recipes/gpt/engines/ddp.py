@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from recipes.common.memory import BuildMeter
 from recipes.gpt.engines.base import (
     Batch, Engine, adamw, autocast_for, build_model, dtype_name, optimizer_state_bytes, tensor_bytes,
 )
@@ -22,7 +23,9 @@ class DDPEngine(Engine):
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
+        self.build_meter = BuildMeter(self.device).start()  # what the model's construction uses
         self.model = build_model(cfg, self.dp_rank).to(self.device)
+        self.build_meter.stop()
         self.num_params = count_parameters(self.model)
         self.ddp: Optional[nn.parallel.DistributedDataParallel] = None
         if self.world > 1:

@@ -4,9 +4,11 @@ The DeepSpeed config is generated from the run config and the run's layout (``ct
 ZeRO stage, offload, gradient accumulation) by ``recipes.common.ds_config`` and archived in the run
 dir by rank 0 (``ctx.rundir.write_deepspeed_config``). Which layouts this engine gets (tp = pp = 1;
 no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
-launcher's rule table's business (``launcher.layout.RULES``). The model is built exactly as for DDP
-(``base.build_model``: same seed, same init); the client optimizer is torch AdamW with the same
-param groups (no weight decay on ndim < 2), except with ``zero.offload_optimizer`` where
+launcher's rule table's business (``launcher.layout.RULES``). ZeRO 0-2 build the model exactly as
+DDP does (``base.build_model``: same seed, same init). ZeRO-3 builds it already partitioned (see
+``_build_partitioned``): no rank ever holds the whole model, and each rank's partitions hold exactly
+the single-process initial values (``recipes.gpt.init.init_flat``). The client optimizer is torch
+AdamW with the same param groups (no weight decay on ndim < 2), except with ``zero.offload_optimizer`` where
 DeepSpeed's host optimizer DeepSpeedCPUAdam (same groups, AdamW mode) steps the offloaded fp32
 partitions. The step loop owns the lr schedule: it is written into the optimizer's param groups
 before every step; no DeepSpeed scheduler is configured.
@@ -24,17 +26,24 @@ shared-memory comm op, which only inference uses, is not built (see ``_init_comm
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from launcher.schema import enum_value
+from launcher.seeding import dropout_seed
 from recipes.common.ds_config import deepspeed_config
-from recipes.gpt.engines.base import Batch, Engine, adamw, adamw_kwargs, build_model, dtype_name, param_groups
-from recipes.gpt.model import count_parameters
+from recipes.common.memory import BuildMeter
+from recipes.common.seeding import seed_everything
+from recipes.gpt.engines.base import Batch, Engine, adamw_kwargs, build_model, dtype_name, param_groups
+from recipes.gpt.init import init_flat
+from recipes.gpt.model import GPT
 
 
 def _import_deepspeed():
@@ -97,15 +106,86 @@ def _refuse_unsupported_fp16(dtype: str) -> None:
         )
 
 
+class _FullShape:
+    """A parameter seen with its full shape: a ZeRO-3 parameter's own tensor is empty once partitioned
+    (``ds_shape`` is its shape), and ``base.param_groups`` tells weights from biases by ``ndim``."""
+
+    def __init__(self, p: nn.Parameter) -> None:
+        self.p, self.requires_grad, self.ndim = p, p.requires_grad, len(getattr(p, "ds_shape", p.shape))
+
+
+def _param_groups(model: nn.Module, optim: Any) -> List[Dict[str, Any]]:
+    """``base.param_groups`` (no weight decay on ndim < 2) by each parameter's full shape."""
+    groups = param_groups([(n, _FullShape(p)) for n, p in model.named_parameters()], float(optim.weight_decay))
+    return [{**g, "params": [v.p for v in g["params"]]} for g in groups]
+
+
+def _num_params(model: nn.Module) -> int:
+    """Distinct parameters, a ZeRO-3 partitioned one by its full size (``ds_numel``)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+
+
 def _cpu_adam(model: torch.nn.Module, optim: Any):
     """DeepSpeedCPUAdam in AdamW mode with base.adamw's groups and hyper-parameters (JIT-compiles
     DeepSpeed's cpu_adam op on first use, cached under ~/.cache/torch_extensions)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    return DeepSpeedCPUAdam(
-        param_groups(list(model.named_parameters()), float(optim.weight_decay)), adamw_mode=True,
-        **adamw_kwargs(optim),
-    )
+    return DeepSpeedCPUAdam(_param_groups(model, optim), adamw_mode=True, **adamw_kwargs(optim))
+
+
+# torch's default initialisers, which nn.Linear / nn.Embedding / nn.LayerNorm call from their constructors
+_DEFAULT_INITS = ("kaiming_uniform_", "uniform_", "normal_", "ones_", "zeros_")
+
+
+@contextlib.contextmanager
+def _no_default_init() -> Iterator[None]:
+    """Module constructors leave their parameters uninitialised (torch.nn.init's in-place initialisers
+    return their tensor untouched): values that are overwritten anyway are neither computed nor
+    written, so the full-size tensors zero.Init creates per module are never touched and, on the
+    host, never become resident (their pages stay unmapped until zero.Init frees them)."""
+    saved = {name: getattr(nn.init, name) for name in _DEFAULT_INITS}
+    try:
+        for name in _DEFAULT_INITS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _partition_only_init(deepspeed: Any) -> type:
+    """deepspeed.zero.Init that partitions each new parameter without first broadcasting it from rank 0.
+
+    zero.Init (DeepSpeed 0.19: ``Init._zero_init_param``) creates each module's parameters whole on
+    every rank, broadcasts rank 0's values (so that every rank's partition comes from one init) and
+    keeps this rank's partition. Here the partitions are filled afterwards from the shard-stable init
+    (``init_flat``), the same on every rank by construction: the broadcast would send the whole model
+    for nothing and make every receiving rank write (make resident) each full parameter. Where a
+    DeepSpeed version has no ``_zero_init_param`` the override is never called and DeepSpeed broadcasts
+    as usual: slower, the same values."""
+
+    class PartitionOnlyInit(deepspeed.zero.Init):
+        def _zero_init_param(self, param: nn.Parameter) -> None:
+            self._convert_to_deepspeed_param(param)
+            param.partition()
+
+    return PartitionOnlyInit
+
+
+def _fill_partitions(model: nn.Module, seed: int, num_layers: int) -> None:
+    """Write this rank's partition of every ZeRO-3 parameter from ``init_flat``: the parameter is
+    flattened row-major, padded with zeros to a multiple of the partition group's size, and rank r of
+    the group holds elements [r * n, (r + 1) * n), n = ``ds_tensor.numel()`` (DeepSpeed's layout,
+    ``Init._partition_param``). Computed by this rank alone, in fp32, cast to the partition's dtype
+    (the model dtype zero.Init stores: fp32, bf16 or fp16). A tied head is the embedding's parameter
+    (``named_parameters`` names it once)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            part = p.ds_tensor
+            n = part.numel()
+            start = n * dist.get_rank(group=p.ds_process_group)
+            values = init_flat(seed, name, tuple(p.ds_shape), num_layers, start, start + n)
+            part.copy_(values.to(dtype=part.dtype))
 
 
 class DeepSpeedEngine(Engine):
@@ -124,12 +204,15 @@ class DeepSpeedEngine(Engine):
         if ctx.is_main:
             ctx.rundir.write_deepspeed_config(self.config)
 
-        model = build_model(cfg, self.dp_rank)
-        self.num_params = count_parameters(model)
+        self.build_meter = BuildMeter(self.device).start()
+        model = self._build_partitioned(deepspeed, cfg) if self.stage == 3 else build_model(cfg, self.dp_rank)
+        self.build_meter.stop()
+        self.num_params = _num_params(model)
         model.train()
         self.offload_optimizer = bool(layout.offload_optimizer)
         self.offload_params = bool(layout.offload_params)
-        client = _cpu_adam(model, cfg.optim) if self.offload_optimizer else adamw(model, cfg.optim)
+        client = (_cpu_adam(model, cfg.optim) if self.offload_optimizer
+                  else torch.optim.AdamW(_param_groups(model, cfg.optim), **adamw_kwargs(cfg.optim)))
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client, config=self.config, dist_init_required=False
         )
@@ -137,6 +220,21 @@ class DeepSpeedEngine(Engine):
         self._undo_state_init_step()
         self._grads_peak = 0
         self._grads_last = 0
+
+    def _build_partitioned(self, deepspeed: Any, cfg: Any) -> GPT:
+        """ZeRO-3: the GPT built inside zero.Init (each module's parameters partitioned over the dp
+        group as its constructor returns, in the dtype and on the device (or, with zero.offload_params,
+        the host) the DeepSpeed config gives), uninitialised, then each rank's partitions filled with
+        their part of the single-process values. At most one module's parameters exist whole at a
+        time, untouched (see ``_no_default_init``, ``_partition_only_init``); nothing is gathered or
+        broadcast. Seeded as ``base.build_model`` (dropout masks differ per dp rank)."""
+        seed = int(cfg.seed)
+        seed_everything(seed)
+        with _no_default_init(), _partition_only_init(deepspeed)(config_dict_or_path=self.config):
+            model = GPT(cfg.model, recompute=enum_value(cfg.train.recompute), seed=None)
+        _fill_partitions(model, seed, int(cfg.model.num_layers))
+        torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        return model
 
     def _undo_state_init_step(self) -> None:
         """ZeRO-0 with bf16/fp16 wraps the client optimizer in DeepSpeed's FP16_UnfusedOptimizer, whose

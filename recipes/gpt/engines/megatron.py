@@ -35,6 +35,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import (
     Batch, Engine, adamw_kwargs, autocast_for, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
@@ -107,6 +108,7 @@ class MegatronEngine(Engine):
         # shard-first: the full model exists only on the meta device (no memory); this rank's slices
         # are cut from it, then created and initialised with exactly their part of the full values
         self.recompute = enum_value(cfg.train.recompute)
+        self.build_meter = BuildMeter(self.device).start()  # what the model's construction uses
         seed_everything(int(cfg.seed))
         with torch.device("meta"):
             full = GPT(cfg.model, recompute=self.recompute, seed=None)
@@ -116,6 +118,7 @@ class MegatronEngine(Engine):
         self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast)
         del full
         materialize(self.stage, int(cfg.seed), int(m.num_layers), self.device)
+        self.build_meter.stop()
         torch.manual_seed(dropout_seed(int(cfg.seed), self.dp_rank))  # dropout masks differ per dp replica
         self.rng_tracker = rng.attach(self.stage, rng.dropout_tracker(int(cfg.seed), *self.mesh.coords, self.device))
         self.stage.train()
