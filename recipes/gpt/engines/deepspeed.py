@@ -27,10 +27,11 @@ shared-memory comm op, which only inference uses, is not built (see ``_init_comm
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -141,8 +142,8 @@ _DEFAULT_INITS = ("kaiming_uniform_", "uniform_", "normal_", "ones_", "zeros_")
 def _no_default_init() -> Iterator[None]:
     """Module constructors leave their parameters uninitialised (torch.nn.init's in-place initialisers
     return their tensor untouched): values that are overwritten anyway are neither computed nor
-    written, so the full-size tensors zero.Init creates per module are never touched and, on the
-    host, never become resident (their pages stay unmapped until zero.Init frees them)."""
+    written, so the full-size tensors zero.Init creates per module are never written and, on the host,
+    the large ones (mapped by themselves) never become resident before zero.Init frees them."""
     saved = {name: getattr(nn.init, name) for name in _DEFAULT_INITS}
     try:
         for name in _DEFAULT_INITS:
@@ -172,20 +173,28 @@ def _partition_only_init(deepspeed: Any) -> type:
     return PartitionOnlyInit
 
 
-def _fill_partitions(model: nn.Module, seed: int, num_layers: int) -> None:
+FILL_CHUNK = 1 << 23  # elements of a partition computed at a time: 32 MB in fp32, glibc's largest mmap threshold
+
+
+def _fill_partitions(model: nn.Module, seed: int, num_layers: int,
+                     rank_of: Callable[[nn.Parameter], int] = lambda p: dist.get_rank(group=p.ds_process_group)) -> None:
     """Write this rank's partition of every ZeRO-3 parameter from ``init_flat``: the parameter is
     flattened row-major, padded with zeros to a multiple of the partition group's size, and rank r of
     the group holds elements [r * n, (r + 1) * n), n = ``ds_tensor.numel()`` (DeepSpeed's layout,
-    ``Init._partition_param``). Computed by this rank alone, in fp32, cast to the partition's dtype
-    (the model dtype zero.Init stores: fp32, bf16 or fp16). A tied head is the embedding's parameter
-    (``named_parameters`` names it once)."""
+    ``Init._partition_param``). Computed by this rank alone, in fp32, FILL_CHUNK elements at a time
+    (the values are a function of the element's place, so chunks change nothing), cast to the
+    partition's dtype (the model dtype zero.Init stores: fp32, bf16 or fp16). A tied head is the
+    embedding's parameter (``named_parameters`` names it once). ``rank_of``: this rank's place in the
+    parameter's partition group."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             part = p.ds_tensor
             n = part.numel()
-            start = n * dist.get_rank(group=p.ds_process_group)
-            values = init_flat(seed, name, tuple(p.ds_shape), num_layers, start, start + n)
-            part.copy_(values.to(dtype=part.dtype))
+            start = n * rank_of(p)
+            for lo in range(0, n, FILL_CHUNK):
+                hi = min(n, lo + FILL_CHUNK)
+                values = init_flat(seed, name, tuple(p.ds_shape), num_layers, start + lo, start + hi)
+                part[lo:hi].copy_(values.to(dtype=part.dtype))
 
 
 class DeepSpeedEngine(Engine):
@@ -232,6 +241,9 @@ class DeepSpeedEngine(Engine):
         seed_everything(seed)
         with _no_default_init(), _partition_only_init(deepspeed)(config_dict_or_path=self.config):
             model = GPT(cfg.model, recompute=enum_value(cfg.train.recompute), seed=None)
+        # the head's own weight, replaced by the tie, is a partition kept alive by a reference cycle
+        # (DeepSpeed's per-parameter closures) until the cyclic collector runs: free it now
+        gc.collect()
         _fill_partitions(model, seed, int(cfg.model.num_layers))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))
         return model
