@@ -13,8 +13,10 @@
   torch.distributed.pipelining ``PipelineStage`` + ``Schedule1F1B`` over the step's micro-batches;
   with tied embeddings the last stage holds a copy of the word embedding whose gradient is
   all-reduced with the first stage's (Megatron's embedding group).
-- Data parallelism: gradients averaged over the dp group (one flat all-reduce), optionally ZeRO-1
-  (``ZeroRedundancyOptimizer`` over the dp group).
+- Data parallelism: gradients averaged over the dp group; with pp = 1 in buckets whose all-reduce
+  starts during the backward, as soon as the last micro-batch has accumulated into them
+  (``recipes.gpt.parallel.grad_buckets``), under a pipeline schedule in one coalesced all-reduce
+  after it; optionally ZeRO-1 (``ZeroRedundancyOptimizer`` over the dp group).
 - Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
   counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
 
@@ -42,6 +44,7 @@ from recipes.gpt.engines.base import (
 )
 from recipes.gpt import rng
 from recipes.gpt.model import GPT, count_parameters
+from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
 from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
 from recipes.gpt.parallel.tensor_parallel import TPContext, materialize, name_parameters, vocab_parallel_cross_entropy
@@ -135,6 +138,10 @@ class MegatronEngine(Engine):
             self._norm_counted.append(counted)
         self._sp_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
 
+        # the data-parallel gradient average overlaps the backward, bucket by bucket (as DDP); under
+        # a pipeline schedule (pp > 1) it stays one coalesced all-reduce after the schedule: there the
+        # buckets did not reproduce the single-process losses (tests/integration/test_engine_megatron.py)
+        self._dp_sync = GradBuckets(self.params, self.mesh.dp_group, self.dp) if self.dp > 1 and self.pp == 1 else None
         self.optimizer = self._build_optimizer(cfg.optim)
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
@@ -204,6 +211,8 @@ class MegatronEngine(Engine):
         return loss_sum
 
     def _reduce_grads(self) -> None:
+        if self._dp_sync is not None:  # the data-parallel average: started during the backward
+            self._dp_sync.finish()
         for p in self.params:  # a stage whose parameters got no gradient still joins the collectives
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -211,22 +220,23 @@ class MegatronEngine(Engine):
             _all_reduce_coalesced([p.grad for p in self._sp_params], self.mesh.tp_group)
         if self.embedding_param is not None:  # tied word embedding: first stage + last-stage copy
             dist.all_reduce(self.embedding_param.grad, group=self.mesh.embedding_group)
-        if self.dp > 1:
+        if self.dp > 1 and self._dp_sync is None:
             _all_reduce_coalesced([p.grad for p in self.params], self.mesh.dp_group, scale=1.0 / self.dp)
 
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self._dp_sync is not None:
+            self._dp_sync.start_step(len(batches))
         with self._phase("forward_backward"):  # the pipeline schedule interleaves them (1F1B)
             loss_sum = self._forward_backward(batches)
         with self._phase("grad_sync"):
             self._reduce_grads()
 
         # one all-reduce over the world: [global mean loss, global squared grad norm]
-        sq = torch.zeros((), device=self.device, dtype=torch.float32)
-        for p, counted in zip(self.params, self._norm_counted):
-            if counted:
-                sq += p.grad.detach().float().pow(2).sum()
+        counted = [p.grad.detach() for p, c in zip(self.params, self._norm_counted) if c]
+        sq = (torch.stack(torch._foreach_norm(counted)).float().pow(2).sum() if counted  # one fused kernel
+              else torch.zeros((), device=self.device, dtype=torch.float32))
         loss_part = loss_sum / self.dp if (self.stage.is_last and self.mesh.tp_rank == 0) else torch.zeros_like(loss_sum)
         stats = torch.stack([loss_part, sq])
         with self._phase("loss_sync"):
