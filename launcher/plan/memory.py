@@ -39,8 +39,8 @@ inputs and the logits for one micro-batch: s b V/t (e + 4) (16-bit logits + fp32
 e is 2 for fp16/bf16, 4 for fp32; e_ln is 4 with engine ddp in 16-bit (autocast keeps the residual
 stream in fp32), else e.
 
-Buffers: ddp (dp > 1) keeps a bucket copy of the gradients (P x grad bytes); deepspeed ZeRO 0-2 a
-reduce bucket of min(5e8, P) gradient elements, ZeRO-3 the gathered largest layer, 4 x largest layer
+Buffers: ddp none (its gradients are views into the all-reduce buckets: gradient_as_bucket_view);
+deepspeed ZeRO 0-2 a reduce bucket of min(5e8, P) gradient elements, ZeRO-3 the gathered largest layer, 4 x largest layer
 params (DeepSpeed's own estimate), and in 16-bit without optimizer offload the fp32 gradient
 partition the optimizer step works on (4 P / dp; DeepSpeed's estimators count it too); megatron with
 pp > 1 the send and receive buffers of a stage boundary, 2 s b h e (/t with sequence parallelism).
@@ -275,8 +275,7 @@ def _stage_memory(m: ModelSpec, lay: LayoutSpec, n_params: int, act: int, sbh: i
     buffers = 0
     cpu = 0
     if lay.engine == "ddp":
-        if lay.dp > 1:
-            buffers = n_params * g_bytes
+        pass  # the gradients are views into DDP's buckets (gradient_as_bucket_view): no extra copy
     elif lay.engine == "deepspeed":
         if lay.zero >= 3:
             buffers = 4 * largest_layer_params(m, lay.tp)

@@ -30,7 +30,8 @@ class DDPEngine(Engine):
         self.ddp: Optional[nn.parallel.DistributedDataParallel] = None
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            # gradients are views into DDP's all-reduce buckets: no second copy of every gradient
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
         self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)
