@@ -209,7 +209,7 @@ class DeepSpeedEngine(Engine):
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
-        self.config = deepspeed_config(cfg, layout)
+        self.config = deepspeed_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
         if ctx.is_main:
             ctx.rundir.write_deepspeed_config(self.config)
 
