@@ -72,12 +72,15 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank"),
     ("ranks/rank_<r>.error", "job", "traceback of a rank that raised"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
-    ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held, and "
-     "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt"),
+    ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held; "
+     "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt; the "
+     "rank's measured memory: host_rss_before/after_build_bytes, host_peak_build_bytes (what constructing the "
+     "model used at most), host_peak_step_bytes, and on GPUs device_after_build_bytes, device_peak_build_bytes, "
+     "device_peak_step_bytes"),
     ("deepspeed_config.json", "recipe", "the DeepSpeed config generated from the composed config (deepspeed engine)"),
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
-     "lr, grad_norm, tflops, mfu, and the step's time by phase (time_<phase>_s); activation_bytes (rank 0's) on the "
-     "first step of each attempt"),
+     "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
+     "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
      "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),
