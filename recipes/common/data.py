@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -147,3 +147,32 @@ def micro_batches(
     ds = BigramDataset(data_seed, vocab_size, seq_len, branching)
     tokens, labels = ds.batch([i for group in groups for i in group])  # one walk for all
     return [(tokens[k * mb:(k + 1) * mb], labels[k * mb:(k + 1) * mb]) for k in range(len(groups))]
+
+
+class Prefetch:
+    """The next step's micro batches, made in a background thread while this step trains (and pinned
+    for an asynchronous host-to-GPU copy), so the step waits for data only when making it is slower
+    than the step. ``get(step)`` returns ``make(step)`` (the same values as made inline) and starts
+    making ``step + 1`` (up to ``last``)."""
+
+    def __init__(self, make: Any, last: int, pin: bool = False) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.make, self.last, self.pin = make, int(last), bool(pin)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self._next: Optional[Tuple[int, Any]] = None
+
+    def _made(self, step: int) -> List[Batch]:
+        batches = self.make(step)
+        return [(t.pin_memory(), lab.pin_memory()) for t, lab in batches] if self.pin else batches
+
+    def get(self, step: int) -> List[Batch]:
+        if self._next is not None and self._next[0] == step:
+            batches = self._next[1].result()
+        else:
+            batches = self._made(step)
+        self._next = (step + 1, self._pool.submit(self._made, step + 1)) if step < self.last else None
+        return batches
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -23,7 +23,7 @@ from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
 from recipes.common.activations import ActivationMeter
 from recipes.common.checkpoint import Checkpointer
-from recipes.common.data import micro_batches
+from recipes.common.data import Prefetch, micro_batches
 from recipes.common.memory import StepPeak, host_rss_bytes
 from recipes.common.metrics import MetricsSink, peak_memory_bytes
 from recipes.common.phases import Phases, step_row
@@ -103,14 +103,16 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     tokens_per_s: List[float] = []
     activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
     step_peak = StepPeak(device).start()  # host (and CUDA) peak over this attempt's steps
+    prefetch = Prefetch(lambda s: micro_batches(data_seed, s - 1, layout, dp_rank, vocab, seq_len, branching),
+                        last=steps, pin=device.type == "cuda")
     try:
         for step in range(start + 1, steps + 1):
             inject_fault(cfg, ctx, step)
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
-            with phases("data"):
-                batches = micro_batches(data_seed, step - 1, layout, dp_rank, vocab, seq_len, branching)
+            with phases("data"):  # waiting for the batches made while the last step trained
+                batches = prefetch.get(step)
             # the first step of an attempt also measures the peak of live saved-for-backward bytes
             meter = ActivationMeter() if step == start + 1 else None
             with meter if meter is not None else contextlib.nullcontext():
@@ -148,6 +150,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                       f"{tps:,.0f} tok/s {step_time * 1e3:.1f} ms", flush=True)
         ckpt.finish()
     finally:
+        prefetch.close()
         sink.close()
 
     # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory)

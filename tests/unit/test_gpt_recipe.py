@@ -356,3 +356,34 @@ def test_main_two_process_ddp_matches_single_process(tmp_path):
     assert all(s["world_size"] == 2 and s["grad_accum"] == 2 for s in summaries)
     # every rank reports the same (all-reduced) loss
     assert summaries[0]["final_loss"] == summaries[1]["final_loss"]
+
+
+def test_prefetched_batches_are_the_ones_made_inline_and_the_next_is_made_ahead():
+    import threading
+
+    from recipes.common.data import Prefetch, micro_batches
+
+    lay = Layout(dp=2, micro_batch_size=2, grad_accum=3)
+    make = lambda s: micro_batches(7, s - 1, lay, 1, 64, 16, 4)  # noqa: E731
+    made_in = []
+
+    def recording(s):
+        made_in.append((s, threading.current_thread().name))
+        return make(s)
+
+    pre = Prefetch(recording, last=4)
+    try:
+        for step in (1, 2, 3, 4):
+            got = pre.get(step)
+            want = make(step)
+            assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(got, want))
+    finally:
+        pre.close()
+    assert [s for s, _ in made_in] == [1, 2, 3, 4]  # each step made once, none past the last
+    assert all(name.startswith("prefetch") for s, name in made_in if s > 1)  # made while the step before trained
+    # a step asked out of order (a resumed attempt) is made inline
+    pre = Prefetch(make, last=10)
+    try:
+        assert torch.equal(pre.get(6)[0][0], make(6)[0][0])
+    finally:
+        pre.close()

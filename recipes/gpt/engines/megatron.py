@@ -13,10 +13,10 @@
   torch.distributed.pipelining ``PipelineStage`` + ``Schedule1F1B`` over the step's micro-batches;
   with tied embeddings the last stage holds a copy of the word embedding whose gradient is
   all-reduced with the first stage's (Megatron's embedding group).
-- Data parallelism: gradients averaged over the dp group; with pp = 1 in buckets whose all-reduce
-  starts during the backward, as soon as the last micro-batch has accumulated into them
-  (``recipes.gpt.parallel.grad_buckets``), under a pipeline schedule in one coalesced all-reduce
-  after it; optionally ZeRO-1 (``ZeroRedundancyOptimizer`` over the dp group).
+- Data parallelism: gradients averaged over the dp group in buckets whose all-reduce starts during
+  the backward, as soon as the last micro-batch has accumulated into them
+  (``recipes.gpt.parallel.grad_buckets``), optionally ZeRO-1 (``ZeroRedundancyOptimizer`` over the
+  dp group).
 - Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
   counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
 
@@ -138,10 +138,8 @@ class MegatronEngine(Engine):
             self._norm_counted.append(counted)
         self._sp_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
 
-        # the data-parallel gradient average overlaps the backward, bucket by bucket (as DDP); under
-        # a pipeline schedule (pp > 1) it stays one coalesced all-reduce after the schedule: there the
-        # buckets did not reproduce the single-process losses (tests/integration/test_engine_megatron.py)
-        self._dp_sync = GradBuckets(self.params, self.mesh.dp_group, self.dp) if self.dp > 1 and self.pp == 1 else None
+        # the data-parallel gradient average overlaps the backward, bucket by bucket (as DDP)
+        self._dp_sync = GradBuckets(self.params, self.mesh.dp_group, self.dp) if self.dp > 1 else None
         self.optimizer = self._build_optimizer(cfg.optim)
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
@@ -220,14 +218,12 @@ class MegatronEngine(Engine):
             _all_reduce_coalesced([p.grad for p in self._sp_params], self.mesh.tp_group)
         if self.embedding_param is not None:  # tied word embedding: first stage + last-stage copy
             dist.all_reduce(self.embedding_param.grad, group=self.mesh.embedding_group)
-        if self.dp > 1 and self._dp_sync is None:
-            _all_reduce_coalesced([p.grad for p in self.params], self.mesh.dp_group, scale=1.0 / self.dp)
 
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self._dp_sync is not None:
-            self._dp_sync.start_step(len(batches))
+        if self._dp_sync is not None:  # the pipeline schedule scales the gradients by 1/micro-batches after
+            self._dp_sync.start_step(len(batches), 1.0 / len(batches) if self.pp > 1 else 1.0)  # its backward
         with self._phase("forward_backward"):  # the pipeline schedule interleaves them (1F1B)
             loss_sum = self._forward_backward(batches)
         with self._phase("grad_sync"):

@@ -34,15 +34,20 @@ class GradBuckets:
             size += p.numel() * p.element_size()
         self._bucket_of: Dict[int, int] = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._expected = 0
+        self._later = 1.0
         self._count: Dict[int, int] = {}
         self._ready: List[int] = [0] * len(self.buckets)
         self._work: List[Optional[tuple]] = [None] * len(self.buckets)
         self._order: List[int] = []
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in params]
 
-    def start_step(self, micro_batches: int) -> None:
-        """Before the step's backward passes: each gradient is final after ``micro_batches`` of them."""
+    def start_step(self, micro_batches: int, later_scale: float = 1.0) -> None:
+        """Before the step's backward passes: each gradient is final after ``micro_batches`` of them.
+        ``later_scale``: what the caller multiplies the gradients by in place after the backward and
+        before ``finish`` (a pipeline schedule's 1/micro-batches): a bucket sent during the backward
+        carries the values before it, so it is applied to that bucket's result."""
         self._expected = int(micro_batches)
+        self._later = float(later_scale)
         self._count = {}
         self._ready = [0] * len(self.buckets)
         self._work = [None] * len(self.buckets)
@@ -61,27 +66,29 @@ class GradBuckets:
             self._launch(b)
 
     def _launch(self, b: int) -> None:
-        outstanding = [i for i in self._order if self._work[i] is not None and not self._work[i][2]]
+        outstanding = [i for i in self._order if not self._work[i][2]]
         if len(outstanding) >= self.in_flight:
             self._complete(outstanding[0])
         grads = [p.grad for p in self.buckets[b]]
         flat = _flatten_dense_tensors(grads)
-        self._work[b] = (dist.all_reduce(flat, group=self.group, async_op=True), flat, False)
+        scale = self.scale * (self._later if self._expected else 1.0)  # sent during the backward, or after
+        self._work[b] = (dist.all_reduce(flat, group=self.group, async_op=True), flat, False, scale)
         self._order.append(b)
 
     def _complete(self, b: int) -> None:
-        work, flat, done = self._work[b]
+        work, flat, done, scale = self._work[b]
         if done:
             return
         work.wait()
-        flat.mul_(self.scale)
+        flat.mul_(scale)
         for p, synced in zip(self.buckets[b], _unflatten_dense_tensors(flat, [p.grad for p in self.buckets[b]])):
             p.grad.copy_(synced)
-        self._work[b] = (None, None, True)
+        self._work[b] = (None, None, True, 1.0)
 
     def finish(self) -> None:
         """After the backward: every bucket reduced and averaged (a bucket some of whose gradients
         never became final, e.g. no gradient reached them, is reduced now, zeros filled in)."""
+        self._expected = 0  # what is sent from here on carries the gradients as they are now
         for b, params in enumerate(self.buckets):
             if self._work[b] is None:
                 for p in params:
@@ -90,7 +97,6 @@ class GradBuckets:
                 self._launch(b)
         for b in list(self._order):
             self._complete(b)
-        self._expected = 0
 
     def remove(self) -> None:
         for h in self._handles:
