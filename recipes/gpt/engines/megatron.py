@@ -118,7 +118,8 @@ class MegatronEngine(Engine):
         name_parameters(full)
         self.num_params = count_parameters(full)
         self.autocast = autocast_for(cfg, self.device.type)
-        self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast)
+        act_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name(cfg), torch.float32)
+        self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast, act_dtype)
         del full
         materialize(self.stage, int(cfg.seed), int(m.num_layers), self.device)
         self.build_meter.stop()

@@ -33,9 +33,12 @@ class GPTStage(nn.Module):
     then ``tensor_parallel.materialize`` creates only this stage's shards)."""
 
     def __init__(self, full: Any, tp: TPContext, pp: int, stage: int, recompute: str,
-                 autocast: Callable[[], ContextManager]) -> None:
+                 autocast: Callable[[], ContextManager], act_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.tp, self.stage, self.num_stages = tp, stage, pp
+        # the dtype of the activations (and their gradients) sent to the next stage: the training's
+        # 16-bit dtype under mixed precision, half the bytes of the fp32 residual stream
+        self.act_dtype = act_dtype
         self.is_first, self.is_last = stage == 0, stage == pp - 1
         self.recompute = recompute
         self.autocast = autocast
@@ -87,7 +90,7 @@ class GPTStage(nn.Module):
                 x = rng.checkpoint(block, x, tracker=self.rng) if full else block(x)
             if self.head is not None:
                 return self.head(self.final_norm(x)).float()  # vocab-sharded logits, fp32 for the loss
-        return x.float()
+        return x.to(self.act_dtype)
 
 
 def activation_shape(micro_batch: int, seq_len: int, hidden: int, tp: TPContext) -> Tuple[int, int, int]:
@@ -105,7 +108,7 @@ def build_schedule(stage_module: GPTStage, mesh: Any, n_microbatches: int, micro
     tp = stage_module.tp
     # n_microbatches >= pp: a layout rule (launcher.layout.RULES), and Schedule1F1B's own check
     # requires_grad matters: it tells the stage to compute and send the input gradient upstream
-    act = torch.empty(activation_shape(micro_batch, seq_len, hidden, tp), dtype=torch.float32, device=device,
+    act = torch.empty(activation_shape(micro_batch, seq_len, hidden, tp), dtype=stage_module.act_dtype, device=device,
                       requires_grad=True)
     if stage_module.is_first:
         inputs: Any = torch.empty((micro_batch, seq_len), dtype=torch.long, device=device)
