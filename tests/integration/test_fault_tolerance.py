@@ -91,7 +91,9 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     seed = int(os.environ.get("FT_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     print(f"FT_SEED={seed}")
-    cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=40", "train.checkpoint.every=5", *QUICK]
+    # 60 steps, the second signal by step 34: ~26 steps (seconds, at CPU speed) between the signal and
+    # the end, so a loaded machine's polling and scancel latency cannot let the run finish first
+    cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=60", "train.checkpoint.every=5", *QUICK]
     roots = {k: tmp_path / k for k in ("interrupted", "reference")}
     for root in roots.values():  # both jobs queue at once; Slurm runs them side by side
         res = launch(cfg, root, extra_env=slurm)
