@@ -190,8 +190,8 @@ def _select_device(cfg: Any, denv) -> bool:
     if index != denv.local_rank:  # one GPU per task: libraries that pick the device by LOCAL_RANK
         os.environ["LOCAL_RANK"] = str(index)  # (DeepSpeed) must pick the one this task sees
     # TF32 matmuls for fp32 (MFU is reported against the 16-bit peak); precision.tf32=false for exact fp32
-    torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.get("tf32", True))
-    torch.backends.cudnn.allow_tf32 = bool(cfg.precision.get("tf32", True))
+    tf32 = bool(cfg.precision.get("tf32", True))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     return True
 
 

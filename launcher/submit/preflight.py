@@ -113,10 +113,6 @@ def _rung_entry(rung: rules.Rung) -> Dict[str, Any]:
             "skip": rung.skip, "run_id": None, "run_dir": None, "job_id": None}
 
 
-def _save(path: Path, record: Dict[str, Any]) -> None:
-    atomic.write_json(path, record)
-
-
 def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
     """The `launcher preflight` command: 0 when every rung is a go, 1 at a no-go, 2 when refused."""
     out = out or sys.stdout
@@ -129,7 +125,7 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
     path = record_path(prep.runs_root, pid)
     record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps,
               "rungs": [_rung_entry(r) for r in prep.rungs]}
-    _save(path, record)
+    atomic.write_json(path, record)
     from launcher import backends
 
     queued = not backends.get(str(prep.base.cluster.backend)).waits  # Slurm: every rung queued now
@@ -137,16 +133,16 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
     print(f"preflight {pid}: {sum(1 for r in prep.rungs if not r.skip)} rung(s), "
           f"{'queued as dependent jobs' if queued else 'run one after another'}  ({path})", file=out, flush=True)
     results: Dict[str, Any] = {}
-    judged: List[str] = []  # passed rungs (locally, each before the next starts)
+    judged: List[str] = []  # rungs already waited for and judged (locally, each before the next starts)
     after = None
     for rung, entry in zip(prep.rungs, record["rungs"]):
         if rung.skip:
             continue
         if not queued and results:  # locally: the next rung starts only after this one passed
             last = next(reversed(results))
+            judged.append(last)
             if not _wait_and_judge(prep, record, last, results[last], out):
                 break
-            judged.append(last)
         try:
             res = _submit(prep, rung, overrides, pid, after if queued else None)
         except Exception:  # a half-queued ladder is worse than none: the rungs already queued go
@@ -156,7 +152,7 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
             raise
         sub = res.runs[0]
         entry.update(run_id=sub.run_id, run_dir=str(sub.run_dir), job_id=sub.job_id)
-        _save(path, record)
+        atomic.write_json(path, record)
         print(f"  {rung.name:<6} {sub.run_id}  job {sub.job_id}", file=out, flush=True)
         results[rung.name] = res
         after = sub.job_id
@@ -176,7 +172,7 @@ def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: A
     point = prep.points[name]
     wait_and_report(result, [point], out, timeout_s=int(point.cfg.submit.wait_timeout_s), quiet=True)
     entry = next(e for e in record["rungs"] if e["name"] == name)
-    verdict = judge_entry(entry)
+    verdict = judge_entry(entry, entry_status(entry))
     if verdict.passed:
         return True
     later = record["rungs"][record["rungs"].index(entry) + 1:]
@@ -197,14 +193,18 @@ def _status(rd: RunDir) -> Dict[str, Any]:
     return {**rd.status(), "status": final}
 
 
-def judge_entry(entry: Dict[str, Any]) -> rules.Verdict:
-    """A recorded rung's verdict, from what its run left."""
+def entry_status(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The status of a recorded rung's run ({} where it has none), asked of the scheduler once."""
+    return _status(RunDir(entry["run_dir"])) if entry.get("run_dir") else {}
+
+
+def judge_entry(entry: Dict[str, Any], status: Dict[str, Any]) -> rules.Verdict:
+    """A recorded rung's verdict, from what its run left (``status``: ``entry_status(entry)``)."""
     if entry.get("skip"):
         return rules.Verdict(rules.SKIPPED, reasons=[entry["skip"]])
     if not entry.get("run_dir"):
         return rules.Verdict(rules.NOT_RUN)
     rd = RunDir(entry["run_dir"])
-    status = _status(rd)
     if status.get("status") == "cancelled" and str(status.get("error", "")).startswith("not run"):
         return rules.Verdict(rules.NOT_RUN, reasons=[str(status["error"])])
     cfg = rd.config() or {}
@@ -257,24 +257,24 @@ def show_record(record: Dict[str, Any], out=None) -> int:
     first_bad = None
     verdicts = []
     for e in record["rungs"]:
-        v = judge_entry(e)
+        status = entry_status(e)
+        v = judge_entry(e, status)
         verdicts.append(v)
-        st = "" if v.verdict in (rules.SKIPPED, rules.NOT_RUN) and not e.get("run_dir") else \
-            _status(RunDir(e["run_dir"])).get("status", "") if e.get("run_dir") else ""
+        st = status.get("status", "")
         style = {rules.GO: "green", rules.WARN: "yellow", rules.NO_GO: "bold red"}.get(v.verdict, "dim")
         notes = list(e.get("notes") or []) + v.reasons
         table.add_row(e["name"], Text(e["title"]), Text(e.get("run_id") or "-"), st,
                       _pair(v, "tokens_per_s"), _pair(v, "memory_bytes", "B"), _pair(v, "busbw_gbs"),
                       Text(v.verdict, style=style), Text("; ".join(notes)))
         if v.verdict == rules.NO_GO and first_bad is None:
-            first_bad = (e, v)
+            first_bad = (e, v, st)
     con.print(table)
     if not any(v.calibrated for v in verdicts):
         con.print("planned tokens/s: the planner's constants are not calibrated for this cluster "
                   "(`launcher plan --calibrate RUN...`), so throughput is shown, not judged")
     if first_bad is not None:
-        e, v = first_bad
-        d = diagnosis(e) if _status(RunDir(e["run_dir"])).get("status") != "completed" else None
+        e, v, st = first_bad
+        d = diagnosis(e) if st != "completed" else None
         con.print(Text(f"no-go at rung {e['name']} ({e['title']}), run {e['run_id']}", style="bold red"))
         if d is not None:
             kind, why, evidence, fix = d
