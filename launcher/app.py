@@ -510,11 +510,12 @@ def check_each(points) -> dict:
     return bad
 
 
-def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot=None, out=None):
-    """Submit ``points`` (the pipeline: one array per resource shape), wait for every run with the
-    compact view, and return (result, outcomes, run ids): per point, the float value of the run
-    summary's ``objective`` key, or the exception (RunFailed) saying why the run has none; and its
-    run id (None if not submitted). InvalidSweep propagates: nothing was submitted."""
+def submit_for_results(points, *, objective: str, extra_meta=None, out=None, into=None, indices=None):
+    """Submit ``points`` (the pipeline: one array per resource shape; ``into``/``indices`` as for
+    pipeline.launch), wait for every run with the compact view, and return (result, outcomes, run
+    ids): per point, the float value of the run summary's ``objective`` key, or the exception
+    (RunFailed) saying why the run has none; and its run id (None if not submitted). InvalidSweep
+    propagates: nothing was submitted."""
     from launcher.submit.pipeline import launch
     from launcher.submit.progress import _final_status, log_of_failure, wait_and_report
 
@@ -522,7 +523,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot
 
     out = out or sys.stdout
     said = io.StringIO()  # the pipeline's per-run listing: one line of it here, the runs are listed below
-    result = launch(points, out=said, code_snapshot=code_snapshot, extra_meta=extra_meta)
+    result = launch(points, out=said, extra_meta=extra_meta, into=into, indices=indices)
     if result.dry_run:
         out.write(said.getvalue())
         return result, [None] * len(points), [None] * len(points)
@@ -530,8 +531,9 @@ def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot
     cfg = points[0].cfg
     wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True, quiet=True)
     by_index = {int(r.run_id.rsplit("-", 1)[1]): r for r in result.runs}
+    indices = list(range(len(points))) if indices is None else list(indices)
     outcomes = []
-    for i in range(len(points)):
+    for i in indices:
         r = by_index.get(i)
         if r is None:
             outcomes.append(RunFailed(f"point {i} was not submitted"))
@@ -549,7 +551,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, code_snapshot
             keys = ", ".join(sorted(k for k, v in summary.items() if isinstance(v, (int, float))))
             outcomes.append(RunFailed(f"run {r.run_id} completed, but its summary has no number "
                                       f"submit.objective={objective!r} (numbers: {keys or 'none'})"))
-    return result, outcomes, [by_index[i].run_id if i in by_index else None for i in range(len(points))]
+    return result, outcomes, [by_index[i].run_id if i in by_index else None for i in indices]
 
 
 def _fail(err: Exception) -> None:
@@ -571,12 +573,13 @@ def finish(result, points) -> None:
             sys.exit(1)
 
 
-def submit_points(points) -> None:
-    """The launch pipeline for these points, then the wait policy and the exit code."""
+def submit_points(points, into=None, indices=None):
+    """The launch pipeline for these points (``into``/``indices`` as for pipeline.launch), then the
+    wait policy and the exit code."""
     from launcher.submit.pipeline import InvalidSweep, launch
 
     try:
-        result = launch(points)
+        result = launch(points, into=into, indices=indices)
     except InvalidSweep as e:
         _fail(e)
     finish(result, points)

@@ -637,6 +637,22 @@ class SweepDir:
     def write(self, meta: Dict[str, Any]) -> None:
         atomic.write_json(self.path / self.SWEEP, {**meta, "created": now_iso()})
 
+    def extend(self, meta: Dict[str, Any]) -> None:
+        """sweep.json after a batch of runs joined the sweep: ``runs`` and ``job_ids`` added to the ones
+        recorded (a multirun's later batches join its first one's sweep), the rest as ``meta`` says,
+        ``created`` kept."""
+        old = self.read() or {}
+        runs = sorted(dict.fromkeys([*old.get("runs", []), *meta.get("runs", [])]),
+                      key=lambda rid: int(rid.rsplit("-", 1)[1]))
+        job_ids = list(dict.fromkeys([*old.get("job_ids", []), *meta.get("job_ids", [])]))
+        atomic.write_json(self.path / self.SWEEP, {**old, **meta, "runs": runs, "job_ids": job_ids,
+                                                   "num_runs": len(runs), "created": old.get("created") or now_iso()})
+
+    def add_points(self, points: Dict[str, Any]) -> None:
+        """The per-point record (seeds, overrides by run index) with these points added."""
+        path = self.path / self.SHARED / self.POINTS
+        atomic.write_json(path, {**(atomic.read_json(path) or {}), **points})
+
     def read(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self.path / self.SWEEP)
 

@@ -328,6 +328,7 @@ class _GenericLauncher(Launcher):
         self.config: Optional[DictConfig] = None
         self.hydra_context: Any = None
         self.task_function: Any = None
+        self.into: Optional[Path] = None  # the multirun's sweep dir, made by its first batch
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config = config
@@ -363,7 +364,8 @@ class _GenericLauncher(Launcher):
             log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
         with self.composed.removed():  # Hydra's state travels to the nodes without it
             submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
-                               Singleton.get_state())
+                               Singleton.get_state(), into=self.into, first_index=initial_job_idx)
+        self.into = submitted.sweep_dir  # a later batch (Optuna's next trials) joins this sweep
         print(f"sweep {submitted.sweep_id}: {len(configs)} run(s) submitted ({self.backend_name}), "
               f"job(s) {', '.join(submitted.job_ids)}; archive {submitted.sweep_dir}", flush=True)
         if not bool(self.params.get("wait", True)):
@@ -449,9 +451,11 @@ def _software() -> Tuple[Dict[str, Any], str]:
 
 
 def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_context: Any,
-           configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None) -> Submitted:
+           configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None,
+           into: Optional[Path] = None, first_index: int = 0) -> Submitted:
     """Archive and submit the composed points as ONE submitit batch; the runs are visible (published
-    and indexed) when this returns."""
+    and indexed) when this returns. ``into``: the sweep dir of the multirun's first batch, which
+    these points join (its code snapshot, run indices from ``first_index``)."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
     from launcher.rundir import SweepDir, now_iso
@@ -468,11 +472,12 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     root = source_root(task_function, Path.cwd())
     known = secrets.known_secrets(apps + [dict(params.get("env") or {})])
     known.update(snapshot.tree_secrets(root))
-    sd = SweepDir.new(runs_root)
+    sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
     if not folder.parts:
         folder = sd.submitit_folder
     folder = folder.resolve()
-    snapshot.take(root, sd.code_dir, known=known, exclude=[runs_root])
+    if into is None:
+        snapshot.take(root, sd.code_dir, known=known, exclude=[runs_root])
     snap = snapshot.info(sd.code_dir) or {}
 
     # the scheduler's limits: a sweep too large is refused here, before anything is written
@@ -497,7 +502,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     shared.write_software(versions, freeze)
     staged = []
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-        for i, (cfg, app) in enumerate(zip(configs, apps)):
+        for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
             rd = sd.staging(i)
             seed = app.get("seed") if isinstance(app, dict) else None
             if isinstance(seed, int) and not isinstance(seed, bool):
@@ -524,8 +529,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 ex = backend.executor(shim, folder, sd.code_dir, parallelism=chunk.parallelism)
                 try:
                     with ex.batch():
-                        batch = [ex.submit(_HydraJob(task_function, hydra_context, configs[i], str(sd.run(i).path),
-                                                     singleton_state, env)) for i in range(chunk.start, chunk.stop)]
+                        batch = [ex.submit(_HydraJob(task_function, hydra_context, configs[i],
+                                                     str(sd.run(first_index + i).path), singleton_state, env))
+                                 for i in range(chunk.start, chunk.stop)]
                 finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
                     secrets.scrub_files(folder.glob("*.sh"), known)
                 script = backend.submitted_script(batch[0])
@@ -546,17 +552,17 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
             rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
         raise
     finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
-        published = [sd.publish(i) for i in range(len(configs))]
+        indices = range(first_index, first_index + len(configs))
+        published = [sd.publish(i) for i in indices]
         for rd in published:
             if rd.exists() and rd.is_final():
                 rd.seal()
         job_ids = sorted({str(j.job_id).partition("_")[0] for j in jobs})
-        sd.write({"sweep_id": sd.sweep_id, "argv": clean(argv), "num_runs": len(configs), "job_ids": job_ids,
-                  "backend": backend.name, "runs": [sd.run_id(i) for i in range(len(configs))],
-                  "code_snapshot": str(sd.code_dir), "kind": "hydra_app"})
+        sd.extend({"sweep_id": sd.sweep_id, "argv": clean(argv), "job_ids": job_ids, "backend": backend.name,
+                   "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(sd.code_dir), "kind": "hydra_app"})
         registry.record(runs_root, [rd.path for rd in published if rd.exists()])
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
-                     run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in range(len(configs))],
+                     run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in indices],
                      job_ids=job_ids, jobs=jobs)
 
 

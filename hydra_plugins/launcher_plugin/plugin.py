@@ -21,9 +21,10 @@ Hydra's sweeper saves the whole composed config, command-line overrides included
 given there, `+cluster.env.HF_TOKEN=...`), to `<hydra.sweep.dir>/multirun.yaml` before it calls us.
 That file is no part of the archive: `setup` points hydra.sweep.dir at a private temporary directory
 (mode 0700, outside runs_root), and `launch` removes it before anything else happens (and at exit,
-should the sweep fail before `launch`). In results mode, hydra.sweep.dir then becomes the sweep dir
-of the first batch, where a sweeper writes its results once it is done (Optuna:
-optimization_results.yaml); they are scrubbed of known secrets at exit and printed.
+should the sweep fail before `launch`). Every batch of one multirun joins the sweep dir its first batch made (run index = Hydra's job
+number): a study is one sweep. In results mode, hydra.sweep.dir then becomes that sweep dir, where a
+sweeper writes its results once it is done (Optuna: optimization_results.yaml); they are scrubbed of
+known secrets at exit and printed.
 
 Composition: every point is composed once, by launcher.app.SweepComposer (installed as the config
 loader's load_sweep_config, so the sweeper's own validation composes it and we take that config)."""
@@ -64,7 +65,8 @@ class LauncherPlugin(Launcher):
         self.hydra_context: Any = None
         self.sweep_dir: Optional[str] = None
         self.composer: Any = None
-        self.study: dict = {}  # results mode: the first batch's sweep dir, snapshot, sweeps, trials
+        self.into: Optional[Path] = None  # the multirun's sweep dir, once its first batch made it
+        self.batches = 0  # batches submitted into it
         self.known: dict = {}  # secret values of the sweep's configs (results files are scrubbed)
         self._swept_keys: Optional[set] = None
 
@@ -128,7 +130,8 @@ class LauncherPlugin(Launcher):
         else:
             from launcher.app import submit_points
 
-            result = submit_points(points)
+            result = submit_points(points, into=self.into, indices=[initial_job_idx + i for i in range(len(points))])
+            self._joined(result)
             outcomes = [result.runs[i].run_id if result.runs else None for i in range(len(points))]
         returns = []
         for p, hn, outcome in zip(points, hydra_nodes, outcomes):
@@ -170,23 +173,18 @@ class LauncherPlugin(Launcher):
         outcomes: list = [RunFailed(refused[i]) if i in refused else None for i in range(len(points))]
         if not ok:
             return outcomes
-        meta = {"study": {"sweeper": self.sweeper, "objective": objective,
-                          "first_sweep": self.study.get("first_sweep"),
-                          "trials": [initial_job_idx + i for i in ok]}}
+        meta = {"study": {"sweeper": self.sweeper, "objective": objective}}  # trial number = run index
         try:
-            result, got, run_ids = submit_for_results([points[i] for i in ok], objective=objective,
-                                                      extra_meta=meta, code_snapshot=self.study.get("code"))
+            result, got, run_ids = submit_for_results([points[i] for i in ok], objective=objective, extra_meta=meta,
+                                                      into=self.into, indices=[initial_job_idx + i for i in ok])
         except InvalidSweep as e:
             _fail(e)
         if result.dry_run:  # nothing ran: BasicSweeper gets None (exit 0), a study a failed trial
             return [None if self.basic else RunFailed("submit.dry_run=true: nothing ran, no objective")
                     for _ in points]
-        if not self.study:  # the first batch: its sweep dir holds the study's results; one code snapshot
-            self.study = {"first_sweep": result.sweep_id, "dir": str(result.sweep_dir),
-                          "code": str(Path(result.sweep_dir) / "code"), "sweeps": []}
+        if self._joined(result):  # the study's sweep dir: where the sweeper writes its results
             with read_write(self.config.hydra), open_dict(self.config.hydra):
                 self.config.hydra.sweep.dir = str(result.sweep_dir)
-        self.study["sweeps"].append(result.sweep_id)
         ids: dict = {}
         for i, value, rid in zip(ok, got, run_ids):
             outcomes[i], ids[i] = value, rid
@@ -196,6 +194,16 @@ class LauncherPlugin(Launcher):
             print(secrets.scrub(f"trial {initial_job_idx + i} ({self._swept(p.overrides)}): {what}", self.known))
         sys.stdout.flush()
         return outcomes
+
+    def _joined(self, result) -> bool:
+        """Every batch of one multirun joins the sweep its first batch made (run index = Hydra's job
+        number, one code snapshot): a study is one sweep. True for the batch that made it."""
+        if result.dry_run or result.sweep_dir is None:
+            return False
+        self.batches += 1
+        first = self.into is None
+        self.into = Path(result.sweep_dir)
+        return first
 
     def _swept(self, overrides: List[str]) -> str:
         """The point's overrides of the keys the sweeper varies (all of them if those are unknown)."""
@@ -237,16 +245,15 @@ class LauncherPlugin(Launcher):
 
     def _at_exit(self) -> None:
         self._remove_sweep_dir()
-        if not self.study:
+        if self.into is None or not self.needs_results():
             return
         from launcher.archive import secrets
 
-        found = [Path(self.study["dir"]) / n for n in RESULTS_FILES if (Path(self.study["dir"]) / n).is_file()]
+        found = [self.into / n for n in RESULTS_FILES if (self.into / n).is_file()]
         for f in found:
             secrets.scrub_file(f, self.known)
-        sweeps = self.study["sweeps"]
-        print(f"study: {len(sweeps)} batch(es), sweep(s) {', '.join(sweeps)} "
-              f"(launcher runs --sweep SWEEP); results in {self.study['dir']}")
+        print(f"study: {self.batches} batch(es) in sweep {self.into.name} (launcher status {self.into.name}, "
+              f"launcher results {self.into.name}); results in {self.into}")
         for f in found:
             print(f"{f}:\n  " + f.read_text().strip().replace("\n", "\n  "))
         sys.stdout.flush()

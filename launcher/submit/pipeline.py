@@ -105,10 +105,11 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
                                         "fix the interpolation")], f"(point {index})")
 
 
-def check(points: List[Point]) -> List[Checked]:
+def check(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
     """Every point against the config rules, then the planner's pre-submit checks (memory fits,
     pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
-    stop the launch too unless submit.force=true (then they go to stderr)."""
+    stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
+    points' run indices in their sweep (default 0..n-1)."""
     from launcher.archive import secrets
     from launcher.plan import checks
 
@@ -145,7 +146,8 @@ def check(points: List[Point]) -> List[Checked]:
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
-        good.append(Checked(p, i, resolved, lay, res.plan, backends.of(p.cfg), known=known))
+        index = indices[i] if indices is not None else i
+        good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     seen = set()
     for c in good:  # the jobs read and write their run dirs: the nodes must see the runs root
         root = Path(str(c.point.cfg.submit.runs_root)).expanduser().absolute()
@@ -251,11 +253,14 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
 
 
 def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapshot: Optional[Path],
-           extra_meta: Optional[Dict[str, Any]]) -> _Sweep:
-    """The sweep dir and the code snapshot every point runs (taken once per launch, or reused)."""
+           extra_meta: Optional[Dict[str, Any]], into: Optional[Path] = None) -> _Sweep:
+    """The sweep dir and the code snapshot every point runs (taken once per launch, or reused).
+    ``into``: an existing sweep dir the points join (a later batch of one multirun: its snapshot)."""
     from launcher.archive import snapshot
 
-    sd = SweepDir.new(runs_root)
+    sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
+    if into is not None and code_snapshot is None:
+        code_snapshot = sd.code_dir
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
     root = _snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
@@ -318,7 +323,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     shared.write_software(versions, freeze)
     # seeds and overrides of every point in one file; each run writes its own seeds.json and
     # overrides.yaml from it when it starts (RunDir.adopt_shared): two files fewer per point at launch
-    atomic.write_json(shared.path / SweepDir.POINTS, {str(c.index): {
+    sweep.dir.add_points({str(c.index): {
         "seeds": clean(seed_plan(c.resolved["seed"], c.resolved["data"].get("seed"), c.layout.dp)),
         "overrides": {"overrides": clean(list(c.point.overrides)), "choices": clean(dict(c.point.choices))},
     } for c in checked})
@@ -432,10 +437,9 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     for rd in published:
         if rd.exists() and rd.is_final():
             rd.seal()
-    sweep.dir.write({
+    sweep.dir.extend({
         "sweep_id": sweep.dir.sweep_id, "argv": [secrets.scrub(a, sweep.known) for a in sweep.argv],
-        "num_runs": len(runs), "job_ids": job_ids, "backend": checked[0].backend.name,
-        "runs": sorted((r.run_id for r in runs), key=lambda rid: int(rid.rsplit("-", 1)[1])),
+        "job_ids": job_ids, "backend": checked[0].backend.name, "runs": [r.run_id for r in runs],
         "code_snapshot": str(sweep.code_dir),
     })
     archived = {str(rd.path): c.archived for c, rd in zip(checked, published) if c.archived is not None}
@@ -447,19 +451,22 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
 
 
 def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code_snapshot: Optional[Path] = None,
-           extra_meta: Optional[Dict[str, Any]] = None) -> SweepResult:
+           extra_meta: Optional[Dict[str, Any]] = None, into: Optional[Path] = None,
+           indices: Optional[List[int]] = None) -> SweepResult:
     """Check, archive and submit ``points``. ``code_snapshot`` reuses an existing snapshot (reproduce)
-    instead of taking one of the working tree; ``extra_meta`` is added to each run.json."""
+    instead of taking one of the working tree; ``extra_meta`` is added to each run.json. ``into`` and
+    ``indices``: the points join that existing sweep as those runs (a later batch of one multirun,
+    with its code snapshot) instead of making a new sweep numbered from 0."""
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
-    checked = check(points)
+    checked = check(points, indices)
     first = checked[0].point.cfg
     runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
     if bool(first.submit.dry_run):
         return dry_run(checked, runs_root, out)
 
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
-    sweep = create(checked, runs_root, argv, code_snapshot, extra_meta)
+    sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
         staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
     name = sweep_job_name(checked, sweep.dir.sweep_id)

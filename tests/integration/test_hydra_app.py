@@ -176,14 +176,20 @@ def test_wait_false_returns_once_queued(slurm, runs_root, tmp_path):
 
 def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
     """A sweeper that needs results (hydra-optuna-sweeper) on our launcher: every trial's value comes
-    back, each batch of trials is one submission, and the best value is the smallest return value."""
+    back, each batch of trials is one submission into the study's one sweep, and the best value is the
+    smallest return value."""
     out = tmp_path / "sweep"
     res = run_app(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
                    "x=interval(-2,3)", "y=interval(-3,0)", "hydra/launcher=launcher_local", f"hydra.sweep.dir={out}"],
                   runs_root, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = runs_json(runs_root)
-    assert len(runs) == 4 and len({r["sweep_id"] for r in runs}) == 2, runs  # 2 batches of 2 trials
+    # 2 batches of 2 trials, one sweep: run index = Hydra's job number, one submission per batch
+    assert len(runs) == 4 and len({r["sweep_id"] for r in runs}) == 1, runs
+    assert sorted(r["run_id"].rsplit("-", 1)[1] for r in runs) == ["0", "1", "2", "3"]
+    assert all(RunDir(r["dir"]).run()["hydra"]["job_num"] == RunDir(r["dir"]).run()["index"] for r in runs)
+    sweep = json.loads((runs_root / runs[0]["sweep_id"] / "sweep.json").read_text())
+    assert sweep["num_runs"] == 4 and sweep["runs"] == [f"{runs[0]['sweep_id']}-{i}" for i in range(4)]
     values = [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs]
     for r, v in zip(runs, values):
         cfg = RunDir(r["dir"]).config()

@@ -1,7 +1,7 @@
 """Sweepers that need results, on `launch -m`: a real Optuna study (hydra-optuna-sweeper) over
 optim.lr on cluster=local gets each run's objective back, a deliberately failing trial is a failed
-trial and the study goes on, and the study's best value is reported and saved in the sweep dir of its
-first batch; Hydra's BasicSweeper with submit.wait=true waits, returns submit.objective, and exits 1
+trial and the study goes on, and the study's best value is reported and saved in its sweep dir (all
+its batches are one sweep); Hydra's BasicSweeper with submit.wait=true waits, returns submit.objective, and exits 1
 when a point failed."""
 import json
 import re
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import launch, runs_json
+from helpers import BIN, launch, run_cmd, runs_json
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 
@@ -53,19 +53,35 @@ def test_optuna_study_completes_through_a_failed_trial(tmp_path):
             values[int(num)] = run["final_loss"]
     assert len(values) == 4
 
-    # every batch is its own sweep; run.json ties them to the study
+    # the study is ONE sweep: every batch joins the first one's dir, each run numbered by its trial
+    sweeps = {r["sweep_id"] for r in runs}
+    assert len(sweeps) == 1, sweeps
+    sweep = sweeps.pop()
+    assert sorted(int(r["run_id"].rsplit("-", 1)[1]) for r in runs) == list(range(5))
     metas = [json.loads((Path(r["dir"]) / "run.json").read_text())["study"] for r in runs]
-    first = {m["first_sweep"] for m in metas} - {None}
-    assert len(first) == 1 and all(m["objective"] == "final_loss" and "Optuna" in m["sweeper"] for m in metas)
-    first_sweep = first.pop()
+    assert all(m["objective"] == "final_loss" and "Optuna" in m["sweeper"] for m in metas)
+    sweep_json = json.loads((root / sweep / "sweep.json").read_text())
+    assert sweep_json["num_runs"] == 5 and len(sweep_json["job_ids"]) == 3  # one submission per batch
+    for num, _, what in trials:  # trial n is run <sweep>-n
+        if what.startswith("final_loss"):
+            assert what.endswith(f"(run {sweep}-{num})"), what
+    assert "study: 3 batch(es) in sweep " + sweep in res.stdout
 
-    # the study's results: printed, and saved in the first batch's sweep dir
-    results = root / first_sweep / "optimization_results.yaml"
-    assert f"results in {root.resolve() / first_sweep}" in res.stdout
+    # the study's results: printed, and saved in its sweep dir
+    results = root / sweep / "optimization_results.yaml"
+    assert f"results in {root.resolve() / sweep}" in res.stdout
     best = yaml.safe_load(results.read_text())
     assert best["name"] == "optuna"
     assert best["best_value"] == pytest.approx(min(values.values()), rel=1e-6)
     assert set(best["best_params"]) == {"optim.lr", "train.fail_attempt"}
+
+    # status and results read the whole study
+    st = run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(root)], root)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["counts"] == {"completed": 4, "failed": 1}
+    rs = run_cmd([str(BIN / "launcher"), "results", sweep, "--json", "--root", str(root)], root)
+    rows = json.loads(rs.stdout)["rows"]
+    assert len(rows) == 5 and rows[0]["objective"] == pytest.approx(best["best_value"], rel=1e-6)
     assert "best_value:" in res.stdout
     # Hydra's multirun.yaml (every override, secrets too) is nowhere under runs_root
     assert not list(root.rglob("multirun.yaml"))

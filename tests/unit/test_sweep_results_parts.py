@@ -59,8 +59,8 @@ def test_job_returns_of_a_batch(loader, monkeypatch, tmp_path, capsys):
     sweep_dir.mkdir()
     seen = {}
 
-    def fake_submit(points, *, objective, extra_meta=None, code_snapshot=None, out=None):
-        seen.update(n=len(points), objective=objective, meta=extra_meta, code=code_snapshot)
+    def fake_submit(points, *, objective, extra_meta=None, out=None, into=None, indices=None):
+        seen.update(n=len(points), objective=objective, meta=extra_meta, into=into, indices=indices)
         result = SimpleNamespace(dry_run=False, sweep_id="S1", sweep_dir=sweep_dir)
         return result, [6.25, RunFailed("run S1-1 failed: RuntimeError: boom")], ["S1-0", "S1-1"]
 
@@ -75,9 +75,10 @@ def test_job_returns_of_a_batch(loader, monkeypatch, tmp_path, capsys):
         rets[1].return_value
     with pytest.raises(RunFailed, match="train.fail_at_step"):  # refused by the checks: a failed trial
         rets[2].return_value
-    assert seen["n"] == 2 and seen["objective"] == "final_loss" and seen["code"] is None
-    assert seen["meta"]["study"] == {"sweeper": OPTUNA, "objective": "final_loss", "first_sweep": None,
-                                     "trials": [4, 5]}
+    # the first batch makes the study's sweep; its runs are numbered by trial (refused trial 6: none)
+    assert seen["n"] == 2 and seen["objective"] == "final_loss" and seen["into"] is None
+    assert seen["indices"] == [4, 5]
+    assert seen["meta"]["study"] == {"sweeper": OPTUNA, "objective": "final_loss"}
     assert rets[1].overrides == ["optim.lr=0.002"] and rets[1].hydra_cfg.overrides.task == ["optim.lr=0.002"]
     out = capsys.readouterr()
     assert "trial 4 (optim.lr=0.001 +cluster.env.HF_TOKEN=<redacted>): final_loss = 6.25  (run S1-0)" in out.out
@@ -86,16 +87,19 @@ def test_job_returns_of_a_batch(loader, monkeypatch, tmp_path, capsys):
     assert "trial 5 (optim.lr=0.002): failed: run S1-1 failed: RuntimeError: boom" in out.out
     assert "trial 6 refused by the launch checks: - train.fail_at_step" in out.err
 
-    # the sweeper writes its results where hydra.sweep.dir now points: the first batch's sweep dir
+    # the sweeper writes its results where hydra.sweep.dir now points: the study's sweep dir, which
+    # every later batch joins
     assert str(master.hydra.sweep.dir) == str(sweep_dir)
     plugin.launch([["optim.lr=0.004"], ["optim.lr=0.005"]], initial_job_idx=7)
-    assert seen["code"] == str(sweep_dir / "code") and seen["meta"]["study"]["first_sweep"] == "S1"
+    assert seen["into"] == sweep_dir and seen["indices"] == [7, 8]
+    assert str(master.hydra.sweep.dir) == str(sweep_dir)
     (sweep_dir / "optimization_results.yaml").write_text(f"name: optuna\nbest_params:\n  tok: {SECRET}\n")
     capsys.readouterr()
     plugin._at_exit()
     printed = capsys.readouterr().out
     assert SECRET not in (sweep_dir / "optimization_results.yaml").read_text() and SECRET not in printed
     assert f"results in {sweep_dir}" in printed and "name: optuna" in printed
+    assert "study: 2 batch(es) in sweep S1" in printed
 
 
 def test_run_failed_is_compact():
