@@ -26,7 +26,7 @@ number): a study is one sweep. In results mode, hydra.sweep.dir then becomes tha
 sweeper writes its results once it is done (Optuna: optimization_results.yaml); they are scrubbed of
 known secrets at exit and printed.
 
-Composition: every point is composed once, by launcher.app.SweepComposer (installed as the config
+Composition: every point is composed once, by launcher.compose.SweepComposer (installed as the config
 loader's load_sweep_config, so the sweeper's own validation composes it and we take that config)."""
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class LauncherPlugin(Launcher):
     # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        from launcher.app import SweepComposer
+        from launcher.compose import SweepComposer
         from launcher.archive import software
 
         software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
@@ -102,7 +102,7 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher.app import FastPoint
+        from launcher.compose import FastPoint
         from launcher.submit.pipeline import Point
 
         assert self.config is not None and self.hydra_context is not None

@@ -32,7 +32,7 @@ class Point:
     cfg: Any  # composed run config (no hydra node): a DictConfig, or a ConfigView over ``resolved``
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
-    resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.app.SweepComposer's fast path)
+    resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
 
     @classmethod
     def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> "Point":

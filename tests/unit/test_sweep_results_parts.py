@@ -140,7 +140,9 @@ def test_check_each_names_the_refused_points(loader):
     from launcher.submit.pipeline import Point
 
     master = _master(loader, OPTUNA)
-    composer = app.SweepComposer(loader)
+    from launcher.compose import SweepComposer
+
+    composer = SweepComposer(loader)
     points = []
     for ov in (["train.steps=4"], ["train.steps=4", "train.fail_at_step=9"], ["optim.lr=0.01"]):
         cfg = composer.compose(master, ov)
