@@ -15,6 +15,7 @@ Nothing here knows the project's configs: `launch -m` and the launcher for any H
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -33,17 +34,36 @@ class SweepComposer:
         self._hydra_lines = {}  # id(master config) -> its hydra override lines
         self._groups = {}  # key -> whether it names a config group
         self._burst = None  # [start time, count, rich Progress or None, task]
+        self.allow_fast = True  # points on the fast path are FastPoints (see ``point``)
 
     @classmethod
-    def install(cls, config_loader) -> "SweepComposer":
-        """Make ``config_loader.load_sweep_config`` this composer's (once per loader)."""
+    def install(cls, config_loader, fast: bool = True) -> "SweepComposer":
+        """Make ``config_loader.load_sweep_config`` this composer's (once per loader). ``fast=False``:
+        every point is a composed config (a launcher that hands the config itself to the app's task
+        function needs one), never a FastPoint."""
         found = getattr(config_loader, "_launcher_composer", None)
         if found is not None:
             return found
         composer = cls(config_loader)
-        config_loader.load_sweep_config = composer.load_sweep_config
-        config_loader._launcher_composer = composer
+        composer.allow_fast = fast
+        composer._attach()
         return composer
+
+    def _attach(self) -> None:
+        self.loader.load_sweep_config = self.load_sweep_config
+        self.loader._launcher_composer = self
+
+    @contextlib.contextmanager
+    def removed(self):
+        """Hydra's own load_sweep_config while the block runs: Hydra's state, pickled for the nodes,
+        then holds neither this composer nor its composed configs."""
+        self.kept.clear()
+        for name in ("load_sweep_config", "_launcher_composer"):
+            self.loader.__dict__.pop(name, None)
+        try:
+            yield
+        finally:
+            self._attach()
 
     def load_sweep_config(self, master_config, sweep_overrides):
         """What Hydra's load_sweep_config returns; kept for the launcher's `take`. A point on the fast
@@ -112,7 +132,7 @@ class SweepComposer:
         """The point as a FastPoint where the fast path applies (see FastBase), else its composed
         config (``compose``)."""
         parsed, values, bkey = self._parse(master_config, sweep_overrides)
-        if values is not None:
+        if values is not None and self.allow_fast:
             # plain values go onto the base per point; any other value override (`+key=...`, a dict)
             # is part of the base (a sweep's constant extras: composed once)
             swept = [o for o in values if FastBase.eligible(o)]

@@ -5,8 +5,10 @@ import; nothing of the project's ``launch`` app is imported). It runs the app's 
 the nodes, the way Hydra's own launchers do, and gives every point the archive a ``launch`` run gets:
 
 login side (``launch``)
-  compose each point once (``load_sweep_config``: the config the node runs, ``now`` resolved as on
-  the login side), a SweepDir under ``runs_root`` with ONE code snapshot of the app's repo, then per
+  compose each point once (launcher.compose.SweepComposer as ``load_sweep_config``: each combination
+  of config-group choices composed by Hydra once, a point's values merged onto a copy; the config the
+  node runs, ``now`` resolved as on the login side), a SweepDir (a multirun's later batches join its
+  first one's) under ``runs_root`` with ONE code snapshot of the app's repo, then per
   point a staged RunDir: config.yaml (resolved, secrets redacted), overrides.yaml, seeds.json (when
   the app has ``seed``), run.json last (code and software records once, in the sweep's shared/);
   ONE submitit batch for all points (one Slurm array; several when the sweep is larger than the
@@ -27,7 +29,6 @@ submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_r
 """
 # no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
 # sys.modules, where dataclasses cannot resolve string annotations
-import contextlib
 import functools
 import inspect
 import json
@@ -200,17 +201,46 @@ def resolved_app_config(sweep_config: DictConfig) -> Dict[str, Any]:
 # ---- on the node ------------------------------------------------------------------------------------
 
 
-class _HydraJob:
-    """What submitit pickles for one point: the app's task function, the point's composed config and
-    Hydra's state; on the node it runs ``run_job`` as Hydra's launchers do, inside the run's records."""
+class _SharedState:
+    """The app's task function, Hydra's context and Hydra's singletons: alike for every job of a batch,
+    so pickled ONCE into a file beside submitit's (``write``); a job pickles only the file's path and
+    loads it on the node (once per process). Pickling them with every job cost ~10 ms a job."""
 
-    def __init__(self, task_function: Any, hydra_context: Any, config: DictConfig, run_dir: str,
-                 singleton_state: Dict[Any, Any], env: Dict[str, str]) -> None:
-        self.task_function = task_function
-        self.hydra_context = hydra_context
+    _loaded: Dict[str, Tuple[Any, Any, Dict[Any, Any]]] = {}
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def write(self, task_function: Any, hydra_context: Any, singleton_state: Dict[Any, Any]) -> "_SharedState":
+        import cloudpickle
+
+        tmp = Path(f"{self.path}.tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            cloudpickle.dump((task_function, hydra_context, singleton_state), f)
+        os.replace(tmp, self.path)
+        self._loaded[self.path] = (task_function, hydra_context, singleton_state)
+        return self
+
+    def get(self) -> Tuple[Any, Any, Dict[Any, Any]]:
+        got = self._loaded.get(self.path)
+        if got is None:
+            import pickle
+
+            with open(self.path, "rb") as f:
+                got = self._loaded[self.path] = pickle.load(f)
+        return got
+
+
+class _HydraJob:
+    """What submitit pickles for one point: the point's composed config, its run dir and the batch's
+    shared state (the task function, Hydra's context and state); on the node it runs ``run_job`` as
+    Hydra's launchers do, inside the run's records."""
+
+    def __init__(self, shared: _SharedState, config: DictConfig, run_dir: str, env: Dict[str, str]) -> None:
+        self.shared = shared
         self.config = config
         self.run_dir = str(run_dir)
-        self.singleton_state = singleton_state
         self.env = dict(env)
 
     def __repr__(self) -> str:
@@ -226,7 +256,8 @@ class _HydraJob:
         from launcher.runtime import env as dist_env
         from launcher.runtime import task
 
-        Singleton.set_state(self.singleton_state)
+        task_function, hydra_context, singleton_state = self.shared.get()
+        Singleton.set_state(singleton_state)
         setup_globals()
         rd = RunDir(self.run_dir)
         task._wait_for(rd)
@@ -256,7 +287,7 @@ class _HydraJob:
         # the app's own relative paths) mean there what they meant at the command line
         os.chdir(str(config.hydra.runtime.cwd))
         try:
-            ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
+            ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
                           job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
             ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
@@ -334,7 +365,11 @@ class _GenericLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        self.composed = _KeepComposed.install(hydra_context.config_loader)
+        from launcher.compose import SweepComposer
+
+        # Hydra's sweeper composes every point to validate the batch; composed once per combination of
+        # group choices with the point's values merged on, and kept for launch() to take
+        self.composer = SweepComposer.install(hydra_context.config_loader, fast=False)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
@@ -349,20 +384,25 @@ class _GenericLauncher(Launcher):
             os.chmod(sweep_dir, int(str(self.config.hydra.sweep.mode), 8))
         log.info(f"launcher '{self.backend_name}': {len(job_overrides)} job(s), sweep output dir {sweep_dir}")
         configs = []
-        for i, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + i
-            cfg = self.composed.take(self.config, list(overrides))
-            with open_dict(cfg):
-                cfg.hydra.job.id = f"{cfg.hydra.job.name}_{idx}"
-                cfg.hydra.job.num = idx
-            configs.append(cfg)
+        self.composer.end()  # the sweeper's validation composed the points
+        self.composer.expected = len(job_overrides)
+        try:
+            for i, overrides in enumerate(job_overrides):
+                idx = initial_job_idx + i
+                cfg = self.composer.take(self.config, list(overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.id = f"{cfg.hydra.job.name}_{idx}"
+                    cfg.hydra.job.num = idx
+                configs.append(cfg)
+        finally:
+            self.composer.end()
         from launcher.archive import secrets
 
         # as Hydra's launchers list the points, but a secret-named value given there is not printed
         known = secrets.known_secrets([resolved_app_config(c) for c in configs[:1000]])
         for i, overrides in enumerate(job_overrides):
             log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
-        with self.composed.removed():  # Hydra's state travels to the nodes without it
+        with self.composer.removed():  # Hydra's state travels to the nodes without it
             submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
                                Singleton.get_state(), into=self.into, first_index=initial_job_idx)
         self.into = submitted.sweep_dir  # a later batch (Optuna's next trials) joins this sweep
@@ -371,45 +411,6 @@ class _GenericLauncher(Launcher):
         if not bool(self.params.get("wait", True)):
             return [_queued(cfg, run_id) for cfg, run_id in zip(configs, submitted.run_ids)]
         return collect(submitted, configs)
-
-
-class _KeepComposed:
-    """Hydra's sweepers compose every point of a batch to validate it (``validate_batch_is_legal``),
-    then hand the batch to the launcher, which composes the same points again. Installed on the
-    config loader, this keeps what the validation composed for the launcher to take, once; a point
-    not composed before is composed on the spot. Holds nothing once the batch is taken."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.original = loader.load_sweep_config
-        self.kept: Dict[Any, DictConfig] = {}
-
-    @classmethod
-    def install(cls, loader: Any) -> "_KeepComposed":
-        current = loader.__dict__.get("load_sweep_config")
-        if isinstance(current, cls):
-            return current
-        keeper = cls(loader)
-        loader.load_sweep_config = keeper
-        return keeper
-
-    def __call__(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-        cfg = self.original(master_config, list(sweep_overrides))
-        self.kept[(id(master_config), tuple(sweep_overrides))] = cfg
-        return cfg
-
-    def take(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-        cfg = self.kept.pop((id(master_config), tuple(sweep_overrides)), None)
-        return cfg if cfg is not None else self.original(master_config, list(sweep_overrides))
-
-    @contextlib.contextmanager
-    def removed(self) -> Any:
-        self.kept.clear()
-        self.loader.__dict__.pop("load_sweep_config", None)
-        try:
-            yield
-        finally:
-            self.loader.load_sweep_config = self
 
 
 class SlurmLauncher(_GenericLauncher):
@@ -524,13 +525,14 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
     jobs: List[Any] = []
     try:
+        state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
+            task_function, hydra_context, singleton_state)
         with backend.environment(shim, sd.code_dir), atomic.deferred_sync(private=True):
             for chunk in chunks:
                 ex = backend.executor(shim, folder, sd.code_dir, parallelism=chunk.parallelism)
                 try:
                     with ex.batch():
-                        batch = [ex.submit(_HydraJob(task_function, hydra_context, configs[i],
-                                                     str(sd.run(first_index + i).path), singleton_state, env))
+                        batch = [ex.submit(_HydraJob(state, configs[i], str(sd.run(first_index + i).path), env))
                                  for i in range(chunk.start, chunk.stop)]
                 finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
                     secrets.scrub_files(folder.glob("*.sh"), known)

@@ -131,22 +131,66 @@ def test_queued_return_holds_the_run_id():
     assert ret.return_value == "S-0" and ret.overrides == ["x=1"] and ret.cfg == {"x": 1}
 
 
-def test_points_composed_by_the_sweeper_are_taken_not_composed_again():
-    class Loader:
-        def __init__(self):
-            self.calls = []
+def test_points_composed_by_the_sweeper_are_taken_not_composed_again(tmp_path):
+    """The generic launcher's composer (launcher.compose.SweepComposer, fast=False): an app's point is
+    Hydra's own composition (a full config with its hydra node), each group combination composed once,
+    the point the sweeper's check composed handed over, and Hydra's own method while the state is
+    pickled for the nodes."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
-        def load_sweep_config(self, master_config, sweep_overrides):
-            self.calls.append(list(sweep_overrides))
-            return OmegaConf.create({"o": list(sweep_overrides)})
+    from launcher.compose import SweepComposer
 
-    loader, master = Loader(), OmegaConf.create({})
-    keeper = generic._KeepComposed.install(loader)
-    assert generic._KeepComposed.install(loader) is keeper  # once per loader
-    validated = [loader.load_sweep_config(master_config=master, sweep_overrides=o) for o in (["a=1"], ["a=2"])]
-    assert keeper.take(master, ["a=1"]) is validated[0] and keeper.take(master, ["a=2"]) is validated[1]
-    assert len(loader.calls) == 2
-    assert keeper.take(master, ["a=1"]).o == ["a=1"] and len(loader.calls) == 3  # taken once; then composed
-    with keeper.removed():  # pickled Hydra state carries the plain loader
-        assert "load_sweep_config" not in vars(loader)
-    assert vars(loader)["load_sweep_config"] is keeper and not keeper.kept
+    conf = tmp_path / "conf"
+    (conf / "opt").mkdir(parents=True)
+    (conf / "app.yaml").write_text("defaults:\n  - opt: sgd\n  - _self_\nlr: 0.1\nname: run-${lr}\n")
+    (conf / "opt" / "sgd.yaml").write_text("kind: sgd\nmomentum: 0.9\n")
+    (conf / "opt" / "adam.yaml").write_text("kind: adam\nbeta: 0.99\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("app", ["opt=sgd,adam", "lr=0.1,0.2"], run_mode=RunMode.MULTIRUN)
+        hydra_own = loader.load_sweep_config
+        composer = SweepComposer.install(loader, fast=False)
+        assert SweepComposer.install(loader, fast=False) is composer  # once per loader
+        points = [["opt=sgd", "lr=0.1"], ["opt=sgd", "lr=0.2"], ["opt=adam", "lr=0.1"], ["opt=adam", "+extra=1"]]
+        validated = [loader.load_sweep_config(master_config=master, sweep_overrides=p) for p in points]
+        assert len(composer.bases) == 2  # two group combinations, composed by Hydra once each
+        for p, cfg in zip(points, validated):
+            assert composer.take(master, p) is cfg  # the sweeper's composition, not composed again
+            want = hydra_own(master, p)
+            assert OmegaConf.to_container(cfg) == OmegaConf.to_container(want)  # hydra node included
+            app = lambda c: {k: OmegaConf.to_container(c[k], resolve=True) if OmegaConf.is_config(c[k])  # noqa: E731
+                             else c[k] for k in c if k != "hydra"}
+            assert app(cfg) == app(want)
+            assert list(cfg.hydra.overrides.task) == p
+        assert composer.composed == 4
+        with composer.removed():  # Hydra's state, pickled for the nodes, holds the plain loader
+            assert "load_sweep_config" not in vars(loader) and not composer.kept
+        assert loader.load_sweep_config == composer.load_sweep_config
+
+
+def _task_for_state(cfg):
+    return cfg.x * 2
+
+
+def test_jobs_of_a_batch_share_one_pickled_state(tmp_path):
+    """Hydra's state and the task function are pickled once per batch, beside submitit's files; a job
+    pickles only that file's path and, in a fresh process, loads them from it."""
+    import os
+    import pickle
+
+    state = generic._SharedState(tmp_path / "sub" / "hydra_state_S_0.pkl").write(
+        _task_for_state, {"context": "ctx"}, {"singletons": list(range(10000))})
+    job = generic._HydraJob(state, OmegaConf.create({"x": 21}), str(tmp_path / "run"), {"A": "b"})
+    blob = pickle.dumps(job)
+    assert len(blob) < 2000 and b"singletons" not in blob  # the state is not in the job's pickle
+    (tmp_path / "job.pkl").write_bytes(blob)
+    code = ("import pickle, sys; job = pickle.load(open(sys.argv[1], 'rb')); fn, ctx, st = job.shared.get(); "
+            "print(fn(job.config), ctx['context'], len(st['singletons']))")
+    here = Path(__file__).resolve()  # the task function is pickled by reference to this module
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.pkl")], capture_output=True, text=True,
+                         timeout=60, cwd=str(here.parents[2]),
+                         env=dict(os.environ, PYTHONPATH=f"{here.parent}{os.pathsep}{here.parents[2]}"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["42", "ctx", "10000"]
