@@ -220,7 +220,8 @@ class SweepComposer:
 
 
 # A sweep hands each point back as text (`seed=17`, `optim.lr=0.0003`); Hydra's parser (ANTLR) takes
-# ~0.3 ms a line. The lines that are a dotted key set to a plain decimal number are read here, into
+# ~0.3 ms a line. The lines that are a dotted key (or `+key`, `++key`) set to a plain decimal number
+# are read here, into
 # the Override Hydra's parser returns for them (tests/unit/test_compose_fast.py compares the two);
 # every other line goes to Hydra's parser.
 _PLAIN_KEY = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -230,20 +231,21 @@ _PLAIN_NUMBER = None
 
 
 def plain_number_override(line: str):
-    """Hydra's Override for ``key=<int or float>`` (a plain dotted key, a plain decimal number); None
-    for anything else."""
+    """Hydra's Override for ``key=<int or float>``, ``+key=...`` or ``++key=...`` (a plain dotted key, a
+    plain decimal number); None for anything else."""
     import re
 
     global _PLAIN_NUMBER
     if _PLAIN_NUMBER is None:
-        _PLAIN_NUMBER = re.compile(rf"({_PLAIN_KEY})=(?:({_INT})|({_FLOAT}))")
+        _PLAIN_NUMBER = re.compile(rf"(\+\+|\+)?({_PLAIN_KEY})=(?:({_INT})|({_FLOAT}))")
     m = _PLAIN_NUMBER.fullmatch(line)
     if m is None:
         return None
     from hydra.core.override_parser.types import Override, OverrideType, ValueType
 
-    value = int(m.group(2)) if m.group(2) is not None else float(m.group(3))
-    return Override(type=OverrideType.CHANGE, key_or_group=m.group(1), value_type=ValueType.ELEMENT,
+    kind = {None: OverrideType.CHANGE, "+": OverrideType.ADD, "++": OverrideType.FORCE_ADD}[m.group(1)]
+    value = int(m.group(3)) if m.group(3) is not None else float(m.group(4))
+    return Override(type=kind, key_or_group=m.group(2), value_type=ValueType.ELEMENT,
                     _value=value, package=None, input_line=line)
 
 

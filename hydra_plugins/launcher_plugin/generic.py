@@ -261,6 +261,7 @@ class _HydraJob:
         setup_globals()
         rd = RunDir(self.run_dir)
         task._wait_for(rd)
+        rd.adopt_shared()  # the sweep's code and software records, the point's seeds and overrides
         denv = dist_env.detect()
         denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT: an app may start torch.distributed
         for k, v in self.env.items():
@@ -370,6 +371,9 @@ class _GenericLauncher(Launcher):
         # Hydra's sweeper composes every point to validate the batch; composed once per combination of
         # group choices with the point's values merged on, and kept for launch() to take
         self.composer = SweepComposer.install(hydra_context.config_loader, fast=False)
+        from launcher.archive import software
+
+        software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton
@@ -399,12 +403,13 @@ class _GenericLauncher(Launcher):
         from launcher.archive import secrets
 
         # as Hydra's launchers list the points, but a secret-named value given there is not printed
-        known = secrets.known_secrets([resolved_app_config(c) for c in configs[:1000]])
+        apps = [resolved_app_config(c) for c in configs]
+        known = secrets.known_secrets(apps)
         for i, overrides in enumerate(job_overrides):
             log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
         with self.composer.removed():  # Hydra's state travels to the nodes without it
             submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
-                               Singleton.get_state(), into=self.into, first_index=initial_job_idx)
+                               Singleton.get_state(), into=self.into, first_index=initial_job_idx, apps=apps)
         self.into = submitted.sweep_dir  # a later batch (Optuna's next trials) joins this sweep
         print(f"sweep {submitted.sweep_id}: {len(configs)} run(s) submitted ({self.backend_name}), "
               f"job(s) {', '.join(submitted.job_ids)}; archive {submitted.sweep_dir}", flush=True)
@@ -453,13 +458,15 @@ def _software() -> Tuple[Dict[str, Any], str]:
 
 def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_context: Any,
            configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None,
-           into: Optional[Path] = None, first_index: int = 0) -> Submitted:
+           into: Optional[Path] = None, first_index: int = 0,
+           apps: Optional[List[Dict[str, Any]]] = None) -> Submitted:
     """Archive and submit the composed points as ONE submitit batch; the runs are visible (published
     and indexed) when this returns. ``into``: the sweep dir of the multirun's first batch, which
-    these points join (its code snapshot, run indices from ``first_index``)."""
+    these points join (its code snapshot, run indices from ``first_index``). ``apps``: each point's
+    resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import SweepDir, now_iso
+    from launcher.rundir import RunDir, SweepDir, now_iso
     from launcher.sweeps import TooManyJobs, plan_arrays
 
     backend = backends.get(backend_name)
@@ -469,7 +476,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     argv = list(sys.argv if argv is None else argv)
 
     # create: the sweep dir and one code snapshot of the app's tree
-    apps = [resolved_app_config(c) for c in configs]
+    apps = apps if apps is not None else [resolved_app_config(c) for c in configs]
     root = source_root(task_function, Path.cwd())
     known = secrets.known_secrets(apps + [dict(params.get("env") or {})])
     known.update(snapshot.tree_secrets(root))
@@ -502,15 +509,19 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     shared.write_code(git, patch, snap_meta)
     shared.write_software(versions, freeze)
     staged = []
+    points: Dict[str, Any] = {}  # seeds and overrides of every point in one record (RunDir.adopt_shared)
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
         for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
             rd = sd.staging(i)
             seed = app.get("seed") if isinstance(app, dict) else None
-            if isinstance(seed, int) and not isinstance(seed, bool):
-                rd.write_seeds({"seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"})
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                seed = None
+            points[str(i)] = {
+                "seeds": None if seed is None else {
+                    "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
+                "overrides": {"overrides": clean(list(cfg.hydra.overrides.task)),
+                              "choices": clean(dict(OmegaConf.to_container(cfg.hydra.runtime.choices)))}}
             rd.write_config(secrets.redact_config(app, known))
-            choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-            rd.write_overrides(clean(list(cfg.hydra.overrides.task)), clean(dict(choices)))
             rd.write_run(clean({
                 "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
                 "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
@@ -520,6 +531,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                           "subdir": str(cfg.hydra.sweep.subdir)},
             }))
             staged.append(rd)
+        sd.add_points(points)
 
     # submit: one batch (one array) per chunk of at most MaxArraySize points
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
@@ -537,11 +549,13 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
                     secrets.scrub_files(folder.glob("*.sh"), known)
                 script = backend.submitted_script(batch[0])
+                if script is not None:  # one script per array: written once, linked into its runs
+                    shared.write_script(secrets.scrub(script, known))
                 for rd, job in zip(staged[chunk.start:chunk.stop], batch):
                     job_id = str(job.job_id)
                     array_id, _, task_id = job_id.partition("_")
                     if script is not None:
-                        rd.write_script(secrets.scrub(script, known))
+                        rd.link_from(shared, (RunDir.SCRIPT,))
                     rd.write_job({"backend": backend.name, "job_id": job_id,
                                   "array_job_id": array_id if task_id else None,
                                   "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
@@ -556,6 +570,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
         indices = range(first_index, first_index + len(configs))
         published = [sd.publish(i) for i in indices]
+        (shared.path / RunDir.SCRIPT).unlink(missing_ok=True)  # each run holds its array's own
         for rd in published:
             if rd.exists() and rd.is_final():
                 rd.seal()

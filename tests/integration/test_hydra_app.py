@@ -47,6 +47,8 @@ def check_archived(run: dict, sweep_out: Path, point: dict) -> RunDir:
     assert rd.ranks() and rd.ranks()[0]["rank"] == 0 and rd.topology()
     assert rd.runtime()["python"]
     assert rd.is_sealed() and rd.verify() == []
+    for name in (RunDir.SEEDS, RunDir.OVERRIDES, RunDir.GIT, RunDir.PIP_FREEZE):  # the run's own, from the sweep's
+        assert (rd.path / name).is_file(), name
     st = rd.status()
     out = Path(st["output_dir"])
     assert out.parent == sweep_out.resolve()
