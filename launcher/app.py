@@ -82,6 +82,43 @@ def normalize_overrides(args):
     return list(args)
 
 
+# Hydra's output-dir settings: `launch` archives every run in <submit.runs_root>/<sweep>/<index>/ and
+# its ranks write through the run dir, so these would be silently ignored. Refused instead, saying so.
+_RUNS_ROOT_FIX = "remove it; runs go to submit.runs_root=<dir> (default $LAUNCHER_RUNS, else ./runs)"
+HYDRA_OUTPUT_KEYS = {
+    "hydra.run.dir": ("is not used by launch: a run is archived in <submit.runs_root>/<sweep_id>/<index>/",
+                      _RUNS_ROOT_FIX),
+    "hydra.sweep.dir": ("is not used by launch: a sweep is archived in <submit.runs_root>/<sweep_id>/, one "
+                        "dir per point", _RUNS_ROOT_FIX),
+    "hydra.sweep.subdir": ("is not used by launch: a point's run dir is <sweep_id>/<index>", _RUNS_ROOT_FIX),
+    "hydra.job.chdir": ("is not used by launch: a run's ranks start in its code snapshot and write their "
+                        "files through the run dir (ctx.rundir)", "remove it; a recipe writes into ctx.rundir"),
+    "hydra.output_subdir": ("is not used by launch: the composed config, overrides and Hydra's choices are "
+                            "archived in the run dir (config.yaml, overrides.yaml)", "remove it"),
+}
+
+
+def hydra_output_problems(hydra_overrides) -> list:
+    """ConfigErrors for the Hydra output-dir keys among these ``hydra.*`` override lines (pure)."""
+    found = []
+    for line in hydra_overrides:
+        key = str(line).split("=", 1)[0].lstrip("+~")
+        if key in HYDRA_OUTPUT_KEYS:
+            from launcher.layout import ConfigError
+
+            found.append(ConfigError(key, *HYDRA_OUTPUT_KEYS[key]))
+    return found
+
+
+def refuse_hydra_output_keys(hydra_overrides) -> None:
+    """Exit 2 naming each Hydra output-dir key given (nothing composed further, nothing submitted)."""
+    problems = hydra_output_problems(hydra_overrides)
+    if problems:
+        from launcher.layout import ConfigErrors
+
+        _fail(ConfigErrors(problems, "(Hydra's output dirs); nothing was submitted"))
+
+
 class RunFailed(CompactHydraException):
     """A run of a sweep ended without an objective: the failed trial's error in its JobReturn.
     Compact: where a sweeper raises it (Hydra's BasicSweeper does), Hydra prints just the message."""
@@ -184,6 +221,7 @@ def _run(cfg: DictConfig) -> None:
     from launcher.submit.pipeline import Point
 
     hc = HydraConfig.get()
+    refuse_hydra_output_keys(hc.overrides.hydra)
     submit_points([Point(cfg=cfg, overrides=list(hc.overrides.task),
                          choices=OmegaConf.to_container(hc.runtime.choices))])
 

@@ -105,8 +105,11 @@ class LauncherPlugin(Launcher):
         from launcher.compose import FastPoint
         from launcher.submit.pipeline import Point
 
+        from launcher.app import refuse_hydra_output_keys
+
         assert self.config is not None and self.hydra_context is not None
         self._remove_sweep_dir()  # multirun.yaml: the composed config with every override, secrets too
+        refuse_hydra_output_keys(self.config.hydra.overrides.hydra)
         self.composer.end()  # the sweeper's validation composed the points (kept for us)
         self.composer.expected = len(job_overrides)
         points: List[Point] = []

@@ -168,6 +168,10 @@ LAUNCH_BAD = [
     (["cluster.nodes=2"], "set cluster.nodes=1 or use a Slurm cluster"),  # local: ran 2 processes, archived world 4
     (["+train.stepz=5"], "train.stepz"),
     (["optim.lr=nan"], "optim.lr"),
+    # Hydra's output dirs mean nothing to launch (runs go to submit.runs_root): refused, not ignored
+    (["-m", "seed=1,2", "hydra.sweep.dir=elsewhere"], "hydra.sweep.dir: is not used by launch"),
+    (["-m", "seed=1,2", "hydra.job.chdir=true"], "hydra.job.chdir: is not used by launch"),
+    (["hydra.run.dir=elsewhere"], "fix: remove it; runs go to submit.runs_root=<dir>"),
 ]
 
 
@@ -410,3 +414,14 @@ def test_a_refused_value_is_not_echoed():
     """A secret read with its trailing newline ($(cat token)) is refused without printing it."""
     text = _refused(["+cluster.env.API_TOKEN='s3cr3t-value\n'"], "cluster.env.API_TOKEN")
     assert "s3cr3t" not in text
+
+
+@pytest.mark.parametrize("line,key", [("hydra.sweep.dir=x", "hydra.sweep.dir"), ("+hydra.job.chdir=true", "hydra.job.chdir"),
+                                      ("hydra.sweep.subdir=${hydra.job.num}", "hydra.sweep.subdir"),
+                                      ("hydra.output_subdir=.h", "hydra.output_subdir"), ("hydra.run.dir=x", "hydra.run.dir")])
+def test_hydra_output_keys_are_named(line, key):
+    from launcher.app import hydra_output_problems
+
+    (err,) = hydra_output_problems(["hydra/launcher=launcher", line, "hydra.verbose=true"])
+    assert err.key == key and "fix: remove it" in str(err)
+    assert hydra_output_problems(["hydra.job.name=x", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3"]) == []
