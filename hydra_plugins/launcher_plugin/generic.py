@@ -79,6 +79,10 @@ class BaseLauncherConf:
     env: Dict[str, str] = field(default_factory=dict)
     # tags recorded in each run.json (launcher runs --tag)
     tags: List[str] = field(default_factory=list)
+    # set by `launcher reproduce`: the run id these runs reproduce (recorded in run.json), and the
+    # archived code snapshot they run instead of a new snapshot of the working tree
+    reproduces: Optional[str] = None
+    code_snapshot: Optional[str] = None
 
 
 @dataclass
@@ -449,6 +453,23 @@ class Submitted:
 
 
 @functools.lru_cache(maxsize=1)
+def _entry(fn: Any, root: Path) -> Dict[str, str]:
+    """How to start the app again from its code snapshot (launcher reproduce): ``python -m <module>``,
+    or, for an app run as a script (its task function in ``__main__``), ``python <script>`` with the
+    script's path relative to the snapshot root."""
+    module = str(getattr(fn, "__module__", "") or "")
+    if module and module != "__main__":
+        return {"module": module}
+    try:
+        src = Path(inspect.getsourcefile(fn) or sys.argv[0]).resolve()
+    except TypeError:
+        src = Path(sys.argv[0]).resolve()
+    try:
+        return {"script": str(src.relative_to(root.resolve()))}
+    except ValueError:
+        return {"script": str(src)}
+
+
 def _software() -> Tuple[Dict[str, Any], str]:
     """Versions and `pip freeze`, once per process (a sweeper such as Optuna launches many batches)."""
     from launcher.archive import software
@@ -484,9 +505,12 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     if not folder.parts:
         folder = sd.submitit_folder
     folder = folder.resolve()
-    if into is None:
-        snapshot.take(root, sd.code_dir, known=known, exclude=[runs_root])
-    snap = snapshot.info(sd.code_dir) or {}
+    # the code every point runs: a snapshot of the app's tree taken once (a later batch joins the first
+    # one's), or the archived snapshot a reproduction runs again
+    code_dir = Path(str(params["code_snapshot"])) if params.get("code_snapshot") else sd.code_dir
+    if into is None and not params.get("code_snapshot"):
+        snapshot.take(root, code_dir, known=known, exclude=[runs_root])
+    snap = snapshot.info(code_dir) or {}
 
     # the scheduler's limits: a sweep too large is refused here, before anything is written
     try:
@@ -497,14 +521,15 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     # stage: everything known before submission, run.json last; what every run holds alike (code and
     # software records) once, in the sweep's shared dir (linked into each run when it starts)
     clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
-    patch_path = sd.code_dir / snapshot.PATCH_FILE
+    patch_path = code_dir / snapshot.PATCH_FILE
     patch = clean(patch_path.read_text() if patch_path.exists() else "")
     git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
-    snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(sd.code_dir)})
+    snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(code_dir)})
     versions, freeze = (clean(x) for x in _software())
     fn = inspect.unwrap(task_function)
     app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
-                      "config_name": configs[0].hydra.job.config_name, "source_root": str(root)})
+                      "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
+                      "entry": _entry(fn, root), "hydra_overrides": list(configs[0].hydra.overrides.hydra)})
     shared = sd.shared()
     shared.write_code(git, patch, snap_meta)
     shared.write_software(versions, freeze)
@@ -523,6 +548,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                               "choices": clean(dict(OmegaConf.to_container(cfg.hydra.runtime.choices)))}}
             rd.write_config(secrets.redact_config(app, known))
             rd.write_run(clean({
+                **({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
                 "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
                 "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
                 "kind": "hydra_app", "app": app_meta,
@@ -539,9 +565,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     try:
         state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
             task_function, hydra_context, singleton_state)
-        with backend.environment(shim, sd.code_dir), atomic.deferred_sync(private=True):
+        with backend.environment(shim, code_dir), atomic.deferred_sync(private=True):
             for chunk in chunks:
-                ex = backend.executor(shim, folder, sd.code_dir, parallelism=chunk.parallelism)
+                ex = backend.executor(shim, folder, code_dir, parallelism=chunk.parallelism)
                 try:
                     with ex.batch():
                         batch = [ex.submit(_HydraJob(state, configs[i], str(sd.run(first_index + i).path), env))
@@ -576,7 +602,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 rd.seal()
         job_ids = sorted({str(j.job_id).partition("_")[0] for j in jobs})
         sd.extend({"sweep_id": sd.sweep_id, "argv": clean(argv), "job_ids": job_ids, "backend": backend.name,
-                   "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(sd.code_dir), "kind": "hydra_app"})
+                   "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(code_dir), "kind": "hydra_app"})
         registry.record(runs_root, [rd.path for rd in published if rd.exists()])
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
                      run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in indices],

@@ -130,11 +130,11 @@ def cmd_reproduce(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None)
+        got = reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None)
     except (InvalidSweep, ConfigErrors, FileNotFoundError) as e:
         print(f"launcher reproduce: {e}", file=sys.stderr)
         return 2
-    return 0
+    return got if isinstance(got, int) else 0  # a Hydra app's run: the app's own exit code
 
 
 def cmd_resume(args) -> int:

@@ -165,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=archive_cmds.cmd_diff)
 
-    s = sub.add_parser("reproduce", help="launch a new run from an archived run's config, code and seeds",
-                       parents=[common])
+    s = sub.add_parser("reproduce", help="launch a new run from an archived run's config, code and seeds "
+                       "(a Hydra app's run: the app started again from its code snapshot with the run's "
+                       "overrides, on the same launcher)", parents=[common])
     s.add_argument("run", help="run id or run dir")
     s.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the archived config")
     s.set_defaults(fn=archive_cmds.cmd_reproduce)

@@ -20,13 +20,6 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
     from launcher.submit.pipeline import Point
 
     rd = RunDir(run_dir)
-    meta = rd.run() or {}
-    if meta.get("kind") == "hydra_app":  # another Hydra app's config: not a RunConfig of this project
-        app = meta.get("app") or {}
-        raise ConfigErrors([ConfigError("RUN", f"run {meta.get('run_id')} is a run of a Hydra app "
-                                        f"({app.get('name') or app.get('task') or 'not launch'}), not of `launch`",
-                                        "run that app again with its archived overrides (overrides.yaml) and "
-                                        "hydra/launcher=launcher_slurm or launcher_local")])
     plain = rd.config()
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
     plain["submit"]["dry_run"] = False
@@ -73,6 +66,8 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
     snapshot = Path(rd.snapshot().get("path", ""))
     if not snapshot.is_dir():
         raise FileNotFoundError(f"run {meta['run_id']} has no code snapshot to reproduce from ({snapshot})")
+    if meta.get("kind") == "hydra_app":
+        return reproduce_app(rd, snapshot, overrides, runs_root or rd.path.parent.parent, out)
     point = archived_point(run_dir, overrides, runs_root)
     for w in topology_warnings(run_dir, point.cfg):
         print(f"warning: {w}", file=sys.stderr)
@@ -81,3 +76,64 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
     result = pipeline.launch([point], argv=list(sys.argv), out=out, code_snapshot=snapshot, extra_meta=extra)
     finish(result, [point])
     return result
+
+
+# ---- a Hydra app's run ------------------------------------------------------------------------------
+# A run of any Hydra app (hydra/launcher=launcher_slurm|launcher_local) is reproduced by starting that
+# app again from its code snapshot, with the point's archived task overrides and the launch's Hydra
+# overrides (the same launcher and its options), as ONE point: Hydra composes the config from the
+# snapshot's own config files, so config, code and seed (the app's `seed` key) are the archived ones.
+
+# Hydra overrides that belong to the original multirun, not to the point: where Hydra wrote its
+# outputs, the sweeper that picked the point, the archive's place and the reproduction mark
+_DROPPED_HYDRA = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra/sweeper", "hydra.sweeper.",
+                  "hydra.launcher.runs_root", "hydra.launcher.reproduces", "hydra.launcher.code_snapshot")
+
+
+def _key(line: str) -> str:
+    return line.split("=", 1)[0].lstrip("+~")
+
+
+def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[str], snapshot: Path,
+                runs_root: Path, python: str = sys.executable) -> List[str]:
+    """The command that starts the app of a Hydra-app run again from ``snapshot`` as one point (pure).
+    ``changes`` (key=value) replace the archived overrides of the same key; an archived override whose
+    value was redacted must be given again there."""
+    from launcher.archive.secrets import is_redacted
+
+    app = meta.get("app") or {}
+    entry = app.get("entry") or {}
+    changed = {_key(c) for c in changes}
+    kept = [o for o in task_overrides if _key(o) not in changed]
+    hidden = [o.split("=", 1)[0] for o in kept if is_redacted(o.split("=", 1)[-1])]
+    if hidden:
+        raise ConfigErrors([ConfigError(k.lstrip("+~"), "was redacted in the archive (a secret): reproduce "
+                                        "cannot know it", f"give it again: launcher reproduce {meta.get('run_id')} "
+                                        f"{k}=<value>") for k in hidden])
+    hydra = [o for o in app.get("hydra_overrides") or []
+             if not any(_key(o) == d or _key(o).startswith(d) for d in _DROPPED_HYDRA)]
+    if entry.get("module"):
+        start = [python, "-m", str(entry["module"])]
+    elif entry.get("script"):
+        script = Path(entry["script"])
+        start = [python, str(script if script.is_absolute() else snapshot / script)]
+    else:
+        raise ConfigErrors([ConfigError("RUN", f"run {meta.get('run_id')} does not record how its app was started "
+                                        "(run.json app.entry: archived by an older launcher)",
+                                        "run the app again with its archived overrides (overrides.yaml)")])
+    return [*start, "-m", *kept, *changes, *hydra, f"hydra.launcher.runs_root={runs_root}",
+            f"hydra.launcher.reproduces={meta.get('run_id')}", f"hydra.launcher.code_snapshot={snapshot}"]
+
+
+def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Path, out) -> int:
+    """Start the app again (blocking, as its launcher does by default); its exit code."""
+    import os
+    import subprocess
+
+    meta = rd.run() or {}
+    cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(snapshot), *filter(None, [env.get("PYTHONPATH")])])
+    print(f"reproducing {meta['run_id']} (a run of {(meta.get('app') or {}).get('task_function')}) from its code "
+          f"snapshot {snapshot}: {' '.join(cmd[1:])}", file=out, flush=True)
+    return subprocess.call(cmd, env=env)

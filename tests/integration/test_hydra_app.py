@@ -80,10 +80,44 @@ def test_example_app_local(runs_root, tmp_path):
         assert float((out / str(i) / "value.txt").read_text()) == quadratic(x, y)
         assert (out / str(i) / "app.log").is_file()  # Hydra's job log
     assert (out / "multirun.yaml").is_file()
-    # `launcher reproduce` is for `launch` runs: an app's run is refused with what to do instead
-    res = run_cmd([sys.executable, "-m", "launcher.cli.main", "reproduce", runs[0]["run_id"], "--root",
-                   str(runs_root)], runs_root, timeout=120)
-    assert res.returncode == 2 and "is a run of a Hydra app" in res.stderr, res.stderr
+
+
+def reproduce(args: List[str], runs_root: Path, cwd: Path):
+    return run_cmd([sys.executable, "-m", "launcher.cli.main", "reproduce", *args, "--root", str(runs_root)],
+                   runs_root, timeout=300, cwd=cwd)
+
+
+def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
+    """`launcher reproduce` of an app's run starts the app again from its code snapshot with the point's
+    overrides on the same launcher: the same config and seed give the same value, bitwise; a change
+    replaces its key; a secret the archive redacted must be given again."""
+    out = tmp_path / "sweep"
+    res = run_app(["-m", "x=1,2", "noise=0.5", "seed=3,4", "+api_key=sk-repro-0123456789abcd",
+                   "hydra/launcher=launcher_local", f"hydra.sweep.dir={out}"], runs_root, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = runs_json(runs_root)
+    orig = next(r for r in runs if r["index"] == 2)  # x=2 seed=3
+    want = RunDir(orig["dir"]).status()["summary"]["return_value"]
+    assert want != quadratic(2, 0)  # the seeded noise is in it
+
+    refused = reproduce([orig["run_id"]], runs_root, tmp_path)
+    assert refused.returncode == 2 and "api_key: was redacted in the archive" in refused.stderr, refused.stderr
+    assert f"launcher reproduce {orig['run_id']} +api_key=<value>" in refused.stderr
+
+    again = reproduce([orig["run_id"], "+api_key=sk-other-0123456789abcd"], runs_root, tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    new = [r for r in runs_json(runs_root) if r["run_id"] not in {x["run_id"] for x in runs}]
+    assert len(new) == 1 and new[0]["status"] == "completed" and new[0]["reproduces"] == orig["run_id"], new
+    rd = RunDir(new[0]["dir"])
+    assert rd.status()["summary"]["return_value"] == want  # bitwise: same code, config and seed
+    cfg, was = rd.config(), RunDir(orig["dir"]).config()
+    assert {k: cfg[k] for k in ("x", "y", "seed", "noise")} == {k: was[k] for k in ("x", "y", "seed", "noise")}
+    assert rd.snapshot()["path"] == RunDir(orig["dir"]).snapshot()["path"]  # it ran the archived code
+
+    changed = reproduce([orig["run_id"], "+api_key=sk-other-0123456789abcd", "noise=0", "y=1"], runs_root, tmp_path)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    latest = max((r for r in runs_json(runs_root) if r.get("reproduces") == orig["run_id"]), key=lambda r: r["created"])
+    assert RunDir(latest["dir"]).status()["summary"]["return_value"] == quadratic(2, 1)
 
 
 def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from helpers import BIN, launch, run_cmd, runs_json, wait_final
+from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm]
 
@@ -121,3 +122,22 @@ def test_names_share_one_array_and_retry_reruns_exactly_the_failed_points(slurm,
     # nothing left to retry
     res = launcher(["retry", sweep, "--failed"], runs_root, slurm)
     assert res.returncode == 0 and "no failed" in res.stdout
+
+
+@pytest.mark.timeout(420)
+def test_batches_of_one_multirun_are_one_sweep(slurm, runs_root):
+    """Hydra's BasicSweeper in batches (hydra.sweeper.max_batch_size): every batch joins the sweep the
+    first one made, run index = Hydra's job number, one array per batch, one code snapshot."""
+    res = launch(["-m", *TINY, "hydra.sweeper.max_batch_size=2", "seed=1,2,3,4,5"], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 5, timeout=360)
+    assert [r["status"] for r in runs] == ["completed"] * 5, runs
+    assert len({r["sweep_id"] for r in runs}) == 1, runs
+    by_index = sorted(runs, key=lambda r: r["index"])
+    assert [r["index"] for r in by_index] == [0, 1, 2, 3, 4]
+    assert [yaml.safe_load((Path(r["dir"]) / "config.yaml").read_text())["seed"] for r in by_index] == [1, 2, 3, 4, 5]
+    sweep = sweep_json(runs[0])
+    assert sweep["num_runs"] == 5 and len(sweep["job_ids"]) == 3  # batches of 2, 2, 1
+    assert len({RunDir(r["dir"]).snapshot()["path"] for r in runs}) == 1  # one code snapshot, taken once
+    st = launcher(["status", runs[0]["sweep_id"], "--json"], runs_root, slurm)
+    assert json.loads(st.stdout)["counts"] == {"completed": 5}

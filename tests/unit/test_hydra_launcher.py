@@ -194,3 +194,28 @@ def test_jobs_of_a_batch_share_one_pickled_state(tmp_path):
                          env=dict(os.environ, PYTHONPATH=f"{here.parent}{os.pathsep}{here.parents[2]}"))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["42", "ctx", "10000"]
+
+
+def test_reproduce_command_of_a_hydra_app_run(tmp_path):
+    """What `launcher reproduce` starts for a Hydra app's run: the app from its snapshot (module or
+    script), the point's overrides with the user's changes replacing theirs, the launch's Hydra
+    overrides minus what belonged to the original multirun; a redacted value must be given again."""
+    from launcher.layout import ConfigErrors
+    from launcher.submit.reproduce import app_command
+
+    meta = {"run_id": "S-3", "app": {"entry": {"script": "apps/train.py"}, "hydra_overrides": [
+        "hydra/launcher=launcher_slurm", "hydra.launcher.partition=gpu", "hydra.sweep.dir=/old/out",
+        "hydra/sweeper=optuna", "hydra.sweeper.n_trials=20", "hydra.launcher.runs_root=/old/runs"]}}
+    snap, root = tmp_path / "code", tmp_path / "runs"
+    cmd = app_command(meta, ["lr=0.01", "+depth=3", "seed=7"], ["lr=0.02"], snap, root, python="py")
+    assert cmd == ["py", str(snap / "apps" / "train.py"), "-m", "+depth=3", "seed=7", "lr=0.02",
+                   "hydra/launcher=launcher_slurm", "hydra.launcher.partition=gpu",
+                   f"hydra.launcher.runs_root={root}", "hydra.launcher.reproduces=S-3",
+                   f"hydra.launcher.code_snapshot={snap}"]
+    meta["app"]["entry"] = {"module": "pkg.app"}
+    assert app_command(meta, [], [], snap, root, python="py")[:3] == ["py", "-m", "pkg.app"]
+    with pytest.raises(ConfigErrors, match=r"(?s)token: was redacted.*launcher reproduce S-3 \+token=<value>"):
+        app_command(meta, ["+token=<redacted>", "lr=1"], [], snap, root)
+    assert "+token=abc" in app_command(meta, ["+token=<redacted>"], ["+token=abc"], snap, root)
+    with pytest.raises(ConfigErrors, match="does not record how its app was started"):
+        app_command({"run_id": "S-0", "app": {}}, [], [], snap, root)
