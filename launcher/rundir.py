@@ -634,13 +634,10 @@ class SweepDir:
             os.replace(staged.path, final.path)
         return final
 
-    def write(self, meta: Dict[str, Any]) -> None:
-        atomic.write_json(self.path / self.SWEEP, {**meta, "created": now_iso()})
-
     def extend(self, meta: Dict[str, Any]) -> None:
-        """sweep.json after a batch of runs joined the sweep: ``runs`` and ``job_ids`` added to the ones
-        recorded (a multirun's later batches join its first one's sweep), the rest as ``meta`` says,
-        ``created`` kept."""
+        """sweep.json once a batch of runs is in the sweep (written by its first batch): ``runs`` and
+        ``job_ids`` added to the ones recorded (a multirun's later batches join its first one's
+        sweep), the rest as ``meta`` says, ``created`` kept."""
         old = self.read() or {}
         runs = sorted(dict.fromkeys([*old.get("runs", []), *meta.get("runs", [])]),
                       key=lambda rid: int(rid.rsplit("-", 1)[1]))
