@@ -646,9 +646,10 @@ class SweepDir:
                                                    "num_runs": len(runs), "created": old.get("created") or now_iso()})
 
     def add_points(self, points: Dict[str, Any]) -> None:
-        """The per-point record (seeds, overrides by run index) with these points added."""
+        """The per-point record (seeds, overrides by run index) with these points added. Replaced whole
+        (never rewritten in place): runs of the sweep's earlier batches may be reading it."""
         path = self.path / self.SHARED / self.POINTS
-        atomic.write_json(path, {**(atomic.read_json(path) or {}), **points})
+        atomic.write_json(path, {**(atomic.read_json(path) or {}), **points}, visible=True)
 
     def read(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self.path / self.SWEEP)

@@ -452,12 +452,15 @@ class Submitted:
     jobs: List[Any]
 
 
-@functools.lru_cache(maxsize=1)
 def _entry(fn: Any, root: Path) -> Dict[str, str]:
-    """How to start the app again from its code snapshot (launcher reproduce): ``python -m <module>``,
-    or, for an app run as a script (its task function in ``__main__``), ``python <script>`` with the
-    script's path relative to the snapshot root."""
+    """How to start the app again from its code snapshot (launcher reproduce): ``python -m <module>``
+    (the task function's module; for an app started with ``python -m``, the module it was started
+    as), or, for an app run as a script, ``python <script>`` with the script's path relative to the
+    snapshot root."""
     module = str(getattr(fn, "__module__", "") or "")
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = str(getattr(spec, "name", "") or "__main__")
     if module and module != "__main__":
         return {"module": module}
     try:
@@ -470,6 +473,7 @@ def _entry(fn: Any, root: Path) -> Dict[str, str]:
         return {"script": str(src)}
 
 
+@functools.lru_cache(maxsize=1)
 def _software() -> Tuple[Dict[str, Any], str]:
     """Versions and `pip freeze`, once per process (a sweeper such as Optuna launches many batches)."""
     from launcher.archive import software
@@ -531,8 +535,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                       "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
                       "entry": _entry(fn, root), "hydra_overrides": list(configs[0].hydra.overrides.hydra)})
     shared = sd.shared()
-    shared.write_code(git, patch, snap_meta)
-    shared.write_software(versions, freeze)
+    if into is None:  # a later batch: the first one wrote them, and its runs may be reading them
+        shared.write_code(git, patch, snap_meta)
+        shared.write_software(versions, freeze)
     staged = []
     points: Dict[str, Any] = {}  # seeds and overrides of every point in one record (RunDir.adopt_shared)
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start

@@ -27,9 +27,11 @@ _deferred = types.SimpleNamespace(dirs=None, private=False)
 _lock = threading.Lock()
 
 
-def write_text(path: Union[str, Path], text: str) -> None:
+def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None:
+    """``visible``: the file may be read while this writes it (a record that already exists and that
+    running jobs read), so it is replaced through a temporary file even in a private batch."""
     path = Path(path)
-    if _deferred.private:  # nobody reads the dir yet: no temporary file
+    if _deferred.private and not visible:  # nobody reads the dir yet: no temporary file
         with _lock:
             _deferred.dirs.add(str(path.parent))
         with _create(path) as f:
@@ -127,8 +129,8 @@ def _syncfs(directory: str) -> bool:
         os.close(fd)
 
 
-def write_json(path: Union[str, Path], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def write_json(path: Union[str, Path], obj: Any, visible: bool = False) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", visible=visible)
 
 
 def read_json(path: Union[str, Path], default: Any = None) -> Any:

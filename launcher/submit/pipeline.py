@@ -89,6 +89,7 @@ class _Sweep:
     known: Dict[str, str]  # values to keep out of every archived text
     argv: List[str]
     extra_meta: Optional[Dict[str, Any]]
+    joined: bool = False  # the points join an existing sweep (its shared records are already written)
 
 
 # ---- 1. check ------------------------------------------------------------------------------------
@@ -259,14 +260,14 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     from launcher.archive import snapshot
 
     sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
-    if into is not None and code_snapshot is None:
-        code_snapshot = sd.code_dir
+    if into is not None and code_snapshot is None:  # the snapshot the sweep's first batch runs
+        code_snapshot = (sd.read() or {}).get("code_snapshot") or sd.code_dir
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
     root = _snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
     if root is not None:
         snapshot.take(root, code_dir, known=known, exclude=[runs_root])
-    return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta)
+    return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
 
 
 def _snapshot_root(checked: List[Checked]) -> Path:
@@ -319,8 +320,9 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     versions, freeze = clean(software.versions()), clean(software.pip_freeze())
     argv = clean(list(sweep.argv))
     shared = sweep.dir.shared()  # written once; each run links them in when it starts (RunDir.adopt_shared)
-    shared.write_code(git, patch, snap)
-    shared.write_software(versions, freeze)
+    if not sweep.joined:  # a later batch: the first one wrote them, and its runs may be reading them
+        shared.write_code(git, patch, snap)
+        shared.write_software(versions, freeze)
     # seeds and overrides of every point in one file; each run writes its own seeds.json and
     # overrides.yaml from it when it starts (RunDir.adopt_shared): two files fewer per point at launch
     sweep.dir.add_points({str(c.index): {

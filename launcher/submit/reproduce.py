@@ -94,24 +94,30 @@ def _key(line: str) -> str:
     return line.split("=", 1)[0].lstrip("+~")
 
 
+def _quoted(value: Any) -> str:
+    """A value as one quoted string of Hydra's override grammar (a path with `,` or `=` stays one)."""
+    return "'" + str(value).replace("'", "\\'") + "'"
+
+
 def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[str], snapshot: Path,
                 runs_root: Path, python: str = sys.executable) -> List[str]:
     """The command that starts the app of a Hydra-app run again from ``snapshot`` as one point (pure).
-    ``changes`` (key=value) replace the archived overrides of the same key; an archived override whose
-    value was redacted must be given again there."""
+    ``changes`` (key=value) replace the archived overrides (task or Hydra) of the same key; an archived
+    override whose value was redacted must be given again there."""
     from launcher.archive.secrets import is_redacted
 
     app = meta.get("app") or {}
     entry = app.get("entry") or {}
     changed = {_key(c) for c in changes}
+    hydra = [o for o in app.get("hydra_overrides") or []
+             if not any(_key(o) == d or _key(o).startswith(d) for d in _DROPPED_HYDRA)]
     kept = [o for o in task_overrides if _key(o) not in changed]
-    hidden = [o.split("=", 1)[0] for o in kept if is_redacted(o.split("=", 1)[-1])]
+    hydra = [o for o in hydra if _key(o) not in changed]
+    hidden = [o.split("=", 1)[0] for o in kept + hydra if is_redacted(o.split("=", 1)[-1])]
     if hidden:
         raise ConfigErrors([ConfigError(k.lstrip("+~"), "was redacted in the archive (a secret): reproduce "
                                         "cannot know it", f"give it again: launcher reproduce {meta.get('run_id')} "
                                         f"{k}=<value>") for k in hidden])
-    hydra = [o for o in app.get("hydra_overrides") or []
-             if not any(_key(o) == d or _key(o).startswith(d) for d in _DROPPED_HYDRA)]
     if entry.get("module"):
         start = [python, "-m", str(entry["module"])]
     elif entry.get("script"):
@@ -121,19 +127,34 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
         raise ConfigErrors([ConfigError("RUN", f"run {meta.get('run_id')} does not record how its app was started "
                                         "(run.json app.entry: archived by an older launcher)",
                                         "run the app again with its archived overrides (overrides.yaml)")])
-    return [*start, "-m", *kept, *changes, *hydra, f"hydra.launcher.runs_root={runs_root}",
-            f"hydra.launcher.reproduces={meta.get('run_id')}", f"hydra.launcher.code_snapshot={snapshot}"]
+    # one point: Hydra's basic sweeper with no sweep parameters of its own, whatever the app's
+    # config selects (an Optuna sweeper there would run n_trials copies of it)
+    return [*start, "-m", *kept, *changes, *hydra, "hydra/sweeper=basic", "hydra.sweeper.params=null",
+            f"hydra.launcher.runs_root={_quoted(runs_root)}", f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
+            f"hydra.launcher.code_snapshot={_quoted(snapshot)}"]
 
 
 def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Path, out) -> int:
-    """Start the app again (blocking, as its launcher does by default); its exit code."""
+    """Start the app again (blocking, as its launcher does by default); its exit code (1 when it ran
+    but made no run: its module does not start the app when run with ``python -m``)."""
     import os
     import subprocess
+
+    from launcher.rundir import runs as runs_under
 
     meta = rd.run() or {}
     cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(snapshot), *filter(None, [env.get("PYTHONPATH")])])
+    if (meta.get("app") or {}).get("entry", {}).get("module"):
+        env["PYTHONSAFEPATH"] = "1"  # `python -m` would import from the working dir before the snapshot
     print(f"reproducing {meta['run_id']} (a run of {(meta.get('app') or {}).get('task_function')}) from its code "
           f"snapshot {snapshot}: {' '.join(cmd[1:])}", file=out, flush=True)
-    return subprocess.call(cmd, env=env)
+    before = {r.path for r in runs_under(runs_root)}
+    code = subprocess.call(cmd, env=env)
+    made = [r for r in runs_under(runs_root) if r.path not in before and (r.run() or {}).get("reproduces") == meta["run_id"]]
+    if code == 0 and not made:
+        print(f"launcher reproduce: `{' '.join(cmd[1:3])}` made no run: does the module start the app when run "
+              "with python -m?", file=sys.stderr)
+        return 1
+    return code

@@ -97,6 +97,7 @@ def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = runs_json(runs_root)
     orig = next(r for r in runs if r["index"] == 2)  # x=2 seed=3
+    assert RunDir(orig["dir"]).run()["app"]["entry"] == {"module": "recipes.hydra_example.app"}  # started with -m
     want = RunDir(orig["dir"]).status()["summary"]["return_value"]
     assert want != quadratic(2, 0)  # the seeded noise is in it
 

@@ -207,15 +207,26 @@ def test_reproduce_command_of_a_hydra_app_run(tmp_path):
         "hydra/launcher=launcher_slurm", "hydra.launcher.partition=gpu", "hydra.sweep.dir=/old/out",
         "hydra/sweeper=optuna", "hydra.sweeper.n_trials=20", "hydra.launcher.runs_root=/old/runs"]}}
     snap, root = tmp_path / "code", tmp_path / "runs"
-    cmd = app_command(meta, ["lr=0.01", "+depth=3", "seed=7"], ["lr=0.02"], snap, root, python="py")
+    cmd = app_command(meta, ["lr=0.01", "+depth=3", "seed=7"], ["lr=0.02", "hydra.launcher.partition=cpu"], snap,
+                      root, python="py")
     assert cmd == ["py", str(snap / "apps" / "train.py"), "-m", "+depth=3", "seed=7", "lr=0.02",
-                   "hydra/launcher=launcher_slurm", "hydra.launcher.partition=gpu",
-                   f"hydra.launcher.runs_root={root}", "hydra.launcher.reproduces=S-3",
-                   f"hydra.launcher.code_snapshot={snap}"]
+                   "hydra.launcher.partition=cpu", "hydra/launcher=launcher_slurm", "hydra/sweeper=basic",
+                   "hydra.sweeper.params=null", f"hydra.launcher.runs_root='{root}'",
+                   "hydra.launcher.reproduces='S-3'", f"hydra.launcher.code_snapshot='{snap}'"]
     meta["app"]["entry"] = {"module": "pkg.app"}
     assert app_command(meta, [], [], snap, root, python="py")[:3] == ["py", "-m", "pkg.app"]
     with pytest.raises(ConfigErrors, match=r"(?s)token: was redacted.*launcher reproduce S-3 \+token=<value>"):
         app_command(meta, ["+token=<redacted>", "lr=1"], [], snap, root)
     assert "+token=abc" in app_command(meta, ["+token=<redacted>"], ["+token=abc"], snap, root)
+    meta["app"]["hydra_overrides"].append("hydra.launcher.env.HF_TOKEN=<redacted>")  # a Hydra override too
+    with pytest.raises(ConfigErrors, match=r"(?s)launcher reproduce S-3 hydra.launcher.env.HF_TOKEN=<value>"):
+        app_command(meta, [], [], snap, root)
+    # a path with a comma stays one value (not a sweep of two)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    odd = tmp_path / "a,b=c"
+    line = [x for x in app_command(meta, [], ["hydra.launcher.env.HF_TOKEN=x"], odd, root) if "code_snapshot" in x][0]
+    (parsed,) = OverridesParser.create().parse_overrides([line])
+    assert not parsed.is_sweep_override() and parsed.value() == str(odd)
     with pytest.raises(ConfigErrors, match="does not record how its app was started"):
         app_command({"run_id": "S-0", "app": {}}, [], [], snap, root)
