@@ -246,7 +246,11 @@ class Checkpointer:
 
     def _commit(self, partial: Path, step: int) -> None:
         """The rank that completes the set renames it into place, then moves ``latest``, then prunes."""
-        if len(list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*")))) < self.world:
+        try:
+            done = len(list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*"))))
+        except FileNotFoundError:  # the last rank to finish saw every mark first and renamed it already
+            return
+        if done < self.world:
             return
         try:
             os.close(os.open(partial / "commit", os.O_CREAT | os.O_EXCL | os.O_WRONLY))

@@ -129,7 +129,8 @@ def test_killed_rank_and_lost_node_on_slurm(slurm, tmp_path):
     """A SIGKILLed rank (srun ends the step) and then a node Slurm loses (set DOWN under the job): the
     same job id runs again each time and the run ends identical to an uninterrupted one."""
     env = {**os.environ, **slurm}
-    cfg = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "train.steps=30",
+    # 60 steps: the node is set DOWN once attempt 2 is past step 14, well before its end on a loaded machine
+    cfg = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "train.steps=60",
            "train.global_batch_size=64", "train.checkpoint.every=4", *QUICK]
     roots = {k: tmp_path / k for k in ("interrupted", "reference")}
     res = launch([*cfg, "train.fail_at_step=7", "train.fail_rank=1", "train.fail_mode=kill", "train.fail_attempt=1"],
