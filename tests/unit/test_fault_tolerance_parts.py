@@ -210,6 +210,32 @@ def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save):
     assert rd.stale_partials() == []
 
 
+def test_a_rank_finishing_after_the_set_was_committed_returns(tmp_path, monkeypatch):
+    """Two ranks mark the same checkpoint done: the one that saw every mark renames the partial dir
+    into place while the other is listing it (pathlib's scandir then finds no dir: FileNotFoundError,
+    which had failed that rank's save); the other returns without an error."""
+    import pathlib
+
+    from recipes.common.checkpoint import DONE_FILE
+
+    rd = make_run(tmp_path)
+    ck, _ = checkpointer(rd)
+    ck.world = 2
+    partial = rd.checkpoint_partial(4)
+    partial.mkdir(parents=True)
+    for r in (0, 1):
+        (partial / DONE_FILE.format(rank=r)).touch()
+    ck._commit(partial, 4)  # rank 1: every mark is in, it commits
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(4) and not partial.exists()
+
+    def renamed_while_listing(self, pattern):  # the dir vanished between pathlib's check and its scandir
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "glob", renamed_while_listing)
+    ck._commit(partial, 4)  # rank 0, a moment later: nothing to do, no error
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(4)
+
+
 # ---- the hang finding ----------------------------------------------------------------------------
 
 WAITING = '''# rank 0, no step finished for 6 s (last finished step: 4)
