@@ -43,7 +43,10 @@ def assert_identical(run: Path, reference: Path) -> None:
 
 
 def status(run_dir: Path) -> dict:
-    return json.loads((run_dir / "status.json").read_text())
+    """The run's status record; a run whose job has not started yet has none (pending)."""
+    from launcher.rundir import RunDir
+
+    return RunDir(run_dir).status() or {"status": "pending"}
 
 
 def restarts(run_dir: Path) -> List[dict]:
