@@ -43,6 +43,7 @@ class SweepComposer:
         function needs one), never a FastPoint."""
         found = getattr(config_loader, "_launcher_composer", None)
         if found is not None:
+            found.allow_fast = fast  # what this caller can take (a config, or also a FastPoint)
             return found
         composer = cls(config_loader)
         composer.allow_fast = fast

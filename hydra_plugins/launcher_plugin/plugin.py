@@ -21,10 +21,10 @@ Hydra's sweeper saves the whole composed config, command-line overrides included
 given there, `+cluster.env.HF_TOKEN=...`), to `<hydra.sweep.dir>/multirun.yaml` before it calls us.
 That file is no part of the archive: `setup` points hydra.sweep.dir at a private temporary directory
 (mode 0700, outside runs_root), and `launch` removes it before anything else happens (and at exit,
-should the sweep fail before `launch`). Every batch of one multirun joins the sweep dir its first batch made (run index = Hydra's job
-number): a study is one sweep. In results mode, hydra.sweep.dir then becomes that sweep dir, where a
-sweeper writes its results once it is done (Optuna: optimization_results.yaml); they are scrubbed of
-known secrets at exit and printed.
+should the sweep fail before `launch`). Every batch of one multirun joins the sweep dir its first
+batch made (run index = Hydra's job number): a study is one sweep. In results mode, hydra.sweep.dir
+then becomes that sweep dir, where a sweeper writes its results once it is done (Optuna:
+optimization_results.yaml); they are scrubbed of known secrets at exit and printed.
 
 Composition: every point is composed once, by launcher.compose.SweepComposer (installed as the config
 loader's load_sweep_config, so the sweeper's own validation composes it and we take that config)."""

@@ -153,6 +153,8 @@ def test_points_composed_by_the_sweeper_are_taken_not_composed_again(tmp_path):
         hydra_own = loader.load_sweep_config
         composer = SweepComposer.install(loader, fast=False)
         assert SweepComposer.install(loader, fast=False) is composer  # once per loader
+        assert SweepComposer.install(loader).allow_fast and SweepComposer.install(loader, fast=False) is composer
+        assert not composer.allow_fast  # the latest caller's need: a launcher taking configs gets configs
         points = [["opt=sgd", "lr=0.1"], ["opt=sgd", "lr=0.2"], ["opt=adam", "lr=0.1"], ["opt=adam", "+extra=1"]]
         validated = [loader.load_sweep_config(master_config=master, sweep_overrides=p) for p in points]
         assert len(composer.bases) == 2  # two group combinations, composed by Hydra once each
