@@ -100,9 +100,11 @@ HYDRA_OUTPUT_KEYS = {
 
 def hydra_output_problems(hydra_overrides) -> list:
     """ConfigErrors for the Hydra output-dir keys among these ``hydra.*`` override lines (pure)."""
+    from launcher.compose import override_key
+
     found = []
     for line in hydra_overrides:
-        key = str(line).split("=", 1)[0].lstrip("+~")
+        key = override_key(line)
         if key in HYDRA_OUTPUT_KEYS:
             from launcher.layout import ConfigError
 

@@ -19,6 +19,11 @@ import contextlib
 import sys
 
 
+def override_key(line: str) -> str:
+    """The key an override line sets (``+key=v``, ``++key=v``, ``~key``: ``key``), without parsing it."""
+    return str(line).split("=", 1)[0].lstrip("+~")
+
+
 class SweepComposer:
     PROGRESS_AFTER_S = 1.0
 

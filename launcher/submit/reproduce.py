@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.archive import compare
+from launcher.compose import override_key
 from launcher.layout import ConfigError, ConfigErrors
 from launcher.rundir import RunDir
 from launcher.schema import RunConfig
@@ -90,10 +91,6 @@ _DROPPED_HYDRA = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra/sweeper", "hyd
                   "hydra.launcher.runs_root", "hydra.launcher.reproduces", "hydra.launcher.code_snapshot")
 
 
-def _key(line: str) -> str:
-    return line.split("=", 1)[0].lstrip("+~")
-
-
 def _quoted(value: Any) -> str:
     """A value as one quoted string of Hydra's override grammar (a path with `,` or `=` stays one)."""
     return "'" + str(value).replace("'", "\\'") + "'"
@@ -108,11 +105,11 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
 
     app = meta.get("app") or {}
     entry = app.get("entry") or {}
-    changed = {_key(c) for c in changes}
+    changed = {override_key(c) for c in changes}
     hydra = [o for o in app.get("hydra_overrides") or []
-             if not any(_key(o) == d or _key(o).startswith(d) for d in _DROPPED_HYDRA)]
-    kept = [o for o in task_overrides if _key(o) not in changed]
-    hydra = [o for o in hydra if _key(o) not in changed]
+             if not any(override_key(o) == d or override_key(o).startswith(d) for d in _DROPPED_HYDRA)]
+    kept = [o for o in task_overrides if override_key(o) not in changed]
+    hydra = [o for o in hydra if override_key(o) not in changed]
     hidden = [o.split("=", 1)[0] for o in kept + hydra if is_redacted(o.split("=", 1)[-1])]
     if hidden:
         raise ConfigErrors([ConfigError(k.lstrip("+~"), "was redacted in the archive (a secret): reproduce "
