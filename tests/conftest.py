@@ -1,13 +1,42 @@
-"""Fixtures: a runs root per test, and the local Slurm cluster."""
+"""Fixtures (a runs root per test, the local Slurm cluster) and the suite's tiers.
+
+Tiers are markers applied automatically at collection, from what a test uses (its fixtures, and the
+names its code and the helpers it calls refer to), so nobody has to remember to mark a test:
+
+- ``slurm``   needs the local Slurm cluster (the ``slurm`` fixture)
+- ``browser`` drives the headless browser (tests/browser.py)
+- ``dist``    starts torch.distributed processes (mp.spawn, torchrun, a process group)
+- ``launch``  starts any other process: the ``launch``/``launcher`` commands, a job, a subprocess
+
+A test with none of them is pure: tests/unit holds only those (a tier marker there is a collection
+error), and while a pure test runs, starting a process fails it (the guard below), so the static
+scan can never let a launching test into the fast tier unnoticed. ``scripts/test.sh --fast`` runs
+the pure tier with no Slurm or browser set up.
+"""
 from __future__ import annotations
 
+import inspect
+import multiprocessing.process
 import os
+import re
 import shutil
 import subprocess
+import types
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterable, Set
 
 import pytest
+
+TIERS = ("slurm", "browser", "dist", "launch")
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
+
+# What puts a test in a tier: the objects the names of its code resolve to (in the globals of the
+# function that uses them), following into functions of the tests' own modules (tests/helpers.py,
+# the test module), never into the product's code.
+_DIST_MODULES = ("torch.multiprocessing", "torch.distributed.run", "torch.distributed.launcher",
+                 "torch.distributed.elastic")
+_LAUNCH_MODULES = ("subprocess", "multiprocessing", "concurrent.futures.process", "submitit")
+_TESTS_DIR = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -29,3 +58,145 @@ def slurm() -> Dict[str, str]:
             pytest.fail("local Slurm cluster is not up (scripts/slurm-local.sh up)")
         pytest.skip("local Slurm cluster not up: run scripts/slurm-local.sh up and export SLURM_CONF")
     return {"SLURM_CONF": conf}
+
+
+# ---------------------------------------------------------------------------------------- tiers --
+
+def _code_names(code: types.CodeType) -> Set[str]:
+    names = set(code.co_names) | set(code.co_freevars)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _is_tests_code(obj) -> bool:
+    src = getattr(inspect.getmodule(obj), "__file__", None)
+    return bool(src) and _TESTS_DIR in Path(src).resolve().parents or (
+        bool(src) and Path(src).resolve().parent == _TESTS_DIR)
+
+
+def _tier_of_object(obj) -> str:
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "") or ""
+    if name.startswith(_DIST_MODULES):
+        return "dist"
+    if name.startswith(_LAUNCH_MODULES):
+        return "launch"
+    if inspect.isclass(obj) and obj.__name__ == "Browser" and _is_tests_code(obj):
+        return "browser"
+    return ""
+
+
+def _tiers_reached(fn, seen: Set[int]) -> Set[str]:
+    """The tiers of what fn's code refers to, following into the functions (and classes' methods)
+    of the tests' own modules that it uses."""
+    code = getattr(fn, "__code__", None)
+    if code is None or id(code) in seen:
+        return set()
+    seen.add(id(code))
+    found: Set[str] = set()
+    glb = getattr(fn, "__globals__", {})
+    for name in _code_names(code):
+        if name not in glb:
+            continue
+        obj = glb[name]
+        tier = _tier_of_object(obj)
+        if tier:
+            found.add(tier)
+        elif isinstance(obj, types.ModuleType) and _is_tests_code(obj):
+            found |= _members_reached(vars(obj).values(), obj.__name__, seen)
+        elif (inspect.isfunction(obj) or inspect.isclass(obj)) and _is_tests_code(obj):
+            found |= _members_reached([obj], obj.__module__, seen)
+    return found
+
+
+def _members_reached(objs: Iterable, module: str, seen: Set[int]) -> Set[str]:
+    found: Set[str] = set()
+    for obj in objs:
+        if getattr(obj, "__module__", None) != module:
+            continue
+        if inspect.isclass(obj):
+            found |= {_tier_of_object(obj)} - {""}
+            found |= _members_reached(
+                [m for m in vars(obj).values() if inspect.isfunction(m)], module, seen)
+        elif inspect.isfunction(obj):
+            found |= _tiers_reached(obj, seen)
+    return found
+
+
+def tiers_of(item: pytest.Item) -> Set[str]:
+    """The tier markers a test gets from what it uses."""
+    found = {t for t in TIERS if item.get_closest_marker(t)}
+    seen: Set[int] = set()
+    fn = getattr(item, "function", None)
+    if fn is not None:
+        found |= _tiers_reached(fn, seen)
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        if name == "slurm":
+            found.add("slurm")
+        for fixdef in info.name2fixturedefs.get(name, ()):
+            if name not in ("slurm", "_pure_tests_start_no_process"):
+                found |= _tiers_reached(fixdef.func, seen)
+    if found & {"slurm", "browser", "dist"}:
+        found.add("launch")  # all of them start processes
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
+    misplaced = []
+    for item in items:
+        tiers = tiers_of(item)
+        for t in sorted(tiers):
+            if not item.get_closest_marker(t):
+                item.add_marker(getattr(pytest.mark, t))
+        if tiers and UNIT_DIR in Path(str(item.fspath)).resolve().parents:
+            misplaced.append(f"{item.nodeid} ({', '.join(sorted(tiers))})")
+    if misplaced:
+        raise pytest.UsageError(
+            "tests/unit holds only pure tests; these start processes or need a service, so they belong "
+            "in tests/integration:\n  " + "\n  ".join(misplaced))
+
+
+class ProcessInPureTest(AssertionError):
+    pass
+
+
+# What a pure test may not start: an interpreter or one of the project's commands (a launch, a job,
+# a rank), a submission or cancellation, a browser, a shell. The small tools the product itself
+# asks (git for the code snapshot, the scheduler's read-only queries for its limits, which answer
+# "unknown" where no cluster is up) stay allowed.
+_REFUSED = re.compile(r"^(python[0-9.]*|launch|launcher|torchrun|deepspeed|sbatch|srun|salloc|scancel|"
+                      r"chromium.*|google-chrome|sh|bash)$")
+
+
+def _refuse(what: str):
+    def refuse(*_a, **_k):
+        raise ProcessInPureTest(
+            f"a pure test started a process ({what}): it belongs in tests/integration, and the tier scan "
+            "in tests/conftest.py should learn the name it used")
+    return refuse
+
+
+def _guarded_popen(real_init):
+    def init(self, args, *a, **k):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        exe = os.path.basename(str(k.get("executable") or (argv[0] if argv else "")))
+        if k.get("shell") or _REFUSED.match(exe.split()[0] if exe else ""):
+            _refuse(f"{exe}")()
+        real_init(self, args, *a, **k)
+    return init
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """While a test with no tier marker runs, starting a process fails it."""
+    if any(request.node.get_closest_marker(t) for t in TIERS):
+        yield
+        return
+    monkeypatch.setattr(subprocess.Popen, "__init__", _guarded_popen(subprocess.Popen.__init__))
+    monkeypatch.setattr(os, "fork", _refuse("os.fork"))
+    monkeypatch.setattr(os, "posix_spawn", _refuse("os.posix_spawn"))
+    monkeypatch.setattr(os, "system", _refuse("os.system"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing"))
+    yield

@@ -110,9 +110,10 @@ def sync_filesystems(dirs: Set[str]) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _libc_syncfs() -> Any:
-    name = ctypes.util.find_library("c")
+    # The C library is already loaded in this process: its symbols need no ldconfig lookup (which
+    # find_library would start as a subprocess on every first call).
     try:
-        return ctypes.CDLL(name, use_errno=True).syncfs if name else None
+        return ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
 

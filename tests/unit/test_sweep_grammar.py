@@ -1,13 +1,11 @@
 """Numeric config-group names (zero/0.yaml .. zero/3.yaml) with Hydra's whole override grammar: a
 plain choice, quoted or not, and every sweep form (comma list, range, choice, glob, Optuna's choice),
 in single-run and -m mode."""
-import re
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from helpers import launch
 from launcher.app import CONF_DIR
 
 
@@ -63,43 +61,4 @@ def test_optuna_choice_points_compose():
 
 # ---- through `launch`, as a user types it -----------------------------------------------------
 
-def _points(stdout):
-    """(overrides, zero.stage) of each point of a dry run."""
-    heads = re.findall(r"^# ---- point \d+: (.*)$", stdout, re.M)
-    stages = [int(s) for s in re.findall(r"^zero:\n  stage: (\d)", stdout, re.M)]
-    return list(zip(heads, stages))
 
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("sweep,want", [
-    ("zero=1,2", [1, 2]),
-    ("zero='1','2'", [1, 2]),
-    ("zero=range(0,2)", [0, 1]),
-    ("zero=range(1,4,2)", [1, 3]),
-    ("zero=choice(0,2)", [0, 2]),
-    ("zero=glob(*)", [0, 1, 2, 3]),
-    ("zero=glob([1,2])", [1, 2]),
-    ("zero=glob(*,exclude=[0,3])", [1, 2]),
-])
-def test_multirun_forms(sweep, want, tmp_path):
-    res = launch(["-m", "submit.dry_run=true", "cluster=local_slurm", sweep], tmp_path / "runs", timeout=280)
-    assert res.returncode == 0, res.stderr[-3000:]
-    points = _points(res.stdout)
-    assert [s for _, s in points] == want, res.stdout[-3000:]
-    for head, stage in points:
-        assert re.search(rf"zero='?{stage}'?", head), head
-    assert f"# dry run: nothing submitted ({len(want)} point(s))" in res.stdout
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("given,stage", [("zero=3", 3), ("zero='1'", 1)])
-def test_single_run(given, stage, tmp_path):
-    res = launch(["submit.dry_run=true", "cluster=local_slurm", given], tmp_path / "runs", timeout=280)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert [s for _, s in _points(res.stdout)] == [stage]
-
-
-@pytest.mark.timeout(300)
-def test_single_run_refuses_a_sweep_saying_multirun(tmp_path):
-    res = launch(["submit.dry_run=true", "zero=range(0,2)"], tmp_path / "runs", timeout=280)
-    assert res.returncode != 0 and "--multirun" in res.stderr

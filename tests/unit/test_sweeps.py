@@ -202,50 +202,6 @@ def test_a_non_finite_objective_counts_as_none():
 # ---- retry: what is checked before anything changes -----------------------------------------------
 
 
-def _ended_run(tmp_path, *overrides):
-    """A staged, never submitted run (local backend), recorded failed and sealed."""
-    from launcher.submit import pipeline
-
-    cfg = _cfg("cluster=local", "model=gpt_tiny", "train.steps=3", "wandb.enabled=false", *overrides)
-    checked = pipeline.check([pipeline.Point(cfg, list(overrides))])
-    code = tmp_path / "code"
-    code.mkdir(exist_ok=True)
-    sweep = pipeline.create(checked, tmp_path / "runs", ["launch"], code, None)
-    (rd,) = pipeline.stage(sweep, checked)
-    rd.finish("failed", exit_code=1, error="boom")
-    return rd
-
-
-def test_retry_checks_every_change_before_anything_changes(tmp_path):
-    from launcher.layout import ConfigErrors
-    from launcher.submit import resume
-
-    rd = _ended_run(tmp_path, "train.fail_at_step=2")
-    n = resume.prepare(rd.path, changes=["train.fail_at_step=null", "optim.lr=0.01"])
-    assert n.changed == {"optim.lr": (0.001, 0.01), "train.fail_at_step": (2, None)}
-    assert n.plain["train"]["fail_at_step"] is None and rd.config()["train"]["fail_at_step"] == 2
-    with pytest.raises(ConfigErrors, match="changes the layout"):
-        resume.prepare(rd.path, changes=["cluster.gpus_per_node=1"])
-    with pytest.raises(ConfigErrors, match="no_such_key"):
-        resume.prepare(rd.path, changes=["train.no_such_key=1"])
-    with pytest.raises(ConfigErrors, match="optim.lr"):
-        resume.prepare(rd.path, changes=["optim.lr=-1"])
-    assert rd.is_sealed() and not rd.restarts() and rd.verify() == []  # nothing was touched
-    (rd.path / "config.yaml").chmod(0o644)
-    (rd.path / "config.yaml").write_text((rd.path / "config.yaml").read_text() + "\n# edited\n")
-    with pytest.raises(ConfigErrors, match="changed after it was sealed"):
-        resume.prepare(rd.path)
-
-
-def test_resume_steps_is_a_change_of_the_config(tmp_path):
-    from launcher.submit import resume
-
-    rd = _ended_run(tmp_path)
-    n = resume.prepare(rd.path, steps=5)
-    assert n.changed == {"train.steps": (3, 5)} and n.plain["train"]["steps"] == 5
-    assert rd.config()["train"]["steps"] == 3
-
-
 def test_the_curve_of_the_latest_attempt():
     rows = lambda *steps: [{"step": s} for s in steps]  # noqa: E731
     assert sweeps.current_curve(rows(1, 2, 3)) == rows(1, 2, 3)

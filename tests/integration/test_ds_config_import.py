@@ -1,0 +1,15 @@
+"""recipes.common.ds_config: the DeepSpeed config generated from a composed run config and its layout."""
+import subprocess
+import sys
+
+
+
+
+def test_pure_no_torch_or_deepspeed_import():
+    code = (
+        "import sys, recipes.common.ds_config as m; "
+        "bad = [n for n in ('torch', 'deepspeed') if n in sys.modules]; "
+        "sys.exit(f'imported {bad}' if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
