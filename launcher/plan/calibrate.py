@@ -95,7 +95,7 @@ def layout_label(lay: LayoutSpec) -> str:
 def read_sample(run_dir: Path) -> Sample:
     """The planner's uncalibrated estimate and the measurements of the run in ``run_dir``."""
     from launcher import sweeps
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.rundir import RunDir
     from launcher.schema import typed
 

@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launcher.layout import Layout, resolve
+from launcher.layout import Layout
+from launcher.rules import resolve
 from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.schema import RunConfig
