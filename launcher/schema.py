@@ -20,7 +20,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
@@ -366,7 +366,7 @@ def groups() -> frozenset:
 
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (config.yaml lists it first)."""
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # Hydra only to register: the node reads the schema without
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=RunConfig)
@@ -379,8 +379,6 @@ def register_configs() -> None:
 
 def typed(cfg: Any):
     """Merge a plain (e.g. loaded from YAML) config onto the schema so types are enforced."""
-    from omegaconf import OmegaConf
-
     base = OmegaConf.structured(RunConfig)
     return OmegaConf.merge(base, cfg)
 

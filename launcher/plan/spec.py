@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
 
+from launcher import backends
 from launcher.layout import Facts, Layout
 from launcher.rules import layout_of
 from launcher.schema import enum_value
@@ -118,8 +119,6 @@ class ClusterSpec:
         an "80 GB" A100 has 81920 MiB). With memory_gb = 0 on a backend whose processes share this
         host's memory (``Backend.shares_host_memory``: local) each gets MemAvailable / gpus_per_node;
         elsewhere (Slurm) it stays unknown."""
-        from launcher import backends
-
         gpu = cl.gpu
         assumed = []
         mem_gb = float(gpu.memory_gb or 0)
