@@ -41,9 +41,8 @@ def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
     """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
     that cannot be estimated (world size or batch not divisible)."""
     from launcher import rules
-    from launcher.layout import Facts
+    from launcher.layout import Facts, ModelSpec
     from launcher.plan.estimate import cluster_json, estimate, model_json
-    from launcher.plan.params import ModelSpec
     from launcher.plan.search import search
     from launcher.plan.spec import ClusterSpec, LayoutSpec
     from launcher.schema import enum_value

@@ -37,10 +37,9 @@ import yaml
 
 from launcher import sweeps
 from launcher.errors import ConfigErrors
-from launcher.layout import Layout
+from launcher.layout import Layout, ModelSpec
 from launcher.plan.estimate import estimate
 from launcher.plan.memory import stage_activation_bytes
-from launcher.plan.params import ModelSpec
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from launcher.plan.timing import StepParts
 from launcher.rundir import RunDir

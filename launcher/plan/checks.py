@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.errors import ConfigError
-from launcher.layout import Facts
-from launcher.rules import ok
+from launcher.layout import Facts, ModelSpec
 from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
-from launcher.plan.params import ModelSpec
 from launcher.plan.search import enumerate_layouts, evaluate_all
 from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
+from launcher.rules import ok
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3

@@ -52,8 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from launcher.layout import ModelSpec
 from launcher.plan.params import (
-    ModelSpec, StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
+    StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
 )
 from launcher.plan.spec import LayoutSpec
 

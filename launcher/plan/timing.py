@@ -41,10 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.layout import ModelSpec
 from launcher.plan.comm import CommVolume
 from launcher.plan.flops import forward_flops_per_token, layer_training_flops_per_token, step_flops
 from launcher.plan.memory import bytes_per_param, shard
-from launcher.plan.params import ModelSpec, StageParams
+from launcher.plan.params import StageParams
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 
 GEMM_EFFICIENCY_MAX = 0.70

@@ -19,16 +19,15 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import Facts
+from launcher.layout import Facts, ModelSpec
 from launcher.plan import calibrate
 from launcher.plan.calibrate import CalibrationError, Sample
 from launcher.plan.estimate import estimate
-from launcher.plan.params import ModelSpec
 from launcher.plan.search import search
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from launcher.plan.timing import StepParts
-from launcher.rundir import RunDir
 from launcher.rules import layout_of
+from launcher.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
