@@ -5,11 +5,11 @@
 Workload: `launcher plan --search` for gpt_175b on 1024 A100s (128 nodes x 8, cluster a100_80g),
 global batch 1536, bf16: every valid (dp, tp, pp, zero, micro batch, recompute, sequence parallel).
 Prints layouts evaluated per second for
-  - enumerate: the candidates generated and each decided by launcher.layout's rule table
+  - enumerate: the candidates generated and each decided by launcher.rules' table
   - estimate:  the estimators alone over the enumerated layouts (memory, comm, time, feasibility)
   - search:    enumerate + estimate + rank, what `launcher plan --search` runs
   - baseline:  the same estimate reached through the run config, the way a launch checks one point:
-               an OmegaConf config per layout, launcher.layout.check, then the estimate read from it
+               an OmegaConf config per layout, launcher.rules.problems, then the estimate read from it
 and the ratios: search against the baseline, and against the 10,000 layouts/s target.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from launcher.layout import ModelSpec  # noqa: E402
 from launcher.plan.search import enumerate_layouts, evaluate_all, search  # noqa: E402
-from launcher.plan.params import ModelSpec  # noqa: E402
 from launcher.plan.spec import ClusterSpec  # noqa: E402
 
 TARGET = 10_000.0
@@ -50,9 +50,9 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from launcher.app import CONF_DIR, normalize_overrides
-    from launcher.layout import check as layout_check
     from launcher.plan.estimate import estimate
     from launcher.plan.spec import LayoutSpec
+    from launcher.rules import problems
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=normalize_overrides(OVERRIDES))
@@ -77,7 +77,7 @@ def main() -> int:
                 "zero": {"stage": lay.zero},
                 "train": {"micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute},
             })
-            errs = layout_check(point)
+            errs = problems(point)
             assert not errs, (lay, errs)
             estimate(ModelSpec.from_cfg(point.model), ClusterSpec.from_cfg(point.cluster), LayoutSpec.from_cfg(point))
 

@@ -106,7 +106,7 @@ def hydra_output_problems(hydra_overrides) -> list:
     for line in hydra_overrides:
         key = override_key(line)
         if key in HYDRA_OUTPUT_KEYS:
-            from launcher.layout import ConfigError
+            from launcher.errors import ConfigError
 
             found.append(ConfigError(key, *HYDRA_OUTPUT_KEYS[key]))
     return found
@@ -116,7 +116,7 @@ def refuse_hydra_output_keys(hydra_overrides) -> None:
     """Exit 2 naming each Hydra output-dir key given (nothing composed further, nothing submitted)."""
     problems = hydra_output_problems(hydra_overrides)
     if problems:
-        from launcher.layout import ConfigErrors
+        from launcher.errors import ConfigErrors
 
         _fail(ConfigErrors(problems, "(Hydra's output dirs); nothing was submitted"))
 

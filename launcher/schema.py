@@ -2,12 +2,12 @@
 
 Hydra validates the composed config against these dataclasses, so a wrong type (or an unknown
 key given without '+') fails at composition time with Hydra's own message naming the key. Keys added
-with '+' pass Hydra (it opens the struct flag for them); launcher.layout refuses every key not
+with '+' pass Hydra (it opens the struct flag for them); launcher.rules refuses every key not
 declared here.
 
 Bounds are declared here too, once per numeric key: ``num(default, ge=.., gt=.., le=.., lt=..)``
 puts them in the field's metadata; ``leaves()`` lists every key with its type and bounds, and
-launcher.layout generates one rule row per bounded key from it (floats must also be finite). A new
+launcher.rules generates one rule row per bounded key from it (floats must also be finite). A new
 numeric key is checked by declaring its bounds.
 Nothing here imports torch: the login-node path loads this module.
 """
@@ -20,7 +20,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
@@ -61,7 +61,7 @@ def _num(x: float) -> str:
 
 def num(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
         lt: Optional[float] = None, why: str = "", fix: str = "") -> Any:
-    """A numeric field and its bounds (``leaves()`` reads them; launcher.layout checks them)."""
+    """A numeric field and its bounds (``leaves()`` reads them; launcher.rules checks them)."""
     return field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt, why, fix)})
 
 
@@ -230,7 +230,7 @@ class OptimConfig:
 class DataConfig:
     name: str = "synthetic"
     # successors per token in the synthetic bigram language: lower = more learnable
-    branching: int = num(4, ge=1)  # and <= model.vocab_size (a rule of launcher.layout)
+    branching: int = num(4, ge=1)  # and <= model.vocab_size (a rule of launcher.rules)
     seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")  # data-order seed; null derives it from the run seed
 
 
@@ -366,7 +366,7 @@ def groups() -> frozenset:
 
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (config.yaml lists it first)."""
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # Hydra only to register: the node reads the schema without
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=RunConfig)
@@ -379,8 +379,6 @@ def register_configs() -> None:
 
 def typed(cfg: Any):
     """Merge a plain (e.g. loaded from YAML) config onto the schema so types are enforced."""
-    from omegaconf import OmegaConf
-
     base = OmegaConf.structured(RunConfig)
     return OmegaConf.merge(base, cfg)
 

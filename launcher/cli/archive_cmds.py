@@ -120,7 +120,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.submit.pipeline import InvalidSweep
     from launcher.submit.reproduce import reproduce
 
@@ -140,7 +140,7 @@ def cmd_reproduce(args) -> int:
 def cmd_resume(args) -> int:
     from omegaconf import OmegaConf
 
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.submit.progress import wait_and_report
     from launcher.submit.resume import resume
 

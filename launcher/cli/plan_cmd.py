@@ -40,9 +40,9 @@ def _fail(msg: str, code: int = 2) -> int:
 def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
     """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
     that cannot be estimated (world size or batch not divisible)."""
-    from launcher import layout as layout_mod
+    from launcher import rules
+    from launcher.layout import Facts, ModelSpec
     from launcher.plan.estimate import cluster_json, estimate, model_json
-    from launcher.plan.params import ModelSpec
     from launcher.plan.search import search
     from launcher.plan.spec import ClusterSpec, LayoutSpec
     from launcher.schema import enum_value
@@ -58,9 +58,9 @@ def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
         report["layouts"] = [_layout_json(cluster, e) for e in ests]
         report["searched"] = True
         return report
-    facts = layout_mod.Facts.from_cfg(cfg)
-    errors = layout_mod.check(facts)
-    if not layout_mod.buildable(facts):  # no whole layout (sizes, tp*pp vs the world, the batch split)
+    facts = Facts.from_cfg(cfg)
+    errors = rules.problems(facts)
+    if not rules.buildable(facts):  # no whole layout (sizes, tp*pp vs the world, the batch split)
         raise ValueError("\n".join(f"- {e}" for e in errors))
     est = estimate(m, cluster, LayoutSpec.from_cfg(cfg))
     item = _layout_json(cluster, est)

@@ -16,7 +16,7 @@ from typing import Any, List
 
 
 def add_parser(sub, parents: List[Any]) -> None:
-    from launcher.preflight import DEFAULT_STEPS
+    from launcher.ladder import DEFAULT_STEPS
 
     s = sub.add_parser("preflight", help="the check ladder before a large run: smoke, node, comm, full, tuned",
                        description=__doc__, parents=parents)

@@ -98,7 +98,7 @@ def cmd_status(args) -> int:
 def cmd_retry(args) -> int:
     from omegaconf import OmegaConf
 
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.submit.progress import wait_and_report
     from launcher.submit.resume import resubmit
 

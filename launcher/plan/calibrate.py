@@ -33,8 +33,17 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import yaml
+
+from launcher import sweeps
+from launcher.errors import ConfigErrors
+from launcher.layout import Layout, ModelSpec
+from launcher.plan.estimate import estimate
+from launcher.plan.memory import stage_activation_bytes
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from launcher.plan.timing import StepParts
+from launcher.rundir import RunDir
+from launcher.schema import enum_value, typed
 
 STEP_UNKNOWNS = ("compute_scale", "comm_scale", "step_overhead_s")
 NEUTRAL = {"compute_scale": 1.0, "comm_scale": 1.0, "step_overhead_s": 0.0}
@@ -94,10 +103,6 @@ def layout_label(lay: LayoutSpec) -> str:
 
 def read_sample(run_dir: Path) -> Sample:
     """The planner's uncalibrated estimate and the measurements of the run in ``run_dir``."""
-    from launcher import sweeps
-    from launcher.layout import ConfigErrors
-    from launcher.rundir import RunDir
-    from launcher.schema import typed
 
     rd = RunDir(run_dir)
     if not rd.exists():
@@ -137,11 +142,6 @@ def planned(cfg: Any, layout_json: Optional[Dict[str, Any]] = None) -> Tuple[Lay
     """The planner's uncalibrated estimate for a run config: (its layout, the step time's parts, the
     activation bytes of the pipeline stage that holds the most). ``layout_json``: the layout archived
     in run.json (what the job ran with), else the config's."""
-    from launcher.layout import Layout
-    from launcher.plan.estimate import estimate
-    from launcher.plan.memory import stage_activation_bytes
-    from launcher.plan.params import ModelSpec
-    from launcher.schema import enum_value
 
     recompute, dtype = enum_value(cfg.train.recompute), enum_value(cfg.precision.dtype)
     lay = (LayoutSpec.of(Layout.from_json(layout_json), recompute, dtype) if layout_json
@@ -160,7 +160,7 @@ def measured_activation_bytes(states: Any) -> Optional[int]:
 
 def cluster_file(choice: str) -> Path:
     """conf/cluster/<choice>.yaml of the conf/ `launch` composes from (launcher.app.CONF_DIR)."""
-    from launcher.app import CONF_DIR
+    from launcher.app import CONF_DIR  # launcher.app loads Hydra: reading run dirs (report) does without it
 
     return Path(CONF_DIR) / "cluster" / f"{choice}.yaml"
 
@@ -168,8 +168,6 @@ def cluster_file(choice: str) -> Path:
 def file_calibration(path: Path) -> Optional[Tuple[Calibration, Dict[str, Any]]]:
     """The ``calibration:`` block of a cluster YAML file: (its constants, the whole block), or None when
     the file is missing, has none or only the defaults."""
-    import yaml
-
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
@@ -447,8 +445,6 @@ def replace_block(text: str, block: str) -> str:
 def updated_cluster_file(text: str, cal: Calibration, runs: Sequence[str], fitted_at: str) -> str:
     """The cluster file's new text, checked: it parses, its calibration is ``cal`` and every other key is
     what it was."""
-    import yaml
-
     new = replace_block(text, calibration_block(cal, runs, fitted_at))
     try:
         old_doc, new_doc = yaml.safe_load(text) or {}, yaml.safe_load(new) or {}

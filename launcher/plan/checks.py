@@ -5,7 +5,7 @@ Errors (stop the launch, ``submit.force`` does not help):
     headroom; with memory_gb = 0 on the local backend, this host's MemAvailable shared by its
     processes; on Slurm with memory_gb = 0 the check is skipped (unknown). The error names the key of
     the smallest layout change that fits (fewest keys changed, same world size and global batch,
-    fastest predicted among those; it must also pass launcher.layout.check), or
+    fastest predicted among those; it must also pass launcher.rules.problems), or
     cluster.gpu.memory_gb when none does.
   - offloaded states exceed the node's host memory (cluster.mem_gb, when set).
 Warnings (stop the launch unless submit.force=true):
@@ -20,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from launcher.layout import ConfigError, Facts, ok
+from launcher.errors import ConfigError
+from launcher.layout import Facts, ModelSpec
 from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
-from launcher.plan.params import ModelSpec
 from launcher.plan.search import enumerate_layouts, evaluate_all
 from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
+from launcher.rules import ok
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3
@@ -66,7 +67,7 @@ class CheckResult:
 
 
 def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
-    """(errors, warnings) of a config that passed launcher.layout.check."""
+    """(errors, warnings) of a config that passed launcher.rules.problems."""
     res = evaluate(cfg)
     return res.errors, res.warnings
 
@@ -157,7 +158,7 @@ def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -
     Candidates are the search's valid layouts of the same world size, global batch and precision, each
     also with its states offloaded where the rules allow it; an explicit ``parallelism.engine`` is kept
     where the rules let it run the candidate (else the implied engine is named in the fix). The fix is
-    the config with the candidate's knobs, checked against every rule of launcher.layout."""
+    the config with the candidate's knobs, checked against every rule of launcher.rules."""
     base = Facts.from_cfg(cfg)
     explicit_engine = base.engine != "auto"
     by_distance: Dict[int, List[Tuple[LayoutSpec, List[str]]]] = {}

@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
+from launcher.layout import ModelSpec
 from launcher.plan.memory import activation_bytes_per_element, bytes_per_param
-from launcher.plan.params import ModelSpec, StageParams
+from launcher.plan.params import StageParams
 from launcher.plan.spec import LayoutSpec
 
 

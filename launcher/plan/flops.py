@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from launcher.plan.params import ModelSpec
+from launcher.layout import ModelSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

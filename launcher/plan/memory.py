@@ -52,8 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from launcher.layout import ModelSpec
 from launcher.plan.params import (
-    ModelSpec, StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
+    StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
 )
 from launcher.plan.spec import LayoutSpec
 
@@ -307,7 +308,7 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
     the most: first or last), see launcher.plan.params; ZeRO then divides the optimizer states
     (stage >= 1), gradients (>= 2) and parameters (3) by dp (ceil); offloaded states count 0 here.
     Comparable to ``recipes.gpt.engines.base.Engine.state_bytes()``."""
-    lay = LayoutSpec.from_cfg(cfg_like)  # Layout.from_facts(Facts.from_cfg(cfg_like)) + dtype
+    lay = LayoutSpec.from_cfg(cfg_like)  # layout_of(Facts.from_cfg(cfg_like)) + dtype
     m = ModelSpec.from_cfg(cfg_like.model)
     tp, pp, dp, zero, engine = lay.tp, lay.pp, lay.dp, lay.zero, lay.engine
     sp = stage_params(m, tp, pp)

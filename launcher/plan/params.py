@@ -25,9 +25,9 @@ holds everything and a tied head adds nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from launcher.layout import ModelSpec  # noqa: F401  (the model shape the rules and estimators share)
 from typing import List, Tuple
+
+from launcher.layout import ModelSpec
 
 
 def layer_params(m: ModelSpec) -> int:

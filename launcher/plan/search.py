@@ -7,9 +7,9 @@ A layout is (dp, tp, pp, zero, micro batch, recompute, sequence parallel) on the
 The enumeration generates candidates: tp a divisor of the world, pp a divisor of world / tp, ZeRO
 0..3, micro batches dividing the sequences one replica takes per step (dp = world / (tp pp) from
 ``launcher.layout.Facts``; none when dp does not divide the global batch), sequence parallelism off
-and on. Whether a candidate is valid is decided by launcher.layout's rule table alone:
+and on. Whether a candidate is valid is decided by launcher.rules' table alone:
 ``ok(Facts, (VALUE, SHAPE, LAYOUT))`` (the rule table, no messages formatted) on the Facts of the model, the cluster and the
-candidate (the same rules ``launcher.layout.check`` applies to a run config: tp dividing the heads,
+candidate (the same rules ``launcher.rules.problems`` applies to a run config: tp dividing the heads,
 ffn and vocabulary and fitting in a node, pp dividing the layers, dp * micro batch dividing the
 global batch, the ZeRO stages and offload each engine runs, a micro-batch per pipeline stage,
 sequence parallelism needing tp > 1 dividing seq_len, ...). Recompute (none,
@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from launcher.layout import LAYOUT, SHAPE, VALUE, Facts, Layout, ok
+from launcher.layout import Facts, ModelSpec
 from launcher.plan.estimate import Estimate, estimate
-from launcher.plan.params import ModelSpec, StageParams, stage_params
+from launcher.plan.params import StageParams, stage_params
 from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher.rules import LAYOUT, SHAPE, VALUE, layout_of, ok
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)  # candidates; the rules say which each engine runs
@@ -56,7 +57,7 @@ def search_facts(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dty
 
 
 def valid(f: Facts) -> bool:
-    """Whether the candidate ``f`` breaks none of the rules (launcher.layout decides)."""
+    """Whether the candidate ``f`` breaks none of the rules (launcher.rules decides)."""
     return ok(f, RULE_KINDS)
 
 
@@ -88,10 +89,10 @@ def enumerate_layouts(
                         f = f.with_(offload_optimizer=True)
                     if offload_params and valid(f.with_(offload_params=True)):
                         f = f.with_(offload_params=True)
-                    lays = [Layout.from_facts(f)]
+                    lays = [layout_of(f)]
                     split = f.with_(sequence_parallel=True)
                     if valid(split):
-                        lays.append(Layout.from_facts(split))
+                        lays.append(layout_of(split))
                     for rc in RECOMPUTE:  # not a rule's concern
                         for lay in lays:
                             yield LayoutSpec.of(lay, rc, dtype)

@@ -1,7 +1,7 @@
 """The planner's inputs as plain frozen dataclasses: a layout choice and the cluster's hardware.
 
 ``LayoutSpec`` is ``launcher.layout.Layout`` plus recompute and dtype: the planner estimates the
-same layout object a launch archives, and which layouts are valid is launcher.layout's rule table.
+same layout object a launch archives, and which layouts are valid is launcher.rules' table.
 
 Built once from a composed run config (``from_cfg``), then every estimator works on these: the
 search evaluates thousands of layouts per second without touching OmegaConf.
@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
 
+from launcher import backends
 from launcher.layout import Facts, Layout
+from launcher.rules import layout_of
 from launcher.schema import enum_value
 
 GIB = 1 << 30
@@ -40,11 +42,11 @@ class LayoutSpec(Layout):
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "LayoutSpec":
-        """The layout a run config names (``Layout.from_facts``: ``parallelism.engine=auto`` becomes the
+        """The layout a run config names (``launcher.rules.layout_of``: ``parallelism.engine=auto`` becomes the
         implied engine), with its ``train.recompute`` and ``precision.dtype``. Raises
-        ``launcher.layout.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
+        ``launcher.errors.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
         f = Facts.from_cfg(cfg)
-        return cls.of(Layout.from_facts(f), enum_value(cfg.train.recompute), f.dtype)
+        return cls.of(layout_of(f), enum_value(cfg.train.recompute), f.dtype)
 
 
 _LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -117,8 +119,6 @@ class ClusterSpec:
         an "80 GB" A100 has 81920 MiB). With memory_gb = 0 on a backend whose processes share this
         host's memory (``Backend.shares_host_memory``: local) each gets MemAvailable / gpus_per_node;
         elsewhere (Slurm) it stays unknown."""
-        from launcher import backends
-
         gpu = cl.gpu
         assumed = []
         mem_gb = float(gpu.memory_gb or 0)

@@ -21,7 +21,7 @@ process; parameter offload fetches the 16-bit shard over PCIe twice per micro-ba
 
 Placement (the order of ranks): tp innermost, then pp, then dp outermost. A group whose span
 (its size times the product of the inner sizes) exceeds the GPUs of a node crosses nodes and runs
-at the inter-node bandwidth. TP never crosses nodes (launcher.layout rejects it).
+at the inter-node bandwidth. TP never crosses nodes (launcher.rules rejects it).
 
     step_time = (m + p - 1) t_mb + exposed DP time + offload time
 
@@ -41,10 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.layout import ModelSpec
 from launcher.plan.comm import CommVolume
 from launcher.plan.flops import forward_flops_per_token, layer_training_flops_per_token, step_flops
 from launcher.plan.memory import bytes_per_param, shard
-from launcher.plan.params import ModelSpec, StageParams
+from launcher.plan.params import StageParams
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 
 GEMM_EFFICIENCY_MAX = 0.70

@@ -23,7 +23,9 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher import backends
 from launcher.archive import atomic
 from launcher.configview import ConfigView
-from launcher.layout import ConfigError, ConfigErrors, Layout, resolve
+from launcher.errors import ConfigError, ConfigErrors
+from launcher.layout import Layout
+from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir, now_iso
 
 

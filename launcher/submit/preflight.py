@@ -1,4 +1,4 @@
-"""`launcher preflight`: the ladder (launcher.preflight) composed, checked, submitted and judged.
+"""`launcher preflight`: the ladder (launcher.ladder) composed, checked, submitted and judged.
 
 Every rung is composed and checked before anything is submitted (a rung the launch checks refuse
 names itself and nothing is queued). On a Slurm cluster the rungs go out at once as dependent jobs
@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher import preflight as rules
+from launcher import ladder
 from launcher.archive import atomic
 from launcher.rundir import FINAL, RunDir, now_iso
 from launcher.submit.progress import cancel_run
@@ -34,7 +34,7 @@ class InvalidLadder(ValueError):
 @dataclass
 class Prepared:
     base: Any  # the config as `launch` would run it
-    rungs: List[rules.Rung]
+    rungs: List[ladder.Rung]
     points: Dict[str, Any]  # rung name -> Point (rungs that are not skipped)
     runs_root: Path
 
@@ -70,7 +70,7 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
         check([point])
     except InvalidSweep as e:
         raise InvalidLadder(f"the config itself is refused (fix it first; the ladder climbs towards it):\n{e}") from None
-    rungs = rules.ladder(base, steps=steps)
+    rungs = ladder.ladder(base, steps=steps)
     points = {}
     for rung in rungs:
         if rung.skip:
@@ -94,7 +94,7 @@ def record_path(runs_root: Path, pid: str) -> Path:
     return runs_root / RECORD_DIR / f"{pid}.json"
 
 
-def _submit(prep: Prepared, rung: rules.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
+def _submit(prep: Prepared, rung: ladder.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
     """Launch one rung (one run); ``after``: the job it depends on (Slurm)."""
     from launcher.submit.pipeline import launch
 
@@ -108,7 +108,7 @@ def _submit(prep: Prepared, rung: rules.Rung, overrides: List[str], pid: str, af
     return result
 
 
-def _rung_entry(rung: rules.Rung) -> Dict[str, Any]:
+def _rung_entry(rung: ladder.Rung) -> Dict[str, Any]:
     return {"name": rung.name, "title": rung.title, "overrides": list(rung.overrides), "notes": list(rung.notes),
             "skip": rung.skip, "run_id": None, "run_dir": None, "job_id": None}
 
@@ -198,22 +198,22 @@ def entry_status(entry: Dict[str, Any]) -> Dict[str, Any]:
     return _status(RunDir(entry["run_dir"])) if entry.get("run_dir") else {}
 
 
-def judge_entry(entry: Dict[str, Any], status: Dict[str, Any]) -> rules.Verdict:
+def judge_entry(entry: Dict[str, Any], status: Dict[str, Any]) -> ladder.Verdict:
     """A recorded rung's verdict, from what its run left (``status``: ``entry_status(entry)``)."""
     if entry.get("skip"):
-        return rules.Verdict(rules.SKIPPED, reasons=[entry["skip"]])
+        return ladder.Verdict(ladder.SKIPPED, reasons=[entry["skip"]])
     if not entry.get("run_dir"):
-        return rules.Verdict(rules.NOT_RUN)
+        return ladder.Verdict(ladder.NOT_RUN)
     rd = RunDir(entry["run_dir"])
     if status.get("status") == "cancelled" and str(status.get("error", "")).startswith("not run"):
-        return rules.Verdict(rules.NOT_RUN, reasons=[str(status["error"])])
+        return ladder.Verdict(ladder.NOT_RUN, reasons=[str(status["error"])])
     cfg = rd.config() or {}
     cl = cfg.get("cluster") or {}
     if entry["name"] == "comm":
         bench = atomic.read_json(rd.path / RunDir.COMMBENCH)
-        return rules.judge_comm(status, bench, float(cl.get("inter_node_bandwidth") or 0.0))
+        return ladder.judge_comm(status, bench, float(cl.get("inter_node_bandwidth") or 0.0))
     calibrated = bool((cl.get("calibration") or {}).get("fitted_at"))
-    return rules.judge_training(status, rd.metrics(), rd.plan(), calibrated)
+    return ladder.judge_training(status, rd.metrics(), rd.plan(), calibrated)
 
 
 def diagnosis(entry: Dict[str, Any]) -> Optional[Tuple[str, str, List[str], str]]:
@@ -236,7 +236,7 @@ def _num(x: Optional[float], unit: str = "") -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _pair(v: rules.Verdict, key: str, unit: str = "") -> str:
+def _pair(v: ladder.Verdict, key: str, unit: str = "") -> str:
     m, p = v.measured.get(key), v.planned.get(key)
     if m is None and p is None:
         return "-"
@@ -261,12 +261,12 @@ def show_record(record: Dict[str, Any], out=None) -> int:
         v = judge_entry(e, status)
         verdicts.append(v)
         st = status.get("status", "")
-        style = {rules.GO: "green", rules.WARN: "yellow", rules.NO_GO: "bold red"}.get(v.verdict, "dim")
+        style = {ladder.GO: "green", ladder.WARN: "yellow", ladder.NO_GO: "bold red"}.get(v.verdict, "dim")
         notes = list(e.get("notes") or []) + v.reasons
         table.add_row(e["name"], Text(e["title"]), Text(e.get("run_id") or "-"), st,
                       _pair(v, "tokens_per_s"), _pair(v, "memory_bytes", "B"), _pair(v, "busbw_gbs"),
                       Text(v.verdict, style=style), Text("; ".join(notes)))
-        if v.verdict == rules.NO_GO and first_bad is None:
+        if v.verdict == ladder.NO_GO and first_bad is None:
             first_bad = (e, v, st)
     con.print(table)
     if not any(v.calibrated for v in verdicts):
@@ -289,7 +289,7 @@ def show_record(record: Dict[str, Any], out=None) -> int:
                 con.print(Text(f"fix: {v.fix}"))
         con.print(Text(f"more: launcher doctor {e['run_id']}; launcher report {e['run_id']}"))
         return 1
-    if any(v.verdict == rules.RUNNING for v in verdicts):
+    if any(v.verdict == ladder.RUNNING for v in verdicts):
         con.print("not finished: some rungs are still queued or running")
         return 3
     con.print(Text("go: every rung passed", style="bold green"))

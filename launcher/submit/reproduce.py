@@ -11,7 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.archive import compare
 from launcher.compose import override_key
-from launcher.layout import ConfigError, ConfigErrors
+from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir
 from launcher.schema import RunConfig
 

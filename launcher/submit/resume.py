@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from launcher import backends
-from launcher.layout import ConfigError, ConfigErrors
+from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import FINAL, RunDir, SweepDir, now_iso
 
 
@@ -65,7 +65,7 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = ()) -> _Next:
     """Check one ended run for its next attempt (nothing is written): ended, intact, and the changes
     (``steps``: train.steps; ``changes``: key=value) valid and keeping the archived layout."""
-    from launcher.layout import resolve
+    from launcher.rules import resolve
     from launcher.schema import typed
 
     rd = RunDir(run_dir)

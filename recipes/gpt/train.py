@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from launcher.layout import ModelSpec
 from launcher.plan.flops import step_flops as model_step_flops
-from launcher.plan.params import ModelSpec
 from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
 from recipes.common.activations import ActivationMeter

@@ -156,7 +156,7 @@ def test_fp16_at_zero0_is_refused_before_deepspeed_starts():
     or DeepSpeed starts) rather than train 65536x too slowly."""
     from omegaconf import OmegaConf
 
-    from launcher.layout import resolve
+    from launcher.rules import resolve
     from launcher.schema import typed
 
     cfg = typed(OmegaConf.create({"model": {"name": "t", "num_layers": 1, "hidden_size": 8, "num_heads": 2,

@@ -28,7 +28,7 @@ def _ended_run(tmp_path, *overrides):
 
 
 def test_retry_checks_every_change_before_anything_changes(tmp_path):
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.submit import resume
 
     rd = _ended_run(tmp_path, "train.fail_at_step=2")

@@ -4,7 +4,7 @@ scheduler states, and that cluster.backend names one of them."""
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher import backends, layout
+from launcher import backends, rules
 from launcher.backends import slurm
 
 SLURM = backends.get("slurm")
@@ -48,7 +48,7 @@ def test_backends_are_the_modules_of_the_package():
 
 
 def test_unknown_backend_names_the_key_and_the_choices():
-    errs = layout.check(_cfg("cluster.backend=pbs"))
+    errs = rules.problems(_cfg("cluster.backend=pbs"))
     assert [e.key for e in errs] == ["cluster.backend"]
     assert "'pbs' is not a backend" in str(errs[0]) and "local, slurm" in errs[0].fix
 

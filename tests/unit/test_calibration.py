@@ -17,14 +17,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import Facts, Layout
+from launcher.layout import Facts, ModelSpec
 from launcher.plan import calibrate
 from launcher.plan.calibrate import CalibrationError, Sample
 from launcher.plan.estimate import estimate
-from launcher.plan.params import ModelSpec
 from launcher.plan.search import search
 from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from launcher.plan.timing import StepParts
+from launcher.rules import layout_of
 from launcher.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,9 +231,9 @@ def test_the_constants_come_from_the_cluster_config():
 @pytest.mark.parametrize("key,value", [("compute_scale", 0), ("comm_scale", -1), ("step_overhead_s", -0.5),
                                        ("activation_scale", 0)])
 def test_out_of_bounds_constants_are_refused_naming_the_key(key, value):
-    from launcher.layout import check
+    from launcher.rules import problems
 
-    errors = check(cfg_with(f"cluster.calibration.{key}={value}"))
+    errors = problems(cfg_with(f"cluster.calibration.{key}={value}"))
     assert [e.key for e in errors] == [f"cluster.calibration.{key}"]
 
 
@@ -292,7 +292,7 @@ def make_run(root: Path, name: str, overrides, steps=6, truth=TRUE, acts=True, s
     rd.path.mkdir(parents=True)
     rd.write_config(yaml.safe_load(OmegaConf.to_yaml(cfg, resolve=True)))
     rd.write_overrides(list(overrides), {"cluster": "local", "model": "gpt_tiny"})
-    lay = Layout.from_facts(Facts.from_cfg(cfg))
+    lay = layout_of(Facts.from_cfg(cfg))
     _, parts, planned_act = calibrate.planned(cfg)
     t = parts.step_time(truth)
     times = step_times if step_times is not None else [5 * t, 2 * t] + [t * f for f in (0.99, 1.0, 1.01, 1.0)][:steps - 2]

@@ -54,10 +54,10 @@ def test_bad_enum_lists_choices():
 @pytest.mark.parametrize("steps,want", [(1, 1), (3, 3), (5, 5), (60, 5)])
 def test_default_warmup_never_exceeds_the_run(steps, want):
     """The default warm-up is min(5, train.steps): a short run is not refused because of it."""
-    from launcher.layout import check
+    from launcher.rules import problems
     from launcher.schema import warmup_steps
 
     cfg = _compose(f"train.steps={steps}")
-    assert warmup_steps(cfg) == want and check(cfg) == []
+    assert warmup_steps(cfg) == want and problems(cfg) == []
     assert warmup_steps(_compose(f"train.steps={steps}", "optim.warmup_steps=0")) == 0
-    assert [e.key for e in check(_compose("train.steps=3", "optim.warmup_steps=4"))] == ["optim.warmup_steps"]
+    assert [e.key for e in problems(_compose("train.steps=3", "optim.warmup_steps=4"))] == ["optim.warmup_steps"]

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.layout import resolve
+from launcher.rules import resolve
 from launcher.schema import register_configs
 from recipes.common.ds_config import BUCKET_ELEMENTS, deepspeed_config
 

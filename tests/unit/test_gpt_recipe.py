@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.layout import Layout, resolve
+from launcher.layout import Layout
+from launcher.rules import resolve
 from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.schema import RunConfig

@@ -137,7 +137,8 @@ def test_a_runs_root_the_nodes_cannot_mount_is_refused_before_submitting():
 
 def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
     from launcher.backends import local
-    from launcher.layout import ConfigErrors, resolve
+    from launcher.errors import ConfigErrors
+    from launcher.rules import resolve
     from launcher.configview import ConfigView
     from omegaconf import OmegaConf
 

@@ -165,7 +165,7 @@ def test_reproduce_command_of_a_hydra_app_run(tmp_path):
     """What `launcher reproduce` starts for a Hydra app's run: the app from its snapshot (module or
     script), the point's overrides with the user's changes replacing theirs, the launch's Hydra
     overrides minus what belonged to the original multirun; a redacted value must be given again."""
-    from launcher.layout import ConfigErrors
+    from launcher.errors import ConfigErrors
     from launcher.submit.reproduce import app_command
 
     meta = {"run_id": "S-3", "app": {"entry": {"script": "apps/train.py"}, "hydra_overrides": [

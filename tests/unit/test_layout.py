@@ -3,8 +3,10 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import layout
+from launcher import layout, rules
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.errors import ConfigErrors
+from launcher.recipe_target import target_problem
 
 
 def cfg_with(*overrides):
@@ -13,11 +15,11 @@ def cfg_with(*overrides):
 
 
 def keys(cfg):
-    return [e.key for e in layout.check(cfg)]
+    return [e.key for e in rules.problems(cfg)]
 
 
 def test_default_layout_is_valid_and_derived():
-    lay = layout.resolve(cfg_with())
+    lay = rules.resolve(cfg_with())
     assert (lay.world_size, lay.dp, lay.tp, lay.pp) == (2, 2, 1, 1)
     # global 16 = dp 2 * micro 4 * accum 2
     assert lay.grad_accum == 2
@@ -30,13 +32,13 @@ def test_default_layout_is_valid_and_derived():
 def test_grad_accum(nodes, gpn, mb, gbs, accum):
     cfg = cfg_with("cluster=local_slurm", f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpn}",
                    f"train.micro_batch_size={mb}", f"train.global_batch_size={gbs}")
-    lay = layout.resolve(cfg)
+    lay = rules.resolve(cfg)
     assert lay.dp == nodes * gpn and lay.grad_accum == accum
     assert lay.dp * lay.micro_batch_size * lay.grad_accum == gbs
 
 
 def test_tp_pp_not_dividing_world_names_key_and_fix():
-    errs = layout.check(cfg_with("parallelism.tp=3"))
+    errs = rules.problems(cfg_with("parallelism.tp=3"))
     assert errs[0].key == "parallelism.tp"
     msg = str(errs[0])
     assert "does not divide the world size" in msg and "fix:" in msg
@@ -74,8 +76,8 @@ def test_bad_values_name_their_key(overrides, key):
 
 
 def test_resolve_raises_with_every_error():
-    with pytest.raises(layout.ConfigErrors) as ei:
-        layout.resolve(cfg_with("parallelism.tp=3", "model.num_heads=5"))
+    with pytest.raises(ConfigErrors) as ei:
+        rules.resolve(cfg_with("parallelism.tp=3", "model.num_heads=5"))
     text = str(ei.value)
     assert "parallelism.tp" in text and "model.num_heads" in text
 
@@ -89,20 +91,20 @@ def test_every_numeric_key_declares_bounds_and_has_its_row():
     numeric = [leaf for leaf in schema.leaves() if leaf.type in (int, float)]
     assert len(numeric) > 40
     assert not [leaf.key for leaf in numeric if leaf.bounds is None], "declare bounds with schema.num(...)"
-    rows = {r.key for r in layout.RULES}
+    rows = {r.key for r in rules.RULES}
     assert {leaf.key for leaf in numeric} <= rows
 
 
 def test_size_rows_are_value_rows_and_the_rest_run_rows():
     kinds = {}
-    for r in layout.RULES:
+    for r in rules.RULES:
         kinds.setdefault(r.key, set()).add(r.kind)
     for key in ("cluster.nodes", "cluster.gpus_per_node", "parallelism.tp", "parallelism.pp", "train.micro_batch_size",
                 "train.global_batch_size", "model.num_layers", "model.vocab_size", "zero.stage"):
-        assert layout.VALUE in kinds[key], key
+        assert rules.VALUE in kinds[key], key
     for key in ("optim.lr", "optim.beta2", "seed", "precision.loss_scale", "cluster.time_min", "recipe._target_",
                 "data.branching"):
-        assert kinds[key] == {layout.RUN}, key
+        assert kinds[key] == {rules.RUN}, key
 
 
 def test_facts_without_a_config_pass_the_run_rows():
@@ -111,18 +113,18 @@ def test_facts_without_a_config_pass_the_run_rows():
                              seq_len=4)
     f = layout.Facts(nodes=1, gpus_per_node=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2, model=model,
                      backend="slurm")
-    assert layout.violations(f) == [] and layout.ok(f)
-    assert layout.ok(f, (layout.VALUE, layout.SHAPE, layout.LAYOUT))
+    assert rules.violations(f) == [] and rules.ok(f)
+    assert rules.ok(f, (rules.VALUE, rules.SHAPE, rules.LAYOUT))
     bad = f.with_(micro_batch_size=0)
-    assert not layout.ok(bad) and [e.key for e in layout.violations(bad)] == ["train.micro_batch_size"]
+    assert not rules.ok(bad) and [e.key for e in rules.violations(bad)] == ["train.micro_batch_size"]
     nan = f.with_(lr=float("nan"))
-    assert not layout.ok(nan) and layout.ok(nan, (layout.VALUE, layout.SHAPE, layout.LAYOUT))  # a RUN row
+    assert not rules.ok(nan) and rules.ok(nan, (rules.VALUE, rules.SHAPE, rules.LAYOUT))  # a RUN row
 
 
 def test_facts_from_cfg_reads_values_lazily():
     f = layout.Facts.from_cfg(cfg_with())
     assert "tree" not in vars(f.values)  # nothing flattened until a RUN rule asks
-    assert layout.violations(f) == []
+    assert rules.violations(f) == []
     assert f.values.get("optim.beta2") == 0.95 and f.values.get("cluster.env.OMP_NUM_THREADS") == "1"
     assert f.with_(tp=1).values is f.values  # the planner's copies share what was found
 
@@ -153,7 +155,7 @@ def test_new_rules_name_their_key(overrides, key):
 
 
 def test_unknown_key_suggests_the_known_one():
-    (err,) = layout.check(cfg_with("+train.stepz=5"))
+    (err,) = rules.problems(cfg_with("+train.stepz=5"))
     assert err.key == "train.stepz" and "did you mean train.steps" in err.problem
 
 
@@ -162,7 +164,7 @@ def test_added_mapping_entries_are_known_keys():
 
 
 def test_local_backend_runs_one_node():
-    (err,) = layout.check(cfg_with("cluster=local", "cluster.nodes=2"))
+    (err,) = rules.problems(cfg_with("cluster=local", "cluster.nodes=2"))
     assert err.key == "cluster.nodes" and err.fix.startswith("set cluster.nodes=1 or use a Slurm cluster")
     assert keys(cfg_with("cluster=local_slurm", "cluster.nodes=2")) == []
 
@@ -196,6 +198,6 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
      ("json.dumps", True)],
 )
 def test_recipe_target_found_without_importing_it(target, fine):
-    assert (layout.target_problem(target) is None) is fine, layout.target_problem(target)
+    assert (target_problem(target) is None) is fine, target_problem(target)
 
 

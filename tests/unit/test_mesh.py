@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from launcher.layout import Facts, Layout, ModelSpec, violations
+from launcher.layout import Facts, Layout, ModelSpec
+from launcher.rules import violations
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 4), (2, 4, 1), (4, 1, 1)]
 

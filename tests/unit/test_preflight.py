@@ -1,10 +1,10 @@
-"""The preflight ladder's rules: which rungs a config gets and what each changes (composed with the
+"""The preflight ladder (launcher.ladder): which rungs a config gets and what each changes (composed with the
 real conf/ and checked as `launch` checks), and the verdict rules on what a rung's run left."""
 import math
 
 import pytest
 
-from launcher import preflight as rules
+from launcher import ladder
 from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 from launcher.submit.pipeline import check
 
@@ -14,7 +14,7 @@ SLURM_3D = [*BASE, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_n
 
 
 def _ladder(overrides, steps=6):
-    return {r.name: r for r in rules.ladder(compose_point(overrides).cfg, steps=steps)}
+    return {r.name: r for r in ladder.ladder(compose_point(overrides).cfg, steps=steps)}
 
 
 def _values(rung):
@@ -23,12 +23,12 @@ def _values(rung):
 
 def test_every_rung_of_a_3d_layout_over_two_nodes():
     rungs = _ladder(SLURM_3D)
-    assert list(rungs) == list(rules.RUNGS)
+    assert list(rungs) == list(ladder.RUNGS)
     assert not any(r.skip for r in rungs.values())
     smoke, node, comm = _values(rungs["smoke"]), _values(rungs["node"]), _values(rungs["comm"])
     assert (smoke["cluster.nodes"], smoke["cluster.gpus_per_node"], smoke["parallelism.tp"], smoke["parallelism.pp"]) \
         == ("1", "1", "1", "1")
-    assert smoke["train.global_batch_size"] == "1" and smoke["train.steps"] == str(rules.SHORT_STEPS)
+    assert smoke["train.global_batch_size"] == "1" and smoke["train.steps"] == str(ladder.SHORT_STEPS)
     # one node holds the tp group (tp=2 of 2 processes: dp 1); one stage's share of the layers
     assert node["cluster.nodes"] == "1" and node["parallelism.pp"] == "1" and "parallelism.tp" not in node
     assert node["train.global_batch_size"] == "2" and node["model.num_layers"] == "1"
@@ -42,7 +42,7 @@ def test_every_rung_of_a_3d_layout_over_two_nodes():
 
 def test_each_rung_composes_to_a_config_launch_accepts():
     prep = prepare(SLURM_3D, steps=6)
-    assert set(prep.points) == set(rules.RUNGS)
+    assert set(prep.points) == set(ladder.RUNGS)
     for name, point in prep.points.items():
         check([point])  # raises if refused
     cfg = prep.points["node"].cfg
@@ -68,8 +68,8 @@ def test_a_model_too_large_for_one_gpu_is_cut_to_the_layers_that_fit():
     assert 1 <= layers < int(cfg.model.num_layers)
     assert f"of {int(cfg.model.num_layers)}" in rungs["smoke"].notes[0]
     # the cut is the planner's: one more layer would not fit the 8 GiB GPU in fp32
-    assert rules._fits(cfg, layers, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none", procs_per_node=1, mbs=1)
-    assert not rules._fits(cfg, layers + 1, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none",
+    assert ladder._fits(cfg, layers, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none", procs_per_node=1, mbs=1)
+    assert not ladder._fits(cfg, layers + 1, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none",
                            procs_per_node=1, mbs=1)
     # the full layout does not fit in fp32 without recomputation: it keeps the config's own
     full = rungs["full"]
@@ -121,49 +121,49 @@ def _rows(n=6, **kw):
 
 
 def test_a_completed_finite_run_is_a_go_and_shows_measured_beside_planned():
-    v = rules.judge_training(DONE, _rows(), PLAN, calibrated=False)
-    assert v.verdict == rules.GO and v.passed
+    v = ladder.judge_training(DONE, _rows(), PLAN, calibrated=False)
+    assert v.verdict == ladder.GO and v.passed
     assert v.measured["tokens_per_s"] == 8000.0 and v.planned["tokens_per_s"] == pytest.approx(10000.0)
     assert v.planned["memory_bytes"] == 2 * 2**30
 
 
 @pytest.mark.parametrize("status", ["failed", "cancelled", "timeout"])
 def test_a_run_that_did_not_complete_is_a_no_go(status):
-    assert rules.judge_training({"status": status}, _rows(2), PLAN, False).verdict == rules.NO_GO
+    assert ladder.judge_training({"status": status}, _rows(2), PLAN, False).verdict == ladder.NO_GO
 
 
 def test_a_live_run_is_running():
-    assert rules.judge_training({"status": "running"}, _rows(2), PLAN, False).verdict == rules.RUNNING
+    assert ladder.judge_training({"status": "running"}, _rows(2), PLAN, False).verdict == ladder.RUNNING
 
 
 def test_a_non_finite_loss_is_a_no_go_from_its_step():
     rows = _rows()
     rows[3]["loss"] = math.nan
-    v = rules.judge_training(DONE, rows, PLAN, False)
-    assert v.verdict == rules.NO_GO and "step 4" in v.reasons[0] and "optim.lr" in v.fix
+    v = ladder.judge_training(DONE, rows, PLAN, False)
+    assert v.verdict == ladder.NO_GO and "step 4" in v.reasons[0] and "optim.lr" in v.fix
 
 
 def test_most_steps_overflowing_is_a_no_go_naming_the_loss_scale():
     rows = _rows(grad_norm=math.inf)
-    v = rules.judge_training(DONE, rows, PLAN, False)
-    assert v.verdict == rules.NO_GO and "6 of 6" in v.reasons[0] and "precision.loss_scale=0" in v.fix
+    v = ladder.judge_training(DONE, rows, PLAN, False)
+    assert v.verdict == ladder.NO_GO and "6 of 6" in v.reasons[0] and "precision.loss_scale=0" in v.fix
     rows = _rows()
     rows[0]["grad_norm"] = math.inf  # fp16's first steps may overflow while the scale settles: fine
-    assert rules.judge_training(DONE, rows, PLAN, False).verdict == rules.GO
+    assert ladder.judge_training(DONE, rows, PLAN, False).verdict == ladder.GO
 
 
 def test_memory_above_usable_is_a_no_go_and_above_plan_a_warning():
-    v = rules.judge_training(DONE, _rows(peak_memory_bytes=11 * 2**30), PLAN, False)
-    assert v.verdict == rules.NO_GO and "usable" in v.reasons[0]
-    v = rules.judge_training(DONE, _rows(peak_memory_bytes=3 * 2**30), PLAN, False)
-    assert v.verdict == rules.WARN and v.passed and "1.50x" in v.reasons[0]
+    v = ladder.judge_training(DONE, _rows(peak_memory_bytes=11 * 2**30), PLAN, False)
+    assert v.verdict == ladder.NO_GO and "usable" in v.reasons[0]
+    v = ladder.judge_training(DONE, _rows(peak_memory_bytes=3 * 2**30), PLAN, False)
+    assert v.verdict == ladder.WARN and v.passed and "1.50x" in v.reasons[0]
 
 
 def test_throughput_is_judged_only_against_a_calibrated_plan():
     slow = _rows(tokens_per_s=1000.0)
-    assert rules.judge_training(DONE, slow, PLAN, calibrated=False).verdict == rules.GO
-    v = rules.judge_training(DONE, slow, PLAN, calibrated=True)
-    assert v.verdict == rules.WARN and "10%" in v.reasons[0]
+    assert ladder.judge_training(DONE, slow, PLAN, calibrated=False).verdict == ladder.GO
+    v = ladder.judge_training(DONE, slow, PLAN, calibrated=True)
+    assert v.verdict == ladder.WARN and "10%" in v.reasons[0]
 
 
 def _bench(busbw, scope="inter"):
@@ -171,14 +171,14 @@ def _bench(busbw, scope="inter"):
 
 
 def test_comm_rung_compares_the_inter_node_bus_bandwidth_with_the_cluster_config():
-    v = rules.judge_comm(DONE, _bench([0.5, 2.0]), inter_gbps=100.0)
-    assert v.verdict == rules.NO_GO and v.measured["busbw_gbs"] == 2.0
+    v = ladder.judge_comm(DONE, _bench([0.5, 2.0]), inter_gbps=100.0)
+    assert v.verdict == ladder.NO_GO and v.measured["busbw_gbs"] == 2.0
     assert "cluster.inter_node_bandwidth=100" in v.reasons[0] and "cluster.inter_node_bandwidth=2" in v.fix
-    assert rules.judge_comm(DONE, _bench([60.0]), inter_gbps=100.0).verdict == rules.GO
-    assert rules.judge_comm(DONE, _bench([0.1]), inter_gbps=0.0).verdict == rules.GO  # unknown: nothing to hold to
-    v = rules.judge_comm(DONE, _bench([5.0], scope="intra"), inter_gbps=0.0)
-    assert v.verdict == rules.NO_GO and "no all-reduce between nodes" in v.reasons[0]
-    assert rules.judge_comm({"status": "failed"}, None, 10.0).verdict == rules.NO_GO
+    assert ladder.judge_comm(DONE, _bench([60.0]), inter_gbps=100.0).verdict == ladder.GO
+    assert ladder.judge_comm(DONE, _bench([0.1]), inter_gbps=0.0).verdict == ladder.GO  # unknown: nothing to hold to
+    v = ladder.judge_comm(DONE, _bench([5.0], scope="intra"), inter_gbps=0.0)
+    assert v.verdict == ladder.NO_GO and "no all-reduce between nodes" in v.reasons[0]
+    assert ladder.judge_comm({"status": "failed"}, None, 10.0).verdict == ladder.NO_GO
 
 
 def test_an_injected_fault_on_a_rank_a_rung_lacks_is_dropped_there():

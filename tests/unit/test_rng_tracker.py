@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dropout_probe import record_masks, sdpa_mask_is_exact
-from launcher import layout
+from launcher import rules
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.seeding import derive_seed, seed_plan, tracker_seeds
 from recipes.common.checkpoint import rng_state, set_rng_state
@@ -269,9 +269,9 @@ def _cfg(*overrides):
 
 @pytest.mark.parametrize("extra", [[], ["parallelism.sequence_parallel=true"]])
 def test_layout_accepts_dropout_with_tensor_parallelism(extra):
-    errors = layout.check(_cfg("parallelism=tp", "model.dropout=0.1", *extra))
+    errors = rules.problems(_cfg("parallelism=tp", "model.dropout=0.1", *extra))
     assert not errors, [str(e) for e in errors]
-    assert "model.dropout" in [e.key for e in layout.check(_cfg("parallelism=tp", "model.dropout=1.5"))]
+    assert "model.dropout" in [e.key for e in rules.problems(_cfg("parallelism=tp", "model.dropout=1.5"))]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -86,3 +86,76 @@ def test_archive_doc_lists_exactly_the_run_dir_files():
     # and every name RunDir spells is in the table
     spelled = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
     assert {s.rstrip("/") for s in spelled} <= {f.rstrip("/") for f in documented}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(*roots: str) -> dict:
+    """module -> the project modules it imports anywhere in its body (top level and inside functions;
+    ``from pkg import mod`` names the submodule, relative imports resolved)."""
+    trees = {_module_name(p): (p, tree) for p, tree in _modules(*roots)}
+    graph = {name: set() for name in trees}
+    for name, (path, tree) in trees.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                # the module itself, else its nearest enclosing project package
+                while t and t not in trees:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def _strongly_connected(graph: dict) -> list:
+    """Tarjan's algorithm: the strongly connected components of ``graph``."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_strongly_connected_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert sorted(_strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
+
+
+def test_no_import_cycles():
+    graph = _import_graph("launcher", "recipes", "hydra_plugins")
+    cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
+    shown = ["\n  ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c) for c in cycles]
+    assert not cycles, "modules that import each other (directly or in a circle):\n  " + "\n\n  ".join(shown)

@@ -4,7 +4,7 @@ The DeepSpeed config is generated from the run config and the run's layout (``ct
 ZeRO stage, offload, gradient accumulation) by ``recipes.common.ds_config`` and archived in the run
 dir by rank 0 (``ctx.rundir.write_deepspeed_config``). Which layouts this engine gets (tp = pp = 1;
 no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
-launcher's rule table's business (``launcher.layout.RULES``). ZeRO 0-2 build the model exactly as
+launcher's rule table's business (``launcher.rules.RULES``). ZeRO 0-2 build the model exactly as
 DDP does (``base.build_model``: same seed, same init). ZeRO-3 builds it already partitioned (see
 ``_build_partitioned``): no rank ever holds the whole model, and each rank's partitions hold exactly
 the single-process initial values (``recipes.gpt.init.init_flat``). The client optimizer is torch
@@ -87,14 +87,14 @@ def _init_comm(deepspeed: Any, backend: str) -> None:
 
 def _refuse_unsupported_fp16(dtype: str) -> None:
     """fp16 on DeepSpeed's CPU accelerator needs oneDNN's fp16 kernels (CPUs with avx512_fp16 or
-    amx_fp16). Launch refuses it for local runs (launcher.layout reads this host's CPU flags); a job
+    amx_fp16). Launch refuses it for local runs (launcher.rules reads this host's CPU flags); a job
     that lands on such a CPU anyway stops here, naming the key, instead of in deepspeed.initialize
     ("Type fp16 is not supported on your device")."""
     if dtype != "fp16":
         return
     from deepspeed.accelerator import get_accelerator
 
-    from launcher.layout import ConfigError
+    from launcher.errors import ConfigError
 
     acc = get_accelerator()
     if acc.device_name() == "cpu" and not acc.is_fp16_supported():

@@ -18,6 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from launcher.layout import Layout, ModelSpec
+from launcher.plan.estimate import estimate
+from launcher.plan.spec import ClusterSpec, LayoutSpec
 from launcher.schema import enum_value
 
 RUNGS = ("smoke", "node", "comm", "full", "tuned")
@@ -62,10 +65,6 @@ class Verdict:
 def _fits(cfg: Any, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: str, recompute: str,
           procs_per_node: int, accum: int = 1, mbs: Optional[int] = None) -> bool:
     """Whether the planner says this shape fits the cluster's GPU memory (True where it is unknown)."""
-    from launcher.layout import Layout, ModelSpec
-    from launcher.plan.estimate import estimate
-    from launcher.plan.spec import ClusterSpec, LayoutSpec
-
     cluster = ClusterSpec.from_cfg(cfg.cluster)
     if not cluster.memory_bytes:
         return True

@@ -1,0 +1,79 @@
+"""Whether ``recipe._target_`` names a function that exists, found without importing or running
+anything: the module by its import spec, the function in its source by ``ast``."""
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import os
+from functools import lru_cache
+from typing import List, Optional
+
+
+def target_problem(target: str) -> Optional[str]:
+    """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
+    and runs nothing: the module is found on sys.path (and the working dir, whose repo is the code
+    snapshot the job runs) by spec, the function looked up in its source by ``ast``."""
+    return _target_problem(target, os.getcwd())
+
+
+@lru_cache(maxsize=64)
+def _target_problem(target: str, cwd: str) -> Optional[str]:
+    parts = target.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        return f"{target!r} is not a dotted path module.function"
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], [cwd])
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(parts[0])  # a top-level name: finding it imports nothing
+        except (ImportError, ValueError):
+            spec = None
+    if spec is None:
+        return f"module {parts[0]!r} of {target!r} is not importable here"
+    n = 1
+    while n < len(parts) - 1 and spec.submodule_search_locations:
+        # a submodule, found in its parent's directories without importing the parent package
+        sub = importlib.machinery.PathFinder.find_spec(".".join(parts[:n + 1]), list(spec.submodule_search_locations))
+        if sub is None:
+            break
+        spec, n = sub, n + 1
+    module, name = ".".join(parts[:n]), parts[n]
+    if n == len(parts) - 1 and spec.submodule_search_locations and importlib.machinery.PathFinder.find_spec(
+            target, list(spec.submodule_search_locations)) is not None:
+        return f"{target!r} is a module, not a function in it"
+    origin = spec.origin or ""
+    if not origin.endswith(".py"):
+        return None  # compiled or namespace: nothing to read, the job will tell
+    try:
+        with open(origin, "rb") as fh:
+            tree = ast.parse(fh.read(), filename=origin)
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"{module} ({origin}) cannot be read: {e}"
+    if _top_level_names(tree) & {name, "*", "__getattr__"}:
+        return None
+    what = "submodule nor name" if spec.submodule_search_locations else "name"
+    return f"{module} ({origin}) has no {what} {name!r}"
+
+
+def _top_level_names(tree: ast.Module) -> set:
+    """Names a module binds at its top level (inside if/try/with blocks too), '*' for a star import."""
+    out: set = set()
+
+    def visit(body: List[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    out.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for attr in ("body", "orelse", "finalbody", "handlers"):  # if / try / with / for blocks
+                    inner = getattr(node, attr, None)
+                    if isinstance(inner, list):
+                        visit(inner)
+
+    visit(tree.body)
+    return out

@@ -1,0 +1,422 @@
+"""The ONE table of rules a config must obey (``RULES``), and the queries over it.
+
+Every rule is a row (key, predicate, problem, fix) over ``launcher.layout.Facts``. A row's predicate
+says when the rule is broken; its key names the config key at fault, its fix says what to change. The
+bound rows (a numeric key below its minimum, above its maximum, nan or inf) are generated from the
+bounds ``launcher.schema`` declares with each key; rows with ``each`` report one error per offending
+key (unknown keys, control characters in strings).
+
+``problems`` lists what a config breaks, ``ok`` filters the planner's candidates, ``resolve`` turns
+a valid config into its ``Layout``. Pure (no torch): runs on the login node for every sweep point
+before anything is submitted.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from launcher import backends, schema
+from launcher.config_values import SBATCH_OPTION
+from launcher.errors import ConfigError, ConfigErrors
+from launcher.layout import Facts, Layout
+from launcher.recipe_target import target_problem
+
+Text = Union[str, Callable[[Facts], str]]
+
+# Rule kinds: a broken VALUE or SHAPE rule means no layout can be built from the config (the other
+# rules are not evaluated then); LAYOUT rules are what the planner's search filters candidates with;
+# RUN rules concern the rest of the run config.
+VALUE, SHAPE, LAYOUT, RUN = "value", "shape", "layout", "run"
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    broken: Callable[[Facts], bool]
+    problem: Text
+    fix: Text
+    kind: str = LAYOUT
+    # a row over many keys (unknown keys, control characters): (key, problem) of each offender; the
+    # row's own ``key`` then only describes it
+    each: Optional[Callable[[Facts], List[Tuple[str, str]]]] = None
+
+    def error(self, f: Facts) -> ConfigError:
+        text = lambda t: t(f) if callable(t) else t  # noqa: E731
+        return ConfigError(self.key, text(self.problem), text(self.fix))
+
+    def errors(self, f: Facts) -> List[ConfigError]:
+        if self.each is None:
+            return [self.error(f)]
+        fix = self.fix(f) if callable(self.fix) else self.fix
+        return [ConfigError(key, problem, fix) for key, problem in self.each(f)]
+
+
+def _each(key: str, find: Callable[[Facts], List[Tuple[str, str]]], fix: Text) -> Rule:
+    return Rule(key, lambda f: bool(find(f)), "", fix, RUN, each=find)
+
+
+# ---- bound rows, generated from the bounds launcher.schema declares ---------------------------------
+
+# Keys Facts holds as attributes (the search sets them on candidates without a config): their rows
+# read the attribute. Sizes are VALUE rows (nothing divides by them before they hold); the others
+# and every key read from ``Facts.values`` are RUN rows.
+_FACT_ATTR = {
+    "cluster.nodes": "nodes", "cluster.gpus_per_node": "gpus_per_node", "parallelism.tp": "tp",
+    "parallelism.pp": "pp", "parallelism.dp": "dp", "train.micro_batch_size": "micro_batch_size",
+    "train.global_batch_size": "global_batch_size", "train.steps": "steps", "zero.stage": "zero",
+    **{f"model.{n}": f"model.{n}" for n in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                                             "vocab_size", "seq_len", "dropout")},
+    "optim.lr": "lr", "optim.warmup_steps": "warmup_steps", "train.fail_at_step": "fail_at_step",
+    "train.fail_rank": "fail_rank",
+}
+_SIZES = frozenset(k for k in _FACT_ATTR if k.split(".")[0] != "optim" and k not in (
+    "model.dropout", "train.fail_at_step", "train.fail_rank"))
+_FLOAT_MAX = sys.float_info.max
+
+
+def _bound_row(leaf: "schema.Leaf") -> Rule:
+    """The row for one numeric key of the schema: within its declared bounds; a float also finite
+    (nan and inf refused), an int also a 64-bit one; null only where the schema allows it."""
+    b = leaf.bounds or schema.Bounds()
+    is_float = leaf.type is float
+    top = _FLOAT_MAX if is_float else schema.INT64_MAX
+    lo = b.gt if b.gt is not None else (b.ge if b.ge is not None else -top - (0 if is_float else 1))
+    hi = b.lt if b.lt is not None else (b.le if b.le is not None else top)
+    lo_open, hi_open, optional, key = b.gt is not None, b.lt is not None, leaf.optional, leaf.key
+    attr = _FACT_ATTR.get(key)
+    if attr is not None:
+        get = attrgetter(attr)  # typed: a number, or None (null)
+        if not lo_open and not hi_open:  # the common case, kept cheap for the search's VALUE rows
+            def broken(f: Facts) -> bool:
+                v = get(f)
+                return (not optional) if v is None else not (lo <= v <= hi)
+        else:
+            def broken(f: Facts) -> bool:
+                v = get(f)
+                return (not optional) if v is None else not _within(v, lo, lo_open, hi, hi_open)
+        kind = VALUE if key in _SIZES else RUN
+    else:
+        def get(f: Facts) -> Any:
+            return f.values.get(key)
+
+        def broken(f: Facts) -> bool:  # absent (no config) or not a number (Hydra's type check): not ours
+            v = get(f)
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and not _within(v, lo, lo_open, hi, hi_open)
+        kind = RUN
+
+    desc = b.describe() if leaf.bounds else ""
+
+    def problem(f: Facts) -> str:
+        v = get(f)
+        if v is None:
+            return "must be set (it may not be null)"
+        if is_float and not (-_FLOAT_MAX <= v <= _FLOAT_MAX):
+            what = f"a finite number {desc}".rstrip()
+        elif not is_float and not (-top - 1 <= v <= top):
+            what = f"a 64-bit integer {desc}".rstrip()
+        elif not is_float and b.ge == 1 and b.le is None and b.lt is None:
+            what = "a positive integer"
+        else:
+            what = desc
+        return f"must be {what}{(' ' + b.why) if b.why else ''}, got {v!r}"
+
+    if b.fix:
+        fix = b.fix
+    elif b.ge is not None and b.le is None and b.lt is None:
+        fix = f"set {key}={schema._num(b.ge)} or more"
+    else:
+        fix = f"set {key} to a value {desc or 'that fits'}"
+    return Rule(key, broken, problem, fix, kind)
+
+
+def _within(v: Any, lo: Any, lo_open: bool, hi: Any, hi_open: bool) -> bool:
+    return (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+
+
+def _bound_rows(kind: str) -> Tuple[Rule, ...]:
+    rows = (_bound_row(leaf) for leaf in schema.leaves() if leaf.type in (int, float))
+    return tuple(r for r in rows if r.kind == kind)
+
+
+# ---- what the RUN rows ask beyond the config ------------------------------------------------------
+
+# oneDNN has fp16 kernels (so DeepSpeed's CPU accelerator accepts fp16) only on CPUs with these flags
+FP16_CPU_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
+
+
+def _lacks_cpu_fp16(backend: str) -> bool:
+    """Whether the backend's jobs run on a CPU without fp16 kernels (known only where they run on
+    this host's CPU: ``Backend.host_cpu_flags``)."""
+    flags = backends.get(backend).host_cpu_flags()
+    return flags is not None and not (flags & FP16_CPU_FLAGS)
+
+
+# recipes whose recipe.params are read by a pure (torch-free) function: checked at launch, so a bad
+# value fails here, not after the job has queued. target -> (module:function raising ValueError, doc)
+RECIPE_SETTINGS = {
+    "recipes.commbench.bench.main": ("recipes.commbench.settings:from_cfg", "docs/commbench.md"),
+}
+
+
+def _recipe_settings_problem(f: "Facts") -> Optional[str]:
+    entry = RECIPE_SETTINGS.get(f.values.get("recipe._target_"))
+    if entry is None:
+        return None
+    module, _, fn = entry[0].partition(":")
+    tree = f.values.tree
+    try:
+        getattr(importlib.import_module(module), fn)(tree)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _host_gpus(backend: str) -> Optional[int]:
+    return backends.get(backend).host_gpu_count()
+
+
+def _max_nodes(backend: str) -> Optional[int]:
+    return backends.get(backend).max_nodes
+
+
+def _max_restarts(backend: str) -> Optional[int]:
+    return backends.get(backend).max_restarts
+
+
+def _cluster_mapping(f: Facts, name: str) -> Dict[Any, Any]:
+    cl = f.values.tree.get("cluster")
+    m = cl.get(name) if isinstance(cl, dict) else None
+    return m if isinstance(m, dict) else {}
+
+
+def _env_names(f: Facts) -> List[Tuple[str, str]]:
+    return [(f"cluster.env.{k}", "is not an environment variable name (letters, digits and _, not starting "
+             "with a digit)") for k in _cluster_mapping(f, "env") if not str(k).isidentifier()]
+
+
+def _sbatch_names(f: Facts) -> List[Tuple[str, str]]:
+    return [(f"cluster.sbatch_extra.{k}", "is not an sbatch option name (letters, digits, - and _)")
+            for k in _cluster_mapping(f, "sbatch_extra") if not SBATCH_OPTION.match(str(k))]
+
+
+def _largest_divisor(n: int, upto: int) -> int:
+    """Largest divisor of n that is <= upto (a suggestion for the fix line)."""
+    return max(d for d in range(1, max(1, min(n, upto)) + 1) if n % d == 0)
+
+
+def _backend_names() -> List[str]:
+    return backends.names()
+
+
+RULES: Tuple[Rule, ...] = (
+    # sizes: the bounds launcher.schema declares for the keys the layout is built from
+    *_bound_rows(VALUE),
+    Rule("cluster.backend", lambda f: f.backend not in _backend_names(),
+         lambda f: f"{f.backend!r} is not a backend", lambda f: f"choose one of {', '.join(_backend_names())}",
+         VALUE),
+    Rule("parallelism.tp", lambda f: f.derived_dp is None,
+         lambda f: (f"parallelism.tp*parallelism.pp = {f.tp}*{f.pp} = {f.tp * f.pp} does not divide the world "
+                    f"size cluster.nodes*cluster.gpus_per_node = {f.nodes}*{f.gpus_per_node} = {f.world}"),
+         lambda f: (f"choose tp and pp whose product divides {f.world} (e.g. parallelism.tp="
+                    f"{_largest_divisor(f.world, f.tp)}), or change cluster.nodes / cluster.gpus_per_node"),
+         SHAPE),
+    Rule("parallelism.dp", lambda f: f.derived_dp is not None and f.dp is not None and f.dp != f.derived_dp,
+         lambda f: f"is {f.dp} but world size {f.world} / (tp {f.tp} * pp {f.pp}) gives {f.derived_dp}",
+         lambda f: f"set parallelism.dp={f.derived_dp} or parallelism.dp=null to derive it", SHAPE),
+    Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
+         lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
+                    f"{f.micro_batch_size} = {f.per_step}"),
+         lambda f: (f"set train.global_batch_size to a multiple of {f.per_step} (e.g. "
+                    f"{max(f.per_step, f.global_batch_size // f.per_step * f.per_step)}) or change "
+                    "train.micro_batch_size"),
+         SHAPE),
+    Rule("parallelism.tp", lambda f: f.tp > f.gpus_per_node and f.world > 1,
+         lambda f: (f"tp={f.tp} spans more than one node ({f.gpus_per_node} per node): tensor-parallel "
+                    "collectives run every layer and need the intra-node link"),
+         lambda f: f"use parallelism.tp<={f.gpus_per_node} and put the rest into parallelism.pp"),
+    Rule("model.num_heads", lambda f: f.model.hidden_size % f.model.num_heads != 0,
+         lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
+         "pick num_heads dividing model.hidden_size"),
+    Rule("model.num_heads", lambda f: f.model.num_heads % f.tp != 0,
+         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}", "make parallelism.tp divide model.num_heads"),
+    Rule("model.ffn_hidden_size", lambda f: f.model.ffn_hidden_size % f.tp != 0,
+         lambda f: f"{f.model.ffn_hidden_size} is not divisible by tp={f.tp}",
+         "make parallelism.tp divide model.ffn_hidden_size"),
+    Rule("model.vocab_size", lambda f: f.model.vocab_size % f.tp != 0,
+         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}", "pad model.vocab_size to a multiple of parallelism.tp"),
+    Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
+         lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
+         "make parallelism.pp divide model.num_layers"),
+    Rule("zero.offload_optimizer", lambda f: (f.offload_optimizer or f.offload_params) and f.zero == 0,
+         "offload needs ZeRO stage 1 or more", "set zero=1/2/3 or turn offload off"),
+    Rule("zero.offload_params", lambda f: f.offload_params and f.zero != 3,
+         "parameter offload needs ZeRO stage 3", "set zero=3 or zero.offload_params=false"),
+    Rule("parallelism.sequence_parallel", lambda f: f.sequence_parallel and f.tp == 1,
+         "sequence parallelism needs tp > 1", "set parallelism.tp>=2 or parallelism.sequence_parallel=false"),
+    # which parallelism / precision / ZeRO combinations each engine runs
+    Rule("parallelism.engine", lambda f: f.resolved_engine == "ddp" and (f.tp > 1 or f.pp > 1),
+         lambda f: f"engine ddp is data parallel only, but tp={f.tp} pp={f.pp}",
+         "use parallelism.engine=megatron (or auto) for tensor/pipeline parallelism"),
+    Rule("zero.stage", lambda f: f.resolved_engine == "ddp" and f.zero > 0,
+         lambda f: f"ZeRO stage {f.zero} needs the deepspeed engine",
+         "use parallelism.engine=deepspeed (or auto), or zero=0"),
+    Rule("precision.dtype", lambda f: f.resolved_engine == "deepspeed" and f.zero == 0 and f.dtype == "fp16",
+         ("fp16 on the deepspeed engine at ZeRO stage 0 trains ~65536x too slowly: DeepSpeed 0.19 divides the "
+          "gradients by the loss scale without ever scaling the loss"),
+         "use zero=1/2/3, precision=bf16, or parallelism.engine=ddp"),
+    Rule("parallelism.engine", lambda f: f.resolved_engine == "deepspeed" and (f.tp > 1 or f.pp > 1),
+         lambda f: f"the deepspeed engine runs data parallel + ZeRO only, but tp={f.tp} pp={f.pp}",
+         "use parallelism.engine=megatron (or auto) for tensor/pipeline parallelism"),
+    Rule("train.global_batch_size",
+         lambda f: f.resolved_engine == "megatron" and f.pp > 1 and f.grad_accum is not None and f.grad_accum < f.pp,
+         lambda f: (f"gives {f.grad_accum} micro-batch(es) per step but the 1F1B pipeline has pp={f.pp} stages "
+                    "and needs at least one micro-batch per stage"),
+         lambda f: (f"raise train.global_batch_size to >= {f.pp * (f.per_step or 1)} or lower "
+                    "train.micro_batch_size")),
+    Rule("parallelism.sequence_parallel",
+         lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
+         lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
+         "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
+    Rule("zero.stage", lambda f: f.resolved_engine == "megatron" and f.zero > 1,
+         lambda f: (f"ZeRO stage {f.zero} cannot be combined with tensor/pipeline parallelism here "
+                    "(gradients and parameters are already split by tp/pp; stages 2-3 would re-shard "
+                    "them every micro-batch of the pipeline)"),
+         "use zero=1 (optimizer states sharded across data-parallel ranks) or zero=0"),
+    Rule("zero.offload_optimizer",
+         lambda f: f.resolved_engine == "megatron" and (f.offload_optimizer or f.offload_params),
+         "offload needs the deepspeed engine",
+         "turn offload off, or use tp=pp=1 with parallelism.engine=deepspeed"),
+    Rule("parallelism.engine", lambda f: f.resolved_engine not in ("ddp", "deepspeed", "megatron"),
+         lambda f: f"{f.engine!r} is not an engine", "choose auto, ddp, deepspeed or megatron"),
+    # the rest of the run: every other numeric key within the bounds launcher.schema declares
+    *_bound_rows(RUN),
+    Rule("optim.warmup_steps", lambda f: f.warmup_steps > f.steps,
+         lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),
+    Rule("train.fail_at_step", lambda f: f.fail_at_step is not None and f.fail_at_step > f.steps,
+         lambda f: f"step {f.fail_at_step} comes after the last step (train.steps={f.steps}): the fault never fires",
+         lambda f: f"choose train.fail_at_step in 1..{f.steps}, or null", RUN),
+    Rule("train.fail_rank", lambda f: f.fail_at_step is not None and not 0 <= f.fail_rank < f.world,
+         lambda f: f"{f.fail_rank} is not a rank of a {f.world}-process job", lambda f: f"choose 0..{f.world - 1}",
+         RUN),
+    Rule("train.dist_timeout_s",
+         lambda f: 0 < (f.values.get("train.hang_timeout_s") or 0) >= (f.values.get("train.dist_timeout_s") or 0),
+         lambda f: (f"collectives give up after {f.values.get('train.dist_timeout_s')} s, before the hang watchdog "
+                    f"(train.hang_timeout_s={f.values.get('train.hang_timeout_s')}) can dump the stacks and name the "
+                    "stuck rank"),
+         lambda f: f"raise train.dist_timeout_s above {f.values.get('train.hang_timeout_s')} (e.g. twice it)", RUN),
+    Rule("train.max_restarts",
+         lambda f: _max_restarts(f.backend) is not None and (f.values.get("train.max_restarts") or 0) > _max_restarts(f.backend),
+         lambda f: (f"the {f.backend} backend restarts a job at most {_max_restarts(f.backend)} times, but "
+                    f"train.max_restarts={f.values.get('train.max_restarts')}"),
+         lambda f: f"set train.max_restarts to {_max_restarts(f.backend)} or less (or use a Slurm cluster)", RUN),
+    Rule("data.branching",
+         lambda f: isinstance(f.values.get("data.branching"), int) and f.values.get("data.branching") > f.model.vocab_size,
+         lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
+                    f"model.vocab_size={f.model.vocab_size} tokens"),
+         "lower data.branching or raise model.vocab_size", RUN),
+    Rule("cluster.nodes", lambda f: _max_nodes(f.backend) is not None and f.nodes > _max_nodes(f.backend),
+         lambda f: (f"the {f.backend} backend runs {_max_nodes(f.backend)} node(s) (its processes on this host), but "
+                    f"cluster.nodes={f.nodes}: {f.gpus_per_node * _max_nodes(f.backend)} process(es) would run a "
+                    f"layout archived for a world of {f.world}"),
+         lambda f: f"set cluster.nodes={_max_nodes(f.backend)} or use a Slurm cluster (e.g. cluster=local_slurm)", RUN),
+    Rule("cluster.cpus_per_task",
+         lambda f: bool(f.values.get("cluster.cpus_per_node")) and
+         f.gpus_per_node * int(f.values.get("cluster.cpus_per_task") or 1) > int(f.values.get("cluster.cpus_per_node")),
+         lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} tasks x cluster.cpus_per_task="
+                    f"{f.values.get('cluster.cpus_per_task')} = {f.gpus_per_node * int(f.values.get('cluster.cpus_per_task'))} "
+                    f"CPUs, more than a node's cluster.cpus_per_node={f.values.get('cluster.cpus_per_node')}: "
+                    "Slurm would never start the job"),
+         lambda f: (f"set cluster.cpus_per_task={max(1, int(f.values.get('cluster.cpus_per_node')) // f.gpus_per_node)} "
+                    "or fewer"), RUN),
+    Rule("cluster.gpus_per_node",
+         lambda f: _host_gpus(f.backend) is not None and f.gpus_per_node > _host_gpus(f.backend),
+         lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} processes, but this host has {_host_gpus(f.backend)} "
+                    "GPU(s) for them: two processes on one GPU (NCCL refuses a duplicate GPU)"),
+         lambda f: (f"set cluster.gpus_per_node={_host_gpus(f.backend)}, or CUDA_VISIBLE_DEVICES to the GPUs to use"), RUN),
+    Rule("precision.dtype",
+         lambda f: f.dtype == "fp16" and f.resolved_engine == "deepspeed" and _lacks_cpu_fp16(f.backend),
+         lambda f: (f"fp16 on the deepspeed engine runs on this host's CPU (cluster.backend={f.backend}), which has "
+                    f"no fp16 kernels (its /proc/cpuinfo flags include neither {' nor '.join(sorted(FP16_CPU_FLAGS))}): "
+                    "DeepSpeed's CPU accelerator refuses fp16 at start-up"),
+         ("use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
+          "whose fp16 autocast with a loss scaler runs on this CPU"), RUN),
+    Rule("recipe.params", lambda f: _recipe_settings_problem(f) is not None,
+         lambda f: f"{_recipe_settings_problem(f)}: the job would fail when it starts",
+         lambda f: f"set a valid value (the recipe's settings and their bounds: {RECIPE_SETTINGS[f.values.get('recipe._target_')][1]})", RUN),
+    Rule("recipe._target_",
+         lambda f: isinstance(f.values.get("recipe._target_"), str) and target_problem(f.values.get("recipe._target_")) is not None,
+         lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
+         "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=recipes.gpt.train.main", RUN),
+    _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
+    _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
+    _each("(any key)", lambda f: f.values.unknown_keys,
+          "remove it or fix its spelling (only cluster.env and cluster.sbatch_extra take new keys)"),
+    _each("(any string)", lambda f: f.values.control_chars,
+          ("remove the control character: a newline (or any character below 0x20, or 0x7f) would end the #SBATCH "
+           "or shell line the value is written into, and the rest would run as a command")),
+)
+
+
+ALL_KINDS = (VALUE, SHAPE, LAYOUT, RUN)
+
+
+def violations(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> List[ConfigError]:
+    """The broken rules of ``kinds``, in table order. When a VALUE rule is broken nothing else is
+    evaluated (sizes must be positive before anything divides by them)."""
+    bad_values = [r for r in RULES if r.kind == VALUE and r.broken(f)]
+    if bad_values:
+        return [r.error(f) for r in bad_values if VALUE in kinds]
+    return [e for r in RULES if r.kind in kinds and r.kind != VALUE and r.broken(f) for e in r.errors(f)]
+
+
+@lru_cache(maxsize=16)
+def _rows(kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
+    """The predicates of the VALUE rows and the rows of ``kinds``, in table order."""
+    return tuple(r.broken for r in RULES if r.kind == VALUE or r.kind in kinds)
+
+
+def ok(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> bool:
+    """Whether ``f`` breaks none of the rules of ``kinds`` (and no VALUE rule): ``not violations(f,
+    kinds)`` without formatting a message, for the planner's search over thousands of candidates."""
+    for broken in _rows(tuple(kinds)):
+        if broken(f):
+            return False
+    return True
+
+
+def problems(cfg_or_facts: Any) -> List[ConfigError]:
+    """Every rule a run config (or its Facts) must satisfy; returns the violations (empty = valid)."""
+    f = cfg_or_facts if isinstance(cfg_or_facts, Facts) else Facts.from_cfg(cfg_or_facts)
+    return violations(f)
+
+
+def buildable(f: Facts) -> bool:
+    """Whether the config names a whole layout (positive sizes, tp*pp dividing the world, the batch
+    splitting evenly), even if other rules are broken."""
+    return not violations(f, (VALUE, SHAPE))
+
+
+
+def layout_of(f: Facts) -> Layout:
+    """The layout of a buildable config (see ``buildable``), whether or not the other rules hold."""
+    dp = f.derived_dp
+    if dp is None or f.grad_accum is None:
+        raise ConfigErrors(violations(f, (VALUE, SHAPE)))
+    return Layout(dp=dp, tp=f.tp, pp=f.pp, zero=f.zero, micro_batch_size=f.micro_batch_size,
+                  grad_accum=f.grad_accum, sequence_parallel=f.sequence_parallel, engine=f.resolved_engine,
+                  offload_optimizer=f.offload_optimizer, offload_params=f.offload_params,
+                  procs_per_node=f.gpus_per_node)
+
+
+def resolve(cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Layout:
+    """The layout a valid config describes (``resolved``: see Facts.from_cfg). Raises ConfigErrors
+    listing every broken rule."""
+    f = Facts.from_cfg(cfg, resolved)
+    errs = violations(f)
+    if errs:
+        raise ConfigErrors(errs)
+    return layout_of(f)
