@@ -81,7 +81,7 @@ MUTANTS: List[Mutant] = [
       "the search ignores the layout rules", ("tests/unit/test_plan_estimators.py",)),
     M("X12", "launcher/submit/resume.py", "    if st.get(\"status\") not in FINAL:\n        raise ConfigErrors",
       "    if False:\n        raise ConfigErrors", FAST,
-      "resume/retry accept a run that may still be running", ("tests/unit/test_sweeps.py",)),
+      "resume/retry accept a run that may still be running", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X13", "launcher/rundir.py", "fresh = since is None or p.stat().st_mtime >= since",
       "fresh = since is None or p.stat().st_mtime >= 0", FAST,
       "the peer watch counts errors older than its process", ("tests/unit/test_watchdog.py",)),

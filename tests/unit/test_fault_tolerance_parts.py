@@ -62,7 +62,10 @@ def test_reopen_keeps_the_old_seal_and_makes_the_run_writable(tmp_path):
     rd = make_run(tmp_path)
     rd.set_status("running", attempt=1, hosts=["n1"])
     rd.finish("failed", error="boom", exit_code=1)
-    assert not os.access(rd.path / "run.json", os.W_OK) or os.geteuid() == 0
+    # the mode bits, not os.access: as root (CI) every file is writable whatever its mode
+    sealed = [p for p in rd.path.rglob("*") if p.is_file()]
+    assert rd.path / "run.json" in sealed
+    assert all(p.stat().st_mode & 0o222 == 0 for p in sealed), [oct(p.stat().st_mode) for p in sealed]
     rd.reopen(1)
     st = rd.status()
     assert st["status"] == "pending" and "error" not in st and st["earlier"][0]["error"] == "boom"
@@ -471,3 +474,20 @@ def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypat
     assert st["status"] == "failed" and st["failed_rank"] == 1 and "disk gone" in st["error"]
     # what rank 0's peer watch asks (and ends its process on)
     assert rd.failed_ranks(except_rank=0, since=watch._born)
+
+
+# ---- resume / retry refuse a run that may still have a job ---------------------------------------
+
+@pytest.mark.parametrize("status", ["pending", "running", "requeued"])
+def test_resume_and_retry_refuse_a_run_that_may_still_be_running(tmp_path, status):
+    """`launcher resume` (and retry, through resubmit) on a run not yet final: refused before anything
+    is written (two jobs would write one run dir)."""
+    from launcher.submit import resume
+
+    rd = make_run(tmp_path, {"status": status, "attempt": 1})
+    before = {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=f"x-0 is {status}: its job may still be running or queued"):
+        resume.prepare(rd.path)
+    with pytest.raises(ValueError, match="may still be running"):
+        resume.resubmit([rd.path], reason="retry")
+    assert {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()} == before
