@@ -116,6 +116,9 @@ MUTANTS: List[Mutant] = [
     M("M23", "launcher/submit/pipeline.py", "                    _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)\n                    raise",
       "                    break", "tests/integration/test_sweep_arrays.py::test_a_refused_sbatch_is_recorded_not_submitted",
       "a refused sbatch is not recorded, and launch exits 0"),
+    M("M24", "launcher/plan/spec.py", "    step_overhead_s: float = 0.0\n    activation_scale: float = 1.0",
+      "    step_overhead_s: float = 0.01\n    activation_scale: float = 1.0", FAST,
+      "the default calibration adds a step overhead", ("tests/unit/test_calibration.py",)),
 ]
 
 

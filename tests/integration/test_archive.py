@@ -204,10 +204,13 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
         if len(staged) >= 40:
             break
         time.sleep(0.02)
+    assert len(staged) >= 40, f"the launch never staged 40 runs in 120 s ({len(staged)})"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    # the kill landed while the launch was still writing: it had not exited, and not every run is listed
+    assert proc.wait(timeout=60) == -signal.SIGKILL, proc.stderr.read()[-2000:]
     try:
         listed = runs_json(runs_root)
+        assert len(listed) < 300, "the launch had finished writing before the kill: nothing was tested"
         for r in listed:
             rdir = Path(r["dir"])
             for name in ("run.json", "config.yaml", "plan.json", "job.json"):
