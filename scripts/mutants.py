@@ -153,7 +153,7 @@ def apply(m: Mutant, root: Path) -> Optional[str]:
 def _failed(output: str) -> str:
     """The first failing test's node id in pytest's output (or the tail of it)."""
     for line in output.splitlines():
-        hit = re.match(r"(?:FAILED|ERROR) (\S+)", line)
+        hit = re.match(r"(?:FAILED|ERROR) (.+?)(?: - |$)", line)  # node ids may hold spaces
         if hit:
             return hit.group(1)
     return output.strip().splitlines()[-1] if output.strip() else "?"
