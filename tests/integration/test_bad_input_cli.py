@@ -36,6 +36,7 @@ def test_launch_rejects_and_writes_nothing(overrides, needle, runs_root):
     assert res.returncode != 0
     assert needle in res.stderr, res.stderr[-2000:]
     assert not runs_root.exists() or not any(runs_root.rglob("run.json"))
+    _nothing_written(runs_root)  # not even a sweep dir or a code snapshot
 
 
 def test_launch_force_turns_warnings_into_stderr(runs_root):

@@ -150,7 +150,7 @@ def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_p
                   runs_root, cwd=tmp_path, extra_env=slurm)
     # Hydra's basic sweeper re-raises the failed point's exception once every job has ended
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "ValueError: asked to fail (x=1, y=0.0)" in res.stderr or "asked to fail" in res.stderr
+    assert "ValueError: asked to fail (x=1, y=0.0)" in res.stderr, res.stderr[-3000:]
     assert "4 run(s) submitted (slurm)" in res.stdout
     runs = runs_json(runs_root)
     assert [r["status"] for r in runs] == ["completed", "failed", "completed", "failed"], runs

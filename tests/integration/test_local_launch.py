@@ -81,6 +81,7 @@ def test_bad_input_is_rejected_before_anything_is_written(runs_root, override, k
     assert res.returncode != 0
     assert key in res.stderr + res.stdout
     assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
+    assert not runs_root.exists() or not any(runs_root.iterdir())  # nothing at all: no sweep dir, no snapshot
 
 
 def test_sweep_with_one_bad_point_launches_nothing(runs_root):
@@ -90,6 +91,7 @@ def test_sweep_with_one_bad_point_launches_nothing(runs_root):
     assert "1 of 2 point(s) invalid; nothing was submitted" in res.stderr
     assert "train.global_batch_size" in res.stderr
     assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
+    assert not runs_root.exists() or not any(runs_root.iterdir())  # nothing at all: no sweep dir, no snapshot
 
 
 def test_dry_run_prints_config_and_sbatch_and_submits_nothing(runs_root):

@@ -1,8 +1,12 @@
 """The login-node path never imports torch or deepspeed (each costs seconds per command)."""
+import os
 import subprocess
 import sys
 
 import pytest
+
+# the code under test: a checkout on PYTHONPATH (a worktree, a mutation copy), not the venv's install
+_CODE = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
 
 
 @pytest.mark.parametrize(
@@ -21,7 +25,7 @@ import pytest
 )
 def test_no_torch_import(argv, tmp_path):
     res = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"})
+                         timeout=120, cwd=tmp_path, env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE})
     assert res.returncode == 0, res.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "deepspeed" not in imported
@@ -39,7 +43,7 @@ def test_real_local_submission_imports_no_torch(tmp_path):
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "train.steps=4",
                           "optim.warmup_steps=0", "wandb.enabled=false", "cluster.gpus_per_node=1"],
                          capture_output=True, text=True, timeout=280, cwd=tmp_path,
-                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"})
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "completed" in res.stdout
     imported = _imported(res.stderr)
@@ -52,7 +56,7 @@ def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
                           "train.steps=6", "optim.lr=1e-3,2e-3", "wandb.enabled=false"],
                          capture_output=True, text=True, timeout=280, cwd=tmp_path,
-                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **slurm})
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE, **slurm})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "2 run(s) submitted (slurm), array job" in res.stdout
     imported = _imported(res.stderr)

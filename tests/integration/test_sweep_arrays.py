@@ -141,3 +141,21 @@ def test_batches_of_one_multirun_are_one_sweep(slurm, runs_root):
     assert len({RunDir(r["dir"]).snapshot()["path"] for r in runs}) == 1  # one code snapshot, taken once
     st = launcher(["status", runs[0]["sweep_id"], "--json"], runs_root, slurm)
     assert json.loads(st.stdout)["counts"] == {"completed": 5}
+
+
+@pytest.mark.timeout(300)
+def test_a_refused_sbatch_is_recorded_not_submitted(slurm, runs_root):
+    """docs/sweeps.md: an array sbatch refuses (a partition the cluster does not have: the config rules
+    cannot know it) leaves its points failed ("submission failed"), the later arrays' points failed
+    "not submitted" without trying them, and the launch exits 1."""
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.partition=nonexistent",
+                  "cluster.max_array_size=2", "train.steps=2", "wandb.enabled=false", "seed=0,1,2,3"],
+                 runs_root, extra_env=slurm, timeout=240)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "invalid partition" in res.stderr.lower(), res.stderr[-2000:]
+    runs = runs_json(runs_root)
+    assert [r["status"] for r in runs] == ["failed"] * 4, runs
+    first, later = runs[:2], runs[2:]
+    assert all(r["error"].startswith("submission failed: sbatch: error: invalid partition") for r in first), first
+    assert all(r["error"].startswith("not submitted: an earlier array of the sweep was refused") for r in later), later
+    assert not any(r.get("job_id") for r in runs), runs  # no job exists for any of them

@@ -173,19 +173,26 @@ LAYOUTS = [
                sequence_parallel=True, recompute="selective"),
     LayoutSpec(dp=32, micro_batch_size=1, grad_accum=8, zero=2, engine="deepspeed", dtype="bf16", offload_optimizer=True),
 ]
-# the estimates of these layouts without calibration: (step time, memory total, activations); ddp
-# counts no gradient-bucket copy (gradient_as_bucket_view)
-BEFORE = [(0.9928850128175825, 29593763840, 8540651520), (1.2237121536, 8953045504, 7718567936),
-          (0.9236544599771429, 4000225280, 2014838784), (1.382388701941685, 3176562688, 482017280),
-          (1.2065656357696704, 7490923008, 3859283968)]
-
-
 def test_the_default_calibration_changes_no_estimate():
-    for lay, (step, total, act) in zip(LAYOUTS, BEFORE):
+    """The oracle is the uncalibrated model itself: the step time is the plain sum of its parts (no
+    scale, no overhead), memory is what the timing constants leave alone, and the activations are
+    those a calibration scaling them by 2 doubles (so the default scales them by exactly 1)."""
+    timing_only = Calibration(compute_scale=1.7, comm_scale=3.0, step_overhead_s=0.25)
+    doubled = Calibration(activation_scale=2.0)
+    for lay in LAYOUTS:
         e = estimate(GPT_1B3, A100x32, lay)
-        assert (e.timing.step_time_s, e.memory.total, e.memory.activations) == (step, total, act)
+        p = e.timing.parts
+        assert e.timing.step_time_s == pytest.approx(p.compute_s + p.comm_s + p.other_s, rel=1e-12), lay
+        t = estimate(GPT_1B3, dataclasses.replace(A100x32, calibration=timing_only), lay)
+        assert (t.memory.total, t.memory.activations) == (e.memory.total, e.memory.activations)
+        d = estimate(GPT_1B3, dataclasses.replace(A100x32, calibration=doubled), lay)
+        assert d.memory.activations == pytest.approx(2 * e.memory.activations, abs=2)
+        assert d.memory.total - d.memory.activations == e.memory.total - e.memory.activations
+        assert d.timing.step_time_s == e.timing.step_time_s
+        assert e.memory.activations > 0 and e.timing.step_time_s > 0
     cl = ClusterSpec.from_cfg(cfg_with("cluster=a100_80g").cluster)
     assert cl.calibration == Calibration() and cl.calibration.is_default
+    assert A100x32.calibration == Calibration()
     assert "calibration" not in json.dumps(calibrate_free_json())
 
 

@@ -41,7 +41,9 @@ def test_wrong_type_fails_naming_it():
     with pytest.raises(Exception) as ei:
         _compose("train.steps=abc")
     text = str(ei.value) + str(ei.value.__cause__)
-    assert "train.steps" in text or "steps" in text
+    assert "train.steps" in text
+    # the key named as OmegaConf's type check names it (not only the echoed override), with the type
+    assert "full_key: train.steps" in text and "could not be converted to Integer" in text, text
 
 
 def test_bad_enum_lists_choices():

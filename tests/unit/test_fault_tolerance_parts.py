@@ -62,7 +62,10 @@ def test_reopen_keeps_the_old_seal_and_makes_the_run_writable(tmp_path):
     rd = make_run(tmp_path)
     rd.set_status("running", attempt=1, hosts=["n1"])
     rd.finish("failed", error="boom", exit_code=1)
-    assert not os.access(rd.path / "run.json", os.W_OK) or os.geteuid() == 0
+    # the mode bits, not os.access: as root (CI) every file is writable whatever its mode
+    sealed = [p for p in rd.path.rglob("*") if p.is_file()]
+    assert rd.path / "run.json" in sealed
+    assert all(p.stat().st_mode & 0o222 == 0 for p in sealed), [oct(p.stat().st_mode) for p in sealed]
     rd.reopen(1)
     st = rd.status()
     assert st["status"] == "pending" and "error" not in st and st["earlier"][0]["error"] == "boom"
@@ -175,7 +178,7 @@ class Ctx:
         pass
 
 
-def checkpointer(rd, every=2, keep=2, async_save=True, steps=9):
+def checkpointer(rd, every=2, keep=2, async_save=True, steps=9, ctx=None):
     from omegaconf import OmegaConf
 
     from recipes.common.checkpoint import Checkpointer
@@ -184,11 +187,11 @@ def checkpointer(rd, every=2, keep=2, async_save=True, steps=9):
                                       "fail_attempt": None,
                                       "checkpoint": {"every": every, "keep": keep, "async_save": async_save}}})
     engine = TinyEngine()
-    return Checkpointer(cfg, Ctx(rd), engine), engine
+    return Checkpointer(cfg, ctx or Ctx(rd), engine), engine
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save):
+def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save, monkeypatch):
     rd = make_run(tmp_path)
     ck, engine = checkpointer(rd, async_save=async_save)
     assert ck.resume() == (0, [])
@@ -208,6 +211,145 @@ def test_checkpointer_commits_whole_keeps_k_and_resumes(tmp_path, async_save):
     assert step == 9 and [r["step"] for r in rows] == list(range(1, 10))
     assert engine2.w.tolist() == [9.0, 10.0, 11.0, 12.0]  # the state after step 9, not a later one
     assert rd.stale_partials() == []
+
+    # every checkpoint of a run that keeps them all holds the state after its own step (the copy is
+    # slowed, so a step that did not wait for it would change the weights before they are copied)
+    rd3 = RunDir(tmp_path / "keep_all")
+    rd3.path.mkdir()
+    ck3, engine3 = checkpointer(rd3, every=1, keep=100, async_save=async_save, steps=12)
+    _slow_host_copy(monkeypatch, 0.01)
+    history = []
+    for step in range(1, 13):
+        engine3.train_step()
+        history.append({"step": step, "loss": float(step)})
+        ck3.save(step, history)
+    ck3.finish()
+    assert [RunDir.checkpoint_step(p) for p in rd3.checkpoints()] == list(range(1, 13))
+    for p in rd3.checkpoints():
+        _assert_holds_step(p, RunDir.checkpoint_step(p))
+
+
+def _slow_host_copy(monkeypatch, delay_s=0.0, gate=None):
+    """Make the checkpointer's host copy take ``delay_s`` per tensor, or wait for ``gate`` first."""
+    import torch
+
+    from recipes.common import checkpoint
+
+    real = checkpoint.host_copy
+
+    def slow(obj, reuse=None):
+        if gate is not None:
+            assert gate.wait(20), "the test never released the copy"
+        if torch.is_tensor(obj):
+            time.sleep(delay_s)
+        return real(obj, reuse)
+
+    monkeypatch.setattr(checkpoint, "host_copy", slow)
+
+
+def _assert_holds_step(path, step):
+    """A TinyEngine checkpoint taken after ``step`` (p starts at 0..3, each step adds 1)."""
+    import torch
+
+    model = torch.load(path / "model.pt", weights_only=True)
+    assert model["w"].tolist() == [float(step + i) for i in range(4)], (path.name, model["w"].tolist())
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["step"] == step and [r["step"] for r in meta["metrics"]] == list(range(1, step + 1))
+
+
+class Rank(Ctx):
+    def __init__(self, rd, rank, world):
+        super().__init__(rd)
+        self.rank, self.world_size = rank, world
+
+
+def test_a_checkpoint_is_committed_only_when_every_rank_marked_it_done(tmp_path):
+    """World 2: rank 0's part alone leaves the partial dir and `latest` as they were; rank 1's mark
+    completes the set and that rank renames it into place."""
+    from recipes.common.checkpoint import DONE_FILE
+
+    rd = make_run(tmp_path)
+    ranks = [checkpointer(rd, async_save=False, ctx=Rank(rd, r, 2)) for r in (0, 1)]
+    for ck, engine in ranks:
+        engine.train_step()
+        engine.train_step()
+    ranks[0][0].save(2, [{"step": 1}, {"step": 2}])
+    partial = rd.checkpoint_partial(2)
+    assert (partial / DONE_FILE.format(rank=0)).exists() and not (partial / DONE_FILE.format(rank=1)).exists()
+    assert partial.is_dir() and rd.latest_checkpoint() is None and rd.checkpoints() == []
+    assert rd.stale_partials() == [partial]
+    ranks[1][0].save(2, [{"step": 1}, {"step": 2}])
+    assert not partial.exists() and rd.latest_checkpoint() == rd.checkpoint_dir(2)
+    assert sorted(p.name for p in rd.checkpoint_dir(2).glob("done_rank_*")) == ["done_rank_00000", "done_rank_00001"]
+    _assert_holds_step(rd.checkpoint_dir(2), 2)
+
+    # the next checkpoint: again only one rank's mark, so `latest` still names step 2
+    for ck, engine in ranks:
+        engine.train_step()
+    ranks[1][0].save(3, [])
+    assert rd.checkpoint_partial(3).is_dir() and rd.latest_checkpoint() == rd.checkpoint_dir(2)
+
+
+@pytest.mark.timeout(60)
+def test_an_async_save_returns_while_the_write_is_pending(tmp_path, monkeypatch):
+    """async_save: save() returns before the checkpoint is written, a training step runs meanwhile,
+    and finish() waits for the write (and commits it)."""
+    import threading
+
+    from recipes.common import checkpoint
+
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, async_save=True)
+    release, writing = threading.Event(), threading.Event()
+    real = checkpoint._write_file
+
+    def blocked_write(path, obj):
+        writing.set()
+        release.wait(5)  # (a synchronous save would wait here, then find the test's assertions failed)
+        real(path, obj)
+
+    monkeypatch.setattr(checkpoint, "_write_file", blocked_write)
+    engine.train_step()
+    engine.train_step()
+    ck.save(2, [{"step": 1}, {"step": 2}])
+    assert not release.is_set()
+    assert writing.wait(5)  # the background writer has started ...
+    assert rd.latest_checkpoint() is None and rd.checkpoints() == []  # ... and is not done
+    engine.train_step()  # the copy is in host memory: the step runs while the write is pending
+    assert engine.w.tolist() == [3.0, 4.0, 5.0, 6.0] and rd.latest_checkpoint() is None
+    finisher = threading.Thread(target=ck.finish)
+    finisher.start()
+    finisher.join(0.3)
+    assert finisher.is_alive()  # finish() waits for the write in flight
+    release.set()
+    finisher.join(10)
+    assert not finisher.is_alive()
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(2)
+    _assert_holds_step(rd.checkpoint_dir(2), 2)
+
+
+@pytest.mark.timeout(60)
+def test_the_optimizer_step_waits_for_the_host_copy(tmp_path, monkeypatch):
+    """async_save: while the state is being copied to host memory, the next optimizer step (which
+    changes it in place) waits; once the copy is done it runs, and the checkpoint holds the old state."""
+    import threading
+
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, async_save=True)
+    gate = threading.Event()
+    engine.train_step()
+    engine.train_step()
+    _slow_host_copy(monkeypatch, gate=gate)
+    ck.save(2, [{"step": 1}, {"step": 2}])  # returns: the copy waits on the gate in the writer thread
+    stepper = threading.Thread(target=engine.train_step)
+    stepper.start()
+    stepper.join(0.5)
+    assert stepper.is_alive() and engine.w.tolist() == [2.0, 3.0, 4.0, 5.0]  # the step waits for the copy
+    gate.set()
+    stepper.join(10)
+    assert not stepper.is_alive() and engine.w.tolist() == [3.0, 4.0, 5.0, 6.0]
+    ck.finish()
+    _assert_holds_step(rd.checkpoint_dir(2), 2)
 
 
 def test_a_rank_finishing_after_the_set_was_committed_returns(tmp_path, monkeypatch):
@@ -332,3 +474,20 @@ def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypat
     assert st["status"] == "failed" and st["failed_rank"] == 1 and "disk gone" in st["error"]
     # what rank 0's peer watch asks (and ends its process on)
     assert rd.failed_ranks(except_rank=0, since=watch._born)
+
+
+# ---- resume / retry refuse a run that may still have a job ---------------------------------------
+
+@pytest.mark.parametrize("status", ["pending", "running", "requeued"])
+def test_resume_and_retry_refuse_a_run_that_may_still_be_running(tmp_path, status):
+    """`launcher resume` (and retry, through resubmit) on a run not yet final: refused before anything
+    is written (two jobs would write one run dir)."""
+    from launcher.submit import resume
+
+    rd = make_run(tmp_path, {"status": status, "attempt": 1})
+    before = {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=f"x-0 is {status}: its job may still be running or queued"):
+        resume.prepare(rd.path)
+    with pytest.raises(ValueError, match="may still be running"):
+        resume.resubmit([rd.path], reason="retry")
+    assert {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()} == before

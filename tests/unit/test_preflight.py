@@ -71,6 +71,17 @@ def test_a_model_too_large_for_one_gpu_is_cut_to_the_layers_that_fit():
     assert ladder._fits(cfg, layers, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none", procs_per_node=1, mbs=1)
     assert not ladder._fits(cfg, layers + 1, tp=1, pp=1, dp=1, zero=0, dtype="fp32", recompute="none",
                            procs_per_node=1, mbs=1)
+    # independently of the planner (first principles, GPT-2 shapes): fp32 weights + grads + Adam's two
+    # moments are 16 B a parameter; the kept layers' states fit the 8 GiB x 0.9 usable, all 24 do not,
+    # and the activations the cut leaves room for (Korthikanti: 34sbh + 5as^2b per layer in 16-bit
+    # bytes, b=1) are at least those of one layer, so no layer more than the states allow was kept
+    h, ffn, v, s_, a = 2048, 8192, 50304, 2048, 16
+    per_layer = 4 * h * h + 2 * h * ffn + 9 * h + ffn  # qkv + proj, mlp, their biases, two norms
+    states = lambda n: 16 * (v * h + s_ * h + 2 * h + n * per_layer)  # noqa: E731 (tied embeddings, final norm)
+    usable = int(8 * 2**30 * 0.9)
+    act_one_layer = 34 * s_ * h + 5 * a * s_ * s_
+    assert states(layers) + act_one_layer <= usable < states(int(cfg.model.num_layers))
+    assert states(layers + 1) + (layers + 1) * act_one_layer > usable  # one more layer and its activations: no
     # the full layout does not fit in fp32 without recomputation: it keeps the config's own
     full = rungs["full"]
     assert "precision.dtype=fp32" not in full.overrides and "kept precision.dtype=bf16" in full.notes[0]

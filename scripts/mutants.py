@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Mutation check: break one line of the product at a time and see which test notices.
+
+Each mutant is one exact text edit of one file. For each, the tracked (and untracked, not ignored)
+files of this checkout are copied to a scratch dir, the edit is applied there, and the fast tier
+(``pytest tests/unit``) runs in it with PYTHONPATH pointing at the copy. A mutant whose killer is an
+integration test's node id is checked with that test only, and only with ``--integration``.
+
+The old text must occur exactly once in its file: the code changes under this list, and a mutant
+that silently stopped applying would report nothing. Drift is printed as DRIFT and makes the exit
+status 1, as does a mutant that survives.
+
+    python scripts/mutants.py --list               # the table, nothing run
+    python scripts/mutants.py --only X4,X6         # run those
+    python scripts/mutants.py --quick              # only each mutant's named unit files (fast)
+    python scripts/mutants.py --integration        # also the mutants killed by an integration test
+
+Stdlib only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = "fast"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    old: str
+    new: str
+    killer: str  # "fast" (the unit tier) or the node id of an integration test
+    what: str
+    quick: Tuple[str, ...] = field(default=())  # the unit files that should kill it (--quick runs only these)
+
+
+M = Mutant
+MUTANTS: List[Mutant] = [
+    M("X1", "launcher/submit/pipeline.py", "    if problems or warned:\n        total, bad",
+      "    if (problems or warned) and not good:\n        total, bad", FAST,
+      "a sweep with a bad point launches the good ones", ("tests/unit/test_bad_input.py",)),
+    M("X2", "launcher/rundir.py", "        if prev.get(\"status\") in FINAL:\n            return False",
+      "        if False:\n            return False", FAST,
+      "a final status can be overwritten", ("tests/unit/test_registry_outcome.py",)),
+    M("X3", "launcher/archive/software.py", "    for name in KEY_PACKAGES:",
+      "    import torch  # noqa\n    for name in KEY_PACKAGES:", FAST,
+      "the login path imports torch (archiving software versions)", ("tests/unit/test_login_path.py",)),
+    M("X4", "recipes/common/checkpoint.py", "        if done < self.world:\n            return",
+      "        if False:\n            return", FAST,
+      "a checkpoint is committed before every rank marked it done", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X5", "recipes/common/checkpoint.py", "if self.async_save and not block and self._hooked():",
+      "if False and self.async_save and not block and self._hooked():", FAST,
+      "async_save writes synchronously", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X6", "recipes/common/checkpoint.py", "register_step_pre_hook(lambda *_: self.wait_copied())",
+      "register_step_pre_hook(lambda *_: None)", FAST,
+      "the optimizer step does not wait for the host copy", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X7", "launcher/runtime/restarts.py", "    if rd.restarts_since_launch() >= max_restarts:\n        return False",
+      "    if rd.restarts_since_launch() > max_restarts:\n        return False", FAST,
+      "one requeue more than the restart budget", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X8", "launcher/plan/checks.py", "order = sorted((e.step_time_s, i) for i, e in enumerate(ests) if e.feasible)",
+      "order = sorted(((e.step_time_s, i) for i, e in enumerate(ests) if e.feasible), reverse=True)", FAST,
+      "the memory fix offers the slowest fitting layout", ("tests/unit/test_plan_checks.py",)),
+    M("X9", "recipes/gpt/parallel/grad_buckets.py", "self.scale, self.in_flight = group, 1.0 / world,",
+      "self.scale, self.in_flight = group, 1.0,", "tests/integration/test_multirank_parts.py::test_grad_buckets_average_over_two_ranks",
+      "data-parallel gradients are summed, not averaged"),
+    M("X10", "launcher/rundir.py", "                os.chmod(p, p.stat().st_mode & ~0o222)",
+      "                os.chmod(p, p.stat().st_mode)", FAST,
+      "the seal leaves files writable", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X11", "launcher/plan/search.py", "RULE_KINDS = (VALUE, SHAPE, LAYOUT)", "RULE_KINDS = (VALUE, SHAPE)", FAST,
+      "the search ignores the layout rules", ("tests/unit/test_plan_estimators.py",)),
+    M("X12", "launcher/submit/resume.py", "    if st.get(\"status\") not in FINAL:\n        raise ConfigErrors",
+      "    if False:\n        raise ConfigErrors", FAST,
+      "resume/retry accept a run that may still be running", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("X13", "launcher/rundir.py", "fresh = since is None or p.stat().st_mtime >= since",
+      "fresh = since is None or p.stat().st_mtime >= 0", FAST,
+      "the peer watch counts errors older than its process", ("tests/unit/test_watchdog.py",)),
+    M("X14", "launcher/submit/pipeline.py", "    checked = check(points, indices)\n    first = checked[0].point.cfg",
+      "    Path(str(points[0].cfg.submit.runs_root)).expanduser().joinpath('0', 'code').mkdir(parents=True, "
+      "exist_ok=True)\n    checked = check(points, indices)\n    first = checked[0].point.cfg", FAST,
+      "a refused launch leaves a sweep dir behind", ("tests/unit/test_bad_input.py",)),
+    M("M15", "recipes/common/checkpoint.py", "        if not self._copied.is_set():\n            t0 = time.perf_counter()",
+      "        if False:\n            t0 = time.perf_counter()", FAST,
+      "wait_copied returns while the copy is in flight", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("M16", "launcher/runtime/restarts.py", "        if rd.restarts_since_launch() > max_restarts:\n            msg",
+      "        if rd.restarts_since_launch() > max_restarts + 1:\n            msg", FAST,
+      "a restart the scheduler makes past the budget is not refused", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("M17", "launcher/runtime/watchdog.py", "failed_ranks(except_rank=self.rank, since=self._born)",
+      "failed_ranks(except_rank=self.rank, since=None)", FAST,
+      "the peer watch ends a rank for an earlier attempt's error", ("tests/unit/test_watchdog.py",)),
+    M("M18", "launcher/rundir.py", "                os.chmod(p, p.stat().st_mode & ~0o222)",
+      "                os.chmod(p, p.stat().st_mode & ~0o022)", FAST,
+      "the seal leaves files writable by their owner", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("M19", "launcher/runtime/context.py", "dist.all_reduce(flag, op=dist.ReduceOp.MAX)",
+      "dist.all_reduce(flag, op=dist.ReduceOp.MIN)", "tests/integration/test_multirank_parts.py::test_all_ranks_agree_on_a_stop_one_rank_saw",
+      "ranks disagree on a stop only one of them was signalled"),
+    M("M20", "launcher/runtime/restarts.py", 'STOP_CODES = {None: 0, "preempted": 1, "time_limit": 2}',
+      'STOP_CODES = {None: 0, "preempted": 2, "time_limit": 1}', FAST,
+      "preempted outranks the time limit", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("M21", "recipes/common/checkpoint.py", "        for old in self.rd.checkpoints()[:-self.keep]:",
+      "        for old in self.rd.checkpoints()[:-self.keep - 1]:", FAST,
+      "one checkpoint more than train.checkpoint.keep is kept", ("tests/unit/test_fault_tolerance_parts.py",)),
+    M("M22", "launcher/plan/checks.py", "from __future__ import annotations\n",
+      "from __future__ import annotations\nimport torch  # noqa\n", FAST,
+      "the login path (plan checks) imports torch", ("tests/unit/test_login_path.py",)),
+    M("M23", "launcher/submit/pipeline.py", "                    _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)\n                    raise",
+      "                    break", "tests/integration/test_sweep_arrays.py::test_a_refused_sbatch_is_recorded_not_submitted",
+      "a refused sbatch is not recorded, and launch exits 0"),
+    M("M24", "launcher/plan/spec.py", "    step_overhead_s: float = 0.0\n    activation_scale: float = 1.0",
+      "    step_overhead_s: float = 0.01\n    activation_scale: float = 1.0", FAST,
+      "the default calibration adds a step overhead", ("tests/unit/test_calibration.py",)),
+]
+
+
+def _files(repo: Path) -> List[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                         check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f]
+
+
+def copy_repo(repo: Path, dest: Path) -> None:
+    for rel in _files(repo):
+        src = repo / rel
+        if not src.is_file():  # deleted in the working tree, or a submodule
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+
+
+def apply(m: Mutant, root: Path) -> Optional[str]:
+    """Apply the edit under ``root``; a problem (drift) as text, or None."""
+    path = root / m.file
+    if not path.exists():
+        return f"{m.file} does not exist"
+    text = path.read_text()
+    n = text.count(m.old)
+    if n != 1:
+        return f"old text found {n} times in {m.file} (expected once): {m.old.splitlines()[0].strip()!r}"
+    path.write_text(text.replace(m.old, m.new))
+    return None
+
+
+def _failed(output: str) -> str:
+    """The first failing test's node id in pytest's output (or the tail of it)."""
+    for line in output.splitlines():
+        hit = re.match(r"(?:FAILED|ERROR) (.+?)(?: - |$)", line)  # node ids may hold spaces
+        if hit:
+            return hit.group(1)
+    return output.strip().splitlines()[-1] if output.strip() else "?"
+
+
+def run_one(m: Mutant, args: argparse.Namespace) -> Tuple[str, str]:
+    """(verdict, detail): killed / survived / DRIFT / skipped."""
+    if m.killer != FAST and not args.integration:
+        return "skipped", "integration killer (run with --integration)"
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{m.id}-") as tmp:
+        root = Path(tmp)
+        copy_repo(REPO, root)
+        problem = apply(m, root)
+        if problem:
+            return "DRIFT", problem
+        if m.killer != FAST:
+            targets = [m.killer]
+        elif args.quick and m.quick:
+            targets = list(m.quick)
+        else:
+            targets = ["tests/unit"]
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+        cmd = [args.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *targets]
+        try:
+            res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout", f"pytest ran past {args.timeout} s"
+        out = res.stdout + res.stderr
+        if res.returncode == 0:
+            return "survived", " ".join(targets)
+        if res.returncode in (1, 3) or "FAILED" in out:
+            return "killed", _failed(out)
+        return "error", f"pytest exit {res.returncode}: {out.strip().splitlines()[-1] if out.strip() else ''}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="print the mutants and their expected killers; run nothing")
+    ap.add_argument("--only", default="", help="comma-separated ids (X4,X6)")
+    ap.add_argument("--integration", action="store_true", help="also run the mutants an integration test kills")
+    ap.add_argument("--quick", action="store_true", help="run only each mutant's named unit files, not all of tests/unit")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter with pytest and the project installed")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
+    args = ap.parse_args(argv)
+    chosen = MUTANTS
+    if args.only:
+        ids = [i.strip() for i in args.only.split(",") if i.strip()]
+        unknown = sorted(set(ids) - {m.id for m in MUTANTS})
+        if unknown:
+            ap.error(f"unknown mutant id(s): {', '.join(unknown)}")
+        chosen = [m for m in MUTANTS if m.id in ids]
+    if args.list:
+        print(f"{'id':<5} {'file':<38} {'expected killer':<70} what")
+        for m in chosen:
+            print(f"{m.id:<5} {m.file:<38} {m.killer:<70} {m.what}")
+        return 0
+    bad = 0
+    rows = []
+    for m in chosen:
+        verdict, detail = run_one(m, args)
+        bad += verdict in ("survived", "DRIFT", "timeout", "error")
+        rows.append((m.id, verdict, detail))
+        print(f"{m.id:<5} {verdict:<9} {detail}", flush=True)
+    print()
+    print(f"{'id':<5} {'result':<9} killed by / why")
+    for row in rows:
+        print(f"{row[0]:<5} {row[1]:<9} {row[2]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
