@@ -491,8 +491,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import RunDir, SweepDir, now_iso
-    from launcher.sweeps import TooManyJobs, plan_arrays
+    from launcher.rundir import SweepDir
+    from launcher.submit import submission
+    from launcher.sweeps import TooManyJobs
 
     backend = backends.get(backend_name)
     shim = cluster_config(backend.name, params)
@@ -517,8 +518,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     snap = snapshot.info(code_dir) or {}
 
     # the scheduler's limits: a sweep too large is refused here, before anything is written
+    indices = list(range(first_index, first_index + len(configs)))
     try:
-        chunks = plan_arrays([len(configs)], backend.array_limits(shim), [int(shim.cluster.array_parallelism)])
+        planned = submission.arrays(indices, cfg=lambda i: shim)
     except TooManyJobs as e:
         raise ValueError(f"hydra.launcher: {e}") from None
 
@@ -564,54 +566,35 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
             staged.append(rd)
         sd.add_points(points)
 
-    # submit: one batch (one array) per chunk of at most MaxArraySize points
+    # submit: one batch (one array) per chunk of at most MaxArraySize points (launcher.submit.submission)
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
-    jobs: List[Any] = []
-    try:
-        state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
-            task_function, hydra_context, singleton_state)
-        with backend.environment(shim, code_dir), atomic.deferred_sync(private=True):
-            for chunk in chunks:
-                ex = backend.executor(shim, folder, code_dir, parallelism=chunk.parallelism)
-                try:
-                    with ex.batch():
-                        batch = [ex.submit(_HydraJob(state, configs[i], str(sd.run(first_index + i).path), env))
-                                 for i in range(chunk.start, chunk.stop)]
-                finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
-                    secrets.scrub_files(folder.glob("*.sh"), known)
-                script = backend.submitted_script(batch[0])
-                if script is not None:  # one script per array: written once, linked into its runs
-                    shared.write_script(secrets.scrub(script, known))
-                for rd, job in zip(staged[chunk.start:chunk.stop], batch):
-                    job_id = str(job.job_id)
-                    array_id, _, task_id = job_id.partition("_")
-                    if script is not None:
-                        rd.link_from(shared, (RunDir.SCRIPT,))
-                    rd.write_job({"backend": backend.name, "job_id": job_id,
-                                  "array_job_id": array_id if task_id else None,
-                                  "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
-                                  "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-                                  "num_tasks": int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1),
-                                  "submitted": now_iso()})
-                jobs.extend(batch)
-    except Exception as e:
-        for rd in staged[len(jobs):]:
-            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
-        raise
-    finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
-        indices = range(first_index, first_index + len(configs))
+    num_tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+
+    def publish(runs: List[submission.SubmittedRun], job_ids: List[str]) -> None:
+        """Rename into place, seal what already ended, sweep.json, then the index."""
         published = [sd.publish(i) for i in indices]
-        (shared.path / RunDir.SCRIPT).unlink(missing_ok=True)  # each run holds its array's own
         for rd in published:
             if rd.exists() and rd.is_final():
                 rd.seal()
-        job_ids = sorted({str(j.job_id).partition("_")[0] for j in jobs})
         sd.extend({"sweep_id": sd.sweep_id, "argv": clean(argv), "job_ids": job_ids, "backend": backend.name,
                    "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(code_dir), "kind": "hydra_app"})
         registry.record(runs_root, [rd.path for rd in published if rd.exists()])
+
+    try:
+        state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
+            task_function, hydra_context, singleton_state)
+    except Exception as e:
+        for rd in staged:
+            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
+        publish([], [])
+        raise
+    runs, job_ids = submission.submit([submission.Array([submission.Run(
+        run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim, code_dir=code_dir, folder=folder,
+        task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env), shared=shared,
+        num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
-                     run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in indices],
-                     job_ids=job_ids, jobs=jobs)
+                     run_dirs=[sd.run(i).path for i in indices], run_ids=[sd.run_id(i) for i in indices],
+                     job_ids=job_ids, jobs=[r.job for r in runs])
 
 
 def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
