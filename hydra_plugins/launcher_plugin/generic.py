@@ -255,64 +255,39 @@ class _HydraJob:
         from hydra.core.singleton import Singleton
         from hydra.core.utils import run_job, setup_globals
 
-        from launcher.archive.secrets import is_redacted, scrub
         from launcher.rundir import RunDir
-        from launcher.runtime import env as dist_env
-        from launcher.runtime import task
+        from launcher.runtime.attempt import attempt
 
         task_function, hydra_context, singleton_state = self.shared.get()
         Singleton.set_state(singleton_state)
         setup_globals()
         rd = RunDir(self.run_dir)
-        task._wait_for(rd)
-        rd.adopt_shared()  # the sweep's code and software records, the point's seeds and overrides
-        denv = dist_env.detect()
-        denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT: an app may start torch.distributed
-        for k, v in self.env.items():
-            if not is_redacted(v):
-                os.environ.setdefault(str(k), str(v))
-        config = self.config
-        with open_dict(config.hydra.job):
-            config.hydra.job.id = submitit.JobEnvironment().job_id
-        if rd.is_final():  # the scheduler started a job whose run has ended (requeued after a cancel)
-            print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
-            ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+        with attempt(rd, lambda _: (None, self.env)) as a:  # RANK, WORLD_SIZE, ...: an app may start torch.distributed
+            config = self.config
+            with open_dict(config.hydra.job):
+                config.hydra.job.id = submitit.JobEnvironment().job_id
+            if a.ended:  # the scheduler started a job whose run has ended (requeued after a cancel)
+                return JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+            a.running()
+            # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
+            # the app's own relative paths) mean there what they meant at the command line
+            os.chdir(str(config.hydra.runtime.cwd))
+            try:
+                ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
+                              job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+            except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
+                ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
+            finally:
+                self._record_environment(a)
+            if ret.status != JobStatus.COMPLETED:
+                err = ret._return_value
+                a.rank_error("".join(traceback.format_exception(type(err), err, err.__traceback__))
+                             if isinstance(err, BaseException) else str(err))
+                self._others_recorded(rd, a.denv.world_size)
+                a.fail(f"{type(err).__name__}: {err}", **self._dirs(ret), duration_s=a.duration_s)
+            elif a.denv.rank == 0 and self._others_recorded(rd, a.denv.world_size):
+                a.completed({"return_value": plain(ret._return_value)}, **self._dirs(ret))
             return ret
-        job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
-        task._record_rank(rd, denv)
-        if denv.local_rank == 0:
-            from launcher.archive import topology
-
-            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-            rd.write_topology(node, denv.node_rank, topology.gather())
-        if denv.rank == 0:
-            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
-        t0 = time.time()
-        # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
-        # the app's own relative paths) mean there what they meant at the command line
-        os.chdir(str(config.hydra.runtime.cwd))
-        try:
-            ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
-                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-        except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
-            ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
-        finally:
-            self._record_environment(rd, denv)
-        if ret.status != JobStatus.COMPLETED:
-            err = ret._return_value
-            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)) if isinstance(
-                err, BaseException) else str(err)
-            print(tb, file=sys.stderr, flush=True)
-            if not rd.is_final():
-                rd.write_rank_error(denv.rank, scrub(tb, os.environ))
-            self._others_recorded(rd, denv.world_size)
-            rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
-                      failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
-                      **job_ids)
-        elif denv.rank == 0 and self._others_recorded(rd, denv.world_size) and not rd.failed_ranks():
-            rd.finish("completed", exit_code=0, summary={"return_value": plain(ret._return_value)},
-                      **self._dirs(ret), duration_s=round(time.time() - t0, 3), **job_ids)
-        return ret
 
     @staticmethod
     def _others_recorded(rd: Any, world: int, timeout_s: float = 120.0) -> bool:
@@ -329,21 +304,21 @@ class _HydraJob:
         return {"output_dir": None if out is None else str(out), "working_dir": ret.working_dir}
 
     @staticmethod
-    def _record_environment(rd: Any, denv: Any) -> None:
+    def _record_environment(a: Any) -> None:
         """The training environment (rank 0), and torch / CUDA / NCCL as seen on the node when the
         app imported torch (importing it only to record its version would slow every job)."""
-        if denv.rank != 0:
+        if a.denv.rank != 0:
             return
         import platform
 
-        from launcher.archive import secrets, topology
+        from launcher.archive import topology
 
         runtime: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
         if "torch" in sys.modules:
             runtime.update(topology.runtime_software())
         else:
             runtime["torch"] = "not imported by the app"
-        rd.write_environment(secrets.training_env(os.environ), runtime)
+        a.record_environment(runtime)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """On preemption / time limit, submitit resubmits the same job (Hydra's submitit launcher does)."""
