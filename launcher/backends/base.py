@@ -80,7 +80,7 @@ class Backend:
         Default: no limits of the scheduler's own."""
         from launcher.sweeps import ArrayLimits
 
-        return ArrayLimits().with_overrides(*_limit_overrides(cfg))
+        return ArrayLimits().with_overrides(*limit_overrides(cfg))
 
     @contextlib.contextmanager
     def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
@@ -142,7 +142,7 @@ class Backend:
         return paths.stderr if err else paths.stdout
 
 
-def _limit_overrides(cfg: Any):
+def limit_overrides(cfg: Any):
     """(cluster.max_array_size, cluster.max_submit_jobs) of a run config (None: not set)."""
     cl = getattr(cfg, "cluster", None) if cfg is not None else None
     get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)

@@ -220,13 +220,13 @@ class SlurmBackend(Backend):
         MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
         (``squeue -r -u USER``). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
-        from launcher.backends.base import _limit_overrides
+        from launcher.backends.base import limit_overrides
         from launcher.sweeps import ArrayLimits
 
         import getpass
 
         user = getpass.getuser()
-        size, jobs = _limit_overrides(cfg)
+        size, jobs = limit_overrides(cfg)
         conf: Dict[str, Optional[int]] = {}
         if size is None or jobs is None:
             text = _run(["scontrol", "show", "config"])
