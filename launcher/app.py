@@ -128,12 +128,12 @@ class RunFailed(CompactHydraException):
 
 def check_each(points) -> dict:
     """{index: InvalidSweep} for the points the launch checks would refuse (each checked alone)."""
-    from launcher.submit.pipeline import InvalidSweep, check
+    from launcher.submit.pipeline import InvalidSweep, validate
 
     bad = {}
     for i, p in enumerate(points):
         try:
-            check([p])
+            validate([p])
         except InvalidSweep as e:
             bad[i] = e
     return bad
@@ -159,7 +159,9 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     print(said.getvalue().splitlines()[0], file=out, flush=True)
     cfg = points[0].cfg
     wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True, quiet=True)
-    by_index = {int(r.run_id.rsplit("-", 1)[1]): r for r in result.runs}
+    from launcher.rundir import SweepDir
+
+    by_index = {SweepDir.index_of(r.run_id): r for r in result.runs}
     indices = list(range(len(points))) if indices is None else list(indices)
     outcomes = []
     for i in indices:

@@ -784,11 +784,11 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     ev.steps = ev.config.get("train.steps")
     ev.last_step = _last_metrics_step(rd.metrics_path)
     job = rd.job()
-    if job.get("backend") and job.get("job_id") and (logs or scheduler):
+    if job is not None and job.backend and job.job_id and (logs or scheduler):
         from launcher import backends
 
         try:
-            backend = backends.get(str(job["backend"]))
+            backend = backends.get(job.backend)
         except ValueError:
             backend = None
         if backend is not None and logs:
@@ -803,7 +803,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
                     ev.logs[r] = text
         if backend is not None and scheduler and ev.status.get("status") != "completed":
             try:
-                state = backend.states([job]).get(str(job["job_id"]))
+                state = backend.states([job.to_json()]).get(job.job_id)
             except Exception:  # a scheduler that cannot be asked leaves the run dir's word
                 state = None
             if state is not None:

@@ -318,9 +318,10 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
     """Everything a run page shows, read from the run dir (missing files: empty values)."""
     rd = RunDir(run_dir)
     cfg = rd.path / RunDir.CONFIG
+    job = rd.job()
     return {
         "run_dir": str(rd.path), "sweep_dir": str(rd.path.parent),
-        "meta": rd.run() or {}, "status": rd.status(), "job": rd.job(),
+        "meta": rd.run() or {}, "status": rd.status(), "job": job.to_json() if job else {},
         "metrics": sweeps.current_curve(rd.metrics()),  # the curve the latest attempt stands on
         "plan": rd.plan(), "states": list(_per_rank(rd, RunDir.STATE).values()),
         "rank_records": rd.ranks(), "meshes": _per_rank(rd, RunDir.MESH),

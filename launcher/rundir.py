@@ -21,9 +21,12 @@ import shutil
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from launcher.archive import atomic, yamlio
+
+if TYPE_CHECKING:
+    from launcher.job_record import JobRecord
 
 
 class Status(str, Enum):
@@ -179,8 +182,16 @@ class RunDir:
     def write_seeds(self, seeds: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.SEEDS), seeds)
 
-    def write_job(self, job: Dict[str, Any]) -> None:
-        atomic.write_json(self._p(self.JOB), job)
+    def write_job(self, job: "JobRecord") -> None:
+        atomic.write_json(self._p(self.JOB), job.to_json())
+
+    def archive_script(self, shared: "RunDir") -> None:
+        """The script this run's job was submitted with, as ``shared`` holds it (written once for an
+        array, linked into each of its runs); it replaces an earlier attempt's (resume, retry)."""
+        own = self._p(self.SCRIPT)
+        if own.exists() and not os.path.samefile(own, shared._p(self.SCRIPT)):
+            own.unlink()
+        self.link_from(shared, (self.SCRIPT,))
 
     def write_script(self, text: str) -> None:
         atomic.write_text(self._p(self.SCRIPT), text)
@@ -345,8 +356,12 @@ class RunDir:
     def status(self) -> Dict[str, Any]:
         return atomic.read_json(self._p(self.STATUS), {}) or {}
 
-    def job(self) -> Dict[str, Any]:
-        return atomic.read_json(self._p(self.JOB), {}) or {}
+    def job(self) -> Optional["JobRecord"]:
+        """job.json (None: the run was never submitted)."""
+        from launcher.job_record import JobRecord
+
+        found = atomic.read_json(self._p(self.JOB))
+        return JobRecord.from_json(found) if found else None
 
     def seeds(self) -> Optional[Dict[str, Any]]:
         found = atomic.read_json(self._p(self.SEEDS))
@@ -615,6 +630,11 @@ class SweepDir:
     def run_id(self, index: int) -> str:
         return f"{self.sweep_id}-{index}"
 
+    @staticmethod
+    def index_of(run_id: str) -> int:
+        """The run index a run id (``<sweep_id>-<index>``) ends with."""
+        return int(run_id.rsplit("-", 1)[1])
+
     def run(self, index: int) -> RunDir:
         return RunDir(self.path / str(index))
 
@@ -640,7 +660,7 @@ class SweepDir:
         sweep), the rest as ``meta`` says, ``created`` kept."""
         old = self.read() or {}
         runs = sorted(dict.fromkeys([*old.get("runs", []), *meta.get("runs", [])]),
-                      key=lambda rid: int(rid.rsplit("-", 1)[1]))
+                      key=self.index_of)
         job_ids = list(dict.fromkeys([*old.get("job_ids", []), *meta.get("job_ids", [])]))
         atomic.write_json(self.path / self.SWEEP, {**old, **meta, "runs": runs, "job_ids": job_ids,
                                                    "num_runs": len(runs), "created": old.get("created") or now_iso()})

@@ -34,7 +34,6 @@ import inspect
 import json
 import logging
 import os
-import socket
 import sys
 import time
 import traceback
@@ -255,64 +254,39 @@ class _HydraJob:
         from hydra.core.singleton import Singleton
         from hydra.core.utils import run_job, setup_globals
 
-        from launcher.archive.secrets import is_redacted, scrub
         from launcher.rundir import RunDir
-        from launcher.runtime import env as dist_env
-        from launcher.runtime import task
+        from launcher.runtime.attempt import attempt
 
         task_function, hydra_context, singleton_state = self.shared.get()
         Singleton.set_state(singleton_state)
         setup_globals()
         rd = RunDir(self.run_dir)
-        task._wait_for(rd)
-        rd.adopt_shared()  # the sweep's code and software records, the point's seeds and overrides
-        denv = dist_env.detect()
-        denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT: an app may start torch.distributed
-        for k, v in self.env.items():
-            if not is_redacted(v):
-                os.environ.setdefault(str(k), str(v))
-        config = self.config
-        with open_dict(config.hydra.job):
-            config.hydra.job.id = submitit.JobEnvironment().job_id
-        if rd.is_final():  # the scheduler started a job whose run has ended (requeued after a cancel)
-            print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
-            ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+        with attempt(rd, lambda _: (None, self.env)) as a:  # RANK, WORLD_SIZE, ...: an app may start torch.distributed
+            config = self.config
+            with open_dict(config.hydra.job):
+                config.hydra.job.id = submitit.JobEnvironment().job_id
+            if a.ended:  # the scheduler started a job whose run has ended (requeued after a cancel)
+                return JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+            a.running()
+            # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
+            # the app's own relative paths) mean there what they meant at the command line
+            os.chdir(str(config.hydra.runtime.cwd))
+            try:
+                ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
+                              job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+            except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
+                ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
+            finally:
+                self._record_environment(a)
+            if ret.status != JobStatus.COMPLETED:
+                err = ret._return_value
+                a.rank_error("".join(traceback.format_exception(type(err), err, err.__traceback__))
+                             if isinstance(err, BaseException) else str(err))
+                self._others_recorded(rd, a.denv.world_size)
+                a.fail(f"{type(err).__name__}: {err}", **self._dirs(ret), duration_s=a.duration_s)
+            elif a.denv.rank == 0 and self._others_recorded(rd, a.denv.world_size):
+                a.completed({"return_value": plain(ret._return_value)}, **self._dirs(ret))
             return ret
-        job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
-        task._record_rank(rd, denv)
-        if denv.local_rank == 0:
-            from launcher.archive import topology
-
-            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-            rd.write_topology(node, denv.node_rank, topology.gather())
-        if denv.rank == 0:
-            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
-        t0 = time.time()
-        # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
-        # the app's own relative paths) mean there what they meant at the command line
-        os.chdir(str(config.hydra.runtime.cwd))
-        try:
-            ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
-                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-        except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
-            ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
-        finally:
-            self._record_environment(rd, denv)
-        if ret.status != JobStatus.COMPLETED:
-            err = ret._return_value
-            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__)) if isinstance(
-                err, BaseException) else str(err)
-            print(tb, file=sys.stderr, flush=True)
-            if not rd.is_final():
-                rd.write_rank_error(denv.rank, scrub(tb, os.environ))
-            self._others_recorded(rd, denv.world_size)
-            rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
-                      failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
-                      **job_ids)
-        elif denv.rank == 0 and self._others_recorded(rd, denv.world_size) and not rd.failed_ranks():
-            rd.finish("completed", exit_code=0, summary={"return_value": plain(ret._return_value)},
-                      **self._dirs(ret), duration_s=round(time.time() - t0, 3), **job_ids)
-        return ret
 
     @staticmethod
     def _others_recorded(rd: Any, world: int, timeout_s: float = 120.0) -> bool:
@@ -329,21 +303,21 @@ class _HydraJob:
         return {"output_dir": None if out is None else str(out), "working_dir": ret.working_dir}
 
     @staticmethod
-    def _record_environment(rd: Any, denv: Any) -> None:
+    def _record_environment(a: Any) -> None:
         """The training environment (rank 0), and torch / CUDA / NCCL as seen on the node when the
         app imported torch (importing it only to record its version would slow every job)."""
-        if denv.rank != 0:
+        if a.denv.rank != 0:
             return
         import platform
 
-        from launcher.archive import secrets, topology
+        from launcher.archive import topology
 
         runtime: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
         if "torch" in sys.modules:
             runtime.update(topology.runtime_software())
         else:
             runtime["torch"] = "not imported by the app"
-        rd.write_environment(secrets.training_env(os.environ), runtime)
+        a.record_environment(runtime)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """On preemption / time limit, submitit resubmits the same job (Hydra's submitit launcher does)."""
@@ -491,8 +465,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import RunDir, SweepDir, now_iso
-    from launcher.sweeps import TooManyJobs, plan_arrays
+    from launcher.rundir import SweepDir
+    from launcher.submit import submission
+    from launcher.sweeps import TooManyJobs
 
     backend = backends.get(backend_name)
     shim = cluster_config(backend.name, params)
@@ -517,8 +492,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     snap = snapshot.info(code_dir) or {}
 
     # the scheduler's limits: a sweep too large is refused here, before anything is written
+    indices = list(range(first_index, first_index + len(configs)))
     try:
-        chunks = plan_arrays([len(configs)], backend.array_limits(shim), [int(shim.cluster.array_parallelism)])
+        planned = submission.arrays(indices, cfg=lambda i: shim)
     except TooManyJobs as e:
         raise ValueError(f"hydra.launcher: {e}") from None
 
@@ -564,54 +540,35 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
             staged.append(rd)
         sd.add_points(points)
 
-    # submit: one batch (one array) per chunk of at most MaxArraySize points
+    # submit: one batch (one array) per chunk of at most MaxArraySize points (launcher.submit.submission)
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
-    jobs: List[Any] = []
-    try:
-        state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
-            task_function, hydra_context, singleton_state)
-        with backend.environment(shim, code_dir), atomic.deferred_sync(private=True):
-            for chunk in chunks:
-                ex = backend.executor(shim, folder, code_dir, parallelism=chunk.parallelism)
-                try:
-                    with ex.batch():
-                        batch = [ex.submit(_HydraJob(state, configs[i], str(sd.run(first_index + i).path), env))
-                                 for i in range(chunk.start, chunk.stop)]
-                finally:  # submitit keeps the script it submitted (setup lines verbatim) in its folder
-                    secrets.scrub_files(folder.glob("*.sh"), known)
-                script = backend.submitted_script(batch[0])
-                if script is not None:  # one script per array: written once, linked into its runs
-                    shared.write_script(secrets.scrub(script, known))
-                for rd, job in zip(staged[chunk.start:chunk.stop], batch):
-                    job_id = str(job.job_id)
-                    array_id, _, task_id = job_id.partition("_")
-                    if script is not None:
-                        rd.link_from(shared, (RunDir.SCRIPT,))
-                    rd.write_job({"backend": backend.name, "job_id": job_id,
-                                  "array_job_id": array_id if task_id else None,
-                                  "array_task_id": int(task_id) if task_id else None, "submitit_folder": str(folder),
-                                  "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-                                  "num_tasks": int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1),
-                                  "submitted": now_iso()})
-                jobs.extend(batch)
-    except Exception as e:
-        for rd in staged[len(jobs):]:
-            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
-        raise
-    finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
-        indices = range(first_index, first_index + len(configs))
+    num_tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+
+    def publish(runs: List[submission.SubmittedRun], job_ids: List[str]) -> None:
+        """Rename into place, seal what already ended, sweep.json, then the index."""
         published = [sd.publish(i) for i in indices]
-        (shared.path / RunDir.SCRIPT).unlink(missing_ok=True)  # each run holds its array's own
         for rd in published:
             if rd.exists() and rd.is_final():
                 rd.seal()
-        job_ids = sorted({str(j.job_id).partition("_")[0] for j in jobs})
         sd.extend({"sweep_id": sd.sweep_id, "argv": clean(argv), "job_ids": job_ids, "backend": backend.name,
                    "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(code_dir), "kind": "hydra_app"})
         registry.record(runs_root, [rd.path for rd in published if rd.exists()])
+
+    try:
+        state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
+            task_function, hydra_context, singleton_state)
+    except Exception as e:
+        for rd in staged:
+            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
+        publish([], [])
+        raise
+    runs, job_ids = submission.submit([submission.Array([submission.Run(
+        run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim, code_dir=code_dir, folder=folder,
+        task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env), shared=shared,
+        num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
-                     run_dirs=[rd.path for rd in published], run_ids=[sd.run_id(i) for i in indices],
-                     job_ids=job_ids, jobs=jobs)
+                     run_dirs=[sd.run(i).path for i in indices], run_ids=[sd.run_id(i) for i in indices],
+                     job_ids=job_ids, jobs=[r.job for r in runs])
 
 
 def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:

@@ -61,10 +61,10 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
     return {
         "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": meta.get("index"),
         "name": meta.get("name"), "dir": str(rdir), "status": st.get("status", "pending"),
-        "exit_code": st.get("exit_code"), "job_id": job.get("job_id"), "backend": meta.get("backend"),
+        "exit_code": st.get("exit_code"), "job_id": job.job_id if job else None, "backend": meta.get("backend"),
         "created": meta.get("created"), "created_ts": meta.get("created_ts", 0.0), "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
-        "error": st.get("error"), "reproduces": meta.get("reproduces"), "_job": job,
+        "error": st.get("error"), "reproduces": meta.get("reproduces"), "_job": job.to_json() if job else {},
         "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
     }
 

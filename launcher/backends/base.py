@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
+from launcher.job_record import JobRecord
 from launcher.rundir import FINAL, Status
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Backend:
         Default: no limits of the scheduler's own."""
         from launcher.sweeps import ArrayLimits
 
-        return ArrayLimits().with_overrides(*_limit_overrides(cfg))
+        return ArrayLimits().with_overrides(*limit_overrides(cfg))
 
     @contextlib.contextmanager
     def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
@@ -107,6 +108,14 @@ class Backend:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
 
+    def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
+        """job.json of a job submitit submitted (its id read as this scheduler writes it)."""
+        from launcher.rundir import now_iso
+
+        return JobRecord(backend=self.name, job_id=str(job.job_id), submitit_folder=str(job.paths.folder),
+                         stdout=str(job.paths.stdout), stderr=str(job.paths.stderr), num_tasks=num_tasks,
+                         submitted=now_iso())
+
     def submitted_script(self, job: Any) -> Optional[str]:
         """The text of the script submitit handed to the scheduler for ``job`` (None: no script)."""
         return None
@@ -115,7 +124,7 @@ class Backend:
         """State of each job (job.json records) the scheduler still knows, by job id."""
         raise NotImplementedError
 
-    def cancel(self, job: Dict[str, Any]) -> None:
+    def cancel(self, job: JobRecord) -> None:
         raise NotImplementedError
 
     # the exit status of a process whose job should start again (after request_requeue)
@@ -125,15 +134,15 @@ class Backend:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
         raise NotImplementedError
 
-    def log_path(self, job: Dict[str, Any], rank: int, err: bool = False) -> Path:
+    def log_path(self, job: JobRecord, rank: int, err: bool = False) -> Path:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
         from submitit.core.utils import JobPaths
 
-        paths = JobPaths(job["submitit_folder"], job_id=str(job["job_id"]), task_id=rank)
+        paths = JobPaths(job.submitit_folder, job_id=job.job_id, task_id=rank)
         return paths.stderr if err else paths.stdout
 
 
-def _limit_overrides(cfg: Any):
+def limit_overrides(cfg: Any):
     """(cluster.max_array_size, cluster.max_submit_jobs) of a run config (None: not set)."""
     cl = getattr(cfg, "cluster", None) if cfg is not None else None
     get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from launcher.backends.base import Backend, JobState
+from launcher.job_record import JobRecord
 from launcher.rundir import Status
 
 
@@ -134,11 +135,11 @@ class LocalBackend(Backend):
                 out[pid] = JobState(Status.running if alive else Status.failed, "RUNNING" if alive else "EXITED")
         return out
 
-    def cancel(self, job: Dict[str, Any], wait_s: float = 30.0) -> None:
+    def cancel(self, job: JobRecord, wait_s: float = 30.0) -> None:
         """SIGINT to submitit's local controller, as submitit's own LocalJob.cancel does: it then
         interrupts and kills its task processes (which, like Slurm tasks, ignore SIGTERM). Returns once
         the controller has exited (or after ``wait_s``)."""
-        pid = str(job.get("job_id") or "")
+        pid = job.job_id
         if not pid.isdigit():
             return
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 from launcher.backends.base import Backend, JobState
+from launcher.job_record import JobRecord
 from launcher.rundir import Status
 
 # Slurm's job states -> the run's status
@@ -219,13 +220,13 @@ class SlurmBackend(Backend):
         MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
         (``squeue -r -u USER``). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
-        from launcher.backends.base import _limit_overrides
+        from launcher.backends.base import limit_overrides
         from launcher.sweeps import ArrayLimits
 
         import getpass
 
         user = getpass.getuser()
-        size, jobs = _limit_overrides(cfg)
+        size, jobs = limit_overrides(cfg)
         conf: Dict[str, Optional[int]] = {}
         if size is None or jobs is None:
             text = _run(["scontrol", "show", "config"])
@@ -256,6 +257,14 @@ class SlurmBackend(Backend):
         command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
         return _make_sbatch_string(command=command, folder=folder, **params)
 
+    def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
+        """A task of an array job is ``<array>_<task>``; a lone job, its own id."""
+        from dataclasses import replace
+
+        record = super().job_record(job, num_tasks)
+        array, _, task = record.job_id.partition("_")
+        return replace(record, array_job_id=array, array_task_id=int(task)) if task else record
+
     def submitted_script(self, job: Any) -> Optional[str]:
         path = Path(job.paths.submission_file)
         return path.read_text() if path.exists() else None
@@ -279,13 +288,13 @@ class SlurmBackend(Backend):
                     out[jid.strip()] = st
         return out
 
-    def cancel(self, job: Dict[str, Any], wait_s: float = 60.0) -> None:
+    def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
         """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
         of it writes into the run dir after the launcher seals it."""
-        subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=60)
+        subprocess.run(["scancel", job.job_id], check=False, timeout=60)
         deadline = time.time() + wait_s
         while time.time() < deadline:
-            state = self.states([job]).get(str(job["job_id"]))
+            state = self.states([job.to_json()]).get(job.job_id)
             if state is None or state.ended:
                 return
             time.sleep(1.0)

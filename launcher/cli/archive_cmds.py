@@ -28,6 +28,7 @@ def cmd_show(args) -> int:
     rd = RunDir(rdir)
     meta = rd.run() or {}
     st = rd.status()
+    job = rd.job()
     summary = {
         "run": meta,
         "status": st,
@@ -36,7 +37,7 @@ def cmd_show(args) -> int:
         "topology": compare.topology_summary(rdir),
         "software": rd.software(),
         "runtime": rd.runtime(),
-        "job": rd.job() or None,
+        "job": job.to_json() if job else None,
         "manifest_problems": rd.verify(),
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
     }

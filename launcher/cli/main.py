@@ -107,7 +107,7 @@ def cmd_logs(args) -> int:
     job = RunDir(run["dir"]).job()
     if not job:
         sys.exit(f"launcher: run {run['run_id']} was never submitted")
-    path = backends.get(job["backend"]).log_path(job, args.rank, err=args.err)
+    path = backends.get(job.backend).log_path(job, args.rank, err=args.err)
     if not path.exists():
         sys.exit(f"launcher: no log yet at {path} (rank {args.rank} has not started?)")
     sys.stdout.write(path.read_text(errors="replace"))

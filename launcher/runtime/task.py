@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-import time
 import traceback
 from datetime import timedelta
 from typing import Any, Dict
 
-from launcher.rundir import RunDir, now_iso
+from launcher.rundir import RunDir
 
 
 class RunTask:
@@ -27,143 +25,82 @@ class RunTask:
         return f"RunTask({self.run_dir!r})"
 
 
-def _record_rank(rd: RunDir, denv) -> None:
-    rd.write_rank(denv.rank, {
-        "rank": denv.rank,
-        "local_rank": denv.local_rank,
-        "node_rank": denv.node_rank,
-        "hostname": socket.gethostname(),
-        "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
-        "pid": os.getpid(),
-        "job_id": denv.job_id,
-        "array_job_id": denv.array_job_id,
-        "array_task_id": denv.array_task_id,
-        "master_addr": denv.master_addr,
-        "master_port": denv.master_port,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "started": now_iso(),
-    })
-
-
-def _wait_for(rd: RunDir, timeout_s: float = 120.0) -> None:
-    """The launcher makes the run dir visible right after submission returns; a task can start first."""
-    deadline = time.time() + timeout_s
-    while not rd.exists():
-        if time.time() > deadline:
-            raise FileNotFoundError(f"run dir {rd.path} never appeared (was the launch interrupted?)")
-        time.sleep(0.2)
-
-
-def _record_node(rd: RunDir, denv) -> None:
-    """Topology once per node (its local rank 0); the training environment and runtime versions once."""
-    from launcher.archive import secrets, topology
-
-    if denv.local_rank == 0:
-        rd.write_topology(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), denv.node_rank,
-                          topology.gather())
-    if denv.rank == 0:
-        rd.write_environment(secrets.training_env(os.environ), topology.runtime_software())
-
-
-def _record_early_failure(rd: RunDir, tb: str) -> None:
-    """A rank that fails before it knows its place: its traceback as a rank error (rank from the
-    launcher's environment), the run failed."""
-    from launcher.archive.secrets import scrub
-
-    try:
-        import submitit
-
-        rank = int(submitit.JobEnvironment().global_rank)
-    except Exception:  # not in a submitit job (or its environment is what failed)
-        rank = next((int(os.environ[k]) for k in ("RANK", "SLURM_PROCID") if os.environ.get(k, "").isdigit()), 0)
-    print(tb, file=sys.stderr, flush=True)
-    if not rd.is_final():
-        rd.write_rank_error(rank, scrub(tb, os.environ))
-        rd.finish("failed", exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
-
-
 def run(rd: RunDir) -> Dict[str, Any]:
+    """The recipe, inside this rank's attempt (launcher.runtime.attempt): the attempt recorded, the
+    hang watchdog, requeue on a failure or the time limit while the restart budget lasts."""
     from launcher import backends
-    from launcher.archive.secrets import is_redacted, scrub
-    from launcher.runtime import env as dist_env
+    from launcher.archive import topology
+    from launcher.archive.secrets import scrub
     from launcher.runtime import restarts, watchdog
+    from launcher.runtime.attempt import attempt
 
-    _wait_for(rd)
-    try:
-        rd.adopt_shared()
-        cfg_plain = rd.config()
-        cluster, train = cfg_plain.get("cluster", {}), cfg_plain.get("train", {})
-        denv = dist_env.detect(master_port=cluster.get("master_port"))
-    except BaseException:  # before the watches start: recorded, so that the other ranks' watches end them
-        _record_early_failure(rd, traceback.format_exc())  # (instead of their waiting in the rendezvous)
-        raise
-    denv.export()
-    for k, v in (cluster.get("env") or {}).items():
-        if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
-            os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
-    if rd.is_final():  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
-        print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
-        return rd.status().get("summary") or {}
-    backend = backends.get(str(cluster.get("backend", "local")))
-    max_restarts = int(train.get("max_restarts", 0))
-    job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
-    stop_flag = restarts.StopFlag().install()
-    attempt: Dict[str, int] = {"n": 0}
+    archived: Dict[str, Any] = {}
 
-    def requeue(reason: str, detail: str, step: Any = None) -> bool:
-        return restarts.request_requeue(rd, backend, attempt=attempt["n"] or 1, max_restarts=max_restarts,
-                                        reason=reason, detail=scrub(detail, os.environ), rank=denv.rank, step=step,
-                                        job_id=denv.job_id)
+    def settings(rd: RunDir):
+        archived.update(rd.config())
+        cluster = archived.get("cluster", {})
+        return cluster.get("master_port"), cluster.get("env") or {}
 
-    def on_hang(message: str) -> int:
-        if rd.is_final():
+    with attempt(rd, settings) as a:
+        if a.ended:  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
+            return rd.status().get("summary") or {}
+        denv, cluster, train = a.denv, archived.get("cluster", {}), archived.get("train", {})
+        backend = backends.get(str(cluster.get("backend", "local")))
+        max_restarts = int(train.get("max_restarts", 0))
+        stop_flag = restarts.StopFlag().install()
+        n: Dict[str, int] = {"n": 0}
+
+        def requeue(reason: str, detail: str, step: Any = None) -> bool:
+            asked = restarts.request_requeue(rd, backend, attempt=n["n"] or 1, max_restarts=max_restarts,
+                                             reason=reason, detail=scrub(detail, os.environ), rank=denv.rank,
+                                             step=step, job_id=denv.job_id)
+            if asked:
+                a.requeued()
+            return asked
+
+        def on_hang(message: str) -> int:
+            if rd.is_final():
+                return 1
+            a.rank_error(message, echo=False)
+            if requeue("hang", message):
+                return backend.requeue_exit_code
+            a.fail(message)
             return 1
-        rd.write_rank_error(denv.rank, message)
-        if requeue("hang", message):
-            return backend.requeue_exit_code
-        rd.finish("failed", exit_code=1, error=message, failed_rank=denv.rank, **job_ids)
-        return 1
 
-    watch = watchdog.start(rd, denv.rank, world=denv.world_size,
-                           hang_timeout_s=float(train.get("hang_timeout_s") or 0), on_hang=on_hang)
-    _record_rank(rd, denv)
-    _record_node(rd, denv)
-    t0 = time.time()
-    try:
-        if denv.rank == 0:
-            attempt["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
-            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
-        summary = _run_recipe(rd, cfg_plain, denv, watch, stop_flag, attempt)
-    except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
-        watch.set()
-        detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
-        if e.reason == "time_limit":
-            if requeue(e.reason, detail, e.step):
-                raise SystemExit(backend.requeue_exit_code)
-            rd.finish("timeout", exit_code=1, error=detail + "; restart budget spent", **job_ids)
-        else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
-            rd.set_status("requeued", stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
-        raise SystemExit(1)
-    except BaseException as e:  # record, then re-raise so the task exits non-zero
-        watch.set()
-        tb = traceback.format_exc()
-        print(tb, file=sys.stderr, flush=True)
-        tb = scrub(tb, os.environ)  # a secret in an exception message stays out of the archive
-        if not rd.is_final():  # once another rank recorded the outcome (and sealed), the log keeps this one
-            rd.write_rank_error(denv.rank, tb)
-        error = scrub(f"{type(e).__name__}: {e}", os.environ)
-        if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
-            raise SystemExit(backend.requeue_exit_code) from e
-        # the first rank to fail holds the root cause; the others fail because it went away
-        rd.finish("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", exit_code=1,
-                  error=error, failed_rank=denv.rank, **job_ids)
-        raise
-    finally:
-        watch.set()
-    if denv.rank == 0 and not rd.failed_ranks():
-        rd.finish("completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3),
-                  attempt=attempt["n"], restarts=len(rd.restarts()), **job_ids)
-    return summary
+        watch = watchdog.start(rd, denv.rank, world=denv.world_size,
+                               hang_timeout_s=float(train.get("hang_timeout_s") or 0), on_hang=on_hang)
+        a.record_environment(topology.runtime_software())
+        try:
+            if denv.rank == 0:
+                n["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
+                a.running()
+            summary = _run_recipe(rd, archived, denv, watch, stop_flag, n)
+        except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
+            watch.set()
+            detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
+            if e.reason == "time_limit":
+                if requeue(e.reason, detail, e.step):
+                    raise SystemExit(backend.requeue_exit_code)
+                a.end("timeout", detail + "; restart budget spent")
+            else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
+                a.stopped(stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
+            raise SystemExit(1)
+        except BaseException as e:  # record, then re-raise so the task exits non-zero
+            watch.set()
+            a.rank_error(traceback.format_exc())
+            error = scrub(f"{type(e).__name__}: {e}", os.environ)
+            if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
+                raise SystemExit(backend.requeue_exit_code) from e
+            # the first rank to fail holds the root cause; the others fail because it went away
+            if isinstance(e, KeyboardInterrupt):
+                a.end("cancelled", error, failed_rank=denv.rank)
+            else:
+                a.fail(error)
+            raise
+        finally:
+            watch.set()
+        a.completed(summary, attempt=n["n"], restarts=len(rd.restarts()))
+        return summary
 
 
 def _select_device(cfg: Any, denv) -> bool:

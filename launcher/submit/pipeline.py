@@ -1,10 +1,11 @@
 """The launch pipeline, one step a function, read top to bottom in ``launch``:
 
-    check every point  ->  dry run (print, submit nothing)
-                       or  create the sweep dir  ->  stage each run  ->  submit each group  ->  publish
+    validate every point  ->  dry run (print, submit nothing)
+                          or  create the sweep dir  ->  stage each run  ->  submit  ->  publish
 
-A single run is a sweep of one point. Each point is resolved once (``check``); points that share
-their backend's grouping key go out as ONE submitit batch (one Slurm array job). Nothing is written
+A single run is a sweep of one point. Each point is resolved once (``validate``); points that share
+their backend's grouping key go out as ONE submitit batch (one Slurm array job; launcher.submit.submission,
+the submission path every launcher shares). Nothing is written
 or submitted unless every point is valid; a staged run becomes visible (``publish``) only whole.
 Waiting and exit codes are the app's (launcher.app).
 """
@@ -26,7 +27,9 @@ from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
 from launcher.rules import resolve
-from launcher.rundir import RunDir, SweepDir, now_iso
+from launcher.rundir import RunDir, SweepDir
+from launcher.submit import submission
+from launcher.submit.submission import Array, SubmittedRun, in_threads
 
 
 @dataclass
@@ -56,18 +59,6 @@ class Checked:
 
 
 @dataclass
-class SubmittedRun:
-    run_id: str
-    rundir: RunDir
-    job_id: Optional[str] = None
-    job: Any = None
-
-    @property
-    def run_dir(self) -> Path:
-        return self.rundir.path
-
-
-@dataclass
 class SweepResult:
     sweep_id: str
     sweep_dir: Optional[Path]
@@ -94,7 +85,7 @@ class _Sweep:
     joined: bool = False  # the points join an existing sweep (its shared records are already written)
 
 
-# ---- 1. check ------------------------------------------------------------------------------------
+# ---- 1. validate ---------------------------------------------------------------------------------
 
 
 def _resolve(point: Point, index: int) -> Dict[str, Any]:
@@ -108,7 +99,7 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
                                         "fix the interpolation")], f"(point {index})")
 
 
-def check(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
+def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
     """Every point against the config rules, then the planner's pre-submit checks (memory fits,
     pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
     stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
@@ -169,53 +160,16 @@ def check(points: List[Point], indices: Optional[List[int]] = None) -> List[Chec
     return good
 
 
-def groups(checked: List[Checked]) -> Dict[str, List[Checked]]:
-    """Points with the same backend grouping key (equal resources) share one submission."""
-    out: Dict[str, List[Checked]] = {}
-    for c in checked:
-        out.setdefault(c.backend.group_key(c.point.cfg), []).append(c)
-    return out
+def arrays(checked: List[Checked]) -> List[Array[Checked]]:
+    """The submissions of a launch (launcher.submit.submission.arrays): points of equal resources
+    share one, split under the scheduler's limits. Raises InvalidSweep, before anything is written
+    or submitted, when the sweep needs more jobs than the user may queue."""
+    from launcher.sweeps import TooManyJobs
 
-
-@dataclass
-class Array:
-    """One submission: points of one group, at most the scheduler's MaxArraySize of them, throttled
-    to ``parallelism`` tasks at once (sbatch --array=0-<n-1>%<parallelism>)."""
-
-    points: List[Checked]
-    parallelism: int
-
-
-def arrays(checked: List[Checked]) -> List[Array]:
-    """Every group split into arrays under its backend's limits (Backend.array_limits, asked once per
-    backend and launch; cluster.max_array_size / max_submit_jobs override them). Raises InvalidSweep,
-    before anything is written or submitted, when the sweep needs more jobs than the user may queue."""
-    from types import SimpleNamespace
-
-    from launcher.sweeps import TooManyJobs, plan_arrays
-
-    grouped = list(groups(checked).values())
-    by_backend: Dict[str, List[List[Checked]]] = {}
-    for g in grouped:
-        by_backend.setdefault(g[0].backend.name, []).append(g)
-    out: List[Array] = []
-    for gs in by_backend.values():
-        points = [c for g in gs for c in g]
-
-        def smallest(key: str) -> Optional[int]:
-            values = [int(v) for v in (c.point.cfg.cluster.get(key) for c in points) if v]
-            return min(values) if values else None
-
-        asked = SimpleNamespace(cluster={"max_array_size": smallest("max_array_size"),
-                                         "max_submit_jobs": smallest("max_submit_jobs")})
-        limits = gs[0][0].backend.array_limits(asked)
-        throttle = [min(int(c.point.cfg.cluster.array_parallelism) for c in g) for g in gs]
-        try:
-            chunks = plan_arrays([len(g) for g in gs], limits, throttle)
-        except TooManyJobs as e:
-            raise InvalidSweep(str(e)) from None
-        out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)
-    return out
+    try:
+        return submission.arrays(checked, cfg=lambda c: c.point.cfg)
+    except TooManyJobs as e:
+        raise InvalidSweep(str(e)) from None
 
 
 def sweep_job_name(checked: List[Checked], sweep_id: str) -> str:
@@ -352,79 +306,21 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         return rd
 
     # a few files per run: the file system's work (system time) overlaps in a few threads
-    return _each(one, checked)
+    return in_threads(one, checked)
 
 
-def _each(fn, items: list) -> list:
-    """``[fn(x) for x in items]``, in a few threads when there are many."""
-    if len(items) < 16:
-        return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(fn, items))
+# ---- 4. submit ----------------------------------------------------------------------------------
 
 
-# ---- 4. submit each group ------------------------------------------------------------------------
-
-
-def submit(sweep: _Sweep, group: List[Checked], staged: Dict[int, RunDir], job_name: Optional[str] = None,
-           parallelism: Optional[int] = None) -> List[SubmittedRun]:
-    """One submitit batch for the group (one array job, named ``job_name``, at most ``parallelism``
-    tasks at once); job.json and the submitted script per run. A refused submission leaves its runs
-    failed, with the reason."""
-    from launcher.archive import secrets
+def runs_of(sweep: _Sweep, arr: Array[Checked]) -> Array[submission.Run]:
+    """An array of checked points as submission takes it: each a RunTask of its run dir, staged."""
     from launcher.runtime.task import RunTask
 
-    first = group[0]
-    backend, cfg = first.backend, first.point.cfg
-    folder = sweep.dir.submitit_folder
-    with backend.environment(cfg, sweep.code_dir):
-        ex = backend.executor(cfg, folder, sweep.code_dir, job_name=job_name, parallelism=parallelism)
-        try:
-            with ex.batch():
-                jobs = [ex.submit(RunTask(str(sweep.dir.run(c.index).path))) for c in group]
-        except Exception as e:
-            for c in group:
-                staged[c.index].finish("failed", seal=False, exit_code=None,
-                                       error=secrets.scrub(f"submission failed: {e}", sweep.known))
-            raise
-        finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
-            secrets.scrub_files(folder.glob("*.sh"), sweep.known)
-    script = backend.submitted_script(jobs[0])
-    shared = sweep.dir.shared()
-    if script is not None:  # one script for the whole array: written once, linked into each run
-        shared.write_script(secrets.scrub(script, sweep.known))
-
-    def one(c_job) -> SubmittedRun:  # job.json (a run stays pending, with no status.json, until it starts)
-        c, job = c_job
-        rd, job_id = staged[c.index], str(job.job_id)
-        array_id, _, task = job_id.partition("_")
-        if script is not None:
-            rd.link_from(shared, (RunDir.SCRIPT,))
-        rd.write_job({
-            "backend": backend.name, "job_id": job_id,
-            "array_job_id": array_id if task else None, "array_task_id": int(task) if task else None,
-            "submitit_folder": str(folder), "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-            "num_tasks": c.layout.world_size, "submitted": now_iso(),
-        })
-        return SubmittedRun(run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), job_id=job_id, job=job)
-
-    return _each(one, list(zip(group, jobs)))
-
-
-def array_id(submitted: List[SubmittedRun]) -> str:
-    """The scheduler's id of one submission: the array job's id (``<array>`` of ``<array>_<task>``)."""
-    return str(submitted[0].job_id).partition("_")[0] if len(submitted) > 1 else str(submitted[0].job_id)
-
-
-def _not_submitted(sweep: _Sweep, rest: List[Checked], staged: Dict[int, RunDir], err: Exception) -> None:
-    """Points of later arrays, after one array was refused: failed, saying why (nothing else is tried)."""
-    from launcher.archive import secrets
-
-    for c in rest:
-        staged[c.index].finish("failed", seal=False, exit_code=None, error=secrets.scrub(
-            f"not submitted: an earlier array of the sweep was refused ({err})", sweep.known))
+    return Array([submission.Run(
+        run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), stage=sweep.dir.staging(c.index),
+        task=RunTask(str(sweep.dir.run(c.index).path)), cfg=c.point.cfg, code_dir=sweep.code_dir,
+        folder=sweep.dir.submitit_folder, shared=sweep.dir.shared(), num_tasks=c.layout.world_size)
+        for c in arr.points], arr.parallelism)
 
 
 # ---- 5. publish ----------------------------------------------------------------------------------
@@ -436,8 +332,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets
 
     published = [sweep.dir.publish(c.index) for c in checked]
-    for linked in [*sweep.dir.shared().path.glob(".plan-*"), sweep.dir.shared().path / RunDir.SCRIPT]:
-        shutil.rmtree(linked, ignore_errors=True) if linked.is_dir() else linked.unlink(missing_ok=True)
+    for linked in sweep.dir.shared().path.glob(".plan-*"):  # each run holds its own link
+        shutil.rmtree(linked, ignore_errors=True)
     for rd in published:
         if rd.exists() and rd.is_final():
             rd.seal()
@@ -463,7 +359,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     with its code snapshot) instead of making a new sweep numbered from 0."""
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
-    checked = check(points, indices)
+    checked = validate(points, indices)
     first = checked[0].point.cfg
     runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
     if bool(first.submit.dry_run):
@@ -472,23 +368,12 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
     sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-        staged = {c.index: rd for c, rd in zip(checked, stage(sweep, checked))}
+        stage(sweep, checked)
     name = sweep_job_name(checked, sweep.dir.sweep_id)
-    runs: List[SubmittedRun] = []
-    job_ids: List[str] = []
-    try:
-        with atomic.deferred_sync(private=True):  # job.json of every staged run: flushed before publishing
-            for i, arr in enumerate(planned):
-                try:
-                    submitted = submit(sweep, arr.points, staged, job_name=name, parallelism=arr.parallelism)
-                except Exception as e:
-                    _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)
-                    raise
-                runs.extend(submitted)
-                job_ids.append(array_id(submitted))
-    finally:
-        publish(sweep, checked, runs, job_ids)
-    runs.sort(key=lambda r: int(r.run_id.rsplit("-", 1)[1]))
+    runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
+                                      publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
+                                      job_name=lambda _: name)
+    runs.sort(key=lambda r: SweepDir.index_of(r.run_id))
     result = SweepResult(sweep_id=sweep.dir.sweep_id, sweep_dir=sweep.dir.path, runs=runs, job_ids=job_ids,
                          backend=checked[0].backend)
     _print_submitted(result, out)

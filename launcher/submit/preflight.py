@@ -58,7 +58,7 @@ def compose_point(overrides: List[str]) -> Any:
 
 def prepare(overrides: List[str], steps: int) -> Prepared:
     """Compose the config and every rung, and check each rung as `launch` would. Raises InvalidLadder."""
-    from launcher.submit.pipeline import InvalidSweep, check
+    from launcher.submit.pipeline import InvalidSweep, validate
 
     try:
         point = compose_point(overrides)
@@ -67,7 +67,7 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
         raise InvalidLadder(f"cannot compose the config: {e}{cause}") from None
     base = point.cfg
     try:
-        check([point])
+        validate([point])
     except InvalidSweep as e:
         raise InvalidLadder(f"the config itself is refused (fix it first; the ladder climbs towards it):\n{e}") from None
     rungs = ladder.ladder(base, steps=steps)
@@ -77,7 +77,7 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
             continue
         try:
             point = compose_point([*overrides, *rung.overrides])
-            check([point])
+            validate([point])
         except InvalidSweep as e:
             raise InvalidLadder(f"rung {rung.name} ({rung.title}) is refused:\n{e}") from None
         except Exception as e:
@@ -187,7 +187,7 @@ def _status(rd: RunDir) -> Dict[str, Any]:
     from launcher.submit.progress import _final_status
 
     st = rd.status()
-    if st.get("status") in FINAL or not rd.job().get("job_id"):
+    if st.get("status") in FINAL or not getattr(rd.job(), "job_id", None):
         return st
     final = _final_status(SimpleNamespace(rundir=rd))
     return {**rd.status(), "status": final}

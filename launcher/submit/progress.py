@@ -19,7 +19,7 @@ def _final_status(run) -> str:
     from launcher.backends import JobState
 
     job = run.rundir.job()
-    state = job_states([job]).get(str(job.get("job_id"))) or JobState(Status.failed, "")
+    state = (job_states([job.to_json()]).get(job.job_id) if job else None) or JobState(Status.failed, "")
     return record_lost_outcome(run.rundir, state)
 
 
@@ -99,7 +99,7 @@ def log_of_failure(run) -> Path:
 
     job = run.rundir.job()
     rank = int(run.rundir.status().get("failed_rank") or 0)
-    return backends.get(job["backend"]).log_path(job, rank, err=True)
+    return backends.get(job.backend).log_path(job, rank, err=True)
 
 
 def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
@@ -128,8 +128,8 @@ def cancel_run(rd: Any, error: str) -> bool:
 
     recorded = rd.finish("cancelled", seal=False, exit_code=None, error=error)
     job = rd.job()
-    if job.get("job_id"):
-        backends.get(job["backend"]).cancel(job)
+    if job is not None and job.job_id:
+        backends.get(job.backend).cancel(job)
     wait_for_local_ranks(rd)
     rd.seal()
     return recorded

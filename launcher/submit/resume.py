@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from launcher import backends
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.rundir import FINAL, RunDir, SweepDir, now_iso
+from launcher.rundir import FINAL, RunDir, SweepDir
 
 
 @dataclass
@@ -116,17 +116,19 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir)
 
 
-def _begin(n: _Next, reason: str, detail: str) -> int:
+def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     """Reopen the run for its next attempt and record why; returns the attempt that ended."""
+    from launcher.archive import secrets
+
     attempt = int(n.status.get("attempt") or 1)
     n.rd.reopen(attempt)
-    if n.changed:
-        n.rd.write_config(n.plain)
-    what = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in n.changed.items())
-    n.rd.record_restart({"attempt": attempt + 1, "reason": reason,
-                         "detail": f"{detail} after {n.status.get('status')}" + (f"; {what}" if what else ""),
-                         "changes": {k: b for k, (a, b) in n.changed.items()}, "from_step": n.done,
-                         "nodes": n.status.get("hosts"), "job_id": n.status.get("job_id")})
+    if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
+        n.rd.write_config(secrets.redact_config(n.plain, known))
+    what = secrets.scrub("; ".join(f"{k} {a} -> {b}" for k, (a, b) in n.changed.items()), known)
+    n.rd.record_restart(secrets.scrub_tree({
+        "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.get('status')}"
+        + (f"; {what}" if what else ""), "changes": {k: b for k, (a, b) in n.changed.items()}, "from_step": n.done,
+        "nodes": n.status.get("hosts"), "job_id": n.status.get("job_id")}, known))
     return attempt
 
 
@@ -135,65 +137,55 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     """Submit the next attempt of each of ``run_dirs`` (ended runs, usually of one sweep): every run is
     checked first (nothing changes if one is refused), then reopened and recorded (``reason``), and
     the runs sharing resources go out as ONE submitit batch (one array; split under the scheduler's
-    MaxArraySize / MaxSubmitJobs). Returns the pipeline's SweepResult for the wait view."""
-    from launcher.archive import registry
-    from launcher.submit.pipeline import SubmittedRun, SweepResult, array_id
-    from launcher.sweeps import TooManyJobs, job_name, plan_arrays
+    MaxArraySize / MaxSubmitJobs) through launcher.submit.submission, as a launch's do. Returns the
+    pipeline's SweepResult for the wait view."""
+    from launcher.archive import secrets
+    from launcher.runtime.task import RunTask
+    from launcher.submit import submission
+    from launcher.submit.pipeline import SweepResult
+    from launcher.sweeps import TooManyJobs, job_name
 
     out = out or sys.stdout
     if not run_dirs:
         raise ValueError("no runs to resubmit")
     nexts = [prepare(Path(d), steps, changes) for d in run_dirs]
-    grouped: Dict[tuple, List[_Next]] = {}
-    for n in nexts:  # one submitit folder per sweep dir; one array per resource shape
-        grouped.setdefault((str(n.rd.path.parent), n.backend.name, n.backend.group_key(n.cfg)), []).append(n)
-    groups = list(grouped.values())
-    planned: List[Any] = []
-    for name in {g[0].backend.name for g in groups}:
-        gs = [g for g in groups if g[0].backend.name == name]
-        limits = gs[0][0].backend.array_limits(gs[0][0].cfg)
-        try:
-            chunks = plan_arrays([len(g) for g in gs], limits,
-                                 [min(int(n.cfg.cluster.array_parallelism) for n in g) for g in gs])
-        except TooManyJobs as e:
-            raise ConfigErrors([ConfigError("SWEEP", str(e).replace("the sweep has", "the retry has"),
-                                            "retry fewer runs at once")]) from None
-        planned.extend(gs[c.group][c.start:c.stop] for c in chunks)
+    try:  # one submitit folder per sweep dir; one array per resource shape
+        planned = submission.arrays(nexts, cfg=lambda n: n.cfg, key=lambda n: str(n.rd.path.parent))
+    except TooManyJobs as e:
+        raise ConfigErrors([ConfigError("SWEEP", str(e).replace("the sweep has", "the retry has"),
+                                        "retry fewer runs at once")]) from None
+    known = secrets.known_secrets([n.plain for n in nexts])
     why = detail or f"launcher {reason}"
     fresh = [n.run_id for n in nexts if n.done == 0]
     if fresh:
         print(f"warning: {', '.join(fresh)} ha{'s' if len(fresh) == 1 else 've'} no checkpoint: "
               "starting again from step 0", file=sys.stderr)
-    attempts = {n.run_id: _begin(n, reason, why) for n in nexts}
-    runs: List[SubmittedRun] = []
-    job_ids: List[str] = []
-    for b, batch in enumerate(planned):
-        first = batch[0]
-        sweep = SweepDir(first.rd.path.parent)
-        name = job_name([str(n.plain["submit"]["job_name"]) for n in batch], sweep.sweep_id)
-        parallelism = min(int(n.cfg.cluster.array_parallelism) for n in batch)
-        try:
-            jobs = _submit(first, [n.rd for n in batch], sweep.submitit_folder, name, parallelism)
-        except Exception as e:  # this batch and every later one: failed again, saying why
-            left = [n for later in planned[b:] for n in later]
-            for n in left:
-                n.rd.finish("failed", exit_code=None, error=f"{reason} submission failed: {e}")
-            registry.record(sweep.path.parent, [n.rd.path for n in left])
-            raise
-        submitted = []
-        for n, job in zip(batch, jobs):
-            job_id = str(job.job_id)
-            array, _, task = job_id.partition("_")
-            old_job = n.rd.job()
-            n.rd.write_job({**old_job, "job_id": job_id, "array_job_id": array if task else None,
-                            "array_task_id": int(task) if task else None,
-                            "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "submitted": now_iso(),
-                            "earlier_job_ids": list(old_job.get("earlier_job_ids", [])) + [old_job.get("job_id")]})
-            n.rd.set_status("pending", job_id=job_id, attempt=attempts[n.run_id], resumed=True)
-            submitted.append(SubmittedRun(run_id=n.run_id, rundir=n.rd, job_id=job_id, job=job))
-        registry.record(sweep.path.parent, [n.rd.path for n in batch])
-        runs.extend(submitted)
-        job_ids.append(array_id(submitted))
+    attempts = {n.run_id: _begin(n, reason, why, known) for n in nexts}
+
+    def run_of(n: _Next) -> submission.Run:
+        sweep = SweepDir(n.rd.path.parent)
+        return submission.Run(run_id=n.run_id, rundir=n.rd, task=RunTask(str(n.rd.path)), cfg=n.cfg,
+                              code_dir=n.code_dir, folder=sweep.submitit_folder, shared=sweep.shared(),
+                              num_tasks=n.rd.layout().world_size, earlier=n.rd.job())
+
+    def name(arr: submission.Array) -> str:
+        return job_name([str(r.cfg.submit.job_name) for r in arr.points], arr.points[0].rundir.path.parent.name)
+
+    def publish(runs: List[Any], job_ids: List[str]) -> None:
+        """The submitted runs pending their new job; the refused ones sealed; the index updated."""
+        from launcher.archive import registry
+
+        for r in runs:
+            r.rundir.set_status("pending", job_id=r.job_id, attempt=attempts[r.run_id], resumed=True)
+        for n in nexts:
+            if n.rd.is_final():
+                n.rd.seal()
+        for root in dict.fromkeys(n.rd.path.parent.parent for n in nexts):
+            registry.record(root, [n.rd.path for n in nexts if n.rd.path.parent.parent == root])
+
+    runs, job_ids = submission.submit([submission.Array([run_of(n) for n in arr.points], arr.parallelism)
+                                       for arr in planned], known, publish=publish, job_name=name,
+                                      refused=f"{reason} submission failed")
     for r in runs:
         n = next(x for x in nexts if x.run_id == r.run_id)
         verb = {"resume": "resuming", "retry": "retrying"}.get(reason, reason)
@@ -201,20 +193,6 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     sweep = SweepDir(nexts[0].rd.path.parent)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=sweep.path, runs=runs, job_ids=job_ids,
                        backend=nexts[0].backend)
-
-
-def _submit(first: _Next, rds: List[RunDir], folder: Path, name: str, parallelism: int) -> List[Any]:
-    """One submitit batch of RunTask(run_dir) for these runs (one array job when there are several)."""
-    from launcher.runtime.task import RunTask
-
-    backend = first.backend
-    with backend.environment(first.cfg, first.code_dir):
-        ex = backend.executor(first.cfg, folder, first.code_dir, job_name=name, parallelism=parallelism)
-        if len(rds) == 1:
-            return [ex.submit(RunTask(str(rds[0].path)))]
-        with ex.batch():
-            jobs = [ex.submit(RunTask(str(rd.path))) for rd in rds]
-    return jobs
 
 
 def resume(run_dir: Path, steps: Optional[int] = None, out=None):

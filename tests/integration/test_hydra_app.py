@@ -43,7 +43,7 @@ def check_archived(run: dict, sweep_out: Path, point: dict) -> RunDir:
     assert all(f"{k}={v}" in over for k, v in point.items()), over
     snap = Path(rd.snapshot()["path"])
     assert (snap / "recipes" / "hydra_example" / "app.py").is_file()
-    assert rd.software()["python"] and rd.job()["job_id"] == run["job_id"]
+    assert rd.software()["python"] and rd.job().job_id == run["job_id"]
     assert rd.ranks() and rd.ranks()[0]["rank"] == 0 and rd.topology()
     assert rd.runtime()["python"]
     assert rd.is_sealed() and rd.verify() == []

@@ -18,7 +18,7 @@ def _ended_run(tmp_path, *overrides):
     from launcher.submit import pipeline
 
     cfg = _cfg("cluster=local", "model=gpt_tiny", "train.steps=3", "wandb.enabled=false", *overrides)
-    checked = pipeline.check([pipeline.Point(cfg, list(overrides))])
+    checked = pipeline.validate([pipeline.Point(cfg, list(overrides))])
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     sweep = pipeline.create(checked, tmp_path / "runs", ["launch"], code, None)

@@ -159,3 +159,42 @@ def test_a_refused_sbatch_is_recorded_not_submitted(slurm, runs_root):
     assert all(r["error"].startswith("submission failed: sbatch: error: invalid partition") for r in first), first
     assert all(r["error"].startswith("not submitted: an earlier array of the sweep was refused") for r in later), later
     assert not any(r.get("job_id") for r in runs), runs  # no job exists for any of them
+
+
+@pytest.mark.timeout(600)
+def test_retried_and_resumed_runs_archive_their_new_script_and_scrub_submitits_folder(slurm, runs_root):
+    """A retry and a resume go out as a launch does (launcher.submit.submission): each run holds the
+    script its NEW job was submitted with (a lone job now: no --array line, unlike the first
+    attempt's array of two), and a secret in a changed setup line is scrubbed everywhere, submitit's
+    folder included."""
+    import secrets
+
+    secret = "v-" + secrets.token_hex(12)  # made at test time (a literal would sit in the code snapshot)
+    env = dict(slurm, MY_SERVICE_SECRET=secret)
+    res = launch(["-m", *TINY, "train.max_restarts=0", "train.fail_at_step=null,2"], runs_root, extra_env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 2, timeout=300)
+    (failed,) = [r for r in runs if r["status"] == "failed"]
+    (done,) = [r for r in runs if r["status"] == "completed"]
+    assert all("#SBATCH --array=0-1%" in (Path(r["dir"]) / "sbatch.sh").read_text() for r in runs)
+
+    res = launcher(["retry", failed["sweep_id"], "--failed", "train.fail_at_step=null",
+                    f"cluster.setup=['export X={secret}']"], runs_root, env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = launcher(["resume", done["run_id"], "--steps", "4"], runs_root, env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 2, timeout=300)
+    assert [r["status"] for r in runs] == ["completed"] * 2, runs
+
+    folder = Path(runs[0]["dir"]).parent / ".submitit"
+    for r in runs:
+        rdir = Path(r["dir"])
+        job = json.loads((rdir / "job.json").read_text())
+        assert job["earlier_job_ids"] and "_" not in job["job_id"]  # the new attempt's job, a lone one
+        script = (rdir / "sbatch.sh").read_text()
+        assert "--array" not in script
+        assert script == (folder / f"{job['job_id']}_submission.sh").read_text()  # as submitted (scrubbed)
+    retried = (Path(failed["dir"]) / "sbatch.sh").read_text()
+    assert "export X=<redacted>" in retried
+    leaks = [str(p) for p in runs_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaks, leaks

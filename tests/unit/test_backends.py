@@ -6,6 +6,7 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher import backends, rules
 from launcher.backends import slurm
+from launcher.job_record import JobRecord
 
 SLURM = backends.get("slurm")
 
@@ -61,6 +62,6 @@ def test_slurm_states_map_to_run_statuses():
 
 
 def test_log_paths_are_submitits(tmp_path):
-    job = {"backend": "slurm", "job_id": "12_3", "submitit_folder": str(tmp_path)}
+    job = JobRecord(backend="slurm", job_id="12_3", submitit_folder=str(tmp_path))
     assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"
     assert SLURM.log_path(job, 0, err=True) == tmp_path / "12_3_0_log.err"

@@ -19,7 +19,7 @@ from omegaconf import open_dict
 from helpers import REPO
 from launcher import schema
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.submit.pipeline import InvalidSweep, Point, check
+from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 
 A100_1B3 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 

@@ -1,5 +1,5 @@
 """Pre-submit checks (memory fits, bubble, ZeRO-3 over a slow link), their wiring into launch's check
-of every point (launcher.submit.pipeline.check), and `launcher plan`."""
+of every point (launcher.submit.pipeline.validate), and `launcher plan`."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.plan import checks, spec
 from launcher.plan.spec import GIB, ClusterSpec
-from launcher.submit.pipeline import InvalidSweep, Point, check as check_points
+from launcher.submit.pipeline import InvalidSweep, Point, validate as check_points
 
 GPT_1B3_A100 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from launcher import ladder
 from launcher.submit.preflight import InvalidLadder, compose_point, prepare
-from launcher.submit.pipeline import check
+from launcher.submit.pipeline import validate as check
 
 BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2",
         "wandb.enabled=false"]

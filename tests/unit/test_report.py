@@ -9,6 +9,7 @@ import pytest
 
 from launcher import report
 from launcher.cli.main import main
+from launcher.job_record import JobRecord
 from launcher.rundir import RunDir, SweepDir
 
 EVIL = "<script>alert(1)</script>"
@@ -83,7 +84,7 @@ def make_run(sweep: SweepDir, index: int, *, steps=6, seed=1, metrics=True, stat
     rd.write_config(cfg)
     rd.write_overrides([f"seed={seed}", f"optim.lr={lr}"], {"model": "gpt_tiny"})
     rd.write_seeds({"seed": seed, "init": {"value": seed, "how": "the seed"}})
-    rd.write_job({"backend": "local", "job_id": f"{100 + index}"})
+    rd.write_job(JobRecord(backend="local", job_id=f"{100 + index}"))
     rd.write_software({"python": "3.11", "torch": "2.x"}, "torch==2\n")
     if hydra_app:
         rd.write_run({"run_id": sweep.run_id(index), "sweep_id": sweep.sweep_id, "index": index, "seed": seed,

@@ -1,0 +1,50 @@
+"""JobRecord: what job.json holds, typed. A backend makes one from the job it submitted
+(Backend.job_record: it alone knows how its job ids read); RunDir writes and reads it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Dict, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    backend: str
+    job_id: str  # the scheduler's id of this run's job (`<array>_<task>` for a Slurm array task)
+    array_job_id: Optional[str] = None  # the array's own id, for a task of an array
+    array_task_id: Optional[int] = None
+    submitit_folder: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    num_tasks: Optional[int] = None
+    submitted: str = ""
+    earlier_job_ids: Tuple[str, ...] = ()  # the jobs of the run's earlier attempts (resume, retry)
+
+    @property
+    def submission_id(self) -> str:
+        """The id of the submission the job went out in: the array's, else the job's own."""
+        return self.array_job_id or self.job_id
+
+    def after(self, earlier: Optional["JobRecord"]) -> "JobRecord":
+        """This record as the next attempt of ``earlier``'s run (its job ids kept, oldest first)."""
+        if earlier is None:
+            return self
+        return replace(self, earlier_job_ids=(*earlier.earlier_job_ids, earlier.job_id))
+
+    def to_json(self) -> Dict[str, Any]:
+        out = asdict(self)
+        out["earlier_job_ids"] = list(self.earlier_job_ids)
+        if not out["earlier_job_ids"]:
+            del out["earlier_job_ids"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "JobRecord":
+        task = data.get("array_task_id")
+        tasks = data.get("num_tasks")
+        return cls(backend=str(data.get("backend") or ""), job_id=str(data.get("job_id") or ""),
+                   array_job_id=None if data.get("array_job_id") is None else str(data["array_job_id"]),
+                   array_task_id=None if task is None else int(task),
+                   submitit_folder=str(data.get("submitit_folder") or ""), stdout=str(data.get("stdout") or ""),
+                   stderr=str(data.get("stderr") or ""), num_tasks=None if tasks is None else int(tasks),
+                   submitted=str(data.get("submitted") or ""),
+                   earlier_job_ids=tuple(str(j) for j in data.get("earlier_job_ids") or () if j is not None))

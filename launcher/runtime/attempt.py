@@ -1,0 +1,176 @@
+"""One attempt of a run on the node: what every job does around whatever it runs (the recipe, a
+Hydra app's task function).
+
+    with attempt(rd, settings) as a:     wait for the run dir, adopt the sweep's shared files, detect
+                                          the distributed environment, record the rank and the node
+        if a.ended: return ...            (the scheduler started a job whose run has ended)
+        a.running()                       rank 0: status running
+        ... run it ...
+        a.completed(summary) / a.fail(error) / a.end("timeout", ...) / a.stopped(...)
+
+Every status change a job makes goes through the Attempt; an exception that leaves the block with
+no outcome recorded fails the run (rank error and status), so no job ends without saying why.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from launcher.rundir import RunDir, now_iso
+
+# what a job reads from its run dir before it knows its place: (master port, environment variables)
+Settings = Callable[[RunDir], Tuple[Optional[int], Mapping[str, Any]]]
+
+
+def wait_for(rd: RunDir, timeout_s: float = 120.0) -> None:
+    """The launcher makes the run dir visible right after submission returns; a task can start first."""
+    deadline = time.time() + timeout_s
+    while not rd.exists():
+        if time.time() > deadline:
+            raise FileNotFoundError(f"run dir {rd.path} never appeared (was the launch interrupted?)")
+        time.sleep(0.2)
+
+
+class Attempt:
+    """This rank's part of the run's current attempt: its place (``denv``) and its records."""
+
+    def __init__(self, rd: RunDir, denv: Any) -> None:
+        self.rd, self.denv = rd, denv
+        self.ended = rd.is_final()  # nothing to run: the run ended before this job started
+        self.job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id,
+                        "array_task_id": denv.array_task_id}
+        self.t0 = time.time()
+        self.recorded = False  # an outcome (or a stop) was recorded by this rank
+
+    @property
+    def duration_s(self) -> float:
+        return round(time.time() - self.t0, 3)
+
+    def record_rank(self) -> None:
+        d = self.denv
+        self.rd.write_rank(d.rank, {
+            "rank": d.rank, "local_rank": d.local_rank, "node_rank": d.node_rank, "hostname": socket.gethostname(),
+            "slurmd_nodename": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid(), "job_id": d.job_id,
+            "array_job_id": d.array_job_id, "array_task_id": d.array_task_id, "master_addr": d.master_addr,
+            "master_port": d.master_port, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "started": now_iso(),
+        })
+
+    def record_node(self) -> None:
+        """The node's topology, once per node (its local rank 0)."""
+        from launcher.archive import topology
+
+        if self.denv.local_rank == 0:
+            self.rd.write_topology(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), self.denv.node_rank,
+                                   topology.gather())
+
+    def record_environment(self, runtime: Dict[str, Any]) -> None:
+        """The training environment (secrets redacted) and the runtime software, once (rank 0)."""
+        from launcher.archive import secrets
+
+        if self.denv.rank == 0:
+            self.rd.write_environment(secrets.training_env(os.environ), runtime)
+
+    def running(self, **extra: Any) -> None:
+        if self.denv.rank == 0:
+            self.rd.set_status("running", **self.job_ids, hosts=self.denv.hostnames,
+                               world_size=self.denv.world_size, **extra)
+
+    def rank_error(self, text: str, echo: bool = True) -> str:
+        """This rank's error (a traceback), printed to its log and, unless another rank recorded the
+        outcome already (and sealed), kept as its rank error; returns it scrubbed of secrets."""
+        from launcher.archive.secrets import scrub
+
+        if echo:
+            print(text, file=sys.stderr, flush=True)
+        text = scrub(text, os.environ)  # a secret in an exception message stays out of the archive
+        if not self.rd.is_final():
+            self.rd.write_rank_error(self.denv.rank, text)
+        return text
+
+    def end(self, status: str, error: str, **extra: Any) -> bool:
+        """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal."""
+        from launcher.archive.secrets import scrub
+
+        self.recorded = True
+        return self.rd.finish(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
+
+    def fail(self, error: str, **extra: Any) -> bool:
+        """This rank failed (the first rank to fail holds the root cause: a later one changes nothing)."""
+        return self.end("failed", error, failed_rank=self.denv.rank, **extra)
+
+    def completed(self, summary: Dict[str, Any], **extra: Any) -> bool:
+        """Rank 0, when no rank recorded an error: the run completed (and is sealed)."""
+        self.recorded = True
+        if self.denv.rank != 0 or self.rd.failed_ranks():
+            return False
+        return self.rd.finish("completed", exit_code=0, summary=summary, duration_s=self.duration_s,
+                              **{**self.job_ids, **extra})
+
+    def stopped(self, **extra: Any) -> None:
+        """Stopped for the scheduler to decide what follows (preemption, requeue, cancel): requeued."""
+        self.recorded = True
+        self.rd.set_status("requeued", **extra)
+
+    def requeued(self) -> None:
+        """The next attempt was asked for (launcher.runtime.restarts.request_requeue)."""
+        self.recorded = True
+
+
+def _early_failure(rd: RunDir, tb: str) -> None:
+    """A rank that fails before it knows its place: its traceback as a rank error (rank from the
+    launcher's environment), the run failed."""
+    from launcher.archive.secrets import scrub
+
+    try:
+        import submitit
+
+        rank = int(submitit.JobEnvironment().global_rank)
+    except Exception:  # not in a submitit job (or its environment is what failed)
+        rank = next((int(os.environ[k]) for k in ("RANK", "SLURM_PROCID") if os.environ.get(k, "").isdigit()), 0)
+    print(tb, file=sys.stderr, flush=True)
+    if not rd.is_final():
+        rd.write_rank_error(rank, scrub(tb, os.environ))
+        rd.finish("failed", exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+
+
+@contextlib.contextmanager
+def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt]:
+    """Wait for the run dir, adopt the sweep's shared files, detect the distributed environment
+    (``settings``: the master port and the environment variables the job sets, read from the run
+    dir) and export it, then record this rank and its node (unless the run has ended already).
+    An exception that leaves the block with no outcome recorded fails the run."""
+    from launcher.archive.secrets import is_redacted
+    from launcher.runtime import env as dist_env
+
+    wait_for(rd)
+    try:
+        rd.adopt_shared()  # the sweep's code and software records, the point's seeds and overrides
+        port, env = settings(rd) if settings is not None else (None, {})
+        denv = dist_env.detect(master_port=port)
+    except BaseException:  # before any watch starts: recorded, so that the other ranks' watches end them
+        _early_failure(rd, traceback.format_exc())  # (instead of their waiting in the rendezvous)
+        raise
+    denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    for k, v in (env or {}).items():
+        if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
+            os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
+    a = Attempt(rd, denv)
+    if a.ended:
+        print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
+    else:
+        a.record_rank()
+        a.record_node()
+    try:
+        yield a
+    except BaseException as e:
+        if not a.recorded and not a.ended:
+            error = f"{type(e).__name__}: {e}"
+            a.rank_error(traceback.format_exc())
+            a.end("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", error, failed_rank=denv.rank)
+        raise

@@ -1,0 +1,176 @@
+"""Submission: staged runs out to the scheduler, the one way every launcher does it.
+
+    group -> arrays (split under the scheduler's limits)  ->  one executor batch per array
+          -> each run's JobRecord (job.json)  ->  the submitted script archived into each run
+          -> submitit's scripts scrubbed of secrets  ->  the caller's publish
+
+``launch -m`` (launcher.submit.pipeline), the Hydra-app launcher (hydra_plugins...generic) and
+``launcher resume`` / ``retry`` (launcher.submit.resume) all go through ``arrays`` and ``submit``; they
+differ only in what they stage (the Run each point becomes) and in how they publish. Executors,
+job ids and submitted scripts are spelled here and in launcher/backends only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
+
+from launcher import backends
+from launcher.archive import atomic
+from launcher.job_record import JobRecord
+from launcher.rundir import RunDir
+
+T = TypeVar("T")
+
+
+@dataclass
+class Array(Generic[T]):
+    """One submission: points of one group, at most the scheduler's MaxArraySize of them, throttled
+    to ``parallelism`` tasks at once (sbatch --array=0-<n-1>%<parallelism>)."""
+
+    points: List[T]
+    parallelism: int
+
+
+def arrays(items: Sequence[T], cfg: Callable[[T], Any], key: Callable[[T], Hashable] = lambda _: None) -> List[Array[T]]:
+    """Points with the same backend grouping key (equal resources; and equal ``key``, e.g. their
+    sweep dir) share one submission; each group split into arrays under its backend's limits
+    (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
+    max_submit_jobs of the points override them), each group's throttle the smallest
+    cluster.array_parallelism of its points. Raises launcher.sweeps.TooManyJobs, before anything is
+    submitted, when the points need more jobs than the user may queue."""
+    from types import SimpleNamespace
+
+    from launcher.sweeps import plan_arrays
+
+    grouped: Dict[Tuple[str, Hashable, str], List[T]] = {}
+    for x in items:
+        c = cfg(x)
+        backend = backends.of(c)
+        grouped.setdefault((backend.name, key(x), backend.group_key(c)), []).append(x)
+    by_backend: Dict[str, List[List[T]]] = {}
+    for (name, _, _), g in grouped.items():
+        by_backend.setdefault(name, []).append(g)
+    out: List[Array[T]] = []
+    for name, gs in by_backend.items():
+        cfgs = [cfg(x) for g in gs for x in g]
+
+        def smallest(k: str) -> Optional[int]:
+            values = [int(v) for v in (c.cluster.get(k) for c in cfgs) if v]
+            return min(values) if values else None
+
+        asked = SimpleNamespace(cluster={"max_array_size": smallest("max_array_size"),
+                                         "max_submit_jobs": smallest("max_submit_jobs")})
+        limits = backends.get(name).array_limits(asked)
+        throttle = [min(int(cfg(x).cluster.array_parallelism) for x in g) for g in gs]
+        chunks = plan_arrays([len(g) for g in gs], limits, throttle)
+        out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)
+    return out
+
+
+@dataclass
+class Run:
+    """One staged run, as submission needs it."""
+
+    run_id: str
+    rundir: RunDir  # where the job finds it
+    task: Any  # what the job runs (launcher.runtime.task.RunTask, a Hydra app's job)
+    cfg: Any  # the config its executor is made from (cluster.*, submit.job_name)
+    code_dir: Path  # the code snapshot the job imports
+    folder: Path  # submitit's folder
+    shared: RunDir  # where an array's script is written once, to be linked into its runs
+    stage: Optional[RunDir] = None  # where its records go now (a launch's hidden staging dir; default: rundir)
+    num_tasks: Optional[int] = None
+    earlier: Optional[JobRecord] = None  # the job of the run's previous attempt (resume, retry)
+
+    @property
+    def staged(self) -> RunDir:
+        return self.stage if self.stage is not None else self.rundir
+
+
+@dataclass
+class SubmittedRun:
+    run_id: str
+    rundir: RunDir
+    job_id: Optional[str] = None
+    job: Any = None  # submitit's Job
+    record: Optional[JobRecord] = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.rundir.path
+
+
+def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
+           publish: Callable[[List[SubmittedRun], List[str]], Any],
+           job_name: Callable[[Array[Run]], Optional[str]] = lambda _: None,
+           refused: str = "submission failed") -> Tuple[List[SubmittedRun], List[str]]:
+    """Submit every array, in order; then ``publish(runs, job_ids)`` (on an error too, with the runs
+    submitted so far). A refused array's runs are failed (``refused: <error>``) and every later
+    array's "not submitted", unsealed (publish seals what ended), and the error is raised. Returns
+    the submitted runs and one job id per array (the array job's)."""
+    from launcher.archive import secrets
+
+    runs: List[SubmittedRun] = []
+    job_ids: List[str] = []
+    try:
+        with atomic.deferred_sync(private=True):  # job.json of every run: flushed once, before publishing
+            for i, arr in enumerate(planned):
+                try:
+                    submitted = _submit_array(arr, known, job_name(arr))
+                except Exception as e:
+                    for r in arr.points:
+                        r.staged.finish("failed", seal=False, exit_code=None,
+                                        error=secrets.scrub(f"{refused}: {e}", known))
+                    for r in (r for later in planned[i + 1:] for r in later.points):
+                        r.staged.finish("failed", seal=False, exit_code=None, error=secrets.scrub(
+                            f"not submitted: an earlier array of the sweep was refused ({e})", known))
+                    raise
+                runs.extend(submitted)
+                job_ids.append(submitted[0].record.submission_id if len(submitted) > 1 else submitted[0].job_id)
+    finally:
+        publish(runs, job_ids)
+    return runs, job_ids
+
+
+def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]) -> List[SubmittedRun]:
+    """One executor batch (one array job; a lone run, one job); each run's job.json and script."""
+    from launcher.archive import secrets
+
+    first = arr.points[0]
+    backend = backends.of(first.cfg)
+    with backend.environment(first.cfg, first.code_dir):
+        ex = backend.executor(first.cfg, first.folder, first.code_dir, job_name=job_name, parallelism=arr.parallelism)
+        try:
+            with ex.batch():
+                jobs = [ex.submit(r.task) for r in arr.points]
+        finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
+            secrets.scrub_files(Path(first.folder).glob("*.sh"), known)
+    script = backend.submitted_script(jobs[0])
+    if script is not None:  # one script for the whole array: written once, linked into each run
+        first.shared.write_script(secrets.scrub(script, known))
+
+    def one(run_job: Tuple[Run, Any]) -> SubmittedRun:  # a run stays pending (no status.json) until it starts
+        run, job = run_job
+        record = backend.job_record(job, run.num_tasks).after(run.earlier)
+        if script is not None:
+            run.staged.archive_script(first.shared)
+        run.staged.write_job(record)
+        return SubmittedRun(run_id=run.run_id, rundir=run.rundir, job_id=record.job_id, job=job, record=record)
+
+    try:
+        return in_threads(one, list(zip(arr.points, jobs)))
+    finally:  # each run holds its array's own; the next array writes a file of its own
+        if script is not None:
+            (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
+
+
+def in_threads(fn: Callable[[Any], Any], items: list) -> list:
+    """``[fn(x) for x in items]``, in a few threads when there are many (the file system's work of a
+    few files per run overlaps)."""
+    if len(items) < 16:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(fn, items))
