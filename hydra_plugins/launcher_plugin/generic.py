@@ -256,7 +256,7 @@ class _HydraJob:
         from hydra.core.utils import run_job, setup_globals
 
         from launcher.archive.secrets import is_redacted, scrub
-        from launcher.rundir import RunDir
+        from launcher.rundir import RunDir, Status
         from launcher.runtime import env as dist_env
         from launcher.runtime import task
 
@@ -275,7 +275,7 @@ class _HydraJob:
         with open_dict(config.hydra.job):
             config.hydra.job.id = submitit.JobEnvironment().job_id
         if rd.is_final():  # the scheduler started a job whose run has ended (requeued after a cancel)
-            print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
+            print(f"run {rd.path} already ended ({rd.status().state.value}): nothing to do", flush=True)
             ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
             return ret
         job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
@@ -286,7 +286,7 @@ class _HydraJob:
             node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
             rd.write_topology(node, denv.node_rank, topology.gather())
         if denv.rank == 0:
-            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+            rd.set_status(Status.running, **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
         t0 = time.time()
         # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
         # the app's own relative paths) mean there what they meant at the command line
@@ -306,11 +306,11 @@ class _HydraJob:
             if not rd.is_final():
                 rd.write_rank_error(denv.rank, scrub(tb, os.environ))
             self._others_recorded(rd, denv.world_size)
-            rd.finish("failed", exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
+            rd.finish(Status.failed, exit_code=1, error=scrub(f"{type(err).__name__}: {err}", os.environ),
                       failed_rank=denv.rank, **self._dirs(ret), duration_s=round(time.time() - t0, 3),
                       **job_ids)
         elif denv.rank == 0 and self._others_recorded(rd, denv.world_size) and not rd.failed_ranks():
-            rd.finish("completed", exit_code=0, summary={"return_value": plain(ret._return_value)},
+            rd.finish(Status.completed, exit_code=0, summary={"return_value": plain(ret._return_value)},
                       **self._dirs(ret), duration_s=round(time.time() - t0, 3), **job_ids)
         return ret
 
@@ -491,7 +491,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import RunDir, SweepDir, now_iso
+    from launcher.rundir import RunDir, Status, SweepDir, now_iso
     from launcher.sweeps import TooManyJobs, plan_arrays
 
     backend = backends.get(backend_name)
@@ -596,7 +596,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 jobs.extend(batch)
     except Exception as e:
         for rd in staged[len(jobs):]:
-            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
+            rd.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
         raise
     finally:  # publish: rename into place, seal what already ended, sweep.json, then the index
         indices = range(first_index, first_index + len(configs))

@@ -13,7 +13,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Dict
 
-from launcher.rundir import RunDir, now_iso
+from launcher.rundir import RunDir, Status, now_iso
 
 
 class RunTask:
@@ -79,7 +79,7 @@ def _record_early_failure(rd: RunDir, tb: str) -> None:
     print(tb, file=sys.stderr, flush=True)
     if not rd.is_final():
         rd.write_rank_error(rank, scrub(tb, os.environ))
-        rd.finish("failed", exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+        rd.finish(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
 
 
 def run(rd: RunDir) -> Dict[str, Any]:
@@ -102,8 +102,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
         if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
             os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
     if rd.is_final():  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
-        print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
-        return rd.status().get("summary") or {}
+        print(f"run {rd.path} already ended ({rd.status().state.value}): nothing to do", flush=True)
+        return rd.status().summary or {}
     backend = backends.get(str(cluster.get("backend", "local")))
     max_restarts = int(train.get("max_restarts", 0))
     job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id, "array_task_id": denv.array_task_id}
@@ -121,7 +121,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
         rd.write_rank_error(denv.rank, message)
         if requeue("hang", message):
             return backend.requeue_exit_code
-        rd.finish("failed", exit_code=1, error=message, failed_rank=denv.rank, **job_ids)
+        rd.finish(Status.failed, exit_code=1, error=message, failed_rank=denv.rank, **job_ids)
         return 1
 
     watch = watchdog.start(rd, denv.rank, world=denv.world_size,
@@ -132,7 +132,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
     try:
         if denv.rank == 0:
             attempt["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
-            rd.set_status("running", **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
+            rd.set_status(Status.running, **job_ids, hosts=denv.hostnames, world_size=denv.world_size)
         summary = _run_recipe(rd, cfg_plain, denv, watch, stop_flag, attempt)
     except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
         watch.set()
@@ -140,9 +140,9 @@ def run(rd: RunDir) -> Dict[str, Any]:
         if e.reason == "time_limit":
             if requeue(e.reason, detail, e.step):
                 raise SystemExit(backend.requeue_exit_code)
-            rd.finish("timeout", exit_code=1, error=detail + "; restart budget spent", **job_ids)
+            rd.finish(Status.timeout, exit_code=1, error=detail + "; restart budget spent", **job_ids)
         else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
-            rd.set_status("requeued", stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
+            rd.set_status(Status.requeued, stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
         raise SystemExit(1)
     except BaseException as e:  # record, then re-raise so the task exits non-zero
         watch.set()
@@ -155,13 +155,13 @@ def run(rd: RunDir) -> Dict[str, Any]:
         if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
             raise SystemExit(backend.requeue_exit_code) from e
         # the first rank to fail holds the root cause; the others fail because it went away
-        rd.finish("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", exit_code=1,
+        rd.finish(Status.cancelled if isinstance(e, KeyboardInterrupt) else Status.failed, exit_code=1,
                   error=error, failed_rank=denv.rank, **job_ids)
         raise
     finally:
         watch.set()
     if denv.rank == 0 and not rd.failed_ranks():
-        rd.finish("completed", exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3),
+        rd.finish(Status.completed, exit_code=0, summary=summary, duration_s=round(time.time() - t0, 3),
                   attempt=attempt["n"], restarts=len(rd.restarts()), **job_ids)
     return summary
 
@@ -221,7 +221,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, a
         **({"device_id": torch.device(device)} if use_cuda else {}),
     )
     dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
-    attempt["n"] = int(rd.status().get("attempt") or 1)
+    attempt["n"] = int(rd.status().attempt or 1)
     ctx = RunContext(
         rank=denv.rank,
         world_size=denv.world_size,

@@ -24,7 +24,7 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.configview import ConfigView
 from launcher.layout import ConfigError, ConfigErrors, Layout, resolve
-from launcher.rundir import RunDir, SweepDir, now_iso
+from launcher.rundir import RunDir, Status, SweepDir, now_iso
 
 
 @dataclass
@@ -384,7 +384,7 @@ def submit(sweep: _Sweep, group: List[Checked], staged: Dict[int, RunDir], job_n
                 jobs = [ex.submit(RunTask(str(sweep.dir.run(c.index).path))) for c in group]
         except Exception as e:
             for c in group:
-                staged[c.index].finish("failed", seal=False, exit_code=None,
+                staged[c.index].finish(Status.failed, seal=False, exit_code=None,
                                        error=secrets.scrub(f"submission failed: {e}", sweep.known))
             raise
         finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
@@ -421,7 +421,7 @@ def _not_submitted(sweep: _Sweep, rest: List[Checked], staged: Dict[int, RunDir]
     from launcher.archive import secrets
 
     for c in rest:
-        staged[c.index].finish("failed", seal=False, exit_code=None, error=secrets.scrub(
+        staged[c.index].finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(
             f"not submitted: an earlier array of the sweep was refused ({err})", sweep.known))
 
 

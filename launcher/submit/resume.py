@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from launcher import backends
 from launcher.layout import ConfigError, ConfigErrors
-from launcher.rundir import FINAL, RunDir, SweepDir, now_iso
+from launcher.rundir import FINAL, RunDir, Status, SweepDir, now_iso
 
 
 @dataclass
@@ -77,8 +77,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is a run of a Hydra app (hydra/launcher=launcher_*)",
                                         "run the app's sweep again")])
     st = rd.status()
-    if st.get("status") not in FINAL:
-        raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.get('status')}: its job may still be running or "
+    if st.state not in FINAL:
+        raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.state.value}: its job may still be running or "
                                         "queued", "wait for it, or `launcher cancel` it first")])
     problems = rd.verify()
     if problems:
@@ -95,7 +95,7 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
             raise ConfigErrors([ConfigError("--steps", f"{steps} is before the latest checkpoint of {run_id} "
                                             f"(step {done})", f"choose --steps {max(done, old_steps)} or more")])
         plain["train"]["steps"] = int(steps)
-    if done >= int(plain["train"]["steps"]) and st.get("status") == "completed":
+    if done >= int(plain["train"]["steps"]) and st.state == "completed":
         raise ConfigErrors([ConfigError("--steps", f"{run_id} completed all {old_steps} steps",
                                         f"pass --steps N with N > {old_steps} to train further")])
     cfg = typed(plain)
@@ -177,7 +177,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
         except Exception as e:  # this batch and every later one: failed again, saying why
             left = [n for later in planned[b:] for n in later]
             for n in left:
-                n.rd.finish("failed", exit_code=None, error=f"{reason} submission failed: {e}")
+                n.rd.finish(Status.failed, exit_code=None, error=f"{reason} submission failed: {e}")
             registry.record(sweep.path.parent, [n.rd.path for n in left])
             raise
         submitted = []
@@ -189,7 +189,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
                             "array_task_id": int(task) if task else None,
                             "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "submitted": now_iso(),
                             "earlier_job_ids": list(old_job.get("earlier_job_ids", [])) + [old_job.get("job_id")]})
-            n.rd.set_status("pending", job_id=job_id, attempt=attempts[n.run_id], resumed=True)
+            n.rd.set_status(Status.pending, job_id=job_id, attempt=attempts[n.run_id], resumed=True)
             submitted.append(SubmittedRun(run_id=n.run_id, rundir=n.rd, job_id=job_id, job=job))
         registry.record(sweep.path.parent, [n.rd.path for n in batch])
         runs.extend(submitted)

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from launcher import backends, sweeps
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.backends import slurm
+from launcher.rundir import Status
 from launcher.sweeps import ArrayLimits, Chunk, TooManyJobs, plan_arrays
 
 SLURM = backends.get("slurm")
@@ -212,7 +213,7 @@ def _ended_run(tmp_path, *overrides):
     code.mkdir(exist_ok=True)
     sweep = pipeline.create(checked, tmp_path / "runs", ["launch"], code, None)
     (rd,) = pipeline.stage(sweep, checked)
-    rd.finish("failed", exit_code=1, error="boom")
+    rd.finish(Status.failed, exit_code=1, error="boom")
     return rd
 
 
