@@ -52,8 +52,10 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("env/pip-freeze.txt", "launcher", "full `pip freeze`"),
     ("job.json", "launcher", "backend, job id (`<array>_<task>` in a sweep), submitit folder, log paths"),
     ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
-    ("status.json", "launcher, job", "status (pending, running, completed, failed, cancelled, timeout, requeued), "
-     "exit code, error, summary"),
+    ("status.json", "launcher, job", "launcher.status.RunStatus: status (pending, running, completed, failed, "
+     "cancelled, timeout, requeued), updated/started/ended, exit_code, error, failed_rank, summary, duration_s, "
+     "attempt, restarts, stop, resumed, hosts, world_size, job ids, a Hydra app's output/working dir, earlier "
+     "(the outcomes before a resume)"),
     ("env/runtime.json", "job", "torch, CUDA, NCCL, cuDNN as seen on the node"),
     ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
     ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
