@@ -145,6 +145,9 @@ def cmd_resume(args) -> int:
     from launcher.submit.resume import resume
 
     rdir = resolve_run_dir(args._root, args.run)
+    from launcher import outcome
+
+    outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
     try:
         result = resume(rdir, steps=args.steps)
     except (ConfigErrors, FileNotFoundError) as e:

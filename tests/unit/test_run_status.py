@@ -104,3 +104,10 @@ def test_a_live_job_is_not_settled(tmp_path):
     rd.set_status(Status.running)
     assert outcome.settle(rd) is Status.running and not rd.is_sealed()
     assert outcome.settle(rd, ended=True) is Status.failed  # the caller saw it end: its word counts
+
+
+def test_launcher_status_settles_a_lost_job(lost_run, capsys):
+    root, rd = lost_run
+    assert cli.main(["status", "S", "--json", "--root", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"] == {"failed": 1}
+    assert rd.status().state is Status.failed and rd.is_sealed() and rd.verify() == []
