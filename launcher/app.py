@@ -146,7 +146,8 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     (RunFailed) saying why the run has none; and its run id (None if not submitted). InvalidSweep
     propagates: nothing was submitted."""
     from launcher.submit.pipeline import launch
-    from launcher.submit.progress import _final_status, log_of_failure, wait_and_report
+    from launcher.outcome import settle
+    from launcher.submit.progress import log_of_failure, wait_and_report
 
     import io
 
@@ -169,11 +170,11 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
         if r is None:
             outcomes.append(RunFailed(f"point {i} was not submitted"))
             continue
-        st = _final_status(r)
+        st = settle(r.rundir, ended=True).value
         status = r.rundir.status()
-        summary = status.get("summary") or {}
+        summary = status.summary or {}
         if st != "completed":
-            outcomes.append(RunFailed(f"run {r.run_id} {st}: {status.get('error') or 'no error recorded'} "
+            outcomes.append(RunFailed(f"run {r.run_id} {st}: {status.error or 'no error recorded'} "
                                       f"(logs: {log_of_failure(r)}; launcher doctor {r.run_id})"))
             continue
         try:

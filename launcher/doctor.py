@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher.rundir import RESTARTED_BY_USER
+from launcher.status import RunStatus, Status
 
 KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
          "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending", "unknown")
@@ -134,7 +135,7 @@ class Evidence:
     """Everything ``diagnose`` reads; built by ``gather`` from a run dir, or by hand in tests."""
 
     run_id: str = ""
-    status: Dict[str, Any] = field(default_factory=dict)  # status.json
+    status: RunStatus = field(default_factory=RunStatus)  # status.json (a mapping of it is read as one)
     world_size: Optional[int] = None
     started: List[int] = field(default_factory=list)  # ranks that recorded their start
     master: Optional[str] = None  # MASTER_ADDR:MASTER_PORT the ranks used
@@ -151,12 +152,16 @@ class Evidence:
     steps: Optional[int] = None  # train.steps
     config: Dict[str, Any] = field(default_factory=dict)  # the values the fixes name (dotted keys)
 
+    def __post_init__(self) -> None:
+        self.status = RunStatus.of(self.status)
+
     def errors_of_hang(self) -> bool:
         return bool(self.hang) or any(HANG_MESSAGE.search(t) for t in self.errors.values())
 
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)
         d["attempts"] = {a: e.to_json() for a, e in self.attempts.items()}
+        d["status"] = self.status.to_json()
         return d
 
 
@@ -337,8 +342,8 @@ def restarts_line(ev: Evidence) -> Optional[str]:
 
 
 def _diagnose(ev: Evidence) -> Diagnosis:
-    st = ev.status or {}
-    status = st.get("status") or "pending"
+    st = ev.status
+    status = st.state.value
     if status == "completed":
         return Diagnosis("completed", f"completed {ev.last_step or ev.steps or 0} steps")
     ended = ev.scheduler_ended if ev.scheduler_ended is not None else bool(ev.scheduler)
@@ -346,7 +351,7 @@ def _diagnose(ev: Evidence) -> Diagnosis:
         return _live(ev, status)
 
     # the restart budget was spent when the job started again: the cause is what the last attempt left
-    err = str(st.get("error") or "")
+    err = str(st.error or "")
     if status == "failed" and err.startswith("restart budget spent") and not ev.errors_of_hang() and ev.attempts:
         last = ev.attempts[max(ev.attempts)]
         inner = _diagnose(_with(last, ev))
@@ -383,7 +388,7 @@ def _diagnose(ev: Evidence) -> Diagnosis:
 
 def _with(attempt: Evidence, run: Evidence) -> Evidence:
     """An earlier attempt's files with the run's context (config, steps)."""
-    return Evidence(run_id=run.run_id, status={"status": "failed"}, world_size=run.world_size, started=run.started,
+    return Evidence(run_id=run.run_id, status=RunStatus(state=Status.failed), world_size=run.world_size, started=run.started,
                     master=run.master, errors=attempt.errors, error_order=attempt.error_order, hang=attempt.hang,
                     stacks=attempt.stacks, last_step=run.last_step, steps=run.steps, config=run.config)
 
@@ -391,15 +396,15 @@ def _with(attempt: Evidence, run: Evidence) -> Evidence:
 def _live(ev: Evidence, status: str) -> Diagnosis:
     st = ev.status
     if status == "requeued":
-        stop = st.get("stop") or {}
+        stop = st.stop or {}
         why = stop.get("reason") or "a restart"
         return Diagnosis("pending", f"requeued after {why}: waiting to restart"
                          + (f" ({stop.get('detail')})" if stop.get("detail") else ""),
                          detail=[f"status: requeued, stop {stop}"] if stop else [])
     kind = "running" if status == "running" else "pending"
     line = f"{kind}" + (f", step {ev.last_step}" + (f"/{ev.steps}" if ev.steps else "") if ev.last_step else "")
-    if st.get("attempt") and int(st["attempt"]) > 1:
-        line += f", attempt {st['attempt']}"
+    if st.attempt and int(st.attempt) > 1:
+        line += f", attempt {st.attempt}"
     return Diagnosis(kind, line, detail=[f"scheduler: {ev.scheduler}"] if ev.scheduler else [])
 
 
@@ -416,7 +421,7 @@ def _time_limit(ev: Evidence) -> str:
 # ---- 1: the hang watchdog ---------------------------------------------------------------------------
 def _hang(ev: Evidence) -> Optional[Diagnosis]:
     messages = {r: t for r, t in ev.errors.items() if HANG_MESSAGE.search(t)}
-    status_msg = str(ev.status.get("error") or "")
+    status_msg = str(ev.status.error or "")
     if not ev.hang and not messages and not HANG_MESSAGE.search(status_msg):
         return None
     h = ev.hang or {}
@@ -489,7 +494,7 @@ def _scheduler_word(ev: Evidence) -> str:
     """The scheduler's state: asked now, or recorded when the launcher found the job ended."""
     if ev.scheduler:
         return (ev.scheduler.upper().split() or [""])[0].rstrip("+")
-    m = SCHEDULER_STATE.search(str(ev.status.get("error") or ""))
+    m = SCHEDULER_STATE.search(str(ev.status.error or ""))
     return m["state"] if m else ""
 
 
@@ -502,12 +507,12 @@ def _scheduler(ev: Evidence) -> Optional[Diagnosis]:
         said.append("log: " + _clip(next(ln for ln in logs.splitlines() if "DUE TO" in ln), 200))
     why = m["why"] if m else ""
     if word == "NODE_FAIL" or why == "NODE FAILURE":
-        nodes = ", ".join(map(str, ev.status.get("hosts") or []))
+        nodes = ", ".join(map(str, ev.status.hosts or []))
         return Diagnosis("node_failure", "a node of the job failed" + (f" (job on {nodes})" if nodes else ""),
                          detail=said)
-    if word == "PREEMPTED" or why == "PREEMPTION" or (ev.status.get("stop") or {}).get("reason") == "preempted":
+    if word == "PREEMPTED" or why == "PREEMPTION" or (ev.status.stop or {}).get("reason") == "preempted":
         return Diagnosis("preempted", "the scheduler preempted the job",
-                         detail=said or [f"status: stopped, {ev.status.get('stop')}"])
+                         detail=said or [f"status: stopped, {ev.status.stop}"])
     if word in ("TIMEOUT", "DEADLINE") or why == "TIME LIMIT":
         return Diagnosis("time_limit", f"the job reached its time limit ({_time_limit(ev)}) at step {ev.last_step}",
                          detail=said)
@@ -525,7 +530,7 @@ def _rank_errors(ev: Evidence) -> Optional[Diagnosis]:
     primary = [r for r in order if _is_primary(ev.errors[r])]
     if not primary:
         return _killed(ev, peers=order)
-    failed = ev.status.get("failed_rank")
+    failed = ev.status.failed_rank
     rank = int(failed) if failed is not None and int(failed) in primary else primary[0]
     return _from_text(ev, rank, ev.errors[rank], source=f"ranks: rank {rank}'s recorded error")
 
@@ -678,12 +683,12 @@ def _line_at(text: str, start: int, end: int) -> str:
 
 # ---- 5: only status.json's error ---------------------------------------------------------------------
 def _status_text(ev: Evidence) -> Optional[Diagnosis]:
-    err = str(ev.status.get("error") or "")
-    if not err or ev.status.get("status") == "cancelled" or SCHEDULER_STATE.search(err):
+    err = str(ev.status.error or "")
+    if not err or ev.status.state is Status.cancelled or SCHEDULER_STATE.search(err):
         return None
     if _text_kind(err) == "peer_gone":
-        return _killed(ev, peers=[int(ev.status.get("failed_rank") or 0)]) if ev.errors else None
-    rank = ev.status.get("failed_rank")
+        return _killed(ev, peers=[int(ev.status.failed_rank or 0)]) if ev.errors else None
+    rank = ev.status.failed_rank
     return _from_text(ev, int(rank) if rank is not None else None, err, source="status")
 
 
@@ -767,13 +772,13 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     ev.run_id = str(meta.get("run_id") or rd.path.name)
     ev.status = rd.status()
     layout = meta.get("layout") or {}
-    ev.world_size = layout.get("world_size") or ev.status.get("world_size")
+    ev.world_size = layout.get("world_size") or ev.status.world_size
     rank_rows = rd.ranks()
     ev.started = sorted(int(r["rank"]) for r in rank_rows if "rank" in r)
     if rank_rows and rank_rows[0].get("master_addr"):
         ev.master = f"{rank_rows[0]['master_addr']}:{rank_rows[0].get('master_port')}"
     ev.restarts = rd.restarts()
-    for a in range(1, int(ev.status.get("attempt") or 1) + 1):  # attempts/<a>/ has the run dir's layout
+    for a in range(1, int(ev.status.attempt or 1) + 1):  # attempts/<a>/ has the run dir's layout
         if rd.attempt_dir(a).is_dir():
             ev.attempts[a] = _files(RunDir(rd.attempt_dir(a)))
     try:
@@ -801,7 +806,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
                         pass
                 if text:
                     ev.logs[r] = text
-        if backend is not None and scheduler and ev.status.get("status") != "completed":
+        if backend is not None and scheduler and ev.status.state is not Status.completed:
             try:
                 state = backend.states([job.to_json()]).get(job.job_id)
             except Exception:  # a scheduler that cannot be asked leaves the run dir's word

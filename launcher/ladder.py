@@ -22,6 +22,7 @@ from launcher.layout import Layout, ModelSpec
 from launcher.plan.estimate import estimate
 from launcher.plan.spec import ClusterSpec, LayoutSpec
 from launcher.schema import enum_value
+from launcher.status import RunStatus
 
 RUNGS = ("smoke", "node", "comm", "full", "tuned")
 SHORT_STEPS = 3  # smoke and node rungs: the model builds, steps, and the loss is finite
@@ -203,7 +204,7 @@ def planned(plan: Optional[Dict[str, Any]]) -> Dict[str, Optional[float]]:
             "usable_bytes": (plan.get("cluster") or {}).get("usable_bytes") or None}
 
 
-def judge_training(status: Dict[str, Any], rows: List[Dict[str, Any]], plan: Optional[Dict[str, Any]],
+def judge_training(status: RunStatus, rows: List[Dict[str, Any]], plan: Optional[Dict[str, Any]],
                    calibrated: bool) -> Verdict:
     """A training rung: it completed, its loss stayed finite, its steps did not overflow; measured
     throughput and memory beside the plan (warnings only: the planner may be uncalibrated)."""
@@ -213,7 +214,7 @@ def judge_training(status: Dict[str, Any], rows: List[Dict[str, Any]], plan: Opt
     v = Verdict(GO, measured={"tokens_per_s": _median(timed), "memory_bytes": max(mem) if mem else None},
                 planned={"tokens_per_s": exp["tokens_per_s"], "memory_bytes": exp["memory_bytes"]},
                 calibrated=calibrated)
-    st = status.get("status", "pending")
+    st = RunStatus.of(status).state.value  # (a mapping of status.json reads as one)
     if st != "completed":
         v.verdict = NO_GO if st in ("failed", "cancelled", "timeout", "preempted") else RUNNING
         return v
@@ -248,13 +249,13 @@ def judge_training(status: Dict[str, Any], rows: List[Dict[str, Any]], plan: Opt
     return v
 
 
-def judge_comm(status: Dict[str, Any], bench: Optional[Dict[str, Any]], inter_gbps: float) -> Verdict:
+def judge_comm(status: RunStatus, bench: Optional[Dict[str, Any]], inter_gbps: float) -> Verdict:
     """The comm rung: it completed, and all-reduce between the nodes reached at least
     LINK_UNDER_CONFIG of the cluster config's inter-node bandwidth (where the config states one)."""
     rows = [r for r in (bench or {}).get("rows", []) if r.get("op") == "all_reduce" and r.get("scope") == "inter"]
     peak = max((float(r["busbw_gbs"]) for r in rows), default=None)
     v = Verdict(GO, measured={"busbw_gbs": peak}, planned={"busbw_gbs": inter_gbps or None})
-    st = status.get("status", "pending")
+    st = RunStatus.of(status).state.value  # (a mapping of status.json reads as one)
     if st != "completed":
         v.verdict = NO_GO if st in ("failed", "cancelled", "timeout", "preempted") else RUNNING
         return v

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from launcher import sweeps
 from launcher.archive import atomic
 from launcher.rundir import RunDir
+from launcher.status import RunStatus
 
 Plot = Tuple[str, bytes]  # (title, PNG bytes)
 
@@ -448,7 +449,7 @@ def _commbench_section(bench: Dict[str, Any], plots: Sequence[Plot]) -> Html:
 def run_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
     meta, st = data["meta"], data["status"]
     hydra_app = meta.get("kind") == "hydra_app"
-    summary = st.get("summary") or {}
+    summary = st.summary or {}
     run_id = meta.get("run_id") or Path(data["run_dir"]).name
     body: List[Any] = [_run_header(data)]
     if hydra_app:
@@ -486,10 +487,10 @@ def _run_header(data: Dict[str, Any]) -> Html:
     meta, st, job = data["meta"], data["status"], data["job"]
     layout = meta.get("layout") or {}
     pairs: List[Tuple[str, Any]] = [
-        ("run id", meta.get("run_id")), ("status", status_span(st.get("status", "pending"))),
-        ("exit code", st.get("exit_code")), ("run dir", data["run_dir"]), ("sweep dir", data["sweep_dir"]),
+        ("run id", meta.get("run_id")), ("status", status_span(st.state.value)),
+        ("exit code", st.exit_code), ("run dir", data["run_dir"]), ("sweep dir", data["sweep_dir"]),
         ("job", job.get("job_id")), ("backend", meta.get("backend")), ("created", meta.get("created")),
-        ("started", st.get("started")), ("ended", st.get("ended")), ("attempt", st.get("attempt")),
+        ("started", st.started), ("ended", st.ended), ("attempt", st.attempt),
         ("restarts", len(data["restarts"]) or None), ("reproduces", meta.get("reproduces")),
         ("tags", ", ".join(map(str, meta.get("tags") or [])) or None),
     ]
@@ -499,19 +500,19 @@ def _run_header(data: Dict[str, Any]) -> Html:
                                 f"{layout.get('zero')}, micro batch {layout.get('micro_batch_size')}, grad accum "
                                 f"{layout.get('grad_accum')}, {layout.get('nodes')} node(s)"))
     out = kv_table((k, v) for k, v in pairs if v is not None and v != "")
-    if st.get("error"):
-        out = Html(out + tag("h3", "error") + pre(st["error"]))
+    if st.error:
+        out = Html(out + tag("h3", "error") + pre(st.error))
     for rank, text in sorted(data["rank_errors"].items()):
         out = Html(out + details(f"rank {rank} traceback", pre(text)))
     return out
 
 
-def _hydra_result(meta: Dict[str, Any], st: Dict[str, Any], summary: Dict[str, Any]) -> Html:
+def _hydra_result(meta: Dict[str, Any], st: RunStatus, summary: Dict[str, Any]) -> Html:
     app, hy = meta.get("app") or {}, meta.get("hydra") or {}
     value = repr(summary["return_value"]) if "return_value" in summary else "(none recorded)"
     return kv_table([("returned", value), ("task function", app.get("task_function")),
                      ("config name", app.get("config_name")), ("job number", hy.get("job_num")),
-                     ("output dir", st.get("output_dir") or hy.get("sweep_dir"))])
+                     ("output dir", st.output_dir or hy.get("sweep_dir"))])
 
 
 def _plan_section(data: Dict[str, Any], layout: Dict[str, Any], summary: Dict[str, Any]) -> Html:
@@ -603,8 +604,8 @@ def read_sweep(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     for r in rows:
         rd = RunDir(r["_dir"])
         st = rd.status()
-        points.append({"run_id": r["run_id"], "dir": r["_dir"], "status": r["status"], "exit_code": st.get("exit_code"),
-                       "error": st.get("error"), "summary": st.get("summary") or {},
+        points.append({"run_id": r["run_id"], "dir": r["_dir"], "status": r["status"], "exit_code": st.exit_code,
+                       "error": st.error, "summary": st.summary or {},
                        "overrides": rd.overrides().get("overrides") or [],
                        "step": progress.get(r["run_id"], {}).get("step"),
                        "steps": progress.get(r["run_id"], {}).get("steps")})

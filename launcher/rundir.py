@@ -11,6 +11,7 @@ seals the dir (manifest.json with the sha256 of every file, then every file read
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -19,30 +20,18 @@ import os
 import secrets
 import shutil
 import time
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from launcher.archive import atomic, yamlio
+from launcher.status import FINAL, STATUSES, RunStatus, Status  # noqa: F401  (Status, FINAL: their home)
 
 if TYPE_CHECKING:
     from launcher.job_record import JobRecord
 
 
-class Status(str, Enum):
-    pending = "pending"
-    running = "running"
-    completed = "completed"
-    failed = "failed"
-    cancelled = "cancelled"
-    timeout = "timeout"
-    requeued = "requeued"
-
-
-STATUSES = tuple(s.value for s in Status)
 # restart reasons a user asked for (launcher resume / retry): the restart budget starts again there
 RESTARTED_BY_USER = ("resume", "retry")
-FINAL = (Status.completed.value, Status.failed.value, Status.cancelled.value, Status.timeout.value)
 
 
 def now_iso() -> str:
@@ -66,8 +55,10 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("env/pip-freeze.txt", "launcher", "full `pip freeze`"),
     ("job.json", "launcher", "backend, job id (`<array>_<task>` in a sweep), submitit folder, log paths"),
     ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
-    ("status.json", "launcher, job", "status (pending, running, completed, failed, cancelled, timeout, requeued), "
-     "exit code, error, summary"),
+    ("status.json", "launcher, job", "launcher.status.RunStatus: status (pending, running, completed, failed, "
+     "cancelled, timeout, requeued), updated/started/ended, exit_code, error, failed_rank, summary, duration_s, "
+     "attempt, restarts, stop, resumed, hosts, world_size, job ids, a Hydra app's output/working dir, earlier "
+     "(the outcomes before a resume)"),
     ("env/runtime.json", "job", "torch, CUDA, NCCL, cuDNN as seen on the node"),
     ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
     ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
@@ -317,10 +308,11 @@ class RunDir:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(m, dest)
         prev = self.status()
-        keep = {k: prev[k] for k in ("attempt", "hosts", "world_size", "job_id") if k in prev}
-        ended = {k: prev[k] for k in ("status", "error", "exit_code", "failed_rank", "ended") if k in prev}
-        atomic.write_json(self._p(self.STATUS), {**keep, "status": Status.pending.value, "updated": now_iso(),
-                                                  "earlier": [*prev.get("earlier", []), ended]})
+        ended = {"status": prev.state.value, "error": prev.error, "exit_code": prev.exit_code,
+                 "failed_rank": prev.failed_rank, "ended": prev.ended}
+        self._write_status(RunStatus(state=Status.pending, updated=now_iso(), attempt=prev.attempt, hosts=prev.hosts,
+                                     world_size=prev.world_size, job_id=prev.job_id,
+                                     earlier=[*prev.earlier, ended]))
 
     @property
     def metrics_path(self) -> Path:
@@ -353,8 +345,9 @@ class RunDir:
 
         return Layout.from_json((self.run() or {})["layout"])
 
-    def status(self) -> Dict[str, Any]:
-        return atomic.read_json(self._p(self.STATUS), {}) or {}
+    def status(self) -> RunStatus:
+        """status.json (a run whose job has not written one yet is pending)."""
+        return RunStatus.from_json(atomic.read_json(self._p(self.STATUS), {}))
 
     def job(self) -> Optional["JobRecord"]:
         """job.json (None: the run was never submitted)."""
@@ -486,27 +479,34 @@ class RunDir:
         return self._p(self.MANIFEST).exists()
 
     def is_final(self) -> bool:
-        return self.status().get("status") in FINAL
+        return self.status().is_final
 
-    def set_status(self, status: Union[str, Status], **extra: Any) -> bool:
-        """Record a non-final or final status; False (nothing written) once the run is final."""
-        status = Status(status).value
+    def _write_status(self, record: RunStatus) -> None:
+        atomic.write_json(self._p(self.STATUS), record.to_json())
+
+    def set_status(self, status: Status, **fields: Any) -> bool:
+        """Record a non-final or final status and these RunStatus fields; False (nothing written)
+        once the run is final."""
+        if not isinstance(status, Status):
+            raise TypeError(f"set_status takes a Status, not {type(status).__name__} {status!r}")
         prev = self.status()
-        if prev.get("status") in FINAL:
+        if prev.is_final:
             return False
-        record = {**prev, **extra, "status": status, "updated": now_iso()}
-        if status == Status.running.value and "started" not in record:
-            record["started"] = now_iso()
-        if status in FINAL:
-            record["ended"] = now_iso()
-        atomic.write_json(self._p(self.STATUS), record)
+        record = dataclasses.replace(prev, **fields, state=status, updated=now_iso())
+        if status is Status.running and record.started is None:
+            record = dataclasses.replace(record, started=now_iso())
+        if record.is_final:
+            record = dataclasses.replace(record, ended=now_iso())
+        self._write_status(record)
         return True
 
-    def finish(self, status: Union[str, Status], seal: bool = True, **extra: Any) -> bool:
+    def finish(self, status: Status, seal: bool = True, **fields: Any) -> bool:
         """Record the run's outcome (a final status) and seal it; False if it already had one."""
-        if Status(status).value not in FINAL:
-            raise ValueError(f"{status} is not a final status ({', '.join(FINAL)})")
-        done = self.set_status(status, **extra)
+        if not isinstance(status, Status):
+            raise TypeError(f"finish takes a Status, not {type(status).__name__} {status!r}")
+        if status.value not in FINAL:
+            raise ValueError(f"{status.value} is not a final status ({', '.join(FINAL)})")
+        done = self.set_status(status, **fields)
         if done and seal:
             self.seal()
         return done
@@ -539,7 +539,7 @@ class RunDir:
         if existing:
             return existing
         self.adopt_shared()  # a run that never started holds them too once sealed
-        manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().get("status"),
+        manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().state.value,
                     "files": self._files(), "snapshot": self._snapshot_digest(),
                     # checkpoints are large and pruned as training goes: named, not hashed
                     "checkpoints": [p.name for p in self.checkpoints()]}

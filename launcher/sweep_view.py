@@ -45,7 +45,7 @@ def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         train = (r.get("config") or {}).get("train")
         total = train.get("steps") if isinstance(train, dict) else None  # (a Hydra app's config may have none)
         rows.append({
-            "run_id": r["run_id"], "status": r["status"], "attempt": int(st.get("attempt") or 0) or None,
+            "run_id": r["run_id"], "status": r["status"], "attempt": int(st.attempt or 0) or None,
             "restarts": len(rd.restarts()), "step": metrics[-1].get("step") if metrics else 0, "steps": total,
             "loss": metrics[-1].get("loss") if metrics else r.get("final_loss"), "job_id": r.get("job_id"),
             "error": r.get("error"), **{k: ov.get(k, "") for k in keys}, "_keys": keys,
@@ -64,7 +64,7 @@ def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
     """(rows best first, swept keys, objective) of a sweep's runs."""
     ovs = [_overrides(r) for r in runs]
     keys = sweeps.swept_keys(ovs)
-    summaries = [RunDir(r["dir"]).status().get("summary") or {} for r in runs]
+    summaries = [RunDir(r["dir"]).status().summary or {} for r in runs]
     if not objective:
         subs = [(r.get("config") or {}).get("submit") for r in runs]
         wanted = {str(s.get("objective") or "final_loss") for s in subs if isinstance(s, dict)}

@@ -34,13 +34,17 @@ def runs_json(runs_root: Path) -> List[dict]:
 
 
 def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
-    """Poll `launcher runs --json` until n runs exist and all are final."""
+    """Poll `launcher runs --json` until n runs exist and all are final. A run whose job ended without
+    recording its outcome is settled by `launcher status SWEEP` (listing runs never records one)."""
     deadline = time.time() + timeout
     runs: List[dict] = []
     while time.time() < deadline:
         runs = runs_json(runs_root)
         if len(runs) >= n and all(r["status"] in FINAL for r in runs):
             return runs
+        for sweep in sorted({r["sweep_id"] for r in runs if r.get("job_ended") and r["status"] not in FINAL}):
+            run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(runs_root)], runs_root,
+                    timeout=120)
         time.sleep(1.0)
     raise AssertionError(f"runs not final after {timeout}s: {json.dumps(runs, indent=1)}")
 

@@ -465,7 +465,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import SweepDir
+    from launcher.rundir import Status, SweepDir
     from launcher.submit import submission
     from launcher.sweeps import TooManyJobs
 
@@ -559,7 +559,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
             task_function, hydra_context, singleton_state)
     except Exception as e:
         for rd in staged:
-            rd.finish("failed", seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
+            rd.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
         publish([], [])
         raise
     runs, job_ids = submission.submit([submission.Array([submission.Run(

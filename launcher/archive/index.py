@@ -17,12 +17,14 @@ DB_NAME = "registry.sqlite"
 COLUMNS = (
     "run_id", "sweep_id", "idx", "name", "dir", "status", "exit_code", "job_id", "backend", "created",
     "created_ts", "tags", "config", "final_loss", "tokens_per_s", "error", "reproduces", "return_value",
+    "failure_class",
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT, status TEXT,
   exit_code INTEGER, job_id TEXT, backend TEXT, created TEXT, created_ts REAL, tags TEXT,
-  config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT, return_value TEXT
+  config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT, return_value TEXT,
+  failure_class TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep_id);
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
@@ -39,6 +41,10 @@ def connect(root: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(db_path(root)), timeout=60)
     conn.row_factory = sqlite3.Row
     conn.executescript(SCHEMA)
+    have = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+    if have != list(COLUMNS):  # an index of an older layout: the caller rebuilds it from the run dirs
+        conn.close()
+        raise sqlite3.DatabaseError(f"the index has the columns of an older layout ({len(have)} of {len(COLUMNS)})")
     return conn
 
 

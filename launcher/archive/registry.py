@@ -1,8 +1,10 @@
 """The list of runs under a runs root, with live status.
 
 The run dirs are the truth: each holds run.json and status.json written by the launcher and the job.
-A run whose job died without writing its outcome (cancelled, timed out, node lost) gets its status
-from its backend (Slurm: sacct/squeue; local: the process table).
+Listing never writes a run dir: an unfinished run's row carries its scheduler's word (Slurm:
+sacct/squeue; local: the process table) in ``job_state``, and ``job_ended`` where the job ended
+without recording an outcome (launcher.outcome records it, for the commands that settle runs).
+A failed run's row holds its doctor class, found once when the row is first indexed as final.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sqlite3
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
 from launcher.archive import index
@@ -20,15 +22,6 @@ from launcher.rundir import FINAL, RunDir, Status, runs as run_dirs, sweeps
 
 def default_root() -> Path:
     return Path(os.environ.get("LAUNCHER_RUNS", "runs")).expanduser().resolve()
-
-
-def record_lost_outcome(rd: RunDir, state: "backends.JobState") -> str:
-    """A job ended without recording its outcome (killed, timed out, node lost): record the outcome
-    its scheduler state implies (a clean exit that recorded nothing is a failure), then seal the run."""
-    status = state.status.value if state.status in (Status.cancelled, Status.timeout) else Status.failed.value
-    rd.finish(status, exit_code=None,
-              error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
-    return rd.status().get("status", status)
 
 
 def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, "backends.JobState"]:
@@ -52,7 +45,7 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
         return None
     st = rd.status()
     job = rd.job()
-    summary = st.get("summary") or {}
+    summary = st.summary or {}
     if config is None:
         try:
             config = rd.config()
@@ -60,13 +53,24 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
             config = {}
     return {
         "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": meta.get("index"),
-        "name": meta.get("name"), "dir": str(rdir), "status": st.get("status", "pending"),
-        "exit_code": st.get("exit_code"), "job_id": job.job_id if job else None, "backend": meta.get("backend"),
+        "name": meta.get("name"), "dir": str(rdir), "status": st.state.value,
+        "exit_code": st.exit_code, "job_id": job.job_id if job else None, "backend": meta.get("backend"),
         "created": meta.get("created"), "created_ts": meta.get("created_ts", 0.0), "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
-        "error": st.get("error"), "reproduces": meta.get("reproduces"), "_job": job.to_json() if job else {},
+        "error": st.error, "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
+        "_job": job.to_json() if job else {},
         "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
     }
+
+
+def _failure_class(rd: RunDir, state: Status) -> Optional[str]:
+    """Why a finished run did not complete (launcher doctor's class, from the run dir and its logs,
+    no scheduler query); None for a completed or unfinished run. Indexed once, with the final row."""
+    if state.value not in FINAL or state is Status.completed:
+        return None
+    from launcher import doctor
+
+    return doctor.classify(rd).kind
 
 
 def scan(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
@@ -103,30 +107,28 @@ def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dic
         _rebuild_unreadable(Path(root), e)
 
 
-def _refresh(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Re-read unfinished runs from their dirs and ask their schedulers about them; returns changed rows."""
+def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, Dict[str, Any]]]:
+    """Re-read unfinished runs from their dirs and ask their schedulers about them: (rows whose run
+    dir changed, the scheduler's word by run id: job_state, job_ended). Writes no run dir."""
     live = [r for r in rows if r["status"] not in FINAL]
     fresh = {r["run_id"]: row_from_dir(Path(r["dir"])) for r in live}
     states = job_states(f["_job"] for f in fresh.values() if f and f["status"] not in FINAL)
-    changed = []
+    changed, words = [], {}
     for r in live:
         f = fresh.get(r["run_id"])
         if f is None:
             continue
-        if f["status"] not in FINAL:
-            state = states.get(str(f["_job"].get("job_id")))
-            if state is not None and state.ended:
-                record_lost_outcome(RunDir(r["dir"]), state)
-                f = row_from_dir(Path(r["dir"])) or f
-            elif state is not None:
-                f["status"] = state.status.value
+        state = states.get(str(f["_job"].get("job_id"))) if f["status"] not in FINAL else None
+        if state is not None:
+            words[r["run_id"]] = {"job_state": state.raw or state.status.value, "job_ended": state.ended}
         if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error", "return_value")):
             changed.append(f)
-    return changed
+    return changed, words
 
 
 def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[str, Any]]:
-    """Every run under root, oldest first, with current status (from the index, refreshed)."""
+    """Every run under root, oldest first, with current status (from the index; ``refresh``: the
+    unfinished runs re-read from their dirs, with their scheduler's word). Writes no run dir."""
     root = Path(root) if root else default_root()
     if not root.is_dir():
         return []
@@ -146,22 +148,25 @@ def _list(root: Path, refresh: bool) -> List[Dict[str, Any]]:
             found = scan(root, unknown)
             index.upsert(conn, found)
             rows = index.rows(conn)
+        words: Dict[str, Dict[str, Any]] = {}
         if refresh:
-            changed = _refresh(rows)
+            changed, words = _refresh(rows)
             if changed:
                 index.upsert(conn, changed)
                 rows = index.rows(conn)
-    return [public(r) for r in rows]
+    return [{**public(r), **words.get(r["run_id"], {})} for r in rows]
 
 
 def public(r: Dict[str, Any]) -> Dict[str, Any]:
-    """The JSON shape of `launcher runs --json`."""
+    """The JSON shape of `launcher runs --json` (``class``: launcher doctor's class of a run that did not
+    complete; ``job_state``, ``job_ended``: the scheduler's word on an unfinished run, where refreshed)."""
     return {
         "run_id": r["run_id"], "sweep_id": r["sweep_id"], "index": r["idx"], "name": r["name"], "dir": r["dir"],
         "status": r["status"], "exit_code": r["exit_code"], "job_id": r["job_id"], "backend": r["backend"],
         "created": r["created"], "tags": r.get("tags") or [], "final_loss": r["final_loss"],
         "tokens_per_s": r["tokens_per_s"], "error": r["error"], "reproduces": r.get("reproduces"),
         "return_value": r.get("return_value"), "config": r.get("config") or {},
+        "class": r.get("failure_class"), "job_state": None, "job_ended": False,
     }
 
 

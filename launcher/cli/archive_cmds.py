@@ -31,7 +31,7 @@ def cmd_show(args) -> int:
     job = rd.job()
     summary = {
         "run": meta,
-        "status": st,
+        "status": st.to_json(),
         "seeds": rd.seeds(),
         "code": compare.code_summary(rdir),
         "topology": compare.topology_summary(rdir),
@@ -49,15 +49,15 @@ def cmd_show(args) -> int:
     from rich.table import Table
 
     c = Console(highlight=False)
-    c.print(f"[bold]{escape(str(meta.get('run_id')))}[/bold]  {st.get('status')}  exit {st.get('exit_code')}  "
+    c.print(f"[bold]{escape(str(meta.get('run_id')))}[/bold]  {st.state.value}  exit {st.exit_code}  "
             f"{escape(str(rdir))}")
     t = Table(show_header=False)
     layout = meta.get("layout", {})
-    s = st.get("summary") or {}
+    s = st.summary or {}
     if meta.get("kind") == "hydra_app":  # a Hydra app's run: its task function, Hydra's dirs, its result
         app, hy = meta.get("app") or {}, meta.get("hydra") or {}
         _row(t, "app", f"{app.get('task_function')}  (config {app.get('config_name')}, job {hy.get('job_num')})")
-        _row(t, "hydra", f"output {st.get('output_dir') or hy.get('sweep_dir')}")
+        _row(t, "hydra", f"output {st.output_dir or hy.get('sweep_dir')}")
         if "return_value" in s:
             _row(t, "returned", repr(s["return_value"]))
     else:
@@ -72,8 +72,8 @@ def cmd_show(args) -> int:
     if s and "final_loss" in s:
         _row(t, "metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
                              f"{s.get('mean_tokens_per_s') or 0:,.0f} tokens/s")
-    if st.get("error"):
-        _row(t, "error", st["error"])
+    if st.error:
+        _row(t, "error", st.error)
     if summary["manifest_problems"]:
         _row(t, "manifest", "DOES NOT MATCH THE SEAL: " + ", ".join(summary["manifest_problems"]))
     if meta.get("reproduces"):
@@ -146,6 +146,9 @@ def cmd_resume(args) -> int:
     from launcher.submit.resume import resume
 
     rdir = resolve_run_dir(args._root, args.run)
+    from launcher import outcome
+
+    outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
     try:
         result = resume(rdir, steps=args.steps)
     except (ConfigErrors, FileNotFoundError) as e:

@@ -19,7 +19,7 @@ def add_parser(sub, parents: List[Any]) -> None:
 
 
 def _report(rd, ev, d) -> Dict[str, Any]:
-    return {"run_id": ev.run_id, "dir": str(rd.path), "status": ev.status.get("status"),
+    return {"run_id": ev.run_id, "dir": str(rd.path), "status": ev.status.state.value,
             "scheduler": ev.scheduler, **d.to_json()}
 
 

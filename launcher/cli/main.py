@@ -64,10 +64,6 @@ def cmd_runs(args) -> int:
     if args.tag:
         runs = [r for r in runs if args.tag in (r.get("tags") or [])]
     runs = [r for r in runs if registry.matches(r, where)]
-    from launcher import doctor
-
-    for r in runs:  # why a finished run did not complete (the run dir says; no scheduler query)
-        r["class"] = doctor.classify(r["dir"]).kind if r["status"] in FINAL and r["status"] != "completed" else None
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
@@ -85,10 +81,18 @@ def cmd_runs(args) -> int:
     for r in runs:
         loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else _result(r.get("return_value"))
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else ""
-        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r["class"] or "", r.get("job_id") or "", loss,
-                                                tps, r["dir"])))
+        table.add_row(*(Text(str(v)) for v in (r["run_id"], _status_cell(r), r["class"] or "", r.get("job_id") or "",
+                                                loss, tps, r["dir"])))
     Console().print(table)
     return 0
+
+
+def _status_cell(r) -> str:
+    """The recorded status; for a job that ended without recording an outcome, the scheduler's word too
+    (`launcher status` records the outcome it implies; listing writes nothing)."""
+    if r.get("job_ended") and r["status"] not in FINAL:
+        return f"{r['status']} (job ended: {r['job_state']})"
+    return r["status"]
 
 
 def _result(value) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from launcher import sweeps
 from launcher.archive import registry
-from launcher.rundir import FINAL
+from launcher.rundir import FINAL, RunDir
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
 RETRYABLE = ("failed", "cancelled", "timeout")
@@ -30,8 +30,19 @@ def _console():
 
 def _sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
     """The runs ``ident`` names (a sweep id, a run id or a run dir; none: the newest sweep), oldest
-    first, with their status refreshed from the scheduler."""
-    runs = registry.list_runs(root, refresh=refresh)
+    first, settled: a run whose job ended without recording an outcome gets the one its scheduler
+    state implies (launcher.outcome), so status, retry and results count it as ended."""
+    chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
+    lost = [RunDir(r["dir"]) for r in chosen if r.get("job_ended") and r["status"] not in FINAL]
+    if lost:
+        from launcher import outcome
+
+        outcome.settle_all(lost)
+        chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
+    return chosen
+
+
+def _chosen(runs: List[Dict[str, Any]], root: Path, ident: Optional[str]) -> List[Dict[str, Any]]:
     if not runs:
         sys.exit(f"launcher: no runs under {root}")
     if ident is None:

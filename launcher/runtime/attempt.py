@@ -6,7 +6,7 @@ Hydra app's task function).
         if a.ended: return ...            (the scheduler started a job whose run has ended)
         a.running()                       rank 0: status running
         ... run it ...
-        a.completed(summary) / a.fail(error) / a.end("timeout", ...) / a.stopped(...)
+        a.completed(summary) / a.fail(error) / a.end(Status.timeout, ...) / a.stopped(...)
 
 Every status change a job makes goes through the Attempt; an exception that leaves the block with
 no outcome recorded fails the run (rank error and status), so no job ends without saying why.
@@ -22,6 +22,7 @@ import traceback
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from launcher.rundir import RunDir, now_iso
+from launcher.status import Status
 
 # what a job reads from its run dir before it knows its place: (master port, environment variables)
 Settings = Callable[[RunDir], Tuple[Optional[int], Mapping[str, Any]]]
@@ -78,7 +79,7 @@ class Attempt:
 
     def running(self, **extra: Any) -> None:
         if self.denv.rank == 0:
-            self.rd.set_status("running", **self.job_ids, hosts=self.denv.hostnames,
+            self.rd.set_status(Status.running, **self.job_ids, hosts=self.denv.hostnames,
                                world_size=self.denv.world_size, **extra)
 
     def rank_error(self, text: str, echo: bool = True) -> str:
@@ -93,7 +94,7 @@ class Attempt:
             self.rd.write_rank_error(self.denv.rank, text)
         return text
 
-    def end(self, status: str, error: str, **extra: Any) -> bool:
+    def end(self, status: Status, error: str, **extra: Any) -> bool:
         """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal."""
         from launcher.archive.secrets import scrub
 
@@ -102,20 +103,20 @@ class Attempt:
 
     def fail(self, error: str, **extra: Any) -> bool:
         """This rank failed (the first rank to fail holds the root cause: a later one changes nothing)."""
-        return self.end("failed", error, failed_rank=self.denv.rank, **extra)
+        return self.end(Status.failed, error, failed_rank=self.denv.rank, **extra)
 
     def completed(self, summary: Dict[str, Any], **extra: Any) -> bool:
         """Rank 0, when no rank recorded an error: the run completed (and is sealed)."""
         self.recorded = True
         if self.denv.rank != 0 or self.rd.failed_ranks():
             return False
-        return self.rd.finish("completed", exit_code=0, summary=summary, duration_s=self.duration_s,
+        return self.rd.finish(Status.completed, exit_code=0, summary=summary, duration_s=self.duration_s,
                               **{**self.job_ids, **extra})
 
     def stopped(self, **extra: Any) -> None:
         """Stopped for the scheduler to decide what follows (preemption, requeue, cancel): requeued."""
         self.recorded = True
-        self.rd.set_status("requeued", **extra)
+        self.rd.set_status(Status.requeued, **extra)
 
     def requeued(self) -> None:
         """The next attempt was asked for (launcher.runtime.restarts.request_requeue)."""
@@ -136,7 +137,7 @@ def _early_failure(rd: RunDir, tb: str) -> None:
     print(tb, file=sys.stderr, flush=True)
     if not rd.is_final():
         rd.write_rank_error(rank, scrub(tb, os.environ))
-        rd.finish("failed", exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+        rd.finish(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
 
 
 @contextlib.contextmanager
@@ -162,7 +163,7 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
             os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
     a = Attempt(rd, denv)
     if a.ended:
-        print(f"run {rd.path} already ended ({rd.status().get('status')}): nothing to do", flush=True)
+        print(f"run {rd.path} already ended ({rd.status().state.value}): nothing to do", flush=True)
     else:
         a.record_rank()
         a.record_node()
@@ -172,5 +173,5 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
         if not a.recorded and not a.ended:
             error = f"{type(e).__name__}: {e}"
             a.rank_error(traceback.format_exc())
-            a.end("cancelled" if isinstance(e, KeyboardInterrupt) else "failed", error, failed_rank=denv.rank)
+            a.end(Status.cancelled if isinstance(e, KeyboardInterrupt) else Status.failed, error, failed_rank=denv.rank)
         raise

@@ -61,13 +61,13 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
     """Rank 0, before the others can read the run dir's state: the number of this attempt (1 = first
     start). Records the restart that led here; raises RuntimeError once the restart budget is spent."""
     st = rd.status()
-    prev = int(st.get("attempt") or 0)
+    prev = int(st.attempt or 0)
     attempt = prev + 1
     if prev:
         rd.move_aside(prev)
-        stop = st.get("stop") or {}
+        stop = st.stop or {}
         latest = rd.latest_checkpoint()
-        if not st.get("resumed"):  # launcher resume recorded its own row
+        if not st.resumed:  # launcher resume recorded its own row
             reason = stop.get("reason") or "scheduler"
             rd.record_restart({
                 "attempt": attempt, "reason": reason,
@@ -75,7 +75,7 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
                                                  "scontrol requeue) without a request from the run"),
                 "failed_step": stop.get("step"), "failed_rank": stop.get("rank"),
                 "from_step": RunDir.checkpoint_step(latest) if latest else 0,
-                "nodes": st.get("hosts"), "job_id": job_id,
+                "nodes": st.hosts, "job_id": job_id,
             })
         if rd.restarts_since_launch() > max_restarts:
             msg = (f"restart budget spent: {rd.restarts_since_launch()} restarts (train.max_restarts={max_restarts}); "

@@ -11,7 +11,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Dict
 
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, Status
 
 
 class RunTask:
@@ -43,7 +43,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
 
     with attempt(rd, settings) as a:
         if a.ended:  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
-            return rd.status().get("summary") or {}
+            return rd.status().summary or {}
         denv, cluster, train = a.denv, archived.get("cluster", {}), archived.get("train", {})
         backend = backends.get(str(cluster.get("backend", "local")))
         max_restarts = int(train.get("max_restarts", 0))
@@ -81,7 +81,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):
                     raise SystemExit(backend.requeue_exit_code)
-                a.end("timeout", detail + "; restart budget spent")
+                a.end(Status.timeout, detail + "; restart budget spent")
             else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
                 a.stopped(stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
             raise SystemExit(1)
@@ -93,7 +93,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
                 raise SystemExit(backend.requeue_exit_code) from e
             # the first rank to fail holds the root cause; the others fail because it went away
             if isinstance(e, KeyboardInterrupt):
-                a.end("cancelled", error, failed_rank=denv.rank)
+                a.end(Status.cancelled, error, failed_rank=denv.rank)
             else:
                 a.fail(error)
             raise
@@ -158,7 +158,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, a
         **({"device_id": torch.device(device)} if use_cuda else {}),
     )
     dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
-    attempt["n"] = int(rd.status().get("attempt") or 1)
+    attempt["n"] = int(rd.status().attempt or 1)
     ctx = RunContext(
         rank=denv.rank,
         world_size=denv.world_size,

@@ -75,7 +75,7 @@ class Watch:
                 print(f"[watchdog] rank {self.rank}: {failed[0]} failed; ending this rank too",
                       file=sys.stderr, flush=True)
                 os._exit(1)
-            if self.rd.status().get("status") == Status.cancelled.value:
+            if self.rd.status().state is Status.cancelled:
                 # cancelled (launcher cancel, submit.wait_timeout_s): the outcome is recorded, and a rank
                 # blocked in a collective would not see the interrupt until the process-group timeout
                 print(f"[watchdog] rank {self.rank}: the run was cancelled; ending this rank",

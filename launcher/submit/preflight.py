@@ -16,12 +16,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher import ladder
 from launcher.archive import atomic
-from launcher.rundir import FINAL, RunDir, now_iso
+from launcher.outcome import settle
+from launcher.rundir import RunDir, now_iso
+from launcher.status import RunStatus, Status
 from launcher.submit.progress import cancel_run
 
 RECORD_DIR = "preflight"
@@ -182,31 +183,25 @@ def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: A
     return False
 
 
-def _status(rd: RunDir) -> Dict[str, Any]:
-    """The run's status; for a job that ended without recording one, what the scheduler says."""
-    from launcher.submit.progress import _final_status
-
-    st = rd.status()
-    if st.get("status") in FINAL or not getattr(rd.job(), "job_id", None):
-        return st
-    final = _final_status(SimpleNamespace(rundir=rd))
-    return {**rd.status(), "status": final}
-
-
-def entry_status(entry: Dict[str, Any]) -> Dict[str, Any]:
-    """The status of a recorded rung's run ({} where it has none), asked of the scheduler once."""
-    return _status(RunDir(entry["run_dir"])) if entry.get("run_dir") else {}
+def entry_status(entry: Dict[str, Any]) -> RunStatus:
+    """The status of a recorded rung's run (pending where it has none), settled: a job its scheduler
+    says ended without recording an outcome gets the one its state implies (launcher.outcome)."""
+    if not entry.get("run_dir"):
+        return RunStatus()
+    rd = RunDir(entry["run_dir"])
+    settle(rd)
+    return rd.status()
 
 
-def judge_entry(entry: Dict[str, Any], status: Dict[str, Any]) -> ladder.Verdict:
+def judge_entry(entry: Dict[str, Any], status: RunStatus) -> ladder.Verdict:
     """A recorded rung's verdict, from what its run left (``status``: ``entry_status(entry)``)."""
     if entry.get("skip"):
         return ladder.Verdict(ladder.SKIPPED, reasons=[entry["skip"]])
     if not entry.get("run_dir"):
         return ladder.Verdict(ladder.NOT_RUN)
     rd = RunDir(entry["run_dir"])
-    if status.get("status") == "cancelled" and str(status.get("error", "")).startswith("not run"):
-        return ladder.Verdict(ladder.NOT_RUN, reasons=[str(status["error"])])
+    if status.state is Status.cancelled and str(status.error or "").startswith("not run"):
+        return ladder.Verdict(ladder.NOT_RUN, reasons=[str(status.error)])
     cfg = rd.config() or {}
     cl = cfg.get("cluster") or {}
     if entry["name"] == "comm":
@@ -260,7 +255,7 @@ def show_record(record: Dict[str, Any], out=None) -> int:
         status = entry_status(e)
         v = judge_entry(e, status)
         verdicts.append(v)
-        st = status.get("status", "")
+        st = status.state.value if e.get("run_dir") else ""
         style = {ladder.GO: "green", ladder.WARN: "yellow", ladder.NO_GO: "bold red"}.get(v.verdict, "dim")
         notes = list(e.get("notes") or []) + v.reasons
         table.add_row(e["name"], Text(e["title"]), Text(e.get("run_id") or "-"), st,

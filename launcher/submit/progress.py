@@ -7,20 +7,8 @@ from typing import Any, List
 
 from rich.text import Text
 
-from launcher.rundir import FINAL, Status
-
-
-def _final_status(run) -> str:
-    """The run's recorded outcome; for a job that ended without one, what its scheduler says."""
-    st = run.rundir.status().get("status", "pending")
-    if st in FINAL:
-        return st
-    from launcher.archive.registry import job_states, record_lost_outcome
-    from launcher.backends import JobState
-
-    job = run.rundir.job()
-    state = (job_states([job.to_json()]).get(job.job_id) if job else None) or JobState(Status.failed, "")
-    return record_lost_outcome(run.rundir, state)
+from launcher.outcome import settle
+from launcher.rundir import Status
 
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,
@@ -52,7 +40,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                 rows = r.rundir.metrics()
                 done_steps[i] = len(rows)
                 if not compact:
-                    info = r.rundir.status().get("status", "pending")
+                    info = r.rundir.status().state.value
                     if rows:
                         info = (f"loss {rows[-1].get('loss', float('nan')):.4f}  "
                                 f"{rows[-1].get('tokens_per_s', 0):,.0f} tok/s")
@@ -62,7 +50,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                     if compact:
                         done_steps[i] = totals[i]
                     else:
-                        progress.update(tasks[i], info=_final_status(r))
+                        progress.update(tasks[i], info=settle(r.rundir, ended=True).value)
             if compact:
                 ended = len(runs) - len(pending)
                 progress.update(whole, completed=sum(done_steps), info=f"{ended}/{len(runs)} ended")
@@ -73,17 +61,17 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                 time.sleep(poll_s)
     ok = True
     for r in runs:
-        st = _final_status(r)
-        ok &= st == "completed"
+        st = settle(r.rundir, ended=True).value
+        ok &= st == Status.completed
         status = r.rundir.status()
-        summary = status.get("summary") or {}
+        summary = status.summary or {}
         loss, first = summary.get("final_loss"), summary.get("first_loss")
         tps = summary.get("mean_tokens_per_s")
         extra = ""
         if loss is not None and first is not None and tps:
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
-            extra = f"{status.get('error', '')}  (logs: {log_of_failure(r)})"
+            extra = f"{status.error or ''}  (logs: {log_of_failure(r)})"
         if quiet:
             continue
         if compact:
@@ -98,7 +86,7 @@ def log_of_failure(run) -> Path:
     from launcher import backends
 
     job = run.rundir.job()
-    rank = int(run.rundir.status().get("failed_rank") or 0)
+    rank = int(run.rundir.status().failed_rank or 0)
     return backends.get(job.backend).log_path(job, rank, err=True)
 
 
@@ -106,7 +94,7 @@ def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
     """submit.wait_timeout_s reached: record the outcome (once: a rank that notices cannot record
     another), cancel the jobs, wait until they have ended (no rank writes any more), then seal."""
     for r in runs:
-        r.rundir.finish("cancelled", seal=False, exit_code=None,
+        r.rundir.finish(Status.cancelled, seal=False, exit_code=None,
                         error=f"cancelled: submit.wait_timeout_s={timeout_s} reached before the run ended")
         r.job.cancel(check=False)
     deadline = time.time() + grace_s
@@ -126,7 +114,7 @@ def cancel_run(rd: Any, error: str) -> bool:
     from launcher import backends
     from launcher.backends.local import wait_for_local_ranks
 
-    recorded = rd.finish("cancelled", seal=False, exit_code=None, error=error)
+    recorded = rd.finish(Status.cancelled, seal=False, exit_code=None, error=error)
     job = rd.job()
     if job is not None and job.job_id:
         backends.get(job.backend).cancel(job)

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from launcher import backends
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.rundir import FINAL, RunDir, SweepDir
+from launcher.rundir import FINAL, RunDir, Status, SweepDir
 
 
 @dataclass
@@ -77,8 +77,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is a run of a Hydra app (hydra/launcher=launcher_*)",
                                         "run the app's sweep again")])
     st = rd.status()
-    if st.get("status") not in FINAL:
-        raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.get('status')}: its job may still be running or "
+    if st.state not in FINAL:
+        raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.state.value}: its job may still be running or "
                                         "queued", "wait for it, or `launcher cancel` it first")])
     problems = rd.verify()
     if problems:
@@ -95,7 +95,7 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
             raise ConfigErrors([ConfigError("--steps", f"{steps} is before the latest checkpoint of {run_id} "
                                             f"(step {done})", f"choose --steps {max(done, old_steps)} or more")])
         plain["train"]["steps"] = int(steps)
-    if done >= int(plain["train"]["steps"]) and st.get("status") == "completed":
+    if done >= int(plain["train"]["steps"]) and st.state == "completed":
         raise ConfigErrors([ConfigError("--steps", f"{run_id} completed all {old_steps} steps",
                                         f"pass --steps N with N > {old_steps} to train further")])
     cfg = typed(plain)
@@ -176,7 +176,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
         from launcher.archive import registry
 
         for r in runs:
-            r.rundir.set_status("pending", job_id=r.job_id, attempt=attempts[r.run_id], resumed=True)
+            r.rundir.set_status(Status.pending, job_id=r.job_id, attempt=attempts[r.run_id], resumed=True)
         for n in nexts:
             if n.rd.is_final():
                 n.rd.seal()

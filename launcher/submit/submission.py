@@ -19,6 +19,7 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
+from launcher.status import Status
 
 T = TypeVar("T")
 
@@ -120,10 +121,10 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
                     submitted = _submit_array(arr, known, job_name(arr))
                 except Exception as e:
                     for r in arr.points:
-                        r.staged.finish("failed", seal=False, exit_code=None,
+                        r.staged.finish(Status.failed, seal=False, exit_code=None,
                                         error=secrets.scrub(f"{refused}: {e}", known))
                     for r in (r for later in planned[i + 1:] for r in later.points):
-                        r.staged.finish("failed", seal=False, exit_code=None, error=secrets.scrub(
+                        r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(
                             f"not submitted: an earlier array of the sweep was refused ({e})", known))
                     raise
                 runs.extend(submitted)

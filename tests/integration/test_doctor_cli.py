@@ -32,6 +32,7 @@ import sys
 
 import pytest
 
+from launcher.status import Status
 from launcher.doctor import FIXES
 from unit.test_doctor import OOM_STARTUP, _run_dir  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
@@ -40,7 +41,7 @@ from unit.test_doctor import OOM_STARTUP, _run_dir  # noqa: F401 (fixtures and h
 def test_doctor_command_imports_no_torch(tmp_path):
     rd = _run_dir(tmp_path / "run")
     rd.write_rank_error(0, OOM_STARTUP)
-    rd.finish("failed", failed_rank=0, error="RuntimeError: DefaultCPUAllocator: can't allocate memory")
+    rd.finish(Status.failed, failed_rank=0, error="RuntimeError: DefaultCPUAllocator: can't allocate memory")
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher.cli.main", "doctor", str(rd.path),
                           "--json"], capture_output=True, text=True, timeout=100, cwd=tmp_path,
                          env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin"})

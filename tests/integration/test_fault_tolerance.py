@@ -46,7 +46,7 @@ def status(run_dir: Path) -> dict:
     """The run's status record; a run whose job has not started yet has none (pending)."""
     from launcher.rundir import RunDir
 
-    return RunDir(run_dir).status() or {"status": "pending"}
+    return RunDir(run_dir).status().to_json()
 
 
 def restarts(run_dir: Path) -> List[dict]:

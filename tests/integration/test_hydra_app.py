@@ -50,7 +50,7 @@ def check_archived(run: dict, sweep_out: Path, point: dict) -> RunDir:
     for name in (RunDir.SEEDS, RunDir.OVERRIDES, RunDir.GIT, RunDir.PIP_FREEZE):  # the run's own, from the sweep's
         assert (rd.path / name).is_file(), name
     st = rd.status()
-    out = Path(st["output_dir"])
+    out = Path(st.output_dir)
     assert out.parent == sweep_out.resolve()
     for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
         assert (out / ".hydra" / name).is_file(), name
@@ -73,10 +73,10 @@ def test_example_app_local(runs_root, tmp_path):
     for i, (r, (x, y)) in enumerate(zip(runs, [(1, 0), (1, 1), (2, 0), (2, 1)])):
         rd = check_archived(r, out, {"x": x, "y": y})
         st = rd.status()
-        assert st["summary"]["return_value"] == quadratic(x, y)
-        assert Path(st["output_dir"]) == out / str(i)
+        assert st.summary["return_value"] == quadratic(x, y)
+        assert Path(st.output_dir) == out / str(i)
         # job.chdir=true: the task ran in its output dir, and wrote its own file there
-        assert Path(st["working_dir"]).resolve() == (out / str(i)).resolve()
+        assert Path(st.working_dir).resolve() == (out / str(i)).resolve()
         assert float((out / str(i) / "value.txt").read_text()) == quadratic(x, y)
         assert (out / str(i) / "app.log").is_file()  # Hydra's job log
     assert (out / "multirun.yaml").is_file()
@@ -98,7 +98,7 @@ def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
     runs = runs_json(runs_root)
     orig = next(r for r in runs if r["index"] == 2)  # x=2 seed=3
     assert RunDir(orig["dir"]).run()["app"]["entry"] == {"module": "recipes.hydra_example.app"}  # started with -m
-    want = RunDir(orig["dir"]).status()["summary"]["return_value"]
+    want = RunDir(orig["dir"]).status().summary["return_value"]
     assert want != quadratic(2, 0)  # the seeded noise is in it
 
     refused = reproduce([orig["run_id"]], runs_root, tmp_path)
@@ -110,7 +110,7 @@ def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
     new = [r for r in runs_json(runs_root) if r["run_id"] not in {x["run_id"] for x in runs}]
     assert len(new) == 1 and new[0]["status"] == "completed" and new[0]["reproduces"] == orig["run_id"], new
     rd = RunDir(new[0]["dir"])
-    assert rd.status()["summary"]["return_value"] == want  # bitwise: same code, config and seed
+    assert rd.status().summary["return_value"] == want  # bitwise: same code, config and seed
     cfg, was = rd.config(), RunDir(orig["dir"]).config()
     assert {k: cfg[k] for k in ("x", "y", "seed", "noise")} == {k: was[k] for k in ("x", "y", "seed", "noise")}
     assert rd.snapshot()["path"] == RunDir(orig["dir"]).snapshot()["path"]  # it ran the archived code
@@ -118,7 +118,7 @@ def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
     changed = reproduce([orig["run_id"], "+api_key=sk-other-0123456789abcd", "noise=0", "y=1"], runs_root, tmp_path)
     assert changed.returncode == 0, changed.stderr[-3000:]
     latest = max((r for r in runs_json(runs_root) if r.get("reproduces") == orig["run_id"]), key=lambda r: r["created"])
-    assert RunDir(latest["dir"]).status()["summary"]["return_value"] == quadratic(2, 1)
+    assert RunDir(latest["dir"]).status().summary["return_value"] == quadratic(2, 1)
 
 
 def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_path):
@@ -135,8 +135,8 @@ def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_pa
     for r in runs:
         rd = RunDir(r["dir"])
         assert rd.config()["api_key"] == "<redacted>"
-        assert [k["rank"] for k in rd.ranks()] == [0, 1] and rd.status()["world_size"] == 2
-        assert yaml.safe_load((Path(rd.status()["output_dir"]) / ".hydra" / "config.yaml").read_text())[
+        assert [k["rank"] for k in rd.ranks()] == [0, 1] and rd.status().world_size == 2
+        assert yaml.safe_load((Path(rd.status().output_dir) / ".hydra" / "config.yaml").read_text())[
             "api_key"] == secret  # Hydra's own output dir: the task's config as the task saw it
     leaked = [str(p) for p in runs_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaked, leaked
@@ -164,13 +164,13 @@ def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_p
         assert rd.ranks()[0]["slurmd_nodename"].startswith("node")
         st = rd.status()
         if fail:
-            assert st["error"].startswith("ValueError: asked to fail") and rd.rank_errors()
-            assert not (Path(st["output_dir"]) / "value.txt").exists()
+            assert st.error.startswith("ValueError: asked to fail") and rd.rank_errors()
+            assert not (Path(st.output_dir) / "value.txt").exists()
         else:
-            assert st["summary"]["return_value"] == quadratic(x, 0.0)
+            assert st.summary["return_value"] == quadratic(x, 0.0)
             # job.chdir=false (Hydra 1.3's default): the task ran in the launch directory
-            assert Path(st["working_dir"]).resolve() == tmp_path.resolve()
-            assert float((Path(st["output_dir"]) / "value.txt").read_text()) == quadratic(x, 0.0)
+            assert Path(st.working_dir).resolve() == tmp_path.resolve()
+            assert float((Path(st.output_dir) / "value.txt").read_text()) == quadratic(x, 0.0)
     show = run_cmd([sys.executable, "-m", "launcher.cli.main", "show", runs[0]["run_id"], "--root", str(runs_root)],
                    runs_root, timeout=120)
     assert show.returncode == 0, show.stdout + show.stderr
@@ -208,7 +208,7 @@ def test_wait_false_returns_once_queued(slurm, runs_root, tmp_path):
                   runs_root, cwd=tmp_path, extra_env=slurm)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = wait_final(runs_root, 2, timeout=300)
-    assert [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs] == [quadratic(3, 0), quadratic(4, 0)]
+    assert [RunDir(r["dir"]).status().summary["return_value"] for r in runs] == [quadratic(3, 0), quadratic(4, 0)]
 
 
 def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
@@ -227,7 +227,7 @@ def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
     assert all(RunDir(r["dir"]).run()["hydra"]["job_num"] == RunDir(r["dir"]).run()["index"] for r in runs)
     sweep = json.loads((runs_root / runs[0]["sweep_id"] / "sweep.json").read_text())
     assert sweep["num_runs"] == 4 and sweep["runs"] == [f"{runs[0]['sweep_id']}-{i}" for i in range(4)]
-    values = [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs]
+    values = [RunDir(r["dir"]).status().summary["return_value"] for r in runs]
     for r, v in zip(runs, values):
         cfg = RunDir(r["dir"]).config()
         assert v == pytest.approx(quadratic(cfg["x"], cfg["y"]))
@@ -291,7 +291,7 @@ def test_wait_false_job_returns_hold_run_ids(runs_root, tmp_path, monkeypatch):
     ids = [r.return_value for r in rets]
     runs = wait_final(runs_root, 2, timeout=300)
     assert ids == [r["run_id"] for r in runs]
-    assert [RunDir(r["dir"]).status()["summary"]["return_value"] for r in runs] == [quadratic(5, 0), quadratic(6, 0)]
+    assert [RunDir(r["dir"]).status().summary["return_value"] for r in runs] == [quadratic(5, 0), quadratic(6, 0)]
 
 
 # ---- Hydra's own launcher test suites, against our launchers ------------------------------------

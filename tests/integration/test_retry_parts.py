@@ -5,6 +5,7 @@ and the results table (swept keys, objective direction, order, CSV)."""
 import pytest
 from hydra import compose, initialize_config_dir
 
+from launcher.status import Status
 from launcher.app import CONF_DIR, normalize_overrides
 
 
@@ -23,7 +24,7 @@ def _ended_run(tmp_path, *overrides):
     code.mkdir(exist_ok=True)
     sweep = pipeline.create(checked, tmp_path / "runs", ["launch"], code, None)
     (rd,) = pipeline.stage(sweep, checked)
-    rd.finish("failed", exit_code=1, error="boom")
+    rd.finish(Status.failed, exit_code=1, error="boom")
     return rd
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import clone_worktree, BIN, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, Status
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -98,13 +98,13 @@ def test_a_seal_is_never_rewritten(tmp_path):
     """Deleting status.json and letting the registry record an outcome must not re-seal over the
     evidence: the old manifest stays and still shows the change."""
     rd = RunDir(tmp_path / "run")
-    rd.set_status("running")
+    rd.set_status(Status.running)
     rd.write_seeds({"seed": 1})
-    assert rd.finish("completed", exit_code=0)
+    assert rd.finish(Status.completed, exit_code=0)
     sealed = (rd.path / "manifest.json").read_text()
     os.chmod(rd.path / "status.json", 0o644)
     (rd.path / "status.json").unlink()
-    assert rd.finish("failed", error="lost")  # a new status may be recorded ...
+    assert rd.finish(Status.failed, error="lost")  # a new status may be recorded ...
     assert (rd.path / "manifest.json").read_text() == sealed  # ... but the seal is not rewritten
     assert "status.json changed" in rd.verify()
 
@@ -148,7 +148,7 @@ def test_cancel_stops_a_local_run_and_records_cancelled(tmp_path):
     assert not pid_alive(int(run["job_id"]))
     time.sleep(2)  # nothing of the job writes after this
     st = RunDir(run["dir"]).status()
-    assert st["status"] == "cancelled" and st["exit_code"] is None, st
+    assert st.state == "cancelled" and st.exit_code is None, st
     assert RunDir(run["dir"]).verify() == []
     (again,) = runs_json(root)
     assert again["status"] == "cancelled"
@@ -161,7 +161,7 @@ def test_wait_timeout_cancels_then_records(tmp_path):
     (run,) = runs_json(root)
     rd = RunDir(run["dir"])
     st = rd.status()
-    assert st["status"] == "cancelled" and "wait_timeout_s=15" in st["error"], st
+    assert st.state == "cancelled" and "wait_timeout_s=15" in st.error, st
     deadline = time.time() + 30  # killed ranks linger briefly as zombies until reaped
     while time.time() < deadline and any(pid_alive(r["pid"]) for r in rd.ranks()):
         time.sleep(0.2)

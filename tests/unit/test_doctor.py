@@ -32,6 +32,7 @@ from pathlib import Path
 
 from launcher import doctor
 from launcher.doctor import FIXES, KINDS, Diagnosis, Evidence, diagnose
+from launcher.rundir import Status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -418,7 +419,7 @@ def test_gather_reads_the_run_dir(tmp_path):
     rd = _run_dir(tmp_path / "run")
     rd.write_rank_error(1, EXC_RANK1)
     rd.write_rank_error(0, PEER_CLOSED)
-    rd.set_status("failed", failed_rank=1, error="RuntimeError: injected failure at step 2 on rank 1")
+    rd.set_status(Status.failed, failed_rank=1, error="RuntimeError: injected failure at step 2 on rank 1")
     ev = doctor.gather(rd)
     assert ev.run_id == "s-0" and ev.world_size == 2 and ev.started == [0, 1] and ev.master == "vm:51129"
     assert set(ev.errors) == {0, 1} and ev.error_order == [1, 0] and ev.config["train.micro_batch_size"] == 4

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, Status
 from launcher.runtime import restarts, stacks
 
 
@@ -16,7 +16,8 @@ def make_run(tmp_path: Path, status: dict = None) -> RunDir:
     rd = RunDir(tmp_path / "run")
     rd.path.mkdir()
     rd.write_run({"run_id": "x-0", "layout": {}})
-    rd.set_status(**(status or {"status": "pending"}))
+    fields = dict(status or {"status": "pending"})
+    rd.set_status(Status(fields.pop("status")), **fields)
     return rd
 
 
@@ -42,7 +43,7 @@ def test_seal_names_checkpoints_without_hashing_them(tmp_path):
     rd.checkpoint_dir(10).mkdir(parents=True)
     (rd.checkpoint_dir(10) / "model.pt").write_bytes(b"x" * 100)
     rd.set_latest(rd.checkpoint_dir(10))
-    rd.finish("completed")
+    rd.finish(Status.completed)
     manifest = json.loads((rd.path / "manifest.json").read_text())
     assert manifest["checkpoints"] == ["step_00000010"]
     assert not any(k.startswith("checkpoints/") for k in manifest["files"])
@@ -60,16 +61,16 @@ def test_restarts_since_launch_counts_from_the_last_resume(tmp_path):
 
 def test_reopen_keeps_the_old_seal_and_makes_the_run_writable(tmp_path):
     rd = make_run(tmp_path)
-    rd.set_status("running", attempt=1, hosts=["n1"])
-    rd.finish("failed", error="boom", exit_code=1)
+    rd.set_status(Status.running, attempt=1, hosts=["n1"])
+    rd.finish(Status.failed, error="boom", exit_code=1)
     # the mode bits, not os.access: as root (CI) every file is writable whatever its mode
     sealed = [p for p in rd.path.rglob("*") if p.is_file()]
     assert rd.path / "run.json" in sealed
     assert all(p.stat().st_mode & 0o222 == 0 for p in sealed), [oct(p.stat().st_mode) for p in sealed]
     rd.reopen(1)
     st = rd.status()
-    assert st["status"] == "pending" and "error" not in st and st["earlier"][0]["error"] == "boom"
-    assert st["attempt"] == 1 and st["hosts"] == ["n1"]
+    assert st.state == "pending" and st.error is None and st.earlier[0]["error"] == "boom"
+    assert st.attempt == 1 and st.hosts == ["n1"]
     assert (rd.attempt_dir(1) / "manifest.json").exists() and not (rd.path / "manifest.json").exists()
     assert os.stat(rd.path / "run.json").st_mode & 0o200
 
@@ -96,20 +97,20 @@ def test_attempts_record_why_they_restarted_and_stop_at_the_budget(tmp_path):
     # a second rank of the same attempt learns it was done, without asking again
     assert restarts.request_requeue(rd, backend, attempt=1, max_restarts=1, reason="failure", detail="rank 0: reset",
                                     rank=0, step=None, job_id="7")
-    assert backend.calls == ["7"] and rd.status()["status"] == "requeued"
+    assert backend.calls == ["7"] and rd.status().state == "requeued"
 
     assert restarts.begin_attempt(rd, max_restarts=1, job_id="7") == 2
     (row,) = rd.restarts()
     assert row["attempt"] == 2 and row["reason"] == "failure" and row["detail"] == "rank 1: boom"
     assert rd.failed_ranks() == [] and (rd.attempt_dir(1) / "ranks" / "rank_1.error").exists()
-    assert rd.status()["status"] == "running" and rd.status()["stop"] is None
+    assert rd.status().state == "running" and rd.status().stop is None
 
     # the budget (1 restart) is spent: no second requeue; a restart the scheduler makes anyway is refused
     assert not restarts.request_requeue(rd, backend, attempt=2, max_restarts=1, reason="failure", detail="again",
                                         rank=0, step=None, job_id="7")
     with pytest.raises(RuntimeError, match="restart budget spent"):
         restarts.begin_attempt(rd, max_restarts=1, job_id="7")
-    assert rd.status()["status"] == "failed" and rd.restarts()[-1]["reason"] == "scheduler"
+    assert rd.status().state == "failed" and rd.restarts()[-1]["reason"] == "scheduler"
 
 
 def test_stop_signals_are_remembered_and_chained(tmp_path):
@@ -452,7 +453,7 @@ def test_a_refused_requeue_fails_the_run_instead(tmp_path):
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")
     assert not restarts.request_requeue(rd, Refusing(), attempt=1, max_restarts=3, reason="failure", detail="x",
                                         rank=0, step=3, job_id="9")
-    assert "presently disabled" in rd.status()["stop"]["requeue_error"]
+    assert "presently disabled" in rd.status().stop["requeue_error"]
 
 
 def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypatch):
@@ -471,7 +472,7 @@ def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypat
         task.run(rd)
     assert "OSError: disk gone" in rd.rank_errors()[1]
     st = rd.status()
-    assert st["status"] == "failed" and st["failed_rank"] == 1 and "disk gone" in st["error"]
+    assert st.state == "failed" and st.failed_rank == 1 and "disk gone" in st.error
     # what rank 0's peer watch asks (and ends its process on)
     assert rd.failed_ranks(except_rank=0, since=watch._born)
 

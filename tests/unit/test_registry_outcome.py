@@ -1,7 +1,7 @@
 """A job that died without recording its outcome gets the one its scheduler state implies, sealed."""
 import pytest
 
-from launcher.archive.registry import record_lost_outcome
+from launcher.outcome import record_lost_outcome
 from launcher.backends import JobState, slurm
 from launcher.rundir import RunDir, Status
 
@@ -10,19 +10,19 @@ from launcher.rundir import RunDir, Status
                                         ("COMPLETED", "failed"), ("NODE_FAIL", "failed"), ("", "failed")])
 def test_lost_outcome_is_recorded_and_sealed(tmp_path, state, want):
     rd = RunDir(tmp_path)
-    rd.set_status("running")
+    rd.set_status(Status.running)
     job_state = slurm.state_of(state) or JobState(Status.failed, state)
     assert record_lost_outcome(rd, job_state) == want
     status = rd.status()
-    assert status["status"] == want and "without recording an outcome" in status["error"]
+    assert status.state == want and "without recording an outcome" in status.error
     assert rd.verify() == []
 
 
 def test_a_final_status_is_never_overwritten(tmp_path):
     rd = RunDir(tmp_path)
-    assert rd.finish("completed", exit_code=0)
-    assert not rd.finish("failed", exit_code=1) and not rd.set_status("running")
-    assert rd.status()["status"] == "completed" and rd.verify() == []
+    assert rd.finish(Status.completed, exit_code=0)
+    assert not rd.finish(Status.failed, exit_code=1) and not rd.set_status(Status.running)
+    assert rd.status().state == "completed" and rd.verify() == []
 
 
 def _hydra_app_run(root, sweep, index, value):
@@ -31,7 +31,7 @@ def _hydra_app_run(root, sweep, index, value):
     rd = SweepDir(root / sweep).run(index)
     rd.write_config({"x": index})
     rd.write_run({"run_id": f"{sweep}-{index}", "sweep_id": sweep, "index": index, "kind": "hydra_app"})
-    rd.finish("completed", exit_code=0, summary={"return_value": value})
+    rd.finish(Status.completed, exit_code=0, summary={"return_value": value})
     return rd
 
 

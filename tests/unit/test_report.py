@@ -10,7 +10,7 @@ import pytest
 from launcher import report
 from launcher.cli.main import main
 from launcher.job_record import JobRecord
-from launcher.rundir import RunDir, SweepDir
+from launcher.rundir import RunDir, Status, SweepDir
 
 EVIL = "<script>alert(1)</script>"
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
@@ -91,7 +91,7 @@ def make_run(sweep: SweepDir, index: int, *, steps=6, seed=1, metrics=True, stat
                       "backend": "local", "kind": "hydra_app", "app": {"task_function": "my_app.main",
                                                                        "config_name": "config"},
                       "hydra": {"job_num": index, "sweep_dir": "multirun/x"}})
-        rd.finish(status, exit_code=0, summary={"return_value": 0.25 + index})
+        rd.finish(Status(status), exit_code=0, summary={"return_value": 0.25 + index})
         return rd
     rd.write_plan(PLAN)
     rd.write_run({"run_id": sweep.run_id(index), "sweep_id": sweep.sweep_id, "index": index, "seed": seed,
@@ -116,7 +116,7 @@ def make_run(sweep: SweepDir, index: int, *, steps=6, seed=1, metrics=True, stat
         rd.rewrite_metrics(rows)
     summary = {"final_loss": rows[-1]["loss"], "first_loss": rows[0]["loss"], "steps": steps,
                "mean_tokens_per_s": 1000.0} if rows else {}
-    rd.finish(status, exit_code=0 if status == "completed" else 1, error=error, summary=summary)
+    rd.finish(Status(status), exit_code=0 if status == "completed" else 1, error=error, summary=summary)
     return rd
 
 

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 import launcher.app as app
 from hydra_plugins.launcher_plugin.plugin import BASIC_SWEEPER, LauncherPlugin
 from launcher.app import CONF_DIR, RunFailed
+from launcher.status import RunStatus, Status
 
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 SECRET = "hf_abcdefgh12345678"
@@ -110,12 +111,13 @@ def test_run_failed_is_compact():
 class _Run:
     def __init__(self, index, status, summary=None, error=None):
         self.run_id = f"S-{index}"
-        self.rundir = SimpleNamespace(status=lambda: {"status": status, "summary": summary, "error": error})
+        self.rundir = SimpleNamespace(status=lambda: RunStatus(state=Status(status), summary=summary, error=error))
 
 
 @pytest.mark.parametrize("objective,want", [("final_loss", 5.5), ("mean_tokens_per_s", 1234.0)])
 def test_objective_from_the_summary(objective, want, monkeypatch):
     import launcher.submit.pipeline as pipeline
+    import launcher.outcome as outcome
     import launcher.submit.progress as progress
 
     runs = [_Run(1, "failed", error="RuntimeError: x"), _Run(0, "completed", {"final_loss": 5.5,
@@ -125,7 +127,7 @@ def test_objective_from_the_summary(objective, want, monkeypatch):
     monkeypatch.setattr(pipeline, "launch", lambda points, **kw: (print("sweep S: 3 run(s) submitted", file=kw["out"]),
                                                                    result)[1])
     monkeypatch.setattr(progress, "wait_and_report", lambda *a, **kw: True)
-    monkeypatch.setattr(progress, "_final_status", lambda r: r.rundir.status()["status"])
+    monkeypatch.setattr(outcome, "settle", lambda rd, ended=False: rd.status().state)
     monkeypatch.setattr(progress, "log_of_failure", lambda r: Path("/logs/err"))
     points = [SimpleNamespace(cfg=OmegaConf.create({"submit": {"wait_timeout_s": 0}}))] * 3
     out = io.StringIO()

@@ -1,0 +1,52 @@
+"""Settling runs: the outcome of a job that ended without recording one (killed, timed out, node lost).
+
+The job records its own outcome (RunDir.finish). Where it could not, status.json still says pending
+or running after the scheduler says the job ended; only the commands whose job is to settle runs
+record the outcome then (the wait at the end of a launch, `launcher status`/`retry`/`results`,
+preflight's rungs, `launcher cancel`). Listing and showing runs (`launcher runs`, `show`, `report`)
+never write a run dir: they show the scheduler's word next to the recorded status.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+from launcher.archive.registry import job_states
+from launcher.backends import JobState
+from launcher.rundir import RunDir
+from launcher.status import Status
+
+
+def record_lost_outcome(rd: RunDir, state: JobState) -> Status:
+    """A job ended without recording its outcome: record the outcome its scheduler state implies (a
+    clean exit that recorded nothing is a failure), then seal the run. A recorded outcome is kept."""
+    status = state.status if state.status in (Status.cancelled, Status.timeout) else Status.failed
+    rd.finish(status, exit_code=None,
+              error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
+    return rd.status().state
+
+
+def settle(rd: RunDir, ended: bool = False) -> Status:
+    """The run's outcome as recorded, or, for a job its scheduler says has ended without one, the
+    outcome that state implies (recorded and sealed). ``ended``: the caller has seen the job end (its
+    waiter returned), so a job the scheduler no longer knows or still calls live has failed. A run
+    not submitted, or whose job still runs, keeps its recorded status."""
+    return settle_all([rd], ended=ended)[0]
+
+
+def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
+    """``settle`` for many runs, with one scheduler query per backend."""
+    rds = list(rds)
+    records = [rd.status() for rd in rds]
+    jobs = [rd.job() if not st.is_final else None for rd, st in zip(rds, records)]
+    states = job_states(j.to_json() for j in jobs if j is not None and j.job_id)
+    out = []
+    for rd, st, job in zip(rds, records, jobs):
+        if st.is_final or job is None or not job.job_id:
+            out.append(st.state)
+            continue
+        state = states.get(job.job_id)
+        if ended or (state is not None and state.ended):
+            out.append(record_lost_outcome(rd, state or JobState(Status.failed, "")))
+        else:
+            out.append(st.state)
+    return out
