@@ -118,7 +118,7 @@ def refuse_hydra_output_keys(hydra_overrides) -> None:
     if problems:
         from launcher.errors import ConfigErrors
 
-        _fail(ConfigErrors(problems, "(Hydra's output dirs); nothing was submitted"))
+        exit_refused(ConfigErrors(problems, "(Hydra's output dirs); nothing was submitted"))
 
 
 class RunFailed(CompactHydraException):
@@ -186,7 +186,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     return result, outcomes, [by_index[i].run_id if i in by_index else None for i in indices]
 
 
-def _fail(err: Exception) -> None:
+def exit_refused(err: Exception) -> None:
     print(f"launch: {err}", file=sys.stderr)
     sys.exit(2)
 
@@ -213,7 +213,7 @@ def submit_points(points, into=None, indices=None):
     try:
         result = launch(points, into=into, indices=indices)
     except InvalidSweep as e:
-        _fail(e)
+        exit_refused(e)
     finish(result, points)
     return result
 

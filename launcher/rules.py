@@ -127,7 +127,7 @@ def _bound_row(leaf: "schema.Leaf") -> Rule:
     if b.fix:
         fix = b.fix
     elif b.ge is not None and b.le is None and b.lt is None:
-        fix = f"set {key}={schema._num(b.ge)} or more"
+        fix = f"set {key}={schema.show_number(b.ge)} or more"
     else:
         fix = f"set {key} to a value {desc or 'that fits'}"
     return Rule(key, broken, problem, fix, kind)

@@ -44,16 +44,16 @@ class Bounds:
         lo = self.ge if self.ge is not None else self.gt
         hi = self.le if self.le is not None else self.lt
         if lo is not None and hi is not None:
-            return (f"in {'[' if self.ge is not None else '('}{_num(lo)}, {_num(hi)}"
+            return (f"in {'[' if self.ge is not None else '('}{show_number(lo)}, {show_number(hi)}"
                     f"{']' if self.le is not None else ')'}")
         if lo is not None:
-            return f"{'>=' if self.ge is not None else '>'} {_num(lo)}"
+            return f"{'>=' if self.ge is not None else '>'} {show_number(lo)}"
         if hi is not None:
-            return f"{'<=' if self.le is not None else '<'} {_num(hi)}"
+            return f"{'<=' if self.le is not None else '<'} {show_number(hi)}"
         return "a number"
 
 
-def _num(x: float) -> str:
+def show_number(x: float) -> str:
     if x == INT64_MAX:
         return "2**63-1"
     return str(int(x)) if float(x).is_integer() else str(x)

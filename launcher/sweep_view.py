@@ -113,7 +113,7 @@ def draw_objective(ax, rows: List[Dict[str, Any]], key: str, objective: str) -> 
     key_obj = sweeps.objective_key(objective)
     direction = "higher" if sweeps.higher_is_better(objective) else "lower"
     pts = [(r[key], r["objective"]) for r in rows if r.get("objective") is not None]
-    xs = [sweeps._number(x) for x, _ in pts]
+    xs = [sweeps.number(x) for x, _ in pts]
     if pts and all(x is not None for x in xs):
         ax.scatter(xs, [y for _, y in pts])
         if min(xs) > 0 and max(xs) / min(xs) >= 100:

@@ -135,7 +135,7 @@ def objective_key(objective: str) -> str:
     return objective.strip().lstrip("+-")
 
 
-def _number(value: Any) -> Optional[float]:
+def number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -158,7 +158,7 @@ def result_row(run_id: str, status: str, overrides: Dict[str, str], summary: Dic
     value = summary.get(key)
     if value is None and key == "tokens_per_s":  # the table's name for the summary's mean
         value = summary.get("mean_tokens_per_s")
-    row["objective"] = _number(value)
+    row["objective"] = number(value)
     return row
 
 

@@ -161,7 +161,7 @@ class LauncherPlugin(Launcher):
     def _launch_for_results(self, points, initial_job_idx: int) -> list:
         """Submit the batch, wait, and return per point its objective or its error. A sweeper other
         than BasicSweeper gets a refused point as a failed trial (the rest of the batch runs)."""
-        from launcher.app import RunFailed, _fail, check_each, submit_for_results
+        from launcher.app import RunFailed, check_each, exit_refused, submit_for_results
         from launcher.archive import secrets
         from launcher.submit.pipeline import InvalidSweep
 
@@ -181,7 +181,7 @@ class LauncherPlugin(Launcher):
             result, got, run_ids = submit_for_results([points[i] for i in ok], objective=objective, extra_meta=meta,
                                                       into=self.into, indices=[initial_job_idx + i for i in ok])
         except InvalidSweep as e:
-            _fail(e)
+            exit_refused(e)
         if result.dry_run:  # nothing ran: BasicSweeper gets None (exit 0), a study a failed trial
             return [None if self.basic else RunFailed("submit.dry_run=true: nothing ran, no objective")
                     for _ in points]

@@ -27,12 +27,12 @@ def cmd_report(args) -> int:
     from launcher import report
     from launcher.archive import atomic
     from launcher.cli.archive_cmds import resolve_run_dir
-    from launcher.cli.sweep_cmds import _sweep_runs
+    from launcher.cli.sweep_cmds import sweep_runs
 
     sweep = _sweep(args._root, args.target)
     if sweep:
         root, sweep_id = sweep
-        text = report.sweep_report(_sweep_runs(root, sweep_id))
+        text = report.sweep_report(sweep_runs(root, sweep_id))
         default = root / sweep_id / "report.html"
     else:
         rdir = resolve_run_dir(args._root, args.target)

@@ -28,7 +28,7 @@ def _console():
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def _sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
+def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
     """The runs ``ident`` names (a sweep id, a run id or a run dir; none: the newest sweep), oldest
     first, settled: a run whose job ended without recording an outcome gets the one its scheduler
     state implies (launcher.outcome), so status, retry and results count it as ended."""
@@ -81,22 +81,22 @@ def _status_view(runs: List[Dict[str, Any]]):
 def cmd_status(args) -> int:
     console = _console()
     if args.json:
-        runs = _sweep_runs(args._root, args.target)
+        runs = sweep_runs(args._root, args.target)
         rows = [{k: v for k, v in r.items() if k != "_keys"} for r in point_rows(runs)]
         print(json.dumps({"counts": counts(runs), "swept": point_rows(runs)[0]["_keys"] if runs else [],
                           "runs": rows}, indent=2))
         return 0
     if not args.watch:
-        console.print(_status_view(_sweep_runs(args._root, args.target)))
+        console.print(_status_view(sweep_runs(args._root, args.target)))
         return 0
     from rich.live import Live
 
-    runs = _sweep_runs(args._root, args.target)
+    runs = sweep_runs(args._root, args.target)
     with Live(_status_view(runs), console=console, refresh_per_second=4) as live:
         try:
             while not all(r["status"] in FINAL for r in runs):
                 time.sleep(args.interval)
-                runs = _sweep_runs(args._root, args.target)
+                runs = sweep_runs(args._root, args.target)
                 live.update(_status_view(runs))
         except KeyboardInterrupt:
             pass
@@ -117,7 +117,7 @@ def cmd_retry(args) -> int:
         print("launcher retry: say which points to retry: --failed (the failed, cancelled and timed-out ones)",
               file=sys.stderr)
         return 2
-    runs = _sweep_runs(args._root, args.sweep)
+    runs = sweep_runs(args._root, args.sweep)
     if len({r["sweep_id"] for r in runs}) != 1 or runs[0]["sweep_id"] != args.sweep:
         print(f"launcher retry: {args.sweep!r} is not a sweep id (see `launcher runs`)", file=sys.stderr)
         return 2
@@ -144,7 +144,7 @@ def cmd_retry(args) -> int:
 
 
 def cmd_results(args) -> int:
-    runs = _sweep_runs(args._root, args.sweep)
+    runs = sweep_runs(args._root, args.sweep)
     rows, keys, objective = results_table(runs, args.objective)
     if args.plot:
         plot(rows, keys, objective, Path(args.plot))

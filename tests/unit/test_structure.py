@@ -182,22 +182,10 @@ def _private_uses(tree: ast.AST) -> Iterator[str]:
             yield f"{node.value.id}.{node.attr}"
 
 
-# uses older than this check, in modules other work is changing: each to become a public name there
-KNOWN_PRIVATE_USES = {
-    "launcher/app.py: from launcher.submit.progress import _final_status",
-    "launcher/submit/preflight.py: from launcher.submit.progress import _final_status",
-    "launcher/cli/report_cmd.py: from launcher.cli.sweep_cmds import _sweep_runs",
-    "launcher/layout.py: schema._num",
-    "launcher/sweep_view.py: sweeps._number",
-    "hydra_plugins/launcher_plugin/plugin.py: from launcher.app import _fail",
-}
-
-
 def test_no_module_uses_another_modules_private_names():
-    uses = {f"{p.relative_to(REPO).as_posix()}: {use}" for p, tree in _modules("launcher", "hydra_plugins")
+    uses = {f"{p.relative_to(REPO).as_posix()}: {use}" for p, tree in _modules("launcher", "hydra_plugins", "recipes")
             for use in _private_uses(tree)}
-    assert not uses - KNOWN_PRIVATE_USES, sorted(uses - KNOWN_PRIVATE_USES)
-    assert not [u for u in uses if u.startswith(("hydra_plugins/launcher_plugin/generic.py", "launcher/runtime/"))]
+    assert not uses, sorted(uses)
 
 
 def _calls(node: ast.AST) -> Iterator[str]:
