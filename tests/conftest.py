@@ -27,6 +27,8 @@ from typing import Dict, Iterable, Set
 
 import pytest
 
+from helpers import EQUIV_BASE, launch, runs_json
+
 TIERS = ("slurm", "browser", "dist", "launch")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
@@ -58,6 +60,18 @@ def slurm() -> Dict[str, str]:
             pytest.fail("local Slurm cluster is not up (scripts/slurm-local.sh up)")
         pytest.skip("local Slurm cluster not up: run scripts/slurm-local.sh up and export SLURM_CONF")
     return {"SLURM_CONF": conf}
+
+
+@pytest.fixture(scope="session")
+def equivalence_reference(tmp_path_factory) -> Path:
+    """The uninterrupted single-process reference of the engine-equivalence drills (helpers.EQUIV_BASE,
+    DDP, one process): run once per session, shared by every module that compares a layout with it."""
+    root = tmp_path_factory.mktemp("equivalence-reference") / "runs"
+    res = launch([*EQUIV_BASE, "cluster.gpus_per_node=1", "parallelism.engine=ddp"], root, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = runs_json(root)
+    assert run["status"] == "completed", run
+    return Path(run["dir"])
 
 
 # ---------------------------------------------------------------------------------------- tiers --

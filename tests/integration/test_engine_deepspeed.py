@@ -45,7 +45,10 @@ def _run(overrides: List[str], root: Path, procs: int, timeout: float = 300) -> 
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = runs_json(root)
     assert run["status"] == "completed", run
-    rdir = Path(run["dir"])
+    return _read(Path(run["dir"]))
+
+
+def _read(rdir: Path) -> Dict:
     rows = read_metrics(rdir)
     assert [r["step"] for r in rows] == list(range(1, 11))
     return {
@@ -62,8 +65,8 @@ def _max_rel(xs: List[float], ref: List[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Dict:
-    return _run(["parallelism.engine=ddp"], tmp_path_factory.mktemp("ddp") / "runs", 1)
+def reference(equivalence_reference) -> Dict:
+    return _read(equivalence_reference)  # DDP in one process (tests/conftest.py, shared)
 
 
 def _held_per_param(run: Dict) -> tuple:

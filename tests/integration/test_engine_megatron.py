@@ -42,8 +42,8 @@ def _train(overrides: List[str], root: Path, procs: int) -> List[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> List[dict]:
-    return _train(["parallelism.engine=ddp"], tmp_path_factory.mktemp("ref") / "runs", 1)
+def reference(equivalence_reference) -> List[dict]:
+    return read_metrics(equivalence_reference)  # DDP in one process (tests/conftest.py, shared)
 
 
 def _summary(root: Path) -> Dict:
