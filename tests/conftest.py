@@ -31,6 +31,7 @@ from helpers import EQUIV_BASE, launch, runs_json
 
 TIERS = ("slurm", "browser", "dist", "launch")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
+_INTEGRATION_DIR = UNIT_DIR.parent / "integration"
 
 # What puts a test in a tier: the objects the names of its code resolve to (in the globals of the
 # function that uses them), following into functions of the tests' own modules (tests/helpers.py,
@@ -152,8 +153,8 @@ def tiers_of(item: pytest.Item) -> Set[str]:
         for fixdef in info.name2fixturedefs.get(name, ()):
             if name not in ("slurm", "_pure_tests_start_no_process"):
                 found |= _tiers_reached(fixdef.func, seen)
-    if found & {"slurm", "browser", "dist"}:
-        found.add("launch")  # all of them start processes
+    if found & {"slurm", "browser", "dist"} or _INTEGRATION_DIR in Path(str(item.fspath)).resolve().parents:
+        found.add("launch")  # all of them start processes; so does the integration tier by definition
     return found
 
 
