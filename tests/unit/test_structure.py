@@ -3,7 +3,8 @@
 - the launcher never imports the recipes (recipes import the launcher's public API);
 - nothing outside launcher/backends compares against a scheduler's name;
 - no run-dir file name is spelled outside launcher/rundir.py;
-- docs/archive.md lists exactly the files RunDir names.
+- docs/archive.md lists exactly the files RunDir names;
+- docs/architecture.md names every module, and only modules that exist.
 """
 from __future__ import annotations
 
@@ -86,6 +87,19 @@ def test_archive_doc_lists_exactly_the_run_dir_files():
     # and every name RunDir spells is in the table
     spelled = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
     assert {s.rstrip("/") for s in spelled} <= {f.rstrip("/") for f in documented}
+
+
+def test_architecture_doc_names_every_module():
+    """Every module (a package's __init__.py where it holds more than a docstring and imports) is
+    named by its path in docs/architecture.md, and every module path the doc names exists."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"\b((?:launcher|hydra_plugins|recipes)/[\w/]*\w\.py)\b", doc))
+    holds_code = lambda tree: any(not isinstance(n, (ast.Import, ast.ImportFrom)) and not (  # noqa: E731
+        isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in tree.body)
+    modules = {p.relative_to(REPO).as_posix() for p, tree in _modules("launcher", "hydra_plugins", "recipes")
+               if p.name != "__init__.py" or holds_code(tree)}
+    assert not modules - named, f"modules docs/architecture.md does not list: {sorted(modules - named)}"
+    assert not {n for n in named if not (REPO / n).is_file()}, "docs/architecture.md names modules that do not exist"
 
 
 def _module_name(path: Path) -> str:
