@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Fresh machine -> set up, start the real local Slurm cluster, run the whole test suite.
-#   ./scripts/test.sh            the whole suite (what CI runs): pure tier, then the integration tier
-#   ./scripts/test.sh --fast     the pure tier only (tests/unit: no process, no Slurm, no browser set up)
-# Extra args go to pytest (e.g. ./scripts/test.sh tests/unit -x, ./scripts/test.sh --fast -k layout).
+#   ./scripts/test.sh            the whole suite (what CI runs): the pure tier, then the integration tier
+#   ./scripts/test.sh --fast     the pure tier only (tests/unit: nothing launched, no Slurm or browser set up)
+#   ./scripts/test.sh ARGS...    pytest ARGS with everything set up (e.g. tests/integration/test_truth.py -x)
+# docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 
 if [ "${1:-}" = "--fast" ]; then
   shift
-  exec .venv/bin/python -m pytest -q -ra -m "not launch" "${@:-tests/unit}"
+  exec .venv/bin/python -m pytest -q -ra "${@:-tests/unit}"
 fi
 
 started_slurm=0
@@ -18,11 +19,30 @@ if ! ./scripts/slurm-local.sh status >/dev/null 2>&1; then
   started_slurm=1
 fi
 eval "$(./scripts/slurm-local.sh env)"
-cleanup() { [ "$started_slurm" = 1 ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true; }
+build_pid=""
+cleanup() {
+  [ -n "$build_pid" ] && kill "$build_pid" 2>/dev/null || true
+  [ "$started_slurm" = 1 ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 
 # the report's browser test (Debian's chromium, headless)
 LAUNCHER_CHROMIUM="$(./scripts/browser.sh)"
-export LAUNCHER_CHROMIUM LAUNCHER_REQUIRE_BROWSER=1
+export LAUNCHER_CHROMIUM LAUNCHER_REQUIRE_BROWSER=1 LAUNCHER_REQUIRE_SLURM=1
 
-LAUNCHER_REQUIRE_SLURM=1 .venv/bin/python -m pytest -q -ra --durations=25 "${@:-tests}"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q -ra --durations=25 "$@"
+fi
+
+# DeepSpeed's CPU Adam op (zero.offload_optimizer) compiles on first use, ~2 min on 2 cores, cached in
+# ~/.cache/torch_extensions: built beside the pure tier (one core each) instead of inside a drill.
+.venv/bin/python -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' \
+  >/tmp/launcher-cpu-adam-build.log 2>&1 &
+build_pid=$!
+status=0
+.venv/bin/python -m pytest -q -ra --durations=10 tests/unit || status=$?
+wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
+build_pid=""
+# two workers (--dist loadgroup: tests/conftest.py puts every Slurm test in one group)
+.venv/bin/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup tests/integration || status=$?
+exit "$status"

@@ -158,6 +158,20 @@ def tiers_of(item: pytest.Item) -> Set[str]:
     return found
 
 
+def xdist_group_of(item: pytest.Item, tiers: Set[str]) -> str:
+    """Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) a group runs on one worker, in order:
+    every Slurm test in one group (they share the 4-node cluster, and one sets a node DOWN), every test
+    of the shared reference run in another (it is made once), and each other integration module in its
+    own (its module-scoped reference runs are made once). Pure tests go wherever a worker is free."""
+    if "slurm" in tiers:
+        return "slurm"
+    if "equivalence_reference" in getattr(getattr(item, "_fixtureinfo", None), "names_closure", ()):
+        return "equivalence"
+    if "launch" in tiers:
+        return Path(str(item.fspath)).name
+    return ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
     misplaced = []
     for item in items:
@@ -165,6 +179,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
         for t in sorted(tiers):
             if not item.get_closest_marker(t):
                 item.add_marker(getattr(pytest.mark, t))
+        group = xdist_group_of(item, tiers)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
         if tiers and UNIT_DIR in Path(str(item.fspath)).resolve().parents:
             misplaced.append(f"{item.nodeid} ({', '.join(sorted(tiers))})")
     if misplaced:
