@@ -176,7 +176,7 @@ def main() -> None:
     for note in fit_all.notes:
         md += f"Note: {note}\n"
     steps = sorted({s.steps_measured + calibrate.WARMUP_STEPS for s in samples})
-    commits = sorted({str(((RunDir(s.run_dir).git() or {}).get("commit") or "?"))[:7]
+    commits = sorted({str((RunDir(s.run_dir).git() or {}).get("commit") or "?")[:7]
                       + ("+dirty" if (RunDir(s.run_dir).git() or {}).get("dirty") else "") for s in samples})
     md += (f"\nCode: {', '.join(commits)}. Machine: {machine()}; {'/'.join(map(str, steps))} steps per run, "
            f"the least disturbed of "

@@ -145,11 +145,11 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     ids): per point, the float value of the run summary's ``objective`` key, or the exception
     (RunFailed) saying why the run has none; and its run id (None if not submitted). InvalidSweep
     propagates: nothing was submitted."""
-    from launcher.submit.pipeline import launch
-    from launcher.outcome import settle
-    from launcher.submit.progress import log_of_failure, wait_and_report
-
     import io
+
+    from launcher.outcome import settle
+    from launcher.submit.pipeline import launch
+    from launcher.submit.progress import log_of_failure, wait_and_report
 
     out = out or sys.stdout
     said = io.StringIO()  # the pipeline's per-run listing: one line of it here, the runs are listed below

@@ -42,7 +42,7 @@ class SweepComposer:
         self.allow_fast = True  # points on the fast path are FastPoints (see ``point``)
 
     @classmethod
-    def install(cls, config_loader, fast: bool = True) -> "SweepComposer":
+    def install(cls, config_loader, fast: bool = True) -> SweepComposer:
         """Make ``config_loader.load_sweep_config`` this composer's (once per loader). ``fast=False``:
         every point is a composed config (a launcher that hands the config itself to the app's task
         function needs one), never a FastPoint."""

@@ -147,7 +147,7 @@ class Evidence:
     hang: Optional[Dict[str, Any]] = None  # hang.json
     stacks: Dict[int, str] = field(default_factory=dict)  # rank -> faulthandler dump
     restarts: List[Dict[str, Any]] = field(default_factory=list)  # restarts.jsonl
-    attempts: Dict[int, "Evidence"] = field(default_factory=dict)  # what earlier attempts left
+    attempts: Dict[int, Evidence] = field(default_factory=dict)  # what earlier attempts left
     last_step: int = 0  # the last step in metrics.jsonl (0: none finished)
     steps: Optional[int] = None  # train.steps
     config: Dict[str, Any] = field(default_factory=dict)  # the values the fixes name (dotted keys)
@@ -669,7 +669,7 @@ def _last_traceback(text: str) -> Optional[str]:
     return text[i:] if i >= 0 else None
 
 
-def _line_with(text: str, pattern: "re.Pattern[str]") -> str:
+def _line_with(text: str, pattern: re.Pattern[str]) -> str:
     m = pattern.search(text)
     return _line_at(text, m.start(), m.end()) if m else ""
 

@@ -78,7 +78,7 @@ _SIZES = frozenset(k for k in _FACT_ATTR if k.split(".")[0] != "optim" and k not
 _FLOAT_MAX = sys.float_info.max
 
 
-def _bound_row(leaf: "schema.Leaf") -> Rule:
+def _bound_row(leaf: schema.Leaf) -> Rule:
     """The row for one numeric key of the schema: within its declared bounds; a float also finite
     (nan and inf refused), an int also a 64-bit one; null only where the schema allows it."""
     b = leaf.bounds or schema.Bounds()
@@ -162,7 +162,7 @@ RECIPE_SETTINGS = {
 }
 
 
-def _recipe_settings_problem(f: "Facts") -> Optional[str]:
+def _recipe_settings_problem(f: Facts) -> Optional[str]:
     entry = RECIPE_SETTINGS.get(f.values.get("recipe._target_"))
     if entry is None:
         return None

@@ -146,7 +146,7 @@ class RunDir:
         atomic.write_json(self._p(self.SOFTWARE), versions)
         atomic.write_text(self._p(self.PIP_FREEZE), pip_freeze)
 
-    def link_from(self, other: "RunDir", names: Tuple[str, ...]) -> None:
+    def link_from(self, other: RunDir, names: Tuple[str, ...]) -> None:
         """These files as ``other`` holds them, hard-linked (a sweep's runs share their code and
         software records: written once, linked into each run). Safe because no archive file is ever
         changed in place (atomic writes replace them), so a link never makes two runs share a change.
@@ -173,10 +173,10 @@ class RunDir:
     def write_seeds(self, seeds: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.SEEDS), seeds)
 
-    def write_job(self, job: "JobRecord") -> None:
+    def write_job(self, job: JobRecord) -> None:
         atomic.write_json(self._p(self.JOB), job.to_json())
 
-    def archive_script(self, shared: "RunDir") -> None:
+    def archive_script(self, shared: RunDir) -> None:
         """The script this run's job was submitted with, as ``shared`` holds it (written once for an
         array, linked into each of its runs); it replaces an earlier attempt's (resume, retry)."""
         own = self._p(self.SCRIPT)
@@ -349,7 +349,7 @@ class RunDir:
         """status.json (a run whose job has not written one yet is pending)."""
         return RunStatus.from_json(atomic.read_json(self._p(self.STATUS), {}))
 
-    def job(self) -> Optional["JobRecord"]:
+    def job(self) -> Optional[JobRecord]:
         """job.json (None: the run was never submitted)."""
         from launcher.job_record import JobRecord
 
@@ -612,7 +612,7 @@ class SweepDir:
         self.path = Path(path)
 
     @classmethod
-    def new(cls, runs_root: Path) -> "SweepDir":
+    def new(cls, runs_root: Path) -> SweepDir:
         return cls(Path(runs_root) / (time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)))
 
     @property

@@ -22,7 +22,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING, OmegaConf
 
-
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
 
 

@@ -87,8 +87,8 @@ class LauncherPlugin(Launcher):
     # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        from launcher.compose import SweepComposer
         from launcher.archive import software
+        from launcher.compose import SweepComposer
 
         software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
         self.hydra_context = hydra_context
@@ -102,10 +102,9 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.app import refuse_hydra_output_keys
         from launcher.compose import FastPoint
         from launcher.submit.pipeline import Point
-
-        from launcher.app import refuse_hydra_output_keys
 
         assert self.config is not None and self.hydra_context is not None
         self._remove_sweep_dir()  # multirun.yaml: the composed config with every override, secrets too

@@ -24,7 +24,7 @@ def default_root() -> Path:
     return Path(os.environ.get("LAUNCHER_RUNS", "runs")).expanduser().resolve()
 
 
-def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, "backends.JobState"]:
+def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, backends.JobState]:
     """Scheduler state of each job (job.json records), one query per backend."""
     by_backend: Dict[str, List[Dict[str, Any]]] = {}
     for j in jobs:

@@ -127,7 +127,7 @@ def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = N
 SHORT_SECRET = 12  # values shorter than this are matched as whole tokens only
 
 
-def _token(value: str) -> "re.Pattern[str]":
+def _token(value: str) -> re.Pattern[str]:
     """Where ``value`` counts as found: anywhere for a long value (a token is found inside a URL or a
     longer string too); as a whole token for a short one, so that a secret that is a common word
     ("secret") does not rewrite ``secrets`` in code and text."""

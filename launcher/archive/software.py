@@ -23,7 +23,7 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
-_prefetched: Optional["Future[str]"] = None
+_prefetched: Optional[Future[str]] = None
 
 
 def prefetch_pip_freeze() -> None:

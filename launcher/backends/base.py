@@ -73,7 +73,7 @@ class Backend:
         """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
         return None
 
-    def array_limits(self, cfg: Any = None) -> "ArrayLimits":
+    def array_limits(self, cfg: Any = None) -> ArrayLimits:
         """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
         jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and
         cluster.max_submit_jobs, when set, replace what the scheduler would say (and spare asking it).

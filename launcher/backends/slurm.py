@@ -220,10 +220,10 @@ class SlurmBackend(Backend):
         MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
         (``squeue -r -u USER``). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
+        import getpass
+
         from launcher.backends.base import limit_overrides
         from launcher.sweeps import ArrayLimits
-
-        import getpass
 
         user = getpass.getuser()
         size, jobs = limit_overrides(cfg)

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-
 TABLE_TOP = 20
 
 

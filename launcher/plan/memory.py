@@ -54,7 +54,11 @@ from typing import Any, Dict, Optional, Tuple
 
 from launcher.layout import ModelSpec
 from launcher.plan.params import (
-    StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
+    StageParams,
+    greedy_partition,
+    largest_layer_params,
+    stage_params,
+    stage_tensor_sizes,
 )
 from launcher.plan.spec import LayoutSpec
 

@@ -40,7 +40,7 @@ class Point:
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
 
     @classmethod
-    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> "Point":
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> Point:
         return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import BIN, clone_worktree, launch, read_metrics, run_cmd, runs_json, wait_final
 from launcher.rundir import RunDir
-from helpers import clone_worktree, BIN, launch, read_metrics, run_cmd, runs_json, wait_final
 
 pytestmark = [pytest.mark.timeout(600)]
 

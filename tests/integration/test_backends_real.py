@@ -3,7 +3,6 @@ scheduler states, and that cluster.backend names one of them."""
 import shlex
 import subprocess
 
-
 from unit.test_backends import SLURM, _cfg  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 

@@ -12,10 +12,9 @@ from typing import List
 
 import pytest
 import yaml
-
-from helpers import REPO, run_cmd, runs_json, wait_final
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
+from helpers import REPO, run_cmd, runs_json, wait_final
 from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(420)]

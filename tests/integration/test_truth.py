@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clone_worktree, BIN, launch, run_cmd, runs_json
+from helpers import BIN, clone_worktree, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
 from launcher.rundir import RunDir, Status
 

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import random
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ from launcher.rundir import RunDir
 REPO = Path(__file__).resolve().parents[2]
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_with(*overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from launcher import doctor
 from launcher.doctor import FIXES, KINDS, Diagnosis, Evidence, diagnose
 from launcher.rundir import Status

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from launcher import ladder
-from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 from launcher.submit.pipeline import validate as check
+from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 
 BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2",
         "wandb.enabled=false"]

@@ -116,8 +116,8 @@ class _Run:
 
 @pytest.mark.parametrize("objective,want", [("final_loss", 5.5), ("mean_tokens_per_s", 1234.0)])
 def test_objective_from_the_summary(objective, want, monkeypatch):
-    import launcher.submit.pipeline as pipeline
     import launcher.outcome as outcome
+    import launcher.submit.pipeline as pipeline
     import launcher.submit.progress as progress
 
     runs = [_Run(1, "failed", error="RuntimeError: x"), _Run(0, "completed", {"final_loss": 5.5,

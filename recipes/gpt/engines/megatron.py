@@ -39,10 +39,17 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
-from recipes.gpt.engines.base import (
-    Batch, Engine, adamw_kwargs, autocast_for, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
-)
 from recipes.gpt import rng
+from recipes.gpt.engines.base import (
+    Batch,
+    Engine,
+    adamw_kwargs,
+    autocast_for,
+    dtype_name,
+    optimizer_state_bytes,
+    param_groups,
+    tensor_bytes,
+)
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record

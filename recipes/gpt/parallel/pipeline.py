@@ -15,7 +15,13 @@ from torch import nn
 
 from recipes.gpt import rng
 from recipes.gpt.parallel.tensor_parallel import (
-    ParallelBlock, ParallelHead, TPContext, VocabParallelEmbedding, chunk_of, mark_replicated, shard,
+    ParallelBlock,
+    ParallelHead,
+    TPContext,
+    VocabParallelEmbedding,
+    chunk_of,
+    mark_replicated,
+    shard,
 )
 
 
