@@ -94,7 +94,8 @@ OOM = re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|Default
 # TCPStore's own words: a rendezvous failure wherever they appear
 RENDEZVOUS_STORE = re.compile(r"EADDRINUSE|failed to listen on any local network address"
                               r"|client socket has timed out after \d+ms while trying to connect"
-                              r"|TCP client failed to connect|Timed out initializing process group in store based barrier",
+                              r"|TCP client failed to connect"
+                              r"|Timed out initializing process group in store based barrier",
                               re.I)
 # a failed connection or name lookup: a rendezvous failure when it happens inside init_process_group
 RENDEZVOUS = re.compile(r"Address already in use|Connection refused|ECONNREFUSED|failed to connect to|timed out"
@@ -388,7 +389,8 @@ def _diagnose(ev: Evidence) -> Diagnosis:
 
 def _with(attempt: Evidence, run: Evidence) -> Evidence:
     """An earlier attempt's files with the run's context (config, steps)."""
-    return Evidence(run_id=run.run_id, status=RunStatus(state=Status.failed), world_size=run.world_size, started=run.started,
+    return Evidence(run_id=run.run_id, status=RunStatus(state=Status.failed), world_size=run.world_size,
+                    started=run.started,
                     master=run.master, errors=attempt.errors, error_order=attempt.error_order, hang=attempt.hang,
                     stacks=attempt.stacks, last_step=run.last_step, steps=run.steps, config=run.config)
 

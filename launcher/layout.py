@@ -204,7 +204,8 @@ class Layout:
     def rank_of(self, dp_idx: int, pp_idx: int, tp_idx: int) -> int:
         """Inverse of ``coords``."""
         if not (0 <= dp_idx < self.dp and 0 <= pp_idx < self.pp and 0 <= tp_idx < self.tp):
-            raise ValueError(f"coordinates ({dp_idx}, {pp_idx}, {tp_idx}) outside mesh ({self.dp}, {self.pp}, {self.tp})")
+            raise ValueError(f"coordinates ({dp_idx}, {pp_idx}, {tp_idx}) "
+                             f"outside mesh ({self.dp}, {self.pp}, {self.tp})")
         return dp_idx * self.pp * self.tp + pp_idx * self.tp + tp_idx
 
     def node_of(self, rank: int) -> int:

@@ -408,7 +408,8 @@ def commbench_plots(bench: Dict[str, Any]) -> List[Plot]:
             for op in ops:
                 pts = sorted((r["bytes"], r[key]) for r in rows if r.get("op") == op and r.get(key) is not None)
                 scope = {r.get("scope") for r in rows if r.get("op") == op}
-                ax.plot([b for b, _ in pts], [v for _, v in pts], marker=".", label=f"{op} ({'/'.join(map(str, scope))})")
+                ax.plot([b for b, _ in pts], [v for _, v in pts], marker=".",
+                        label=f"{op} ({'/'.join(map(str, scope))})")
             ax.set_xscale("log", base=2)
             if key == "time_us":
                 ax.set_yscale("log")

@@ -89,9 +89,10 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),
-    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the manifest of a "
-     "resumed run), moved aside when the next attempt starts"),
-    ("manifest.json", "launcher, job", "sha256 of every file (checkpoints: names only), written when the run is sealed"),
+    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the "
+     "manifest of a resumed run), moved aside when the next attempt starts"),
+    ("manifest.json", "launcher, job", "sha256 of every file (checkpoints: names only), "
+     "written when the run is sealed"),
 )
 
 

@@ -94,7 +94,8 @@ def draw_loss_curves(ax, rows: List[Dict[str, Any]], keys: List[str]) -> None:
     for r in rows:
         m = [x for x in sweeps.current_curve(RunDir(r["_dir"]).metrics()) if x.get("loss") is not None]
         if m:
-            label = f"run {SweepDir.index_of(r['run_id'])}" + (": " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
+            label = f"run {SweepDir.index_of(r['run_id'])}"
+            label += (": " + " ".join(f"{k}={r[k]}" for k in keys)) if keys else ""
             ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
                     linestyle="-" if r["status"] == "completed" else ":")
             curves += 1

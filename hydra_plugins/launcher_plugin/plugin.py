@@ -234,7 +234,8 @@ class LauncherPlugin(Launcher):
             params = [f"{k}={v}" for k, v in (OmegaConf.select(self.config, "hydra.sweeper.params") or {}).items()]
             lines = params + list(self.config.hydra.overrides.task)
             parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(lines)
-            batches = BasicSweeper.split_arguments(parsed, OmegaConf.select(self.config, "hydra.sweeper.max_batch_size"))
+            batch_size = OmegaConf.select(self.config, "hydra.sweeper.max_batch_size")
+            batches = BasicSweeper.split_arguments(parsed, batch_size)
             return len(batches[0]) if batches else None
         except Exception:  # only a progress bar's total
             return None

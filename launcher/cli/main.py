@@ -131,7 +131,8 @@ def cmd_cancel(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="launcher", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", help="runs root (default: $LAUNCHER_RUNS or ./runs)")
     sub = p.add_subparsers(dest="cmd", required=True)

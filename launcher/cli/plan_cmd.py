@@ -181,7 +181,8 @@ def _print_calibration(report: Dict[str, Any]) -> None:
     if not con.is_terminal:
         con = Console(width=170)
     runs = report["runs"]
-    table = Table(Column("run", no_wrap=True), "layout", "step planned s", "measured s", "error", "calibrated s", "error",
+    table = Table(Column("run", no_wrap=True), "layout",
+                  "step planned s", "measured s", "error", "calibrated s", "error",
                   "activations planned", "measured", "error", "calibrated", "error",
                   title=f"cluster {report['cluster']}: {len(runs)} run(s), planner before and after calibration "
                         f"(error = (predicted - measured) / measured)")
@@ -228,7 +229,8 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
     m, c = report["model"], report["cluster"]
     con.print(
         f"[bold]{escape(str(m['name']))}[/]: {m['params']:,} parameters (formula {m['params_formula']:,}), "
-        f"{m['global_batch_size']} x {m['seq_len']} tokens per step, {m['model_flops_per_step']:.3g} model FLOPs per step"
+        f"{m['global_batch_size']} x {m['seq_len']} tokens per step, "
+        f"{m['model_flops_per_step']:.3g} model FLOPs per step"
     )
     mem = f"{_size(c['memory_bytes'])} ({_size(c['usable_bytes'])} usable; {escape(c['memory_source'])})" \
         if c["memory_bytes"] else "unknown (no memory check)"
@@ -277,7 +279,8 @@ def add_parser(sub) -> None:
     s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=a100_80g ...)")
     s.add_argument("--search", action="store_true", help="enumerate and rank every valid layout")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--top", type=int, default=None, help=f"show the best N layouts (table default {TABLE_TOP}, JSON all)")
+    s.add_argument("--top", type=int, default=None,
+                   help=f"show the best N layouts (table default {TABLE_TOP}, JSON all)")
     s.add_argument("--calibrate", nargs="+", metavar="RUN", default=None,
                    help="fit cluster.calibration to these runs (ids or dirs, all of one cluster, 3+ steps each) "
                         "and write it into the cluster's config file")

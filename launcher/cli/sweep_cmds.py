@@ -127,7 +127,8 @@ def cmd_retry(args) -> int:
               f"({', '.join(f'{k} {v}' for k, v in counts(runs).items())})")
         return 0
     try:
-        result = resubmit([Path(r["dir"]) for r in todo], reason="retry", changes=list(args.overrides) + list(args.failed))
+        result = resubmit([Path(r["dir"]) for r in todo], reason="retry",
+                          changes=list(args.overrides) + list(args.failed))
     except (ConfigErrors, FileNotFoundError, ValueError) as e:
         print(f"launcher retry: {e}", file=sys.stderr)
         return 2
@@ -199,7 +200,8 @@ def add_parsers(sub, parents) -> None:
     s = sub.add_parser("results", help="a sweep's swept overrides and final metrics, best first", parents=parents)
     s.add_argument("sweep", help="sweep id")
     s.add_argument("--objective", default=None, help="summary key to rank by (default: the sweep's "
-                   "submit.objective, final_loss; a Hydra app's runs: return_value); lower is better unless it names a rate (*_per_s, tflops, mfu) "
+                   "submit.objective, final_loss; a Hydra app's runs: return_value); lower is better unless it "
+                   "names a rate (*_per_s, tflops, mfu) "
                    "or a score (accuracy, f1, ...); a leading + or - forces higher / lower")
     s.add_argument("--csv", action="store_true", help="CSV on stdout")
     s.add_argument("--json", action="store_true", help="machine-readable rows")

@@ -80,11 +80,11 @@ def run(rd: RunDir) -> Dict[str, Any]:
             detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):
-                    raise SystemExit(backend.requeue_exit_code)
+                    raise SystemExit(backend.requeue_exit_code) from None
                 a.end(Status.timeout, detail + "; restart budget spent")
             else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
                 a.stopped(stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
-            raise SystemExit(1)
+            raise SystemExit(1) from None
         except BaseException as e:  # record, then re-raise so the task exits non-zero
             watch.set()
             a.rank_error(traceback.format_exc())
@@ -132,7 +132,8 @@ def _select_device(cfg: Any, denv) -> bool:
     return True
 
 
-def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, attempt: Dict[str, int]) -> Dict[str, Any]:
+def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
+                attempt: Dict[str, int]) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
     from hydra.utils import get_method

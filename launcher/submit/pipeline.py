@@ -96,7 +96,7 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {getattr(e, 'msg', e)}",
-                                        "fix the interpolation")], f"(point {index})")
+                                        "fix the interpolation")], f"(point {index})") from e
 
 
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:

@@ -70,7 +70,8 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
     try:
         validate([point])
     except InvalidSweep as e:
-        raise InvalidLadder(f"the config itself is refused (fix it first; the ladder climbs towards it):\n{e}") from None
+        raise InvalidLadder("the config itself is refused (fix it first; the ladder climbs towards it):\n"
+                            f"{e}") from None
     rungs = ladder.ladder(base, steps=steps)
     points = {}
     for rung in rungs:
@@ -101,7 +102,8 @@ def _submit(prep: Prepared, rung: ladder.Rung, overrides: List[str], pid: str, a
 
     extra = list(overrides) + list(rung.overrides)
     if after:
-        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}", "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
+        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}",
+                  "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
     point = compose_point(extra) if after else prep.points[rung.name]
     said = io.StringIO()  # the pipeline's listing: the ladder prints its own
     result = launch([point], argv=["launcher", "preflight", *overrides], out=said,
@@ -295,7 +297,8 @@ def show(pid: str, runs_root: Path, out=None) -> int:
     path = record_path(runs_root, pid)
     record = atomic.read_json(path)
     if record is None:
-        known = sorted(p.stem for p in (runs_root / RECORD_DIR).glob("*.json")) if (runs_root / RECORD_DIR).is_dir() else []
+        records = runs_root / RECORD_DIR
+        known = sorted(p.stem for p in records.glob("*.json")) if records.is_dir() else []
         print(f"launcher preflight: no preflight {pid!r} under {runs_root}"
               + (f" (known: {', '.join(known[-5:])})" if known else ""), file=sys.stderr)
         return 2

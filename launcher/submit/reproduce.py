@@ -30,7 +30,7 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")])
+        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")]) from e
     ov = rd.overrides()
     return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}))
 
@@ -127,7 +127,8 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
     # one point: Hydra's basic sweeper with no sweep parameters of its own, whatever the app's
     # config selects (an Optuna sweeper there would run n_trials copies of it)
     return [*start, "-m", *kept, *changes, *hydra, "hydra/sweeper=basic", "hydra.sweeper.params=null",
-            f"hydra.launcher.runs_root={_quoted(runs_root)}", f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
+            f"hydra.launcher.runs_root={_quoted(runs_root)}",
+            f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
             f"hydra.launcher.code_snapshot={_quoted(snapshot)}"]
 
 
@@ -149,7 +150,8 @@ def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Pat
           f"snapshot {snapshot}: {' '.join(cmd[1:])}", file=out, flush=True)
     before = {r.path for r in runs_under(runs_root)}
     code = subprocess.call(cmd, env=env)
-    made = [r for r in runs_under(runs_root) if r.path not in before and (r.run() or {}).get("reproduces") == meta["run_id"]]
+    made = [r for r in runs_under(runs_root)
+            if r.path not in before and (r.run() or {}).get("reproduces") == meta["run_id"]]
     if code == 0 and not made:
         print(f"launcher reproduce: `{' '.join(cmd[1:3])}` made no run: does the module start the app when run "
               "with python -m?", file=sys.stderr)

@@ -59,7 +59,7 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")],
-                           f"({run_id})")
+                           f"({run_id})") from e
 
 
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = ()) -> _Next:

@@ -33,7 +33,8 @@ class Array(Generic[T]):
     parallelism: int
 
 
-def arrays(items: Sequence[T], cfg: Callable[[T], Any], key: Callable[[T], Hashable] = lambda _: None) -> List[Array[T]]:
+def arrays(items: Sequence[T], cfg: Callable[[T], Any],
+           key: Callable[[T], Hashable] = lambda _: None) -> List[Array[T]]:
     """Points with the same backend grouping key (equal resources; and equal ``key``, e.g. their
     sweep dir) share one submission; each group split into arrays under its backend's limits
     (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
@@ -56,12 +57,8 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any], key: Callable[[T], Hasha
     for name, gs in by_backend.items():
         cfgs = [cfg(x) for g in gs for x in g]
 
-        def smallest(k: str) -> Optional[int]:
-            values = [int(v) for v in (c.cluster.get(k) for c in cfgs) if v]
-            return min(values) if values else None
-
-        asked = SimpleNamespace(cluster={"max_array_size": smallest("max_array_size"),
-                                         "max_submit_jobs": smallest("max_submit_jobs")})
+        asked = SimpleNamespace(cluster={"max_array_size": _smallest(cfgs, "max_array_size"),
+                                         "max_submit_jobs": _smallest(cfgs, "max_submit_jobs")})
         limits = backends.get(name).array_limits(asked)
         throttle = [min(int(cfg(x).cluster.array_parallelism) for x in g) for g in gs]
         chunks = plan_arrays([len(g) for g in gs], limits, throttle)
@@ -100,6 +97,12 @@ class SubmittedRun:
     @property
     def run_dir(self) -> Path:
         return self.rundir.path
+
+
+def _smallest(cfgs: Sequence[Any], key: str) -> Optional[int]:
+    """The smallest cluster.<key> the points set, or None when none does."""
+    values = [int(v) for v in (c.cluster.get(key) for c in cfgs) if v]
+    return min(values) if values else None
 
 
 def submit(planned: Sequence[Array[Run]], known: Dict[str, str],

@@ -152,7 +152,7 @@ def test_zero3_partitions_filled_in_chunks_join_to_the_single_process_values(mon
         for p in model.parameters():  # DeepSpeed's layout: flattened, padded to world, 1/world each
             p.ds_shape, p.ds_tensor = tuple(p.shape), torch.full((math.ceil(p.numel() / world),), float("nan"),
                                                                    dtype=dtype)
-        ds_engine._fill_partitions(model, 5, 2, rank_of=lambda p: rank)
+        ds_engine._fill_partitions(model, 5, 2, rank_of=lambda p, rank=rank: rank)
         for n, p in model.named_parameters():
             parts[n].append(p.ds_tensor)
     for n, w in want.items():

@@ -43,7 +43,7 @@ def test_every_rung_of_a_3d_layout_over_two_nodes():
 def test_each_rung_composes_to_a_config_launch_accepts():
     prep = prepare(SLURM_3D, steps=6)
     assert set(prep.points) == set(ladder.RUNGS)
-    for name, point in prep.points.items():
+    for point in prep.points.values():
         check([point])  # raises if refused
     cfg = prep.points["node"].cfg
     assert (int(cfg.cluster.nodes), int(cfg.parallelism.tp), int(cfg.parallelism.pp)) == (1, 2, 1)
