@@ -17,12 +17,14 @@ own watchdog ending a rank) is never taken for the cause.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from launcher.rundir import RESTARTED_BY_USER
+from launcher import backends
+from launcher.rundir import RESTARTED_BY_USER, RunDir
 from launcher.status import RunStatus, Status
 
 KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
@@ -712,8 +714,6 @@ def _tail(path: Path, limit: int = LOG_TAIL) -> str:
 def _last_metrics_step(path: Path) -> int:
     for line in reversed(_tail(path, 8192).splitlines()):
         try:
-            import json
-
             return int(json.loads(line).get("step") or 0)
         except (ValueError, AttributeError):
             continue
@@ -742,8 +742,6 @@ def _rank_of(name: str) -> int:
 
 def _errors(rd: Any) -> Tuple[Dict[int, str], List[int]]:
     """Each rank's recorded error text, and the ranks in the order they recorded them."""
-    from launcher.rundir import RunDir
-
     texts: Dict[int, str] = {}
     mtimes: Dict[int, float] = {}
     for name in rd.failed_ranks():
@@ -766,8 +764,6 @@ def _files(rd: Any) -> Evidence:
 def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     """The evidence of one run (a RunDir). ``scheduler``: ask the backend for the job's state (one query;
     skipped for a completed run); ``logs``: read the tail of every rank's stderr and stdout."""
-    from launcher.rundir import RunDir
-
     rd = rd if isinstance(rd, RunDir) else RunDir(rd)
     meta = rd.run() or {}
     ev = _files(rd)
@@ -792,8 +788,6 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     ev.last_step = _last_metrics_step(rd.metrics_path)
     job = rd.job()
     if job is not None and job.backend and job.job_id and (logs or scheduler):
-        from launcher import backends
-
         try:
             backend = backends.get(job.backend)
         except ValueError:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from launcher.archive import atomic, yamlio
+from launcher.job_record import JobRecord
 from launcher.status import FINAL, STATUSES, RunStatus, Status  # noqa: F401  (Status, FINAL: their home)
 
 if TYPE_CHECKING:
@@ -342,7 +343,9 @@ class RunDir:
 
     def layout(self):
         """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
-        from launcher.layout import Layout
+        from launcher.layout import (
+            Layout,  # omegaconf (through launcher.schema): most readers of a run dir need no layout
+        )
 
         return Layout.from_json((self.run() or {})["layout"])
 
@@ -352,8 +355,6 @@ class RunDir:
 
     def job(self) -> Optional[JobRecord]:
         """job.json (None: the run was never submitted)."""
-        from launcher.job_record import JobRecord
-
         found = atomic.read_json(self._p(self.JOB))
         return JobRecord.from_json(found) if found else None
 

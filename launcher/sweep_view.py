@@ -80,10 +80,10 @@ def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend (files only: the login node may have no display)."""
-    import matplotlib
+    import matplotlib  # matplotlib: only when a page draws a plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only when a page draws a plot
 
     return plt
 

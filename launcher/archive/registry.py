@@ -68,7 +68,7 @@ def _failure_class(rd: RunDir, state: Status) -> Optional[str]:
     no scheduler query); None for a completed or unfinished run. Indexed once, with the final row."""
     if state.value not in FINAL or state is Status.completed:
         return None
-    from launcher import doctor
+    from launcher import doctor  # lazy: the doctor only for a failed run's class
 
     return doctor.classify(rd).kind
 

@@ -24,6 +24,8 @@ import re
 from pathlib import Path, PurePath
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
+import yaml
+
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # environment that shapes training and is worth archiving
@@ -102,6 +104,7 @@ def _config_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
 def _plain(cfg: Any) -> Any:
     """A DictConfig as plain containers (resolved where it resolves), anything else unchanged."""
     try:
+        # omegaconf: optional here; plain containers pass through
         from omegaconf import DictConfig, ListConfig, OmegaConf
     except ImportError:  # pragma: no cover
         return cfg
@@ -251,8 +254,6 @@ def secrets_in_text(name: str, text: str) -> Dict[str, str]:
     low = name.lower()
     if low.endswith(YAML_SUFFIXES):
         try:
-            import yaml
-
             docs = list(yaml.safe_load_all(text))
         except Exception:  # not YAML after all (a template): read it line by line
             docs = None

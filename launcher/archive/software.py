@@ -30,6 +30,7 @@ def prefetch_pip_freeze() -> None:
     """Start `pip freeze` in the background (once): a launch composes and checks its points meanwhile."""
     global _prefetched
     if _prefetched is None:
+        # threads only when submitting or archiving for real, not on a dry run
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pip-freeze")

@@ -94,7 +94,7 @@ def gather() -> Dict[str, Any]:
 
 def runtime_software() -> Dict[str, Any]:
     """Versions only known on the node (after torch is imported)."""
-    import torch
+    import torch  # torch: only on the node
 
     out: Dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                            "cuda_available": torch.cuda.is_available()}

@@ -13,18 +13,33 @@ byte), so every later estimate for that cluster uses them. docs/calibration.md.
 """
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from rich.markup import escape
+
+from launcher import rules
+from launcher.archive import atomic
+from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.layout import Facts, ModelSpec
+from launcher.plan.estimate import cluster_json, estimate, model_json
+from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher.schema import enum_value
 
 TABLE_TOP = 20
 
 
 def compose(overrides: List[str]) -> Any:
     """The run config for these overrides (Hydra compose API, conf/ of launcher.app)."""
+    # hydra: only the command that composes a config loads it
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.app import CONF_DIR, normalize_overrides
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -39,12 +54,7 @@ def _fail(msg: str, code: int = 2) -> int:
 def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
     """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
     that cannot be estimated (world size or batch not divisible)."""
-    from launcher import rules
-    from launcher.layout import Facts, ModelSpec
-    from launcher.plan.estimate import cluster_json, estimate, model_json
-    from launcher.plan.search import search
-    from launcher.plan.spec import ClusterSpec, LayoutSpec
-    from launcher.schema import enum_value
+    from launcher.plan.search import search  # lazy: only this subcommand pays for it, not `launcher --help`
 
     m = ModelSpec.from_cfg(cfg.model)
     cluster = ClusterSpec.from_cfg(cfg.cluster)
@@ -72,7 +82,7 @@ def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
 
 
 def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:
-    from launcher.plan import checks
+    from launcher.plan import checks  # lazy: only this subcommand pays for it, not `launcher --help`
 
     item = est.as_json()
     item["warnings"] = checks.layout_warnings(cluster, est)
@@ -105,16 +115,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    import datetime
-    import os
-
-    from launcher.archive import atomic
-    from launcher.cli.archive_cmds import resolve_run_dir
-    from launcher.plan import calibrate as cal_mod
+    from launcher.plan import calibrate as cal_mod  # lazy: only this subcommand pays for it, not `launcher --help`
 
     root = getattr(args, "_root", None)
     if root is None:
-        from launcher.archive import registry
+        from launcher.archive import registry  # lazy: only this subcommand pays for it, not `launcher --help`
 
         root = registry.default_root()
     try:
@@ -171,11 +176,11 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _print_calibration(report: Dict[str, Any]) -> None:
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Column, Table
 
-    from launcher.plan.calibrate import mean_abs
+    from launcher.plan.calibrate import mean_abs  # lazy: only this subcommand pays for it, not `launcher --help`
 
     con = Console()
     if not con.is_terminal:
@@ -219,8 +224,8 @@ def _size(n: float) -> str:
 
 
 def _print_table(report: Dict[str, Any], top: int) -> None:
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -271,8 +276,6 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
 
 
 def add_parser(sub) -> None:
-    import argparse
-
     s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all); "
                        "--calibrate RUN... fits the planner to measured runs", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

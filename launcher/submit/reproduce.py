@@ -2,6 +2,8 @@
 snapshot and its seeds, never today's conf/ or today's code."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -9,17 +11,19 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.app import finish
 from launcher.archive import compare
+from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, runs as runs_under
 from launcher.schema import RunConfig
+from launcher.submit import pipeline
+from launcher.submit.pipeline import Point
 
 
 def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path]):
     """The run config to reproduce `run_dir` with, plus any overrides (dotted key=value)."""
-    from launcher.submit.pipeline import Point
-
     rd = RunDir(run_dir)
     plain = rd.config()
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
@@ -55,9 +59,6 @@ def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
 
 
 def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = None, out=None):
-    from launcher.app import finish
-    from launcher.submit import pipeline
-
     out = out or sys.stdout
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
@@ -101,8 +102,6 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
     """The command that starts the app of a Hydra-app run again from ``snapshot`` as one point (pure).
     ``changes`` (key=value) replace the archived overrides (task or Hydra) of the same key; an archived
     override whose value was redacted must be given again there."""
-    from launcher.archive.secrets import is_redacted
-
     app = meta.get("app") or {}
     entry = app.get("entry") or {}
     changed = {override_key(c) for c in changes}
@@ -135,11 +134,6 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
 def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Path, out) -> int:
     """Start the app again (blocking, as its launcher does by default); its exit code (1 when it ran
     but made no run: its module does not start the app when run with ``python -m``)."""
-    import os
-    import subprocess
-
-    from launcher.rundir import runs as runs_under
-
     meta = rd.run() or {}
     cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root))
     env = dict(os.environ)
