@@ -101,7 +101,8 @@ def table(names: List[str], samples, fit_all, held: Dict[str, object]) -> str:
         held_step.append(h_step)
         held_act.append(h_act)
         lines.append(
-            f"| {n} ({s.layout}) | {st['planned'] * 1e3:.3g} | {st['measured'] * 1e3:.1f} | {pct(st['error_before'])} | "
+            f"| {n} ({s.layout}) | {st['planned'] * 1e3:.3g} | {st['measured'] * 1e3:.1f} | "
+            f"{pct(st['error_before'])} | "
             f"{st['calibrated'] * 1e3:.1f} | {pct(st['error_after'])} | {pct(h_step)} | {mib(act['planned'])} | "
             f"{mib(act['measured'])} | {pct(act['error_before'])} | {mib(act['calibrated'])} | "
             f"{pct(act['error_after'])} | {pct(h_act)} |")
@@ -110,7 +111,8 @@ def table(names: List[str], samples, fit_all, held: Dict[str, object]) -> str:
         return pct(mean_abs([r[key][when] for r in every]), sign=False)
 
     lines.append(
-        f"| **mean \\|error\\|** | | | {mean('step_time_s', 'error_before')} | | {mean('step_time_s', 'error_after')} | "
+        f"| **mean \\|error\\|** | | | {mean('step_time_s', 'error_before')} | | "
+        f"{mean('step_time_s', 'error_after')} | "
         f"{pct(mean_abs(held_step), sign=False)} | | | {mean('activation_bytes', 'error_before')} | | "
         f"{mean('activation_bytes', 'error_after')} | {pct(mean_abs(held_act), sign=False)} |")
     consts = ", ".join(f"{k} = {v:.4g}" for k, v in cal.as_dict().items())
@@ -176,7 +178,7 @@ def main() -> None:
     for note in fit_all.notes:
         md += f"Note: {note}\n"
     steps = sorted({s.steps_measured + calibrate.WARMUP_STEPS for s in samples})
-    commits = sorted({str(((RunDir(s.run_dir).git() or {}).get("commit") or "?"))[:7]
+    commits = sorted({str((RunDir(s.run_dir).git() or {}).get("commit") or "?")[:7]
                       + ("+dirty" if (RunDir(s.run_dir).git() or {}).get("dirty") else "") for s in samples})
     md += (f"\nCode: {', '.join(commits)}. Machine: {machine()}; {'/'.join(map(str, steps))} steps per run, "
            f"the least disturbed of "

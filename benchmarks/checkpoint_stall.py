@@ -62,7 +62,8 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"model={model_name}", f"train.steps={saves * every}",
                                            f"train.checkpoint.every={every}",
-                                           f"train.checkpoint.async_save={str(async_save).lower()}", "train.checkpoint.keep=1"])
+                                           f"train.checkpoint.async_save={str(async_save).lower()}",
+                                           "train.checkpoint.keep=1"])
     torch.manual_seed(0)
     model = GPT(cfg.model, recompute="none")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

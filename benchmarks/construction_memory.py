@@ -229,7 +229,8 @@ def report(results: Dict[str, Dict[str, Any]], whole_key: str = "a") -> str:
     the whole build; what stayed resident after construction and after the whole engine against
     the planner's per-rank parameters and model states."""
     mb = lambda b: f"{b / 1e6:,.0f}"  # noqa: E731
-    whole = max(s["host_peak_build_bytes"] for s in results[whole_key]["states"].values()) if whole_key in results else None
+    whole = (max(s["host_peak_build_bytes"] for s in results[whole_key]["states"].values())
+             if whole_key in results else None)
     lines = ["| run | per-rank construction peak, MB (host_peak_build_bytes) | largest | ratio to (a) | "
              "resident after construction, MB | planner params/rank, MB | resident after engine, MB | "
              "planner params+grads+optimizer/rank, MB |",
@@ -269,7 +270,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             results[key] = _read(_launch([*_model_overrides(args), *overrides], procs, root))
     params = next((r["params"] for r in results.values() if r["params"]), None)
     print(f"machine: {_machine()}")
-    print(f"command: .venv/bin/python benchmarks/construction_memory.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: .venv/bin/python benchmarks/construction_memory.py {args}")
     print(f"model: {args.layers} layers x {args.hidden} hidden, {args.heads} heads, seq_len {args.seq_len}, "
           f"vocab 50304, fp32: {params:,} parameters, {params * 4 / GB:.2f} GB" if params else "")
     print()

@@ -93,13 +93,15 @@ def main() -> int:
     print(f"estimate only     : {rate_est:12,.0f} layouts/s  ({t_est * 1e3:.1f} ms for {n})")
     print(f"search (enumerate + estimate + rank): {rate_search:,.0f} layouts/s  ({t_search * 1e3:.1f} ms wall; "
           f"{n / t_search_cpu:,.0f} layouts per CPU-second)")
-    print(f"baseline (per layout: OmegaConf config + layout.check + the same estimate from it): {rate_base:,.0f} layouts/s "
+    print(f"baseline (per layout: OmegaConf config + layout.check + the same estimate from it): "
+          f"{rate_base:,.0f} layouts/s "
           f"({len(sample)} layouts in {t_base * 1e3:.0f} ms)")
     print(f"ratio: search / baseline = {rate_search / rate_base:.0f}x;  search / target {TARGET:,.0f}/s = "
           f"{rate_search / TARGET:.2f}x  ->  {'PASS' if rate_search > TARGET else 'BELOW TARGET'}")
     print(f"best layout: dp {best.layout.dp} tp {best.layout.tp} pp {best.layout.pp} zero {best.layout.zero} "
           f"micro {best.layout.micro_batch_size} recompute {best.layout.recompute} sp {best.layout.sequence_parallel}: "
-          f"{best.step_time_s:.2f} s/step, {best.timing.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {best.timing.mfu:.1%}, "
+          f"{best.step_time_s:.2f} s/step, {best.timing.tflops_per_gpu:.0f} TFLOP/s per GPU, "
+          f"MFU {best.timing.mfu:.1%}, "
           f"{best.memory.total / 2**30:.1f} GiB per GPU")
     return 0 if rate_search > TARGET else 1
 

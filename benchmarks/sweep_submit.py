@@ -60,7 +60,8 @@ def timed_command(cmd: List[str], env: Dict[str, str], cwd: Path, timeout: float
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(cwd), timeout=timeout)
     dt = time.perf_counter() - t0
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({res.returncode}):\n"
+                           f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
     return dt
 
 

@@ -7,14 +7,19 @@ Stays light: nothing here imports torch or deepspeed.
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
 
 import hydra
+from hydra._internal import defaults_list
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.types import Glob
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from launcher.errors import ConfigError, ConfigErrors
 from launcher.schema import register_configs
 
 CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
@@ -42,8 +47,6 @@ def _choice_text(value):
 
 def accept_numeric_group_choices() -> None:
     """Patch Hydra's defaults-list override reader (once) so an int names a config-group option."""
-    from hydra._internal import defaults_list
-
     cls = defaults_list.Overrides
     if getattr(cls.__init__, "_launcher_numeric_groups", False):
         return
@@ -63,7 +66,6 @@ def accept_numeric_group_choices() -> None:
 
     # glob([1,2]) / glob(*,exclude=[0]): the grammar reads the patterns as ints too; a glob
     # pattern is text (it only ever selects config-group options)
-    from hydra.core.override_parser.types import Glob
 
     filter_names = Glob.filter
 
@@ -100,14 +102,12 @@ HYDRA_OUTPUT_KEYS = {
 
 def hydra_output_problems(hydra_overrides) -> list:
     """ConfigErrors for the Hydra output-dir keys among these ``hydra.*`` override lines (pure)."""
-    from launcher.compose import override_key
+    from launcher.compose import override_key  # lazy: `launch --help` never loads the composer
 
     found = []
     for line in hydra_overrides:
         key = override_key(line)
         if key in HYDRA_OUTPUT_KEYS:
-            from launcher.errors import ConfigError
-
             found.append(ConfigError(key, *HYDRA_OUTPUT_KEYS[key]))
     return found
 
@@ -116,8 +116,6 @@ def refuse_hydra_output_keys(hydra_overrides) -> None:
     """Exit 2 naming each Hydra output-dir key given (nothing composed further, nothing submitted)."""
     problems = hydra_output_problems(hydra_overrides)
     if problems:
-        from launcher.errors import ConfigErrors
-
         exit_refused(ConfigErrors(problems, "(Hydra's output dirs); nothing was submitted"))
 
 
@@ -128,6 +126,7 @@ class RunFailed(CompactHydraException):
 
 def check_each(points) -> dict:
     """{index: InvalidSweep} for the points the launch checks would refuse (each checked alone)."""
+    # lazy: `launch --help` and --cfg never load the submit path
     from launcher.submit.pipeline import InvalidSweep, validate
 
     bad = {}
@@ -145,11 +144,10 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     ids): per point, the float value of the run summary's ``objective`` key, or the exception
     (RunFailed) saying why the run has none; and its run id (None if not submitted). InvalidSweep
     propagates: nothing was submitted."""
-    from launcher.submit.pipeline import launch
+    # lazy: `launch --help` and --cfg never load the submit path
     from launcher.outcome import settle
+    from launcher.submit.pipeline import launch
     from launcher.submit.progress import log_of_failure, wait_and_report
-
-    import io
 
     out = out or sys.stdout
     said = io.StringIO()  # the pipeline's per-run listing: one line of it here, the runs are listed below
@@ -160,7 +158,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     print(said.getvalue().splitlines()[0], file=out, flush=True)
     cfg = points[0].cfg
     wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True, quiet=True)
-    from launcher.rundir import SweepDir
+    from launcher.rundir import SweepDir  # lazy: `launch --help` and --cfg never load the submit path
 
     by_index = {SweepDir.index_of(r.run_id): r for r in result.runs}
     indices = list(range(len(points))) if indices is None else list(indices)
@@ -199,6 +197,7 @@ def finish(result, points) -> None:
     if wait is None:
         wait = bool(result.backend and result.backend.waits)
     if wait and not result.dry_run:
+        # lazy: `launch --help` and --cfg never load the submit path
         from launcher.submit.progress import wait_and_report
 
         if not wait_and_report(result, points, sys.stdout, timeout_s=int(cfg.submit.wait_timeout_s)):
@@ -208,6 +207,7 @@ def finish(result, points) -> None:
 def submit_points(points, into=None, indices=None):
     """The launch pipeline for these points (``into``/``indices`` as for pipeline.launch), then the
     wait policy and the exit code."""
+    # lazy: `launch --help` and --cfg never load the submit path
     from launcher.submit.pipeline import InvalidSweep, launch
 
     try:
@@ -220,10 +220,7 @@ def submit_points(points, into=None, indices=None):
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _run(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from launcher.submit.pipeline import Point
+    from launcher.submit.pipeline import Point  # lazy: `launch --help` and --cfg never load the submit path
 
     hc = HydraConfig.get()
     refuse_hydra_output_keys(hc.overrides.hydra)

@@ -16,7 +16,19 @@ Nothing here knows the project's configs: `launch -m` and the launcher for any H
 from __future__ import annotations
 
 import contextlib
+import pickle
+import re
 import sys
+import time
+from enum import Enum
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType, ValueType
+from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
+from omegaconf import OmegaConf, ValueNode, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 
 def override_key(line: str) -> str:
@@ -42,7 +54,7 @@ class SweepComposer:
         self.allow_fast = True  # points on the fast path are FastPoints (see ``point``)
 
     @classmethod
-    def install(cls, config_loader, fast: bool = True) -> "SweepComposer":
+    def install(cls, config_loader, fast: bool = True) -> SweepComposer:
         """Make ``config_loader.load_sweep_config`` this composer's (once per loader). ``fast=False``:
         every point is a composed config (a launcher that hands the config itself to the app's task
         function needs one), never a FastPoint."""
@@ -89,9 +101,6 @@ class SweepComposer:
 
     def _parse(self, master_config, sweep_overrides):
         """(parsed overrides, the value overrides among them, the base's key)."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-
         hydra_lines = self._hydra_lines.get(id(master_config))
         if hydra_lines is None:
             hydra_lines = self._hydra_lines[id(master_config)] = list(
@@ -123,10 +132,6 @@ class SweepComposer:
     def _base(self, bkey):
         """The composed config of these group choices, pickled (unpickling copies a config ~4x faster
         than copy.deepcopy)."""
-        import pickle
-
-        from hydra.types import RunMode
-
         base = self.bases.get(bkey)
         if base is None:
             base = self.bases[bkey] = pickle.dumps(self.loader.load_configuration(
@@ -159,11 +164,6 @@ class SweepComposer:
     def _fast_base(self, master_config, bkey, fixed):
         """The FastBase of these group choices with these overrides applied; False where they fail
         or the result does not resolve (each point then takes the full path, which reports it)."""
-        import pickle
-
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from omegaconf.errors import OmegaConfBaseException
-
         try:
             cfg = pickle.loads(self._base(bkey))
             ConfigLoaderImpl._apply_overrides_to_config(fixed, cfg)
@@ -172,13 +172,6 @@ class SweepComposer:
             return False
 
     def compose(self, master_config, sweep_overrides):
-        import pickle
-
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
-        from hydra.errors import ConfigCompositionException
-        from omegaconf import OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
-
         self._tick()
         parsed, values, bkey = self._parse(master_config, sweep_overrides)
         if values is None:
@@ -199,14 +192,13 @@ class SweepComposer:
 
     def _tick(self) -> None:
         """Count a composed point; past PROGRESS_AFTER_S of composing, a progress bar on stderr."""
-        import time
-
         now = time.perf_counter()
         if self._burst is None:
             self._burst = [now, 0, None, None]
         b = self._burst
         b[1] += 1
         if b[2] is None and now - b[0] > self.PROGRESS_AFTER_S:
+            # rich: only once composing is slow enough to show a bar
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -232,22 +224,20 @@ class SweepComposer:
 # every other line goes to Hydra's parser.
 _PLAIN_KEY = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _INT = r"[+-]?(?:0|[1-9][0-9]*)"
-_FLOAT = r"[+-]?(?:(?:0|[1-9][0-9]*)?\.[0-9]+|(?:0|[1-9][0-9]*)\.)(?:[eE][+-]?[0-9]+)?|[+-]?(?:0|[1-9][0-9]*)[eE][+-]?[0-9]+"
+_FLOAT = (r"[+-]?(?:(?:0|[1-9][0-9]*)?\.[0-9]+|(?:0|[1-9][0-9]*)\.)(?:[eE][+-]?[0-9]+)?"
+          r"|[+-]?(?:0|[1-9][0-9]*)[eE][+-]?[0-9]+")
 _PLAIN_NUMBER = None
 
 
 def plain_number_override(line: str):
     """Hydra's Override for ``key=<int or float>``, ``+key=...`` or ``++key=...`` (a plain dotted key, a
     plain decimal number); None for anything else."""
-    import re
-
     global _PLAIN_NUMBER
     if _PLAIN_NUMBER is None:
         _PLAIN_NUMBER = re.compile(rf"(\+\+|\+)?({_PLAIN_KEY})=(?:({_INT})|({_FLOAT}))")
     m = _PLAIN_NUMBER.fullmatch(line)
     if m is None:
         return None
-    from hydra.core.override_parser.types import Override, OverrideType, ValueType
 
     kind = {None: OverrideType.CHANGE, "+": OverrideType.ADD, "++": OverrideType.FORCE_ADD}[m.group(1)]
     value = int(m.group(3)) if m.group(3) is not None else float(m.group(4))
@@ -285,10 +275,6 @@ class FastBase:
     reports errors as Hydra does."""
 
     def __init__(self, cfg, master_config) -> None:
-        import pickle
-
-        from omegaconf import OmegaConf
-
         self._blob, self._master = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL), master_config
         hydra_node = self._reset()
         scratch = self.scratch
@@ -304,10 +290,6 @@ class FastBase:
 
     def _reset(self):
         """A fresh scratch copy of the base (app part); returns the base's hydra node."""
-        import pickle
-
-        from omegaconf import OmegaConf, open_dict, read_write
-
         scratch = pickle.loads(self._blob)
         with read_write(scratch), open_dict(scratch):
             hydra_node = scratch.pop("hydra")
@@ -317,10 +299,6 @@ class FastBase:
 
     def config(self):
         """The full composed config of the group choices (hydra node included), read-only."""
-        import pickle
-
-        from omegaconf import OmegaConf
-
         if self._config is None:
             self._config = pickle.loads(self._blob)
             OmegaConf.set_readonly(self._config, True)
@@ -332,8 +310,6 @@ class FastBase:
         the path of another such interpolation (a chain ``a: ${b}``, ``b: ${c}``). Resolvers see the
         config only through interpolations written in the text, so one that names nothing of it
         (``${oc.env:HOME}``) keeps the base's value."""
-        import re
-
         names = {part for k in keys for part in k.split(".")}
         found: set = set()
         grew = True
@@ -348,16 +324,12 @@ class FastBase:
         return {re.split(r"[.\[]", path, maxsplit=1)[0] for path in found}
 
     def _node(self, key: str):
-        from omegaconf import OmegaConf
-
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(self.scratch, parent_key) if parent_key else self.scratch
         return parent._get_node(leaf) if OmegaConf.is_dict(parent) else None
 
     @staticmethod
     def eligible(o) -> bool:
-        from hydra.core.override_parser.types import OverrideType
-
         if o.type is not OverrideType.CHANGE or o.package is not None:
             return False
         v = o.value()
@@ -367,13 +339,6 @@ class FastBase:
         """The FastPoint with ``values`` (plain value overrides) put in, or None where the full path
         must decide (errors included). ``n_values``: the point's value overrides, these and the
         base's (Hydra's task overrides are counted from them)."""
-        import pickle
-        from enum import Enum
-
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from omegaconf import OmegaConf, ValueNode
-        from omegaconf.errors import OmegaConfBaseException
-
         scratch, restore = self.scratch, []
         try:
             for o in values:

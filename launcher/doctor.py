@@ -17,12 +17,14 @@ own watchdog ending a rank) is never taken for the cause.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from launcher.rundir import RESTARTED_BY_USER
+from launcher import backends
+from launcher.rundir import RESTARTED_BY_USER, RunDir
 from launcher.status import RunStatus, Status
 
 KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
@@ -94,7 +96,8 @@ OOM = re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|Default
 # TCPStore's own words: a rendezvous failure wherever they appear
 RENDEZVOUS_STORE = re.compile(r"EADDRINUSE|failed to listen on any local network address"
                               r"|client socket has timed out after \d+ms while trying to connect"
-                              r"|TCP client failed to connect|Timed out initializing process group in store based barrier",
+                              r"|TCP client failed to connect"
+                              r"|Timed out initializing process group in store based barrier",
                               re.I)
 # a failed connection or name lookup: a rendezvous failure when it happens inside init_process_group
 RENDEZVOUS = re.compile(r"Address already in use|Connection refused|ECONNREFUSED|failed to connect to|timed out"
@@ -147,7 +150,7 @@ class Evidence:
     hang: Optional[Dict[str, Any]] = None  # hang.json
     stacks: Dict[int, str] = field(default_factory=dict)  # rank -> faulthandler dump
     restarts: List[Dict[str, Any]] = field(default_factory=list)  # restarts.jsonl
-    attempts: Dict[int, "Evidence"] = field(default_factory=dict)  # what earlier attempts left
+    attempts: Dict[int, Evidence] = field(default_factory=dict)  # what earlier attempts left
     last_step: int = 0  # the last step in metrics.jsonl (0: none finished)
     steps: Optional[int] = None  # train.steps
     config: Dict[str, Any] = field(default_factory=dict)  # the values the fixes name (dotted keys)
@@ -388,7 +391,8 @@ def _diagnose(ev: Evidence) -> Diagnosis:
 
 def _with(attempt: Evidence, run: Evidence) -> Evidence:
     """An earlier attempt's files with the run's context (config, steps)."""
-    return Evidence(run_id=run.run_id, status=RunStatus(state=Status.failed), world_size=run.world_size, started=run.started,
+    return Evidence(run_id=run.run_id, status=RunStatus(state=Status.failed), world_size=run.world_size,
+                    started=run.started,
                     master=run.master, errors=attempt.errors, error_order=attempt.error_order, hang=attempt.hang,
                     stacks=attempt.stacks, last_step=run.last_step, steps=run.steps, config=run.config)
 
@@ -669,7 +673,7 @@ def _last_traceback(text: str) -> Optional[str]:
     return text[i:] if i >= 0 else None
 
 
-def _line_with(text: str, pattern: "re.Pattern[str]") -> str:
+def _line_with(text: str, pattern: re.Pattern[str]) -> str:
     m = pattern.search(text)
     return _line_at(text, m.start(), m.end()) if m else ""
 
@@ -710,8 +714,6 @@ def _tail(path: Path, limit: int = LOG_TAIL) -> str:
 def _last_metrics_step(path: Path) -> int:
     for line in reversed(_tail(path, 8192).splitlines()):
         try:
-            import json
-
             return int(json.loads(line).get("step") or 0)
         except (ValueError, AttributeError):
             continue
@@ -740,8 +742,6 @@ def _rank_of(name: str) -> int:
 
 def _errors(rd: Any) -> Tuple[Dict[int, str], List[int]]:
     """Each rank's recorded error text, and the ranks in the order they recorded them."""
-    from launcher.rundir import RunDir
-
     texts: Dict[int, str] = {}
     mtimes: Dict[int, float] = {}
     for name in rd.failed_ranks():
@@ -764,8 +764,6 @@ def _files(rd: Any) -> Evidence:
 def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     """The evidence of one run (a RunDir). ``scheduler``: ask the backend for the job's state (one query;
     skipped for a completed run); ``logs``: read the tail of every rank's stderr and stdout."""
-    from launcher.rundir import RunDir
-
     rd = rd if isinstance(rd, RunDir) else RunDir(rd)
     meta = rd.run() or {}
     ev = _files(rd)
@@ -790,8 +788,6 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     ev.last_step = _last_metrics_step(rd.metrics_path)
     job = rd.job()
     if job is not None and job.backend and job.job_id and (logs or scheduler):
-        from launcher import backends
-
         try:
             backend = backends.get(job.backend)
         except ValueError:

@@ -24,7 +24,7 @@ class JobRecord:
         """The id of the submission the job went out in: the array's, else the job's own."""
         return self.array_job_id or self.job_id
 
-    def after(self, earlier: Optional["JobRecord"]) -> "JobRecord":
+    def after(self, earlier: Optional[JobRecord]) -> JobRecord:
         """This record as the next attempt of ``earlier``'s run (its job ids kept, oldest first)."""
         if earlier is None:
             return self
@@ -38,7 +38,7 @@ class JobRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> "JobRecord":
+    def from_json(cls, data: Dict[str, Any]) -> JobRecord:
         task = data.get("array_task_id")
         tasks = data.get("num_tasks")
         return cls(backend=str(data.get("backend") or ""), job_id=str(data.get("job_id") or ""),

@@ -71,7 +71,8 @@ def _fits(cfg: Any, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: st
         return True
     m = dataclasses.replace(ModelSpec.from_cfg(cfg.model), num_layers=layers)
     z = cfg.zero
-    lay = Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch_size=mbs or int(cfg.train.micro_batch_size), grad_accum=accum,
+    lay = Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch_size=mbs or int(cfg.train.micro_batch_size),
+                 grad_accum=accum,
                  sequence_parallel=bool(cfg.parallelism.sequence_parallel) and tp > 1,
                  offload_optimizer=bool(z.offload_optimizer) and zero > 0,
                  offload_params=bool(z.offload_params) and zero >= 3, procs_per_node=procs_per_node)
@@ -243,7 +244,8 @@ def judge_training(status: RunStatus, rows: List[Dict[str, Any]], plan: Optional
     if m["memory_bytes"] and p["memory_bytes"] and m["memory_bytes"] > MEMORY_OVER_PLAN * p["memory_bytes"]:
         v.verdict = WARN
         v.reasons.append(f"peak memory {m['memory_bytes'] / p['memory_bytes']:.2f}x the plan's")
-    if calibrated and m["tokens_per_s"] and p["tokens_per_s"] and m["tokens_per_s"] < THROUGHPUT_UNDER_PLAN * p["tokens_per_s"]:
+    if (calibrated and m["tokens_per_s"] and p["tokens_per_s"]
+            and m["tokens_per_s"] < THROUGHPUT_UNDER_PLAN * p["tokens_per_s"]):
         v.verdict = WARN
         v.reasons.append(f"throughput {m['tokens_per_s'] / p['tokens_per_s']:.0%} of the calibrated plan's")
     return v

@@ -50,7 +50,7 @@ class ModelSpec:
     dropout: float = 0.0
 
     @classmethod
-    def from_cfg(cls, m: Any) -> "ModelSpec":
+    def from_cfg(cls, m: Any) -> ModelSpec:
         """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
         return cls(
             name=str(getattr(m, "name", "model")),
@@ -119,12 +119,12 @@ class Facts:
     def resolved_engine(self) -> str:
         return implied_engine(self.tp, self.pp, self.zero) if self.engine == "auto" else self.engine
 
-    def with_(self, **changes: Any) -> "Facts":
+    def with_(self, **changes: Any) -> Facts:
         """A copy with some values changed (derived values are computed afresh)."""
         return Facts(**{**{k: v for k, v in vars(self).items() if k in _FACT_FIELDS}, **changes})
 
     @classmethod
-    def from_cfg(cls, cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> "Facts":
+    def from_cfg(cls, cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Facts:
         """``resolved``: the config already resolved to plain dicts (enums as strings), when the caller
         has it, so the RUN rules do not resolve it again."""
         m, par, tr, cl, z = cfg.model, cfg.parallelism, cfg.train, cfg.cluster, cfg.zero
@@ -191,7 +191,7 @@ class Layout:
         """Micro-batches each pipeline sees per step (= gradient accumulation steps)."""
         return self.grad_accum
 
-    def with_(self, **changes: Any) -> "Layout":
+    def with_(self, **changes: Any) -> Layout:
         return replace(self, **changes)
 
     # placement
@@ -204,7 +204,8 @@ class Layout:
     def rank_of(self, dp_idx: int, pp_idx: int, tp_idx: int) -> int:
         """Inverse of ``coords``."""
         if not (0 <= dp_idx < self.dp and 0 <= pp_idx < self.pp and 0 <= tp_idx < self.tp):
-            raise ValueError(f"coordinates ({dp_idx}, {pp_idx}, {tp_idx}) outside mesh ({self.dp}, {self.pp}, {self.tp})")
+            raise ValueError(f"coordinates ({dp_idx}, {pp_idx}, {tp_idx}) "
+                             f"outside mesh ({self.dp}, {self.pp}, {self.tp})")
         return dp_idx * self.pp * self.tp + pp_idx * self.tp + tp_idx
 
     def node_of(self, rank: int) -> int:
@@ -237,7 +238,7 @@ class Layout:
                 "global_batch_size": self.global_batch_size}
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Layout":
+    def from_json(cls, d: Dict[str, Any]) -> Layout:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 

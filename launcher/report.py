@@ -17,10 +17,17 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from launcher import sweeps
+from launcher import sweep_view, sweeps
 from launcher.archive import atomic
+from launcher.archive.compare import flatten
+from launcher.layout import Layout
+from launcher.plan import calibrate
+from launcher.plan.calibrate import measured_activation_bytes
+from launcher.plan.spec import Calibration
 from launcher.rundir import RunDir
+from launcher.schema import typed
 from launcher.status import RunStatus
+from launcher.sweep_view import draw_loss_curves, draw_objective, pyplot
 
 Plot = Tuple[str, bytes]  # (title, PNG bytes)
 
@@ -217,8 +224,6 @@ def calibration_rows(view: Dict[str, Any], metrics: Sequence[Dict[str, Any]],
                      states: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Rows (quantity, kind, before, after, measured, error_before, error_after): the planner's estimate
     without and with the cluster's calibration (``view``: calibration_view) against the measurement."""
-    from launcher.plan.calibrate import measured_activation_bytes
-
     cal = view["calibration"]
     measured_step = steady_mean([r.get("step_time_s") for r in metrics])
     measured_act = measured_activation_bytes(states)
@@ -238,10 +243,6 @@ def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str,
     cluster.calibration: plan.json is calibrated), else the one its cluster's config file holds now
     (conf/cluster/<choice>.yaml, written by `launcher plan --calibrate`). None without either, or
     when the planner cannot estimate the run."""
-    from launcher.plan import calibrate
-    from launcher.plan.spec import Calibration
-    from launcher.schema import typed
-
     rd = RunDir(run_dir)
     try:
         cfg = typed(rd.config())
@@ -269,8 +270,6 @@ def rank_grid(layout: Dict[str, Any], ranks: Sequence[Dict[str, Any]],
     """One row per rank: its (dp, pp, tp) coordinates (Layout.coords of the archived layout), its node
     index and host (ranks/rank_<r>.json where the job wrote it), and whether ranks/mesh_<r>.json (the
     megatron engine's own record) agrees. Empty without a layout (a Hydra app's run)."""
-    from launcher.layout import Layout
-
     try:
         lay = Layout.from_json(layout)
     except (TypeError, ValueError):
@@ -340,8 +339,6 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
 
 def figure_png(draw: Callable[[Any], None], size: Tuple[float, float] = (4.2, 2.8), dpi: int = 90) -> bytes:
     """PNG bytes of one axes drawn by ``draw(ax)``."""
-    from launcher.sweep_view import pyplot
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=size)
     try:
@@ -408,7 +405,8 @@ def commbench_plots(bench: Dict[str, Any]) -> List[Plot]:
             for op in ops:
                 pts = sorted((r["bytes"], r[key]) for r in rows if r.get("op") == op and r.get(key) is not None)
                 scope = {r.get("scope") for r in rows if r.get("op") == op}
-                ax.plot([b for b, _ in pts], [v for _, v in pts], marker=".", label=f"{op} ({'/'.join(map(str, scope))})")
+                ax.plot([b for b, _ in pts], [v for _, v in pts], marker=".",
+                        label=f"{op} ({'/'.join(map(str, scope))})")
             ax.set_xscale("log", base=2)
             if key == "time_us":
                 ax.set_yscale("log")
@@ -476,8 +474,6 @@ def run_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
             ("launcher side", RunDir.SOFTWARE, "software"), ("on the node", RunDir.RUNTIME, "runtime")) if data[key]]
         body.append(section("Software", join(Html(tag("h3", h) + kv_table(sorted(d.items()))) for h, d in parts)))
     if data["seeds"]:
-        from launcher.archive.compare import flatten
-
         body.append(section("Seeds", kv_table(sorted(flatten(data["seeds"]).items()))))
     body.append(section("Config", _config_section(data)))
     return page(f"run {run_id}", body)
@@ -596,8 +592,6 @@ def run_report(run_dir: Path) -> str:
 def read_sweep(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """What a sweep page shows, from the registry rows of its runs (as `launcher status` / `results`
     resolve them): the results table, best first, and each point's status, overrides and summary."""
-    from launcher import sweep_view
-
     rows, keys, objective = sweep_view.results_table(runs, None)
     progress = {p["run_id"]: p for p in sweep_view.point_rows(runs)}
     points = []
@@ -618,8 +612,6 @@ def read_sweep(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
 def sweep_plots(data: Dict[str, Any]) -> List[Plot]:
     """The loss curves of every point, and the objective against each swept key: the drawing of
     `launcher results --plot`, one panel per image."""
-    from launcher.sweep_view import draw_loss_curves, draw_objective
-
     rows, keys, objective = data["rows"], data["keys"], data["objective"]
     out = [("loss per step, every point", figure_png(lambda ax: draw_loss_curves(ax, rows, keys), size=(7, 4.2)))]
     for k in keys:

@@ -78,7 +78,7 @@ _SIZES = frozenset(k for k in _FACT_ATTR if k.split(".")[0] != "optim" and k not
 _FLOAT_MAX = sys.float_info.max
 
 
-def _bound_row(leaf: "schema.Leaf") -> Rule:
+def _bound_row(leaf: schema.Leaf) -> Rule:
     """The row for one numeric key of the schema: within its declared bounds; a float also finite
     (nan and inf refused), an int also a 64-bit one; null only where the schema allows it."""
     b = leaf.bounds or schema.Bounds()
@@ -162,7 +162,7 @@ RECIPE_SETTINGS = {
 }
 
 
-def _recipe_settings_problem(f: "Facts") -> Optional[str]:
+def _recipe_settings_problem(f: Facts) -> Optional[str]:
     entry = RECIPE_SETTINGS.get(f.values.get("recipe._target_"))
     if entry is None:
         return None
@@ -242,12 +242,14 @@ RULES: Tuple[Rule, ...] = (
          lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
          "pick num_heads dividing model.hidden_size"),
     Rule("model.num_heads", lambda f: f.model.num_heads % f.tp != 0,
-         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}", "make parallelism.tp divide model.num_heads"),
+         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}",
+         "make parallelism.tp divide model.num_heads"),
     Rule("model.ffn_hidden_size", lambda f: f.model.ffn_hidden_size % f.tp != 0,
          lambda f: f"{f.model.ffn_hidden_size} is not divisible by tp={f.tp}",
          "make parallelism.tp divide model.ffn_hidden_size"),
     Rule("model.vocab_size", lambda f: f.model.vocab_size % f.tp != 0,
-         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}", "pad model.vocab_size to a multiple of parallelism.tp"),
+         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}",
+         "pad model.vocab_size to a multiple of parallelism.tp"),
     Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
          lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
          "make parallelism.pp divide model.num_layers"),
@@ -309,12 +311,14 @@ RULES: Tuple[Rule, ...] = (
                     "stuck rank"),
          lambda f: f"raise train.dist_timeout_s above {f.values.get('train.hang_timeout_s')} (e.g. twice it)", RUN),
     Rule("train.max_restarts",
-         lambda f: _max_restarts(f.backend) is not None and (f.values.get("train.max_restarts") or 0) > _max_restarts(f.backend),
+         lambda f: (_max_restarts(f.backend) is not None
+                    and (f.values.get("train.max_restarts") or 0) > _max_restarts(f.backend)),
          lambda f: (f"the {f.backend} backend restarts a job at most {_max_restarts(f.backend)} times, but "
                     f"train.max_restarts={f.values.get('train.max_restarts')}"),
          lambda f: f"set train.max_restarts to {_max_restarts(f.backend)} or less (or use a Slurm cluster)", RUN),
     Rule("data.branching",
-         lambda f: isinstance(f.values.get("data.branching"), int) and f.values.get("data.branching") > f.model.vocab_size,
+         lambda f: (isinstance(f.values.get("data.branching"), int)
+                    and f.values.get("data.branching") > f.model.vocab_size),
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
                     f"model.vocab_size={f.model.vocab_size} tokens"),
          "lower data.branching or raise model.vocab_size", RUN),
@@ -327,28 +331,33 @@ RULES: Tuple[Rule, ...] = (
          lambda f: bool(f.values.get("cluster.cpus_per_node")) and
          f.gpus_per_node * int(f.values.get("cluster.cpus_per_task") or 1) > int(f.values.get("cluster.cpus_per_node")),
          lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} tasks x cluster.cpus_per_task="
-                    f"{f.values.get('cluster.cpus_per_task')} = {f.gpus_per_node * int(f.values.get('cluster.cpus_per_task'))} "
+                    f"{f.values.get('cluster.cpus_per_task')} = "
+                    f"{f.gpus_per_node * int(f.values.get('cluster.cpus_per_task'))} "
                     f"CPUs, more than a node's cluster.cpus_per_node={f.values.get('cluster.cpus_per_node')}: "
                     "Slurm would never start the job"),
-         lambda f: (f"set cluster.cpus_per_task={max(1, int(f.values.get('cluster.cpus_per_node')) // f.gpus_per_node)} "
-                    "or fewer"), RUN),
+         lambda f: ("set cluster.cpus_per_task="
+                    f"{max(1, int(f.values.get('cluster.cpus_per_node')) // f.gpus_per_node)} or fewer"), RUN),
     Rule("cluster.gpus_per_node",
          lambda f: _host_gpus(f.backend) is not None and f.gpus_per_node > _host_gpus(f.backend),
          lambda f: (f"cluster.gpus_per_node={f.gpus_per_node} processes, but this host has {_host_gpus(f.backend)} "
                     "GPU(s) for them: two processes on one GPU (NCCL refuses a duplicate GPU)"),
-         lambda f: (f"set cluster.gpus_per_node={_host_gpus(f.backend)}, or CUDA_VISIBLE_DEVICES to the GPUs to use"), RUN),
+         lambda f: (f"set cluster.gpus_per_node={_host_gpus(f.backend)}, "
+                    "or CUDA_VISIBLE_DEVICES to the GPUs to use"), RUN),
     Rule("precision.dtype",
          lambda f: f.dtype == "fp16" and f.resolved_engine == "deepspeed" and _lacks_cpu_fp16(f.backend),
          lambda f: (f"fp16 on the deepspeed engine runs on this host's CPU (cluster.backend={f.backend}), which has "
-                    f"no fp16 kernels (its /proc/cpuinfo flags include neither {' nor '.join(sorted(FP16_CPU_FLAGS))}): "
+                    "no fp16 kernels (its /proc/cpuinfo flags include neither "
+                    f"{' nor '.join(sorted(FP16_CPU_FLAGS))}): "
                     "DeepSpeed's CPU accelerator refuses fp16 at start-up"),
          ("use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
           "whose fp16 autocast with a loss scaler runs on this CPU"), RUN),
     Rule("recipe.params", lambda f: _recipe_settings_problem(f) is not None,
          lambda f: f"{_recipe_settings_problem(f)}: the job would fail when it starts",
-         lambda f: f"set a valid value (the recipe's settings and their bounds: {RECIPE_SETTINGS[f.values.get('recipe._target_')][1]})", RUN),
+         lambda f: ("set a valid value (the recipe's settings and their bounds: "
+                    f"{RECIPE_SETTINGS[f.values.get('recipe._target_')][1]})"), RUN),
     Rule("recipe._target_",
-         lambda f: isinstance(f.values.get("recipe._target_"), str) and target_problem(f.values.get("recipe._target_")) is not None,
+         lambda f: (isinstance(f.values.get("recipe._target_"), str)
+                    and target_problem(f.values.get("recipe._target_")) is not None),
          lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
          "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=recipes.gpt.train.main", RUN),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),

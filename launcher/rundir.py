@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from launcher.archive import atomic, yamlio
+from launcher.job_record import JobRecord
 from launcher.status import FINAL, STATUSES, RunStatus, Status  # noqa: F401  (Status, FINAL: their home)
 
 if TYPE_CHECKING:
@@ -89,9 +90,10 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),
-    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the manifest of a "
-     "resumed run), moved aside when the next attempt starts"),
-    ("manifest.json", "launcher, job", "sha256 of every file (checkpoints: names only), written when the run is sealed"),
+    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the "
+     "manifest of a resumed run), moved aside when the next attempt starts"),
+    ("manifest.json", "launcher, job", "sha256 of every file (checkpoints: names only), "
+     "written when the run is sealed"),
 )
 
 
@@ -146,7 +148,7 @@ class RunDir:
         atomic.write_json(self._p(self.SOFTWARE), versions)
         atomic.write_text(self._p(self.PIP_FREEZE), pip_freeze)
 
-    def link_from(self, other: "RunDir", names: Tuple[str, ...]) -> None:
+    def link_from(self, other: RunDir, names: Tuple[str, ...]) -> None:
         """These files as ``other`` holds them, hard-linked (a sweep's runs share their code and
         software records: written once, linked into each run). Safe because no archive file is ever
         changed in place (atomic writes replace them), so a link never makes two runs share a change.
@@ -173,10 +175,10 @@ class RunDir:
     def write_seeds(self, seeds: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.SEEDS), seeds)
 
-    def write_job(self, job: "JobRecord") -> None:
+    def write_job(self, job: JobRecord) -> None:
         atomic.write_json(self._p(self.JOB), job.to_json())
 
-    def archive_script(self, shared: "RunDir") -> None:
+    def archive_script(self, shared: RunDir) -> None:
         """The script this run's job was submitted with, as ``shared`` holds it (written once for an
         array, linked into each of its runs); it replaces an earlier attempt's (resume, retry)."""
         own = self._p(self.SCRIPT)
@@ -341,7 +343,9 @@ class RunDir:
 
     def layout(self):
         """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
-        from launcher.layout import Layout
+        from launcher.layout import (
+            Layout,  # omegaconf (through launcher.schema): most readers of a run dir need no layout
+        )
 
         return Layout.from_json((self.run() or {})["layout"])
 
@@ -349,10 +353,8 @@ class RunDir:
         """status.json (a run whose job has not written one yet is pending)."""
         return RunStatus.from_json(atomic.read_json(self._p(self.STATUS), {}))
 
-    def job(self) -> Optional["JobRecord"]:
+    def job(self) -> Optional[JobRecord]:
         """job.json (None: the run was never submitted)."""
-        from launcher.job_record import JobRecord
-
         found = atomic.read_json(self._p(self.JOB))
         return JobRecord.from_json(found) if found else None
 
@@ -612,7 +614,7 @@ class SweepDir:
         self.path = Path(path)
 
     @classmethod
-    def new(cls, runs_root: Path) -> "SweepDir":
+    def new(cls, runs_root: Path) -> SweepDir:
         return cls(Path(runs_root) / (time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)))
 
     @property

@@ -22,7 +22,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING, OmegaConf
 
-
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
 
 
@@ -231,7 +230,8 @@ class DataConfig:
     name: str = "synthetic"
     # successors per token in the synthetic bigram language: lower = more learnable
     branching: int = num(4, ge=1)  # and <= model.vocab_size (a rule of launcher.rules)
-    seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")  # data-order seed; null derives it from the run seed
+    # data-order seed; null derives it from the run seed
+    seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
 
 
 @dataclass

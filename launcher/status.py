@@ -57,12 +57,12 @@ class RunStatus:
         return self.state.value in FINAL
 
     @classmethod
-    def of(cls, value: "RunStatus | Mapping[str, Any] | None") -> "RunStatus":
+    def of(cls, value: RunStatus | Mapping[str, Any] | None) -> RunStatus:
         """A RunStatus as it is, or one read from status.json's mapping (tests and rules build them by hand)."""
         return value if isinstance(value, cls) else cls.from_json(value)
 
     @classmethod
-    def from_json(cls, data: Optional[Mapping[str, Any]]) -> "RunStatus":
+    def from_json(cls, data: Optional[Mapping[str, Any]]) -> RunStatus:
         data = dict(data or {})
         state = Status(data.pop("status", None) or Status.pending.value)
         known = {f.name for f in dataclasses.fields(cls)} - {"state", "extra"}

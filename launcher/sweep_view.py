@@ -80,10 +80,10 @@ def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend (files only: the login node may have no display)."""
-    import matplotlib
+    import matplotlib  # matplotlib: only when a page draws a plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only when a page draws a plot
 
     return plt
 
@@ -94,7 +94,8 @@ def draw_loss_curves(ax, rows: List[Dict[str, Any]], keys: List[str]) -> None:
     for r in rows:
         m = [x for x in sweeps.current_curve(RunDir(r["_dir"]).metrics()) if x.get("loss") is not None]
         if m:
-            label = f"run {SweepDir.index_of(r['run_id'])}" + (": " + " ".join(f"{k}={r[k]}" for k in keys) if keys else "")
+            label = f"run {SweepDir.index_of(r['run_id'])}"
+            label += (": " + " ".join(f"{k}={r[k]}" for k in keys)) if keys else ""
             ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
                     linestyle="-" if r["status"] == "completed" else ":")
             curves += 1

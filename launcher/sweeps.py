@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-
 # ---- arrays under the scheduler's limits --------------------------------------------------------
 
 
@@ -25,7 +24,7 @@ class ArrayLimits:
     max_submit_jobs: Optional[int] = None
     queued: int = 0
 
-    def with_overrides(self, max_array_size: Optional[int], max_submit_jobs: Optional[int]) -> "ArrayLimits":
+    def with_overrides(self, max_array_size: Optional[int], max_submit_jobs: Optional[int]) -> ArrayLimits:
         """cluster.max_array_size / cluster.max_submit_jobs, when set, replace what the scheduler said."""
         return ArrayLimits(max_array_size if max_array_size else self.max_array_size,
                            max_submit_jobs if max_submit_jobs else self.max_submit_jobs, self.queued)

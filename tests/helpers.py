@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FINAL = ("completed", "failed", "cancelled", "timeout")

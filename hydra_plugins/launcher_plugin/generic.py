@@ -13,8 +13,8 @@ login side (``launch``)
   the app has ``seed``), run.json last (code and software records once, in the sweep's shared/);
   ONE submitit batch for all points (one Slurm array; several when the sweep is larger than the
   scheduler's MaxArraySize, the %k throttle shared out) through ``launcher.backends.get(...)``;
-  job.json and the sbatch script; publish, sweep.json, the registry. ``wait: true`` (the default) then blocks for the jobs and
-  returns each task's JobReturn in job-index order; ``wait: false`` returns at once, each
+  job.json and the sbatch script; publish, sweep.json, the registry. ``wait: true`` (the default)
+  then blocks for the jobs and returns each task's JobReturn in job-index order; ``wait: false`` returns at once, each
   JobReturn holding its run id.
 
 node side (``_HydraJob.__call__``)

@@ -87,8 +87,8 @@ class LauncherPlugin(Launcher):
     # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        from launcher.compose import SweepComposer
         from launcher.archive import software
+        from launcher.compose import SweepComposer
 
         software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
         self.hydra_context = hydra_context
@@ -102,10 +102,9 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.app import refuse_hydra_output_keys
         from launcher.compose import FastPoint
         from launcher.submit.pipeline import Point
-
-        from launcher.app import refuse_hydra_output_keys
 
         assert self.config is not None and self.hydra_context is not None
         self._remove_sweep_dir()  # multirun.yaml: the composed config with every override, secrets too
@@ -235,7 +234,8 @@ class LauncherPlugin(Launcher):
             params = [f"{k}={v}" for k, v in (OmegaConf.select(self.config, "hydra.sweeper.params") or {}).items()]
             lines = params + list(self.config.hydra.overrides.task)
             parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(lines)
-            batches = BasicSweeper.split_arguments(parsed, OmegaConf.select(self.config, "hydra.sweeper.max_batch_size"))
+            batch_size = OmegaConf.select(self.config, "hydra.sweeper.max_batch_size")
+            batches = BasicSweeper.split_arguments(parsed, batch_size)
             return len(batches[0]) if batches else None
         except Exception:  # only a progress bar's total
             return None

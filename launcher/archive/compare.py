@@ -1,6 +1,7 @@
 """Differences between two archived runs: config, seeds, topology, code and metrics."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -63,7 +64,6 @@ def loss_comparison(a: List[float], b: List[float]) -> Dict[str, Any]:
 def code_summary(run_dir: Path) -> Dict[str, Any]:
     rd = RunDir(run_dir)
     git, snap, patch = rd.git(), rd.snapshot(), rd.patch()
-    import hashlib
 
     return {
         "commit": git.get("commit"),

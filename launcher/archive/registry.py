@@ -24,7 +24,7 @@ def default_root() -> Path:
     return Path(os.environ.get("LAUNCHER_RUNS", "runs")).expanduser().resolve()
 
 
-def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, "backends.JobState"]:
+def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, backends.JobState]:
     """Scheduler state of each job (job.json records), one query per backend."""
     by_backend: Dict[str, List[Dict[str, Any]]] = {}
     for j in jobs:
@@ -68,7 +68,7 @@ def _failure_class(rd: RunDir, state: Status) -> Optional[str]:
     no scheduler query); None for a completed or unfinished run. Indexed once, with the final row."""
     if state.value not in FINAL or state is Status.completed:
         return None
-    from launcher import doctor
+    from launcher import doctor  # lazy: the doctor only for a failed run's class
 
     return doctor.classify(rd).kind
 

@@ -24,6 +24,8 @@ import re
 from pathlib import Path, PurePath
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
+import yaml
+
 REDACTED = "<redacted>"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # environment that shapes training and is worth archiving
@@ -102,6 +104,7 @@ def _config_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
 def _plain(cfg: Any) -> Any:
     """A DictConfig as plain containers (resolved where it resolves), anything else unchanged."""
     try:
+        # omegaconf: optional here; plain containers pass through
         from omegaconf import DictConfig, ListConfig, OmegaConf
     except ImportError:  # pragma: no cover
         return cfg
@@ -127,7 +130,7 @@ def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = N
 SHORT_SECRET = 12  # values shorter than this are matched as whole tokens only
 
 
-def _token(value: str) -> "re.Pattern[str]":
+def _token(value: str) -> re.Pattern[str]:
     """Where ``value`` counts as found: anywhere for a long value (a token is found inside a URL or a
     longer string too); as a whole token for a short one, so that a secret that is a common word
     ("secret") does not rewrite ``secrets`` in code and text."""
@@ -251,8 +254,6 @@ def secrets_in_text(name: str, text: str) -> Dict[str, str]:
     low = name.lower()
     if low.endswith(YAML_SUFFIXES):
         try:
-            import yaml
-
             docs = list(yaml.safe_load_all(text))
         except Exception:  # not YAML after all (a template): read it line by line
             docs = None

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from launcher.archive import atomic, secrets
+from launcher.archive import atomic, code, secrets
 
 PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
 MAX_FILE_BYTES = 5 * 1024 * 1024  # data files and checkpoints are not code
@@ -130,7 +130,6 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         digest.update(rel.encode() + b"\0" + data)
         copied += 1
     tmp.mkdir(parents=True, exist_ok=True)
-    from launcher.archive import code
 
     git = code.git_state(root, known)
     patch = secrets.scrub(str(git.pop("patch", "") or ""), known)

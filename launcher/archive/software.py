@@ -23,13 +23,14 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
-_prefetched: Optional["Future[str]"] = None
+_prefetched: Optional[Future[str]] = None
 
 
 def prefetch_pip_freeze() -> None:
     """Start `pip freeze` in the background (once): a launch composes and checks its points meanwhile."""
     global _prefetched
     if _prefetched is None:
+        # threads only when submitting or archiving for real, not on a dry run
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pip-freeze")

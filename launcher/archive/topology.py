@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 
 def _run(cmd: List[str], timeout: int = 30) -> str:
@@ -55,6 +55,10 @@ def gpus() -> Dict[str, Any]:
     return {"count": len(devices), "devices": devices, "topo_matrix": _run(["nvidia-smi", "topo", "-m"])}
 
 
+def _read(path: Path) -> Optional[str]:
+    return path.read_text().strip() if path.exists() else None
+
+
 def infiniband() -> Dict[str, Any]:
     root = Path("/sys/class/infiniband")
     if not root.is_dir():
@@ -63,8 +67,7 @@ def infiniband() -> Dict[str, Any]:
     for dev in sorted(root.iterdir()):
         ports = []
         for port in sorted((dev / "ports").glob("*")):
-            read = lambda n: (port / n).read_text().strip() if (port / n).exists() else None  # noqa: E731
-            ports.append({"port": port.name, "state": read("state"), "rate": read("rate")})
+            ports.append({"port": port.name, "state": _read(port / "state"), "rate": _read(port / "rate")})
         devs.append({"name": dev.name, "ports": ports})
     return {"devices": devs}
 
@@ -91,7 +94,7 @@ def gather() -> Dict[str, Any]:
 
 def runtime_software() -> Dict[str, Any]:
     """Versions only known on the node (after torch is imported)."""
-    import torch
+    import torch  # torch: only on the node
 
     out: Dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                            "cuda_available": torch.cuda.is_available()}

@@ -37,6 +37,6 @@ def get(name: str) -> Backend:
 
 def of(cfg: Any) -> Backend:
     """The backend of a run config (its ``cluster.backend``)."""
-    from launcher.schema import enum_value
+    from launcher.schema import enum_value  # omegaconf (through launcher.schema): naming backends needs no config
 
     return get(enum_value(cfg.cluster.backend))

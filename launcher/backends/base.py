@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
 from launcher.job_record import JobRecord
-from launcher.rundir import FINAL, Status
+from launcher.rundir import FINAL, Status, now_iso
+from launcher.sweeps import ArrayLimits
 
 if TYPE_CHECKING:
     from launcher.sweeps import ArrayLimits
@@ -73,19 +74,18 @@ class Backend:
         """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
         return None
 
-    def array_limits(self, cfg: Any = None) -> "ArrayLimits":
+    def array_limits(self, cfg: Any = None) -> ArrayLimits:
         """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
         jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and
         cluster.max_submit_jobs, when set, replace what the scheduler would say (and spare asking it).
         Default: no limits of the scheduler's own."""
-        from launcher.sweeps import ArrayLimits
-
         return ArrayLimits().with_overrides(*limit_overrides(cfg))
 
     @contextlib.contextmanager
     def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
         """The submitting process's environment while it submits (every backend passes it on):
         secret-named ``cluster.env`` values travel here, never in a script or the archive."""
+        # lazy: the secret rules only for the job's environment, not on the plan/--help path
         from launcher.archive.secrets import is_redacted, is_secret
 
         saved_env, saved_cwd = dict(os.environ), os.getcwd()
@@ -110,8 +110,6 @@ class Backend:
 
     def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
         """job.json of a job submitit submitted (its id read as this scheduler writes it)."""
-        from launcher.rundir import now_iso
-
         return JobRecord(backend=self.name, job_id=str(job.job_id), submitit_folder=str(job.paths.folder),
                          stdout=str(job.paths.stdout), stderr=str(job.paths.stderr), num_tasks=num_tasks,
                          submitted=now_iso())
@@ -136,7 +134,7 @@ class Backend:
 
     def log_path(self, job: JobRecord, rank: int, err: bool = False) -> Path:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
-        from submitit.core.utils import JobPaths
+        from submitit.core.utils import JobPaths  # submitit: only to submit or read a job, not on the plan/--help path
 
         paths = JobPaths(job.submitit_folder, job_id=job.job_id, task_id=rank)
         return paths.stderr if err else paths.stdout

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
@@ -16,8 +17,6 @@ def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:
     """The run's rank processes on this host that are still ending (a stopped rank may append its last
     metrics row on its way out): waited for (up to ``timeout_s``), so that a seal made next covers
     everything they wrote. Ranks on other hosts are the scheduler's to end."""
-    import socket
-
     host = socket.gethostname()
     pids = [int(r["pid"]) for r in rd.ranks() if r.get("hostname") == host and str(r.get("pid", "")).isdigit()]
     deadline = time.time() + timeout_s
@@ -109,7 +108,7 @@ class LocalBackend(Backend):
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
-        from submitit import LocalExecutor
+        from submitit import LocalExecutor  # submitit: only to start ranks, not to read or wait for them
 
         ex = LocalExecutor(folder=folder)
         ex.update_parameters(**self.parameters(cfg))

@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from launcher.backends.base import Backend, JobState
+from launcher.backends.base import Backend, JobState, limit_overrides
 from launcher.job_record import JobRecord
 from launcher.rundir import Status
+from launcher.sweeps import ArrayLimits
 
 # Slurm's job states -> the run's status
 STATES = {
@@ -41,6 +43,7 @@ def state_of(raw: str) -> Optional[JobState]:
 def env_lines(env: Dict[str, Any]) -> List[str]:
     """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text. Secret-named
     variables are left out: they reach the job through the submitting environment instead."""
+    # lazy: the secret rules only for the job's environment, not on the plan/--help path
     from launcher.archive.secrets import is_secret
 
     lines = []
@@ -195,7 +198,7 @@ class SlurmBackend(Backend):
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
-        from submitit import SlurmExecutor
+        from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
         ex = SlurmExecutor(folder=folder)
         ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism))
@@ -220,10 +223,7 @@ class SlurmBackend(Backend):
         MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
         (``squeue -r -u USER``). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
-        from launcher.backends.base import limit_overrides
-        from launcher.sweeps import ArrayLimits
-
-        import getpass
+        import getpass  # getpass (termios): only when the scheduler's limits are read
 
         user = getpass.getuser()
         size, jobs = limit_overrides(cfg)
@@ -249,6 +249,7 @@ class SlurmBackend(Backend):
 
     def script_text(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None,
                     job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
+        # submitit: only to submit or read a job, not on the plan/--help path
         from submitit.slurm.slurm import _make_sbatch_string
 
         params = self.submission(cfg, code_dir, job_name, parallelism)
@@ -259,8 +260,6 @@ class SlurmBackend(Backend):
 
     def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
         """A task of an array job is ``<array>_<task>``; a lone job, its own id."""
-        from dataclasses import replace
-
         record = super().job_record(job, num_tasks)
         array, _, task = record.job_id.partition("_")
         return replace(record, array_job_id=array, array_task_id=int(task)) if task else record

@@ -4,9 +4,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
 from rich.markup import escape
+from rich.text import Text
 
-from launcher.archive import compare
+from launcher.archive import compare, registry
+from launcher.errors import ConfigErrors
 from launcher.rundir import RunDir
 
 
@@ -15,7 +18,6 @@ def resolve_run_dir(root: Path, ident: str) -> Path:
     p = Path(ident)
     if RunDir(p).exists():
         return p.resolve()
-    from launcher.archive import registry
 
     runs = [r for r in registry.list_runs(root, refresh=False) if ident in (r["run_id"], r["sweep_id"])]
     if len(runs) != 1:
@@ -45,6 +47,7 @@ def cmd_show(args) -> int:
     if args.json:
         print(compare.to_json(summary))
         return _report_tampering({rdir: summary["manifest_problems"]}, "show") or tampered
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
     from rich.table import Table
 
@@ -84,8 +87,6 @@ def cmd_show(args) -> int:
 
 def _row(table, key: str, value: str) -> None:
     """Archived text (errors, paths, hosts) is shown as it is, never read as rich markup."""
-    from rich.text import Text
-
     table.add_row(key, Text(str(value)))
 
 
@@ -121,7 +122,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from launcher.errors import ConfigErrors
+    # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.pipeline import InvalidSweep
     from launcher.submit.reproduce import reproduce
 
@@ -139,14 +140,12 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from omegaconf import OmegaConf
-
-    from launcher.errors import ConfigErrors
+    # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.progress import wait_and_report
     from launcher.submit.resume import resume
 
     rdir = resolve_run_dir(args._root, args.run)
-    from launcher import outcome
+    from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
     outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
     try:

@@ -8,6 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List
 
+from rich.text import Text
+
+from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.rundir import RunDir
+
 
 def add_parser(sub, parents: List[Any]) -> None:
     s = sub.add_parser("doctor", help="why a run failed (out of memory, hang, killed rank, ...) and the fix",
@@ -24,9 +29,7 @@ def _report(rd, ev, d) -> Dict[str, Any]:
 
 
 def cmd_doctor(args) -> int:
-    from launcher import doctor
-    from launcher.cli.archive_cmds import resolve_run_dir
-    from launcher.rundir import RunDir
+    from launcher import doctor  # lazy: only this subcommand pays for it, not `launcher --help`
 
     rd = RunDir(resolve_run_dir(args._root, args.run))
     ev = doctor.gather(rd, scheduler=not args.no_scheduler)
@@ -35,9 +38,9 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
     from rich.table import Table
-    from rich.text import Text
 
     failed = d.kind not in doctor.NOT_FAILED and d.kind != "cancelled"
     c = Console(highlight=False)

@@ -23,8 +23,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+import yaml
+from rich.text import Text
+
+from launcher import backends
 from launcher.archive import registry
-from launcher.rundir import FINAL, STATUSES
+from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
+from launcher.rundir import FINAL, STATUSES, RunDir
 
 
 def _root(args) -> Path:
@@ -40,8 +45,6 @@ def _select(args, ident: str):
 
 
 def _where(pairs: List[str]) -> dict:
-    import yaml
-
     where = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -71,9 +74,9 @@ def cmd_runs(args) -> int:
         print(f"no runs under {_root(args)}" + (" matching the filters" if args.filters or args.sweep or args.status
                                                 or args.tag else ""), file=sys.stderr)
         return 0
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
     from rich.table import Column, Table
-    from rich.text import Text
 
     # ids are what users copy into show/diff/reproduce: never cut; a long dir folds instead
     table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("class", no_wrap=True),
@@ -104,9 +107,6 @@ def _result(value) -> str:
 
 
 def cmd_logs(args) -> int:
-    from launcher import backends
-    from launcher.rundir import RunDir
-
     (run,) = _select(args, args.run)[:1]
     job = RunDir(run["dir"]).job()
     if not job:
@@ -119,8 +119,7 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from launcher.rundir import FINAL, RunDir
-    from launcher.submit.progress import cancel_run
+    from launcher.submit.progress import cancel_run  # lazy: only this subcommand pays for it, not `launcher --help`
 
     n = 0
     for run in _select(args, args.target):
@@ -131,7 +130,8 @@ def cmd_cancel(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="launcher", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--root", help="runs root (default: $LAUNCHER_RUNS or ./runs)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -154,8 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("cancel", help="cancel a run or every unfinished run of a sweep", parents=[common])
     s.add_argument("target", help="run id or sweep id")
     s.set_defaults(fn=cmd_cancel)
-
-    from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 
     s = sub.add_parser("show", help="summary of a run's archive", parents=[common])
     s.add_argument("run", help="run id or run dir")

@@ -13,19 +13,33 @@ byte), so every later estimate for that cluster uses them. docs/calibration.md.
 """
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from rich.markup import escape
+
+from launcher import rules
+from launcher.archive import atomic
+from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.layout import Facts, ModelSpec
+from launcher.plan.estimate import cluster_json, estimate, model_json
+from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher.schema import enum_value
 
 TABLE_TOP = 20
 
 
 def compose(overrides: List[str]) -> Any:
     """The run config for these overrides (Hydra compose API, conf/ of launcher.app)."""
+    # hydra: only the command that composes a config loads it
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.app import CONF_DIR, normalize_overrides
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -40,12 +54,7 @@ def _fail(msg: str, code: int = 2) -> int:
 def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
     """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
     that cannot be estimated (world size or batch not divisible)."""
-    from launcher import rules
-    from launcher.layout import Facts, ModelSpec
-    from launcher.plan.estimate import cluster_json, estimate, model_json
-    from launcher.plan.search import search
-    from launcher.plan.spec import ClusterSpec, LayoutSpec
-    from launcher.schema import enum_value
+    from launcher.plan.search import search  # lazy: only this subcommand pays for it, not `launcher --help`
 
     m = ModelSpec.from_cfg(cfg.model)
     cluster = ClusterSpec.from_cfg(cfg.cluster)
@@ -73,7 +82,7 @@ def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
 
 
 def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:
-    from launcher.plan import checks
+    from launcher.plan import checks  # lazy: only this subcommand pays for it, not `launcher --help`
 
     item = est.as_json()
     item["warnings"] = checks.layout_warnings(cluster, est)
@@ -106,16 +115,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    import datetime
-    import os
-
-    from launcher.archive import atomic
-    from launcher.cli.archive_cmds import resolve_run_dir
-    from launcher.plan import calibrate as cal_mod
+    from launcher.plan import calibrate as cal_mod  # lazy: only this subcommand pays for it, not `launcher --help`
 
     root = getattr(args, "_root", None)
     if root is None:
-        from launcher.archive import registry
+        from launcher.archive import registry  # lazy: only this subcommand pays for it, not `launcher --help`
 
         root = registry.default_root()
     try:
@@ -172,17 +176,18 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _print_calibration(report: Dict[str, Any]) -> None:
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Column, Table
 
-    from launcher.plan.calibrate import mean_abs
+    from launcher.plan.calibrate import mean_abs  # lazy: only this subcommand pays for it, not `launcher --help`
 
     con = Console()
     if not con.is_terminal:
         con = Console(width=170)
     runs = report["runs"]
-    table = Table(Column("run", no_wrap=True), "layout", "step planned s", "measured s", "error", "calibrated s", "error",
+    table = Table(Column("run", no_wrap=True), "layout",
+                  "step planned s", "measured s", "error", "calibrated s", "error",
                   "activations planned", "measured", "error", "calibrated", "error",
                   title=f"cluster {report['cluster']}: {len(runs)} run(s), planner before and after calibration "
                         f"(error = (predicted - measured) / measured)")
@@ -219,8 +224,8 @@ def _size(n: float) -> str:
 
 
 def _print_table(report: Dict[str, Any], top: int) -> None:
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
@@ -229,7 +234,8 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
     m, c = report["model"], report["cluster"]
     con.print(
         f"[bold]{escape(str(m['name']))}[/]: {m['params']:,} parameters (formula {m['params_formula']:,}), "
-        f"{m['global_batch_size']} x {m['seq_len']} tokens per step, {m['model_flops_per_step']:.3g} model FLOPs per step"
+        f"{m['global_batch_size']} x {m['seq_len']} tokens per step, "
+        f"{m['model_flops_per_step']:.3g} model FLOPs per step"
     )
     mem = f"{_size(c['memory_bytes'])} ({_size(c['usable_bytes'])} usable; {escape(c['memory_source'])})" \
         if c["memory_bytes"] else "unknown (no memory check)"
@@ -270,15 +276,14 @@ def _print_table(report: Dict[str, Any], top: int) -> None:
 
 
 def add_parser(sub) -> None:
-    import argparse
-
     s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all); "
                        "--calibrate RUN... fits the planner to measured runs", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=a100_80g ...)")
     s.add_argument("--search", action="store_true", help="enumerate and rank every valid layout")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--top", type=int, default=None, help=f"show the best N layouts (table default {TABLE_TOP}, JSON all)")
+    s.add_argument("--top", type=int, default=None,
+                   help=f"show the best N layouts (table default {TABLE_TOP}, JSON all)")
     s.add_argument("--calibrate", nargs="+", metavar="RUN", default=None,
                    help="fit cluster.calibration to these runs (ids or dirs, all of one cluster, 3+ steps each) "
                         "and write it into the cluster's config file")

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any, List
 
+from launcher.ladder import DEFAULT_STEPS
+
 
 def add_parser(sub, parents: List[Any]) -> None:
-    from launcher.ladder import DEFAULT_STEPS
-
     s = sub.add_parser("preflight", help="the check ladder before a large run: smoke, node, comm, full, tuned",
                        description=__doc__, parents=parents)
-    s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=... parallelism=3d)")
+    s.add_argument("overrides", nargs="*",
+                   help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=... parallelism=3d)")
     s.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"steps of the full and tuned rungs (default {DEFAULT_STEPS})")
     s.add_argument("--no-wait", dest="wait", action="store_false",
@@ -30,7 +31,7 @@ def add_parser(sub, parents: List[Any]) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from launcher.submit import preflight
+    from launcher.submit import preflight  # lazy: only this subcommand pays for it, not `launcher --help`
 
     if args.show:
         if args.overrides:

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
+from launcher.archive import atomic
+from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.cli.sweep_cmds import sweep_runs
 from launcher.rundir import RunDir, SweepDir
 
 
@@ -24,10 +27,7 @@ def _sweep(root: Path, ident: str) -> Optional[Tuple[Path, str]]:
 
 
 def cmd_report(args) -> int:
-    from launcher import report
-    from launcher.archive import atomic
-    from launcher.cli.archive_cmds import resolve_run_dir
-    from launcher.cli.sweep_cmds import sweep_runs
+    from launcher import report  # lazy: only this subcommand pays for it, not `launcher --help`
 
     sweep = _sweep(args._root, args.target)
     if sweep:

@@ -13,8 +13,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from omegaconf import OmegaConf
+from rich.text import Text
+
 from launcher import sweeps
 from launcher.archive import registry
+from launcher.errors import ConfigErrors
 from launcher.rundir import FINAL, RunDir
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
@@ -23,7 +27,7 @@ RETRYABLE = ("failed", "cancelled", "timeout")
 
 def _console():
     """Rich's console; wide when the output is not a terminal (a pipe or a file keeps every column)."""
-    from rich.console import Console
+    from rich.console import Console  # rich: only the command that prints loads it, not `launcher --help`
 
     return Console(width=None if sys.stdout.isatty() else 200)
 
@@ -35,7 +39,7 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
     chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
     lost = [RunDir(r["dir"]) for r in chosen if r.get("job_ended") and r["status"] not in FINAL]
     if lost:
-        from launcher import outcome
+        from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
         outcome.settle_all(lost)
         chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
@@ -60,9 +64,9 @@ def _chosen(runs: List[Dict[str, Any]], root: Path, ident: Optional[str]) -> Lis
 
 
 def _status_view(runs: List[Dict[str, Any]]):
+    # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Group
     from rich.table import Column, Table
-    from rich.text import Text
 
     rows = point_rows(runs)
     keys = rows[0]["_keys"] if rows else []
@@ -89,7 +93,7 @@ def cmd_status(args) -> int:
     if not args.watch:
         console.print(_status_view(sweep_runs(args._root, args.target)))
         return 0
-    from rich.live import Live
+    from rich.live import Live  # rich: only the command that prints loads it, not `launcher --help`
 
     runs = sweep_runs(args._root, args.target)
     with Live(_status_view(runs), console=console, refresh_per_second=4) as live:
@@ -107,9 +111,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_retry(args) -> int:
-    from omegaconf import OmegaConf
-
-    from launcher.errors import ConfigErrors
+    # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.progress import wait_and_report
     from launcher.submit.resume import resubmit
 
@@ -127,7 +129,8 @@ def cmd_retry(args) -> int:
               f"({', '.join(f'{k} {v}' for k, v in counts(runs).items())})")
         return 0
     try:
-        result = resubmit([Path(r["dir"]) for r in todo], reason="retry", changes=list(args.overrides) + list(args.failed))
+        result = resubmit([Path(r["dir"]) for r in todo], reason="retry",
+                          changes=list(args.overrides) + list(args.failed))
     except (ConfigErrors, FileNotFoundError, ValueError) as e:
         print(f"launcher retry: {e}", file=sys.stderr)
         return 2
@@ -157,8 +160,7 @@ def cmd_results(args) -> int:
                           "swept": keys, "rows": [{k: v for k, v in r.items() if k != "_dir"} for r in rows]},
                          indent=2))
         return 0
-    from rich.table import Column, Table
-    from rich.text import Text
+    from rich.table import Column, Table  # rich: only the command that prints loads it, not `launcher --help`
 
     direction = "higher" if sweeps.higher_is_better(objective) else "lower"
     table = Table(*(Column(c, no_wrap=c == "run_id") for c in sweeps.columns(keys)),
@@ -199,7 +201,8 @@ def add_parsers(sub, parents) -> None:
     s = sub.add_parser("results", help="a sweep's swept overrides and final metrics, best first", parents=parents)
     s.add_argument("sweep", help="sweep id")
     s.add_argument("--objective", default=None, help="summary key to rank by (default: the sweep's "
-                   "submit.objective, final_loss; a Hydra app's runs: return_value); lower is better unless it names a rate (*_per_s, tflops, mfu) "
+                   "submit.objective, final_loss; a Hydra app's runs: return_value); lower is better unless it "
+                   "names a rate (*_per_s, tflops, mfu) "
                    "or a score (accuracy, f1, ...); a leading + or - forces higher / lower")
     s.add_argument("--csv", action="store_true", help="CSV on stdout")
     s.add_argument("--json", action="store_true", help="machine-readable rows")

@@ -9,11 +9,12 @@ saved-for-backward bytes in the first step, recipes/common/activations.py).
 
     measured step  ~  compute_scale * C + comm_scale * M + R + step_overhead_s
 
-is solved by non-negative least squares over the runs, each equation divided by the run's measured
-step time (so the fit minimises the relative errors: a slow layout does not outweigh the others;
-three unknowns: every active set is tried, the best non-negative solution kept). Constants the runs cannot tell apart stay at their neutral
-value (1, 1, 0) and the fit says why: fewer runs than constants (kept in the order compute_scale,
-comm_scale, step_overhead_s), no run with communication, or columns proportional to each other.
+is solved by non-negative least squares over the runs, each equation divided by the run's measured step
+time (so the fit minimises the relative errors: a slow layout does not outweigh the others; three
+unknowns: every active set is tried, the best non-negative solution kept). Constants the runs cannot
+tell apart stay at their neutral value (1, 1, 0) and the fit says why: fewer runs than constants (kept
+in the order compute_scale, comm_scale, step_overhead_s), no run with communication, or columns
+proportional to each other.
 ``activation_scale`` is the s minimising sum ((s * planned - measured) / measured)^2 over the runs
 that recorded activations: s = sum(p/m) / sum((p/m)^2).
 

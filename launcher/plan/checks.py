@@ -117,7 +117,8 @@ def layout_warnings(cluster: ClusterSpec, est: Estimate) -> List[str]:
     if lay.zero == 3 and t.dp_link == "inter" and inter_known and t.zero3_comm_s > t.compute_s:
         per_mb = est.comm.dp_micro
         out.append(
-            f"zero.stage: ZeRO-3 over the inter-node link (cluster.inter_node_bandwidth={cluster.inter_bw / 1e9:g} GB/s): "
+            f"zero.stage: ZeRO-3 over the inter-node link "
+            f"(cluster.inter_node_bandwidth={cluster.inter_bw / 1e9:g} GB/s): "
             f"its all-gathers and reduce-scatter move {per_mb / 1e9:.2f} GB per GPU and micro-batch, "
             f"{t.zero3_comm_s * 1e3:.0f} ms, longer than the {t.compute_s * 1e3:.0f} ms of compute they overlap with; "
             f"use zero=1 or zero=2, fewer nodes, or tensor/pipeline parallelism"

@@ -40,8 +40,8 @@ e is 2 for fp16/bf16, 4 for fp32; e_ln is 4 with engine ddp in 16-bit (autocast 
 stream in fp32), else e.
 
 Buffers: ddp none (its gradients are views into the all-reduce buckets: gradient_as_bucket_view);
-deepspeed ZeRO 0-2 a reduce bucket of min(5e8, P) gradient elements, ZeRO-3 the gathered largest layer, 4 x largest layer
-params (DeepSpeed's own estimate), and in 16-bit without optimizer offload the fp32 gradient
+deepspeed ZeRO 0-2 a reduce bucket of min(5e8, P) gradient elements, ZeRO-3 the gathered largest layer,
+4 x largest layer params (DeepSpeed's own estimate), and in 16-bit without optimizer offload the fp32 gradient
 partition the optimizer step works on (4 P / dp; DeepSpeed's estimators count it too); megatron with
 pp > 1 the send and receive buffers of a stage boundary, 2 s b h e (/t with sequence parallelism).
 
@@ -54,7 +54,11 @@ from typing import Any, Dict, Optional, Tuple
 
 from launcher.layout import ModelSpec
 from launcher.plan.params import (
-    StageParams, greedy_partition, largest_layer_params, stage_params, stage_tensor_sizes,
+    StageParams,
+    greedy_partition,
+    largest_layer_params,
+    stage_params,
+    stage_tensor_sizes,
 )
 from launcher.plan.spec import LayoutSpec
 

@@ -8,12 +8,12 @@ The enumeration generates candidates: tp a divisor of the world, pp a divisor of
 0..3, micro batches dividing the sequences one replica takes per step (dp = world / (tp pp) from
 ``launcher.layout.Facts``; none when dp does not divide the global batch), sequence parallelism off
 and on. Whether a candidate is valid is decided by launcher.rules' table alone:
-``ok(Facts, (VALUE, SHAPE, LAYOUT))`` (the rule table, no messages formatted) on the Facts of the model, the cluster and the
-candidate (the same rules ``launcher.rules.problems`` applies to a run config: tp dividing the heads,
-ffn and vocabulary and fitting in a node, pp dividing the layers, dp * micro batch dividing the
-global batch, the ZeRO stages and offload each engine runs, a micro-batch per pipeline stage,
-sequence parallelism needing tp > 1 dividing seq_len, ...). Recompute (none,
-selective, full) is no rule's concern: every valid candidate is yielded once per mode.
+``ok(Facts, (VALUE, SHAPE, LAYOUT))`` (the rule table, no messages formatted) on the Facts of the
+model, the cluster and the candidate (the same rules ``launcher.rules.problems`` applies to a run
+config: tp dividing the heads, ffn and vocabulary and fitting in a node, pp dividing the layers,
+dp * micro batch dividing the global batch, the ZeRO stages and offload each engine runs, a
+micro-batch per pipeline stage, sequence parallelism needing tp > 1 dividing seq_len, ...). Recompute
+(none, selective, full) is no rule's concern: every valid candidate is yielded once per mode.
 
 No rule is restated here.
 

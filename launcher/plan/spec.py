@@ -35,13 +35,13 @@ class LayoutSpec(Layout):
     dtype: str = "bf16"
 
     @classmethod
-    def of(cls, layout: Layout, recompute: str = "none", dtype: str = "bf16") -> "LayoutSpec":
+    def of(cls, layout: Layout, recompute: str = "none", dtype: str = "bf16") -> LayoutSpec:
         """``layout`` (any Layout) with the planner's recompute and dtype."""
         own = vars(layout) if type(layout) is Layout else {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
         return cls(**own, recompute=recompute, dtype=dtype)
 
     @classmethod
-    def from_cfg(cls, cfg: Any) -> "LayoutSpec":
+    def from_cfg(cls, cfg: Any) -> LayoutSpec:
         """The layout a run config names (``launcher.rules.layout_of``: ``parallelism.engine=auto`` becomes the
         implied engine), with its ``train.recompute`` and ``precision.dtype``. Raises
         ``launcher.errors.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
@@ -69,7 +69,7 @@ class Calibration:
         return self == Calibration()
 
     @classmethod
-    def from_cfg(cls, node: Any) -> "Calibration":
+    def from_cfg(cls, node: Any) -> Calibration:
         """From a ``cluster.calibration`` node (None, or a config without one: the defaults)."""
         if node is None:
             return cls()
@@ -114,7 +114,7 @@ class ClusterSpec:
         return "cluster.gpu.peak_tflops" not in self.assumed
 
     @classmethod
-    def from_cfg(cls, cl: Any, meminfo_path: str = "/proc/meminfo") -> "ClusterSpec":
+    def from_cfg(cls, cl: Any, meminfo_path: str = "/proc/meminfo") -> ClusterSpec:
         """From a ClusterConfig. ``cluster.gpu.memory_gb`` is read as GiB (what nvidia-smi shows:
         an "80 GB" A100 has 81920 MiB). With memory_gb = 0 on a backend whose processes share this
         host's memory (``Backend.shares_host_memory``: local) each gets MemAvailable / gpus_per_node;

@@ -21,7 +21,10 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
+from launcher.archive import secrets, topology
+from launcher.archive.secrets import is_redacted, scrub
 from launcher.rundir import RunDir, now_iso
+from launcher.runtime import env as dist_env
 from launcher.status import Status
 
 # what a job reads from its run dir before it knows its place: (master port, environment variables)
@@ -64,16 +67,12 @@ class Attempt:
 
     def record_node(self) -> None:
         """The node's topology, once per node (its local rank 0)."""
-        from launcher.archive import topology
-
         if self.denv.local_rank == 0:
             self.rd.write_topology(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), self.denv.node_rank,
                                    topology.gather())
 
     def record_environment(self, runtime: Dict[str, Any]) -> None:
         """The training environment (secrets redacted) and the runtime software, once (rank 0)."""
-        from launcher.archive import secrets
-
         if self.denv.rank == 0:
             self.rd.write_environment(secrets.training_env(os.environ), runtime)
 
@@ -85,8 +84,6 @@ class Attempt:
     def rank_error(self, text: str, echo: bool = True) -> str:
         """This rank's error (a traceback), printed to its log and, unless another rank recorded the
         outcome already (and sealed), kept as its rank error; returns it scrubbed of secrets."""
-        from launcher.archive.secrets import scrub
-
         if echo:
             print(text, file=sys.stderr, flush=True)
         text = scrub(text, os.environ)  # a secret in an exception message stays out of the archive
@@ -96,8 +93,6 @@ class Attempt:
 
     def end(self, status: Status, error: str, **extra: Any) -> bool:
         """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal."""
-        from launcher.archive.secrets import scrub
-
         self.recorded = True
         return self.rd.finish(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
 
@@ -126,10 +121,8 @@ class Attempt:
 def _early_failure(rd: RunDir, tb: str) -> None:
     """A rank that fails before it knows its place: its traceback as a rank error (rank from the
     launcher's environment), the run failed."""
-    from launcher.archive.secrets import scrub
-
     try:
-        import submitit
+        import submitit  # in the try: a broken submitit install is one more early failure to record
 
         rank = int(submitit.JobEnvironment().global_rank)
     except Exception:  # not in a submitit job (or its environment is what failed)
@@ -146,9 +139,6 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
     (``settings``: the master port and the environment variables the job sets, read from the run
     dir) and export it, then record this rank and its node (unless the run has ended already).
     An exception that leaves the block with no outcome recorded fails the run."""
-    from launcher.archive.secrets import is_redacted
-    from launcher.runtime import env as dist_env
-
     wait_for(rd)
     try:
         rd.adopt_shared()  # the sweep's code and software records, the point's seeds and overrides

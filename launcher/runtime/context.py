@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 
 from launcher.layout import Layout
 from launcher.rundir import RunDir
+from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
 
 
 @dataclass
@@ -55,10 +56,9 @@ class RunContext:
         """At a step boundary, on every rank together: the reason the job must stop now ("time_limit":
         USR2 before the time limit; "preempted": TERM), or None. One tiny all-reduce, so that all ranks
         agree at the same step even when the signal reached them at different times."""
+        # torch: only on the node
         import torch
         import torch.distributed as dist
-
-        from launcher.runtime.restarts import STOP_CODES, STOP_REASONS
 
         own = self.stop_flag.reason if self.stop_flag is not None else None
         if not dist.is_initialized() or self.world_size == 1:
@@ -69,8 +69,6 @@ class RunContext:
 
     def interrupted(self, reason: str, step: int):
         """The exception a recipe raises after saving, once ``should_stop`` said so."""
-        from launcher.runtime.restarts import Interrupted
-
         return Interrupted(reason, step)
 
     def close(self) -> None:

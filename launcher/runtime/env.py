@@ -93,7 +93,7 @@ class DistEnv:
 def detect(master_port: Optional[int] = None) -> DistEnv:
     """Read the running submitit job's environment (Slurm or local); ``master_port`` (cluster.master_port)
     overrides the port derived from the job id."""
-    import submitit
+    import submitit  # submitit: only inside a job; login-side users of this module do without it
 
     je = submitit.JobEnvironment()
     hosts = list(je.hostnames)

@@ -43,7 +43,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.reason: Optional[str] = None
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         for sig, reason in SIGNAL_REASONS.items():
             prev = signal.getsignal(sig)
 

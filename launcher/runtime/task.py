@@ -11,7 +11,16 @@ import traceback
 from datetime import timedelta
 from typing import Any, Dict
 
+from hydra.utils import get_method
+
+from launcher import backends
+from launcher.archive import topology
+from launcher.archive.secrets import scrub
 from launcher.rundir import RunDir, Status
+from launcher.runtime import env as dist_env, restarts, watchdog
+from launcher.runtime.attempt import attempt
+from launcher.runtime.context import RunContext
+from launcher.schema import typed
 
 
 class RunTask:
@@ -28,12 +37,6 @@ class RunTask:
 def run(rd: RunDir) -> Dict[str, Any]:
     """The recipe, inside this rank's attempt (launcher.runtime.attempt): the attempt recorded, the
     hang watchdog, requeue on a failure or the time limit while the restart budget lasts."""
-    from launcher import backends
-    from launcher.archive import topology
-    from launcher.archive.secrets import scrub
-    from launcher.runtime import restarts, watchdog
-    from launcher.runtime.attempt import attempt
-
     archived: Dict[str, Any] = {}
 
     def settings(rd: RunDir):
@@ -80,11 +83,11 @@ def run(rd: RunDir) -> Dict[str, Any]:
             detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):
-                    raise SystemExit(backend.requeue_exit_code)
+                    raise SystemExit(backend.requeue_exit_code) from None
                 a.end(Status.timeout, detail + "; restart budget spent")
             else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
                 a.stopped(stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
-            raise SystemExit(1)
+            raise SystemExit(1) from None
         except BaseException as e:  # record, then re-raise so the task exits non-zero
             watch.set()
             a.rank_error(traceback.format_exc())
@@ -106,10 +109,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
 def _select_device(cfg: Any, denv) -> bool:
     """Bind this rank to its GPU (True), or stay on CPU (False) where no GPU was promised; a job that
     was promised GPUs and has none fails here, with the reason, instead of training on CPU."""
-    import torch
-
-    from launcher import backends
-    from launcher.runtime import env as dist_env
+    import torch  # torch: only on the node
 
     visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
     cl = cfg.cluster
@@ -132,13 +132,11 @@ def _select_device(cfg: Any, denv) -> bool:
     return True
 
 
-def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag, attempt: Dict[str, int]) -> Dict[str, Any]:
+def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
+                attempt: Dict[str, int]) -> Dict[str, Any]:
+    # torch: only on the node
     import torch
     import torch.distributed as dist
-    from hydra.utils import get_method
-
-    from launcher.runtime.context import RunContext
-    from launcher.schema import typed
 
     cfg = typed(cfg_plain)
     layout = rd.layout()

@@ -24,7 +24,6 @@ from typing import Any, Callable, Optional
 from launcher.rundir import RunDir, Status
 from launcher.runtime import stacks
 
-
 # the run dir's shared filesystem sees at most about this many watchdog reads per second from a job
 # (every rank lists the rank errors and reads the status): 1,024 ranks poll every 8 s, not every 1 s
 FS_READS_PER_S = 128.0
@@ -56,7 +55,7 @@ class Watch:
     def set(self) -> None:  # (the old stop-event interface)
         self.stop_event.set()
 
-    def start(self) -> "Watch":
+    def start(self) -> Watch:
         threading.Thread(target=self._run, name="rank-watchdog", daemon=True).start()
         return self
 

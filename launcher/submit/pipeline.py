@@ -22,14 +22,16 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import backends
-from launcher.archive import atomic
+from launcher.archive import atomic, code, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
+from launcher.plan import checks
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
 from launcher.submit import submission
 from launcher.submit.submission import Array, SubmittedRun, in_threads
+from launcher.sweeps import TooManyJobs, job_name
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Point:
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
 
     @classmethod
-    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> "Point":
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> Point:
         return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
 
 
@@ -96,7 +98,7 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {getattr(e, 'msg', e)}",
-                                        "fix the interpolation")], f"(point {index})")
+                                        "fix the interpolation")], f"(point {index})") from e
 
 
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
@@ -104,9 +106,6 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
     stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
     points' run indices in their sweep (default 0..n-1)."""
-    from launcher.archive import secrets
-    from launcher.plan import checks
-
     resolved_all: List[Any] = []
     for i, p in enumerate(points):
         try:
@@ -164,8 +163,6 @@ def arrays(checked: List[Checked]) -> List[Array[Checked]]:
     """The submissions of a launch (launcher.submit.submission.arrays): points of equal resources
     share one, split under the scheduler's limits. Raises InvalidSweep, before anything is written
     or submitted, when the sweep needs more jobs than the user may queue."""
-    from launcher.sweeps import TooManyJobs
-
     try:
         return submission.arrays(checked, cfg=lambda c: c.point.cfg)
     except TooManyJobs as e:
@@ -175,8 +172,6 @@ def arrays(checked: List[Checked]) -> List[Array[Checked]]:
 def sweep_job_name(checked: List[Checked], sweep_id: str) -> str:
     """The job name every submission of the launch carries: the name (submit.job_name) its points
     share, else ``sweep-<sweep_id>``."""
-    from launcher.sweeps import job_name
-
     return job_name([str(c.resolved["submit"]["job_name"]) for c in checked], sweep_id)
 
 
@@ -186,8 +181,6 @@ def sweep_job_name(checked: List[Checked], sweep_id: str) -> str:
 def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     """Print each point's resolved config and each group's submission preview, as the archive would
     hold them (secrets redacted); write and submit nothing."""
-    from launcher.archive import secrets
-
     planned = arrays(checked)
     known = _known_secrets(checked, _snapshot_root(checked))  # as create() gathers them
     sweep = SweepDir.new(runs_root)
@@ -213,8 +206,6 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
            extra_meta: Optional[Dict[str, Any]], into: Optional[Path] = None) -> _Sweep:
     """The sweep dir and the code snapshot every point runs (taken once per launch, or reused).
     ``into``: an existing sweep dir the points join (a later batch of one multirun: its snapshot)."""
-    from launcher.archive import snapshot
-
     sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
     if into is not None and code_snapshot is None:  # the snapshot the sweep's first batch runs
         code_snapshot = (sd.read() or {}).get("code_snapshot") or sd.code_dir
@@ -234,8 +225,6 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
     """Secret-named values of the environment and of every point's config (cluster.env included), and
     secret literals written in the source tree ``root``: kept out of the snapshot and of everything
     staged or printed, whatever key they appear under."""
-    from launcher.archive import secrets, snapshot
-
     known = dict(checked[0].known) if checked and checked[0].known is not None else \
         secrets.known_secrets([c.resolved for c in checked])
     if root is not None:
@@ -247,8 +236,6 @@ def source_root(cwd: Path, targets: List[str]) -> Path:
     """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
     holds a recipe's top-level module (a user's own code, not in git); else the repo holding the
     launcher (whose recipes the run uses)."""
-    from launcher.archive import code
-
     repo = code.repo_root(cwd)
     if repo is not None:
         return repo
@@ -265,6 +252,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     """Write everything known before submission into each run's hidden staging dir. Everything
     written passes through the scrubber: a known secret value (sweep.known) under any key or in any
     text (tags, cluster.setup, argv, overrides, the patch, pip freeze ...) becomes secrets.REDACTED."""
+    # lazy: a dry run never stages, submits or publishes
     from launcher.archive import secrets, snapshot, software
     from launcher.seeding import seed_plan
 
@@ -314,7 +302,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
 
 def runs_of(sweep: _Sweep, arr: Array[Checked]) -> Array[submission.Run]:
     """An array of checked points as submission takes it: each a RunTask of its run dir, staged."""
-    from launcher.runtime.task import RunTask
+    from launcher.runtime.task import RunTask  # lazy: a dry run never stages, submits or publishes
 
     return Array([submission.Run(
         run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), stage=sweep.dir.staging(c.index),
@@ -329,7 +317,7 @@ def runs_of(sweep: _Sweep, arr: Array[Checked]) -> Array[submission.Run]:
 def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job_ids: List[str]) -> List[RunDir]:
     """Rename every staged run into place, seal the ones that already ended (refused submissions),
     write sweep.json, then index them (last: the index can always be rebuilt from the dirs)."""
-    from launcher.archive import registry, secrets
+    from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
 
     published = [sweep.dir.publish(c.index) for c in checked]
     for linked in sweep.dir.shared().path.glob(".plan-*"):  # each run holds its own link

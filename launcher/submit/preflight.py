@@ -18,12 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher import ladder
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from launcher import backends, doctor, ladder
+from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
 from launcher.outcome import settle
 from launcher.rundir import RunDir, now_iso
 from launcher.status import RunStatus, Status
-from launcher.submit.progress import cancel_run
+from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
+from launcher.submit.progress import cancel_run, wait_and_report
 
 RECORD_DIR = "preflight"
 
@@ -42,12 +50,6 @@ class Prepared:
 
 def compose_point(overrides: List[str]) -> Any:
     """A launch Point for these overrides (Hydra's compose API over launch's conf/)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    from launcher.app import CONF_DIR, normalize_overrides
-    from launcher.submit.pipeline import Point
-
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
@@ -59,8 +61,6 @@ def compose_point(overrides: List[str]) -> Any:
 
 def prepare(overrides: List[str], steps: int) -> Prepared:
     """Compose the config and every rung, and check each rung as `launch` would. Raises InvalidLadder."""
-    from launcher.submit.pipeline import InvalidSweep, validate
-
     try:
         point = compose_point(overrides)
     except Exception as e:  # Hydra/OmegaConf: unknown key, bad type, bad group option
@@ -70,7 +70,8 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
     try:
         validate([point])
     except InvalidSweep as e:
-        raise InvalidLadder(f"the config itself is refused (fix it first; the ladder climbs towards it):\n{e}") from None
+        raise InvalidLadder("the config itself is refused (fix it first; the ladder climbs towards it):\n"
+                            f"{e}") from None
     rungs = ladder.ladder(base, steps=steps)
     points = {}
     for rung in rungs:
@@ -97,11 +98,10 @@ def record_path(runs_root: Path, pid: str) -> Path:
 
 def _submit(prep: Prepared, rung: ladder.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
     """Launch one rung (one run); ``after``: the job it depends on (Slurm)."""
-    from launcher.submit.pipeline import launch
-
     extra = list(overrides) + list(rung.overrides)
     if after:
-        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}", "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
+        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}",
+                  "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
     point = compose_point(extra) if after else prep.points[rung.name]
     said = io.StringIO()  # the pipeline's listing: the ladder prints its own
     result = launch([point], argv=["launcher", "preflight", *overrides], out=said,
@@ -127,7 +127,6 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
     record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps,
               "rungs": [_rung_entry(r) for r in prep.rungs]}
     atomic.write_json(path, record)
-    from launcher import backends
 
     queued = not backends.get(str(prep.base.cluster.backend)).waits  # Slurm: every rung queued now
     wait = wait or not queued  # local rungs start one after another: someone has to wait
@@ -168,8 +167,6 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
 
 def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: Any, out) -> bool:
     """Wait for one rung's run; at a no-go cancel the rungs above it. True when it passed."""
-    from launcher.submit.progress import wait_and_report
-
     point = prep.points[name]
     wait_and_report(result, [point], out, timeout_s=int(point.cfg.submit.wait_timeout_s), quiet=True)
     entry = next(e for e in record["rungs"] if e["name"] == name)
@@ -213,8 +210,6 @@ def judge_entry(entry: Dict[str, Any], status: RunStatus) -> ladder.Verdict:
 
 def diagnosis(entry: Dict[str, Any]) -> Optional[Tuple[str, str, List[str], str]]:
     """(kind, why, evidence, fix) of a failed rung's run (launcher doctor)."""
-    from launcher import doctor
-
     if not entry.get("run_dir"):
         return None
     d = doctor.classify(RunDir(entry["run_dir"]), scheduler=True)
@@ -241,10 +236,6 @@ def _pair(v: ladder.Verdict, key: str, unit: str = "") -> str:
 
 def show_record(record: Dict[str, Any], out=None) -> int:
     """Print the go / no-go table of a recorded ladder (and the diagnosis of its first no-go)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     out = out or sys.stdout
     con = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 170, highlight=False)
     table = Table("rung", "what", "run", "status", "tokens/s\nmeasured / plan", "memory per GPU\nmeasured / plan",
@@ -295,7 +286,8 @@ def show(pid: str, runs_root: Path, out=None) -> int:
     path = record_path(runs_root, pid)
     record = atomic.read_json(path)
     if record is None:
-        known = sorted(p.stem for p in (runs_root / RECORD_DIR).glob("*.json")) if (runs_root / RECORD_DIR).is_dir() else []
+        records = runs_root / RECORD_DIR
+        known = sorted(p.stem for p in records.glob("*.json")) if records.is_dir() else []
         print(f"launcher preflight: no preflight {pid!r} under {runs_root}"
               + (f" (known: {', '.join(known[-5:])})" if known else ""), file=sys.stderr)
         return 2

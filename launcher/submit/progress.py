@@ -5,8 +5,12 @@ import time
 from pathlib import Path
 from typing import Any, List
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from launcher import backends
+from launcher.backends.local import wait_for_local_ranks
 from launcher.outcome import settle
 from launcher.rundir import Status
 
@@ -16,9 +20,6 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     """Block until every run's job ends, showing steps done; True if all completed. ``compact``: one
     bar for all the runs (steps of all of them, counts per state) and one outcome line per run, for
     a sweeper's batches and large sweeps. ``quiet``: no outcome lines (the caller reports them)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     console = Console(file=out, force_terminal=None)
     runs = result.runs
     totals = [int(p.cfg.train.steps) for p in points]
@@ -83,8 +84,6 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
 
 def log_of_failure(run) -> Path:
     """The stderr log of the rank that failed first (rank 0 when no rank recorded a failure)."""
-    from launcher import backends
-
     job = run.rundir.job()
     rank = int(run.rundir.status().failed_rank or 0)
     return backends.get(job.backend).log_path(job, rank, err=True)
@@ -100,7 +99,6 @@ def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
     deadline = time.time() + grace_s
     while time.time() < deadline and not all(r.job.done() for r in runs):
         time.sleep(0.5)
-    from launcher.backends.local import wait_for_local_ranks
 
     for r in runs:
         wait_for_local_ranks(r.rundir, timeout_s=max(1.0, deadline - time.time()))
@@ -111,9 +109,6 @@ def cancel_run(rd: Any, error: str) -> bool:
     """Record ``error`` as the run's outcome (unless it has one; a rank that notices the cancel
     cannot record anything else), stop its job, wait for its ranks on this host, seal. True when
     this call recorded the outcome."""
-    from launcher import backends
-    from launcher.backends.local import wait_for_local_ranks
-
     recorded = rd.finish(Status.cancelled, seal=False, exit_code=None, error=error)
     job = rd.job()
     if job is not None and job.job_id:

@@ -2,6 +2,8 @@
 snapshot and its seeds, never today's conf/ or today's code."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -9,17 +11,19 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.app import finish
 from launcher.archive import compare
+from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, runs as runs_under
 from launcher.schema import RunConfig
+from launcher.submit import pipeline
+from launcher.submit.pipeline import Point
 
 
 def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path]):
     """The run config to reproduce `run_dir` with, plus any overrides (dotted key=value)."""
-    from launcher.submit.pipeline import Point
-
     rd = RunDir(run_dir)
     plain = rd.config()
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
@@ -30,7 +34,7 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")])
+        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")]) from e
     ov = rd.overrides()
     return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}))
 
@@ -55,9 +59,6 @@ def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
 
 
 def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = None, out=None):
-    from launcher.app import finish
-    from launcher.submit import pipeline
-
     out = out or sys.stdout
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
@@ -101,8 +102,6 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
     """The command that starts the app of a Hydra-app run again from ``snapshot`` as one point (pure).
     ``changes`` (key=value) replace the archived overrides (task or Hydra) of the same key; an archived
     override whose value was redacted must be given again there."""
-    from launcher.archive.secrets import is_redacted
-
     app = meta.get("app") or {}
     entry = app.get("entry") or {}
     changed = {override_key(c) for c in changes}
@@ -127,18 +126,14 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
     # one point: Hydra's basic sweeper with no sweep parameters of its own, whatever the app's
     # config selects (an Optuna sweeper there would run n_trials copies of it)
     return [*start, "-m", *kept, *changes, *hydra, "hydra/sweeper=basic", "hydra.sweeper.params=null",
-            f"hydra.launcher.runs_root={_quoted(runs_root)}", f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
+            f"hydra.launcher.runs_root={_quoted(runs_root)}",
+            f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
             f"hydra.launcher.code_snapshot={_quoted(snapshot)}"]
 
 
 def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Path, out) -> int:
     """Start the app again (blocking, as its launcher does by default); its exit code (1 when it ran
     but made no run: its module does not start the app when run with ``python -m``)."""
-    import os
-    import subprocess
-
-    from launcher.rundir import runs as runs_under
-
     meta = rd.run() or {}
     cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root))
     env = dict(os.environ)
@@ -149,7 +144,8 @@ def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Pat
           f"snapshot {snapshot}: {' '.join(cmd[1:])}", file=out, flush=True)
     before = {r.path for r in runs_under(runs_root)}
     code = subprocess.call(cmd, env=env)
-    made = [r for r in runs_under(runs_root) if r.path not in before and (r.run() or {}).get("reproduces") == meta["run_id"]]
+    made = [r for r in runs_under(runs_root)
+            if r.path not in before and (r.run() or {}).get("reproduces") == meta["run_id"]]
     if code == 0 and not made:
         print(f"launcher reproduce: `{' '.join(cmd[1:3])}` made no run: does the module start the app when run "
               "with python -m?", file=sys.stderr)

@@ -17,9 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from launcher import backends
+from launcher.archive import registry, secrets
 from launcher.errors import ConfigError, ConfigErrors
+from launcher.rules import resolve
 from launcher.rundir import FINAL, RunDir, Status, SweepDir
+from launcher.runtime.task import RunTask
+from launcher.schema import typed
+from launcher.submit import submission
+from launcher.submit.pipeline import SweepResult
+from launcher.sweeps import TooManyJobs, job_name
 
 
 @dataclass
@@ -48,26 +58,18 @@ def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
 
 def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[str, Any]:
     """The archived config with ``key=value`` changes (Hydra-style values, typed by the schema)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from launcher.schema import typed
-
     try:
         cfg = OmegaConf.merge(typed(plain), OmegaConf.from_dotlist([c.lstrip("+") for c in changes]))
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")],
-                           f"({run_id})")
+                           f"({run_id})") from e
 
 
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = ()) -> _Next:
     """Check one ended run for its next attempt (nothing is written): ended, intact, and the changes
     (``steps``: train.steps; ``changes``: key=value) valid and keeping the archived layout."""
-    from launcher.rules import resolve
-    from launcher.schema import typed
-
     rd = RunDir(run_dir)
     if not rd.exists():
         raise FileNotFoundError(f"{run_dir} is not an archived run (no {RunDir.RUN})")
@@ -118,8 +120,6 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
 
 def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     """Reopen the run for its next attempt and record why; returns the attempt that ended."""
-    from launcher.archive import secrets
-
     attempt = int(n.status.get("attempt") or 1)
     n.rd.reopen(attempt)
     if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
@@ -139,12 +139,6 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     the runs sharing resources go out as ONE submitit batch (one array; split under the scheduler's
     MaxArraySize / MaxSubmitJobs) through launcher.submit.submission, as a launch's do. Returns the
     pipeline's SweepResult for the wait view."""
-    from launcher.archive import secrets
-    from launcher.runtime.task import RunTask
-    from launcher.submit import submission
-    from launcher.submit.pipeline import SweepResult
-    from launcher.sweeps import TooManyJobs, job_name
-
     out = out or sys.stdout
     if not run_dirs:
         raise ValueError("no runs to resubmit")
@@ -173,8 +167,6 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
 
     def publish(runs: List[Any], job_ids: List[str]) -> None:
         """The submitted runs pending their new job; the refused ones sealed; the index updated."""
-        from launcher.archive import registry
-
         for r in runs:
             r.rundir.set_status(Status.pending, job_id=r.job_id, attempt=attempts[r.run_id], resumed=True)
         for n in nexts:

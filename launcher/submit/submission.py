@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from launcher import backends
-from launcher.archive import atomic
+from launcher.archive import atomic, secrets
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
 from launcher.status import Status
+from launcher.sweeps import plan_arrays
 
 T = TypeVar("T")
 
@@ -33,17 +35,14 @@ class Array(Generic[T]):
     parallelism: int
 
 
-def arrays(items: Sequence[T], cfg: Callable[[T], Any], key: Callable[[T], Hashable] = lambda _: None) -> List[Array[T]]:
+def arrays(items: Sequence[T], cfg: Callable[[T], Any],
+           key: Callable[[T], Hashable] = lambda _: None) -> List[Array[T]]:
     """Points with the same backend grouping key (equal resources; and equal ``key``, e.g. their
     sweep dir) share one submission; each group split into arrays under its backend's limits
     (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
     max_submit_jobs of the points override them), each group's throttle the smallest
     cluster.array_parallelism of its points. Raises launcher.sweeps.TooManyJobs, before anything is
     submitted, when the points need more jobs than the user may queue."""
-    from types import SimpleNamespace
-
-    from launcher.sweeps import plan_arrays
-
     grouped: Dict[Tuple[str, Hashable, str], List[T]] = {}
     for x in items:
         c = cfg(x)
@@ -56,12 +55,8 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any], key: Callable[[T], Hasha
     for name, gs in by_backend.items():
         cfgs = [cfg(x) for g in gs for x in g]
 
-        def smallest(k: str) -> Optional[int]:
-            values = [int(v) for v in (c.cluster.get(k) for c in cfgs) if v]
-            return min(values) if values else None
-
-        asked = SimpleNamespace(cluster={"max_array_size": smallest("max_array_size"),
-                                         "max_submit_jobs": smallest("max_submit_jobs")})
+        asked = SimpleNamespace(cluster={"max_array_size": _smallest(cfgs, "max_array_size"),
+                                         "max_submit_jobs": _smallest(cfgs, "max_submit_jobs")})
         limits = backends.get(name).array_limits(asked)
         throttle = [min(int(cfg(x).cluster.array_parallelism) for x in g) for g in gs]
         chunks = plan_arrays([len(g) for g in gs], limits, throttle)
@@ -102,6 +97,12 @@ class SubmittedRun:
         return self.rundir.path
 
 
+def _smallest(cfgs: Sequence[Any], key: str) -> Optional[int]:
+    """The smallest cluster.<key> the points set, or None when none does."""
+    values = [int(v) for v in (c.cluster.get(key) for c in cfgs) if v]
+    return min(values) if values else None
+
+
 def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
            publish: Callable[[List[SubmittedRun], List[str]], Any],
            job_name: Callable[[Array[Run]], Optional[str]] = lambda _: None,
@@ -110,8 +111,6 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
     submitted so far). A refused array's runs are failed (``refused: <error>``) and every later
     array's "not submitted", unsealed (publish seals what ended), and the error is raised. Returns
     the submitted runs and one job id per array (the array job's)."""
-    from launcher.archive import secrets
-
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
     try:
@@ -136,8 +135,6 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
 
 def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]) -> List[SubmittedRun]:
     """One executor batch (one array job; a lone run, one job); each run's job.json and script."""
-    from launcher.archive import secrets
-
     first = arr.points[0]
     backend = backends.of(first.cfg)
     with backend.environment(first.cfg, first.code_dir):
@@ -171,6 +168,7 @@ def in_threads(fn: Callable[[Any], Any], items: list) -> list:
     few files per run overlaps)."""
     if len(items) < 16:
         return [fn(x) for x in items]
+    # threads only when submitting or archiving for real, not on a dry run
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -20,10 +20,8 @@ import torch
 import torch.distributed as dist
 
 from launcher.rundir import RunDir
+from recipes.commbench import math as cbmath, ops, settings
 from recipes.common.metrics import MetricsSink
-from recipes.commbench import math as cbmath
-from recipes.commbench import ops, settings
-
 
 
 def node_names(ctx: Any) -> List[str]:

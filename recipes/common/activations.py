@@ -84,7 +84,7 @@ class ActivationMeter:
                 self._refs[saved.key] = n
         return saved.tensor
 
-    def __enter__(self) -> "ActivationMeter":
+    def __enter__(self) -> ActivationMeter:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self

@@ -129,7 +129,8 @@ class Checkpointer:
         drill = tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
         # every rank saves at the drill's step; the drilled rank (on the drilled attempt) dies in it
         self.kill_step: Optional[int] = int(tr.fail_at_step) if drill else None
-        fires = drill and int(tr.fail_rank) == self.rank and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt)
+        fires = (drill and int(tr.fail_rank) == self.rank
+                 and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
         self.kill_at: Optional[int] = self.kill_step if fires else None
 
     # ---- resume ------------------------------------------------------------------------------------

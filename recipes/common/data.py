@@ -119,7 +119,7 @@ class BigramDataset:
         return tokens[0], labels[0]
 
 
-def micro_batch_indices(step: int, layout: "Layout", dp_rank: int) -> List[List[int]]:
+def micro_batch_indices(step: int, layout: Layout, dp_rank: int) -> List[List[int]]:
     """Global sample indices of each micro batch of ``dp_rank`` at 0-based ``step``: the layout's
     ``grad_accum`` lists of ``micro_batch_size`` indices."""
     dp, mb, accum = int(layout.dp), int(layout.micro_batch_size), int(layout.grad_accum)
@@ -134,7 +134,7 @@ def micro_batch_indices(step: int, layout: "Layout", dp_rank: int) -> List[List[
 def micro_batches(
     data_seed: int,
     step: int,
-    layout: "Layout",
+    layout: Layout,
     dp_rank: int,
     vocab_size: int,
     seq_len: int,

@@ -42,7 +42,7 @@ STEPS_PER_PRINT = 1_000_000_000
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def zero_section(cfg: Any, layout: "Layout", device_type: str = "cpu") -> Dict[str, Any]:
+def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str, Any]:
     """``zero_optimization``: stage, offload and bucket sizes. On GPUs the gradient reduction
     overlaps the backward (overlap_comm, its own CUDA stream) and offloaded state moves through
     pinned host memory; on CPU neither exists."""
@@ -85,7 +85,7 @@ def zero_section(cfg: Any, layout: "Layout", device_type: str = "cpu") -> Dict[s
     return section
 
 
-def deepspeed_config(cfg: Any, layout: "Layout", device_type: str = "cpu") -> Dict[str, Any]:
+def deepspeed_config(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str, Any]:
     """The DeepSpeed config dict for run config ``cfg`` run with ``layout`` on ``device_type``
     ("cuda" or "cpu")."""
     prec = cfg.precision

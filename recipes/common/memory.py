@@ -120,7 +120,7 @@ class BuildMeter:
         self._record: Dict[str, Any] = {}
         self._sampler: Optional[_Sampler] = None
 
-    def start(self) -> "BuildMeter":
+    def start(self) -> BuildMeter:
         reset_device_peak(self.device)
         self._device_before = device_bytes(self.device)
         if not reset_host_peak():
@@ -148,7 +148,7 @@ class BuildMeter:
     def record(self) -> Dict[str, Any]:
         return dict(self._record)
 
-    def __enter__(self) -> "BuildMeter":
+    def __enter__(self) -> BuildMeter:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -165,7 +165,7 @@ class StepPeak:
         self.device = device
         self.reset_ok = False
 
-    def start(self) -> "StepPeak":
+    def start(self) -> StepPeak:
         self.reset_ok = reset_host_peak()
         reset_device_peak(self.device)
         return self

@@ -26,7 +26,6 @@ class MetricsSink:
             os.environ.setdefault("WANDB_MODE", str(wb.mode))
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
-
             from omegaconf import OmegaConf
 
             self.run = wandb.init(

@@ -73,7 +73,7 @@ def init_values(seed: int, name: str, shape: Sequence[int], num_layers: int, row
     return out.mul_(std)
 
 
-def _draw(base: int, row: int, n: int) -> "np.ndarray":
+def _draw(base: int, row: int, n: int) -> np.ndarray:
     """n standard normals of one row: numpy's counter-based Philox keyed by (name, row), 128 bits
     wide, so no two rows of any parameter share a stream (torch's CPU generator keeps 32 bits of a
     seed: rows would repeat)."""

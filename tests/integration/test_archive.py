@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import BIN, clone_worktree, launch, read_metrics, run_cmd, runs_json, wait_final
 from launcher.rundir import RunDir
-from helpers import clone_worktree, BIN, launch, read_metrics, run_cmd, runs_json, wait_final
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -36,7 +36,8 @@ def _sabotage(worktree):
     train = worktree / "recipes" / "gpt" / "train.py"
     text = train.read_text()
     assert "def lr_at(" in text
-    train.write_text(text.replace('    min_lr = lr * min_lr_ratio\n', '    lr = lr * 0.25\n    min_lr = lr * min_lr_ratio\n', 1))
+    train.write_text(text.replace('    min_lr = lr * min_lr_ratio\n',
+                                  '    lr = lr * 0.25\n    min_lr = lr * min_lr_ratio\n', 1))
 
 
 def _reproduce(run, runs_root, worktree, extra_env=None):
@@ -233,7 +234,8 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
 @pytest.mark.timeout(1200)
 def test_hundred_task_array(slurm, runs_root):
     res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=6",
-                  "train.global_batch_size=4", "wandb.enabled=false", "seed=range(0,100)"], runs_root, extra_env=slurm, timeout=600)
+                  "train.global_batch_size=4", "wandb.enabled=false", "seed=range(0,100)"], runs_root,
+                 extra_env=slurm, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     runs = wait_final(runs_root, 100, timeout=1100)
     assert len(runs) == 100 and all(r["status"] == "completed" for r in runs), \

@@ -3,7 +3,6 @@ scheduler states, and that cluster.backend names one of them."""
 import shlex
 import subprocess
 
-
 from unit.test_backends import SLURM, _cfg  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 
@@ -14,7 +13,7 @@ def test_hostile_values_stay_text(tmp_path):
     assert f"#SBATCH --job-name={shlex.quote(evil)}" in text
     assert f"export EVIL={shlex.quote(evil)}" in text
     # run the setup lines through a real shell: the value arrives verbatim and nothing executes
-    setup = [l for l in text.splitlines() if l.startswith("export ")]
+    setup = [line for line in text.splitlines() if line.startswith("export ")]
     out = subprocess.run(["bash", "-c", "\n".join(setup) + '\nprintf %s "$EVIL"'], capture_output=True,
                          text=True, cwd=tmp_path)
     assert out.stdout == evil

@@ -15,7 +15,6 @@ import pytest
 from helpers import REPO, launch
 from launcher.app import CONF_DIR
 
-
 LAUNCH_BAD = [
     (["model=gpt_175b"], "cluster.gpu.memory_gb"),  # cluster=local: this host's memory
     (["parallelism.pp=2", "train.micro_batch_size=8"], "submit.force=true"),  # bubble 33%: a warning stops it

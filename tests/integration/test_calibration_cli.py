@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from launcher.plan import calibrate
-from unit.test_calibration import REPO, cfg_with, TRUE, BASE, RUNS, make_run, cluster_file  # noqa: F401 (fixtures and helpers shared with the pure tests)
+from unit.test_calibration import BASE, REPO, RUNS, TRUE, cfg_with, cluster_file, make_run  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 
 def test_a_later_estimate_for_the_cluster_uses_the_written_constants(tmp_path):

@@ -48,7 +48,8 @@ def _report_plots(run: dict, runs_root: Path, docs_name: str) -> None:
     res = run_cmd([str(BIN / "launcher"), "report", run["run_id"], "--root", str(runs_root)], runs_root, timeout=180)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     text = Path(res.stdout.strip().splitlines()[-1]).read_text()
-    imgs = dict((alt, data) for data, alt in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">', text))
+    imgs = {alt: data for data, alt in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]*)">',
+                                                   text)}
     assert set(imgs) == {"bus bandwidth vs message size", "time per operation vs message size"}, list(imgs)
     assert "<h2>Communication</h2>" in text and "peak bus bandwidth per operation" in text
     if os.environ.get("LAUNCHER_DOCS_SCREENSHOTS"):

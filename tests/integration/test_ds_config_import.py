@@ -3,8 +3,6 @@ import subprocess
 import sys
 
 
-
-
 def test_pure_no_torch_or_deepspeed_import():
     code = (
         "import sys, recipes.common.ds_config as m; "

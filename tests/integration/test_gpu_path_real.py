@@ -5,7 +5,6 @@ rendezvous ports and the watchdog's read rate."""
 import subprocess
 import sys
 
-
 from launcher.backends.local import gpu_parameters
 
 

@@ -12,10 +12,9 @@ from typing import List
 
 import pytest
 import yaml
-
-from helpers import REPO, run_cmd, runs_json, wait_final
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
+from helpers import REPO, run_cmd, runs_json, wait_final
 from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -275,7 +274,7 @@ def test_job_returns_in_order_with_a_failed_point(runs_root, tmp_path, monkeypat
     assert [r.status for r in rets] == [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.COMPLETED]
     assert rets[0].return_value == quadratic(3, 0) and rets[2].return_value == quadratic(0, 1)
     with pytest.raises(ValueError, match="asked to fail"):
-        rets[1].return_value
+        _ = rets[1].return_value
     assert [r.overrides for r in rets] == points
     assert [r.hydra_cfg.hydra.job.num for r in rets] == [0, 1, 2]
     assert all(r.hydra_cfg.hydra.job.id for r in rets)

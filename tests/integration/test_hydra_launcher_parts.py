@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.launcher_plugin import generic
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 

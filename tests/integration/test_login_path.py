@@ -25,7 +25,8 @@ _CODE = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
 )
 def test_no_torch_import(argv, tmp_path):
     res = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE})
+                         timeout=120, cwd=tmp_path,
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE})
     assert res.returncode == 0, res.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "deepspeed" not in imported

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from launcher.job_record import JobRecord
 from launcher import outcome
 from launcher.archive import registry
 from launcher.cli import main as cli
+from launcher.job_record import JobRecord
 from launcher.rundir import SweepDir
 from launcher.status import Status
 

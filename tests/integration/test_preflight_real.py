@@ -90,4 +90,5 @@ def test_a_config_broken_for_one_rung_stops_there_with_its_diagnosis(rung, extra
     for r in record["rungs"][at + 1:]:
         status = json.loads((Path(r["run_dir"]) / "status.json").read_text())
         assert status["status"] == "cancelled" and status["error"].startswith("not run"), status
-        assert not (Path(r["run_dir"]) / "metrics.jsonl").exists() or not (Path(r["run_dir"]) / "metrics.jsonl").read_text()
+        metrics = Path(r["run_dir"]) / "metrics.jsonl"
+        assert not metrics.exists() or not metrics.read_text()

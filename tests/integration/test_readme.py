@@ -42,7 +42,8 @@ def test_every_readme_command_runs_as_written(tmp_path, slurm):
         words = _fill(cmd, ids)
         res = run_cmd([str(BIN / words[0]), *words[1:]], root, timeout=600, extra_env=env, cwd=REPO)
         assert res.returncode == 0, f"{cmd}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        if words[0] == "launch" and "--help" not in words and "--cfg" not in words and "submit.dry_run=true" not in words:
+        if (words[0] == "launch" and "--help" not in words and "--cfg" not in words
+                and "submit.dry_run=true" not in words):
             runs = runs_json(root)
             local = [r for r in runs if r["backend"] == "local"]
             slurm_runs = [r for r in runs if r["backend"] == "slurm"]

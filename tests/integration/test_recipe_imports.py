@@ -3,8 +3,6 @@ import subprocess
 import sys
 
 
-
-
 def test_recipe_target_check_imports_nothing():
     code = ("import sys; from launcher.recipe_target import target_problem; "
             "assert target_problem('recipes.gpt.train.main') is None; "

@@ -4,7 +4,6 @@ nothing outside itself, and escape what the archive holds."""
 import subprocess
 import sys
 
-
 from unit.test_report import EVIL, LAYOUT, PLAN, make_run, sweep  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 

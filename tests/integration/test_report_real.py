@@ -67,7 +67,8 @@ def test_report_of_a_real_run_and_a_sweep(runs_root, tmp_path):
     rdir = Path(run["dir"])
     assert path == rdir.parent / f"report-{rdir.name}.html"
     alts = IMG.findall(text)
-    assert {"loss", "learning rate", "gradient norm", "tokens/s", "step time (s)", "step time by phase"} <= set(alts), alts
+    expected = {"loss", "learning rate", "gradient norm", "tokens/s", "step time (s)", "step time by phase"}
+    assert expected <= set(alts), alts
     # the recipe's step-time breakdown (recipes/common/phases.py), every step
     rows = RunDir(rdir).metrics()
     for m in rows:

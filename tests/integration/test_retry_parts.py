@@ -5,8 +5,8 @@ and the results table (swept keys, objective direction, order, CSV)."""
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher.status import Status
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.status import Status
 
 
 def _cfg(*overrides):

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from helpers import clone_worktree, launch, runs_json, wait_final
-
 from launcher.archive import secrets, snapshot
 
 

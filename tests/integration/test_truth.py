@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clone_worktree, BIN, launch, run_cmd, runs_json
+from helpers import BIN, clone_worktree, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
 from launcher.rundir import RunDir, Status
 
@@ -214,8 +214,8 @@ def test_markup_looking_text_is_printed_verbatim(tmp_path):
 
 def test_a_failed_rank_points_at_its_own_log(tmp_path):
     root = tmp_path / "runs"
-    res = launch([*QUICK, "cluster.gpus_per_node=2", "train.fail_at_step=2", "train.fail_rank=1", "train.max_restarts=0"], root,
-                 timeout=300)
+    res = launch([*QUICK, "cluster.gpus_per_node=2", "train.fail_at_step=2", "train.fail_rank=1",
+                  "train.max_restarts=0"], root, timeout=300)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (run,) = runs_json(root)
     log = f"{run['job_id']}_1_log.err"

@@ -3,8 +3,8 @@ scheduler states, and that cluster.backend names one of them."""
 
 from hydra import compose, initialize_config_dir
 
-from launcher.app import CONF_DIR, normalize_overrides
 from launcher import backends, rules
+from launcher.app import CONF_DIR, normalize_overrides
 from launcher.backends import slurm
 from launcher.job_record import JobRecord
 

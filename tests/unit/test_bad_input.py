@@ -107,7 +107,8 @@ BAD = [
     ([*A100_1B3, "cluster.cpus_per_task=17", "train.micro_batch_size=1", "train.global_batch_size=64"],
      "cluster.cpus_per_task"),
     (["cluster=a100_80g", "cluster.cpus_per_node=0"], "cluster.cpus_per_node"),
-    (["cluster=a100_80g", "+cluster.sbatch_extra.reservation='big\ntouch pwned #'"], "cluster.sbatch_extra.reservation"),
+    (["cluster=a100_80g", "+cluster.sbatch_extra.reservation='big\ntouch pwned #'"],
+     "cluster.sbatch_extra.reservation"),
     # --- the planner: does not fit (errors name the memory key and the fix key)
     (["model=gpt_175b", "cluster=a100_80g", "train.micro_batch_size=1", "train.global_batch_size=64"],
      "cluster.gpu.memory_gb"),
@@ -319,9 +320,11 @@ def test_a_refused_value_is_not_echoed():
     assert "s3cr3t" not in text
 
 
-@pytest.mark.parametrize("line,key", [("hydra.sweep.dir=x", "hydra.sweep.dir"), ("+hydra.job.chdir=true", "hydra.job.chdir"),
+@pytest.mark.parametrize("line,key", [("hydra.sweep.dir=x", "hydra.sweep.dir"),
+                                      ("+hydra.job.chdir=true", "hydra.job.chdir"),
                                       ("hydra.sweep.subdir=${hydra.job.num}", "hydra.sweep.subdir"),
-                                      ("hydra.output_subdir=.h", "hydra.output_subdir"), ("hydra.run.dir=x", "hydra.run.dir")])
+                                      ("hydra.output_subdir=.h", "hydra.output_subdir"),
+                                      ("hydra.run.dir=x", "hydra.run.dir")])
 def test_hydra_output_keys_are_named(line, key):
     from launcher.app import hydra_output_problems
 

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import random
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ from launcher.rundir import RunDir
 REPO = Path(__file__).resolve().parents[2]
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_with(*overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
@@ -171,7 +171,8 @@ LAYOUTS = [
     LayoutSpec(dp=8, tp=2, pp=2, micro_batch_size=1, grad_accum=32, engine="megatron", dtype="bf16", zero=1),
     LayoutSpec(dp=4, tp=8, micro_batch_size=1, grad_accum=64, engine="megatron", dtype="bf16",
                sequence_parallel=True, recompute="selective"),
-    LayoutSpec(dp=32, micro_batch_size=1, grad_accum=8, zero=2, engine="deepspeed", dtype="bf16", offload_optimizer=True),
+    LayoutSpec(dp=32, micro_batch_size=1, grad_accum=8, zero=2, engine="deepspeed", dtype="bf16",
+               offload_optimizer=True),
 ]
 def test_the_default_calibration_changes_no_estimate():
     """The oracle is the uncalibrated model itself: the step time is the plain sum of its parts (no
@@ -221,7 +222,8 @@ def test_a_calibration_scales_every_estimate_as_declared():
 
 
 def test_the_constants_come_from_the_cluster_config():
-    cfg = cfg_with("cluster=a100_80g", "train.global_batch_size=64", "cluster.calibration.compute_scale=2.5", "cluster.calibration.comm_scale=0.5",
+    cfg = cfg_with("cluster=a100_80g", "train.global_batch_size=64", "cluster.calibration.compute_scale=2.5",
+                   "cluster.calibration.comm_scale=0.5",
                    "cluster.calibration.step_overhead_s=0.1", "cluster.calibration.activation_scale=0.9")
     cl = ClusterSpec.from_cfg(cfg.cluster)
     assert cl.calibration == Calibration(2.5, 0.5, 0.1, 0.9)
@@ -302,7 +304,9 @@ def make_run(root: Path, name: str, overrides, steps=6, truth=TRUE, acts=True, s
     lay = layout_of(Facts.from_cfg(cfg))
     _, parts, planned_act = calibrate.planned(cfg)
     t = parts.step_time(truth)
-    times = step_times if step_times is not None else [5 * t, 2 * t] + [t * f for f in (0.99, 1.0, 1.01, 1.0)][:steps - 2]
+    if step_times is None:
+        step_times = [5 * t, 2 * t] + [t * f for f in (0.99, 1.0, 1.01, 1.0)][:steps - 2]
+    times = step_times
     rd.rewrite_metrics([{"step": i + 1, "loss": 1.0, "step_time_s": x} for i, x in enumerate(times)])
     for r in range(lay.world_size):
         rd.write_state(r, {"rank": r, "params": 1, "grads": 1, "optimizer": 1,

@@ -2,8 +2,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.commbench import math as cbmath
-from recipes.commbench import settings
+from recipes.commbench import math as cbmath, settings
 
 
 @pytest.mark.parametrize("n,ar,ag", [(1, 0.0, 0.0), (2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])

@@ -1,7 +1,6 @@
 """Every shipped config composes against the schema; bad keys and types fail at composition."""
 import pytest
 from hydra import compose, initialize_config_dir
-
 from hydra.errors import ConfigCompositionException as HydraCompositionError
 
 from launcher.app import CONF_DIR, normalize_overrides

@@ -8,7 +8,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from launcher.app import CONF_DIR
 from launcher.compose import SweepComposer
@@ -64,7 +64,7 @@ def test_same_config_as_hydra(loader, master, overrides):
     # and the hydra node too (overrides.task, runtime.choices, job.override_dirname, ...)
     assert OmegaConf.to_yaml(fast_hydra) == OmegaConf.to_yaml(ref_hydra)
     # typed and closed as Hydra's: a wrong type or an unknown key still fails
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         fast.train.steps = "abc"
     with pytest.raises((ConfigAttributeError, ConfigKeyError)):
         fast.train.no_such_key = 1

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from launcher import doctor
 from launcher.doctor import FIXES, KINDS, Diagnosis, Evidence, diagnose
 from launcher.rundir import Status
@@ -142,10 +141,11 @@ Thread 0x00007f9169a2db80 (most recent call first):
   File "/tmp/dw/cap/hang/20261129-165924-bce0/code/launcher/runtime/task.py", line 188 in _run_recipe
   File "/tmp/dw/cap/hang/20261129-165924-bce0/code/launcher/runtime/task.py", line 112 in run
   File "/work/main/.venv/lib/python3.11/site-packages/submitit/core/submission.py", line 55 in process_job
-"""
+"""  # noqa: E501 (a faulthandler dump, verbatim)
 
 # a second hang run (train.hang_timeout_s=10, fail_at_step=2): rank 0 waits in DDP's forward (bucket rebuild)
-HANG_JSON_2 = {"frames": {"0": "recipes/gpt/engines/ddp.py:60 in train_step", "1": "recipes/gpt/train.py:55 in inject_fault"},
+HANG_JSON_2 = {"frames": {"0": "recipes/gpt/engines/ddp.py:60 in train_step",
+                          "1": "recipes/gpt/train.py:55 in inject_fault"},
                "no_stack": [], "step": 1, "stuck_ranks": [0, 1], "timeout_s": 10.0, "waiting": {}}
 HANG_STACK_0 = """# rank 0, no step finished for 10 s (last finished step: 1)
 Current thread 0x00007f7bc99e96c0 (most recent call first):
@@ -161,7 +161,7 @@ Thread 0x00007f7bd2dcfb80 (most recent call first):
   File "/tmp/pytest-of-root/pytest-58/test_hang0/runs/20261129-170823-169b/code/recipes/gpt/train.py", line 105 in main
   File "/tmp/pytest-of-root/pytest-58/test_hang0/runs/20261129-170823-169b/code/launcher/runtime/task.py", line 191 in _run_recipe
   File "/work/main/.venv/lib/python3.11/site-packages/submitit/core/submission.py", line 55 in process_job
-"""
+"""  # noqa: E501 (a faulthandler dump, verbatim)
 
 SRUN_KILLED = """srun: error: node1: task 1: Killed
 srun: launch/slurm: _step_signal: Terminating StepId=251.0

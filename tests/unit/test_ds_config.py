@@ -33,7 +33,8 @@ def _ds(*overrides, dp=None):
 # every stage x precision x offload combination the layout rules admit
 COMBOS = [
     (stage, dtype, off_opt, off_par)
-    for stage, dtype, off_opt, off_par in itertools.product((0, 1, 2, 3), ("fp32", "bf16", "fp16"), (False, True), (False, True))
+    for stage, dtype, off_opt, off_par in itertools.product((0, 1, 2, 3), ("fp32", "bf16", "fp16"),
+                                                            (False, True), (False, True))
     if not ((off_opt or off_par) and stage == 0) and not (off_par and stage != 3)
 ]
 
@@ -94,7 +95,8 @@ def test_every_stage_precision_offload_combination(stage, dtype, off_opt, off_pa
 
 def test_precision_keys_map_through():
     fp16 = _ds("zero=1", "precision=fp16", "precision.loss_scale=128", "precision.initial_scale_power=12",
-               "precision.loss_scale_window=200", "precision.hysteresis=4", "precision.min_loss_scale=0.5", dp=2)["fp16"]
+               "precision.loss_scale_window=200", "precision.hysteresis=4", "precision.min_loss_scale=0.5",
+               dp=2)["fp16"]
     assert fp16 == {"enabled": True, "loss_scale": 128.0, "initial_scale_power": 12, "loss_scale_window": 200,
                     "hysteresis": 4, "min_loss_scale": 0.5}
 

@@ -271,7 +271,7 @@ def test_a_checkpoint_is_committed_only_when_every_rank_marked_it_done(tmp_path)
 
     rd = make_run(tmp_path)
     ranks = [checkpointer(rd, async_save=False, ctx=Rank(rd, r, 2)) for r in (0, 1)]
-    for ck, engine in ranks:
+    for _ck, engine in ranks:
         engine.train_step()
         engine.train_step()
     ranks[0][0].save(2, [{"step": 1}, {"step": 2}])
@@ -285,7 +285,7 @@ def test_a_checkpoint_is_committed_only_when_every_rank_marked_it_done(tmp_path)
     _assert_holds_step(rd.checkpoint_dir(2), 2)
 
     # the next checkpoint: again only one rank's mark, so `latest` still names step 2
-    for ck, engine in ranks:
+    for _ck, engine in ranks:
         engine.train_step()
     ranks[1][0].save(3, [])
     assert rd.checkpoint_partial(3).is_dir() and rd.latest_checkpoint() == rd.checkpoint_dir(2)
@@ -411,7 +411,8 @@ DDP_BACKWARD = '''Thread 0x00007f0000000005 (most recent call first):
 
 
 def test_hang_finding_names_the_stuck_rank_and_the_collective_the_others_wait_in():
-    assert stacks.where(WAITING) == {"collective": "all_reduce", "frame": "recipes/gpt/engines/megatron.py:214 in train_step"}
+    assert stacks.where(WAITING) == {"collective": "all_reduce",
+                                     "frame": "recipes/gpt/engines/megatron.py:214 in train_step"}
     assert stacks.where(STUCK) == {"collective": None, "frame": "recipes/gpt/train.py:55 in inject_fault"}
     assert stacks.where(DDP_BACKWARD)["collective"].startswith("backward")
     f = stacks.finding({0: WAITING, 1: STUCK, 2: DDP_BACKWARD}, world=4, step=4, timeout_s=6)

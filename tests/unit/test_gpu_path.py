@@ -136,11 +136,12 @@ def test_a_runs_root_the_nodes_cannot_mount_is_refused_before_submitting():
 
 
 def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
+    from omegaconf import OmegaConf
+
     from launcher.backends import local
+    from launcher.configview import ConfigView
     from launcher.errors import ConfigErrors
     from launcher.rules import resolve
-    from launcher.configview import ConfigView
-    from omegaconf import OmegaConf
 
     monkeypatch.setattr(local, "has_nvidia_gpus", lambda dev="/dev": True)  # a host with two GPUs given
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")

@@ -73,7 +73,8 @@ def test_runs_root(monkeypatch, tmp_path):
 
 
 def test_resolved_app_config_drops_hydra_and_keeps_unresolvable_as_written():
-    cfg = OmegaConf.create({"hydra": {"job": {"name": "a"}}, "x": 1, "y": "${x}", "z": "${oc.env:NOT_SET_ANYWHERE_123}"})
+    cfg = OmegaConf.create({"hydra": {"job": {"name": "a"}}, "x": 1, "y": "${x}",
+                            "z": "${oc.env:NOT_SET_ANYWHERE_123}"})
     out = generic.resolved_app_config(cfg)
     assert "hydra" not in out and out["x"] == 1 and out["z"] == "${oc.env:NOT_SET_ANYWHERE_123}"
     ok = generic.resolved_app_config(OmegaConf.create({"hydra": {}, "x": 2, "y": "${x}"}))

@@ -3,7 +3,7 @@ of every point (launcher.submit.pipeline.validate), and `launcher plan`."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,7 +16,7 @@ from launcher.submit.pipeline import InvalidSweep, Point, validate as check_poin
 GPT_1B3_A100 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_with(*overrides):
     """Composed once per override set (Hydra composition is the slow part; checks never mutate it)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

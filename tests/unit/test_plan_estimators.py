@@ -356,7 +356,8 @@ def test_comm_volume_zero_stages_paper_ratios():
     """ZeRO paper sec. 7: DP all-reduce 2Psi, ZeRO-1/2 2Psi (reduce-scatter + all-gather), ZeRO-3 3Psi."""
     m = model_spec("gpt_1b3")
     sp = stage_params(m)
-    vol = [comm_mod.comm_volume(m, LayoutSpec(dp=64, zero=z, dtype="bf16", engine="deepspeed"), sp).dp for z in range(4)]
+    vol = [comm_mod.comm_volume(m, LayoutSpec(dp=64, zero=z, dtype="bf16", engine="deepspeed"), sp).dp
+           for z in range(4)]
     psi_bytes = 2 * 63 / 64 * param_count(m)  # one ring pass over the 16-bit model
     assert vol == pytest.approx([2 * psi_bytes, 2 * psi_bytes, 2 * psi_bytes, 3 * psi_bytes])
     # ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 all-gathers twice and reduce-scatters every micro-batch

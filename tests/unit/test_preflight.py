@@ -5,8 +5,8 @@ import math
 import pytest
 
 from launcher import ladder
-from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 from launcher.submit.pipeline import validate as check
+from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 
 BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2",
         "wandb.enabled=false"]
@@ -43,7 +43,7 @@ def test_every_rung_of_a_3d_layout_over_two_nodes():
 def test_each_rung_composes_to_a_config_launch_accepts():
     prep = prepare(SLURM_3D, steps=6)
     assert set(prep.points) == set(ladder.RUNGS)
-    for name, point in prep.points.items():
+    for point in prep.points.values():
         check([point])  # raises if refused
     cfg = prep.points["node"].cfg
     assert (int(cfg.cluster.nodes), int(cfg.parallelism.tp), int(cfg.parallelism.pp)) == (1, 2, 1)

@@ -1,8 +1,8 @@
 """A job that died without recording its outcome gets the one its scheduler state implies, sealed."""
 import pytest
 
-from launcher.outcome import record_lost_outcome
 from launcher.backends import JobState, slurm
+from launcher.outcome import record_lost_outcome
 from launcher.rundir import RunDir, Status
 
 

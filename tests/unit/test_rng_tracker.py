@@ -241,7 +241,7 @@ def test_tp2_masks_simulated_in_one_process(simulated_collectives, sp):
     ranks = []
     for r in range(2):
         stage = _stage(2, r, sp=sp)
-        ranks.append(record_masks(stage, lambda: stage(tokens)))
+        ranks.append(record_masks(stage, lambda stage=stage: stage(tokens)))
     model = _single()
     single = record_masks(model, lambda: model(tokens))
     b, s, h, heads = 2, MODEL["seq_len"], MODEL["hidden_size"], MODEL["num_heads"]

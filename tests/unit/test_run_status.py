@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from launcher.job_record import JobRecord
 from launcher import outcome
+from launcher.job_record import JobRecord
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import FINAL, RunStatus, Status
 

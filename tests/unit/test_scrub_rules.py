@@ -11,7 +11,6 @@ import secrets as _random
 
 import pytest
 
-
 from launcher.archive import secrets
 
 

@@ -17,7 +17,6 @@ sys.path.insert(0, str(REPO))  # benchmarks/ is not an installed package
 from benchmarks.construction_memory import _entry, dump_weights, gather_weights  # noqa: E402
 
 
-
 class _Stub:
     def __init__(self, params: Dict[str, torch.nn.Parameter]) -> None:
         self.model = torch.nn.ParameterDict(params)
@@ -62,7 +61,7 @@ def test_zero3_partitions_filled_in_chunks_join_to_the_single_process_values(mon
         for p in model.parameters():  # DeepSpeed's layout: flattened, padded to world, 1/world each
             p.ds_shape, p.ds_tensor = tuple(p.shape), torch.full((math.ceil(p.numel() / world),), float("nan"),
                                                                    dtype=dtype)
-        ds_engine._fill_partitions(model, 5, 2, rank_of=lambda p: rank)
+        ds_engine._fill_partitions(model, 5, 2, rank_of=lambda p, rank=rank: rank)
         for n, p in model.named_parameters():
             parts[n].append(p.ds_tensor)
     for n, w in want.items():

@@ -60,12 +60,13 @@ def test_no_scheduler_name_branch_outside_backends():
 
 
 def test_run_dir_file_names_live_in_rundir():
-    pattern = re.compile(r"(^|/)(%s)$" % "|".join(re.escape(Path(n).name) for n in
-                                                 ("run.json", "config.yaml", "overrides.yaml", "seeds.json",
-                                                  "plan.json", "git.json", "patch.diff", "snapshot.json",
-                                                  "software.json", "pip-freeze.txt", "job.json", "sbatch.sh",
-                                                  "status.json", "runtime.json", "training-env.json",
-                                                  "deepspeed_config.json", "metrics.jsonl", "manifest.json")))
+    names = "|".join(re.escape(Path(n).name) for n in
+                     ("run.json", "config.yaml", "overrides.yaml", "seeds.json",
+                      "plan.json", "git.json", "patch.diff", "snapshot.json",
+                      "software.json", "pip-freeze.txt", "job.json", "sbatch.sh",
+                      "status.json", "runtime.json", "training-env.json",
+                      "deepspeed_config.json", "metrics.jsonl", "manifest.json"))
+    pattern = re.compile(rf"(^|/)({names})$")
     bad = []
     for path, tree in _modules("launcher", "hydra_plugins", "recipes"):
         if path.name == "rundir.py":

@@ -44,6 +44,7 @@ def test_sweeps_need_multirun_in_single_run_mode(sweep):
 def test_optuna_choice_points_compose():
     """Optuna reads `zero=choice(0,1)` as a categorical of ints and hands back `zero=<int>`."""
     import optuna
+
     from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 
     dists, fixed = create_params_from_overrides(["zero=choice(0,1)", "optim.lr=interval(1e-4,1e-2)"])

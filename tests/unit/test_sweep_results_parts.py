@@ -73,9 +73,9 @@ def test_job_returns_of_a_batch(loader, monkeypatch, tmp_path, capsys):
     assert [r.status for r in rets] == [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.FAILED]
     assert rets[0].return_value == 6.25
     with pytest.raises(RunFailed, match="boom"):
-        rets[1].return_value
+        _ = rets[1].return_value
     with pytest.raises(RunFailed, match="train.fail_at_step"):  # refused by the checks: a failed trial
-        rets[2].return_value
+        _ = rets[2].return_value
     # the first batch makes the study's sweep; its runs are numbered by trial (refused trial 6: none)
     assert seen["n"] == 2 and seen["objective"] == "final_loss" and seen["into"] is None
     assert seen["indices"] == [4, 5]
@@ -84,7 +84,8 @@ def test_job_returns_of_a_batch(loader, monkeypatch, tmp_path, capsys):
     out = capsys.readouterr()
     assert "trial 4 (optim.lr=0.001 +cluster.env.HF_TOKEN=<redacted>): final_loss = 6.25  (run S1-0)" in out.out
     assert SECRET not in out.out + out.err
-    assert "trial 6 (optim.lr=0.003 train.steps=4 train.fail_at_step=9): failed: refused by the launch checks: - train.fail_at_step" in out.out
+    assert ("trial 6 (optim.lr=0.003 train.steps=4 train.fail_at_step=9): failed: refused by the launch checks: "
+            "- train.fail_at_step") in out.out
     assert "trial 5 (optim.lr=0.002): failed: run S1-1 failed: RuntimeError: boom" in out.out
     assert "trial 6 refused by the launch checks: - train.fail_at_step" in out.err
 
@@ -116,8 +117,8 @@ class _Run:
 
 @pytest.mark.parametrize("objective,want", [("final_loss", 5.5), ("mean_tokens_per_s", 1234.0)])
 def test_objective_from_the_summary(objective, want, monkeypatch):
-    import launcher.submit.pipeline as pipeline
     import launcher.outcome as outcome
+    import launcher.submit.pipeline as pipeline
     import launcher.submit.progress as progress
 
     runs = [_Run(1, "failed", error="RuntimeError: x"), _Run(0, "completed", {"final_loss": 5.5,

@@ -12,7 +12,14 @@ from torch import nn
 
 from recipes.common.memory import BuildMeter
 from recipes.gpt.engines.base import (
-    Batch, Engine, adamw, autocast_for, build_model, dtype_name, optimizer_state_bytes, tensor_bytes,
+    Batch,
+    Engine,
+    adamw,
+    autocast_for,
+    build_model,
+    dtype_name,
+    optimizer_state_bytes,
+    tensor_bytes,
 )
 from recipes.gpt.model import count_parameters
 

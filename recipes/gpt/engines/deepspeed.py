@@ -177,7 +177,8 @@ FILL_CHUNK = 1 << 23  # elements of a partition computed at a time: 32 MB in fp3
 
 
 def _fill_partitions(model: nn.Module, seed: int, num_layers: int,
-                     rank_of: Callable[[nn.Parameter], int] = lambda p: dist.get_rank(group=p.ds_process_group)) -> None:
+                     rank_of: Callable[[nn.Parameter], int] = lambda p: dist.get_rank(group=p.ds_process_group),
+                     ) -> None:
     """Write this rank's partition of every ZeRO-3 parameter from ``init_flat``: the parameter is
     flattened row-major, padded with zeros to a multiple of the partition group's size, and rank r of
     the group holds elements [r * n, (r + 1) * n), n = ``ds_tensor.numel()`` (DeepSpeed's layout,
@@ -266,7 +267,8 @@ class DeepSpeedEngine(Engine):
                     master.copy_(low)
 
     def describe(self) -> str:
-        off = ("+offload_optimizer" if self.offload_optimizer else "") + ("+offload_params" if self.offload_params else "")
+        off = (("+offload_optimizer" if self.offload_optimizer else "")
+               + ("+offload_params" if self.offload_params else ""))
         return f"DeepSpeedEngine(zero={self.stage}{off},{self.dtype})"
 
     def _set_lr(self, lr: float) -> None:
@@ -279,7 +281,8 @@ class DeepSpeedEngine(Engine):
         accum = len(batches)
         self._grads_peak = 0
         if accum != self.ds.gradient_accumulation_steps():
-            raise ValueError(f"{accum} micro batches per step, DeepSpeed config says {self.ds.gradient_accumulation_steps()}")
+            raise ValueError(f"{accum} micro batches per step, "
+                             f"DeepSpeed config says {self.ds.gradient_accumulation_steps()}")
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         own_norm: Optional[torch.Tensor] = None
         for k, (tokens, labels) in enumerate(batches):
@@ -396,7 +399,8 @@ class DeepSpeedEngine(Engine):
         param_tensors = self._param_tensors()
         seen = {t.untyped_storage().data_ptr() for t in param_tensors if t.numel() > 0}
         optimizer = [t for t in self._optimizer_tensors() if t.untyped_storage().data_ptr() not in seen]
-        return {"params": _unique_bytes(param_tensors), "grads": self._grads_last, "optimizer": _unique_bytes(optimizer)}
+        return {"params": _unique_bytes(param_tensors), "grads": self._grads_last,
+                "optimizer": _unique_bytes(optimizer)}
 
 
 def _tensors(entry: Any) -> List[torch.Tensor]:

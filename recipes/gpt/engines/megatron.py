@@ -39,10 +39,17 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
-from recipes.gpt.engines.base import (
-    Batch, Engine, adamw_kwargs, autocast_for, dtype_name, optimizer_state_bytes, param_groups, tensor_bytes,
-)
 from recipes.gpt import rng
+from recipes.gpt.engines.base import (
+    Batch,
+    Engine,
+    adamw_kwargs,
+    autocast_for,
+    dtype_name,
+    optimizer_state_bytes,
+    param_groups,
+    tensor_bytes,
+)
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
@@ -234,12 +241,14 @@ class MegatronEngine(Engine):
         counted = [p.grad.detach() for p, c in zip(self.params, self._norm_counted) if c]
         sq = (torch.stack(torch._foreach_norm(counted)).float().pow(2).sum() if counted  # one fused kernel
               else torch.zeros((), device=self.device, dtype=torch.float32))
-        loss_part = loss_sum / self.dp if (self.stage.is_last and self.mesh.tp_rank == 0) else torch.zeros_like(loss_sum)
+        owns_loss = self.stage.is_last and self.mesh.tp_rank == 0
+        loss_part = loss_sum / self.dp if owns_loss else torch.zeros_like(loss_sum)
         stats = torch.stack([loss_part, sq])
         with self._phase("loss_sync"):
             dist.all_reduce(stats)
         loss_value, sq_value = stats.tolist()
-        grad_norm = math.sqrt(sq_value) if math.isfinite(sq_value) else float("nan") if math.isnan(sq_value) else float("inf")
+        grad_norm = (math.sqrt(sq_value) if math.isfinite(sq_value)
+                     else float("nan") if math.isnan(sq_value) else float("inf"))
 
         scale = self.scaler.scale if self.scaler is not None else 1.0
         overflow = self.scaler is not None and not math.isfinite(grad_norm)

@@ -15,7 +15,13 @@ from torch import nn
 
 from recipes.gpt import rng
 from recipes.gpt.parallel.tensor_parallel import (
-    ParallelBlock, ParallelHead, TPContext, VocabParallelEmbedding, chunk_of, mark_replicated, shard,
+    ParallelBlock,
+    ParallelHead,
+    TPContext,
+    VocabParallelEmbedding,
+    chunk_of,
+    mark_replicated,
+    shard,
 )
 
 
@@ -47,7 +53,8 @@ class GPTStage(nn.Module):
         self.vocab_start = tp.rank * (self.vocab_size // tp.size)
         start, end = stage_layers(len(full.blocks), pp, stage)
         self.layer_range = (start, end)
-        self.embedding: Optional[VocabParallelEmbedding] = VocabParallelEmbedding(full.embedding, tp) if self.is_first else None
+        self.embedding: Optional[VocabParallelEmbedding] = (VocabParallelEmbedding(full.embedding, tp)
+                                                            if self.is_first else None)
         self.blocks = nn.ModuleList(ParallelBlock(full.blocks[i], tp) for i in range(start, end))
         self.final_norm: Optional[nn.Module] = None
         self.head: Optional[ParallelHead] = None

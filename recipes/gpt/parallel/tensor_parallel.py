@@ -54,7 +54,7 @@ class TPContext:
     sequence_parallel: bool = False
 
     @staticmethod
-    def single() -> "TPContext":
+    def single() -> TPContext:
         return TPContext(group=None, rank=0, size=1, sequence_parallel=False)
 
 
