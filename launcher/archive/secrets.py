@@ -1,7 +1,7 @@
 """Secrets never reach the archive or the logs.
 
 What is a secret:
-  * the value of a variable whose NAME looks secret (TOKEN, KEY, SECRET, PASSWORD, PASSWD, CREDENTIAL:
+  * the value of a variable whose NAME ends in a secret word (TOKEN, KEY, SECRET, PASSWORD, CREDENTIALS...:
     ``is_secret``), from the submitting environment (``os.environ``) or from any secret-named key of a run
     config (``cluster.env.HF_TOKEN``, ``wandb.api_key`` ...): ``known_secrets`` collects them;
   * a literal assigned to an environment-variable-like secret name in a config file of the source
@@ -27,7 +27,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 import yaml
 
 REDACTED = "<redacted>"
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# A name is secret when its LAST word is one of these (HF_TOKEN, WANDB_API_KEY, db.password, apiKey,
+# AWS_SECRET_ACCESS_KEY): words, not substrings, so tokenizer, max_tokens, key_order, num_keys or
+# TOKENIZERS_PARALLELISM are settings and never redacted (a redaction would change what the job runs).
+SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "pwd", "credential", "credentials",
+                          "apikey", "accesskey", "secretkey", "authtoken", "accesstoken"})
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # environment that shapes training and is worth archiving
 TRAINING_ENV = re.compile(r"^(NCCL_|SLURM_|CUDA_|OMP_|TORCH_|MKL_|GLOO_|MASTER_|WORLD_SIZE$|RANK$|LOCAL_RANK$|"
                           r"PYTHONHASHSEED$|CUBLAS_|NVIDIA_|DS_|WANDB_|HYDRA_|SUBMITIT_)")
@@ -51,7 +56,8 @@ def is_secret(name: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)  # a sweep asks about the same few hundred key names per point
 def _is_secret_name(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
+    words = _WORDS.findall(name.rsplit(".", 1)[-1])  # the key itself, not the sections above it
+    return bool(words) and words[-1].lower() in SECRET_WORDS
 
 
 def is_secret_file(path: Union[str, PurePath]) -> bool:
