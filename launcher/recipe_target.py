@@ -50,9 +50,24 @@ def _target_problem(target: str, cwd: str) -> Optional[str]:
     except (OSError, SyntaxError, ValueError) as e:
         return f"{module} ({origin}) cannot be read: {e}"
     if _top_level_names(tree) & {name, "*", "__getattr__"}:
-        return None
+        fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                  None)
+        return _signature_problem(target, fn) if fn is not None else None
     what = "submodule nor name" if spec.submodule_search_locations else "name"
     return f"{module} ({origin}) has no {what} {name!r}"
+
+
+def _signature_problem(target: str, fn: ast.FunctionDef) -> Optional[str]:
+    """Why a recipe function cannot be called as the job calls it, ``fn(cfg, ctx)``, or None."""
+    a = fn.args
+    positional = [*a.posonlyargs, *a.args]
+    required = len(positional) - len(a.defaults)
+    kw_required = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    if (len(positional) < 2 and a.vararg is None) or required > 2 or kw_required:
+        args = ", ".join(p.arg for p in positional)
+        return (f"{target}({args}) is called as {fn.name}(cfg, ctx) by the job: "
+                f"define it as def {fn.name}(cfg, ctx) (cfg: the run's config, ctx: launcher.runtime.context.RunContext)")
+    return None
 
 
 def _top_level_names(tree: ast.Module) -> set:

@@ -195,7 +195,7 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
     "target,fine",
     [("recipes.gpt.train.main", True), ("recipes.gpt.train.mian", False), ("recipes.gpt.trian.main", False),
      ("nosuchpackage.main", False), ("main", False), ("recipes.gpt.train", False), ("os.path.join", True),
-     ("json.dumps", True)],
+     ("json.dump", True)],
 )
 def test_recipe_target_found_without_importing_it(target, fine):
     assert (target_problem(target) is None) is fine, target_problem(target)
