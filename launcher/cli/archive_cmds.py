@@ -149,7 +149,7 @@ def cmd_resume(args) -> int:
 
     outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
     try:
-        result = resume(rdir, steps=args.steps)
+        result = resume(rdir, steps=args.steps, changes=args.overrides)
     except (ConfigErrors, FileNotFoundError) as e:
         print(f"launcher resume: {e}", file=sys.stderr)
         return 2

@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("resume", help="continue a failed, cancelled or finished run from its latest checkpoint, "
                        "as a new attempt of the same run", parents=[common])
     s.add_argument("run", help="run id or run dir")
+    s.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="changes to the run's config for the next attempt (checked first, as retry's)")
     s.add_argument("--steps", type=int, default=None, help="train this many steps in all (more than before)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--wait", dest="wait", action="store_true", default=None,

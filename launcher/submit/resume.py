@@ -187,6 +187,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
                        backend=nexts[0].backend)
 
 
-def resume(run_dir: Path, steps: Optional[int] = None, out=None):
-    """Submit one run's next attempt (``launcher resume``); returns the pipeline's SweepResult."""
-    return resubmit([run_dir], reason="resume", steps=steps, out=out)
+def resume(run_dir: Path, steps: Optional[int] = None, out=None, changes: Sequence[str] = ()):
+    """Submit one run's next attempt (``launcher resume``), with ``key=value`` changes checked as
+    retry's are; returns the pipeline's SweepResult."""
+    return resubmit([run_dir], reason="resume", steps=steps, out=out, changes=changes)

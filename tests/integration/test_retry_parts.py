@@ -56,3 +56,14 @@ def test_resume_steps_is_a_change_of_the_config(tmp_path):
     n = resume.prepare(rd.path, steps=5)
     assert n.changed == {"train.steps": (3, 5)} and n.plain["train"]["steps"] == 5
     assert rd.config()["train"]["steps"] == 3
+
+
+def test_resume_takes_key_value_changes_as_retry_does(tmp_path, capsys):
+    """`launcher resume RUN key=value` checks a change as retry does (launcher.submit.resume.prepare):
+    a bad value is refused naming the key, before anything changes."""
+    from launcher.cli import main as cli
+
+    rd = _ended_run(tmp_path)
+    code = cli.main(["resume", str(rd.path), "optim.lr=-1", "--root", str(tmp_path / "runs")])
+    assert code == 2 and "optim.lr" in capsys.readouterr().err
+    assert rd.is_sealed() and not rd.restarts() and rd.verify() == []  # nothing was touched
