@@ -66,7 +66,8 @@ def _signature_problem(target: str, fn: ast.FunctionDef) -> Optional[str]:
     if (len(positional) < 2 and a.vararg is None) or required > 2 or kw_required:
         args = ", ".join(p.arg for p in positional)
         return (f"{target}({args}) is called as {fn.name}(cfg, ctx) by the job: "
-                f"define it as def {fn.name}(cfg, ctx) (cfg: the run's config, ctx: launcher.runtime.context.RunContext)")
+                f"define it as def {fn.name}(cfg, ctx) "
+                "(cfg: the run's config, ctx: launcher.runtime.context.RunContext)")
     return None
 
 
