@@ -10,7 +10,7 @@ The old text must occur exactly once in its file: the code changes under this li
 that silently stopped applying would report nothing. Drift is printed as DRIFT and makes the exit
 status 1, as does a mutant that survives.
 
-    python scripts/mutants.py --list               # the table, nothing run
+    python scripts/mutants.py --list               # the table and any DRIFT, nothing run
     python scripts/mutants.py --only X4,X6         # run those
     python scripts/mutants.py --quick              # only each mutant's named unit files (fast)
     python scripts/mutants.py --integration        # also the mutants killed by an integration test
@@ -50,12 +50,13 @@ MUTANTS: List[Mutant] = [
     M("X1", "launcher/submit/pipeline.py", "    if problems or warned:\n        total, bad",
       "    if (problems or warned) and not good:\n        total, bad", FAST,
       "a sweep with a bad point launches the good ones", ("tests/unit/test_bad_input.py",)),
-    M("X2", "launcher/rundir.py", "        if prev.get(\"status\") in FINAL:\n            return False",
+    M("X2", "launcher/rundir.py", "        if prev.is_final:\n            return False",
       "        if False:\n            return False", FAST,
       "a final status can be overwritten", ("tests/unit/test_registry_outcome.py",)),
     M("X3", "launcher/archive/software.py", "    for name in KEY_PACKAGES:",
-      "    import torch  # noqa\n    for name in KEY_PACKAGES:", FAST,
-      "the login path imports torch (archiving software versions)", ("tests/unit/test_login_path.py",)),
+      "    import torch  # noqa\n    for name in KEY_PACKAGES:",
+      "tests/integration/test_login_path.py::test_real_local_submission_imports_no_torch",
+      "the login path imports torch (archiving software versions)"),
     M("X4", "recipes/common/checkpoint.py", "        if done < self.world:\n            return",
       "        if False:\n            return", FAST,
       "a checkpoint is committed before every rank marked it done", ("tests/unit/test_fault_tolerance_parts.py",)),
@@ -79,16 +80,17 @@ MUTANTS: List[Mutant] = [
       "the seal leaves files writable", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X11", "launcher/plan/search.py", "RULE_KINDS = (VALUE, SHAPE, LAYOUT)", "RULE_KINDS = (VALUE, SHAPE)", FAST,
       "the search ignores the layout rules", ("tests/unit/test_plan_estimators.py",)),
-    M("X12", "launcher/submit/resume.py", "    if st.get(\"status\") not in FINAL:\n        raise ConfigErrors",
+    M("X12", "launcher/submit/resume.py", "    if st.state not in FINAL:\n        raise ConfigErrors",
       "    if False:\n        raise ConfigErrors", FAST,
       "resume/retry accept a run that may still be running", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X13", "launcher/rundir.py", "fresh = since is None or p.stat().st_mtime >= since",
       "fresh = since is None or p.stat().st_mtime >= 0", FAST,
       "the peer watch counts errors older than its process", ("tests/unit/test_watchdog.py",)),
-    M("X14", "launcher/submit/pipeline.py", "    checked = check(points, indices)\n    first = checked[0].point.cfg",
+    M("X14", "launcher/submit/pipeline.py", "    checked = validate(points, indices)\n    first = checked[0].point.cfg",
       "    Path(str(points[0].cfg.submit.runs_root)).expanduser().joinpath('0', 'code').mkdir(parents=True, "
-      "exist_ok=True)\n    checked = check(points, indices)\n    first = checked[0].point.cfg", FAST,
-      "a refused launch leaves a sweep dir behind", ("tests/unit/test_bad_input.py",)),
+      "exist_ok=True)\n    checked = validate(points, indices)\n    first = checked[0].point.cfg",
+      "tests/integration/test_bad_input_cli.py::test_launch_rejects_and_writes_nothing[model=gpt_175b]",
+      "a refused launch leaves a sweep dir behind"),
     M("M15", "recipes/common/checkpoint.py", "        if not self._copied.is_set():\n            t0 = time.perf_counter()",
       "        if False:\n            t0 = time.perf_counter()", FAST,
       "wait_copied returns while the copy is in flight", ("tests/unit/test_fault_tolerance_parts.py",)),
@@ -111,9 +113,14 @@ MUTANTS: List[Mutant] = [
       "        for old in self.rd.checkpoints()[:-self.keep - 1]:", FAST,
       "one checkpoint more than train.checkpoint.keep is kept", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("M22", "launcher/plan/checks.py", "from __future__ import annotations\n",
-      "from __future__ import annotations\nimport torch  # noqa\n", FAST,
-      "the login path (plan checks) imports torch", ("tests/unit/test_login_path.py",)),
-    M("M23", "launcher/submit/pipeline.py", "                    _not_submitted(sweep, [c for later in planned[i + 1:] for c in later.points], staged, e)\n                    raise",
+      "from __future__ import annotations\nimport torch  # noqa\n",
+      "tests/integration/test_login_path.py::test_no_torch_import[argv1]",
+      "the login path (plan checks) imports torch"),
+    M("M23", "launcher/submit/submission.py",
+      "                    for r in (r for later in planned[i + 1:] for r in later.points):\n"
+      "                        r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(\n"
+      "                            f\"not submitted: an earlier array of the sweep was refused ({e})\", known))\n"
+      "                    raise",
       "                    break", "tests/integration/test_sweep_arrays.py::test_a_refused_sbatch_is_recorded_not_submitted",
       "a refused sbatch is not recorded, and launch exits 0"),
     M("M24", "launcher/plan/spec.py", "    step_overhead_s: float = 0.0\n    activation_scale: float = 1.0",
@@ -137,16 +144,32 @@ def copy_repo(repo: Path, dest: Path) -> None:
         shutil.copy2(src, dest / rel)
 
 
-def apply(m: Mutant, root: Path) -> Optional[str]:
-    """Apply the edit under ``root``; a problem (drift) as text, or None."""
+def drift(m: Mutant, root: Path) -> Optional[str]:
+    """What no longer matches the code under ``root`` (the old text, once; the killer's and the quick
+    tests' files and test functions), as text, or None."""
     path = root / m.file
     if not path.exists():
         return f"{m.file} does not exist"
-    text = path.read_text()
-    n = text.count(m.old)
+    n = path.read_text().count(m.old)
     if n != 1:
         return f"old text found {n} times in {m.file} (expected once): {m.old.splitlines()[0].strip()!r}"
-    path.write_text(text.replace(m.old, m.new))
+    for test in ([] if m.killer == FAST else [m.killer]) + list(m.quick):
+        file, _, name = test.partition("::")
+        if not (root / file).is_file():
+            return f"test file {file} does not exist"
+        func = name.split("[")[0].split("::")[-1]
+        if func and not re.search(rf"^\s*(?:async )?def {re.escape(func)}\(", (root / file).read_text(), re.M):
+            return f"no test {func} in {file}"
+    return None
+
+
+def apply(m: Mutant, root: Path) -> Optional[str]:
+    """Apply the edit under ``root``; a problem (drift) as text, or None."""
+    problem = drift(m, root)
+    if problem:
+        return problem
+    path = root / m.file
+    path.write_text(path.read_text().replace(m.old, m.new))
     return None
 
 
@@ -205,11 +228,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown:
             ap.error(f"unknown mutant id(s): {', '.join(unknown)}")
         chosen = [m for m in MUTANTS if m.id in ids]
-    if args.list:
+    if args.list:  # and whether each still applies to this checkout (DRIFT: exit status 1)
         print(f"{'id':<5} {'file':<38} {'expected killer':<70} what")
+        drifted = 0
         for m in chosen:
             print(f"{m.id:<5} {m.file:<38} {m.killer:<70} {m.what}")
-        return 0
+            problem = drift(m, REPO)
+            if problem:
+                drifted += 1
+                print(f"      DRIFT: {problem}")
+        return 1 if drifted else 0
     bad = 0
     rows = []
     for m in chosen:
