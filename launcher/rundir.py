@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Un
 
 from launcher.archive import atomic, yamlio
 from launcher.job_record import JobRecord
-from launcher.status import FINAL, STATUSES, RunStatus, Status  # noqa: F401  (Status, FINAL: their home)
+from launcher.status import FINAL, RunStatus, Status
 
 if TYPE_CHECKING:
     from launcher.job_record import JobRecord
@@ -121,6 +121,11 @@ class RunDir:
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
+
+    @property
+    def run_id(self) -> str:
+        """``<sweep_id>-<index>``, from where the run dir lies (SweepDir.run_id composes it)."""
+        return SweepDir(self.path.parent).run_id(self.path.name)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -629,7 +634,7 @@ class SweepDir:
     def submitit_folder(self) -> Path:
         return self.path / self.SUBMITIT
 
-    def run_id(self, index: int) -> str:
+    def run_id(self, index: Union[int, str]) -> str:
         return f"{self.sweep_id}-{index}"
 
     @staticmethod

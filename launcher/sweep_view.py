@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from launcher import sweeps
 from launcher.archive import registry
-from launcher.rundir import STATUSES, RunDir, SweepDir
+from launcher.rundir import RunDir, SweepDir
+from launcher.status import STATUSES
 
 
 def _text(value: Any) -> str:

@@ -465,7 +465,8 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.rundir import Status, SweepDir
+    from launcher.rundir import SweepDir
+    from launcher.status import Status
     from launcher.submit import submission
     from launcher.sweeps import TooManyJobs
 

@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
 from launcher.archive import index
-from launcher.rundir import FINAL, RunDir, Status, runs as run_dirs, sweeps
+from launcher.rundir import RunDir, runs as run_dirs, sweeps
+from launcher.status import FINAL, Status
 
 
 def default_root() -> Path:

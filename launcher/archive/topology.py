@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from launcher.runtime.env import scheduler_node_name
+
 
 def _run(cmd: List[str], timeout: int = 30) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
@@ -73,7 +75,7 @@ def infiniband() -> Dict[str, Any]:
 
 
 def host() -> Dict[str, Any]:
-    return {"hostname": socket.gethostname(), "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
+    return {"hostname": socket.gethostname(), "slurmd_nodename": scheduler_node_name(),
             "kernel": platform.release(), "os": platform.platform()}
 
 

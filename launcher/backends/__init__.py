@@ -2,7 +2,7 @@
 
 A backend owns everything that differs between schedulers: its submitit executor and parameters,
 which points share one submission (its grouping key), the script it submitted, whether ``launch``
-waits for it by default, the state of its jobs (mapped onto ``launcher.rundir.Status``), cancel and
+waits for it by default, the state of its jobs (mapped onto ``launcher.status.Status``), cancel and
 log paths. Nothing outside this package asks which scheduler a run uses: adding one is adding a
 module here (``cluster.backend`` names it).
 """

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
 from launcher.job_record import JobRecord
-from launcher.rundir import FINAL, Status, now_iso
+from launcher.rundir import now_iso
+from launcher.status import FINAL, Status
 from launcher.sweeps import ArrayLimits
 
 if TYPE_CHECKING:

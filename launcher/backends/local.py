@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from launcher.backends.base import Backend, JobState
 from launcher.job_record import JobRecord
-from launcher.rundir import Status
+from launcher.status import Status
 
 
 def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:

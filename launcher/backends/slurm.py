@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set
 
 from launcher.backends.base import Backend, JobState, limit_overrides
 from launcher.job_record import JobRecord
-from launcher.rundir import Status
+from launcher.status import Status
 from launcher.sweeps import ArrayLimits
 
 # Slurm's job states -> the run's status

@@ -29,7 +29,8 @@ from rich.text import Text
 from launcher import backends
 from launcher.archive import registry
 from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
-from launcher.rundir import FINAL, STATUSES, RunDir
+from launcher.rundir import RunDir
+from launcher.status import FINAL, STATUSES
 
 
 def _root(args) -> Path:

@@ -19,7 +19,8 @@ from rich.text import Text
 from launcher import sweeps
 from launcher.archive import registry
 from launcher.errors import ConfigErrors
-from launcher.rundir import FINAL, RunDir
+from launcher.rundir import RunDir
+from launcher.status import FINAL
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
 RETRYABLE = ("failed", "cancelled", "timeout")

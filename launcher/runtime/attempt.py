@@ -59,7 +59,7 @@ class Attempt:
         d = self.denv
         self.rd.write_rank(d.rank, {
             "rank": d.rank, "local_rank": d.local_rank, "node_rank": d.node_rank, "hostname": socket.gethostname(),
-            "slurmd_nodename": os.environ.get("SLURMD_NODENAME"), "pid": os.getpid(), "job_id": d.job_id,
+            "slurmd_nodename": dist_env.scheduler_node_name(), "pid": os.getpid(), "job_id": d.job_id,
             "array_job_id": d.array_job_id, "array_task_id": d.array_task_id, "master_addr": d.master_addr,
             "master_port": d.master_port, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "started": now_iso(),
@@ -68,7 +68,7 @@ class Attempt:
     def record_node(self) -> None:
         """The node's topology, once per node (its local rank 0)."""
         if self.denv.local_rank == 0:
-            self.rd.write_topology(os.environ.get("SLURMD_NODENAME") or socket.gethostname(), self.denv.node_rank,
+            self.rd.write_topology(dist_env.node_name(), self.denv.node_rank,
                                    topology.gather())
 
     def record_environment(self, runtime: Dict[str, Any]) -> None:

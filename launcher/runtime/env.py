@@ -12,6 +12,19 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+
+def scheduler_node_name() -> Optional[str]:
+    """The name the scheduler gives this node (Slurm: SLURMD_NODENAME), None outside a scheduler's job.
+    The one place it is read: nodes of one cluster can share a host (scripts/slurm-local.sh), so this,
+    not the hostname, tells them apart."""
+    return os.environ.get("SLURMD_NODENAME") or None
+
+
+def node_name() -> str:
+    """This node: the scheduler's name for it, else the hostname."""
+    return scheduler_node_name() or socket.gethostname()
+
+
 PORT_BASE = 15000
 EPHEMERAL_START = 32768  # Linux's default ip_local_port_range start
 

@@ -21,7 +21,8 @@ import os
 import signal
 from typing import Any, Dict, Optional
 
-from launcher.rundir import RunDir, Status
+from launcher.rundir import RunDir
+from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
 SIGNAL_REASONS = {signal.SIGTERM: "preempted", signal.SIGUSR2: "time_limit"}

@@ -16,11 +16,12 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
-from launcher.rundir import RunDir, Status
+from launcher.rundir import RunDir
 from launcher.runtime import env as dist_env, restarts, watchdog
 from launcher.runtime.attempt import attempt
 from launcher.runtime.context import RunContext
 from launcher.schema import typed
+from launcher.status import Status
 
 
 class RunTask:

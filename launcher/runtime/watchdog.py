@@ -21,8 +21,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from launcher.rundir import RunDir, Status
+from launcher.rundir import RunDir
 from launcher.runtime import stacks
+from launcher.status import Status
 
 # the run dir's shared filesystem sees at most about this many watchdog reads per second from a job
 # (every rank lists the rank errors and reads the status): 1,024 ranks poll every 8 s, not every 1 s

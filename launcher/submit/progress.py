@@ -12,7 +12,7 @@ from rich.text import Text
 from launcher import backends
 from launcher.backends.local import wait_for_local_ranks
 from launcher.outcome import settle
-from launcher.rundir import Status
+from launcher.status import Status
 
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,

@@ -24,9 +24,10 @@ from launcher import backends
 from launcher.archive import registry, secrets
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
-from launcher.rundir import FINAL, RunDir, Status, SweepDir
+from launcher.rundir import RunDir, SweepDir
 from launcher.runtime.task import RunTask
 from launcher.schema import typed
+from launcher.status import FINAL, Status
 from launcher.submit import submission
 from launcher.submit.pipeline import SweepResult
 from launcher.sweeps import TooManyJobs, job_name

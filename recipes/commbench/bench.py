@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.rundir import RunDir
+from launcher.runtime.env import scheduler_node_name
 from recipes.commbench import math as cbmath, ops, settings
 from recipes.common.metrics import MetricsSink
 
@@ -27,7 +28,7 @@ from recipes.common.metrics import MetricsSink
 def node_names(ctx: Any) -> List[str]:
     """The node of every rank, in rank order. The Slurm node name first: on a cluster whose nodes
     share one host (scripts/slurm-local.sh) every rank has the same hostname."""
-    own = os.environ.get("SLURMD_NODENAME") or ctx.hostname or socket.gethostname()
+    own = scheduler_node_name() or ctx.hostname or socket.gethostname()
     names: List[Any] = [None] * int(ctx.world_size)
     dist.all_gather_object(names, own)
     return [str(n) for n in names]

@@ -30,7 +30,7 @@ class MetricsSink:
 
             self.run = wandb.init(
                 project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
-                name=ctx.run_dir.parent.name + "-" + ctx.run_dir.name,
+                name=ctx.rundir.run_id,
                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             )
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import RunDir, Status
+from launcher.rundir import RunDir
 from launcher.runtime import restarts, stacks
+from launcher.status import Status
 
 
 def make_run(tmp_path: Path, status: dict = None) -> RunDir:

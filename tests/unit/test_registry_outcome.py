@@ -3,7 +3,8 @@ import pytest
 
 from launcher.backends import JobState, slurm
 from launcher.outcome import record_lost_outcome
-from launcher.rundir import RunDir, Status
+from launcher.rundir import RunDir
+from launcher.status import Status
 
 
 @pytest.mark.parametrize("state,want", [("CANCELLED by 0", "cancelled"), ("TIMEOUT", "timeout"),

@@ -10,7 +10,8 @@ import pytest
 from launcher import report
 from launcher.cli.main import main
 from launcher.job_record import JobRecord
-from launcher.rundir import RunDir, Status, SweepDir
+from launcher.rundir import RunDir, SweepDir
+from launcher.status import Status
 
 EVIL = "<script>alert(1)</script>"
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}

@@ -17,12 +17,12 @@ order of ``torch.arange(world).view(dp, pp, tp)``, i.e. exactly the layout of
 """
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from launcher.layout import AXES, Coords, Layout
+from launcher.runtime.env import scheduler_node_name
 
 
 @dataclass
@@ -114,6 +114,6 @@ def placement_record(mesh: ParallelMesh, extra: Optional[Dict[str, Any]] = None)
         "sizes": {"dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp},
         "groups": mesh.ranks,
         "hostname": socket.gethostname(),
-        "slurmd_nodename": os.environ.get("SLURMD_NODENAME"),
+        "slurmd_nodename": scheduler_node_name(),
         **(extra or {}),
     }
