@@ -1,5 +1,5 @@
-"""Backends: the sbatch text submitit will submit (resources, array, quoting of every value), grouping,
-scheduler states, and that cluster.backend names one of them."""
+"""The Slurm backend's sbatch text with hostile values, as sbatch itself parses it (the pure
+parts: tests/unit/test_backends.py)."""
 import shlex
 import subprocess
 

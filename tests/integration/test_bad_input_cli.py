@@ -1,10 +1,6 @@
-"""Bad input: every invalid configuration is rejected by the full pre-submit check, naming its key,
-and nothing is submitted. Config rules (launcher.layout) and the planner's checks (launcher.plan.checks).
-
-Every key of the schema is walked (launcher.schema.leaves): each numeric key out of its declared bounds
-(and nan / inf for floats), each enum with a bogus value, each string (and list item, mapping key and
-value) with a control character; and no control character ever reaches an sbatch script through the
-real `launch` command."""
+"""Bad input through the real `launch` command: refused before anything is written (not even a
+sweep dir), naming the key; warnings pass with submit.force; a clean dry run prints the script. The
+pure checks are in tests/unit/test_bad_input.py."""
 from __future__ import annotations
 
 import shutil

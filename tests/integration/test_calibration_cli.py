@@ -1,7 +1,5 @@
-"""The planner's calibration: the fit (launcher/plan/calibrate.py), the constants in the schema and
-every estimate (cluster.calibration), the cluster file's block, `launcher plan --calibrate` on
-synthetic run dirs (real layouts, made-up measurements), the report's before/after table, and the
-activation meter of the GPT recipe (recipes/common/activations.py)."""
+"""`launcher plan --calibrate` as a command: it imports no torch, and a later estimate for the
+cluster uses the constants it wrote (the fit itself: tests/unit/test_calibration.py)."""
 from __future__ import annotations
 
 import json

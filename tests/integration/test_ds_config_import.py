@@ -1,4 +1,4 @@
-"""recipes.common.ds_config: the DeepSpeed config generated from a composed run config and its layout."""
+"""recipes.common.ds_config imports neither torch nor deepspeed (checked in a fresh interpreter)."""
 import subprocess
 import sys
 

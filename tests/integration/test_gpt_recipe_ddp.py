@@ -1,4 +1,5 @@
-"""Unit tests of the GPT recipe: model, synthetic data/sampler, and the DDP training loop."""
+"""The GPT recipe's DDP loop in two real processes matches one process (the single-process
+recipe tests: tests/unit/test_gpt_recipe.py)."""
 from __future__ import annotations
 
 import json

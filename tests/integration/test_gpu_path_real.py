@@ -1,7 +1,5 @@
-"""The GPU path, tested on CPU with the environment a GPU node gives: which device a rank binds to
-under both Slurm binding styles, the refusal to fall back to CPU, the GPUs the local executor hands
-out, srun's CPU binding and --exclusive in the generated sbatch, the templates against their nodes,
-rendezvous ports and the watchdog's read rate."""
+"""submitit's local executor hands a job the GPUs it asks for (CUDA_VISIBLE_DEVICES in a real
+local job; the pure GPU path: tests/unit/test_gpu_path.py)."""
 import subprocess
 import sys
 

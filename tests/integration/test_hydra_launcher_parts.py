@@ -1,6 +1,5 @@
-"""The generic Hydra launcher's pure parts: its registration, the executor parameters it hands the
-backends, what it archives of a point's config and of a return value, and where its code snapshot
-comes from. (Real sweeps: tests/integration/test_hydra_app.py.)"""
+"""The generic Hydra launcher with real processes: the batch's jobs share one pickled state, and the
+plugin module and the example app import no torch."""
 import subprocess
 import sys
 from pathlib import Path

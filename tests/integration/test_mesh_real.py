@@ -1,5 +1,5 @@
-"""The dp x pp x tp rank mesh (the placement methods of launcher.layout.Layout, which
-recipes/gpt/parallel/mesh.py builds the torch DeviceMesh from) and where model pieces go."""
+"""Layout.coords/groups against torch's own DeviceMesh (torch's fake process group, in a
+subprocess; the pure mesh tests: tests/unit/test_mesh.py)."""
 from __future__ import annotations
 
 import json

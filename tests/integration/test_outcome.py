@@ -1,5 +1,5 @@
-"""The typed status record (RunStatus): status.json read and written whole, states only as the
-enum; and listing runs never writes a run dir (settling a lost job's outcome is launcher.outcome's)."""
+"""Settling a lost job's outcome (launcher.outcome) against real processes: listing runs writes
+nothing, `launcher status` settles once, a live job is left alone."""
 import json
 import subprocess
 import sys

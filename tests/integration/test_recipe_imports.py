@@ -1,4 +1,5 @@
-"""Layout derivation and the config rules, as pure functions over composed configs."""
+"""The recipe-target check and the recipe packages import nothing heavy (checked in a fresh
+interpreter)."""
 import subprocess
 import sys
 

@@ -1,6 +1,4 @@
-"""`launcher report`: pages built from small synthetic run dirs written through RunDir's writers (no
-training). Each page must parse with balanced tags, embed one PNG per expected plot, reference
-nothing outside itself, and escape what the archive holds."""
+"""`launcher report` as a command: it imports no torch (the pages: tests/unit/test_report.py)."""
 import subprocess
 import sys
 

@@ -1,6 +1,5 @@
-"""Sweeps as a whole: arrays under the scheduler's limits (chunking, throttle, MaxSubmitJobs), the
-limits read from real `scontrol show config` output, one array per resource shape whatever the names,
-and the results table (swept keys, objective direction, order, CSV)."""
+"""retry and resume check every change before anything changes (their path runs pip freeze, so
+they are not pure); resume takes key=value changes as retry does."""
 
 import pytest
 from hydra import compose, initialize_config_dir

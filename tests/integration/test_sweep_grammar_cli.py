@@ -1,6 +1,5 @@
-"""Numeric config-group names (zero/0.yaml .. zero/3.yaml) with Hydra's whole override grammar: a
-plain choice, quoted or not, and every sweep form (comma list, range, choice, glob, Optuna's choice),
-in single-run and -m mode."""
+"""Hydra's sweep grammar over numeric config-group names through the real `launch` command: every
+sweep form in -m mode, plain choices in single-run mode (composition alone: tests/unit/test_sweep_grammar.py)."""
 import re
 
 import pytest

@@ -1,4 +1,5 @@
-"""A rank ends itself when another rank of its run has failed, instead of hanging in a collective."""
+"""A rank ends itself when another rank of its run has failed, instead of hanging in a collective
+(a real watched process; the pure peer-watch test: tests/unit/test_watchdog.py)."""
 import subprocess
 import sys
 import time

@@ -1,12 +1,5 @@
-"""Nothing secret is ever written anywhere under runs_root, or printed.
-
-Secret values are planted every way a user can hand one to `launch`: the submitting environment
-(HF_TOKEN, WANDB_API_KEY, MY_SECRET), `+cluster.env.HF_TOKEN=...` on the command line, a `.env` file
-and a cluster yaml with `env: {HF_TOKEN: ...}` in the source tree launched from, and the same values
-under non-secret keys (cluster.setup, tags, so argv and overrides too). Then every byte of every file
-under runs_root (.hydra, .submitit, code/, registry.sqlite, wandb/ ... binary files too) and the
-command's output is searched for each value.
-"""
+"""The scrub rules on text (launcher.archive.secrets.scrub): which values are replaced, whole
+token or inside other text; the end-to-end secret drills are in tests/integration/test_secrets.py."""
 import secrets as _random
 
 import pytest
