@@ -121,15 +121,15 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
 
 def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     """Reopen the run for its next attempt and record why; returns the attempt that ended."""
-    attempt = int(n.status.get("attempt") or 1)
+    attempt = int(n.status.attempt or 1)
     n.rd.reopen(attempt)
     if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
         n.rd.write_config(secrets.redact_config(n.plain, known))
     what = secrets.scrub("; ".join(f"{k} {a} -> {b}" for k, (a, b) in n.changed.items()), known)
     n.rd.record_restart(secrets.scrub_tree({
-        "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.get('status')}"
+        "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.state.value}"
         + (f"; {what}" if what else ""), "changes": {k: b for k, (a, b) in n.changed.items()}, "from_step": n.done,
-        "nodes": n.status.get("hosts"), "job_id": n.status.get("job_id")}, known))
+        "nodes": n.status.hosts, "job_id": n.status.job_id}, known))
     return attempt
 
 
