@@ -77,6 +77,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
      "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
+    ("work/", "job", "the recipe's working directory: files it writes to relative paths, one dir per run (the "
+                     "code snapshot is only on the import path)"),
     ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
      "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),
     ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
@@ -117,6 +119,7 @@ class RunDir:
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
+    WORK = "work"
     SHARED_FILES = (GIT, PATCH, SNAPSHOT, SOFTWARE, PIP_FREEZE)  # alike for every run of a sweep
 
     def __init__(self, path: Union[str, Path]) -> None:
@@ -324,6 +327,11 @@ class RunDir:
     @property
     def metrics_path(self) -> Path:
         return self._p(self.METRICS)
+
+    @property
+    def work_dir(self) -> Path:
+        """The job's working directory: what a recipe writes to a relative path lands in its own run."""
+        return self._p(self.WORK)
 
     @property
     def wandb_dir(self) -> Path:

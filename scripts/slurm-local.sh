@@ -13,8 +13,9 @@
 # All state (configs, munge key/socket, mariadb datadir, spool, logs, pids)
 # lives in ${LAUNCHER_SLURM_DIR:-<repo>/.slurm-local}. Nothing system-wide is
 # configured or started; the system munge/mariadb/slurm services are untouched.
-# Ports: slurmctld 16817, slurmdbd 16819, mariadb 16306 (127.0.0.1 only),
-# slurmd node1..4 on 17001..17004, each plus ${LAUNCHER_SLURM_PORT_OFFSET:-0}: a second
+# Ports: slurmctld 14817, slurmdbd 14819, mariadb 14306 (127.0.0.1 only),
+# slurmd node1..4 on 14001..14004 (all below launcher.runtime.env.PORT_BASE, so that no job's derived
+# rendezvous port is one of them), each plus ${LAUNCHER_SLURM_PORT_OFFSET:-0}: a second
 # cluster (another checkout, its own LAUNCHER_SLURM_DIR) runs beside the first with an offset.
 set -euo pipefail
 
@@ -26,10 +27,10 @@ STATE="$(cd "$STATE" && pwd)"   # absolute: daemons chdir and configs need it
 CLUSTER=launcher
 NODES=(node1 node2 node3 node4)
 OFFSET=${LAUNCHER_SLURM_PORT_OFFSET:-0}
-CTLD_PORT=$((16817 + OFFSET))
-DBD_PORT=$((16819 + OFFSET))
-DB_PORT=$((16306 + OFFSET))
-NODE_PORT_BASE=$((17001 + OFFSET))
+CTLD_PORT=$((14817 + OFFSET))
+DBD_PORT=$((14819 + OFFSET))
+DB_PORT=$((14306 + OFFSET))
+NODE_PORT_BASE=$((14001 + OFFSET))
 NODE_CPUS=4
 NODE_MEM=4000
 GPUS_PER_NODE=2

@@ -38,6 +38,7 @@ class RunTask:
 def run(rd: RunDir) -> Dict[str, Any]:
     """The recipe, inside this rank's attempt (launcher.runtime.attempt): the attempt recorded, the
     hang watchdog, requeue on a failure or the time limit while the restart budget lasts."""
+    rd = RunDir(rd.path.absolute())  # the job changes into the run's work dir below
     archived: Dict[str, Any] = {}
 
     def settings(rd: RunDir):
@@ -48,6 +49,10 @@ def run(rd: RunDir) -> Dict[str, Any]:
     with attempt(rd, settings) as a:
         if a.ended:  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
             return rd.status().summary or {}
+        # the run's own working dir: relative paths of every point of a sweep would otherwise land in
+        # the sweep's shared code snapshot (the job's start dir), overwriting each other
+        rd.work_dir.mkdir(exist_ok=True)
+        os.chdir(rd.work_dir)
         denv, cluster, train = a.denv, archived.get("cluster", {}), archived.get("train", {})
         backend = backends.get(str(cluster.get("backend", "local")))
         max_restarts = int(train.get("max_restarts", 0))

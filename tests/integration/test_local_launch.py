@@ -101,3 +101,30 @@ def test_dry_run_prints_config_and_sbatch_and_submits_nothing(runs_root):
     assert "#SBATCH --array=0-1%2" in res.stdout and "submitit.core._submit" in res.stdout
     assert "lr: 0.002" in res.stdout
     assert not runs_root.exists() or not list(runs_root.glob("*/*/run.json"))
+
+
+@pytest.mark.timeout(300)
+def test_each_run_writes_relative_paths_into_its_own_work_dir(tmp_path):
+    """A user's recipe (a package outside the project) that writes to a relative path: every point of
+    a sweep writes into its own run's work/ dir, never into the sweep's shared code snapshot."""
+    pkg = tmp_path / "userproj" / "relpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(
+        "import os\n\n\ndef main(cfg, ctx):\n"
+        "    with open('out.txt', 'w') as f:\n"
+        "        f.write(str(cfg.seed))\n"
+        "    return {'cwd': os.getcwd()}\n")
+    runs_root = tmp_path / "runs"
+    res = launch(["-m", "seed=1,2", "recipe._target_=relpkg.train.main", "cluster=local", "wandb.enabled=false"],
+                 runs_root, timeout=240, cwd=pkg.parent)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    runs = runs_json(runs_root)
+    assert sorted(r["status"] for r in runs) == ["completed", "completed"], runs
+    for r in runs:
+        work = Path(r["dir"]) / "work"
+        summary = json.loads((Path(r["dir"]) / "status.json").read_text())["summary"]
+        assert Path(summary["cwd"]) == work
+    assert sorted((Path(r["dir"]) / "work" / "out.txt").read_text() for r in runs) == ["1", "2"]
+    snapshot = Path(runs[0]["dir"]).parent / "code"
+    assert not list(snapshot.rglob("out.txt")), "a run wrote into the shared code snapshot"

@@ -22,3 +22,21 @@ def test_array_task_ids_map_to_distinct_ports():
 
 def test_resolvable_host_kept():
     assert resolve_addr("localhost") == "localhost"
+
+
+def test_the_local_clusters_daemons_listen_below_every_derived_rendezvous_port():
+    """scripts/slurm-local.sh's daemons (slurmctld, slurmdbd, mariadb, the slurmds) listen below
+    PORT_BASE, where port_for_job never lands: a local job whose pid maps onto a daemon's port would
+    fail its rendezvous with EADDRINUSE (seen once: pid 19385 -> 16817, the old slurmctld port)."""
+    import re as _re
+
+    from helpers import REPO
+    from launcher.runtime.env import PORT_BASE, port_for_job
+
+    text = (REPO / "scripts" / "slurm-local.sh").read_text()
+    ports = {name: int(v) for name, v in _re.findall(r"^(\w+_PORT(?:_BASE)?)=\$\(\((\d+) \+ OFFSET\)\)", text, _re.M)}
+    assert set(ports) == {"CTLD_PORT", "DBD_PORT", "DB_PORT", "NODE_PORT_BASE"}, ports
+    daemon_ports = {ports["CTLD_PORT"], ports["DBD_PORT"], ports["DB_PORT"]} | set(range(ports["NODE_PORT_BASE"],
+                                                                                          ports["NODE_PORT_BASE"] + 4))
+    assert max(daemon_ports) < PORT_BASE, daemon_ports
+    assert min(port_for_job(str(pid)) for pid in range(0, 40000, 7)) >= PORT_BASE
