@@ -22,7 +22,7 @@ from launcher.layout import Layout, ModelSpec
 from launcher.plan.estimate import estimate
 from launcher.plan.spec import ClusterSpec, LayoutSpec
 from launcher.schema import enum_value
-from launcher.status import RunStatus
+from launcher.status import FINAL, RunStatus, Status
 
 RUNGS = ("smoke", "node", "comm", "full", "tuned")
 SHORT_STEPS = 3  # smoke and node rungs: the model builds, steps, and the loss is finite
@@ -181,6 +181,15 @@ def _shape(nodes: int, gpn: int, tp: int, pp: int, dp: int, zero: int) -> str:
 # ---- verdicts ------------------------------------------------------------------------------------
 
 
+def _unless_completed(status: RunStatus) -> Optional[str]:
+    """A rung's run that did not complete: NO_GO once it ended, RUNNING before; None if it completed
+    (a mapping of status.json reads as one)."""
+    st = RunStatus.of(status).state
+    if st is Status.completed:
+        return None
+    return NO_GO if st.value in FINAL else RUNNING
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -215,9 +224,8 @@ def judge_training(status: RunStatus, rows: List[Dict[str, Any]], plan: Optional
     v = Verdict(GO, measured={"tokens_per_s": _median(timed), "memory_bytes": max(mem) if mem else None},
                 planned={"tokens_per_s": exp["tokens_per_s"], "memory_bytes": exp["memory_bytes"]},
                 calibrated=calibrated)
-    st = RunStatus.of(status).state.value  # (a mapping of status.json reads as one)
-    if st != "completed":
-        v.verdict = NO_GO if st in ("failed", "cancelled", "timeout", "preempted") else RUNNING
+    if not_done := _unless_completed(status):
+        v.verdict = not_done
         return v
     bad_loss = [r["step"] for r in rows if not _finite(r.get("loss"))]
     if bad_loss or not rows:
@@ -257,9 +265,8 @@ def judge_comm(status: RunStatus, bench: Optional[Dict[str, Any]], inter_gbps: f
     rows = [r for r in (bench or {}).get("rows", []) if r.get("op") == "all_reduce" and r.get("scope") == "inter"]
     peak = max((float(r["busbw_gbs"]) for r in rows), default=None)
     v = Verdict(GO, measured={"busbw_gbs": peak}, planned={"busbw_gbs": inter_gbps or None})
-    st = RunStatus.of(status).state.value  # (a mapping of status.json reads as one)
-    if st != "completed":
-        v.verdict = NO_GO if st in ("failed", "cancelled", "timeout", "preempted") else RUNNING
+    if not_done := _unless_completed(status):
+        v.verdict = not_done
         return v
     if peak is None:
         v.verdict = NO_GO

@@ -30,8 +30,9 @@ import pytest
 from helpers import EQUIV_BASE, launch, runs_json
 
 TIERS = ("slurm", "browser", "dist", "launch")
-UNIT_DIR = Path(__file__).resolve().parent / "unit"
-_INTEGRATION_DIR = UNIT_DIR.parent / "integration"
+_TESTS_DIR = Path(__file__).resolve().parent
+UNIT_DIR = _TESTS_DIR / "unit"
+_INTEGRATION_DIR = _TESTS_DIR / "integration"
 
 # What puts a test in a tier: the objects the names of its code resolve to (in the globals of the
 # function that uses them), following into functions of the tests' own modules (tests/helpers.py,
@@ -39,7 +40,6 @@ _INTEGRATION_DIR = UNIT_DIR.parent / "integration"
 _DIST_MODULES = ("torch.multiprocessing", "torch.distributed.run", "torch.distributed.launcher",
                  "torch.distributed.elastic")
 _LAUNCH_MODULES = ("subprocess", "multiprocessing", "concurrent.futures.process", "submitit")
-_TESTS_DIR = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -87,8 +87,7 @@ def _code_names(code: types.CodeType) -> Set[str]:
 
 def _is_tests_code(obj) -> bool:
     src = getattr(inspect.getmodule(obj), "__file__", None)
-    return bool(src) and _TESTS_DIR in Path(src).resolve().parents or (
-        bool(src) and Path(src).resolve().parent == _TESTS_DIR)
+    return bool(src) and Path(src).resolve().is_relative_to(_TESTS_DIR)
 
 
 def _tier_of_object(obj) -> str:

@@ -68,8 +68,7 @@ class Attempt:
     def record_node(self) -> None:
         """The node's topology, once per node (its local rank 0)."""
         if self.denv.local_rank == 0:
-            self.rd.write_topology(dist_env.node_name(), self.denv.node_rank,
-                                   topology.gather())
+            self.rd.write_topology(dist_env.node_name(), self.denv.node_rank, topology.gather())
 
     def record_environment(self, runtime: Dict[str, Any]) -> None:
         """The training environment (secrets redacted) and the runtime software, once (rank 0)."""
