@@ -20,6 +20,8 @@ from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import ArrayLimits
 
+REQUEUE_NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"  # where a rank leaves its requeue note (runtime.deferred_requeue)
+
 # Slurm's job states -> the run's status
 STATES = {
     "PENDING": Status.pending, "CONFIGURING": Status.pending,
@@ -53,6 +55,14 @@ def env_lines(env: Dict[str, Any]) -> List[str]:
         if not is_secret(k):
             lines.append(f"export {k}={shlex.quote(str(v))}")
     return lines
+
+
+def requeue_lines(folder: Path) -> Dict[str, List[str]]:
+    """The batch script's part in a rank's requeue request: where the rank leaves its note, and the
+    teardown line that asks again after srun returns (launcher.runtime.deferred_requeue)."""
+    note = f"{shlex.quote(str(folder))}/requeue.${{SLURM_JOB_ID}}.json"
+    return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}"],
+            "teardown": [f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue"]}
 
 
 def code_lines(code_dir: Optional[Path]) -> List[str]:
@@ -187,9 +197,13 @@ class SlurmBackend(Backend):
         return params
 
     def submission(self, cfg: Any, code_dir: Optional[Path], job_name: Optional[str],
-                   parallelism: Optional[int]) -> Dict[str, Any]:
-        """The executor parameters of one submission: the point's, with the submission's name and throttle."""
+                   parallelism: Optional[int], folder: Path) -> Dict[str, Any]:
+        """The executor parameters of one submission: the point's, with the submission's name and throttle,
+        and the batch script's teardown."""
         params = self.parameters(cfg, code_dir)
+        lines = requeue_lines(folder)
+        params["setup"] = params["setup"] + lines["setup"]
+        params["teardown"] = lines["teardown"]
         if job_name is not None:
             params["job_name"] = str(job_name)
         if parallelism is not None:
@@ -201,7 +215,7 @@ class SlurmBackend(Backend):
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
         ex = SlurmExecutor(folder=folder)
-        ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism))
+        ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism, folder))
         return ex
 
     def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
@@ -252,7 +266,7 @@ class SlurmBackend(Backend):
         # submitit: only to submit or read a job, not on the plan/--help path
         from submitit.slurm.slurm import _make_sbatch_string
 
-        params = self.submission(cfg, code_dir, job_name, parallelism)
+        params = self.submission(cfg, code_dir, job_name, parallelism, folder)
         if n_points > 1:
             params["map_count"] = n_points
         command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])

@@ -9,7 +9,8 @@ A run lives in ONE run dir for its whole life; each start of its job in that dir
   save a checkpoint and stop (``Interrupted``).
 - A time limit, a failed rank or a hang asks the backend for a requeue (``request_requeue``) while the
   restart budget lasts (``train.max_restarts`` restarts since launch or the last ``launcher resume``);
-  Slurm requeues the same job id, submitit's local controller restarts the processes. Either way the
+  Slurm requeues the same job id, submitit's local controller restarts the processes. A request that
+  the step's teardown killed is made again after the step (``deferred_requeue``). Either way the
   job starts again in the same run dir and resumes from ``checkpoints/latest``.
 - ``begin_attempt`` (rank 0, before the process group forms) records the restart in
   ``restarts.jsonl`` (when, why, from which step, on which nodes), moves what the last attempt left
@@ -22,6 +23,7 @@ import signal
 from typing import Any, Dict, Optional
 
 from launcher.rundir import RunDir
+from launcher.runtime import deferred_requeue
 from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
@@ -101,9 +103,13 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
         return True
     os.close(fd)
     stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
+    noted = deferred_requeue.leave(rd, attempt, stop, job_id)
     try:
         backend.request_requeue(job_id)
     except Exception as e:  # e.g. a partition that forbids requeues: the run fails, saying why
+        if noted and getattr(e, "returncode", 0) < 0:  # the request was killed with the step: the
+            rd.set_status(Status.requeued, stop={**stop, "deferred": True})  # teardown asks again
+            return True
         rd.set_status(Status.running, stop={**stop, "requeue_error": f"{type(e).__name__}: {e}"})
         return False
     rd.set_status(Status.requeued, stop=stop)

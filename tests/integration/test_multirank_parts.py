@@ -35,7 +35,9 @@ def _free_port() -> int:
 def _two_ranks(tmp_path: Path, body: str, timeout: float = 120) -> List[Path]:
     """Run ``body`` (after PRELUDE) as ranks 0 and 1; each writes ``out``. Their outputs' paths."""
     script = tmp_path / "worker.py"
-    script.write_text(PRELUDE + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
+    # every rank done with the group before either tears it down (gloo can abort a process whose peer
+    # closed its pairs while its own teardown is still running)
+    script.write_text(PRELUDE + textwrap.dedent(body) + "\ndist.barrier()\ndist.destroy_process_group()\n")
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")

@@ -25,6 +25,15 @@ def test_one_task_per_gpu_and_array(tmp_path):
     assert "--kill-on-bad-exit=1" in text
 
 
+def test_the_batch_script_asks_again_for_a_requeue_the_step_killed_after_srun(tmp_path):
+    lines = SLURM.script_text(_cfg(), tmp_path / "sub mit", 1).splitlines()
+    srun = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
+    note = next(i for i, ln in enumerate(lines) if ln.startswith(f"export {slurm.REQUEUE_NOTE_ENV}="))
+    teardown = next(i for i, ln in enumerate(lines) if ln.endswith("-m launcher.runtime.deferred_requeue"))
+    assert note < srun < teardown
+    assert lines[note].endswith(f"='{tmp_path}/sub mit'/requeue.${{SLURM_JOB_ID}}.json")
+
+
 def test_single_point_is_not_an_array(tmp_path):
     assert "--array" not in SLURM.script_text(_cfg(), tmp_path, 1)
 

@@ -458,6 +458,49 @@ def test_a_refused_requeue_fails_the_run_instead(tmp_path):
     assert "presently disabled" in rd.status().stop["requeue_error"]
 
 
+def test_a_requeue_killed_with_the_step_is_asked_again_by_the_teardown(tmp_path, monkeypatch):
+    """srun ends a step's processes when one rank dies, the survivor's scontrol child too: the rank's
+    note makes the batch script's teardown ask again, once, for that attempt only."""
+    import subprocess
+
+    from launcher.runtime import deferred_requeue
+
+    class KilledWithTheStep(Recorder):
+        def request_requeue(self, job_id):
+            raise subprocess.CalledProcessError(-15, ["scontrol", "requeue", job_id])
+
+    note = tmp_path / "requeue.9.json"
+    monkeypatch.setenv(deferred_requeue.ENV, str(note))
+    rd = make_run(tmp_path)
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    assert restarts.request_requeue(rd, KilledWithTheStep(), attempt=1, max_restarts=3, reason="failure",
+                                    detail="rank 1 died", rank=0, step=7, job_id="9")
+    assert rd.status().state is Status.requeued and rd.status().stop["deferred"]
+    left = json.loads(note.read_text())
+    assert left == {"run": str(rd.path), "attempt": 1, "job_id": "9",
+                    "stop": {"reason": "failure", "detail": "rank 1 died", "rank": 0, "step": 7}}
+    asked = []
+    assert deferred_requeue.settle(left, asked.append) == "requeued" and asked == ["9"]
+    assert rd.status().state is Status.requeued and rd.status().stop["step"] == 7
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")  # the next attempt: an old note does nothing
+    assert deferred_requeue.settle(left, asked.append) is None and asked == ["9"]
+    assert rd.restarts()[-1]["reason"] == "failure" and rd.restarts()[-1]["failed_step"] == 7
+
+
+def test_a_teardown_whose_requeue_is_refused_fails_the_run(tmp_path):
+    from launcher.runtime import deferred_requeue
+
+    def refuse(job_id):
+        raise RuntimeError("Requested operation is presently disabled")
+
+    rd = make_run(tmp_path)
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    note = {"run": str(rd.path), "attempt": 1, "stop": {"reason": "failure", "rank": 1}, "job_id": "9"}
+    assert deferred_requeue.settle(note, refuse) == "failed"
+    st = rd.status()
+    assert st.state is Status.failed and "presently disabled" in st.error and st.is_final
+
+
 def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypatch):
     """A failure before the rank knows its place (reading the run, its shared records) is written as a
     rank error, so the other ranks' peer watches end them instead of their waiting in the rendezvous."""
