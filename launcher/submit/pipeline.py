@@ -12,6 +12,7 @@ Waiting and exit codes are the app's (launcher.app).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -58,6 +59,11 @@ class Checked:
     backend: backends.Backend
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
+
+    def written(self) -> Any:
+        """The point's config as written (interpolations unresolved): which secrets are references."""
+        cfg = self.point.cfg
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True) if OmegaConf.is_config(cfg) else None
 
 
 @dataclass
@@ -141,6 +147,12 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
+    lifted: Dict[str, str] = {}
+    for c in good:  # a secret literal travels to the job in one variable per key: one value per launch
+        for name, value in secrets.lifted_secrets(c.resolved, c.written()).items():
+            if lifted.setdefault(name, value) != value:
+                problems.append(f"{name}:\n  - points of this launch give this secret-named key different "
+                                "values; fix: give each its own variable (key='${oc.env:NAME}', NAME exported)")
     seen = set()
     for c in good:  # the jobs read and write their run dirs: the nodes must see the runs root
         root = Path(str(c.point.cfg.submit.runs_root)).expanduser().absolute()
@@ -188,7 +200,8 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
         print(f"# ---- point {c.index}: {head}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known))), file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known, raw=c.written()))),
+              file=out)
     for arr in planned:
         idxs = [c.index for c in arr.points]
         first = arr.points[0]
@@ -284,7 +297,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
-        c.archived = secrets.redact_config(r, sweep.known)
+        c.archived = secrets.redact_config(r, sweep.known, raw=c.written())
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
@@ -358,6 +371,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
         stage(sweep, checked)
     name = sweep_job_name(checked, sweep.dir.sweep_id)
+    export_lifted(checked)
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
                                       publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
                                       job_name=lambda _: name)
@@ -366,6 +380,13 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
                          backend=checked[0].backend)
     _print_submitted(result, out)
     return result
+
+
+def export_lifted(checked: List[Checked]) -> None:
+    """The secret literals of the points' configs, in the variables their archived configs reference:
+    the submitted jobs inherit this environment (sbatch passes it on, local jobs are children)."""
+    for c in checked:
+        os.environ.update(secrets.lifted_secrets(c.resolved, c.written()))
 
 
 def _print_submitted(result: SweepResult, out) -> None:

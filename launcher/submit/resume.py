@@ -12,6 +12,7 @@ attempt does (launcher.runtime.restarts).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,9 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
                                         "what changed)")])
     archived = rd.config()
     plain = _apply(archived, changes, run_id) if changes else copy.deepcopy(archived)
+    missing = secrets.missing_references(plain)
+    if missing:
+        raise ConfigErrors([ConfigError("RUN", missing, "the values the original launch was given")])
     latest = rd.latest_checkpoint()
     done = RunDir.checkpoint_step(latest) if latest else 0
     old_steps = int(archived["train"]["steps"])
@@ -124,7 +128,8 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     attempt = int(n.status.attempt or 1)
     n.rd.reopen(attempt)
     if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
-        n.rd.write_config(secrets.redact_config(n.plain, known))
+        n.rd.write_config(secrets.redact_config(n.plain, known, raw=n.plain))
+        os.environ.update(secrets.lifted_secrets(n.plain, n.plain))  # the new job inherits them
     what = secrets.scrub("; ".join(f"{k} {a} -> {b}" for k, (a, b) in n.changed.items()), known)
     n.rd.record_restart(secrets.scrub_tree({
         "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.state.value}"

@@ -26,12 +26,10 @@ class MetricsSink:
             os.environ.setdefault("WANDB_MODE", str(wb.mode))
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
-            from omegaconf import OmegaConf
 
-            self.run = wandb.init(
+            self.run = wandb.init(  # the archived config: its secrets are references, not values
                 project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
-                name=ctx.rundir.run_id,
-                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                name=ctx.rundir.run_id, config=ctx.rundir.config(),
             )
 
     def log(self, step: int, row: Dict[str, Any]) -> None:

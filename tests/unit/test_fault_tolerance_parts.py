@@ -480,6 +480,8 @@ def test_a_requeue_killed_with_the_step_is_asked_again_by_the_teardown(tmp_path,
     assert left == {"run": str(rd.path), "attempt": 1, "job_id": "9",
                     "stop": {"reason": "failure", "detail": "rank 1 died", "rank": 0, "step": 7}}
     asked = []
+    # the rank's own request went through before the step's teardown killed it: not asked twice
+    assert deferred_requeue.settle(left, asked.append, already=lambda job_id: True) == "requeued" and asked == []
     assert deferred_requeue.settle(left, asked.append) == "requeued" and asked == ["9"]
     assert rd.status().state is Status.requeued and rd.status().stop["step"] == 7
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")  # the next attempt: an old note does nothing
