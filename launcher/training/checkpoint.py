@@ -183,7 +183,7 @@ class Checkpointer:
             set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
             self.ctx.heartbeat()
             step, rows = int(meta["step"]), list(meta["metrics"])
-        if self.rank == 0 and (step or int(getattr(self.ctx, "attempt", 1)) > 1):
+        if self.rank == 0 and (step or int(self.ctx.attempt) > 1):
             self.rd.rewrite_metrics(rows)  # before this attempt logs a row (ctx appends to the file)
         return step, rows
 
@@ -359,5 +359,5 @@ class Checkpoint(Checkpointer):
 
     def __init__(self, cfg: Any, ctx: Any, state: Mapping[str, Any], *, per_rank: Optional[Mapping[str, Any]] = None,
                  every: Optional[int] = None, keep: Optional[int] = None, async_save: Optional[bool] = None) -> None:
-        objects = Objects(state, per_rank or {}, int(ctx.rank), getattr(ctx, "device", "cpu"))
+        objects = Objects(state, per_rank or {}, int(ctx.rank), ctx.device)
         super().__init__(cfg, ctx, objects, every=every, keep=keep, async_save=async_save)
