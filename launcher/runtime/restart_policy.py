@@ -147,7 +147,11 @@ def decide(failure: Failure, previous: Optional[Failure]) -> Decision:
 def start_of(rd: RunDir, attempt: int) -> Tuple[int, Optional[Failure]]:
     """The checkpoint step ``attempt`` started from and the failure that ended the attempt before it
     (None: none recorded, or the restart was launcher resume/retry, a fresh start the user asked for)."""
-    row = next((r for r in reversed(rd.restarts()) if r.get("attempt") == attempt), None)
+    try:
+        rows = rd.restarts()
+    except (OSError, ValueError):  # a record being written: decide as on a first failure
+        rows = []
+    row = next((r for r in reversed(rows) if r.get("attempt") == attempt), None)
     if row is None:
         return 0, None
     previous = None if row.get("reason") in RESTARTED_BY_USER else Failure.from_json(row.get("failure"))
