@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends
+from launcher import backends, recipe_target
 from launcher.archive import atomic, code, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
@@ -226,7 +226,10 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     root = _snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
     if root is not None:
-        snapshot.take(root, code_dir, known=known, exclude=[runs_root])
+        taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root],
+                              imports=[str(c.resolved["recipe"]["_target_"]).split(".")[0] for c in checked])
+        for line in snapshot.left_out_warnings(taken):
+            print(f"warning: {line}", file=sys.stderr)
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
 
 
@@ -360,7 +363,8 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     with its code snapshot) instead of making a new sweep numbered from 0."""
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
-    checked = validate(points, indices)
+    with recipe_target.searched_in(code_snapshot):  # a reproduction imports from its snapshot, not the cwd
+        checked = validate(points, indices)
     first = checked[0].point.cfg
     runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
     if bool(first.submit.dry_run):

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends
+from launcher import backends, recipe_target
 from launcher.archive import registry, secrets
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
@@ -108,8 +108,12 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     cfg = typed(plain)
     was, now = _flat(archived), _flat(plain)
     changed = {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+    code_dir = Path(rd.snapshot().get("path", ""))
+    if not code_dir.is_dir():
+        raise FileNotFoundError(f"the code snapshot {code_dir} of {run_id} is gone: nothing to resume with")
     if changed:  # the changed config must pass every rule and keep the layout the run dir was made for
-        lay = resolve(cfg).to_json()
+        with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
+            lay = resolve(cfg).to_json()
         old = (rd.run() or {}).get("layout") or {}
         moved = {k: (old.get(k), v) for k, v in lay.items() if k in old and old.get(k) != v}
         if moved:
@@ -117,9 +121,6 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
                                             + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved.items()) + ")",
                                             "a new attempt keeps its run's layout: `launcher reproduce RUN "
                                             "key=value` starts a new run instead")])
-    code_dir = Path(rd.snapshot().get("path", ""))
-    if not code_dir.is_dir():
-        raise FileNotFoundError(f"the code snapshot {code_dir} of {run_id} is gone: nothing to resume with")
     return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir)
 
 

@@ -80,8 +80,9 @@ def _check_snapshot(code_dir):
     assert not (code_dir / "deploy" / "server.pem").exists() and "deploy/server.pem" in info["refused"], info
     assert not (code_dir / "build").exists()  # ignored: never copied
     assert "build/notes.txt" not in info["refused"]
-    leaky = (code_dir / "conf" / "cluster" / "leaky.yaml").read_text()
-    assert f"HF_TOKEN: {secrets.REDACTED}" in leaky and "conf/cluster/leaky.yaml" in info["redacted"]
+    # the code is never rewritten: a file holding a secret value is left out whole, and named
+    assert not (code_dir / "conf" / "cluster" / "leaky.yaml").exists()
+    assert "conf/cluster/leaky.yaml:HF_TOKEN" in info["held_secret"]["conf/cluster/leaky.yaml"], info
     assert (code_dir / "launcher" / "archive" / "secrets.py").is_file()  # the code itself is all there
     patch = (code_dir / snapshot.PATCH_FILE).read_text()
     heads = [line for line in patch.splitlines() if line.startswith("diff --git ")]
@@ -210,8 +211,9 @@ def test_invalid_sweep_error_prints_no_secret(runs_root):
 
 
 @pytest.mark.timeout(120)
-def test_snapshot_outside_git_refuses_secret_files_and_scrubs(tmp_path, monkeypatch):
-    """Outside a git repo: today's choice of files (.py/.yaml/...), the same secret rules."""
+def test_snapshot_outside_git_refuses_secret_files_and_leaves_out_files_holding_one(tmp_path, monkeypatch):
+    """Outside a git repo: today's choice of files (.py/.yaml/...), the same secret rules; a file
+    holding a secret value is left out and named, never rewritten."""
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "train.py").write_text(f"TOKEN_HINT = '{ENV['HF_TOKEN']}'\n")
@@ -223,8 +225,10 @@ def test_snapshot_outside_git_refuses_secret_files_and_scrubs(tmp_path, monkeypa
     info = snapshot.take(src, tmp_path / "out" / "s" / "code")
     dest = tmp_path / "out" / "s" / "code"
     assert sorted(info["refused"]) == ["aws_credentials.yaml"]  # .env is not a .py/.yaml file: never listed
-    assert (dest / "pkg" / "train.py").read_text() == f"TOKEN_HINT = '{secrets.REDACTED}'\n"
-    assert (dest / "cluster.yaml").read_text() == f"env:\n  HF_TOKEN: {secrets.REDACTED}\n"
+    assert not (dest / "pkg" / "train.py").exists() and not (dest / "cluster.yaml").exists()
+    assert info["held_secret"] == {"pkg/train.py": ["HF_TOKEN"], "cluster.yaml": ["cluster.yaml:HF_TOKEN"]}, info
+    (warning,) = [w for w in snapshot.left_out_warnings(info) if "pkg/train.py" in w]
+    assert "HF_TOKEN" in warning and "os.environ" in warning and ENV["HF_TOKEN"] not in warning
     assert not (dest / ".env").exists()
     assert not _leaks(tmp_path / "out")
 
