@@ -54,10 +54,15 @@ def is_secret(name: str) -> bool:
     return _is_secret_name(str(name))
 
 
+# names that end in a secret word but are the shell's own settings: PWD is the working directory
+NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
+
+
 @functools.lru_cache(maxsize=4096)  # a sweep asks about the same few hundred key names per point
 def _is_secret_name(name: str) -> bool:
-    words = _WORDS.findall(name.rsplit(".", 1)[-1])  # the key itself, not the sections above it
-    return bool(words) and words[-1].lower() in SECRET_WORDS
+    key = name.rsplit(".", 1)[-1]  # the key itself, not the sections above it
+    words = _WORDS.findall(key)
+    return bool(words) and words[-1].lower() in SECRET_WORDS and key not in NOT_SECRET_NAMES
 
 
 def is_secret_file(path: Union[str, PurePath]) -> bool:

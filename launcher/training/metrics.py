@@ -6,6 +6,19 @@ import os
 from typing import Any, Dict
 
 
+def _config(cfg: Any, ctx: Any) -> Dict[str, Any]:
+    """What wandb records as the run's config: the archived one (its secrets are references, never
+    values); a loop run outside a launched run dir: the config with secret-named values redacted."""
+    if (ctx.rundir.path / ctx.rundir.CONFIG).is_file():
+        return ctx.rundir.config()
+    from omegaconf import OmegaConf
+
+    from launcher.archive.secrets import redact_config
+
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    return redact_config(plain)
+
+
 class MetricsSink:
     """Rows go to the run's metrics file (rank 0, through ctx.log_metrics) and, when enabled, to wandb."""
 
@@ -18,10 +31,8 @@ class MetricsSink:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self.run = wandb.init(  # the archived config: its secrets are references, not values
-                project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
-                name=ctx.rundir.run_id, config=ctx.rundir.config(),
-            )
+            self.run = wandb.init(project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
+                                  name=ctx.rundir.run_id, config=_config(cfg, ctx))
 
     def log(self, step: int, row: Dict[str, Any]) -> None:
         self.ctx.log_metrics(step, **row)

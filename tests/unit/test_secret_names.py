@@ -7,10 +7,10 @@ from launcher.archive.secrets import is_secret, redact_config
 
 SECRET = ["HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "MY_SECRET", "SECRET", "token",
           "api_key", "apiKey", "githubToken", "cluster.env.HF_TOKEN", "wandb.api_key", "db.passwd",
-          "GOOGLE_APPLICATION_CREDENTIALS", "AUTHTOKEN", "private-key"]
+          "GOOGLE_APPLICATION_CREDENTIALS", "AUTHTOKEN", "private-key", "DB_PWD"]
 SETTINGS = ["tokenizer", "tokens", "max_tokens", "key_order", "num_keys", "TOKENIZERS_PARALLELISM", "keyboard",
             "monkey", "tokens_per_step", "secret_santa_count", "password_file", "recipe.params.key_order",
-            "token_dropout", "data.tokenizer", "sort_key_fn"]
+            "token_dropout", "data.tokenizer", "sort_key_fn", "PWD", "OLDPWD"]
 
 
 @pytest.mark.parametrize("name", SECRET)
