@@ -135,7 +135,7 @@ def announce(rd: RunDir, attempt: int, stop: threading.Event, interval_s: float 
             mtimes[r] = t
             seen[str(r)] = _identity(rd.rank(r))
         if changed or first:
-            rd.write_rank_attempts({"attempt": attempt, "ranks": seen})
+            rd.write_rank_attempts({"attempt": attempt, "starts": seen})
             first = False
         if stop.wait(interval_s):
             return
@@ -147,7 +147,7 @@ def learn_attempt(rd: RunDir, rank: int, timeout_s: float, interval_s: float = 0
     deadline = time.time() + timeout_s
     while True:
         record = rd.rank_attempts()
-        if (record.get("ranks") or {}).get(str(rank)) == me:
+        if (record.get("starts") or {}).get(str(rank)) == me:
             return int(record["attempt"])
         if rd.is_final():  # rank 0 ended the run (e.g. the restart budget was spent)
             raise SystemExit(1)
