@@ -40,6 +40,8 @@ parser.add_argument("--ckpt-dir", default="ckpt")
 parser.add_argument("--metrics", default="metrics.jsonl")
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--step-sleep", type=float, default=0.0)
+parser.add_argument("--save-every", type=int, default=0)
+parser.add_argument("--kill-step", type=int, default=0)  # rank 1 dies (SIGKILL) there, in its first attempt
 args = parser.parse_args()
 
 rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
@@ -92,6 +94,10 @@ for step in range(start + 1, args.steps + 1):
         with open(metrics, "a") as f:
             f.write(json.dumps({"step": step, "loss": mean.item() / world}) + "\n")
     time.sleep(args.step_sleep)
+    if args.save_every and step % args.save_every == 0:
+        save(step)
+    if step == args.kill_step and rank == 1 and attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
     flag = torch.tensor([stop["flag"]])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item():
@@ -168,6 +174,22 @@ def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
     assert (st["status"], st["exit_code"], st["error"], st["attempt"]) == ("failed", 3, "script exited 3", 1), st
     assert restarts(run) == []  # the script said so: not retried, although the budget allows 2
     assert "script exited 3" in res.stdout + res.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_script_is_requeued_and_resumes(code, local_run, runs_root):
+    res = launch([*RUN, args("--save-every", "5", "--kill-step", "8"), "cluster=local", "cluster.gpus_per_node=2",
+                  "train.max_restarts=1"], runs_root, timeout=400, cwd=code)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = only_run(runs_root)
+    st = status(run)
+    assert st["status"] == "completed" and st["attempt"] == 2, st
+    (row,) = restarts(run)
+    assert row["reason"] == "failure" and "killed by SIGKILL" in row["detail"], row
+    rows = read_metrics(run)
+    last = {r["step"]: r for r in rows}  # steps 6..8 ran twice: before the kill and after the resume
+    assert [r["step"] for r in rows if r["step"] <= 8] == [1, 2, 3, 4, 5, 6, 7, 8, 6, 7, 8]
+    assert losses(last.values()) == losses(read_metrics(local_run))
 
 
 def _free_port() -> int:
