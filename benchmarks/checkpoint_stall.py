@@ -1,7 +1,7 @@
 """How long a checkpoint blocks the training loop: asynchronous vs synchronous save, side by side.
 
 The same state (a GPT's parameters and its AdamW state, after real optimizer steps) is saved by the
-run's own checkpointer (recipes.common.checkpoint.Checkpointer) in a loop of real training steps,
+run's own checkpointer (launcher.training.checkpoint.Checkpointer) in a loop of real training steps,
 once with train.checkpoint.async_save=false and once with true. "Blocked" is the wall time the loop
 spends waiting for saves: inside save(), and (async) in the optimizer step that waits for the copy to
 host memory the save started in the background. The async copy and write share the CPU with the
@@ -54,7 +54,7 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
 
     from launcher.rundir import RunDir
     from launcher.schema import register_configs
-    from recipes.common.checkpoint import Checkpointer
+    from launcher.training.checkpoint import Checkpointer
     from recipes.gpt.model import GPT
 
     torch.set_num_threads(threads)

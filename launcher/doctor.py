@@ -314,6 +314,10 @@ def _clip(text: str, limit: int = 300) -> str:
 def diagnose(ev: Evidence) -> Diagnosis:
     """One diagnosis for the evidence (pure: reads nothing)."""
     d = _diagnose(ev)
+    refused = ev.status.no_restart or {}  # the run ended at once: a restart would fail the same way
+    if refused.get("why") and d.kind not in NOT_FAILED:
+        d.detail.append(f"not restarted: {refused['why']}")
+        d.fix = d.fix or str(refused.get("fix") or "")
     d.fix = d.fix or FIXES[d.kind]
     history = restarts_line(ev)
     if history:

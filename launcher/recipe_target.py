@@ -4,18 +4,41 @@ function in its source by ``ast``."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
+from contextvars import ContextVar
 from functools import lru_cache
-from typing import List, Optional
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+# the code the job will import from: the working dir at a launch (its tree becomes the snapshot), the
+# archived snapshot for `launcher resume` / `reproduce` (whatever the working dir is then)
+_code_root: ContextVar[Optional[str]] = ContextVar("code_root", default=None)
+
+
+@contextlib.contextmanager
+def searched_in(code_dir: Optional[Path]) -> Iterator[None]:
+    """Look for recipe targets in ``code_dir`` (a code snapshot) instead of the working dir."""
+    token = _code_root.set(str(code_dir) if code_dir is not None else None)
+    try:
+        yield
+    finally:
+        _code_root.reset(token)
+
+
+def code_root() -> Optional[str]:
+    """The code snapshot ``searched_in`` names (None: the working dir's tree, at a launch)."""
+    return _code_root.get()
 
 
 def target_problem(target: str) -> Optional[str]:
     """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
-    and runs nothing: the module is found on sys.path (and the working dir, whose repo is the code
-    snapshot the job runs) by spec, the function looked up in its source by ``ast``."""
-    return _target_problem(target, os.getcwd())
+    and runs nothing: the module is found on sys.path (and the code the job imports first: the working
+    dir, whose tree is snapshotted, or the snapshot of ``searched_in``) by spec, the function looked up
+    in its source by ``ast``."""
+    return _target_problem(target, _code_root.get() or os.getcwd())
 
 
 @lru_cache(maxsize=64)

@@ -58,8 +58,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
     ("status.json", "launcher, job", "launcher.status.RunStatus: status (pending, running, completed, failed, "
      "cancelled, timeout, requeued), updated/started/ended, exit_code, error, failed_rank, summary, duration_s, "
-     "attempt, restarts, stop, resumed, hosts, world_size, job ids, a Hydra app's output/working dir, earlier "
-     "(the outcomes before a resume)"),
+     "attempt, restarts, stop, resumed, no_restart (why a failure was not restarted, the fix), hosts, world_size, "
+     "job ids, a Hydra app's output/working dir, earlier (the outcomes before a resume)"),
     ("env/runtime.json", "job", "torch, CUDA, NCCL, cuDNN as seen on the node"),
     ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
     ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
@@ -92,7 +92,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "(LAUNCHER_CHECKPOINT_DIR), whatever it saves there"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
-     "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id"),
+     "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
+     "failure (the exception that ended the attempt before: type, message, place, step; restart_policy)"),
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),

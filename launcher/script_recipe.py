@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple
 
 from launcher.archive import code
-from launcher.recipe_target import module_problem
+from launcher.recipe_target import code_root, module_problem
 
 SCRIPT_TARGET = "launcher.runtime.script.main"
 KEYS = ("script", "module", "args")  # the recipe keys only a script recipe reads
@@ -56,13 +56,14 @@ def _problem(tree: Mapping[str, Any]) -> Optional[Tuple[str, str, str]]:
         return None
     script, module = recipe.get("script"), recipe.get("module")
     return _check(str(recipe.get("_target_")), script if script is None else str(script),
-                  module if module is None else str(module), bool(recipe.get("args")), os.getcwd())
+                  module if module is None else str(module), bool(recipe.get("args")), os.getcwd(), code_root())
 
 
 @lru_cache(maxsize=64)
 def _check(target: str, script: Optional[str], module: Optional[str], has_args: bool,
-           cwd: str) -> Optional[Tuple[str, str, str]]:
-    """(key, problem, fix) of the first thing wrong, or None."""
+           cwd: str, snapshot: Optional[str] = None) -> Optional[Tuple[str, str, str]]:
+    """(key, problem, fix) of the first thing wrong, or None. ``snapshot``: the code snapshot a
+    resume or reproduction runs (launcher.recipe_target.searched_in), else the launch dir's tree."""
     if target != SCRIPT_TARGET:
         if script or module or has_args:
             key = "recipe.script" if script else "recipe.module" if module else "recipe.args"
@@ -75,13 +76,13 @@ def _check(target: str, script: Optional[str], module: Optional[str], has_args: 
     if script and module:
         return ("recipe.module", f"both recipe.script={script} and recipe.module={module} are set; the job runs one",
                 "set only one: recipe.module=null or recipe.script=null")
-    root = snapshot_root(Path(cwd))
-    where = _where(root, Path(cwd))
+    root = Path(snapshot) if snapshot else snapshot_root(Path(cwd))
+    where = f"the code snapshot {snapshot}" if snapshot else _where(root, Path(cwd))
     if module:
         problem = module_problem(module, str(root))
         return ("recipe.module", f"{problem}: the job would fail when it starts",
                 f"name a module in {where}, e.g. recipe.module=mypkg.train") if problem else None
-    return _script_problem(script, Path(cwd), root, where)
+    return _script_problem(script, Path(cwd), root, where, taken=bool(snapshot))
 
 
 def _where(root: Path, cwd: Path) -> str:
@@ -91,7 +92,9 @@ def _where(root: Path, cwd: Path) -> str:
             else f"{root} (the git repo's root: the code snapshot's root)")
 
 
-def _script_problem(script: str, cwd: Path, root: Path, where: str) -> Optional[Tuple[str, str, str]]:
+def _script_problem(script: str, cwd: Path, root: Path, where: str,
+                    taken: bool = False) -> Optional[Tuple[str, str, str]]:
+    """``taken``: ``root`` is a snapshot already (what it holds, the job finds)."""
     path = Path(script)
     if path.is_absolute():
         inside = _relative(path, root)
@@ -108,7 +111,7 @@ def _script_problem(script: str, cwd: Path, root: Path, where: str) -> Optional[
     if inside is None:
         return ("recipe.script", f"{script} lies outside {where}: the code snapshot leaves it out",
                 f"move the script into {where}")
-    if not _copied(root, inside):
+    if not taken and not _copied(root, inside):
         return ("recipe.script", f"{inside} is not in the code snapshot (git ignores it, or outside git it is not "
                 "a .py file): the job would not find it", "un-ignore it in .gitignore, or name it *.py outside git")
     return None

@@ -42,6 +42,7 @@ class RunStatus:
     restarts: Optional[int] = None
     stop: Optional[Dict[str, Any]] = None  # why the attempt stopped to be restarted (reason, detail, rank, step)
     resumed: Optional[bool] = None  # launcher resume/retry recorded the restart itself
+    no_restart: Optional[Dict[str, Any]] = None  # a failure no restart fixes (restart_policy.Decision: why, fix)
     hosts: Optional[List[str]] = None
     world_size: Optional[int] = None
     job_id: Optional[str] = None

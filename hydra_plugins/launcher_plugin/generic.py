@@ -489,7 +489,8 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     # one's), or the archived snapshot a reproduction runs again
     code_dir = Path(str(params["code_snapshot"])) if params.get("code_snapshot") else sd.code_dir
     if into is None and not params.get("code_snapshot"):
-        snapshot.take(root, code_dir, known=known, exclude=[runs_root])
+        for line in snapshot.left_out_warnings(snapshot.take(root, code_dir, known=known, exclude=[runs_root])):
+            print(f"warning: {line}", file=sys.stderr)
     snap = snapshot.info(code_dir) or {}
 
     # the scheduler's limits: a sweep too large is refused here, before anything is written

@@ -1,5 +1,6 @@
 """The code a run was launched with: git commit, branch, and a patch of every uncommitted change
-(secret-looking files left out, known secret values redacted)."""
+(secret-looking files left out, known secret values redacted); and the launcher's own version and
+commit, recorded apart from the user's code."""
 from __future__ import annotations
 
 import subprocess
@@ -37,15 +38,20 @@ def _refused(root: Path, rel: str, known: Mapping[str, Any]) -> bool:
     return b"\0" in data and secrets.contains_secret(data, known)
 
 
+NOT_A_REPO = "not a git repo"
+
+
 def git_state(start: Path, known: Optional[Mapping[str, Any]] = None) -> Dict[str, object]:
     """Commit, branch and a patch (tracked changes + untracked files git does not ignore) of the repo
-    holding `start`, or else of the repo this package was installed from (an editable install).
-    Secret-looking files are left out of the patch (listed in ``patch_excluded``) and every known
-    secret value (``known``, default: the secret-named variables of os.environ) is redacted in it."""
+    holding `start` (the user's code; outside git: no commit, ``note`` says so; the launcher's own
+    commit is ``launcher_state``'s). Secret-looking files are left out of the patch (listed in
+    ``patch_excluded``) and every known secret value (``known``, default: the secret-named variables of
+    os.environ) is redacted in it."""
     known = secrets.known_secrets() if known is None else known
-    root = repo_root(start) or repo_root(Path(__file__).resolve().parent)
+    root = repo_root(start)
     if root is None:
-        return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": "", "patch_excluded": []}
+        return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": "", "patch_excluded": [],
+                "note": NOT_A_REPO}
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
     excluded: List[str] = []
@@ -74,3 +80,16 @@ def git_state(start: Path, known: Optional[Mapping[str, Any]] = None) -> Dict[st
         "patch": secrets.scrub(patch, known),
         "patch_excluded": sorted(excluded),
     }
+
+
+def launcher_state() -> Dict[str, object]:
+    """The launcher itself: its version, where it runs from, and (installed from a git checkout) that
+    checkout's commit and whether it has uncommitted changes."""
+    from launcher import __version__
+
+    path = Path(__file__).resolve().parents[1]
+    root = repo_root(path)
+    commit = ((_git(root, "rev-parse", "HEAD") or "").strip() or None) if root else None
+    status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"version": __version__, "path": str(path), "repo": str(root) if root else None, "commit": commit,
+            "dirty": bool(status.strip()) if status is not None else None}

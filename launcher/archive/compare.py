@@ -64,12 +64,19 @@ def loss_comparison(a: List[float], b: List[float]) -> Dict[str, Any]:
 def code_summary(run_dir: Path) -> Dict[str, Any]:
     rd = RunDir(run_dir)
     git, snap, patch = rd.git(), rd.snapshot(), rd.patch()
+    own = (rd.software() or {}).get("launcher") or {}  # the launcher's own code, apart from the user's
 
     return {
+        "repo": git.get("repo"),
         "commit": git.get("commit"),
         "dirty": git.get("dirty"),
+        "note": git.get("note"),  # "not a git repo": the user's code has no commit
         "patch_sha256": hashlib.sha256(patch.encode()).hexdigest() if rd.has_patch() else None,
         "snapshot_sha256": snap.get("sha256"),
+        "source": snap.get("source"),
+        "launcher_version": own.get("version"),
+        "launcher_commit": own.get("commit"),
+        "launcher_dirty": own.get("dirty"),
     }
 
 

@@ -22,7 +22,7 @@ import functools
 import os
 import re
 from pathlib import Path, PurePath
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Union
 
 import yaml
 
@@ -220,20 +220,121 @@ def scrub_files(paths: Iterable[Union[str, Path]], env: Known) -> List[str]:
     return [str(p) for p in paths if scrub_file(p, env)]
 
 
-def redact_config(resolved: Dict[str, Any], known: Optional[Known] = None) -> Dict[str, Any]:
+# A secret-named key may take its value from the job's environment: the archive keeps the reference,
+# and the job resolves it where it runs (sbatch passes the submitting environment on).
+_ENV_REFERENCE = re.compile(r"^\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,(.*))?\}$", re.S)
+
+
+def env_reference(value: Any) -> Optional[str]:
+    """``${oc.env:NAME}`` (or with a default that is no secret) -> NAME; anything else -> None."""
+    m = _ENV_REFERENCE.match(value.strip()) if isinstance(value, str) else None
+    if m is None or (m.group(2) is not None and is_secret_value(m.group(2).strip().strip("'\""))):
+        return None
+    return m.group(1)
+
+
+LIFTED_PREFIX = "LAUNCHER_SECRET_"  # the environment variable a secret literal of the config travels in
+
+
+def lifted_name(key: str) -> str:
+    """The environment variable that carries the secret literal of config key ``key`` to the job."""
+    return LIFTED_PREFIX + re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_").upper()
+
+
+def _secret_scalars(node: Any, written: Any, path: str, visit: Any) -> Any:
+    """``node`` (resolved) with ``visit(key, value, written)`` applied to each non-empty scalar under a
+    secret-named key; ``written``: the same config unresolved (None where unknown)."""
+    if isinstance(node, dict):
+        written = written if isinstance(written, Mapping) else {}
+        out = {}
+        for k, v in node.items():
+            name = f"{path}.{k}" if path else str(k)
+            if is_secret(str(k)) and not isinstance(v, (dict, list)) and v not in (None, ""):
+                out[k] = visit(name, v, written.get(k))
+            else:
+                out[k] = _secret_scalars(v, written.get(k), name, visit)
+        return out
+    if isinstance(node, list):
+        written = written if isinstance(written, (list, tuple)) and len(written) == len(node) else [None] * len(node)
+        return [_secret_scalars(v, w, f"{path}[{i}]", visit) for i, (v, w) in enumerate(zip(node, written))]
+    return node
+
+
+def lifted_secrets(resolved: Dict[str, Any], raw: Any) -> Dict[str, str]:
+    """The secret literals of a config (secret-named keys not written as ``${oc.env:NAME}``), by the
+    environment variable that carries each to the job: the archive holds a reference to it instead of
+    the value, so the job reads the value it was given and no archived file holds it."""
+    out: Dict[str, str] = {}
+
+    def visit(key: str, value: Any, written: Any) -> Any:
+        if env_reference(written) is None and is_secret_value(value):
+            out[lifted_name(key)] = str(value)
+        return value
+
+    _secret_scalars(resolved, raw, "", visit)
+    return out
+
+
+def redact_config(resolved: Dict[str, Any], known: Optional[Known] = None, raw: Any = None) -> Dict[str, Any]:
     """A resolved config with the values of secret-named keys (cluster.env.HF_TOKEN, anywhere)
-    redacted, and, given ``known``, every known secret value scrubbed from every other string."""
+    replaced, and, given ``known``, every known secret value scrubbed from every other string.
+    Given ``raw`` (the config as written), a key written as ``${oc.env:NAME}`` keeps that reference
+    and a secret literal becomes a reference to the variable that carries it (``lifted_secrets``):
+    the job resolves either from its environment, so redaction never changes what it reads. Without
+    ``raw`` (a record that is only read, never run), the value becomes REDACTED."""
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: (REDACTED if is_secret(k) and not isinstance(v, (dict, list)) and v not in (None, "")
-                        else walk(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
+    def visit(key: str, value: Any, written: Any) -> Any:
+        if raw is None:
+            return REDACTED
+        if env_reference(written) is not None:
+            return written
+        if is_secret_value(value):
+            return "${oc.env:" + lifted_name(key) + "}"
+        return value  # a setting under a secret-looking name (true, auto, a 3-character value)
 
-    out = walk(resolved)
+    out = _secret_scalars(resolved, raw, "", visit)
     return scrub_tree(out, known) if known else out
+
+
+def missing_references(archived: Any, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why a new job of an archived config could not read its secrets (None: every variable its
+    ``${oc.env:NAME}`` references need is set here, and the job inherits them)."""
+    env = os.environ if env is None else env
+    missing = [n for n in env_references(archived) if n not in env]
+    if not missing:
+        return None
+    return (f"the run reads {', '.join(missing)} from the environment (secrets are never archived); "
+            f"export {' '.join(m + '=...' for m in missing)} and run the command again")
+
+
+def env_references(node: Any) -> List[str]:
+    """The variables every ``${oc.env:NAME}`` of an archived config (no default) needs, sorted."""
+    found: Set[str] = set()
+
+    def walk(n: Any) -> None:
+        if isinstance(n, Mapping):
+            for v in n.values():
+                walk(v)
+        elif isinstance(n, (list, tuple)):
+            for v in n:
+                walk(v)
+        elif isinstance(n, str):
+            m = _ENV_REFERENCE.match(n.strip())
+            if m and m.group(2) is None:
+                found.add(m.group(1))
+
+    walk(node)
+    return sorted(found)
+
+
+def from_env_reference(value: Any, env: Mapping[str, str]) -> Any:
+    """On the node: an archived ``${oc.env:NAME[,default]}`` as the job's environment resolves it
+    (the value unchanged otherwise; None when NAME is unset and there is no default)."""
+    m = _ENV_REFERENCE.match(value.strip()) if isinstance(value, str) else None
+    if m is None:
+        return value
+    default = m.group(2).strip().strip("'\"") if m.group(2) is not None else None
+    return env.get(m.group(1), default)
 
 
 # Secret values WRITTEN IN config files of the source tree (a cluster yaml with `env: {HF_TOKEN: ...}`

@@ -6,17 +6,24 @@ What it holds (one rule): in a git repo, the files git tracks plus the untracked
 ignore (never an ignored file); outside one, every .py/.yaml/.yml/.cfg/.toml file. From those it
 leaves out the launcher's own output dirs (SKIP_DIRS), files over MAX_FILE_BYTES (``skipped_large``),
 and REFUSES secret-looking files (.env, .env.*, *.pem, *.key, id_rsa*, *credentials*, .netrc,
-.pypirc, *.p12 ...: ``secrets.is_secret_file``) and binary files holding a known secret value
-(``refused``). Every copied text file and the patch have every known secret value replaced by
-``secrets.REDACTED`` (``redacted`` lists the files that held one)."""
+.pypirc, *.p12 ...: ``secrets.is_secret_file``, listed in ``refused``). The code is never rewritten:
+a file holding a known secret value is left out whole (``held_secret``: the file and the names of the
+values, never the values; ``left_out_warnings`` says it at launch, with the fix).
+
+A user's tree outside the launcher's repo that imports the launcher's own ``recipes`` package (or
+names it in ``recipe._target_``) gets a copy of it (``bundled``), so the job runs those recipes as
+they were at launch too, not from the launcher's install. The patch of uncommitted changes is an
+archive record, not code the job runs: known secret values are redacted in it."""
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
 from launcher.archive import atomic, code, secrets
 
@@ -43,16 +50,6 @@ def source_files(root: Path) -> List[str]:
             if f.endswith((".py", ".yaml", ".yml", ".cfg", ".toml")):
                 files.append(str(Path(dirpath, f).relative_to(root)))
     return sorted(files)
-
-
-def _is_text(data: bytes) -> bool:
-    if b"\0" in data:
-        return False
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _secret_looking(root: Path, rel: str) -> bool:
@@ -90,11 +87,49 @@ def tree_secrets(root: Path) -> Dict[str, str]:
     return found
 
 
+LAUNCHER_ROOT = Path(__file__).resolve().parents[2]  # the tree the launcher runs from (its repo, or site-packages)
+BUNDLED = ("recipes",)  # the launcher's own packages a user's code may import
+
+
+def _launcher_package(name: str) -> Optional[Path]:
+    """Where this launcher's own top-level package ``name`` lives (found, not imported)."""
+    here = LAUNCHER_ROOT / name
+    if (here / "__init__.py").is_file():
+        return here
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def _imported(rel: str, data: bytes) -> Set[str]:
+    """The top-level names a Python file imports (only those of BUNDLED are looked for)."""
+    if not rel.endswith(".py") or not any(name.encode() in data for name in BUNDLED):
+        return set()
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return set()
+    out: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def _holders(data: bytes, known: Mapping[str, Any]) -> List[str]:
+    """The names of the known secrets whose values ``data`` holds (names only: never the values)."""
+    return sorted(name.split("].", 1)[-1] for name, value in known.items()
+                  if secrets.contains_secret(data, {name: value}))
+
+
 def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
-         exclude: Iterable[Path] = ()) -> Dict[str, object]:
+         exclude: Iterable[Path] = (), imports: Iterable[str] = ()) -> Dict[str, object]:
     """Copy the source tree at `root` to `dest` (read-only); returns its description. ``known``:
-    the secret values to redact (``secrets.known_secrets``; default: those of os.environ);
-    ``exclude``: directories never copied (the runs root, should it lie inside the tree)."""
+    the secret values kept out (``secrets.known_secrets``; default: those of os.environ);
+    ``exclude``: directories never copied (the runs root, should it lie inside the tree);
+    ``imports``: top-level modules the run names (its recipe._target_), besides those its code imports."""
     root = Path(root)
     known = {**(secrets.known_secrets() if known is None else known), **tree_secrets(root)}
     skip_under = [Path(os.path.realpath(d)) for d in (*exclude, dest.parent)]
@@ -102,9 +137,28 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     if tmp.exists():
         shutil.rmtree(tmp)
     digest = hashlib.sha256()
-    copied, skipped, refused, redacted = 0, [], [], []
+    copied, skipped, refused = 0, [], []
+    held: Dict[str, List[str]] = {}
+    needed: Set[str] = set(imports)
+
+    def copy(src: Path, rel: str) -> None:
+        nonlocal copied
+        if src.stat().st_size > MAX_FILE_BYTES:
+            skipped.append(rel)
+            return
+        data = src.read_bytes()
+        if secrets.contains_secret(data, known):  # left out whole: the code the job runs is never rewritten
+            held[rel] = _holders(data, known)
+            return
+        needed.update(_imported(rel, data))
+        target = tmp / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        shutil.copystat(src, target)
+        digest.update(rel.encode() + b"\0" + data)
+        copied += 1
+
     for rel in source_files(root):
-        src = root / rel
         if any(part in SKIP_DIRS for part in Path(rel).parts):
             continue
         real = Path(os.path.realpath(root / rel))
@@ -113,22 +167,21 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         if _secret_looking(root, rel):
             refused.append(rel)
             continue
-        if src.stat().st_size > MAX_FILE_BYTES:
-            skipped.append(rel)
-            continue
-        data = src.read_bytes()
-        if secrets.contains_secret(data, known):
-            if not _is_text(data):  # replacing bytes inside a binary file would corrupt it
-                refused.append(rel)
+        copy(root / rel, rel)
+    bundled: Dict[str, Dict[str, object]] = {}
+    if Path(os.path.realpath(root)) != LAUNCHER_ROOT:  # (the launcher's own repo holds them already)
+        for name in sorted(needed & set(BUNDLED)):
+            pkg = _launcher_package(name)
+            if pkg is None or (tmp / name).exists():  # the user's own package of that name wins
                 continue
-            data = secrets.scrub_bytes(data, known)
-            redacted.append(rel)
-        target = tmp / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        shutil.copystat(src, target)
-        digest.update(rel.encode() + b"\0" + data)
-        copied += 1
+            before = copied
+            for dirpath, dirnames, filenames in os.walk(pkg):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+                for f in sorted(filenames):
+                    rel = str(Path(name, Path(dirpath, f).relative_to(pkg)))
+                    if f.endswith((".py", ".yaml", ".yml")) and not _secret_looking(pkg.parent, rel):
+                        copy(Path(dirpath, f), rel)
+            bundled[name] = {"source": str(pkg), "files": copied - before}
     tmp.mkdir(parents=True, exist_ok=True)
 
     git = code.git_state(root, known)
@@ -136,13 +189,22 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     refused = sorted(set(refused) | set(git.pop("patch_excluded", None) or []))
     atomic.write_text(tmp / PATCH_FILE, patch)
     info = {"source": str(root), "files": copied, "skipped_large": skipped, "refused": refused,
-            "redacted": redacted, "sha256": digest.hexdigest(),
+            "held_secret": held, "bundled": bundled, "sha256": digest.hexdigest(),
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)
     atomic.write_json(tmp / ".snapshot.json", info)
     os.replace(tmp, dest)  # visible only once complete
     make_read_only(dest)
     return info
+
+
+def left_out_warnings(info: Mapping[str, Any]) -> List[str]:
+    """One line per file the snapshot left out because it holds a known secret value, with the fix."""
+    return [f"the code snapshot leaves out {rel}: it holds the value of {', '.join(names) or 'a secret'}, and the "
+            "snapshot never changes code, so the job runs without that file. Fix: keep the value out of the tree "
+            "(read it from the environment, os.environ[...]), or, if it is no secret, rename the config key "
+            "(a key named *key*, *token*, *secret*, *password* holds a secret)"
+            for rel, names in sorted(dict(info.get("held_secret") or {}).items())]
 
 
 def make_read_only(path: Path) -> None:

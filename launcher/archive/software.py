@@ -1,11 +1,14 @@
-"""The software a run used: interpreter, key package versions, the full `pip freeze`."""
+"""The software a run used: interpreter, key package versions, the launcher (version, commit), the
+full `pip freeze`."""
 from __future__ import annotations
 
 import platform
 import subprocess
 import sys
 from importlib import metadata
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from launcher.archive import code
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -13,13 +16,14 @@ if TYPE_CHECKING:
 KEY_PACKAGES = ("torch", "deepspeed", "hydra-core", "omegaconf", "submitit", "wandb", "numpy")
 
 
-def versions() -> Dict[str, Optional[str]]:
-    out: Dict[str, Optional[str]] = {"python": platform.python_version(), "executable": sys.executable}
+def versions() -> Dict[str, Any]:
+    out: Dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
     for name in KEY_PACKAGES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
+    out["launcher"] = code.launcher_state()  # its version and commit, apart from the user's code (code/git.json)
     return out
 
 

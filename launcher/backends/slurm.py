@@ -6,6 +6,8 @@ verbatim. Job states come from sacct (accounting), and from squeue for jobs sacc
 """
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import socket
 import subprocess
@@ -316,7 +318,15 @@ class SlurmBackend(Backend):
         """``scontrol requeue``: Slurm ends this job's processes and queues the same job id again."""
         if not job_id:
             raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
-        subprocess.run(["scontrol", "requeue", str(job_id)], check=True, timeout=60, capture_output=True)
+        res = subprocess.run(["scontrol", "requeue", str(job_id)], timeout=60, capture_output=True, text=True)
+        if res.returncode:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
+
+    def requeued_since_start(self, job_id: Optional[str]) -> bool:
+        """Whether this job was requeued since it started (its restart count went up): an earlier
+        request went through, and a second one would fail ("Job is pending execution")."""
+        m = re.search(r"\bRestarts=(\d+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
+        return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
 BACKEND = SlurmBackend()

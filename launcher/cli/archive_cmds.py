@@ -67,8 +67,13 @@ def cmd_show(args) -> int:
         _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
                             f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
     _row(t, "seed", str(meta.get("seed")))
-    _row(t, "code", f"commit {summary['code']['commit']}  dirty {summary['code']['dirty']}  "
-                      f"snapshot {str(summary['code']['snapshot_sha256'])[:12]}")
+    code = summary["code"]
+    where = f"{code['repo']}  commit {code['commit']}  dirty {code['dirty']}" if code["commit"] else \
+        f"{code['source'] or '?'}: {code['note'] or 'no commit recorded'}"
+    _row(t, "code", f"{where}  snapshot {str(code['snapshot_sha256'])[:12]}")
+    _row(t, "launcher", f"{code['launcher_version'] or '?'}  " + (
+        f"commit {code['launcher_commit']}  dirty {code['launcher_dirty']}" if code["launcher_commit"]
+        else "commit unknown (not run from a git checkout)"))
     topo = summary["topology"]
     _row(t, "hosts", ", ".join(map(str, topo["rank_hosts"])))
     _row(t, "job", str((summary["job"] or {}).get("job_id")))

@@ -22,7 +22,7 @@ import traceback
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from launcher.archive import secrets, topology
-from launcher.archive.secrets import is_redacted, scrub
+from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
 from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env
 from launcher.status import Status
@@ -104,6 +104,7 @@ class Attempt:
         self.recorded = True
         if self.denv.rank != 0 or self.rd.failed_ranks():
             return False
+        summary = scrub_tree(summary, os.environ)  # a recipe may return what it was given (a secret too)
         return self.rd.finish(Status.completed, exit_code=0, summary=summary, duration_s=self.duration_s,
                               **{**self.job_ids, **extra})
 
@@ -148,7 +149,8 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
         raise
     denv.export()  # RANK, WORLD_SIZE, MASTER_ADDR/PORT
     for k, v in (env or {}).items():
-        if not is_redacted(v):  # a secret comes through the submitting environment, never the archive
+        v = from_env_reference(v, os.environ)  # a secret: a reference to the variable that carries it
+        if v is not None and not is_redacted(v):  # (the submitting environment), never the archive
             os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
     a = Attempt(rd, denv)
     if a.ended:

@@ -34,8 +34,9 @@ def leave(rd: RunDir, attempt: int, stop: Dict[str, Any], job_id: Optional[str])
     return True
 
 
-def settle(note: Dict[str, Any], request: Any) -> Optional[str]:
-    """What the teardown does with a note; ``request(job_id)`` asks the scheduler. Returns what was done
+def settle(note: Dict[str, Any], request: Any, already: Any = lambda job_id: False) -> Optional[str]:
+    """What the teardown does with a note; ``request(job_id)`` asks the scheduler, ``already(job_id)``
+    says whether the rank's own request went through before it was killed. Returns what was done
     (None: nothing was due)."""
     rd = RunDir(note["run"])
     st = rd.status()
@@ -43,10 +44,11 @@ def settle(note: Dict[str, Any], request: Any) -> Optional[str]:
         return None
     stop = dict(note.get("stop") or {}, deferred=True)
     try:
-        request(note.get("job_id"))
+        if not already(note.get("job_id")):
+            request(note.get("job_id"))
     except Exception as e:
-        rd.finish(Status.failed, exit_code=1, error=f"requeue refused: {type(e).__name__}: {e}",
-                  stop={**stop, "requeue_error": f"{type(e).__name__}: {e}"})
+        why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
+        rd.finish(Status.failed, exit_code=1, error=f"requeue refused: {why}", stop={**stop, "requeue_error": why})
         return "failed"
     rd.set_status(Status.requeued, stop=stop)
     return "requeued"
@@ -60,7 +62,8 @@ def main() -> int:
     os.unlink(path)
     if not note:
         return 0
-    done = settle(note, backends.get("slurm").request_requeue)
+    slurm = backends.get("slurm")
+    done = settle(note, slurm.request_requeue, slurm.requeued_since_start)
     if done:
         print(f"launcher: the requeue rank {note['stop'].get('rank')} asked for was made after the step "
               f"ended: {done}", file=sys.stderr, flush=True)

@@ -79,6 +79,7 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
                 "failed_step": stop.get("step"), "failed_rank": stop.get("rank"),
                 "from_step": RunDir.checkpoint_step(latest) if latest else 0,
                 "nodes": st.hosts, "job_id": job_id,
+                **({"failure": stop["failure"]} if stop.get("failure") else {}),  # restart_policy reads it
             })
         if rd.restarts_since_launch() > max_restarts:
             msg = (f"restart budget spent: {rd.restarts_since_launch()} restarts (train.max_restarts={max_restarts}); "
@@ -89,11 +90,18 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
     return attempt
 
 
+def budget_left(rd: RunDir, max_restarts: int) -> bool:
+    """Whether train.max_restarts allows another automatic restart."""
+    return rd.restarts_since_launch() < max_restarts
+
+
 def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int, reason: str, detail: str,
-                    rank: int, step: Optional[int], job_id: Optional[str]) -> bool:
+                    rank: int, step: Optional[int], job_id: Optional[str],
+                    failure: Optional[Dict[str, Any]] = None) -> bool:
     """Ask the backend to start the job again (False: the budget is spent, the run should fail).
-    The first rank of an attempt to ask does it; later ones only learn that it was done."""
-    if rd.restarts_since_launch() >= max_restarts:
+    The first rank of an attempt to ask does it; later ones only learn that it was done. ``failure``:
+    the exception's record (launcher.runtime.restart_policy), kept for the next attempt."""
+    if not budget_left(rd, max_restarts):
         return False
     marker = rd.attempt_dir(attempt) / "requeue"
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +111,8 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
         return True
     os.close(fd)
     stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
+    if failure:
+        stop["failure"] = failure
     noted = deferred_requeue.leave(rd, attempt, stop, job_id)
     try:
         backend.request_requeue(job_id)

@@ -17,7 +17,7 @@ from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
 from launcher.rundir import RunDir
-from launcher.runtime import env as dist_env, restarts, script, watchdog
+from launcher.runtime import env as dist_env, restart_policy, restarts, script, watchdog
 from launcher.runtime.attempt import attempt
 from launcher.runtime.context import RunContext
 from launcher.schema import typed
@@ -60,10 +60,10 @@ def run(rd: RunDir) -> Dict[str, Any]:
         stop_flag = restarts.StopFlag().install()
         n: Dict[str, int] = {"n": 0}
 
-        def requeue(reason: str, detail: str, step: Any = None) -> bool:
+        def requeue(reason: str, detail: str, step: Any = None, failure: Any = None) -> bool:
             asked = restarts.request_requeue(rd, backend, attempt=n["n"] or 1, max_restarts=max_restarts,
                                              reason=reason, detail=scrub(detail, os.environ), rank=denv.rank,
-                                             step=step, job_id=denv.job_id)
+                                             step=step, job_id=denv.job_id, failure=failure)
             if asked:
                 a.requeued()
             return asked
@@ -99,13 +99,22 @@ def run(rd: RunDir) -> Dict[str, Any]:
             watch.set()
             a.rank_error(traceback.format_exc())
             error = scrub(f"{type(e).__name__}: {e}", os.environ)
-            if not isinstance(e, (KeyboardInterrupt, SystemExit)) and requeue("failure", f"rank {denv.rank}: {error}"):
-                raise SystemExit(backend.requeue_exit_code) from e
+            refused: Dict[str, Any] = {}
+            if not isinstance(e, (KeyboardInterrupt, SystemExit)):
+                # a failure the next attempt would repeat ends the run now (launcher.runtime.restart_policy)
+                failure, decision = restart_policy.judge(rd, e, error, attempt=n["n"] or int(rd.status().attempt or 1),
+                                                         watch_step=watch.step, since=a.t0)
+                if decision.restart and requeue("failure", f"rank {denv.rank}: {error}", failure.step,
+                                                failure.to_json()):
+                    raise SystemExit(backend.requeue_exit_code) from e
+                if not decision.restart and restarts.budget_left(rd, max_restarts):
+                    refused = {"no_restart": decision.to_json()}
+                    error = f"{error} (not restarted: {decision.why})"
             # the first rank to fail holds the root cause; the others fail because it went away
             if isinstance(e, KeyboardInterrupt):
                 a.end(Status.cancelled, error, failed_rank=denv.rank)
             else:
-                a.fail(error)
+                a.fail(error, **refused)
             raise
         finally:
             watch.set()

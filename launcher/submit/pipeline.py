@@ -12,6 +12,7 @@ Waiting and exit codes are the app's (launcher.app).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends
+from launcher import backends, recipe_target
 from launcher.archive import atomic, code, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
@@ -58,6 +59,11 @@ class Checked:
     backend: backends.Backend
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
+
+    def written(self) -> Any:
+        """The point's config as written (interpolations unresolved): which secrets are references."""
+        cfg = self.point.cfg
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True) if OmegaConf.is_config(cfg) else None
 
 
 @dataclass
@@ -141,6 +147,12 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
+    lifted: Dict[str, str] = {}
+    for c in good:  # a secret literal travels to the job in one variable per key: one value per launch
+        for name, value in secrets.lifted_secrets(c.resolved, c.written()).items():
+            if lifted.setdefault(name, value) != value:
+                problems.append(f"{name}:\n  - points of this launch give this secret-named key different "
+                                "values; fix: give each its own variable (key='${oc.env:NAME}', NAME exported)")
     seen = set()
     for c in good:  # the jobs read and write their run dirs: the nodes must see the runs root
         root = Path(str(c.point.cfg.submit.runs_root)).expanduser().absolute()
@@ -188,7 +200,8 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
         print(f"# ---- point {c.index}: {head}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known))), file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known, raw=c.written()))),
+              file=out)
     for arr in planned:
         idxs = [c.index for c in arr.points]
         first = arr.points[0]
@@ -213,7 +226,10 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     root = _snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
     if root is not None:
-        snapshot.take(root, code_dir, known=known, exclude=[runs_root])
+        taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root],
+                              imports=[str(c.resolved["recipe"]["_target_"]).split(".")[0] for c in checked])
+        for line in snapshot.left_out_warnings(taken):
+            print(f"warning: {line}", file=sys.stderr)
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
 
 
@@ -287,7 +303,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
-        c.archived = secrets.redact_config(r, sweep.known)
+        c.archived = secrets.redact_config(r, sweep.known, raw=c.written())
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
@@ -350,7 +366,8 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     with its code snapshot) instead of making a new sweep numbered from 0."""
     out = out or sys.stdout
     argv = list(sys.argv if argv is None else argv)
-    checked = validate(points, indices)
+    with recipe_target.searched_in(code_snapshot):  # a reproduction imports from its snapshot, not the cwd
+        checked = validate(points, indices)
     first = checked[0].point.cfg
     runs_root = Path(str(first.submit.runs_root)).expanduser().resolve()
     if bool(first.submit.dry_run):
@@ -361,6 +378,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
         stage(sweep, checked)
     name = sweep_job_name(checked, sweep.dir.sweep_id)
+    export_lifted(checked)
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
                                       publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
                                       job_name=lambda _: name)
@@ -369,6 +387,13 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
                          backend=checked[0].backend)
     _print_submitted(result, out)
     return result
+
+
+def export_lifted(checked: List[Checked]) -> None:
+    """The secret literals of the points' configs, in the variables their archived configs reference:
+    the submitted jobs inherit this environment (sbatch passes it on, local jobs are children)."""
+    for c in checked:
+        os.environ.update(secrets.lifted_secrets(c.resolved, c.written()))
 
 
 def _print_submitted(result: SweepResult, out) -> None:

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.app import finish
-from launcher.archive import compare
+from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
 from launcher.errors import ConfigError, ConfigErrors
@@ -26,6 +26,9 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
     """The run config to reproduce `run_dir` with, plus any overrides (dotted key=value)."""
     rd = RunDir(run_dir)
     plain = rd.config()
+    missing = secrets.missing_references(plain)
+    if missing:
+        raise ConfigErrors([ConfigError("RUN", missing, "the values the original launch was given")])
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
     plain["submit"]["dry_run"] = False
     try:

@@ -12,6 +12,7 @@ attempt does (launcher.runtime.restarts).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends
+from launcher import backends, recipe_target
 from launcher.archive import registry, secrets
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
@@ -90,6 +91,9 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
                                         "what changed)")])
     archived = rd.config()
     plain = _apply(archived, changes, run_id) if changes else copy.deepcopy(archived)
+    missing = secrets.missing_references(plain)
+    if missing:
+        raise ConfigErrors([ConfigError("RUN", missing, "the values the original launch was given")])
     latest = rd.latest_checkpoint()
     done = RunDir.checkpoint_step(latest) if latest else 0
     old_steps = int(archived["train"]["steps"])
@@ -104,8 +108,12 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     cfg = typed(plain)
     was, now = _flat(archived), _flat(plain)
     changed = {k: (was.get(k), now.get(k)) for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)}
+    code_dir = Path(rd.snapshot().get("path", ""))
+    if not code_dir.is_dir():
+        raise FileNotFoundError(f"the code snapshot {code_dir} of {run_id} is gone: nothing to resume with")
     if changed:  # the changed config must pass every rule and keep the layout the run dir was made for
-        lay = resolve(cfg).to_json()
+        with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
+            lay = resolve(cfg).to_json()
         old = (rd.run() or {}).get("layout") or {}
         moved = {k: (old.get(k), v) for k, v in lay.items() if k in old and old.get(k) != v}
         if moved:
@@ -113,9 +121,6 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
                                             + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved.items()) + ")",
                                             "a new attempt keeps its run's layout: `launcher reproduce RUN "
                                             "key=value` starts a new run instead")])
-    code_dir = Path(rd.snapshot().get("path", ""))
-    if not code_dir.is_dir():
-        raise FileNotFoundError(f"the code snapshot {code_dir} of {run_id} is gone: nothing to resume with")
     return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir)
 
 
@@ -124,7 +129,8 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     attempt = int(n.status.attempt or 1)
     n.rd.reopen(attempt)
     if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
-        n.rd.write_config(secrets.redact_config(n.plain, known))
+        n.rd.write_config(secrets.redact_config(n.plain, known, raw=n.plain))
+        os.environ.update(secrets.lifted_secrets(n.plain, n.plain))  # the new job inherits them
     what = secrets.scrub("; ".join(f"{k} {a} -> {b}" for k, (a, b) in n.changed.items()), known)
     n.rd.record_restart(secrets.scrub_tree({
         "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.state.value}"

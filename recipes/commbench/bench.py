@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from launcher.rundir import RunDir
 from launcher.runtime.env import scheduler_node_name
+from launcher.training.metrics import MetricsSink
 from recipes.commbench import math as cbmath, ops, settings
-from recipes.common.metrics import MetricsSink
 
 
 def node_names(ctx: Any) -> List[str]:

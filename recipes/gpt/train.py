@@ -21,11 +21,10 @@ from launcher.layout import ModelSpec
 from launcher.plan.flops import step_flops as model_step_flops
 from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
+from launcher.training import Checkpointer, StepLoop
 from recipes.common.activations import ActivationMeter
-from recipes.common.checkpoint import Checkpointer
 from recipes.common.data import Prefetch, micro_batches
-from recipes.common.memory import StepPeak, host_rss_bytes
-from recipes.common.metrics import MetricsSink, peak_memory_bytes
+from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
@@ -63,7 +62,7 @@ def inject_fault(cfg: Any, ctx: Any, step: int) -> None:
     if mode == "oom":  # one allocation larger than the host's memory (or the GPU's)
         size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4
         torch.empty(size, dtype=torch.uint8, device=ctx.device)
-    # kill_in_save: the checkpointer (recipes.common.checkpoint) dies while writing this step's checkpoint
+    # kill_in_save: the checkpointer (launcher.training.checkpoint) dies while writing this step's checkpoint
 
 
 def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
@@ -78,20 +77,16 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     branching = int(cfg.data.branching)
     log_interval = int(cfg.train.log_interval)
     device = torch.device(ctx.device)
-    sync_cuda = device.type == "cuda"
     # model FLOPs per step, the planner's count (recomputation not counted: MFU measures useful work)
     step_flops = model_step_flops(ModelSpec.from_cfg(cfg.model), gbs, recompute="none")
     peak = float(cfg.cluster.gpu.peak_tflops) * 1e12 * int(ctx.world_size)
-    sink = MetricsSink(cfg, ctx)
     phases = engine.phases = Phases(device)  # the step's time by phase, into each metrics row
-    ckpt = Checkpointer(cfg, ctx, engine)
-    start, history = ckpt.resume()  # (0, []) on a fresh start
-    if ctx.is_main and (start or ctx.attempt > 1):
-        ctx.rundir.rewrite_metrics(history)  # the steps after the checkpoint (or all, without one) are redone
-        print(f"[gpt] attempt {ctx.attempt}: resumed from the checkpoint after step {start}" if start else
-              f"[gpt] attempt {ctx.attempt}: no checkpoint yet, starting again from step 1", flush=True)
-
+    loop = StepLoop(cfg, ctx, Checkpointer(cfg, ctx, engine))  # resumed: loop.start (0 on a fresh start)
+    start = loop.start
     if ctx.is_main:
+        if start or ctx.attempt > 1:
+            print(f"[gpt] attempt {ctx.attempt}: resumed from the checkpoint after step {start}" if start else
+                  f"[gpt] attempt {ctx.attempt}: no checkpoint yet, starting again from step 1", flush=True)
         print(
             f"[gpt] engine={engine.describe()} params={engine.num_params:,} world={ctx.world_size} dp={dp} "
             f"grad_accum={accum} gbs={gbs} mbs={mbs} seq={seq_len} dtype={dtype_name(cfg)} "
@@ -99,14 +94,13 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             flush=True,
         )
 
-    losses: List[float] = [float(r["loss"]) for r in history]
     tokens_per_s: List[float] = []
     activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
     step_peak = StepPeak(device).start()  # host (and CUDA) peak over this attempt's steps
     prefetch = Prefetch(lambda s: micro_batches(data_seed, s - 1, layout, dp_rank, vocab, seq_len, branching),
                         last=steps, pin=device.type == "cuda")
     try:
-        for step in range(start + 1, steps + 1):
+        for step in loop:  # saves when due; on a stop signal saves, then raises ctx.interrupted
             inject_fault(cfg, ctx, step)
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
@@ -117,41 +111,28 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             meter = ActivationMeter() if step == start + 1 else None
             with meter if meter is not None else contextlib.nullcontext():
                 loss, grad_norm = engine.train_step(batches, lr)
-            if sync_cuda:
+            if device.type == "cuda":
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - t0
-            times = step_row(phases.take(), step_time)
             tps = gbs * seq_len / step_time
-            losses.append(loss)
             tokens_per_s.append(tps)
             row = dict(loss=loss, tokens_per_s=tps, samples_per_s=gbs / step_time, step_time_s=step_time,
                        lr=lr, grad_norm=grad_norm, tflops=step_flops / step_time / 1e12 / int(ctx.world_size))
             if peak > 0:
                 row["mfu"] = step_flops / step_time / peak
-            row.update(times)
+            row.update(step_row(phases.take(), step_time))
             if meter is not None:
                 activation_bytes = row["activation_bytes"] = meter.peak_bytes
-            mem = peak_memory_bytes(device)
+            mem = device_peak_bytes(device)
             if mem is not None:
                 row["peak_memory_bytes"] = mem
-            row["host_rss_bytes"] = host_rss_bytes()
-            sink.log(step, row)
-            history.append({"step": step, **row})
-            ctx.heartbeat(step)
-            stop = ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
-            if stop:
-                ckpt.save(step, history, block=True)
-                ckpt.finish()
-                raise ctx.interrupted(stop, step)
-            if ckpt.due(step):
-                ckpt.save(step, history)
+            loop.log(**row, host_rss_bytes=host_rss_bytes())
             if ctx.is_main and log_interval > 0 and step % log_interval == 0:
                 print(f"[gpt] step {step}/{steps} loss {loss:.4f} lr {lr:.3e} grad_norm {grad_norm:.3f} "
                       f"{tps:,.0f} tok/s {step_time * 1e3:.1f} ms", flush=True)
-        ckpt.finish()
     finally:
         prefetch.close()
-        sink.close()
+        loop.close()
 
     # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory)
     # and its calibration (activation_bytes: the peak of live saved-for-backward bytes in this
@@ -163,6 +144,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
         ctx.rundir.write_state(ctx.rank, {"rank": ctx.rank, "pp_stage": layout.coords(ctx.rank)[1],
                                           "dp_rank": dp_rank, **engine.state_bytes(),
                                           "activation_bytes": activation_bytes, **built, **step_peak.record()})
+    losses = loop.values("loss")
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,

@@ -102,8 +102,15 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
         res = launch(cfg, root, extra_env=slurm)
         assert res.returncode == 0, res.stdout + res.stderr
     run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
-    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    preempt_twice_and_check(run, ref, slurm, rng)
+    assert_identical(run, ref)
 
+
+def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], rng: random.Random) -> None:
+    """``scontrol requeue`` at a random step of attempt 1 (by step 14), the time-limit signal (USR2) at
+    a random step of attempt 2 (by step 34); both runs completed, the restarts recorded (a run of 60
+    steps: ~26 steps between the second signal and the end)."""
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
     k1 = rng.randint(3, 14)
     wait_for(f"step {k1}", lambda: last_step(run) >= k1, 300)
     subprocess.run(["scontrol", "requeue", job_id], check=True, env={**os.environ, **slurm})
@@ -123,7 +130,6 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     assert rows[0]["reason"] in ("preempted", "scheduler") and rows[1]["reason"] == "time_limit", rows
     assert rows[1]["from_step"] == rows[1]["failed_step"] >= k2  # saved at the boundary after the signal
     assert all(r["nodes"] and r["job_id"] == job_id for r in rows)
-    assert_identical(run, ref)
 
 
 @pytest.mark.slurm

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clone_worktree, launch, runs_json, wait_final
+from helpers import BIN, clone_worktree, launch, run_cmd, runs_json, wait_final
 from launcher.archive import secrets, snapshot
 
 
@@ -80,8 +80,9 @@ def _check_snapshot(code_dir):
     assert not (code_dir / "deploy" / "server.pem").exists() and "deploy/server.pem" in info["refused"], info
     assert not (code_dir / "build").exists()  # ignored: never copied
     assert "build/notes.txt" not in info["refused"]
-    leaky = (code_dir / "conf" / "cluster" / "leaky.yaml").read_text()
-    assert f"HF_TOKEN: {secrets.REDACTED}" in leaky and "conf/cluster/leaky.yaml" in info["redacted"]
+    # the code is never rewritten: a file holding a secret value is left out whole, and named
+    assert not (code_dir / "conf" / "cluster" / "leaky.yaml").exists()
+    assert "conf/cluster/leaky.yaml:HF_TOKEN" in info["held_secret"]["conf/cluster/leaky.yaml"], info
     assert (code_dir / "launcher" / "archive" / "secrets.py").is_file()  # the code itself is all there
     patch = (code_dir / snapshot.PATCH_FILE).read_text()
     heads = [line for line in patch.splitlines() if line.startswith("diff --git ")]
@@ -120,7 +121,9 @@ def test_local_run_archives_no_secret(runs_root, leaky_repo):
     assert (runs_root / "registry.sqlite").is_file()
     _check_snapshot(rdir.parent / "code")
     cfg = (rdir / "config.yaml").read_text()
-    assert f"API_TOKEN: {secrets.REDACTED}" in cfg and f"HF_TOKEN: {secrets.REDACTED}" in cfg
+    # secret literals of the config travel to the job in the environment; the archive references them
+    assert "API_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_API_TOKEN}" in cfg
+    assert "HF_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_HF_TOKEN}" in cfg
     assert f"export MY_SECRET={secrets.REDACTED}" in cfg and f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
     job_env = json.loads((rdir / "env" / "training-env.json").read_text())
     assert "WANDB_NOTES" not in job_env, "the job exported a redacted value from config.yaml"
@@ -128,6 +131,53 @@ def test_local_run_archives_no_secret(runs_root, leaky_repo):
     meta = json.loads((rdir / "run.json").read_text())
     assert meta["tags"] == [secrets.REDACTED, f"x{secrets.REDACTED}x", secrets.REDACTED, secrets.REDACTED, "plain"]
     assert not _leaks(runs_root, out), _leaks(runs_root, out)
+
+
+USER_RECIPE = """import hashlib, os
+
+ORDER = "ascending"  # a constant: the snapshot the job runs holds it as written
+
+
+def digest(value):
+    return hashlib.sha256(str(value).encode()).hexdigest()
+
+
+def main(cfg, ctx):
+    p = cfg.recipe.params
+    return {"key_order": p.key_order, "tokenizer": p.tokenizer, "max_tokens": p.max_tokens, "order": ORDER,
+            "api_key": digest(p.api_key), "hf_token": digest(os.environ.get("HF_TOKEN"))}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_job_reads_every_value_it_was_given_and_no_archived_file_holds_a_secret(runs_root, tmp_path):
+    """Settings under key-like names run as written; a secret literal and an ${oc.env:...} reference
+    reach the job unchanged through its environment, never through the archive; reproducing without
+    those variables is refused, naming them."""
+    user = tmp_path / "user"
+    (user / "kp").mkdir(parents=True)
+    (user / "kp" / "__init__.py").write_text("")
+    (user / "kp" / "train.py").write_text(USER_RECIPE)
+    overrides = ["recipe._target_=kp.train.main", "+recipe.params.key_order=ascending",
+                 "+recipe.params.tokenizer=gpt2", "+recipe.params.max_tokens=128", f"+recipe.params.api_key={CLI}",
+                 "+cluster.env.HF_TOKEN=${oc.env:MY_HF}", "cluster.gpus_per_node=1"]
+    res = launch(overrides, runs_root, cwd=user, extra_env={"MY_HF": ENV["HF_TOKEN"]}, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    (run,) = runs_json(runs_root)
+    rdir = Path(run["dir"])
+    summary = json.loads((rdir / "status.json").read_text())["summary"]
+    digest = lambda v: __import__("hashlib").sha256(v.encode()).hexdigest()  # noqa: E731
+    assert summary == {"key_order": "ascending", "tokenizer": "gpt2", "max_tokens": 128, "order": "ascending",
+                       "api_key": digest(CLI), "hf_token": digest(ENV["HF_TOKEN"])}, summary
+    assert (rdir.parent / "code" / "kp" / "train.py").read_text() == USER_RECIPE
+    cfg = (rdir / "config.yaml").read_text()
+    assert "api_key: ${oc.env:LAUNCHER_SECRET_RECIPE_PARAMS_API_KEY}" in cfg and "HF_TOKEN: ${oc.env:MY_HF}" in cfg
+    assert not _leaks(runs_root, out), _leaks(runs_root, out)
+    again = run_cmd([str(BIN / "launcher"), "reproduce", str(rdir)], runs_root, cwd=user, timeout=120)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "LAUNCHER_SECRET_RECIPE_PARAMS_API_KEY, MY_HF" in again.stderr and "export" in again.stderr, again.stderr
+    assert len(runs_json(runs_root)) == 1  # nothing was submitted
 
 
 @pytest.mark.slurm
@@ -161,8 +211,9 @@ def test_invalid_sweep_error_prints_no_secret(runs_root):
 
 
 @pytest.mark.timeout(120)
-def test_snapshot_outside_git_refuses_secret_files_and_scrubs(tmp_path, monkeypatch):
-    """Outside a git repo: today's choice of files (.py/.yaml/...), the same secret rules."""
+def test_snapshot_outside_git_refuses_secret_files_and_leaves_out_files_holding_one(tmp_path, monkeypatch):
+    """Outside a git repo: today's choice of files (.py/.yaml/...), the same secret rules; a file
+    holding a secret value is left out and named, never rewritten."""
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "train.py").write_text(f"TOKEN_HINT = '{ENV['HF_TOKEN']}'\n")
@@ -174,8 +225,10 @@ def test_snapshot_outside_git_refuses_secret_files_and_scrubs(tmp_path, monkeypa
     info = snapshot.take(src, tmp_path / "out" / "s" / "code")
     dest = tmp_path / "out" / "s" / "code"
     assert sorted(info["refused"]) == ["aws_credentials.yaml"]  # .env is not a .py/.yaml file: never listed
-    assert (dest / "pkg" / "train.py").read_text() == f"TOKEN_HINT = '{secrets.REDACTED}'\n"
-    assert (dest / "cluster.yaml").read_text() == f"env:\n  HF_TOKEN: {secrets.REDACTED}\n"
+    assert not (dest / "pkg" / "train.py").exists() and not (dest / "cluster.yaml").exists()
+    assert info["held_secret"] == {"pkg/train.py": ["HF_TOKEN"], "cluster.yaml": ["cluster.yaml:HF_TOKEN"]}, info
+    (warning,) = [w for w in snapshot.left_out_warnings(info) if "pkg/train.py" in w]
+    assert "HF_TOKEN" in warning and "os.environ" in warning and ENV["HF_TOKEN"] not in warning
     assert not (dest / ".env").exists()
     assert not _leaks(tmp_path / "out")
 

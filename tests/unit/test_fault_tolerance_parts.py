@@ -183,7 +183,7 @@ class Ctx:
 def checkpointer(rd, every=2, keep=2, async_save=True, steps=9, ctx=None):
     from omegaconf import OmegaConf
 
-    from recipes.common.checkpoint import Checkpointer
+    from launcher.training.checkpoint import Checkpointer
 
     cfg = OmegaConf.create({"train": {"steps": steps, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
                                       "fail_attempt": None,
@@ -235,7 +235,7 @@ def _slow_host_copy(monkeypatch, delay_s=0.0, gate=None):
     """Make the checkpointer's host copy take ``delay_s`` per tensor, or wait for ``gate`` first."""
     import torch
 
-    from recipes.common import checkpoint
+    from launcher.training import checkpoint
 
     real = checkpoint.host_copy
 
@@ -268,7 +268,7 @@ class Rank(Ctx):
 def test_a_checkpoint_is_committed_only_when_every_rank_marked_it_done(tmp_path):
     """World 2: rank 0's part alone leaves the partial dir and `latest` as they were; rank 1's mark
     completes the set and that rank renames it into place."""
-    from recipes.common.checkpoint import DONE_FILE
+    from launcher.training.checkpoint import DONE_FILE
 
     rd = make_run(tmp_path)
     ranks = [checkpointer(rd, async_save=False, ctx=Rank(rd, r, 2)) for r in (0, 1)]
@@ -298,7 +298,7 @@ def test_an_async_save_returns_while_the_write_is_pending(tmp_path, monkeypatch)
     and finish() waits for the write (and commits it)."""
     import threading
 
-    from recipes.common import checkpoint
+    from launcher.training import checkpoint
 
     rd = make_run(tmp_path)
     ck, engine = checkpointer(rd, async_save=True)
@@ -360,7 +360,7 @@ def test_a_rank_finishing_after_the_set_was_committed_returns(tmp_path, monkeypa
     which had failed that rank's save); the other returns without an error."""
     import pathlib
 
-    from recipes.common.checkpoint import DONE_FILE
+    from launcher.training.checkpoint import DONE_FILE
 
     rd = make_run(tmp_path)
     ck, _ = checkpointer(rd)
@@ -480,6 +480,8 @@ def test_a_requeue_killed_with_the_step_is_asked_again_by_the_teardown(tmp_path,
     assert left == {"run": str(rd.path), "attempt": 1, "job_id": "9",
                     "stop": {"reason": "failure", "detail": "rank 1 died", "rank": 0, "step": 7}}
     asked = []
+    # the rank's own request went through before the step's teardown killed it: not asked twice
+    assert deferred_requeue.settle(left, asked.append, already=lambda job_id: True) == "requeued" and asked == []
     assert deferred_requeue.settle(left, asked.append) == "requeued" and asked == ["9"]
     assert rd.status().state is Status.requeued and rd.status().stop["step"] == 7
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")  # the next attempt: an old note does nothing

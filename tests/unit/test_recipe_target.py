@@ -29,3 +29,23 @@ def test_the_recipe_function_takes_cfg_and_ctx(tmp_path, source, fine):
     assert (problem is None) is fine, problem
     if not fine:
         assert "def main(cfg, ctx)" in problem  # the fix, named
+
+
+def test_a_snapshot_is_searched_instead_of_the_working_dir(tmp_path, monkeypatch):
+    """`launcher resume` / `reproduce` look for the target in the run's snapshot, whatever the cwd."""
+    from launcher.recipe_target import searched_in, target_problem
+
+    snap = tmp_path / "snap"
+    (snap / "snap_only_pkg").mkdir(parents=True)
+    (snap / "snap_only_pkg" / "__init__.py").write_text("")
+    (snap / "snap_only_pkg" / "t.py").write_text("def main(cfg, ctx):\n    pass\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert "not importable here" in target_problem("snap_only_pkg.t.main")
+    with searched_in(snap):
+        assert target_problem("snap_only_pkg.t.main") is None
+    assert "not importable here" in target_problem("snap_only_pkg.t.main")
+    with searched_in(None):  # no snapshot (a launch): the working dir
+        monkeypatch.chdir(snap)
+        assert target_problem("snap_only_pkg.t.main") is None

@@ -15,7 +15,7 @@ from dropout_probe import record_masks, sdpa_mask_is_exact
 from launcher import rules
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.seeding import derive_seed, seed_plan, tracker_seeds
-from recipes.common.checkpoint import rng_state, set_rng_state
+from launcher.training.checkpoint import rng_state, set_rng_state
 from recipes.gpt import rng
 from recipes.gpt.model import GPT
 from recipes.gpt.parallel import tensor_parallel as tpm

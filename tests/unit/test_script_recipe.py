@@ -136,3 +136,18 @@ def test_ranks_learn_the_attempt_rank_0_began(tmp_path):
     rd.write_rank(3, {"rank": 3, "hostname": "h", "pid": 103, "started": "t"})  # nobody announces it
     with pytest.raises(RuntimeError, match="rank 0 did not start"):
         script.learn_attempt(rd, 3, timeout_s=0.3, interval_s=0.05)
+
+
+def test_a_resume_or_reproduction_looks_in_its_snapshot_whatever_the_cwd(tmp_path, monkeypatch):
+    from launcher.recipe_target import searched_in
+
+    snap = tmp_path / "code"
+    snap.mkdir()
+    (snap / "train.py").write_text("print('hi')\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with searched_in(snap):
+        assert problem(tree(script="train.py")) is None
+        found = problem(tree(script="other.py"))
+    assert found[0] == "recipe.script" and f"the code snapshot {snap}" in found[1], found
+    assert problem(tree(script="train.py")) is not None  # a launch from elsewhere: not there

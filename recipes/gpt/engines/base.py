@@ -107,7 +107,7 @@ class Engine:
     def describe(self) -> str:
         return type(self).__name__
 
-    # ---- checkpoints (recipes.common.checkpoint) ---------------------------------------------------
+    # ---- checkpoints (launcher.training.checkpoint) -----------------------------------------------
     def checkpoint_files(self) -> Dict[str, Any]:
         """File name -> state this rank writes into a checkpoint (model, optimizer, loss scaler: all it
         needs to continue bit for bit); the checkpointer copies it to host memory and writes it."""

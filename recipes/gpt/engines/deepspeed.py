@@ -22,7 +22,7 @@ records none, so it is computed from the all-reduced gradients.
 
 First use compiles C++ ops (gcc + ninja, cached in ~/.cache/torch_extensions): DeepSpeedCPUAdam
 for zero.offload_optimizer (~2-2.5 min on 2 CPU cores, 2.5 s to load once built). DeepSpeed's
-shared-memory comm op, which only inference uses, is not built (see ``_init_comm``).
+shared-memory comm op, which only inference uses, is not built (launcher.training.deepspeed).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from torch import nn
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training.deepspeed import init_distributed
 from recipes.common.ds_config import deepspeed_config
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
@@ -61,28 +62,6 @@ def _import_deepspeed():
     import deepspeed
 
     return deepspeed
-
-
-def _init_comm(deepspeed: Any, backend: str) -> None:
-    """Hand DeepSpeed the process group the launcher runtime already initialised.
-
-    On the CPU accelerator DeepSpeed's comm backend JIT-compiles its shared-memory all-reduce op
-    (deepspeed_shm_comm: gcc + ninja, ~45-120 s on a cold ~/.cache/torch_extensions) the first
-    time it is created. Training never uses that op: it only serves ``inference_all_reduce`` and
-    is only switched on when LOCAL_SIZE is set (the ``deepspeed`` launcher sets it, ours does
-    not), so it is not built here. Every training collective goes through torch.distributed."""
-    import importlib
-
-    # (``import deepspeed.comm.torch as m`` would bind torch itself: deepspeed.comm re-exports it)
-    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    build = getattr(ds_torch_comm, "build_shm_op", None)
-    if build is not None:
-        ds_torch_comm.build_shm_op = lambda: None
-    try:
-        deepspeed.init_distributed(dist_backend=backend, dist_init_required=False)
-    finally:
-        if build is not None:
-            ds_torch_comm.build_shm_op = build
 
 
 def _refuse_unsupported_fp16(dtype: str) -> None:
@@ -206,7 +185,7 @@ class DeepSpeedEngine(Engine):
         deepspeed = _import_deepspeed()
         _refuse_unsupported_fp16(self.dtype)
         # torch.distributed is already up (launcher runtime); DeepSpeed wraps the existing group.
-        _init_comm(deepspeed, ctx.backend)
+        init_distributed(ctx)  # the runtime's group, no inference-only op build
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)

@@ -1,15 +1,22 @@
 """Checkpoints that let a run continue bit for bit, written aside and made visible by one rename.
 
+Public API (docs/training-api.md): ``Checkpoint(cfg, ctx, {"model": model, "optimizer": opt})`` for
+any named objects with ``state_dict``/``load_state_dict``; ``Checkpointer(cfg, ctx, engine)`` for an
+engine with its own files (the GPT recipe's engines: the ``Engine`` protocol below). Both resume from
+``latest`` and rewind the run's metrics file to the resumed step (``resume``).
+
 A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run dir (names: RunDir):
 
 - each engine's own state: ``Engine.save_native`` (DeepSpeed's save_checkpoint: model, optimizer,
   ZeRO partitions, loss scaler) and/or ``Engine.checkpoint_files`` (ddp: one model+optimizer file
   from data-parallel rank 0; megatron: one file per (pp, tp) shard, plus one per rank for ZeRO-1's
-  optimizer partitions);
+  optimizer partitions; ``Checkpoint``'s objects: ``state.pt`` from rank 0, ``state_rank_<r>.pt``
+  from every rank for the per-rank ones);
 - ``rng_rank_<r>.pt``: every RNG state of every rank (torch, CUDA, Python, NumPy, and the engine's
   dropout streams: ``engine.rng_tracker``, the megatron engine's ``recipes.gpt.rng.RNGTracker``);
-- ``meta.json`` (rank 0): the step and the metrics rows so far. The data order needs nothing more:
-  every step's batch is a pure function of (data seed, step, dp rank) (recipes.common.data).
+- ``meta.json`` (rank 0): the step (the data position: a step's batch is a pure function of the
+  step, as in recipes.common.data, or a per-rank sampler's state is saved too) and the metrics rows
+  so far.
 
 Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
 marker; whichever rank completes the set renames the directory into place and only then points
@@ -20,10 +27,12 @@ complete checkpoints are kept.
 With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
 copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,
 the next optimizer step waits only if that copy is not done yet, and the thread then serialises and
-writes it (one save in flight at a time). DeepSpeed's own save is synchronous.
+writes it (one save in flight at a time). DeepSpeed's own save is synchronous; so is a save of an
+engine (or a ``Checkpoint``) that names no optimizer.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -32,7 +41,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 import torch.distributed as dist
@@ -42,6 +51,24 @@ from launcher.schema import enum_value
 RNG_FILE = "rng_rank_{rank:05d}.pt"
 META_FILE = "meta.json"
 DONE_FILE = "done_rank_{rank:05d}"
+STATE_FILE = "state.pt"  # a Checkpoint's objects (rank 0)
+RANK_STATE_FILE = "state_rank_{rank:05d}.pt"  # a Checkpoint's per-rank objects (every rank)
+
+
+class Engine(Protocol):
+    """What the Checkpointer needs of the thing it saves (recipes.gpt.engines.base.Engine; Objects)."""
+
+    def save_native(self, path: Path) -> None:
+        """Write a collective, synchronous save of its own into ``path`` (or nothing)."""
+
+    def checkpoint_files(self) -> Dict[str, Any]:
+        """File name -> the live state this rank writes (copied to host memory before it changes)."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore this rank's state from the checkpoint directory ``path``."""
+
+    def optimizers(self) -> List[Any]:
+        """The optimizers whose step is the only change to the saved state (none: saves are synchronous)."""
 
 
 def rng_state(tracker: Any = None) -> Dict[str, Any]:
@@ -112,9 +139,13 @@ def _write_file(path: Path, obj: Any) -> None:
 class Checkpointer:
     """Save, resume and prune the checkpoints of one rank of a run (see the module doc)."""
 
-    def __init__(self, cfg: Any, ctx: Any, engine: Any) -> None:
+    def __init__(self, cfg: Any, ctx: Any, engine: Engine, *, every: Optional[int] = None,
+                 keep: Optional[int] = None, async_save: Optional[bool] = None) -> None:
+        """``every``, ``keep``, ``async_save``: train.checkpoint's values unless given."""
         ck = cfg.train.checkpoint
-        self.every, self.keep, self.async_save = int(ck.every), int(ck.keep), bool(ck.async_save)
+        self.every = int(ck.every if every is None else every)
+        self.keep = int(ck.keep if keep is None else keep)
+        self.async_save = bool(ck.async_save if async_save is None else async_save)
         self.steps = int(cfg.train.steps)
         self.ctx, self.rd, self.engine = ctx, ctx.rundir, engine
         self.rank, self.world = int(ctx.rank), int(ctx.world_size)
@@ -136,20 +167,25 @@ class Checkpointer:
     # ---- resume ------------------------------------------------------------------------------------
     def resume(self) -> Tuple[int, List[Dict[str, Any]]]:
         """Load ``latest`` if there is one: (the step it was taken after, the metrics rows up to it);
-        (0, []) for a fresh start. Partial checkpoints an earlier attempt left are deleted first."""
+        (0, []) for a fresh start. Partial checkpoints an earlier attempt left are deleted first. A
+        restarted attempt's metrics file is rewound to those rows (rank 0): the steps after the
+        checkpoint (all of them, without one) are redone and logged again, once each."""
         if self.rank == 0:
             for p in self.rd.stale_partials():
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
         latest = self.rd.latest_checkpoint()
-        if latest is None:
-            return 0, []
-        meta = json.loads((latest / META_FILE).read_text())
-        self.engine.load_checkpoint(latest)
-        set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
-        self.ctx.heartbeat()
-        return int(meta["step"]), list(meta["metrics"])
+        step, rows = 0, []
+        if latest is not None:
+            meta = json.loads((latest / META_FILE).read_text())
+            self.engine.load_checkpoint(latest)
+            set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
+            self.ctx.heartbeat()
+            step, rows = int(meta["step"]), list(meta["metrics"])
+        if self.rank == 0 and (step or int(self.ctx.attempt) > 1):
+            self.rd.rewrite_metrics(rows)  # before this attempt logs a row (ctx appends to the file)
+        return step, rows
 
     def _tracker(self) -> Any:
         """The engine's dropout RNG streams (``recipes.gpt.rng.RNGTracker``), or None."""
@@ -265,3 +301,63 @@ class Checkpointer:
         for old in self.rd.checkpoints()[:-self.keep]:
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+class Objects:
+    """The Engine over named stateful objects (anything with ``state_dict``/``load_state_dict``):
+    ``shared`` ones, equal on every rank (a DDP model, its optimizer, a scheduler), written once by
+    rank 0 and loaded by every rank; ``per_rank`` ones (a rank's data sampler), written by each rank."""
+
+    def __init__(self, shared: Mapping[str, Any], per_rank: Mapping[str, Any], rank: int, device: Any) -> None:
+        for name, obj in {**shared, **per_rank}.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"checkpoint object {name!r} ({type(obj).__name__}) has no state_dict/load_state_dict")
+        self.shared, self.per_rank = dict(shared), dict(per_rank)
+        self.rank, self.device = rank, device
+
+    def optimizers(self) -> List[Any]:
+        return [o for o in (*self.shared.values(), *self.per_rank.values()) if isinstance(o, torch.optim.Optimizer)]
+
+    def save_native(self, path: Path) -> None:
+        pass
+
+    def checkpoint_files(self) -> Dict[str, Any]:
+        files: Dict[str, Any] = {}
+        if self.rank == 0 and self.shared:
+            files[STATE_FILE] = {name: _live_state(obj) for name, obj in self.shared.items()}
+        if self.per_rank:
+            own = RANK_STATE_FILE.format(rank=self.rank)
+            files[own] = {name: _live_state(obj) for name, obj in self.per_rank.items()}
+        return files
+
+    def load_checkpoint(self, path: Path) -> None:
+        for file, objs in ((STATE_FILE, self.shared), (RANK_STATE_FILE.format(rank=self.rank), self.per_rank)):
+            if objs:
+                state = torch.load(path / file, map_location=self.device, weights_only=False)
+                for name, obj in objs.items():
+                    obj.load_state_dict(state[name])
+
+
+def _live_state(obj: Any) -> Any:
+    """The state an asynchronous save may copy later: an optimizer's and a module's parameters change
+    only in the (hooked) optimizer step, so they are referenced; a module's buffers change in its
+    forward (BatchNorm statistics) and other objects' states anywhere, so those are copied now."""
+    state = obj.state_dict()
+    if isinstance(obj, torch.optim.Optimizer):
+        return state
+    if isinstance(obj, torch.nn.Module):
+        buffers = {name for name, _ in obj.named_buffers()}
+        return {k: v.detach().clone() if k in buffers else v for k, v in state.items()}
+    return copy.deepcopy(state)
+
+
+class Checkpoint(Checkpointer):
+    """The Checkpointer of any training loop: ``Checkpoint(cfg, ctx, {"model": model, "optimizer": opt})``
+    saves those objects' state dicts, every rank's RNG states and the step; ``per_rank`` objects are
+    saved by each rank. For async_save the saved objects must change only in an optimizer's step (or
+    in a module's buffers); otherwise pass ``async_save=False``."""
+
+    def __init__(self, cfg: Any, ctx: Any, state: Mapping[str, Any], *, per_rank: Optional[Mapping[str, Any]] = None,
+                 every: Optional[int] = None, keep: Optional[int] = None, async_save: Optional[bool] = None) -> None:
+        objects = Objects(state, per_rank or {}, int(ctx.rank), ctx.device)
+        super().__init__(cfg, ctx, objects, every=every, keep=keep, async_save=async_save)

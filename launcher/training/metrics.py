@@ -1,18 +1,9 @@
-"""Training metrics: peak memory, and where rows go (the run's metrics file through
-``ctx.log_metrics``, and wandb, offline by default, under ``ctx.rundir.wandb_dir``). The FLOPs
-account behind MFU is the planner's (``launcher.plan.flops``)."""
+"""Where a training loop's metrics rows go: the run's metrics file through ``ctx.log_metrics``, and
+wandb (``wandb.enabled``; offline by default, under ``ctx.rundir.wandb_dir``)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
-
-import torch
-
-
-def peak_memory_bytes(device: torch.device) -> Optional[int]:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return None
+from typing import Any, Dict
 
 
 class MetricsSink:
@@ -26,12 +17,10 @@ class MetricsSink:
             os.environ.setdefault("WANDB_MODE", str(wb.mode))
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
-            from omegaconf import OmegaConf
 
-            self.run = wandb.init(
+            self.run = wandb.init(  # the archived config: its secrets are references, not values
                 project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
-                name=ctx.rundir.run_id,
-                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                name=ctx.rundir.run_id, config=ctx.rundir.config(),
             )
 
     def log(self, step: int, row: Dict[str, Any]) -> None:

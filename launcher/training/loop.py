@@ -1,0 +1,92 @@
+"""The step loop of any training function: ``for step in StepLoop(cfg, ctx, checkpoint): ...``.
+
+The loop resumes (``Checkpointer.resume``: the latest checkpoint's state, the metrics file rewound to
+its step) when it is made, then yields the steps still to run, ``start + 1 .. steps``. The body trains
+one step and gives its metrics row (``loop.log(loss=...)``); after the body the loop
+
+- writes the row (the run's metrics.jsonl, and wandb when enabled: ``MetricsSink``),
+- beats the hang watchdog (``ctx.heartbeat``),
+- asks every rank whether the job must stop (``ctx.should_stop``: one all-reduce, so all ranks stop
+  after the same step); if so, saves blocking, waits for every rank's save and raises
+  ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
+- saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step).
+
+After the last step it waits until every save of every rank is committed.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
+from launcher.training.checkpoint import Checkpointer
+from launcher.training.metrics import MetricsSink
+
+
+class StepLoop:
+    """Steps ``start + 1 .. steps`` (train.steps unless given) of one rank, resumed by ``checkpoint``
+    (None: nothing is saved, a restarted attempt starts again from step 1)."""
+
+    def __init__(self, cfg: Any, ctx: Any, checkpoint: Optional[Checkpointer] = None, *,
+                 steps: Optional[int] = None) -> None:
+        self.cfg, self.ctx, self.checkpoint = cfg, ctx, checkpoint
+        self.steps = int(cfg.train.steps if steps is None else steps)
+        if checkpoint is not None:
+            checkpoint.steps = self.steps  # the last step is always saved
+            self.start, self.history = checkpoint.resume()
+        else:
+            self.start, self.history = 0, []
+            if ctx.is_main and int(ctx.attempt) > 1:
+                ctx.rundir.rewrite_metrics([])  # every step is redone: each logged once
+        self.step = self.start  # the step the body runs (the last one finished, after the loop)
+        self._row: Optional[Dict[str, Any]] = None
+        self._sink: Optional[MetricsSink] = None
+
+    @property
+    def resumed(self) -> bool:
+        return self.start > 0
+
+    def log(self, **row: Any) -> None:
+        """The metrics row of the step the body runs (numbers; written after the body, on rank 0)."""
+        self._row = {**(self._row or {}), **row}
+
+    def values(self, key: str) -> List[Any]:
+        """``key`` of every step's row so far, the resumed steps' included (e.g. ``values("loss")``)."""
+        return [r[key] for r in self.history if key in r]
+
+    def __iter__(self) -> Iterator[int]:
+        self._sink = MetricsSink(self.cfg, self.ctx)
+        try:
+            for step in range(self.start + 1, self.steps + 1):
+                self.step, self._row = step, None
+                yield step
+                self._end_step(step)
+            if self.checkpoint is not None:
+                self.checkpoint.finish()
+        finally:
+            self.close()
+
+    def _end_step(self, step: int) -> None:
+        if self._row is not None:
+            self._sink.log(step, self._row)
+            self.history.append({"step": step, **self._row})
+        self.ctx.heartbeat(step)
+        stop = self.ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
+        ck = self.checkpoint
+        if stop:
+            if ck is not None:
+                ck.save(step, self.history, block=True)
+                ck.finish()
+            raise self.ctx.interrupted(stop, step)
+        if ck is not None and ck.due(step):
+            ck.save(step, self.history)
+
+    def close(self) -> None:
+        """End the wandb run (also when the body raised: call it, or use the loop as a context manager)."""
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+
+    def __enter__(self) -> StepLoop:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,140 @@
+"""The public training API (launcher.training) with a plain module in one process: Checkpoint saves
+and resumes any state dicts bit for bit, keeps K, rewinds the metrics file; StepLoop saves when due,
+and on a stop signal saves, then raises ctx.interrupted."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from launcher.rundir import RunDir
+from launcher.runtime.context import RunContext
+from launcher.runtime.restarts import Interrupted, StopFlag
+from launcher.schema import RunConfig
+from launcher.training import Checkpoint, StepLoop
+
+STEPS = 8
+
+
+def make_cfg(every=3, keep=2, async_save=True):
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), {
+        "cluster": {"name": "unit"}, "wandb": {"enabled": False},
+        "train": {"steps": STEPS, "checkpoint": {"every": every, "keep": keep, "async_save": async_save}}})
+
+
+def make_ctx(run_dir: Path, attempt: int = 1) -> RunContext:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return RunContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, hostname="localhost",
+                      rundir=RunDir(run_dir), layout=None, device="cpu", backend="gloo", attempt=attempt,
+                      stop_flag=StopFlag())
+
+
+class Stop(Exception):
+    pass
+
+
+def train(cfg, ctx, crash_at=None, stop_at=None):
+    """A user's loop: a BatchNorm MLP (buffers change in the forward), AdamW, a scheduler, data drawn
+    from numpy, python and torch RNGs (all restored on resume), dropout. Returns (losses, weights)."""
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ckpt = Checkpoint(cfg, ctx, {"model": model, "optimizer": opt, "scheduler": sched})
+    loop = StepLoop(cfg, ctx, ckpt)
+    for step in loop:
+        if step == crash_at:
+            ckpt.wait()  # the process dies: what it had written stays, the save in flight is not its
+            raise Stop(step)
+        x = torch.randn(8, 4) + float(np.random.rand()) + random.random()
+        loss = (model(x).squeeze(1) - x.sum(1)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        loop.log(loss=loss.item())
+        if step == stop_at:
+            ctx.stop_flag.reason = "preempted"
+    return loop.values("loss"), {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def metrics_steps(run_dir: Path):
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def slow_host_copy(monkeypatch):
+    """An asynchronous save's copy to host memory takes a while: the next step's forward (which
+    changes BatchNorm's buffers) runs meanwhile; its optimizer step waits for the copy."""
+    import time
+
+    from launcher.training import checkpoint
+
+    real = checkpoint.host_copy
+
+    def slow(obj, reuse=None):
+        if torch.is_tensor(obj):
+            time.sleep(0.003)
+        return real(obj, reuse)
+
+    monkeypatch.setattr(checkpoint, "host_copy", slow)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_crashed_and_a_preempted_run_end_bitwise_where_an_uninterrupted_one_ends(tmp_path, async_save,
+                                                                                   monkeypatch):
+    cfg = make_cfg(async_save=async_save)
+    slow_host_copy(monkeypatch)
+    ref_losses, ref_weights = train(cfg, make_ctx(tmp_path / "ref"))
+    assert len(ref_losses) == STEPS and metrics_steps(tmp_path / "ref") == list(range(1, STEPS + 1))
+    rd = RunDir(tmp_path / "ref")
+    # every 3 steps and the last, the last 2 kept
+    assert [RunDir.checkpoint_step(p) for p in rd.checkpoints()] == [6, 8]
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(8)
+
+    run = tmp_path / "run"
+    with pytest.raises(Stop):  # attempt 1 dies in step 5: rows 1..4 logged, the checkpoint after 3 kept
+        train(cfg, make_ctx(run), crash_at=5)
+    assert metrics_steps(run) == [1, 2, 3, 4]
+    RunDir(run).checkpoint_partial(4).mkdir()  # a save that died half-way: removed on resume
+
+    with pytest.raises(Interrupted) as stop:  # attempt 2 resumes after 3; signalled in step 6
+        train(cfg, make_ctx(run, attempt=2), stop_at=6)
+    assert (stop.value.reason, stop.value.step) == ("preempted", 6)
+    assert metrics_steps(run) == [1, 2, 3, 4, 5, 6]  # rewound to step 3, then 4..6 once each
+    assert RunDir(run).latest_checkpoint() == RunDir(run).checkpoint_dir(6)  # saved at the boundary
+    assert RunDir(run).stale_partials() == []
+
+    losses, weights = train(cfg, make_ctx(run, attempt=3))
+    assert metrics_steps(run) == list(range(1, STEPS + 1))
+    assert losses == ref_losses  # bitwise: the resumed steps' rows come from the checkpoint
+    assert [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()] == ref_losses
+    assert weights.keys() == ref_weights.keys()
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in weights)
+
+
+def test_a_restart_without_a_checkpoint_starts_over_with_an_empty_metrics_file(tmp_path):
+    cfg = make_cfg(every=0)
+    run = tmp_path / "run"
+    with pytest.raises(Stop):
+        train(cfg, make_ctx(run), crash_at=4)
+    assert metrics_steps(run) == [1, 2, 3]
+    loop = StepLoop(cfg, make_ctx(run, attempt=2), Checkpoint(cfg, make_ctx(run, attempt=2), {}))
+    assert (loop.start, loop.history) == (0, []) and metrics_steps(run) == []
+
+
+def test_the_loop_overrides_and_a_checkpoint_refuses_an_object_without_a_state_dict(tmp_path):
+    cfg = make_cfg()
+    ctx = make_ctx(tmp_path / "run")
+    ck = Checkpoint(cfg, ctx, {"w": torch.nn.Linear(2, 2)}, every=2, keep=1, async_save=False)
+    assert (ck.every, ck.keep, ck.async_save) == (2, 1, False)
+    loop = StepLoop(cfg, ctx, ck, steps=3)
+    assert list(loop) == [1, 2, 3]
+    assert [RunDir.checkpoint_step(p) for p in ctx.rundir.checkpoints()] == [3]  # due at 2 and the last
+    with pytest.raises(TypeError, match="'data'"):
+        Checkpoint(cfg, ctx, {"data": [1, 2]})
