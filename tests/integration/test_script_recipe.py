@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from test_fault_tolerance import last_step, only_run, restarts, status, wait_for
 
-from helpers import BIN, launch, read_metrics
+from helpers import BIN, launch, read_metrics, run_cmd, runs_json
 from launcher import script_recipe
+from launcher.rundir import RunDir
 from launcher.runtime.script import Forwarder
 
 STEPS = 30
@@ -174,6 +175,19 @@ def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
     assert (st["status"], st["exit_code"], st["error"], st["attempt"]) == ("failed", 3, "script exited 3", 1), st
     assert restarts(run) == []  # the script said so: not retried, although the budget allows 2
     assert "script exited 3" in res.stdout + res.stderr
+    doctor = run_cmd([str(BIN / "launcher"), "doctor", str(run)], runs_root, timeout=120)
+    assert "script exited 3" in doctor.stdout and "launcher logs RUN --rank" in doctor.stdout, doctor.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_reproduction_runs_the_snapshots_script_from_any_dir(local_run, tmp_path):
+    root = local_run.parent.parent
+    res = run_cmd([str(BIN / "launcher"), "reproduce", RunDir(local_run).run_id, "--root", str(root)], root,
+                  timeout=400, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (copy,) = [Path(r["dir"]) for r in runs_json(root) if Path(r["dir"]) != local_run]
+    assert status(copy)["status"] == "completed", status(copy)
+    assert losses(read_metrics(copy)) == losses(read_metrics(local_run))
 
 
 @pytest.mark.timeout(600)
