@@ -119,6 +119,9 @@ def code(tmp_path_factory) -> Path:
     """The user's project: one script, not in git (the snapshot is the launch dir)."""
     d = tmp_path_factory.mktemp("project")
     (d / "train.py").write_text(SCRIPT)
+    (d / "mypkg").mkdir()
+    (d / "mypkg" / "__init__.py").write_text("")
+    (d / "mypkg" / "train.py").write_text(SCRIPT)  # the same script, for `python -m mypkg.train`
     return d
 
 
@@ -163,6 +166,17 @@ def test_an_unchanged_script_runs_on_cluster_local(local_run):
         assert env["LAUNCHER_CHECKPOINT_DIR"] == str(local_run / "checkpoints" / "script")
     assert seen[0]["env"]["MASTER_PORT"] == seen[1]["env"]["MASTER_PORT"]
     assert (local_run / "checkpoints" / "script" / "ckpt.pt").is_file()
+
+
+@pytest.mark.timeout(600)
+def test_the_module_form_runs_python_m(code, local_run, runs_root):
+    res = launch(["recipe=script", "recipe.module=mypkg.train", args(), "wandb.enabled=false", "cluster=local",
+                  "cluster.gpus_per_node=2"], runs_root, timeout=400, cwd=code)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = only_run(runs_root)
+    assert status(run)["status"] == "completed"
+    assert Path(envs(run, 1)[0]["argv"][0]) == run.parent / "code" / "mypkg" / "train.py"  # the snapshot's
+    assert losses(read_metrics(run)) == losses(read_metrics(local_run))
 
 
 @pytest.mark.timeout(600)
