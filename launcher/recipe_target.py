@@ -1,5 +1,6 @@
-"""Whether ``recipe._target_`` names a function that exists, found without importing or running
-anything: the module by its import spec, the function in its source by ``ast``."""
+"""Whether ``recipe._target_`` names a function that exists (and ``recipe.module`` a module ``python
+-m`` can run), found without importing or running anything: the module by its import spec, the
+function in its source by ``ast``."""
 from __future__ import annotations
 
 import ast
@@ -27,6 +28,11 @@ def searched_in(code_dir: Optional[Path]) -> Iterator[None]:
         _code_root.reset(token)
 
 
+def code_root() -> Optional[str]:
+    """The code snapshot ``searched_in`` names (None: the working dir's tree, at a launch)."""
+    return _code_root.get()
+
+
 def target_problem(target: str) -> Optional[str]:
     """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
     and runs nothing: the module is found on sys.path (and the code the job imports first: the working
@@ -40,21 +46,9 @@ def _target_problem(target: str, cwd: str) -> Optional[str]:
     parts = target.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         return f"{target!r} is not a dotted path module.function"
-    spec = importlib.machinery.PathFinder.find_spec(parts[0], [cwd])
-    if spec is None:
-        try:
-            spec = importlib.util.find_spec(parts[0])  # a top-level name: finding it imports nothing
-        except (ImportError, ValueError):
-            spec = None
+    spec, n = _find(parts, cwd, len(parts) - 1)
     if spec is None:
         return f"module {parts[0]!r} of {target!r} is not importable here"
-    n = 1
-    while n < len(parts) - 1 and spec.submodule_search_locations:
-        # a submodule, found in its parent's directories without importing the parent package
-        sub = importlib.machinery.PathFinder.find_spec(".".join(parts[:n + 1]), list(spec.submodule_search_locations))
-        if sub is None:
-            break
-        spec, n = sub, n + 1
     module, name = ".".join(parts[:n]), parts[n]
     if n == len(parts) - 1 and spec.submodule_search_locations and importlib.machinery.PathFinder.find_spec(
             target, list(spec.submodule_search_locations)) is not None:
@@ -73,6 +67,43 @@ def _target_problem(target: str, cwd: str) -> Optional[str]:
         return _signature_problem(target, fn) if fn is not None else None
     what = "submodule nor name" if spec.submodule_search_locations else "name"
     return f"{module} ({origin}) has no {what} {name!r}"
+
+
+def module_problem(module: str, cwd: str) -> Optional[str]:
+    """Why ``python -m module`` would not find ``module`` (``pkg.train``), or None. Found as
+    ``target_problem`` finds a recipe's module: in ``cwd`` (the code snapshot's root) or installed."""
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return f"{module!r} is not a dotted module name"
+    spec, n = _find(parts, cwd, len(parts))
+    if spec is None:
+        return f"module {parts[0]!r} is not importable from {cwd} or the installed packages"
+    if n < len(parts):
+        return f"{'.'.join(parts[:n])} ({spec.origin or 'a package'}) has no submodule {parts[n]!r}"
+    if spec.submodule_search_locations and importlib.machinery.PathFinder.find_spec(
+            module + ".__main__", list(spec.submodule_search_locations)) is None:
+        return f"{module!r} is a package without a __main__ module: `python -m` cannot run it"
+    return None
+
+
+def _find(parts: List[str], cwd: str, depth: int):
+    """(spec, n): the spec of the longest prefix ``parts[:n]`` (n <= depth) found, without importing
+    anything (a submodule in its parent's directories); (None, 0) when even ``parts[0]`` is not."""
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], [cwd])
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(parts[0])  # a top-level name: finding it imports nothing
+        except (ImportError, ValueError):
+            spec = None
+    if spec is None:
+        return None, 0
+    n = 1
+    while n < depth and spec.submodule_search_locations:
+        sub = importlib.machinery.PathFinder.find_spec(".".join(parts[:n + 1]), list(spec.submodule_search_locations))
+        if sub is None:
+            break
+        spec, n = sub, n + 1
+    return spec, n
 
 
 def _signature_problem(target: str, fn: ast.FunctionDef) -> Optional[str]:

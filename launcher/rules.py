@@ -19,7 +19,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher import backends, schema
+from launcher import backends, schema, script_recipe
 from launcher.config_values import SBATCH_OPTION
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Facts, Layout
@@ -360,6 +360,7 @@ RULES: Tuple[Rule, ...] = (
                     and target_problem(f.values.get("recipe._target_")) is not None),
          lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
          "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=recipes.gpt.train.main", RUN),
+    _each("recipe.script", lambda f: script_recipe.problems(f.values.tree), lambda f: script_recipe.fix(f.values.tree)),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
     _each("(any key)", lambda f: f.values.unknown_keys,

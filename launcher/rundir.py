@@ -66,6 +66,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "(model, memory, driver), `nvidia-smi topo -m`, InfiniBand devices"),
     ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank"),
     ("ranks/rank_<r>.error", "job", "traceback of a rank that raised"),
+    ("ranks/attempts.json", "job", "recipe=script: the attempt rank 0 began and the start (host, pid) of each rank "
+     "it was told to: how ranks that share no process group of the launcher's agree on their attempt"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
     ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held; "
      "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt; the "
@@ -86,6 +88,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "(meta.json)"),
     ("checkpoints/.step_<n>.partial/", "recipe", "a checkpoint being written: each rank's part and its done_rank_<r> "
      "marker; renamed to step_<n>/ once every rank's part is in, deleted by the next attempt if a rank died first"),
+    ("checkpoints/script/", "recipe (script)", "recipe=script: the script's own checkpoints "
+     "(LAUNCHER_CHECKPOINT_DIR), whatever it saves there"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
      "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
@@ -120,6 +124,7 @@ class RunDir:
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
+    RANK_ATTEMPTS, SCRIPT_CHECKPOINTS = "ranks/attempts.json", "checkpoints/script"
     WORK = "work"
     SHARED_FILES = (GIT, PATCH, SNAPSHOT, SOFTWARE, PIP_FREEZE)  # alike for every run of a sweep
 
@@ -206,6 +211,9 @@ class RunDir:
     def write_rank(self, rank: int, info: Dict[str, Any]) -> None:
         atomic.write_json(self._p(_name(self.RANK, r=rank)), info)
 
+    def write_rank_attempts(self, record: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.RANK_ATTEMPTS), record)
+
     def write_rank_error(self, rank: int, traceback_text: str) -> None:
         atomic.write_text(self._p(_name(self.RANK_ERROR, r=rank)), traceback_text)
 
@@ -230,6 +238,11 @@ class RunDir:
         atomic.write_text(self._p(self.METRICS), "".join(json.dumps(r) + "\n" for r in rows))
 
     # ---- checkpoints -----------------------------------------------------------------------------
+    @property
+    def script_checkpoint_dir(self) -> Path:
+        """recipe=script: the dir the script owns (LAUNCHER_CHECKPOINT_DIR)."""
+        return self._p(self.SCRIPT_CHECKPOINTS)
+
     def checkpoint_dir(self, step: int) -> Path:
         return self._p(_name(self.CHECKPOINT, n=f"{int(step):08d}"))
 
@@ -433,6 +446,25 @@ class RunDir:
     def script(self) -> Optional[str]:
         p = self._p(self.SCRIPT)
         return p.read_text() if p.exists() else None
+
+    def rank(self, rank: int) -> Dict[str, Any]:
+        """ranks/rank_<r>.json of one rank ({} before it started)."""
+        return atomic.read_json(self._p(_name(self.RANK, r=rank)), {}) or {}
+
+    def rank_attempts(self) -> Dict[str, Any]:
+        return atomic.read_json(self._p(self.RANK_ATTEMPTS), {}) or {}
+
+    def rank_file_mtimes(self) -> Dict[int, float]:
+        """The modification time of each rank's ranks/rank_<r>.json, by rank (cheap: no file read)."""
+        out = {}
+        for p in self._glob(self.RANK, r="*"):
+            rank = p.stem.rsplit("_", 1)[-1]
+            try:
+                if rank.isdigit():
+                    out[int(rank)] = p.stat().st_mtime
+            except FileNotFoundError:
+                pass
+        return out
 
     def ranks(self) -> List[Dict[str, Any]]:
         rows = [atomic.read_json(p, {}) for p in self._glob(self.RANK, r="*")]

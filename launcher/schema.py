@@ -272,6 +272,11 @@ class RecipeConfig:
     # the recipe's own settings (recipes/commbench: message sizes, iterations), read by the recipe;
     # any keys (`launch recipe=commbench recipe.params.max_bytes=1048576`)
     params: Dict[str, Any] = field(default_factory=dict)
+    # recipe=script (docs/scripts.md): a torchrun-style script, unchanged; one of script (its path in
+    # the code snapshot) or module (`python -m`), with its command-line args
+    script: Optional[str] = None
+    module: Optional[str] = None
+    args: List[str] = field(default_factory=list)
 
 
 @dataclass

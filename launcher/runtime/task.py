@@ -17,10 +17,11 @@ from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
 from launcher.rundir import RunDir
-from launcher.runtime import env as dist_env, restart_policy, restarts, watchdog
+from launcher.runtime import env as dist_env, restart_policy, restarts, script, watchdog
 from launcher.runtime.attempt import attempt
 from launcher.runtime.context import RunContext
 from launcher.schema import typed
+from launcher.script_recipe import is_script
 from launcher.status import Status
 
 
@@ -149,6 +150,8 @@ def _select_device(cfg: Any, denv) -> bool:
 
 def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
                 attempt: Dict[str, int]) -> Dict[str, Any]:
+    if is_script(cfg_plain.get("recipe")):  # the script makes its own process group (docs/scripts.md)
+        return script.run(rd, cfg_plain, denv, watch, stop_flag, attempt)
     # torch: only on the node
     import torch
     import torch.distributed as dist

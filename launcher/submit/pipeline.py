@@ -17,7 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -234,7 +234,9 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
 
 
 def _snapshot_root(checked: List[Checked]) -> Path:
-    return source_root(Path.cwd(), [str(c.resolved["recipe"]["_target_"]) for c in checked])
+    recipes = [c.resolved["recipe"] for c in checked]
+    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes],
+                       [str(r["script"]) for r in recipes if r.get("script")])
 
 
 def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, str]:
@@ -248,15 +250,16 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
     return known
 
 
-def source_root(cwd: Path, targets: List[str]) -> Path:
+def source_root(cwd: Path, targets: List[str], scripts: Sequence[str] = ()) -> Path:
     """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
-    holds a recipe's top-level module (a user's own code, not in git); else the repo holding the
-    launcher (whose recipes the run uses)."""
+    holds a recipe's top-level module or script (a user's own code, not in git); else the repo holding
+    the launcher (whose recipes the run uses)."""
     repo = code.repo_root(cwd)
     if repo is not None:
         return repo
     tops = {t.split(".")[0] for t in targets}
-    if any((cwd / top).is_dir() or (cwd / f"{top}.py").is_file() for top in tops):
+    if any((cwd / top).is_dir() or (cwd / f"{top}.py").is_file() for top in tops) or \
+            any((cwd / s).is_file() for s in scripts):
         return cwd
     return code.repo_root(Path(__file__).resolve().parent) or cwd
 
