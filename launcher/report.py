@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from launcher import sweep_view, sweeps
+from launcher import recipe_contract, sweep_view, sweeps
 from launcher.archive import atomic
 from launcher.archive.compare import flatten
 from launcher.layout import Layout
@@ -246,7 +246,7 @@ def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str,
     rd = RunDir(run_dir)
     try:
         cfg = typed(rd.config())
-        if not str(cfg.recipe._target_ or "").startswith("recipes.gpt."):
+        if recipe_contract.of(str(cfg.recipe._target_ or "")).planner is None:
             return None
         cal = Calibration.from_cfg(cfg.cluster.calibration)
         source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"

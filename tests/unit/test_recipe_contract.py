@@ -1,0 +1,88 @@
+"""The recipe contract (launcher.recipe_contract): a user's recipe is held only to the shared rules, is
+named after itself and gets no GPT plan; the GPT recipe's rows, planner and steps come from its own
+contract (recipes/gpt/contract.py), commbench's settings check from its."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from launcher import recipe_contract, rules
+from launcher.app import CONF_DIR, normalize_overrides
+from launcher.submit.pipeline import InvalidSweep, Point, validate
+
+GPT = "recipes.gpt.train.main"
+# 3 processes, micro batch 4, global batch 16: 16 is not a multiple of 3*4, the GPT's batch rule
+THREE = ["cluster.gpus_per_node=3"]
+
+
+@pytest.fixture
+def user_recipe(tmp_path, monkeypatch):
+    """A user's package ``mlp`` whose main(cfg, ctx) never reads train.global_batch_size; no contract."""
+    pkg = tmp_path / "mlp"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("def main(cfg, ctx):\n    return {'final_loss': 0.5}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "mlp.train.main"
+    sys.modules.pop("mlp", None)
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+
+
+def _validate(*overrides):
+    return validate([Point(_cfg(*overrides), list(overrides))])
+
+
+def test_a_user_recipe_is_not_held_to_the_gpt_rules(user_recipe):
+    with pytest.raises(InvalidSweep, match="train.global_batch_size: 16 is not a multiple of dp"):
+        _validate(*THREE)  # the GPT recipe (the default) on the same processes: refused
+    (c,) = _validate(f"recipe._target_={user_recipe}", *THREE)
+    assert c.layout.dp == 3 and c.layout.world_size == 3 and c.layout.grad_accum == 1
+    assert c.resolved["name"] == "mlp" and c.resolved["submit"]["job_name"] == "mlp"  # not gpt_tiny
+    assert c.plan is None  # no GPT plan: nothing for show / report to print
+    # nor a GPT model rule (a tp the GPT's heads cannot be split over is the shared layout's business only)
+    (c,) = _validate(f"recipe._target_={user_recipe}", "cluster.gpus_per_node=3", "parallelism.tp=3",
+                     "parallelism.engine=megatron")
+    assert c.layout.tp == 3
+
+
+def test_a_user_recipe_is_still_held_to_the_shared_rules(user_recipe):
+    with pytest.raises(InvalidSweep, match="parallelism.tp"):
+        _validate(f"recipe._target_={user_recipe}", *THREE, "parallelism.tp=2")  # 2 does not divide 3
+    with pytest.raises(InvalidSweep, match="cluster.nodes"):
+        _validate(f"recipe._target_={user_recipe}", "cluster.nodes=0")
+
+
+def test_the_gpt_contract_holds_its_rows_planner_steps_and_name():
+    gpt = recipe_contract.of(GPT)
+    assert gpt.planner is not None and gpt.steps_key == "train.steps" and gpt.named_by_model
+    shared = {(r.key, r.problem) for r in rules.RULES}
+    own = {(r.key, r.problem) for r in gpt.rules}
+    assert not shared & own and {r.key for r in gpt.rules} >= {"train.global_batch_size", "model.num_heads",
+                                                                 "model.ffn_hidden_size", "model.vocab_size"}
+    assert len(rules.table(GPT)) == len(rules.RULES) + len(gpt.rules)
+    assert rules.table("mlp.train.main") == tuple(sorted(rules.RULES, key=lambda r: rules.ALL_KINDS.index(r.kind)))
+    assert recipe_contract.run_name(GPT, "gpt_125m") == "gpt_125m"
+    assert recipe_contract.run_name("mlp.train.main", "gpt_125m") == "mlp"
+    assert recipe_contract.steps(GPT, {"train.steps": 60}.get) == 60
+    assert recipe_contract.steps("mlp.train.main", {"train.steps": 60}.get) is None
+    assert recipe_contract.of("mlp.train.main") is recipe_contract.NO_CONTRACT
+
+
+def test_commbench_settings_are_checked_by_its_contract():
+    bench = recipe_contract.of("recipes.commbench.bench.main")
+    assert bench.check is not None and bench.name == "commbench"
+    with pytest.raises(InvalidSweep, match=r"recipe.params: recipe.params.factor=1 must be >= 2"):
+        _validate("recipe=commbench", "recipe.params.factor=1")
+
+
+def test_finding_a_contract_imports_nothing_of_a_recipe_without_one(user_recipe):
+    sys.modules.pop("mlp", None)
+    assert recipe_contract.of("mlp.other.main") is recipe_contract.NO_CONTRACT
+    assert "mlp" not in sys.modules  # found by spec: the user's package is not imported
