@@ -9,6 +9,7 @@ the cluster, submission, the bounds of the schema's keys) and is held to nothing
 - ``planner``: run config -> ``launcher.plan.checks.CheckResult`` (errors, warnings, plan.json);
 - ``run_files``: the files the recipe writes into its run dir (``RunFile``);
 - ``report``: the recipe's section of ``launcher report`` (run dir -> ``ReportSection`` or None);
+- ``results``: run dir -> what the run measured, as its results file holds it (preflight's rungs);
 - ``steps_key``: the config key progress counts steps against (None: the recipe counts no steps);
 - ``named_by_model``: its runs are named after ``model.name`` (else after the contract's ``name`` or
   the recipe's package).
@@ -58,6 +59,7 @@ class RecipeSpec:
     planner: Optional[Callable[[Any], Any]] = None
     run_files: Tuple[RunFile, ...] = ()
     report: Optional[Callable[[Path], Optional[ReportSection]]] = None
+    results: Optional[Callable[[Path], Any]] = None  # run dir -> what the run measured (its results file)
     steps_key: Optional[str] = None
 
 

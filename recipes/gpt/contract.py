@@ -2,14 +2,17 @@
 only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the batch splitting into
 micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
 estimators of launcher.plan: memory fits, bubble, ZeRO-3 link; plan.json), the step count progress
-shows, and runs named after the model. Light: the login side imports it (no torch).
+shows, runs named after the model, and the DeepSpeed config it archives. Light: the login side imports
+it (no torch).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from launcher.recipe_contract import RecipeSpec
+from launcher.recipe_contract import RecipeSpec, RunFile
 from launcher.rules import RUN, SHAPE, Rule
+
+DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
 
 
 def _plan(cfg: Any) -> Any:
@@ -66,4 +69,8 @@ RECIPE = RecipeSpec(
     rules=RULES,
     planner=_plan,
     steps_key="train.steps",
+    run_files=(
+        RunFile(DEEPSPEED_CONFIG, "recipe (rank 0)",
+                "recipes/gpt: the DeepSpeed config generated from the composed config (deepspeed engine)"),
+    ),
 )
