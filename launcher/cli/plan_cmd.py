@@ -279,7 +279,7 @@ def add_parser(sub) -> None:
     s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all); "
                        "--calibrate RUN... fits the planner to measured runs", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=a100_80g ...)")
+    s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (cluster=a100_80g parallelism=3d)")
     s.add_argument("--search", action="store_true", help="enumerate and rank every valid layout")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--top", type=int, default=None,
