@@ -328,6 +328,7 @@ ALL_KINDS = (VALUE, SHAPE, LAYOUT, RUN)
 _KIND_ORDER = {k: i for i, k in enumerate(ALL_KINDS)}
 
 
+@lru_cache(maxsize=1)
 def default_target() -> str:
     """The recipe a config runs when it names none (the schema's default): the one whose rows judge
     Facts without a config (the planner's candidates)."""

@@ -86,3 +86,11 @@ def test_finding_a_contract_imports_nothing_of_a_recipe_without_one(user_recipe)
     sys.modules.pop("mlp", None)
     assert recipe_contract.of("mlp.other.main") is recipe_contract.NO_CONTRACT
     assert "mlp" not in sys.modules  # found by spec: the user's package is not imported
+
+
+def test_launcher_plan_refuses_a_recipe_without_a_planner(user_recipe, capsys):
+    from launcher.cli.main import main
+
+    assert main(["plan", f"recipe._target_={user_recipe}"]) == 2
+    assert "has no planner" in capsys.readouterr().err
+    assert main(["plan", "--json"]) == 0  # the GPT's (the default recipe's) planner
