@@ -39,6 +39,11 @@ def test_a_user_recipe_on_three_processes_is_not_held_to_gpt_rules(tmp_path):
     assert "loss 0.5" in show.stdout and "loss None" not in show.stdout and "tokens/s" not in show.stdout
     assert "gpt_tiny" not in show.stdout
 
+    status = run_cmd([str(BIN / "launcher"), "status", run["sweep_id"], "--json", "--root", str(runs_root)],
+                     runs_root, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert [p.get("steps") for p in json.loads(status.stdout)["runs"]] == [None]  # not "0/60"
+
     out = tmp_path / "r.html"
     rep = run_cmd([str(BIN / "launcher"), "report", str(rdir), "-o", str(out)], runs_root, timeout=120)
     assert rep.returncode == 0, rep.stderr
