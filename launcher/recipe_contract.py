@@ -66,12 +66,22 @@ class RecipeSpec:
 NO_CONTRACT = RecipeSpec()
 
 
-def of(target: Any) -> RecipeSpec:
+class ContractError(ValueError):
+    """A recipe's contract module exists but cannot be loaded, or holds no RecipeSpec."""
+
+
+def of(target: Any, strict: bool = True) -> RecipeSpec:
     """The contract of ``recipe._target_`` (``pkg.mod.fn``): ``RECIPE`` of ``pkg.contract``, or
-    NO_CONTRACT when the recipe ships none (or the target is not a dotted path)."""
+    NO_CONTRACT when the recipe ships none (or the target is not a dotted path). ContractError when
+    its contract module cannot be loaded (``strict=False``: NO_CONTRACT, for what only shows a run)."""
     if not isinstance(target, str):
         return NO_CONTRACT
-    return _of(target, os.getcwd())
+    try:
+        return _of(target, os.getcwd())
+    except ContractError:
+        if strict:
+            raise
+        return NO_CONTRACT
 
 
 @lru_cache(maxsize=64)
@@ -79,9 +89,13 @@ def _of(target: str, cwd: str) -> RecipeSpec:
     name = contract_module(target)
     if name is None or not _exists(name, cwd):
         return NO_CONTRACT
-    spec = getattr(importlib.import_module(name), "RECIPE", None)
+    try:
+        module = importlib.import_module(name)
+    except Exception as e:  # the recipe's own code: whatever it raises is the user's to see
+        raise ContractError(f"its contract {name} cannot be loaded: {type(e).__name__}: {e}") from e
+    spec = getattr(module, "RECIPE", None)
     if not isinstance(spec, RecipeSpec):
-        raise TypeError(f"{name}.RECIPE is not a launcher.recipe_contract.RecipeSpec")
+        raise ContractError(f"its contract {name} defines no RECIPE = launcher.recipe_contract.RecipeSpec(...)")
     return spec
 
 
@@ -118,7 +132,7 @@ def default_name(target: Any) -> str:
 
 def run_name(target: Any, model_name: Any = "") -> str:
     """The run's name where the config sets none (``name`` defaults to this): the contract's."""
-    spec = of(target)
+    spec = of(target, strict=False)  # a broken contract: the rules name it, the name need not fail first
     if spec.named_by_model and model_name:
         return str(model_name)
     return spec.name or default_name(target)
@@ -126,7 +140,7 @@ def run_name(target: Any, model_name: Any = "") -> str:
 
 def steps(target: Any, values: Callable[[str], Any]) -> Optional[int]:
     """The steps a run counts to (``values``: a dotted key's value), or None when its recipe counts none."""
-    key = of(target).steps_key
+    key = of(target, strict=False).steps_key
     v = values(key) if key else None
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 

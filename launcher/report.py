@@ -246,7 +246,7 @@ def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str,
     rd = RunDir(run_dir)
     try:
         cfg = typed(rd.config())
-        if recipe_contract.of(str(cfg.recipe._target_ or "")).planner is None:
+        if recipe_contract.of(str(cfg.recipe._target_ or ""), strict=False).planner is None:
             return None
         cal = Calibration.from_cfg(cfg.cluster.calibration)
         source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"
@@ -537,7 +537,7 @@ def run_report(run_dir: Path) -> str:
     data = read_run(Path(run_dir))
     if data["meta"].get("kind") == "hydra_app":
         return run_page(data, [])
-    hook = recipe_contract.of(data["recipe"]).report  # the recipe's own section (its contract's)
+    hook = recipe_contract.of(data["recipe"], strict=False).report  # the recipe's own section (its contract's)
     data["recipe_section"] = hook(Path(run_dir)) if hook is not None else None
     if data["recipe_section"] is not None and data["recipe_section"].replaces_metrics:
         return run_page(data, [])

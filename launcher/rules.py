@@ -14,6 +14,7 @@ the login node for every sweep point before anything is submitted.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -158,7 +159,7 @@ def _lacks_cpu_fp16(backend: str) -> bool:
 
 def _settings_problem(f: Facts) -> Optional[str]:
     """What the recipe's own check (its contract's ``check``) finds wrong with its settings, or None."""
-    check = recipe_contract.of(f.values.get("recipe._target_")).check
+    check = recipe_contract.of(f.values.get("recipe._target_"), strict=False).check  # (broken: its own row)
     if check is None:
         return None
     try:
@@ -336,12 +337,20 @@ def default_target() -> str:
     return default if isinstance(default, str) else ""
 
 
-@lru_cache(maxsize=64)
 def table(target: str) -> Tuple[Rule, ...]:
     """The rows a run of the recipe ``target`` is held to: RULES and its contract's rows, ordered by
     kind (VALUE, SHAPE, LAYOUT, RUN; the table's order within a kind)."""
-    rows = RULES + tuple(recipe_contract.of(target).rules)
-    return tuple(sorted(rows, key=lambda r: _KIND_ORDER[r.kind]))
+    return _table(target, os.getcwd())
+
+
+@lru_cache(maxsize=64)
+def _table(target: str, cwd: str) -> Tuple[Rule, ...]:  # cwd: where the contract was found (as its cache)
+    try:
+        own = tuple(recipe_contract.of(target).rules)
+    except recipe_contract.ContractError as e:  # reported as the config's error, as a missing target is
+        own = (Rule("recipe._target_", lambda f: True, str(e),
+                    "fix the recipe's contract module (docs/architecture.md, \"The recipe contract\")", RUN),)
+    return tuple(sorted(RULES + own, key=lambda r: _KIND_ORDER[r.kind]))
 
 
 def _target(f: Facts) -> str:
@@ -360,15 +369,15 @@ def violations(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> List[ConfigError]:
 
 
 @lru_cache(maxsize=64)
-def _rows(target: str, kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
+def _rows(target: str, cwd: str, kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
     """The predicates of the VALUE rows and the rows of ``kinds``, in table order."""
-    return tuple(r.broken for r in table(target) if r.kind == VALUE or r.kind in kinds)
+    return tuple(r.broken for r in _table(target, cwd) if r.kind == VALUE or r.kind in kinds)
 
 
 def ok(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> bool:
     """Whether ``f`` breaks none of the rules of ``kinds`` (and no VALUE rule): ``not violations(f,
     kinds)`` without formatting a message, for the planner's search over thousands of candidates."""
-    for broken in _rows(_target(f), tuple(kinds)):
+    for broken in _rows(_target(f), os.getcwd(), tuple(kinds)):
         if broken(f):
             return False
     return True

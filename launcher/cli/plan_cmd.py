@@ -104,7 +104,7 @@ def cmd_plan(args) -> int:
         cause = f"\n  ({e.__cause__})" if e.__cause__ is not None else ""
         return _fail(f"cannot compose the config: {e}{cause}")
     target = str(cfg.recipe._target_)
-    if recipe_contract.of(target).planner is None:  # the planner is a recipe's (its contract names it)
+    if recipe_contract.of(target, strict=False).planner is None:  # the planner is a recipe's (its contract names it)
         return _fail(f"recipe._target_={target}: its recipe has no planner (launcher.recipe_contract); "
                      "`launch` holds it only to the rules every recipe shares")
     try:

@@ -125,3 +125,10 @@ def test_the_launcher_code_names_no_recipe():
                 if text and pattern.search(text) and not allowed(rel, text):
                     bad.append(f"{rel}:{n.lineno}: {text[:60]!r}")
     assert not bad, bad
+
+
+def test_a_broken_contract_is_a_config_error(user_recipe, tmp_path):
+    (tmp_path / "mlp" / "contract.py").write_text("import no_such_module_here\n")
+    with pytest.raises(InvalidSweep, match=r"recipe._target_: its contract mlp.contract cannot be loaded: "
+                                           r"ModuleNotFoundError"):
+        _validate(f"recipe._target_={user_recipe}", *THREE)
