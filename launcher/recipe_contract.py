@@ -23,6 +23,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -90,13 +91,25 @@ def _of(target: str, cwd: str) -> RecipeSpec:
     if name is None or not _exists(name, cwd):
         return NO_CONTRACT
     try:
-        module = importlib.import_module(name)
+        module = _import(name, cwd)
     except Exception as e:  # the recipe's own code: whatever it raises is the user's to see
         raise ContractError(f"its contract {name} cannot be loaded: {type(e).__name__}: {e}") from e
     spec = getattr(module, "RECIPE", None)
     if not isinstance(spec, RecipeSpec):
         raise ContractError(f"its contract {name} defines no RECIPE = launcher.recipe_contract.RecipeSpec(...)")
     return spec
+
+
+def _import(name: str, cwd: str) -> Any:
+    """Import the contract module, from the working dir first (as ``_exists`` found it: `launch` run in
+    a project whose recipe package is not on sys.path)."""
+    if importlib.machinery.PathFinder.find_spec(name.split(".")[0], [cwd]) is None or cwd in sys.path:
+        return importlib.import_module(name)
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(cwd)
 
 
 def contract_module(target: str) -> Optional[str]:

@@ -132,3 +132,28 @@ def test_a_broken_contract_is_a_config_error(user_recipe, tmp_path):
     with pytest.raises(InvalidSweep, match=r"recipe._target_: its contract mlp.contract cannot be loaded: "
                                            r"ModuleNotFoundError"):
         _validate(f"recipe._target_={user_recipe}", *THREE)
+
+
+def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatch):
+    """A project's recipe with a contract, run from the project's dir (not on sys.path, as `launch`
+    finds it): its rows, name and steps are the launcher's for its runs."""
+    pkg = tmp_path / "myproj"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("def main(cfg, ctx):\n    return {}\n")
+    (pkg / "contract.py").write_text(
+        "from launcher.recipe_contract import RecipeSpec\n"
+        "from launcher.rules import RUN, Rule\n\n"
+        "RECIPE = RecipeSpec(name='mine', steps_key='train.steps', rules=(\n"
+        "    Rule('cluster.gpus_per_node', lambda f: f.world % 2 == 1, 'my model splits in two',\n"
+        "         'use an even world size', RUN),))\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(InvalidSweep, match="cluster.gpus_per_node: my model splits in two"):
+            _validate("recipe._target_=myproj.train.main", *THREE)
+        (c,) = _validate("recipe._target_=myproj.train.main", "cluster.gpus_per_node=4")
+        assert c.resolved["name"] == "mine" and c.layout.grad_accum == 1 and c.plan is None
+        assert recipe_contract.steps("myproj.train.main", {"train.steps": 60}.get) == 60
+    finally:
+        for m in [m for m in sys.modules if m == "myproj" or m.startswith("myproj.")]:
+            sys.modules.pop(m)
