@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from launcher import sweep_view, sweeps
+from launcher import recipe_contract, sweep_view, sweeps
 from launcher.archive import atomic
 from launcher.archive.compare import flatten
 from launcher.layout import Layout
@@ -246,7 +246,7 @@ def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str,
     rd = RunDir(run_dir)
     try:
         cfg = typed(rd.config())
-        if not str(cfg.recipe._target_ or "").startswith("recipes.gpt."):
+        if recipe_contract.of(str(cfg.recipe._target_ or ""), strict=False).planner is None:
             return None
         cal = Calibration.from_cfg(cfg.cluster.calibration)
         source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"
@@ -328,7 +328,8 @@ def read_run(run_dir: Path) -> Dict[str, Any]:
         "topology": rd.topology(), "software": rd.software() or {}, "runtime": rd.runtime() or {},
         "seeds": rd.seeds() or {}, "config_text": cfg.read_text(errors="replace") if cfg.is_file() else None,
         "overrides": rd.overrides(), "restarts": rd.restarts(), "rank_errors": rd.rank_errors(),
-        "commbench": atomic.read_json(rd.path / RunDir.COMMBENCH),  # recipes/commbench's results
+        # the recipe (its contract adds its own section to the page)
+        "recipe": recipe_contract.tree_get((rd.config() if cfg.is_file() else {}) or {}, "recipe._target_"),
         "calibration": calibration_view(rd.path, (rd.run() or {}).get("layout") or {}, rd.overrides() or {})
         if cfg.is_file() else None,
     }
@@ -394,53 +395,6 @@ def phase_series(metrics: Sequence[Dict[str, Any]]) -> Dict[str, List[float]]:
     return {n: [float(m.get(f"time_{n}_s") or 0.0) for m in rows] for n in ordered} if names else {}
 
 
-def commbench_plots(bench: Dict[str, Any]) -> List[Plot]:
-    """recipes/commbench: bus bandwidth and time per operation against message size, one line per op."""
-    rows = [r for r in bench.get("rows") or [] if r.get("bytes")]
-    ops = sorted({str(r.get("op")) for r in rows})
-    where = f"{bench.get('world_size')} ranks, {_node_count(bench)} node(s), {bench.get('backend')}"
-    out = []
-    for key, title, unit in (("busbw_gbs", "bus bandwidth", "GB/s"), ("time_us", "time per operation", "us")):
-        def draw(ax, key=key, title=title, unit=unit):
-            for op in ops:
-                pts = sorted((r["bytes"], r[key]) for r in rows if r.get("op") == op and r.get(key) is not None)
-                scope = {r.get("scope") for r in rows if r.get("op") == op}
-                ax.plot([b for b, _ in pts], [v for _, v in pts], marker=".",
-                        label=f"{op} ({'/'.join(map(str, scope))})")
-            ax.set_xscale("log", base=2)
-            if key == "time_us":
-                ax.set_yscale("log")
-            ax.set_xlabel("message size (bytes)")
-            ax.set_ylabel(unit)
-            ax.set_title(f"{title}, {where}", fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-
-        out.append((f"{title} vs message size", figure_png(draw, size=(5.6, 3.6))))
-    return out
-
-
-def _node_count(bench: Dict[str, Any]) -> Any:
-    nodes = bench.get("nodes")
-    return len(set(map(str, nodes))) if isinstance(nodes, list) else nodes
-
-
-def _commbench_section(bench: Dict[str, Any], plots: Sequence[Plot]) -> Html:
-    rows = [r for r in bench.get("rows") or [] if r.get("bytes")]
-    peaks = []
-    for op in sorted({str(r.get("op")) for r in rows}):
-        mine = [r for r in rows if r.get("op") == op]
-        best = max(mine, key=lambda r: r.get("busbw_gbs") or 0)
-        peaks.append((op, best.get("scope"), best.get("bytes"), f"{best.get('busbw_gbs') or 0:.4g}",
-                      f"{best.get('algbw_gbs') or 0:.4g}", f"{best.get('time_us') or 0:.1f}"))
-    info = kv_table([("world size", bench.get("world_size")), ("nodes", _node_count(bench)),
-                     ("backend", bench.get("backend")), ("dtype", bench.get("dtype")),
-                     ("hosts", ", ".join(map(str, bench.get("hosts") or []))),
-                     ("skipped", ", ".join(map(str, bench.get("skipped") or [])) or "none")])
-    return Html(info + plots_block(plots) + tag("h3", "peak bus bandwidth per operation") +
-                table(["op", "scope", "at bytes", "busbw GB/s", "algbw GB/s", "time us"], peaks))
-
-
 # ---- the run page (pure) -------------------------------------------------------------------------------
 
 
@@ -452,9 +406,11 @@ def run_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
     body: List[Any] = [_run_header(data)]
     if hydra_app:
         body.append(section("Result", _hydra_result(meta, st, summary)))
-    elif data.get("commbench"):  # a communication benchmark: bandwidth against message size
-        body.append(section("Communication", _commbench_section(data["commbench"], plots)))
+    elif data.get("recipe_section") and data["recipe_section"].replaces_metrics:  # the recipe's own
+        body.append(section(data["recipe_section"].title, Html(data["recipe_section"].html)))
     else:
+        if data.get("recipe_section"):
+            body.append(section(data["recipe_section"].title, Html(data["recipe_section"].html)))
         body.append(section("Metrics", plots_block(plots) if plots else tag(
             "p", "No per-step metrics: this run has no metrics.jsonl (it did not train a step, or its recipe "
                  "logs none).")))
@@ -581,8 +537,10 @@ def run_report(run_dir: Path) -> str:
     data = read_run(Path(run_dir))
     if data["meta"].get("kind") == "hydra_app":
         return run_page(data, [])
-    if data.get("commbench"):
-        return run_page(data, commbench_plots(data["commbench"]))
+    hook = recipe_contract.of(data["recipe"], strict=False).report  # the recipe's own section (its contract's)
+    data["recipe_section"] = hook(Path(run_dir)) if hook is not None else None
+    if data["recipe_section"] is not None and data["recipe_section"].replaces_metrics:
+        return run_page(data, [])
     return run_page(data, run_plots(data["metrics"]))
 
 

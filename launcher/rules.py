@@ -6,20 +6,22 @@ bound rows (a numeric key below its minimum, above its maximum, nan or inf) are 
 bounds ``launcher.schema`` declares with each key; rows with ``each`` report one error per offending
 key (unknown keys, control characters in strings).
 
-``problems`` lists what a config breaks, ``ok`` filters the planner's candidates, ``resolve`` turns
-a valid config into its ``Layout``. Pure (no torch): runs on the login node for every sweep point
-before anything is submitted.
+``RULES`` holds the rows every recipe shares; a recipe's contract (launcher.recipe_contract) adds
+its own, and ``table`` joins them. ``problems`` lists what a config breaks, ``ok`` filters the
+planner's candidates, ``resolve`` turns a valid config into its ``Layout``. Pure (no torch): runs on
+the login node for every sweep point before anything is submitted.
 """
 from __future__ import annotations
 
-import importlib
+import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher import backends, schema, script_recipe
+from launcher import backends, recipe_contract, schema, script_recipe
 from launcher.config_values import SBATCH_OPTION
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Facts, Layout
@@ -155,21 +157,13 @@ def _lacks_cpu_fp16(backend: str) -> bool:
     return flags is not None and not (flags & FP16_CPU_FLAGS)
 
 
-# recipes whose recipe.params are read by a pure (torch-free) function: checked at launch, so a bad
-# value fails here, not after the job has queued. target -> (module:function raising ValueError, doc)
-RECIPE_SETTINGS = {
-    "recipes.commbench.bench.main": ("recipes.commbench.settings:from_cfg", "docs/commbench.md"),
-}
-
-
-def _recipe_settings_problem(f: Facts) -> Optional[str]:
-    entry = RECIPE_SETTINGS.get(f.values.get("recipe._target_"))
-    if entry is None:
+def _settings_problem(f: Facts) -> Optional[str]:
+    """What the recipe's own check (its contract's ``check``) finds wrong with its settings, or None."""
+    check = recipe_contract.of(f.values.get("recipe._target_"), strict=False).check  # (broken: its own row)
+    if check is None:
         return None
-    module, _, fn = entry[0].partition(":")
-    tree = f.values.tree
     try:
-        getattr(importlib.import_module(module), fn)(tree)
+        check(f.values.tree)
     except ValueError as e:
         return str(e)
     return None
@@ -212,6 +206,7 @@ def _backend_names() -> List[str]:
     return backends.names()
 
 
+# The rows every recipe is held to; a recipe adds its own (its contract's ``rules``: ``table``).
 RULES: Tuple[Rule, ...] = (
     # sizes: the bounds launcher.schema declares for the keys the layout is built from
     *_bound_rows(VALUE),
@@ -227,32 +222,10 @@ RULES: Tuple[Rule, ...] = (
     Rule("parallelism.dp", lambda f: f.derived_dp is not None and f.dp is not None and f.dp != f.derived_dp,
          lambda f: f"is {f.dp} but world size {f.world} / (tp {f.tp} * pp {f.pp}) gives {f.derived_dp}",
          lambda f: f"set parallelism.dp={f.derived_dp} or parallelism.dp=null to derive it", SHAPE),
-    Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
-         lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
-                    f"{f.micro_batch_size} = {f.per_step}"),
-         lambda f: (f"set train.global_batch_size to a multiple of {f.per_step} (e.g. "
-                    f"{max(f.per_step, f.global_batch_size // f.per_step * f.per_step)}) or change "
-                    "train.micro_batch_size"),
-         SHAPE),
     Rule("parallelism.tp", lambda f: f.tp > f.gpus_per_node and f.world > 1,
          lambda f: (f"tp={f.tp} spans more than one node ({f.gpus_per_node} per node): tensor-parallel "
                     "collectives run every layer and need the intra-node link"),
          lambda f: f"use parallelism.tp<={f.gpus_per_node} and put the rest into parallelism.pp"),
-    Rule("model.num_heads", lambda f: f.model.hidden_size % f.model.num_heads != 0,
-         lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
-         "pick num_heads dividing model.hidden_size"),
-    Rule("model.num_heads", lambda f: f.model.num_heads % f.tp != 0,
-         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}",
-         "make parallelism.tp divide model.num_heads"),
-    Rule("model.ffn_hidden_size", lambda f: f.model.ffn_hidden_size % f.tp != 0,
-         lambda f: f"{f.model.ffn_hidden_size} is not divisible by tp={f.tp}",
-         "make parallelism.tp divide model.ffn_hidden_size"),
-    Rule("model.vocab_size", lambda f: f.model.vocab_size % f.tp != 0,
-         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}",
-         "pad model.vocab_size to a multiple of parallelism.tp"),
-    Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
-         lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
-         "make parallelism.pp divide model.num_layers"),
     Rule("zero.offload_optimizer", lambda f: (f.offload_optimizer or f.offload_params) and f.zero == 0,
          "offload needs ZeRO stage 1 or more", "set zero=1/2/3 or turn offload off"),
     Rule("zero.offload_params", lambda f: f.offload_params and f.zero != 3,
@@ -273,16 +246,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("parallelism.engine", lambda f: f.resolved_engine == "deepspeed" and (f.tp > 1 or f.pp > 1),
          lambda f: f"the deepspeed engine runs data parallel + ZeRO only, but tp={f.tp} pp={f.pp}",
          "use parallelism.engine=megatron (or auto) for tensor/pipeline parallelism"),
-    Rule("train.global_batch_size",
-         lambda f: f.resolved_engine == "megatron" and f.pp > 1 and f.grad_accum is not None and f.grad_accum < f.pp,
-         lambda f: (f"gives {f.grad_accum} micro-batch(es) per step but the 1F1B pipeline has pp={f.pp} stages "
-                    "and needs at least one micro-batch per stage"),
-         lambda f: (f"raise train.global_batch_size to >= {f.pp * (f.per_step or 1)} or lower "
-                    "train.micro_batch_size")),
-    Rule("parallelism.sequence_parallel",
-         lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
-         lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
-         "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
     Rule("zero.stage", lambda f: f.resolved_engine == "megatron" and f.zero > 1,
          lambda f: (f"ZeRO stage {f.zero} cannot be combined with tensor/pipeline parallelism here "
                     "(gradients and parameters are already split by tp/pp; stages 2-3 would re-shard "
@@ -296,8 +259,6 @@ RULES: Tuple[Rule, ...] = (
          lambda f: f"{f.engine!r} is not an engine", "choose auto, ddp, deepspeed or megatron"),
     # the rest of the run: every other numeric key within the bounds launcher.schema declares
     *_bound_rows(RUN),
-    Rule("optim.warmup_steps", lambda f: f.warmup_steps > f.steps,
-         lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),
     Rule("train.fail_at_step", lambda f: f.fail_at_step is not None and f.fail_at_step > f.steps,
          lambda f: f"step {f.fail_at_step} comes after the last step (train.steps={f.steps}): the fault never fires",
          lambda f: f"choose train.fail_at_step in 1..{f.steps}, or null", RUN),
@@ -316,12 +277,6 @@ RULES: Tuple[Rule, ...] = (
          lambda f: (f"the {f.backend} backend restarts a job at most {_max_restarts(f.backend)} times, but "
                     f"train.max_restarts={f.values.get('train.max_restarts')}"),
          lambda f: f"set train.max_restarts to {_max_restarts(f.backend)} or less (or use a Slurm cluster)", RUN),
-    Rule("data.branching",
-         lambda f: (isinstance(f.values.get("data.branching"), int)
-                    and f.values.get("data.branching") > f.model.vocab_size),
-         lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
-                    f"model.vocab_size={f.model.vocab_size} tokens"),
-         "lower data.branching or raise model.vocab_size", RUN),
     Rule("cluster.nodes", lambda f: _max_nodes(f.backend) is not None and f.nodes > _max_nodes(f.backend),
          lambda f: (f"the {f.backend} backend runs {_max_nodes(f.backend)} node(s) (its processes on this host), but "
                     f"cluster.nodes={f.nodes}: {f.gpus_per_node * _max_nodes(f.backend)} process(es) would run a "
@@ -351,15 +306,15 @@ RULES: Tuple[Rule, ...] = (
                     "DeepSpeed's CPU accelerator refuses fp16 at start-up"),
          ("use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
           "whose fp16 autocast with a loss scaler runs on this CPU"), RUN),
-    Rule("recipe.params", lambda f: _recipe_settings_problem(f) is not None,
-         lambda f: f"{_recipe_settings_problem(f)}: the job would fail when it starts",
+    Rule("recipe.params", lambda f: _settings_problem(f) is not None,
+         lambda f: f"{_settings_problem(f)}: the job would fail when it starts",
          lambda f: ("set a valid value (the recipe's settings and their bounds: "
-                    f"{RECIPE_SETTINGS[f.values.get('recipe._target_')][1]})"), RUN),
+                    f"{recipe_contract.of(f.values.get('recipe._target_')).check_doc})"), RUN),
     Rule("recipe._target_",
          lambda f: (isinstance(f.values.get("recipe._target_"), str)
                     and target_problem(f.values.get("recipe._target_")) is not None),
          lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
-         "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=recipes.gpt.train.main", RUN),
+         "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=mypkg.train.main", RUN),
     _each("recipe.script", lambda f: script_recipe.problems(f.values.tree), lambda f: script_recipe.fix(f.values.tree)),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
@@ -372,27 +327,58 @@ RULES: Tuple[Rule, ...] = (
 
 
 ALL_KINDS = (VALUE, SHAPE, LAYOUT, RUN)
+_KIND_ORDER = {k: i for i, k in enumerate(ALL_KINDS)}
+
+
+@lru_cache(maxsize=1)
+def default_target() -> str:
+    """The recipe a config runs when it names none (the schema's default): the one whose rows judge
+    Facts without a config (the planner's candidates)."""
+    default = next(f.default for f in dataclasses.fields(schema.RecipeConfig) if f.name == "_target_")
+    return default if isinstance(default, str) else ""
+
+
+def table(target: str) -> Tuple[Rule, ...]:
+    """The rows a run of the recipe ``target`` is held to: RULES and its contract's rows, ordered by
+    kind (VALUE, SHAPE, LAYOUT, RUN; the table's order within a kind)."""
+    return _table(target, os.getcwd())
+
+
+@lru_cache(maxsize=64)
+def _table(target: str, cwd: str) -> Tuple[Rule, ...]:  # cwd: where the contract was found (as its cache)
+    try:
+        own = tuple(recipe_contract.of(target).rules)
+    except recipe_contract.ContractError as e:  # reported as the config's error, as a missing target is
+        own = (Rule("recipe._target_", lambda f: True, str(e),
+                    "fix the recipe's contract module (docs/architecture.md, \"The recipe contract\")", RUN),)
+    return tuple(sorted(RULES + own, key=lambda r: _KIND_ORDER[r.kind]))
+
+
+def _target(f: Facts) -> str:
+    t = recipe_contract.tree_get(f.values.tree, "recipe._target_")  # (the tree: nothing flattened)
+    return t if isinstance(t, str) else default_target()
 
 
 def violations(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> List[ConfigError]:
     """The broken rules of ``kinds``, in table order. When a VALUE rule is broken nothing else is
     evaluated (sizes must be positive before anything divides by them)."""
-    bad_values = [r for r in RULES if r.kind == VALUE and r.broken(f)]
+    rows = table(_target(f))
+    bad_values = [r for r in rows if r.kind == VALUE and r.broken(f)]
     if bad_values:
         return [r.error(f) for r in bad_values if VALUE in kinds]
-    return [e for r in RULES if r.kind in kinds and r.kind != VALUE and r.broken(f) for e in r.errors(f)]
+    return [e for r in rows if r.kind in kinds and r.kind != VALUE and r.broken(f) for e in r.errors(f)]
 
 
-@lru_cache(maxsize=16)
-def _rows(kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
+@lru_cache(maxsize=64)
+def _rows(target: str, cwd: str, kinds: Tuple[str, ...]) -> Tuple[Callable[[Facts], bool], ...]:
     """The predicates of the VALUE rows and the rows of ``kinds``, in table order."""
-    return tuple(r.broken for r in RULES if r.kind == VALUE or r.kind in kinds)
+    return tuple(r.broken for r in _table(target, cwd) if r.kind == VALUE or r.kind in kinds)
 
 
 def ok(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> bool:
     """Whether ``f`` breaks none of the rules of ``kinds`` (and no VALUE rule): ``not violations(f,
     kinds)`` without formatting a message, for the planner's search over thousands of candidates."""
-    for broken in _rows(tuple(kinds)):
+    for broken in _rows(_target(f), os.getcwd(), tuple(kinds)):
         if broken(f):
             return False
     return True
@@ -405,8 +391,8 @@ def problems(cfg_or_facts: Any) -> List[ConfigError]:
 
 
 def buildable(f: Facts) -> bool:
-    """Whether the config names a whole layout (positive sizes, tp*pp dividing the world, the batch
-    splitting evenly), even if other rules are broken."""
+    """Whether the config names a whole layout (positive sizes, tp*pp dividing the world; for a recipe
+    whose rows ask it, the batch splitting evenly), even if other rules are broken."""
     return not violations(f, (VALUE, SHAPE))
 
 
@@ -414,10 +400,14 @@ def buildable(f: Facts) -> bool:
 def layout_of(f: Facts) -> Layout:
     """The layout of a buildable config (see ``buildable``), whether or not the other rules hold."""
     dp = f.derived_dp
-    if dp is None or f.grad_accum is None:
-        raise ConfigErrors(violations(f, (VALUE, SHAPE)))
+    grad_accum = f.grad_accum
+    if dp is None or grad_accum is None:
+        errs = violations(f, (VALUE, SHAPE))
+        if errs or dp is None:
+            raise ConfigErrors(errs)
+        grad_accum = 1  # a recipe that does not split train.global_batch_size: one micro batch a step
     return Layout(dp=dp, tp=f.tp, pp=f.pp, zero=f.zero, micro_batch_size=f.micro_batch_size,
-                  grad_accum=f.grad_accum, sequence_parallel=f.sequence_parallel, engine=f.resolved_engine,
+                  grad_accum=grad_accum, sequence_parallel=f.sequence_parallel, engine=f.resolved_engine,
                   offload_optimizer=f.offload_optimizer, offload_params=f.offload_params,
                   procs_per_node=f.gpus_per_node)
 

@@ -2,7 +2,8 @@
 
 As submitit's JobPaths does for a job, RunDir names each file of ``<runs_root>/<sweep_id>/<index>/``
 once; the launcher (before submission), the job on the node, ``launcher cancel`` and the recipes
-(through ``ctx.rundir``) all write through it. ``FILES`` is the table docs/archive.md lists.
+(through ``ctx.rundir``) all write through it. ``FILES`` is the table docs/archive.md lists; a recipe's
+own files (a DeepSpeed config, a benchmark's results) are its contract's (launcher.recipe_contract).
 SweepDir does the same for the sweep directory that holds the runs.
 
 A run becomes final once (completed, failed, cancelled, timeout): ``finish`` records the outcome and
@@ -39,7 +40,8 @@ def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-# (path, written by, what it holds): the whole content of a run dir. <r> is a rank, <name>/<n> a node.
+# (path, written by, what it holds): the run dir's files every recipe's run may hold (a recipe adds its
+# own: its contract's run_files). <r> is a rank, <name>/<n> a node.
 FILES: Tuple[Tuple[str, str, str], ...] = (
     ("run.json", "launcher", "run_id, sweep_id, index, created, seed, tags, backend, argv, layout (engine, dp, tp, "
      "pp, ZeRO, micro batch, grad accumulation, procs per node: what the job runs with); `reproduces` for a "
@@ -74,15 +76,12 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "rank's measured memory: host_rss_before/after_build_bytes, host_peak_build_bytes (what constructing the "
      "model used at most), host_peak_step_bytes, and on GPUs device_after_build_bytes, device_peak_build_bytes, "
      "device_peak_step_bytes"),
-    ("deepspeed_config.json", "recipe", "the DeepSpeed config generated from the composed config (deepspeed engine)"),
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
      "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("work/", "job", "the recipe's working directory: files it writes to relative paths, one dir per run (the "
                      "code snapshot is only on the import path)"),
-    ("commbench.json", "recipe (rank 0)", "recipes/commbench: per collective and message size, time, algorithm and "
-     "bus bandwidth (nccl-tests' definitions), intra- or inter-node; world size, backend, hosts"),
     ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
      "loss scaler; ZeRO or tensor/pipeline shards by rank), every rank's RNG states, the step and the metrics so far "
      "(meta.json)"),
@@ -119,8 +118,7 @@ class RunDir:
     TOPOLOGY = "topology/node_<name>_<n>.json"
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
-    DEEPSPEED_CONFIG, METRICS, WANDB, MANIFEST = "deepspeed_config.json", "metrics.jsonl", "wandb", "manifest.json"
-    COMMBENCH = "commbench.json"
+    METRICS, WANDB, MANIFEST = "metrics.jsonl", "wandb", "manifest.json"
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
@@ -229,9 +227,6 @@ class RunDir:
     def write_environment(self, training_env: Dict[str, Any], runtime: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.TRAINING_ENV), training_env)
         atomic.write_json(self._p(self.RUNTIME), runtime)
-
-    def write_deepspeed_config(self, config: Dict[str, Any]) -> None:
-        atomic.write_json(self._p(self.DEEPSPEED_CONFIG), config)
 
     def rewrite_metrics(self, rows: List[Dict[str, Any]]) -> None:
         """The metrics file holds exactly ``rows`` (a resumed attempt drops the steps it redoes)."""

@@ -304,7 +304,8 @@ class SubmitConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "${model.name}"
+    # the recipe's contract names the run (the GPT's after its model; another's after its package)
+    name: str = "${recipe_run_name:${recipe._target_},${oc.select:model.name,''}}"
     seed: int = num(1234, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
     tags: List[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -395,6 +396,15 @@ def warmup_steps(cfg: Any) -> int:
     """The warm-up a run uses: optim.warmup_steps, or when null the default, at most train.steps."""
     explicit = cfg.optim.warmup_steps
     return int(explicit) if explicit is not None else min(DEFAULT_WARMUP_STEPS, int(cfg.train.steps))
+
+
+def _recipe_run_name(target: Any, model_name: Any = "") -> str:
+    from launcher import recipe_contract  # the contract of the recipe, found by its module path
+
+    return recipe_contract.run_name(target, model_name)
+
+
+OmegaConf.register_new_resolver("recipe_run_name", _recipe_run_name, replace=True)
 
 
 def enum_value(x: Any) -> str:

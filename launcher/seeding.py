@@ -53,7 +53,7 @@ def seed_plan(seed: int, explicit_data_seed: object, dp: int) -> dict:
         "dropout": {"how": "derive_seed(seed, 'dropout', dp_rank)",
                     "per_dp_rank": {str(r): dropout_seed(seed, r) for r in range(int(dp))},
                     "megatron": {
-                        "how": "two named streams per rank (an RNG tracker, recipes.gpt.rng); the ddp and "
+                        "how": "two named streams per rank (the megatron engine's RNG tracker); the ddp and "
                                "deepspeed engines draw from per_dp_rank",
                         "replicated": "derive_seed(seed, 'dropout', dp_rank, pp_rank): the same on every "
                                       "tensor-parallel rank; embedding and residual dropouts",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher import sweeps
+from launcher import recipe_contract, sweeps
 from launcher.archive import registry
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import STATUSES
@@ -43,8 +43,7 @@ def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         rd = RunDir(r["dir"])
         st = rd.status()
         metrics = rd.metrics()
-        train = (r.get("config") or {}).get("train")
-        total = train.get("steps") if isinstance(train, dict) else None  # (a Hydra app's config may have none)
+        total = _steps(r.get("config") or {})
         rows.append({
             "run_id": r["run_id"], "status": r["status"], "attempt": int(st.attempt or 0) or None,
             "restarts": len(rd.restarts()), "step": metrics[-1].get("step") if metrics else 0, "steps": total,
@@ -52,6 +51,16 @@ def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "error": r.get("error"), **{k: ov.get(k, "") for k in keys}, "_keys": keys,
         })
     return rows
+
+
+def _steps(config: Dict[str, Any]) -> Optional[int]:
+    """The steps a run counts to: its recipe's (the contract's steps_key), None where the recipe counts
+    none; a config naming no recipe (a Hydra app's may) counts train.steps where it has them."""
+    target = recipe_contract.tree_get(config, "recipe._target_")
+    if target is None:
+        steps = recipe_contract.tree_get(config, "train.steps")
+        return steps if isinstance(steps, int) else None
+    return recipe_contract.steps(target, lambda key: recipe_contract.tree_get(config, key))
 
 
 def counts(runs: List[Dict[str, Any]]) -> Dict[str, int]:

@@ -77,9 +77,11 @@ def cmd_show(args) -> int:
     topo = summary["topology"]
     _row(t, "hosts", ", ".join(map(str, topo["rank_hosts"])))
     _row(t, "job", str((summary["job"] or {}).get("job_id")))
-    if s and "final_loss" in s:
-        _row(t, "metrics", f"loss {s.get('first_loss')} -> {s.get('final_loss')} over {s.get('steps')} steps, "
-                             f"{s.get('mean_tokens_per_s') or 0:,.0f} tokens/s")
+    if s and "final_loss" in s:  # what the summary holds (a recipe's own summary may hold only the loss)
+        text = f"loss {s['first_loss']} -> {s['final_loss']}" if "first_loss" in s else f"loss {s['final_loss']}"
+        text += f" over {s['steps']} steps" if s.get("steps") is not None else ""
+        text += f", {s['mean_tokens_per_s']:,.0f} tokens/s" if s.get("mean_tokens_per_s") is not None else ""
+        _row(t, "metrics", text)
     if st.error:
         _row(t, "error", st.error)
     if summary["manifest_problems"]:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from rich.markup import escape
 
-from launcher import rules
+from launcher import recipe_contract, rules
 from launcher.archive import atomic
 from launcher.cli.archive_cmds import resolve_run_dir
 from launcher.layout import Facts, ModelSpec
@@ -103,6 +103,10 @@ def cmd_plan(args) -> int:
     except Exception as e:  # Hydra/OmegaConf composition errors: unknown key, bad type, bad group option
         cause = f"\n  ({e.__cause__})" if e.__cause__ is not None else ""
         return _fail(f"cannot compose the config: {e}{cause}")
+    target = str(cfg.recipe._target_)
+    if recipe_contract.of(target, strict=False).planner is None:  # the planner is a recipe's (its contract names it)
+        return _fail(f"recipe._target_={target}: its recipe has no planner (launcher.recipe_contract); "
+                     "`launch` holds it only to the rules every recipe shares")
     try:
         report = build(cfg, args.search, args.top)
     except ValueError as e:
@@ -279,7 +283,7 @@ def add_parser(sub) -> None:
     s = sub.add_parser("plan", help="estimate memory, communication and step time of a layout (or --search all); "
                        "--calibrate RUN... fits the planner to measured runs", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=a100_80g ...)")
+    s.add_argument("overrides", nargs="*", help="Hydra overrides, as for `launch` (cluster=a100_80g parallelism=3d)")
     s.add_argument("--search", action="store_true", help="enumerate and rank every valid layout")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--top", type=int, default=None,

@@ -21,7 +21,7 @@ def add_parser(sub, parents: List[Any]) -> None:
     s = sub.add_parser("preflight", help="the check ladder before a large run: smoke, node, comm, full, tuned",
                        description=__doc__, parents=parents)
     s.add_argument("overrides", nargs="*",
-                   help="Hydra overrides, as for `launch` (model=gpt_1b3 cluster=... parallelism=3d)")
+                   help="Hydra overrides, as for `launch` (cluster=... parallelism=3d ...)")
     s.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"steps of the full and tuned rungs (default {DEFAULT_STEPS})")
     s.add_argument("--no-wait", dest="wait", action="store_false",

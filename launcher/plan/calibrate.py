@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from launcher import sweeps
+from launcher import recipe_contract, sweeps
 from launcher.errors import ConfigErrors
 from launcher.layout import Layout, ModelSpec
 from launcher.plan.estimate import estimate
@@ -117,8 +117,9 @@ def read_sample(run_dir: Path) -> Sample:
     except Exception as e:  # a config this schema cannot read
         raise CalibrationError(f"run {run_id}: its {RunDir.CONFIG} does not fit the schema: {e}") from None
     target = str(cfg.recipe._target_ or "")
-    if not target.startswith("recipes.gpt."):
-        raise CalibrationError(f"run {run_id} ran {target!r}: the planner models recipes.gpt only")
+    if recipe_contract.of(target, strict=False).planner is None:
+        raise CalibrationError(f"run {run_id} ran {target!r}: the planner models only the recipes whose contract "
+                               "names it (launcher.recipe_contract)")
     metrics = sweeps.current_curve(rd.metrics())
     if not metrics:
         raise CalibrationError(f"run {run_id} has no metrics ({RunDir.METRICS}): it trained no step")

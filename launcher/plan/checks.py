@@ -12,8 +12,8 @@ Warnings (stop the launch unless submit.force=true):
   - pipeline bubble (p-1)/(m+p-1) above 25%;
   - ZeRO-3 whose data-parallel group crosses nodes over a link too slow for its per-micro-batch
     all-gathers and reduce-scatter to hide behind the compute (predicted collective time > compute).
-Only runs of our GPT recipe (recipe._target_ under recipes.gpt) are checked; the estimate of any run is
-returned for the archive.
+The recipe whose contract names this planner (launcher.recipe_contract) is checked; a recipe without
+one gets no plan.
 """
 from __future__ import annotations
 
@@ -29,9 +29,6 @@ from launcher.rules import ok
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3
-# The estimators model recipes/gpt; a run of another training function is estimated (plan.json)
-# but not refused or warned about.
-PLANNED_RECIPES = ("recipes.gpt.",)
 
 # Layout knobs a memory fix may change, in the order their keys are preferred when naming the error.
 KNOB_KEYS = (
@@ -82,10 +79,6 @@ def evaluate(cfg: Any) -> CheckResult:
     layout = est.as_json()
     res.plan = {"model": model_json(m, int(cfg.train.global_batch_size)), "cluster": cluster_json(cluster),
                 "layouts": [layout]}
-    target = _recipe_target(cfg)
-    if target and not target.startswith(PLANNED_RECIPES):
-        layout["warnings"] = []  # another program: the GPT estimate is archived, but not enforced
-        return res
     if cluster.memory_bytes and est.memory.total > cluster.usable_bytes:
         res.errors.append(memory_error(cfg, m, cluster, est))
     if est.memory.cpu and cluster.node_memory_bytes:
@@ -210,16 +203,6 @@ def _candidates(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtyp
             yield lay_opt
         if lay_both != lay_opt:
             yield lay_both
-
-
-def _recipe_target(cfg: Any) -> str:
-    recipe = getattr(cfg, "recipe", None)
-    if recipe is None:
-        return ""
-    try:
-        return str(recipe["_target_"])
-    except (KeyError, TypeError, AttributeError):
-        return str(getattr(recipe, "_target_", "") or "")
 
 
 def _fmt(v: Any) -> str:

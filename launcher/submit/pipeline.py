@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_target
+from launcher import backends, recipe_contract, recipe_target
 from launcher.archive import atomic, code, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
@@ -55,7 +55,7 @@ class Checked:
     index: int
     resolved: Dict[str, Any]
     layout: Layout
-    plan: Dict[str, Any]
+    plan: Optional[Dict[str, Any]]  # None: the recipe has no planner (no plan.json)
     backend: backends.Backend
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
@@ -108,8 +108,9 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
 
 
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
-    """Every point against the config rules, then the planner's pre-submit checks (memory fits,
-    pipeline bubble, ZeRO-3 over a slow link). Raise InvalidSweep listing every bad point; warnings
+    """Every point against the config rules (the shared rows and its recipe's), then its recipe's
+    planner where the recipe's contract has one (the GPT's: memory fits, pipeline bubble, ZeRO-3 over a
+    slow link). Raise InvalidSweep listing every bad point; warnings
     stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
     points' run indices in their sweep (default 0..n-1)."""
     resolved_all: List[Any] = []
@@ -132,7 +133,8 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
             lay = resolve(view, resolved)
-            res = checks.evaluate(view)
+            planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
+            res = planner(view) if planner is not None else checks.CheckResult()
             if res.errors:
                 raise ConfigErrors(res.errors)
         except ConfigErrors as e:
@@ -293,7 +295,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         "overrides": {"overrides": clean(list(c.point.overrides)), "choices": clean(dict(c.point.choices))},
     } for c in checked})
     # most points of a sweep share their plan: each distinct one written once, linked into its runs
-    plan_of = {c.index: json.dumps(clean(c.plan), sort_keys=True) for c in checked}
+    plan_of = {c.index: json.dumps(clean(c.plan), sort_keys=True) for c in checked if c.plan is not None}
     plans: Dict[str, RunDir] = {}
     for text in dict.fromkeys(plan_of.values()):
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
@@ -302,7 +304,8 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
-        rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
+        if c.index in plan_of:
+            rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written())
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)

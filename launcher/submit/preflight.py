@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from launcher import backends, doctor, ladder
+from launcher import backends, doctor, ladder, recipe_contract
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
 from launcher.outcome import settle
@@ -202,7 +202,8 @@ def judge_entry(entry: Dict[str, Any], status: RunStatus) -> ladder.Verdict:
     cfg = rd.config() or {}
     cl = cfg.get("cluster") or {}
     if entry["name"] == "comm":
-        bench = atomic.read_json(rd.path / RunDir.COMMBENCH)
+        read = recipe_contract.of(recipe_contract.tree_get(cfg, "recipe._target_"), strict=False).results
+        bench = read(rd.path) if read is not None else None  # the benchmark's results (its contract reads them)
         return ladder.judge_comm(status, bench, float(cl.get("inter_node_bandwidth") or 0.0))
     calibrated = bool((cl.get("calibration") or {}).get("fitted_at"))
     return ladder.judge_training(status, rd.metrics(), rd.plan(), calibrated)

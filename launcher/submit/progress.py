@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from launcher import backends
+from launcher import backends, recipe_contract
 from launcher.backends.local import wait_for_local_ranks
 from launcher.outcome import settle
 from launcher.status import Status
@@ -22,14 +22,16 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     a sweeper's batches and large sweeps. ``quiet``: no outcome lines (the caller reports them)."""
     console = Console(file=out, force_terminal=None)
     runs = result.runs
-    totals = [int(p.cfg.train.steps) for p in points]
+    # the steps a run counts to, where its recipe counts steps (its contract's steps_key); else None
+    totals = [recipe_contract.steps(p.cfg.recipe._target_, lambda key, p=p: _value(p.cfg, key)) for p in points]
     t0 = time.time()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), console=console, transient=compact, disable=compact and not console.is_terminal,
     ) as progress:
         if compact:
-            whole = progress.add_task(f"{len(runs)} run(s), steps", total=sum(totals), info="pending")
+            whole = progress.add_task(f"{len(runs)} run(s), steps", total=None if None in totals else sum(totals),
+                                      info="pending")
             tasks = []
         else:
             tasks = [progress.add_task(r.run_id, total=t, info="pending") for r, t in zip(runs, totals)]
@@ -49,7 +51,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                 if r.job.done():
                     pending.discard(i)
                     if compact:
-                        done_steps[i] = totals[i]
+                        done_steps[i] = totals[i] if totals[i] is not None else len(rows)
                     else:
                         progress.update(tasks[i], info=settle(r.rundir, ended=True).value)
             if compact:
@@ -116,3 +118,10 @@ def cancel_run(rd: Any, error: str) -> bool:
     wait_for_local_ranks(rd)
     rd.seal()
     return recorded
+
+
+def _value(cfg: Any, key: str) -> Any:
+    """A dotted key's value of a config read by attribute (a DictConfig or a ConfigView), or None."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg

@@ -5,7 +5,7 @@ and every message size, time ``iters`` operations after ``warmup_iters`` and rec
 operation (the slowest rank's: an op is only done when every rank is), algbw, busbw (recipes.commbench.math)
 and whether the ranks taking part span nodes. The launcher runtime has initialised torch.distributed
 (gloo on CPU, nccl on GPU) before ``main`` runs. Rows go to the run's metrics file (one per op and
-size) and, with the world size, backend and hosts, to commbench.json in the run dir (RunDir.COMMBENCH).
+size) and, with the world size, backend and hosts, to commbench.json in the run dir (its contract's RESULTS).
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List
 import torch
 import torch.distributed as dist
 
-from launcher.rundir import RunDir
 from launcher.runtime.env import scheduler_node_name
 from launcher.training.metrics import MetricsSink
 from recipes.commbench import math as cbmath, ops, settings
+from recipes.commbench.contract import RESULTS
 
 
 def node_names(ctx: Any) -> List[str]:
@@ -119,7 +119,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     if ctx.is_main:
         for sk in skipped:
             print(f"[commbench] skipped {sk['op']}: {sk['reason']}", flush=True)
-        _write_json(ctx.run_dir / RunDir.COMMBENCH, {
+        _write_json(ctx.run_dir / RESULTS, {
             "world_size": world, "backend": ctx.backend, "device": str(ctx.device), "dtype": s.dtype,
             "nodes": nodes, "hosts": sorted(set(nodes)), "settings": dataclasses.asdict(s),
             "rows": rows, "skipped": skipped,

@@ -2,7 +2,7 @@
 
 Pure: no torch / deepspeed import, so it can run (and be tested) anywhere, including on the
 login node. ``recipes.gpt.engines.deepspeed`` passes the result to ``deepspeed.initialize`` and
-archives it in the run dir (``ctx.rundir.write_deepspeed_config``).
+archives it in the run dir (``recipes.gpt.contract.DEEPSPEED_CONFIG``).
 
 Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.layout``), which the
 launcher resolved and checked against the rule table (``RULES``) before the job started; nothing

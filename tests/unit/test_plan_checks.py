@@ -207,7 +207,13 @@ def test_plan_reports_rule_violations_and_unestimable_layouts(capsys):
 
 
 
-def test_other_recipes_are_estimated_but_not_enforced():
-    res = checks.evaluate(cfg_with("model=gpt_175b", "cluster=a100_80g", "recipe._target_=mypkg.train.main",
-                                   "train.micro_batch_size=1", "train.global_batch_size=64"))
-    assert res.errors == [] and res.plan["layouts"][0]["feasible"] is False
+def test_other_recipes_are_not_planned_nor_enforced():
+    """The planner is the GPT recipe's (its contract's): another recipe's run is neither estimated
+    (no GPT plan in its archive) nor refused by the GPT's memory estimate."""
+    from launcher import recipe_contract
+
+    cfg = cfg_with("model=gpt_175b", "cluster=a100_80g", "recipe._target_=mypkg.train.main",
+                   "train.micro_batch_size=1", "train.global_batch_size=64")
+    assert recipe_contract.of("mypkg.train.main").planner is None
+    gpt = recipe_contract.of("recipes.gpt.train.main").planner
+    assert gpt is not None and gpt(cfg).errors  # the GPT's own run of that config would be refused

@@ -12,6 +12,7 @@ from launcher.cli.main import main
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import Status
+from recipes.commbench.contract import RESULTS
 
 EVIL = "<script>alert(1)</script>"
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
@@ -178,10 +179,11 @@ def test_a_commbench_run_draws_bandwidth_against_message_size(sweep):
     import json
 
     rd = make_run(sweep, 0, metrics=False)
+    rd.write_config({**rd.config(), "recipe": {"_target_": "recipes.commbench.bench.main"}})  # its contract's section
     rows = [{"op": op, "bytes": b, "time_us": t, "algbw_gbs": b / t / 1e3, "busbw_gbs": f * b / t / 1e3,
              "scope": "inter"}
             for op, f in (("all_reduce", 1.0), ("all_gather", 0.5)) for b, t in ((1024, 10.0), (4096, 20.0))]
-    (rd.path / RunDir.COMMBENCH).write_text(json.dumps({"world_size": 2, "nodes": ["node1", "node2"],
+    (rd.path / RESULTS).write_text(json.dumps({"world_size": 2, "nodes": ["node1", "node2"],
                                                         "backend": "gloo", "rows": rows, "skipped": []}))
     text = report.run_report(rd.path)
     page = parse(text)

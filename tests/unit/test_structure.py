@@ -2,8 +2,8 @@
 
 - the launcher never imports the recipes (recipes import the launcher's public API);
 - nothing outside launcher/backends compares against a scheduler's name;
-- no run-dir file name is spelled outside launcher/rundir.py;
-- docs/archive.md lists exactly the files RunDir names;
+- no run-dir file name is spelled outside launcher/rundir.py (a recipe's own: its contract module);
+- docs/archive.md lists exactly the files RunDir names and the shipped recipes' contracts declare;
 - docs/architecture.md names every module, and only modules that exist.
 """
 from __future__ import annotations
@@ -13,10 +13,11 @@ import re
 from pathlib import Path
 from typing import Iterator, Tuple
 
-from launcher import backends
+from launcher import backends, recipe_contract
 from launcher.rundir import FILES, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPED_RECIPES = (("gpt", "recipes.gpt.train.main"), ("commbench", "recipes.commbench.bench.main"))
 
 
 def _modules(*roots: str) -> Iterator[Tuple[Path, ast.AST]]:
@@ -67,12 +68,16 @@ def test_run_dir_file_names_live_in_rundir():
                       "status.json", "runtime.json", "training-env.json",
                       "deepspeed_config.json", "metrics.jsonl", "manifest.json"))
     pattern = re.compile(rf"(^|/)({names})$")
+    # a recipe's own files (its contract's run_files) are named in its contract module
+    own = {REPO / "recipes" / pkg / "contract.py": {f.name for f in recipe_contract.of(target).run_files}
+           for pkg, target in SHIPPED_RECIPES}
     bad = []
     for path, tree in _modules("launcher", "hydra_plugins", "recipes"):
         if path.name == "rundir.py":
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value)
+                    and node.value not in own.get(path, ())):
                 bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(
                     r"(ranks/)?(rank|mesh|state)_|topology/(node_)?|ranks/?", node.value):
@@ -84,7 +89,8 @@ def test_archive_doc_lists_exactly_the_run_dir_files():
     doc = (REPO / "docs" / "archive.md").read_text()
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
     documented = {m for line in rows for m in re.findall(r"`([^`]+)`", line.split("|")[1])}
-    assert documented == {f for f, _, _ in FILES}
+    assert documented == {f for f, _, _ in FILES} | {f.name for _, target in SHIPPED_RECIPES
+                                                      for f in recipe_contract.of(target).run_files}
     # and every name RunDir spells is in the table
     spelled = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
     assert {s.rstrip("/") for s in spelled} <= {f.rstrip("/") for f in documented}

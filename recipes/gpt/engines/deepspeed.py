@@ -2,7 +2,7 @@
 
 The DeepSpeed config is generated from the run config and the run's layout (``ctx.layout``: dp,
 ZeRO stage, offload, gradient accumulation) by ``recipes.common.ds_config`` and archived in the run
-dir by rank 0 (``ctx.rundir.write_deepspeed_config``). Which layouts this engine gets (tp = pp = 1;
+dir by rank 0 (``DEEPSPEED_CONFIG``, a file of the recipe's contract). Which layouts this engine gets (tp = pp = 1;
 no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
 launcher's rule table's business (``launcher.rules.RULES``). ZeRO 0-2 build the model exactly as
 DDP does (``base.build_model``: same seed, same init). ZeRO-3 builds it already partitioned (see
@@ -37,12 +37,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from recipes.common.ds_config import deepspeed_config
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
+from recipes.gpt.contract import DEEPSPEED_CONFIG
 from recipes.gpt.engines.base import Batch, Engine, adamw_kwargs, build_model, dtype_name, param_groups
 from recipes.gpt.init import init_flat
 from recipes.gpt.model import GPT
@@ -191,7 +193,7 @@ class DeepSpeedEngine(Engine):
         self.device = torch.device(ctx.device)
         self.config = deepspeed_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
         if ctx.is_main:
-            ctx.rundir.write_deepspeed_config(self.config)
+            atomic.write_json(ctx.run_dir / DEEPSPEED_CONFIG, self.config)
 
         self.build_meter = BuildMeter(self.device).start()
         model = self._build_partitioned(deepspeed, cfg) if self.stage == 3 else build_model(cfg, self.dp_rank)

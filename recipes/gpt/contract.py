@@ -1,0 +1,76 @@
+"""The GPT recipe's contract with the launcher (launcher.recipe_contract): the rows of the rule table
+only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the batch splitting into
+micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
+estimators of launcher.plan: memory fits, bubble, ZeRO-3 link; plan.json), the step count progress
+shows, runs named after the model, and the DeepSpeed config it archives. Light: the login side imports
+it (no torch).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.recipe_contract import RecipeSpec, RunFile
+from launcher.rules import RUN, SHAPE, Rule
+
+DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
+
+
+def _plan(cfg: Any) -> Any:
+    from launcher.plan import checks  # the estimators: only a launch that plans pays for them
+
+    return checks.evaluate(cfg)
+
+
+RULES = (
+    Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
+         lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
+                    f"{f.micro_batch_size} = {f.per_step}"),
+         lambda f: (f"set train.global_batch_size to a multiple of {f.per_step} (e.g. "
+                    f"{max(f.per_step, f.global_batch_size // f.per_step * f.per_step)}) or change "
+                    "train.micro_batch_size"),
+         SHAPE),
+    Rule("model.num_heads", lambda f: f.model.hidden_size % f.model.num_heads != 0,
+         lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
+         "pick num_heads dividing model.hidden_size"),
+    Rule("model.num_heads", lambda f: f.model.num_heads % f.tp != 0,
+         lambda f: f"{f.model.num_heads} heads cannot be split over tp={f.tp}",
+         "make parallelism.tp divide model.num_heads"),
+    Rule("model.ffn_hidden_size", lambda f: f.model.ffn_hidden_size % f.tp != 0,
+         lambda f: f"{f.model.ffn_hidden_size} is not divisible by tp={f.tp}",
+         "make parallelism.tp divide model.ffn_hidden_size"),
+    Rule("model.vocab_size", lambda f: f.model.vocab_size % f.tp != 0,
+         lambda f: f"{f.model.vocab_size} is not divisible by tp={f.tp}",
+         "pad model.vocab_size to a multiple of parallelism.tp"),
+    Rule("model.num_layers", lambda f: f.model.num_layers % f.pp != 0,
+         lambda f: f"{f.model.num_layers} layers cannot be split evenly into pp={f.pp} stages",
+         "make parallelism.pp divide model.num_layers"),
+    Rule("train.global_batch_size",
+         lambda f: f.resolved_engine == "megatron" and f.pp > 1 and f.grad_accum is not None and f.grad_accum < f.pp,
+         lambda f: (f"gives {f.grad_accum} micro-batch(es) per step but the 1F1B pipeline has pp={f.pp} stages "
+                    "and needs at least one micro-batch per stage"),
+         lambda f: (f"raise train.global_batch_size to >= {f.pp * (f.per_step or 1)} or lower "
+                    "train.micro_batch_size")),
+    Rule("parallelism.sequence_parallel",
+         lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
+         lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
+         "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
+    Rule("optim.warmup_steps", lambda f: f.warmup_steps > f.steps,
+         lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),
+    Rule("data.branching",
+         lambda f: (isinstance(f.values.get("data.branching"), int)
+                    and f.values.get("data.branching") > f.model.vocab_size),
+         lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
+                    f"model.vocab_size={f.model.vocab_size} tokens"),
+         "lower data.branching or raise model.vocab_size", RUN),
+)
+
+RECIPE = RecipeSpec(
+    named_by_model=True,
+    rules=RULES,
+    planner=_plan,
+    steps_key="train.steps",
+    run_files=(
+        RunFile(DEEPSPEED_CONFIG, "recipe (rank 0)",
+                "recipes/gpt: the DeepSpeed config generated from the composed config (deepspeed engine)"),
+    ),
+)

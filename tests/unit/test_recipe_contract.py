@@ -1,0 +1,159 @@
+"""The recipe contract (launcher.recipe_contract): a user's recipe is held only to the shared rules, is
+named after itself and gets no GPT plan; the GPT recipe's rows, planner and steps come from its own
+contract (recipes/gpt/contract.py), commbench's settings check from its."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from launcher import recipe_contract, rules
+from launcher.app import CONF_DIR, normalize_overrides
+from launcher.submit.pipeline import InvalidSweep, Point, validate
+
+GPT = "recipes.gpt.train.main"
+# 3 processes, micro batch 4, global batch 16: 16 is not a multiple of 3*4, the GPT's batch rule
+THREE = ["cluster.gpus_per_node=3"]
+
+
+@pytest.fixture
+def user_recipe(tmp_path, monkeypatch):
+    """A user's package ``mlp`` whose main(cfg, ctx) never reads train.global_batch_size; no contract."""
+    pkg = tmp_path / "mlp"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("def main(cfg, ctx):\n    return {'final_loss': 0.5}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "mlp.train.main"
+    sys.modules.pop("mlp", None)
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+
+
+def _validate(*overrides):
+    return validate([Point(_cfg(*overrides), list(overrides))])
+
+
+def test_a_user_recipe_is_not_held_to_the_gpt_rules(user_recipe):
+    with pytest.raises(InvalidSweep, match="train.global_batch_size: 16 is not a multiple of dp"):
+        _validate(*THREE)  # the GPT recipe (the default) on the same processes: refused
+    (c,) = _validate(f"recipe._target_={user_recipe}", *THREE)
+    assert c.layout.dp == 3 and c.layout.world_size == 3 and c.layout.grad_accum == 1
+    assert c.resolved["name"] == "mlp" and c.resolved["submit"]["job_name"] == "mlp"  # not gpt_tiny
+    assert c.plan is None  # no GPT plan: nothing for show / report to print
+    # nor a GPT model rule (a tp the GPT's heads cannot be split over is the shared layout's business only)
+    (c,) = _validate(f"recipe._target_={user_recipe}", "cluster.gpus_per_node=3", "parallelism.tp=3",
+                     "parallelism.engine=megatron")
+    assert c.layout.tp == 3
+
+
+def test_a_user_recipe_is_still_held_to_the_shared_rules(user_recipe):
+    with pytest.raises(InvalidSweep, match="parallelism.tp"):
+        _validate(f"recipe._target_={user_recipe}", *THREE, "parallelism.tp=2")  # 2 does not divide 3
+    with pytest.raises(InvalidSweep, match="cluster.nodes"):
+        _validate(f"recipe._target_={user_recipe}", "cluster.nodes=0")
+
+
+def test_the_gpt_contract_holds_its_rows_planner_steps_and_name():
+    gpt = recipe_contract.of(GPT)
+    assert gpt.planner is not None and gpt.steps_key == "train.steps" and gpt.named_by_model
+    shared = {(r.key, r.problem) for r in rules.RULES}
+    own = {(r.key, r.problem) for r in gpt.rules}
+    assert not shared & own and {r.key for r in gpt.rules} >= {"train.global_batch_size", "model.num_heads",
+                                                                 "model.ffn_hidden_size", "model.vocab_size"}
+    assert len(rules.table(GPT)) == len(rules.RULES) + len(gpt.rules)
+    assert rules.table("mlp.train.main") == tuple(sorted(rules.RULES, key=lambda r: rules.ALL_KINDS.index(r.kind)))
+    assert recipe_contract.run_name(GPT, "gpt_125m") == "gpt_125m"
+    assert recipe_contract.run_name("mlp.train.main", "gpt_125m") == "mlp"
+    assert recipe_contract.steps(GPT, {"train.steps": 60}.get) == 60
+    assert recipe_contract.steps("mlp.train.main", {"train.steps": 60}.get) is None
+    assert recipe_contract.of("mlp.train.main") is recipe_contract.NO_CONTRACT
+
+
+def test_commbench_settings_are_checked_by_its_contract():
+    bench = recipe_contract.of("recipes.commbench.bench.main")
+    assert bench.check is not None and bench.name == "commbench"
+    with pytest.raises(InvalidSweep, match=r"recipe.params: recipe.params.factor=1 must be >= 2"):
+        _validate("recipe=commbench", "recipe.params.factor=1")
+
+
+def test_finding_a_contract_imports_nothing_of_a_recipe_without_one(user_recipe):
+    sys.modules.pop("mlp", None)
+    assert recipe_contract.of("mlp.other.main") is recipe_contract.NO_CONTRACT
+    assert "mlp" not in sys.modules  # found by spec: the user's package is not imported
+
+
+def test_launcher_plan_refuses_a_recipe_without_a_planner(user_recipe, capsys):
+    from launcher.cli.main import main
+
+    assert main(["plan", f"recipe._target_={user_recipe}"]) == 2
+    assert "has no planner" in capsys.readouterr().err
+    assert main(["plan", "--json"]) == 0  # the GPT's (the default recipe's) planner
+
+
+def test_the_launcher_code_names_no_recipe():
+    """What the launcher knows of a recipe is in its contract: no string or name of launcher/ code (a
+    docstring aside) names one, but the schema's default recipe and preflight's comm rung (the ladder
+    runs the shipped benchmark by its config option)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"gpt|commbench|RECIPE_SETTINGS|PLANNED_RECIPES|DEEPSPEED_CONFIG", re.I)
+
+    def allowed(rel: str, text: str) -> bool:
+        return ((rel, text) == ("launcher/schema.py", GPT)
+                or (rel == "launcher/ladder.py" and "gpt" not in text.lower()))  # the comm rung's benchmark
+
+    bad = []
+    for root in ("launcher", "hydra_plugins"):
+        for path in sorted((repo / root).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                    and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+            rel = path.relative_to(repo).as_posix()
+            for n in ast.walk(tree):
+                text = (n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                        else n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None)
+                if text and pattern.search(text) and not allowed(rel, text):
+                    bad.append(f"{rel}:{n.lineno}: {text[:60]!r}")
+    assert not bad, bad
+
+
+def test_a_broken_contract_is_a_config_error(user_recipe, tmp_path):
+    (tmp_path / "mlp" / "contract.py").write_text("import no_such_module_here\n")
+    with pytest.raises(InvalidSweep, match=r"recipe._target_: its contract mlp.contract cannot be loaded: "
+                                           r"ModuleNotFoundError"):
+        _validate(f"recipe._target_={user_recipe}", *THREE)
+
+
+def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatch):
+    """A project's recipe with a contract, run from the project's dir (not on sys.path, as `launch`
+    finds it): its rows, name and steps are the launcher's for its runs."""
+    pkg = tmp_path / "myproj"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("def main(cfg, ctx):\n    return {}\n")
+    (pkg / "contract.py").write_text(
+        "from launcher.recipe_contract import RecipeSpec\n"
+        "from launcher.rules import RUN, Rule\n\n"
+        "RECIPE = RecipeSpec(name='mine', steps_key='train.steps', rules=(\n"
+        "    Rule('cluster.gpus_per_node', lambda f: f.world % 2 == 1, 'my model splits in two',\n"
+        "         'use an even world size', RUN),))\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(InvalidSweep, match="cluster.gpus_per_node: my model splits in two"):
+            _validate("recipe._target_=myproj.train.main", *THREE)
+        (c,) = _validate("recipe._target_=myproj.train.main", "cluster.gpus_per_node=4")
+        assert c.resolved["name"] == "mine" and c.layout.grad_accum == 1 and c.plan is None
+        assert recipe_contract.steps("myproj.train.main", {"train.steps": 60}.get) == 60
+    finally:
+        for m in [m for m in sys.modules if m == "myproj" or m.startswith("myproj.")]:
+            sys.modules.pop(m)
