@@ -8,9 +8,7 @@ Stays light: nothing here imports torch or deepspeed.
 from __future__ import annotations
 
 import io
-import os
 import sys
-from pathlib import Path
 
 import hydra
 from hydra._internal import defaults_list
@@ -20,9 +18,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.schema import register_configs
-
-CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
+from launcher.schema import CONF_DIR, CONFIG_NAME, register_configs
 
 register_configs()
 
@@ -218,7 +214,7 @@ def submit_points(points, into=None, indices=None):
     return result
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=CONFIG_NAME)
 def _run(cfg: DictConfig) -> None:
     from launcher.submit.pipeline import Point  # lazy: `launch --help` and --cfg never load the submit path
 

@@ -13,7 +13,6 @@ the login node for every sweep point before anything is submitted.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -331,11 +330,18 @@ _KIND_ORDER = {k: i for i, k in enumerate(ALL_KINDS)}
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
 def default_target() -> str:
-    """The recipe a config runs when it names none (the schema's default): the one whose rows judge
-    Facts without a config (the planner's candidates)."""
-    default = next(f.default for f in dataclasses.fields(schema.RecipeConfig) if f.name == "_target_")
-    return default if isinstance(default, str) else ""
+    """The recipe a config runs when it names none (the recipe option conf/config.yaml composes): the
+    one whose rows judge Facts without a config (the planner's candidates)."""
+    import yaml  # the defaults list as written (Hydra is not needed to read one option)
+
+    defaults = yaml.safe_load((schema.CONF_DIR / f"{schema.CONFIG_NAME}.yaml").read_text()).get("defaults") or []
+    choice = next((d["recipe"] for d in defaults if isinstance(d, dict) and "recipe" in d), None)
+    if choice is None:
+        return ""
+    option = yaml.safe_load((schema.CONF_DIR / "recipe" / f"{choice}.yaml").read_text()) or {}
+    return str(option.get("_target_") or (option.get("recipe") or {}).get("_target_") or "")
 
 
 def table(target: str) -> Tuple[Rule, ...]:

@@ -14,13 +14,19 @@ Nothing here imports torch: the login-node path loads this module.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING, OmegaConf
+
+# the config groups (conf/): the composed defaults, every option of every group
+CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
+CONFIG_NAME = "config"  # the primary config, <CONF_DIR>/config.yaml: the defaults list
 
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
 
@@ -267,8 +273,9 @@ class TrainConfig:
 
 @dataclass
 class RecipeConfig:
-    # dotted path of the training function: fn(cfg, ctx) -> summary dict
-    _target_: str = "recipes.gpt.train.main"
+    # dotted path of the training function: fn(cfg, ctx) -> summary dict (the default recipe group,
+    # conf/config.yaml, names the shipped one)
+    _target_: str = MISSING
     # the recipe's own settings (recipes/commbench: message sizes, iterations), read by the recipe;
     # any keys (`launch recipe=commbench recipe.params.max_bytes=1048576`)
     params: Dict[str, Any] = field(default_factory=dict)

@@ -29,7 +29,7 @@ from launcher.cli.archive_cmds import resolve_run_dir
 from launcher.layout import Facts, ModelSpec
 from launcher.plan.estimate import cluster_json, estimate, model_json
 from launcher.plan.spec import ClusterSpec, LayoutSpec
-from launcher.schema import enum_value
+from launcher.schema import CONFIG_NAME, enum_value
 
 TABLE_TOP = 20
 
@@ -43,7 +43,7 @@ def compose(overrides: List[str]) -> Any:
     from launcher.app import CONF_DIR, normalize_overrides
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=normalize_overrides(list(overrides)))
+        return hydra_compose(config_name=CONFIG_NAME, overrides=normalize_overrides(list(overrides)))
 
 
 def _fail(msg: str, code: int = 2) -> int:

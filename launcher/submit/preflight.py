@@ -29,6 +29,7 @@ from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
 from launcher.outcome import settle
 from launcher.rundir import RunDir, now_iso
+from launcher.schema import CONFIG_NAME
 from launcher.status import RunStatus, Status
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
 from launcher.submit.progress import cancel_run, wait_and_report
@@ -51,7 +52,7 @@ class Prepared:
 def compose_point(overrides: List[str]) -> Any:
     """A launch Point for these overrides (Hydra's compose API over launch's conf/)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
+        cfg = compose(config_name=CONFIG_NAME, overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]

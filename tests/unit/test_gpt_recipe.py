@@ -46,6 +46,7 @@ def make_cfg(model=None, **sections):
         "model": {**TINY_MODEL, **(model or {})},
         "train": {"micro_batch_size": 2, "global_batch_size": 8, "steps": 5, "log_interval": 10},
         "optim": {"lr": 1e-2, "warmup_steps": 0},
+        "recipe": {"_target_": "recipes.gpt.train.main"},
     }
     for key, value in sections.items():
         overrides[key] = {**overrides.get(key, {}), **value}

@@ -35,7 +35,8 @@ def model_spec(name: str) -> ModelSpec:
 
 def run_cfg(**sections):
     tiny = OmegaConf.load(CONF_DIR / "model" / "gpt_tiny.yaml")
-    over = {"cluster": {"name": "unit", "nodes": 1, "gpus_per_node": 2}, "model": tiny}
+    over = {"cluster": {"name": "unit", "nodes": 1, "gpus_per_node": 2}, "model": tiny,
+            "recipe": {"_target_": "recipes.gpt.train.main"}}
     for k, v in sections.items():
         over[k] = {**over.get(k, {}), **v}
     return OmegaConf.merge(OmegaConf.structured(RunConfig), over)
