@@ -34,7 +34,8 @@ from launcher.archive import atomic, code, secrets
 
 PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
 MAX_FILE_BYTES = 5 * 1024 * 1024  # data files and checkpoints are not code
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb",
+             ".submitit"}  # (submitit's folder: pickled jobs hold the app's config)
 
 
 def source_files(root: Path) -> List[str]:

@@ -87,7 +87,8 @@ def test_hydra_outputs_of_earlier_runs_stay_out_and_no_repo_is_said(tmp_path):
 
 def test_in_a_git_repo_untracked_hydra_outputs_stay_out(tmp_path):
     app = tree(tmp_path / "app", {"app.py": "import hydra\n", "out/b/0/.hydra/overrides.yaml": "- x=1\n",
-                                  "out/b/0/keep.py": "# written by the run\n"})
+                                  "out/b/0/keep.py": "# written by the run\n",
+                                  "out/b/.submitit/1_submitted.pkl": "pickled job\n"})
     subprocess.run(["git", "init", "-q", str(app)], check=True)
     info = snapshot.take(app, tmp_path / "s" / "code", known={})
     assert info["files"] == 1 and (tmp_path / "s" / "code" / "app.py").is_file()
