@@ -82,6 +82,7 @@ class BaseLauncherConf:
     # archived code snapshot they run instead of a new snapshot of the working tree
     reproduces: Optional[str] = None
     code_snapshot: Optional[str] = None
+    work_dir: Optional[str] = None  # a reproduction's writable copy of code_snapshot: what its jobs run
 
 
 @dataclass
@@ -532,6 +533,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
             rd.write_config(secrets.redact_config(app, known))
             rd.write_run(clean({
                 **({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
+                **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
                 "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
                 "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
                 "kind": "hydra_app", "app": app_meta,
@@ -565,7 +567,8 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
         publish([], [])
         raise
     runs, job_ids = submission.submit([submission.Array([submission.Run(
-        run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim, code_dir=code_dir, folder=folder,
+        run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim,
+        code_dir=Path(str(params.get("work_dir") or code_dir)), folder=folder,
         task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env), shared=shared,
         num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,

@@ -4,7 +4,9 @@ the code as it was at submission, and a reproduction runs the original run's cod
 
 What it holds (one rule): in a git repo, the files git tracks plus the untracked files git does not
 ignore (never an ignored file); outside one, every .py/.yaml/.yml/.cfg/.toml file. From those it
-leaves out the launcher's own output dirs (SKIP_DIRS), files over MAX_FILE_BYTES (``skipped_large``),
+leaves out the launcher's own output dirs (SKIP_DIRS), Hydra's output dirs of earlier runs (a dir
+holding ``.hydra/`` or ``multirun.yaml``: every override of that run is in there), files over
+MAX_FILE_BYTES (``skipped_large``),
 and REFUSES secret-looking files (.env, .env.*, *.pem, *.key, id_rsa*, *credentials*, .netrc,
 .pypirc, *.p12 ...: ``secrets.is_secret_file``, listed in ``refused``). The code is never rewritten:
 a file holding a known secret value is left out whole (``held_secret``: the file and the names of the
@@ -13,7 +15,10 @@ values, never the values; ``left_out_warnings`` says it at launch, with the fix)
 A user's tree outside the launcher's repo that imports the launcher's own ``recipes`` package (or
 names it in ``recipe._target_``) gets a copy of it (``bundled``), so the job runs those recipes as
 they were at launch too, not from the launcher's install. The patch of uncommitted changes is an
-archive record, not code the job runs: known secret values are redacted in it."""
+archive record, not code the job runs: known secret values are redacted in it.
+
+A snapshot is read-only once taken, its directories too: runs are sealed with its digest, so a
+stray write (a file next to ``__file__``, a bytecode cache) fails instead of breaking their seals."""
 from __future__ import annotations
 
 import ast
@@ -29,7 +34,8 @@ from launcher.archive import atomic, code, secrets
 
 PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
 MAX_FILE_BYTES = 5 * 1024 * 1024  # data files and checkpoints are not code
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb",
+             ".submitit"}  # (submitit's folder: pickled jobs hold the app's config)
 
 
 def source_files(root: Path) -> List[str]:
@@ -45,11 +51,35 @@ def source_files(root: Path) -> List[str]:
         pass
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not is_hydra_output(Path(dirpath, d))]
         for f in filenames:
             if f.endswith((".py", ".yaml", ".yml", ".cfg", ".toml")):
                 files.append(str(Path(dirpath, f).relative_to(root)))
     return sorted(files)
+
+
+HYDRA_MARKS = (".hydra", "multirun.yaml")  # what Hydra writes into a run's / a multirun's output dir
+
+
+def is_hydra_output(path: Path) -> bool:
+    """A directory Hydra wrote as a run's or a sweep's output dir (any hydra.run.dir / sweep.dir):
+    it holds the composed config and every override of that run, not code."""
+    return any((path / mark).exists() for mark in HYDRA_MARKS)
+
+
+def _tree_files(root: Path) -> List[str]:
+    """``source_files`` minus the output dirs: SKIP_DIRS and Hydra's (below root, never root itself)."""
+    outputs: Dict[Path, bool] = {}
+
+    def in_output(rel: Path) -> bool:
+        for parent in list(rel.parents)[:-1]:  # (the last is ".", root itself)
+            if parent not in outputs:
+                outputs[parent] = parent.name in SKIP_DIRS or is_hydra_output(root / parent)
+            if outputs[parent]:
+                return True
+        return False
+
+    return [rel for rel in source_files(root) if Path(rel).name not in SKIP_DIRS and not in_output(Path(rel))]
 
 
 def _secret_looking(root: Path, rel: str) -> bool:
@@ -61,7 +91,7 @@ def _secret_looking(root: Path, rel: str) -> bool:
 
 
 def _candidates(root: Path) -> List[str]:
-    files = [rel for rel in source_files(root) if not any(part in SKIP_DIRS for part in Path(rel).parts)]
+    files = _tree_files(root)
     # secret files git ignores (the usual .env) are never copied, but their values are secrets too
     files += [p.name for p in root.glob(".env*") if p.is_file() and p.name not in files]
     return files
@@ -158,9 +188,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         digest.update(rel.encode() + b"\0" + data)
         copied += 1
 
-    for rel in source_files(root):
-        if any(part in SKIP_DIRS for part in Path(rel).parts):
-            continue
+    for rel in _tree_files(root):
         real = Path(os.path.realpath(root / rel))
         if any(d == real or d in real.parents for d in skip_under):
             continue
@@ -208,10 +236,15 @@ def left_out_warnings(info: Mapping[str, Any]) -> List[str]:
 
 
 def make_read_only(path: Path) -> None:
+    """Every file and directory under ``path`` read-only (directories last: nothing can be added)."""
+    dirs = []
     for dirpath, _, filenames in os.walk(path):
+        dirs.append(dirpath)
         for f in filenames:
             p = os.path.join(dirpath, f)
             os.chmod(p, os.stat(p).st_mode & ~0o222)
+    for d in reversed(dirs):
+        os.chmod(d, os.stat(d).st_mode & ~0o222)
 
 
 def info(dest: Path) -> Optional[Dict[str, object]]:

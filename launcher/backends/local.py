@@ -118,6 +118,7 @@ class LocalBackend(Backend):
         # local jobs inherit this process's working dir and PYTHONPATH: run them from the snapshot
         if code_dir is not None:
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # (slurm.code_lines says why)
             os.chdir(code_dir)
 
     def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,

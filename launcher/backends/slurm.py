@@ -68,10 +68,12 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
 
 
 def code_lines(code_dir: Optional[Path]) -> List[str]:
-    """Jobs import the code snapshot first, so they run the code as it was at submission."""
+    """Jobs import the code snapshot first, so they run the code as it was at submission; they write
+    no bytecode cache into it (runs are sealed with its digest; root's writes ignore its read-only mode)."""
     if code_dir is None:
         return []
-    return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    return [f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export PYTHONDONTWRITEBYTECODE=1"]
 
 
 # filesystems every node of a cluster can mount at the same path

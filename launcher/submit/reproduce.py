@@ -3,8 +3,10 @@ snapshot and its seeds, never today's conf/ or today's code."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -16,7 +18,7 @@ from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.rundir import RunDir, runs as runs_under
+from launcher.rundir import RunDir, runs as runs_under, tree_sha256
 from launcher.schema import RunConfig
 from launcher.submit import pipeline
 from launcher.submit.pipeline import Point
@@ -88,11 +90,20 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
 # app again from its code snapshot, with the point's archived task overrides and the launch's Hydra
 # overrides (the same launcher and its options), as ONE point: Hydra composes the config from the
 # snapshot's own config files, so config, code and seed (the app's `seed` key) are the archived ones.
+#
+# The app runs from a WORKING COPY of the snapshot in the reproduction's own dir, never from the
+# archived snapshot itself: an app that derives its output root from `__file__` (rootutils, the
+# lightning-hydra-template) writes its logs and checkpoints next to the code it runs, and inside the
+# archived snapshot those writes would break the seal of every run that executed it. The runs record
+# the archived snapshot as their code (their seal hashes it); `work_dir` names the copy they ran.
+
+WORK_DIRS = ".reproductions"  # under the runs root (a dot dir: not a sweep) one dir per reproduction
 
 # Hydra overrides that belong to the original multirun, not to the point: where Hydra wrote its
 # outputs, the sweeper that picked the point, the archive's place and the reproduction mark
 _DROPPED_HYDRA = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra/sweeper", "hydra.sweeper.",
-                  "hydra.launcher.runs_root", "hydra.launcher.reproduces", "hydra.launcher.code_snapshot")
+                  "hydra.launcher.runs_root", "hydra.launcher.reproduces", "hydra.launcher.code_snapshot",
+                  "hydra.launcher.work_dir")
 
 
 def _quoted(value: Any) -> str:
@@ -101,10 +112,12 @@ def _quoted(value: Any) -> str:
 
 
 def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[str], snapshot: Path,
-                runs_root: Path, python: str = sys.executable) -> List[str]:
+                runs_root: Path, python: str = sys.executable, work_dir: Optional[Path] = None) -> List[str]:
     """The command that starts the app of a Hydra-app run again from ``snapshot`` as one point (pure).
     ``changes`` (key=value) replace the archived overrides (task or Hydra) of the same key; an archived
-    override whose value was redacted must be given again there."""
+    override whose value was redacted must be given again there. ``work_dir``: the snapshot's working
+    copy the app and its jobs run instead (the runs still record ``snapshot`` as their code)."""
+    code = work_dir or snapshot
     app = meta.get("app") or {}
     entry = app.get("entry") or {}
     changed = {override_key(c) for c in changes}
@@ -121,7 +134,7 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
         start = [python, "-m", str(entry["module"])]
     elif entry.get("script"):
         script = Path(entry["script"])
-        start = [python, str(script if script.is_absolute() else snapshot / script)]
+        start = [python, str(script if script.is_absolute() else code / script)]
     else:
         raise ConfigErrors([ConfigError("RUN", f"run {meta.get('run_id')} does not record how its app was started "
                                         "(run.json app.entry: archived by an older launcher)",
@@ -131,20 +144,39 @@ def app_command(meta: Dict[str, Any], task_overrides: List[str], changes: List[s
     return [*start, "-m", *kept, *changes, *hydra, "hydra/sweeper=basic", "hydra.sweeper.params=null",
             f"hydra.launcher.runs_root={_quoted(runs_root)}",
             f"hydra.launcher.reproduces={_quoted(meta.get('run_id'))}",
-            f"hydra.launcher.code_snapshot={_quoted(snapshot)}"]
+            f"hydra.launcher.code_snapshot={_quoted(snapshot)}",
+            *([f"hydra.launcher.work_dir={_quoted(work_dir)}"] if work_dir else [])]
+
+
+def working_copy(snapshot: Path, dest: Path) -> Path:
+    """A copy of ``snapshot`` at ``dest`` that the reproduction may write into: its directories are
+    writable, its files stay read-only (as copied); its digest is checked against the snapshot's."""
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.copytree(snapshot, tmp, symlinks=True)
+    for dirpath, _, _ in os.walk(tmp):
+        os.chmod(dirpath, os.stat(dirpath).st_mode | 0o700)  # (copytree copied the snapshot's read-only modes)
+    if tree_sha256(tmp) != tree_sha256(snapshot):
+        raise OSError(f"the copy {tmp} of the code snapshot {snapshot} differs from it")
+    os.replace(tmp, dest)
+    return dest
 
 
 def reproduce_app(rd: RunDir, snapshot: Path, changes: List[str], runs_root: Path, out) -> int:
-    """Start the app again (blocking, as its launcher does by default); its exit code (1 when it ran
-    but made no run: its module does not start the app when run with ``python -m``)."""
+    """Start the app again (blocking, as its launcher does by default) from a working copy of its
+    snapshot; its exit code (1 when it ran but made no run: its module does not start the app when run
+    with ``python -m``)."""
     meta = rd.run() or {}
-    cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    work = working_copy(snapshot, Path(runs_root) / WORK_DIRS / f"{meta['run_id']}.{stamp}")
+    cmd = app_command(meta, list(rd.overrides().get("overrides") or []), list(changes), snapshot, Path(runs_root),
+                      work_dir=work)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(snapshot), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(work), *filter(None, [env.get("PYTHONPATH")])])
     if (meta.get("app") or {}).get("entry", {}).get("module"):
         env["PYTHONSAFEPATH"] = "1"  # `python -m` would import from the working dir before the snapshot
     print(f"reproducing {meta['run_id']} (a run of {(meta.get('app') or {}).get('task_function')}) from its code "
-          f"snapshot {snapshot}: {' '.join(cmd[1:])}", file=out, flush=True)
+          f"snapshot {snapshot}, run from its copy {work} (the app's own outputs go there): {' '.join(cmd[1:])}",
+          file=out, flush=True)
     before = {r.path for r in runs_under(runs_root)}
     code = subprocess.call(cmd, env=env)
     made = [r for r in runs_under(runs_root)

@@ -120,6 +120,71 @@ def test_reproduce_a_hydra_app_run(runs_root, tmp_path):
     assert RunDir(latest["dir"]).status().summary["return_value"] == quadratic(2, 1)
 
 
+# an app that puts its outputs next to its own code, as rootutils.setup_root(__file__) does (the
+# lightning-hydra-template): the task writes a checkpoint under ROOT, Hydra's sweep dir is under ROOT
+FILE_ROOTED_APP = """import os
+from pathlib import Path
+
+import hydra
+
+ROOT = Path(__file__).resolve().parent
+os.environ["APP_ROOT"] = str(ROOT)
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg):
+    out = ROOT / "logs" / "checkpoints"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"x{cfg.x}.ckpt").write_text(str(cfg.x))
+    return cfg.x * 10
+
+
+if __name__ == "__main__":
+    main()
+"""
+FILE_ROOTED_CONFIG = "x: 1\nhydra:\n  sweep:\n    dir: ${oc.env:APP_ROOT}/logs/multiruns/${now:%H-%M-%S-%f}\n"
+
+
+def test_reproduce_writes_outside_the_archive(runs_root, tmp_path):
+    """An app outside git whose output root derives from `__file__`, with Hydra output dirs of an
+    earlier sweep in its tree: its snapshot leaves those out and says it has no git repo; reproduced,
+    the app runs from a copy of the snapshot in the reproduction's own dir, so its logs and checkpoints
+    land there, and the original run still matches its seal (`launcher show` of it reports no change)."""
+    app = tmp_path / "app"
+    (app / "conf").mkdir(parents=True)
+    (app / "app.py").write_text(FILE_ROOTED_APP)
+    (app / "conf" / "config.yaml").write_text(FILE_ROOTED_CONFIG)
+    earlier = run_cmd([sys.executable, "app.py", "-m", "x=7", "hydra.sweep.dir=sweeps/a"], runs_root, cwd=app)
+    assert earlier.returncode == 0 and (app / "sweeps" / "a" / "0" / ".hydra").is_dir(), earlier.stderr[-3000:]
+
+    res = run_cmd([sys.executable, "app.py", "-m", "x=1,2", "hydra/launcher=launcher_local"], runs_root, cwd=app,
+                  timeout=360)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = runs_json(runs_root)
+    assert [r["status"] for r in runs] == ["completed"] * 2, runs
+    orig = RunDir(next(r for r in runs if r["index"] == 1)["dir"])
+    snap = Path(orig.snapshot()["path"])
+    held = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file() and not p.name.startswith("."))
+    assert held == ["app.py", "conf/config.yaml"], held  # no sweeps/a/**/.hydra, no logs/ of the earlier run
+    assert orig.git()["repo"] is None and orig.git()["note"] == "not a git repo", orig.git()
+    assert all(not p.stat().st_mode & 0o222 for p in [snap, *snap.rglob("*")]), "a writable snapshot entry"
+    assert (app / "logs" / "checkpoints" / "x2.ckpt").is_file()  # the original run wrote next to its code
+
+    again = reproduce([orig.run()["run_id"]], runs_root, tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    (new,) = [r for r in runs_json(runs_root) if r["run_id"] not in {x["run_id"] for x in runs}]
+    rd = RunDir(new["dir"])
+    assert new["status"] == "completed" and rd.status().summary["return_value"] == 20
+    assert orig.verify() == [] and not (snap / "logs").exists()  # nothing was written into the archive
+    show = run_cmd([sys.executable, "-m", "launcher.cli.main", "show", str(orig.path)], runs_root, timeout=120)
+    assert show.returncode == 0 and "SEAL" not in show.stdout + show.stderr, show.stdout + show.stderr
+    # the reproduction's outputs are in its own dir: the copy of the snapshot it ran
+    work = Path(rd.run()["work_dir"])
+    assert work.parent == runs_root / ".reproductions" and (work / "logs" / "checkpoints" / "x2.ckpt").is_file()
+    assert Path(rd.status().output_dir).is_relative_to(work / "logs" / "multiruns")
+    assert rd.snapshot()["path"] == str(snap) and rd.verify() == []  # it records (and sealed) the archived code
+
+
 def test_secrets_stay_out_of_the_archive_and_tasks_share_a_job(runs_root, tmp_path):
     """A secret given on the command line reaches the task but nothing under runs_root; two tasks
     per job both run the task function, rank 0 records the outcome."""

@@ -59,3 +59,37 @@ def test_the_users_code_outside_git_and_the_launchers_own_are_recorded_apart(tmp
                           check=True).stdout.strip()
     assert own["version"] == launcher.__version__ and own["commit"] == head and own["path"] == str(REPO / "launcher")
     assert isinstance(own["dirty"], bool)
+
+
+def test_hydra_outputs_of_earlier_runs_stay_out_and_no_repo_is_said(tmp_path):
+    """An app outside git whose earlier Hydra runs wrote their output dirs into its tree (a sweep dir
+    not named outputs/ or multirun/): no dir holding `.hydra/` or `multirun.yaml` is copied (every
+    override of those runs is in there), the app's own code is, and its provenance says it has no repo
+    (not this project's repo and commit). The snapshot's directories are read-only too."""
+    app = tree(tmp_path / "app", {
+        "app.py": "import hydra\n", "conf/config.yaml": "x: 1\n", "lib/util.py": "X = 1\n",
+        "sweeps/a/multirun.yaml": "hydra: {overrides: {task: [+db.password_hint=hunter]}}\n",
+        "sweeps/a/0/.hydra/overrides.yaml": "- +db.password_hint=hunter\n",
+        "sweeps/a/0/.hydra/config.yaml": "x: 5\n", "sweeps/a/0/result.yaml": "v: 1\n",
+        "logs/2026-01-01/10-00-00/.hydra/config.yaml": "x: 6\n",  # a hydra.run.dir
+        "logs/2026-01-01/10-00-00/main.py": "# a stray copy\n"})
+    assert code.repo_root(app) is None
+    dest = tmp_path / "s" / "code"
+    info = snapshot.take(app, dest, known={})
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and not p.name.startswith("."))
+    assert copied == ["app.py", "conf/config.yaml", "lib/util.py"], copied
+    assert "hunter" not in "".join(p.read_text() for p in dest.rglob("*") if p.is_file())
+    assert info["git"]["repo"] is None and info["git"]["commit"] is None and info["git"]["note"] == "not a git repo"
+    assert snapshot.info(dest)["git"]["note"] == "not a git repo"
+    assert all(not p.stat().st_mode & 0o222 for p in [dest, *dest.rglob("*")]), "a writable file or dir"
+    assert sorted(snapshot.tree_secrets(app)) == []  # (the left-out files are not read for secrets either)
+
+
+def test_in_a_git_repo_untracked_hydra_outputs_stay_out(tmp_path):
+    app = tree(tmp_path / "app", {"app.py": "import hydra\n", "out/b/0/.hydra/overrides.yaml": "- x=1\n",
+                                  "out/b/0/keep.py": "# written by the run\n",
+                                  "out/b/.submitit/1_submitted.pkl": "pickled job\n"})
+    subprocess.run(["git", "init", "-q", str(app)], check=True)
+    info = snapshot.take(app, tmp_path / "s" / "code", known={})
+    assert info["files"] == 1 and (tmp_path / "s" / "code" / "app.py").is_file()
+    assert info["git"]["repo"] == str(app.resolve())

@@ -196,3 +196,17 @@ def test_reproduce_command_of_a_hydra_app_run(tmp_path):
     assert not parsed.is_sweep_override() and parsed.value() == str(odd)
     with pytest.raises(ConfigErrors, match="does not record how its app was started"):
         app_command({"run_id": "S-0", "app": {}}, [], [], snap, root)
+
+
+def test_reproduce_command_runs_a_working_copy(tmp_path):
+    """Given a working copy, the app starts from it and its jobs run it (hydra.launcher.work_dir);
+    the runs still record the archived snapshot; an archived work_dir is never carried over."""
+    from launcher.submit.reproduce import app_command
+
+    meta = {"run_id": "S-3", "app": {"entry": {"script": "apps/train.py"}, "hydra_overrides": [
+        "hydra/launcher=launcher_local", "hydra.launcher.work_dir=/old/copy"]}}
+    snap, root, work = tmp_path / "code", tmp_path / "runs", tmp_path / "runs" / ".reproductions" / "S-3.x"
+    cmd = app_command(meta, ["x=1"], [], snap, root, python="py", work_dir=work)
+    assert cmd[:2] == ["py", str(work / "apps" / "train.py")]
+    assert cmd[-2:] == [f"hydra.launcher.code_snapshot='{snap}'", f"hydra.launcher.work_dir='{work}'"]
+    assert "hydra.launcher.work_dir=/old/copy" not in cmd
