@@ -63,8 +63,10 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
     """The batch script's part in a rank's requeue request: where the rank leaves its note, and the
     teardown line that asks again after srun returns (launcher.runtime.deferred_requeue)."""
     note = f"{shlex.quote(str(folder))}/requeue.${{SLURM_JOB_ID}}.json"
+    # the job's exit status stays srun's (Slurm's FAILED/COMPLETED, afterok dependencies read it)
     return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}"],
-            "teardown": [f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue"]}
+            "teardown": ["launcher_step_rc=$?", f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue",
+                         'exit "$launcher_step_rc"']}
 
 
 def code_lines(code_dir: Optional[Path]) -> List[str]:
