@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from launcher.backends.base import Backend, JobState
+from launcher.backends.slurm import submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 
@@ -104,6 +105,8 @@ class LocalBackend(Backend):
         params = {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
                   "signal_delay_s": int(cl.signal_delay_s)}
         params.update(gpu_parameters(int(cl.gpus_per_node), has_nvidia_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        if submitit_parameters(cl).get("stderr_to_stdout"):  # the one the local executor takes
+            params["stderr_to_stdout"] = True
         return params
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,

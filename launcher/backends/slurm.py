@@ -67,6 +67,17 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
             "teardown": [f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue"]}
 
 
+def submitit_parameters(cl: Any) -> Dict[str, Any]:
+    """``cluster.submitit_parameters``: executor parameters handed to submitit unchanged (absent from
+    the schema: only the Hydra launcher sets them)."""
+    raw = cl.get("submitit_parameters")
+    if not raw:
+        return {}
+    from omegaconf import OmegaConf
+
+    return dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)
+
+
 def code_lines(code_dir: Optional[Path]) -> List[str]:
     """Jobs import the code snapshot first, so they run the code as it was at submission."""
     if code_dir is None:
@@ -192,6 +203,11 @@ class SlurmBackend(Backend):
         if cl.mem_gb:
             params["mem"] = f"{int(cl.mem_gb)}GB"
         extra = {str(k): v for k, v in cl.sbatch_extra.items()}
+        # submitit's own parameters as given (the Hydra launcher's hydra-submitit-launcher options:
+        # comment, exclude, gres, ...; additional_parameters with their types, true a bare flag)
+        raw = submitit_parameters(cl)
+        extra.update(raw.pop("additional_parameters", None) or {})
+        params.update(raw)
         if code_dir is not None:
             extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
         if extra:
