@@ -79,8 +79,9 @@ class BaseLauncherConf:
     # the limit (at or before the start) is cut to half the limit, with a warning
     signal_delay_s: int = 120
     # time limits a point may be requeued after (submitit's meaning: a preemption is always requeued,
-    # a time limit only this many times; the app resumes from its own checkpoint, if it has one)
-    max_num_timeout: int = 0
+    # a time limit only this many times; the app resumes from its own checkpoint, if it has one).
+    # 3 as submitit's executors and launch's train.max_restarts (hydra-submitit-launcher: 0)
+    max_num_timeout: int = 3
     # environment of every task (secret-named values travel through the submitting environment)
     env: Dict[str, str] = field(default_factory=dict)
     # tags recorded in each run.json (launcher runs --tag)
@@ -302,14 +303,14 @@ class _HydraJob:
     checkpoint hook handed over, run instead of the task function."""
 
     def __init__(self, shared: _SharedState, config: DictConfig, run_dir: str, env: Dict[str, str],
-                 backend: str = "local", timeout_min: float = 60, max_num_timeout: int = 0,
-                 resumed: Any = None) -> None:
+                 backend: str = "local", timeout_min: float = 60, signal_delay_s: float = 0,
+                 max_num_timeout: int = 0, resumed: Any = None) -> None:
         self.shared = shared
         self.config = config
         self.run_dir = str(run_dir)
         self.env = dict(env)
         self.backend = backend
-        self.timeout_min = timeout_min
+        self.timeout_min, self.signal_delay_s = timeout_min, signal_delay_s
         self.max_num_timeout = int(max_num_timeout)
         self.resumed = resumed
 
@@ -318,7 +319,7 @@ class _HydraJob:
 
     def resumed_with(self, callable_: Any) -> "_HydraJob":
         return _HydraJob(self.shared, self.config, self.run_dir, self.env, self.backend, self.timeout_min,
-                         self.max_num_timeout, resumed=callable_)
+                         self.signal_delay_s, self.max_num_timeout, resumed=callable_)
 
     def __call__(self) -> JobReturn:
         import copy
@@ -337,7 +338,8 @@ class _HydraJob:
         job_env = submitit.JobEnvironment()
         # first: a signal before the task starts is held, not submitit's (which would requeue a job
         # whose config Hydra made read-only)
-        signals = requeue.StopSignals(self.timeout_min, stops=job_env.global_rank == 0 or self.backend == "local")
+        signals = requeue.StopSignals(self.timeout_min, self.signal_delay_s,
+                                      stops=job_env.global_rank == 0 or self.backend == "local")
         signals.install()
         task_function, hydra_context, singleton_state = self.shared.get()
         task = self.resumed if self.resumed is not None else task_function
@@ -738,8 +740,8 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     runs, job_ids = submission.submit([submission.Array([submission.Run(
         run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim, code_dir=code_dir, folder=folder,
         task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env, backend=backend.name,
-                       timeout_min=int(params.get("timeout_min") or 60),
-                       max_num_timeout=int(params.get("max_num_timeout") or 0)), shared=shared,
+                       timeout_min=int(shim.cluster.time_min), signal_delay_s=int(shim.cluster.signal_delay_s),
+                       max_num_timeout=int(params.get("max_num_timeout", 3) or 0)), shared=shared,
         num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
                      run_dirs=[sd.run(i).path for i in indices], run_ids=[sd.run_id(i) for i in indices],

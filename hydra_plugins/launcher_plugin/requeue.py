@@ -5,9 +5,9 @@ submitit installs its own USR2 / TERM handlers before it calls the job; ``StopSi
 them for the job's lifetime. A signal while the task runs raises ``Stopped`` in the task's frame (a
 BaseException: the task's ``except Exception`` and Hydra's ``run_job`` let it through, so it never
 becomes the task's JobReturn); one before the task starts is held until it would start; one after
-the task returned changes nothing (the point has its result). What a signal means is submitit's
-rule: USR2 late in the time limit is the time limit, earlier (``scancel --signal=USR2``, a
-preemption notice) a preemption; TERM is the scheduler ending the job (preemption, ``scontrol
+the task returned changes nothing (the point has its result). What a signal means: USR2 when the
+time-limit signal is due is the time limit, earlier (``scancel --signal=USR2``, a preemption
+notice) a preemption (``timed_out``); TERM is the scheduler ending the job (preemption, ``scontrol
 requeue``, ``scancel``).
 
 An app's own checkpoint hook is honoured as submitit honours it: a task function with a
@@ -41,11 +41,12 @@ class Stopped(BaseException):
         return self.signum == signal.SIGUSR2
 
 
-def timed_out(elapsed_s: float, timeout_min: float) -> bool:
-    """submitit's rule (SignalHandler.has_timed_out): a USR2 once min(80 %, limit - 10 min) of the
-    time limit has run is the time limit; earlier, a preemption."""
-    limit = float(timeout_min) * 60
-    return elapsed_s >= min(limit * 0.8, limit - 600)
+def timed_out(elapsed_s: float, timeout_min: float, signal_delay_s: float) -> bool:
+    """Whether a USR2 this long after the start is the time-limit signal: it is due ``signal_delay_s``
+    before the limit (a minute of slack for the job's start). An earlier one (``scancel
+    --signal=USR2``, a preemption notice) is a preemption. (submitit's own rule, 80 % of the limit or
+    10 minutes before it, calls every signal of a job of 10 minutes or less a time-out.)"""
+    return elapsed_s >= float(timeout_min) * 60 - float(signal_delay_s) - 60
 
 
 class StopSignals:
@@ -53,8 +54,8 @@ class StopSignals:
     on a signal (rank 0; on submitit's local controller every rank, which restarts the job only once
     all its processes exited; on Slurm the requeue ends the other ranks, as with submitit)."""
 
-    def __init__(self, timeout_min: float, stops: bool = True) -> None:
-        self.timeout_min = timeout_min
+    def __init__(self, timeout_min: float, signal_delay_s: float, stops: bool = True) -> None:
+        self.timeout_min, self.signal_delay_s = timeout_min, signal_delay_s
         self.stops = stops
         self.t0 = time.time()
         self.armed = False  # the task is running: a signal raises Stopped in it
@@ -68,7 +69,8 @@ class StopSignals:
 
     def _handler(self, signum: int, frame: Any) -> None:
         after = time.time() - self.t0
-        reason = ("time_limit" if signum == signal.SIGUSR2 and timed_out(after, self.timeout_min) else "preempted")
+        late = timed_out(after, self.timeout_min, self.signal_delay_s)
+        reason = "time_limit" if signum == signal.SIGUSR2 and late else "preempted"
         if self.done or not self.stops:
             why = "the point has its result" if self.done else "rank 0 stops the point"
             print(f"launcher: {signal.Signals(signum).name} after {after:.0f} s ignored: {why}", file=sys.stderr,
