@@ -234,6 +234,47 @@ def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
     assert best["best_value"] == pytest.approx(min(values))
 
 
+EXITING_APP = """
+import sys, hydra
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg):
+    if cfg.mode == "exit" and cfg.x == 2:
+        sys.exit(3)
+    if cfg.mode == "gen":
+        return (i for i in range(3))
+    return cfg.x
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("mode", ["exit", "gen"])
+def test_a_task_that_exits_or_returns_what_cannot_be_pickled(mode, runs_root, tmp_path):
+    """sys.exit(3) in one point: the others complete, the launch exits 3, Hydra's message names the
+    point. A generator returned (it cannot go back to the launcher): every point FAILED, archived
+    failed (not completed), the message naming the point and why."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "app.py").write_text(EXITING_APP)
+    res = run_cmd([sys.executable, "app.py", "-m", "+x=1,2,3", f"+mode={mode}", "hydra/launcher=launcher_local",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], runs_root, timeout=360, cwd=app)
+    runs = runs_json(runs_root)
+    if mode == "exit":
+        assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Error executing job with overrides: ['+x=2', '+mode=exit']" in res.stderr, res.stderr[-3000:]
+        assert [r["status"] for r in runs] == ["completed", "failed", "completed"], runs
+        assert [r["return_value"] for r in runs] == [1, None, 3]
+        assert RunDir(runs[1]["dir"]).status().error == "SystemExit: 3"
+    else:
+        assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Error executing job with overrides: ['+x=1', '+mode=gen']" in res.stderr, res.stderr[-3000:]
+        assert "its return value cannot be pickled back to the launcher" in res.stderr, res.stderr[-3000:]
+        assert [r["status"] for r in runs] == ["failed"] * 3, runs
+        assert all("cannot be pickled" in RunDir(r["dir"]).status().error for r in runs)
+
+
 # ---- JobReturns, through a tiny wrapper: the app's task function on our launcher, in process -------
 
 
