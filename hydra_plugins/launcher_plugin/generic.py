@@ -394,7 +394,8 @@ class _HydraJob:
         if denv.rank != 0:  # submitit's local controller: every process exits, rank 0 asks
             a.requeued()
             raise SystemExit(backend.requeue_exit_code)
-        detail = f"{stop}; the point starts again from its config ({_point(config)})"
+        detail = (f"{stop}; the point starts again from its config ({_point(config)})" if stop.requeues else
+                  f"{stop}: the scheduler is ending the job (preemption, scontrol requeue or scancel)")
         timeouts = sum(1 for r in rd.restarts() if r.get("reason") == "time_limit")
         if stop.reason == "time_limit" and timeouts >= self.max_num_timeout:
             why = (f"time limit ({self.timeout_min} min): not requeued, {timeouts} time-out(s) requeued already "

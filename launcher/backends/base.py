@@ -147,3 +147,14 @@ def limit_overrides(cfg: Any):
     get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)
     size, jobs = get("max_array_size"), get("max_submit_jobs")
     return (int(size) if size else None), (int(jobs) if jobs else None)
+
+
+def submitit_parameters(cl: Any) -> Dict[str, Any]:
+    """``cluster.submitit_parameters``: executor parameters handed to submitit unchanged (absent from
+    the schema: only the Hydra launcher sets them)."""
+    raw = cl.get("submitit_parameters")
+    if not raw:
+        return {}
+    from omegaconf import OmegaConf
+
+    return dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)

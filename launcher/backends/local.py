@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from launcher.backends.base import Backend, JobState
-from launcher.backends.slurm import submitit_parameters
+from launcher.backends.base import Backend, JobState, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 

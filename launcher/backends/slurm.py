@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from launcher.backends.base import Backend, JobState, limit_overrides
+from launcher.backends.base import Backend, JobState, limit_overrides, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import ArrayLimits
@@ -65,17 +65,6 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
     note = f"{shlex.quote(str(folder))}/requeue.${{SLURM_JOB_ID}}.json"
     return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}"],
             "teardown": [f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue"]}
-
-
-def submitit_parameters(cl: Any) -> Dict[str, Any]:
-    """``cluster.submitit_parameters``: executor parameters handed to submitit unchanged (absent from
-    the schema: only the Hydra launcher sets them)."""
-    raw = cl.get("submitit_parameters")
-    if not raw:
-        return {}
-    from omegaconf import OmegaConf
-
-    return dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)
 
 
 def code_lines(code_dir: Optional[Path]) -> List[str]:

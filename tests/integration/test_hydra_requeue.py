@@ -176,7 +176,7 @@ def test_preempted_twice_with_its_checkpoint_file(slurm, runs_root, tmp_path):
                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", "hydra.job.name=hyreq2",
                   f"hydra.sweep.dir={sweep}"], runs_root, app, slurm)
     for k in (1, 2):
-        until(lambda: progressed(sweep, 1, 3 * k + 1) and running_jobs("hyreq2"))
+        until(lambda k=k: progressed(sweep, 1, 3 * k + 1) and running_jobs("hyreq2"))
         subprocess.run(["scontrol", "requeue", running_jobs("hyreq2")[0]], check=True, timeout=30)
         until(lambda: not running_jobs("hyreq2"), timeout=60, every=0.2)  # the requeue ended the job
     finish(proc)
