@@ -339,7 +339,7 @@ class _HydraJob:
         # first: a signal before the task starts is held, not submitit's (which would requeue a job
         # whose config Hydra made read-only)
         signals = requeue.StopSignals(self.timeout_min, self.signal_delay_s,
-                                      stops=job_env.global_rank == 0 or self.backend == "local")
+                                      stops=job_env.global_rank == 0 or backend.every_rank_exits_to_requeue)
         signals.install()
         task_function, hydra_context, singleton_state = self.shared.get()
         task = self.resumed if self.resumed is not None else task_function
@@ -391,7 +391,7 @@ class _HydraJob:
 
         print(f"launcher: run {rd.path}: {stop}", file=sys.stderr, flush=True)
         denv = a.denv
-        if denv.rank != 0:  # submitit's local controller: every process exits, rank 0 asks
+        if denv.rank != 0:  # every process exits for the job to start again (backend.every_rank_exits_to_requeue)
             a.requeued()
             raise SystemExit(backend.requeue_exit_code)
         detail = (f"{stop}; the point starts again from its config ({_point(config)})" if stop.requeues else

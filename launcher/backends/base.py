@@ -128,6 +128,9 @@ class Backend:
 
     # the exit status of a process whose job should start again (after request_requeue)
     requeue_exit_code: int = 1
+    # whether every process of the job must exit for the job to start again (submitit's local
+    # controller restarts a job once all its processes exited); Slurm's requeue ends them all itself
+    every_rank_exits_to_requeue: bool = False
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """From inside the job: have the scheduler start this job again, in the same run dir."""

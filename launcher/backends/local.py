@@ -154,6 +154,7 @@ class LocalBackend(Backend):
 
     # submitit's local controller starts every process again when one exits with this status
     requeue_exit_code = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
+    every_rank_exits_to_requeue = True
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """Nothing to ask: the exit status (requeue_exit_code) is the request."""
