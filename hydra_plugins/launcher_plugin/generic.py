@@ -423,25 +423,34 @@ class _HydraJob:
 
         import submitit
 
-        path = submitit.JobEnvironment().paths.result_pickle
-        try:
-            with open(path, "rb") as f:
-                outcome, ret = pickle.load(f)
-            if outcome == "success" and isinstance(ret, JobReturn):
-                return ret
-        except Exception:  # no result file (or not ours): say what the archive says
-            pass
+        for path in (_HydraJob._kept_result(), Path(submitit.JobEnvironment().paths.result_pickle)):
+            try:
+                with open(path, "rb") as f:
+                    outcome, ret = pickle.load(f)
+                if outcome == "success" and isinstance(ret, JobReturn):
+                    return ret
+            except Exception:  # no result file (or not ours): say what the archive says
+                pass
         st = rd.status()
         return _failed_return(config, RuntimeError(f"point {_point(config)}: run {rd.run_id} already ended "
                                                    f"({st.state.value}{': ' + st.error if st.error else ''})"))
 
     @staticmethod
-    def _write_result(ret: JobReturn, config: DictConfig) -> JobReturn:
-        """submitit's result file, written before the outcome is recorded (submitit writes the same
-        again once the job returns): a return value (or exception) that cannot be pickled makes the
-        point fail, saying so, instead of a run archived completed whose job failed."""
-        import cloudpickle
+    def _kept_result() -> Path:
+        """Where a job keeps its JobReturn until submitit writes its result file (whose appearance tells
+        the launch that the job is done: it must not come before the outcome is recorded)."""
         import submitit
+
+        path = Path(submitit.JobEnvironment().paths.result_pickle)
+        return path.with_name(path.name + ".kept")
+
+    @classmethod
+    def _write_result(cls, ret: JobReturn, config: DictConfig) -> JobReturn:
+        """The JobReturn, pickled and kept beside submitit's result file before the outcome is recorded
+        (submitit writes the same once the job returns; a start after the run ended returns it): a
+        return value (or exception) that cannot be pickled makes the point fail, saying so, instead of
+        a run archived completed whose job failed."""
+        import cloudpickle
 
         try:
             blob = cloudpickle.dumps(("success", ret))
@@ -453,9 +462,9 @@ class _HydraJob:
             ret = _failed_return(config, RuntimeError(f"point {_point(config)}: its {what} cannot be pickled back "
                                                       f"to the launcher ({type(e).__name__}: {e}): {text[-2000:]}"))
             blob = cloudpickle.dumps(("success", ret))
-        path = Path(submitit.JobEnvironment().paths.result_pickle)
+        path = cls._kept_result()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".launcher_tmp")
+        tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(blob)
         os.replace(tmp, path)
         return ret

@@ -217,8 +217,9 @@ def _submitit_script(params, folder, points):
     """The sbatch script hydra-submitit-launcher has submitit write for these options (its launch():
     an AutoExecutor, max_num_timeout to the executor, the other options slurm_-prefixed)."""
     import submitit
-    from hydra_plugins.hydra_submitit_launcher import config as sub
     from submitit.slurm.slurm import _make_sbatch_string
+
+    from hydra_plugins.hydra_submitit_launcher import config as sub
 
     ex = submitit.AutoExecutor(cluster="slurm", folder=folder, slurm_max_num_timeout=params["max_num_timeout"])
     base = set(OmegaConf.structured(sub.BaseQueueConf).keys())
@@ -241,13 +242,15 @@ def test_every_submitit_launcher_option_taken_with_its_type():
 
     from hydra_plugins.hydra_submitit_launcher import config as sub
 
-    for theirs, ours in ((sub.SlurmQueueConf, generic.SlurmLauncherConf), (sub.LocalQueueConf, generic.LocalLauncherConf)):
+    pairs = ((sub.SlurmQueueConf, generic.SlurmLauncherConf), (sub.LocalQueueConf, generic.LocalLauncherConf))
+    for theirs, ours in pairs:
         mine = {f.name: f for f in fields(ours)}
         for f in fields(theirs):
             assert f.name in mine, f"{ours.__name__} lacks hydra-submitit-launcher's {f.name}"
             assert mine[f.name].type == f.type, (f.name, mine[f.name].type, f.type)
         # their defaults (setup: null included) are accepted as they are
-        defaults = {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(theirs)).items() if k not in NOT_SBATCH}
+        defaults = {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(theirs)).items()
+                    if k not in NOT_SBATCH}
         OmegaConf.merge(OmegaConf.structured(ours), defaults)
     walked = {f.name for f in fields(sub.SlurmQueueConf)} - NOT_SBATCH
     assert walked == set(SUBMITIT_SAMPLES), walked ^ set(SUBMITIT_SAMPLES)  # a new option needs a sample
@@ -357,8 +360,9 @@ def test_failed_return_names_its_point(capsys):
 
 
 def test_result_written_before_the_outcome_and_unpicklable_values_fail(tmp_path, monkeypatch):
-    """The JobReturn goes into submitit's result file before the run's outcome is recorded; a return
-    value that cannot be pickled (a generator) makes a FAILED JobReturn naming the point instead."""
+    """The JobReturn is pickled and kept beside submitit's result file (not in it: that file tells the
+    launch the job is done) before the run's outcome is recorded; a return value that cannot be
+    pickled (a generator) makes a FAILED JobReturn naming the point instead."""
     import pickle
     import types
 
@@ -369,9 +373,10 @@ def test_result_written_before_the_outcome_and_unpicklable_values_fail(tmp_path,
     monkeypatch.setattr(submitit, "JobEnvironment", lambda: types.SimpleNamespace(paths=paths))
     ok = JobReturn(overrides=["+x=2"], status=JobStatus.COMPLETED, _return_value=[1, 2])
     assert generic._HydraJob._write_result(ok, _point_cfg()) is ok
-    assert pickle.loads(paths.result_pickle.read_bytes())[1].return_value == [1, 2]
+    kept = tmp_path / "1_0_result.pkl.kept"
+    assert pickle.loads(kept.read_bytes())[1].return_value == [1, 2] and not paths.result_pickle.exists()
     gen = JobReturn(overrides=["+x=2"], status=JobStatus.COMPLETED, _return_value=(i for i in range(3)))
     ret = generic._HydraJob._write_result(gen, _point_cfg())
     assert ret.status == JobStatus.FAILED and ret.overrides == ["+x=2", "+mode=gen"]
     assert "point #1 ['+x=2', '+mode=gen']: its return value cannot be pickled" in str(ret._return_value)
-    assert pickle.loads(paths.result_pickle.read_bytes())[1].status == JobStatus.FAILED
+    assert pickle.loads(kept.read_bytes())[1].status == JobStatus.FAILED
