@@ -18,11 +18,14 @@ login side (``launch``)
   JobReturn holding its run id.
 
 node side (``_HydraJob.__call__``)
-  Hydra's singletons and resolvers as on the login side, the run dir's rank / node / environment
-  records, status running, then ``hydra.core.utils.run_job`` from the launch directory (so
-  ``hydra.sweep.dir``/``subdir``, ``hydra.runtime.output_dir`` and ``hydra.job.chdir`` behave as
-  with Hydra's launchers), then status completed (the return value in the summary) or failed (the
-  exception and its traceback), and the seal. The task's exception goes back inside the JobReturn.
+  the job's own stop-signal handlers (hydra_plugins.launcher_plugin.requeue), Hydra's singletons and
+  resolvers as on the login side, the run dir's rank / node / environment records, the attempt
+  (restarts.jsonl), status running, then ``hydra.core.utils.run_job`` on a copy of the point's config
+  from the launch directory (so ``hydra.sweep.dir``/``subdir``, ``hydra.runtime.output_dir`` and
+  ``hydra.job.chdir`` behave as with Hydra's launchers), the JobReturn pickled and kept, then status
+  completed (the return value in the summary) or failed (the exception and its traceback), and the
+  seal. Only the task's own exceptions (``sys.exit`` too) go back inside the JobReturn, naming the
+  point; a signal requeues the point into the same run dir and output dir.
 
 The pickled jobs hold the app's config (secrets included, as Hydra's own launchers' do), so
 submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_root``.
