@@ -18,11 +18,14 @@ login side (``launch``)
   JobReturn holding its run id.
 
 node side (``_HydraJob.__call__``)
-  Hydra's singletons and resolvers as on the login side, the run dir's rank / node / environment
-  records, status running, then ``hydra.core.utils.run_job`` from the launch directory (so
-  ``hydra.sweep.dir``/``subdir``, ``hydra.runtime.output_dir`` and ``hydra.job.chdir`` behave as
-  with Hydra's launchers), then status completed (the return value in the summary) or failed (the
-  exception and its traceback), and the seal. The task's exception goes back inside the JobReturn.
+  the job's own stop-signal handlers (hydra_plugins.launcher_plugin.requeue), Hydra's singletons and
+  resolvers as on the login side, the run dir's rank / node / environment records, the attempt
+  (restarts.jsonl), status running, then ``hydra.core.utils.run_job`` on a copy of the point's config
+  from the launch directory (so ``hydra.sweep.dir``/``subdir``, ``hydra.runtime.output_dir`` and
+  ``hydra.job.chdir`` behave as with Hydra's launchers), the JobReturn pickled and kept, then status
+  completed (the return value in the summary) or failed (the exception and its traceback), and the
+  seal. Only the task's own exceptions (``sys.exit`` too) go back inside the JobReturn, naming the
+  point; a signal requeues the point into the same run dir and output dir.
 
 The pickled jobs hold the app's config (secrets included, as Hydra's own launchers' do), so
 submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_root``.
@@ -56,7 +59,8 @@ PROVIDER = "launcher"
 
 @dataclass
 class BaseLauncherConf:
-    """What both launchers take (submitit's names, so a hydra-submitit-launcher config carries over)."""
+    """What both launchers take: every option of hydra-submitit-launcher's BaseQueueConf, with its
+    meaning (so its configs carry over), and the archive's own."""
 
     # where the run archive goes; null: $LAUNCHER_RUNS, else ./runs (from the launch directory)
     runs_root: Optional[str] = None
@@ -72,8 +76,15 @@ class BaseLauncherConf:
     gpus_per_node: Optional[int] = None
     cpus_per_task: Optional[int] = None
     mem_gb: Optional[int] = None
-    # seconds before the time limit that the job gets its warning signal
+    # one log per task: stderr into the stdout file
+    stderr_to_stdout: bool = False
+    # seconds before the time limit that the job gets its warning signal (USR2); one that does not fit
+    # the limit (at or before the start) is cut to half the limit, with a warning
     signal_delay_s: int = 120
+    # time limits a point may be requeued after (submitit's meaning: a preemption is always requeued,
+    # a time limit only this many times; the app resumes from its own checkpoint, if it has one).
+    # 3 as submitit's executors and launch's train.max_restarts (hydra-submitit-launcher: 0)
+    max_num_timeout: int = 3
     # environment of every task (secret-named values travel through the submitting environment)
     env: Dict[str, str] = field(default_factory=dict)
     # tags recorded in each run.json (launcher runs --tag)
@@ -87,20 +98,30 @@ class BaseLauncherConf:
 
 @dataclass
 class SlurmLauncherConf(BaseLauncherConf):
+    """Every option of hydra-submitit-launcher's SlurmQueueConf, written into the sbatch script as
+    submitit writes it, and the scheduler limits a sweep is split under."""
+
     _target_: str = "hydra_plugins.launcher_plugin.generic.SlurmLauncher"
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
+    comment: Optional[str] = None
     constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    gres: Optional[str] = None
+    cpus_per_gpu: Optional[int] = None
+    gpus_per_task: Optional[int] = None
+    mem_per_gpu: Optional[str] = None
+    mem_per_cpu: Optional[str] = None
     # shell lines run in the sbatch script before the job starts (module load, venv activation)
-    setup: List[str] = field(default_factory=list)
+    setup: Optional[List[str]] = None
     # most array tasks running at once (sbatch --array=...%k; shared out when the sweep is split)
     array_parallelism: int = 256
     # most tasks per array / jobs queued per user; null: read from the scheduler (scontrol show config,
     # MaxArraySize and MaxSubmitJobs). A larger sweep goes out as several arrays.
     max_array_size: Optional[int] = None
     max_submit_jobs: Optional[int] = None
-    # any other sbatch option, name -> value ({exclude: node3, mail-type: END})
+    # any other sbatch option, name -> value ({exclude: node3, mail-type: END}); true: a bare flag
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -115,17 +136,40 @@ ConfigStore.instance().store(group="hydra/launcher", name="launcher_local", node
                              provider=PROVIDER)
 
 
+# the SlurmQueueConf options that reach submitit as they are (its own sbatch flag writer)
+SUBMITIT_SLURM_OPTIONS = ("comment", "exclude", "gres", "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu")
+
+
+def signal_delay(params: Dict[str, Any]) -> int:
+    """``signal_delay_s`` where it fits ``timeout_min``; one due at or before the start (120 s of a
+    2 min limit: the job would be signalled before it could run) is cut to half the limit."""
+    delay, limit_s = int(params.get("signal_delay_s") or 0), int(params.get("timeout_min") or 60) * 60
+    if delay < limit_s:
+        return delay
+    cut = limit_s // 2
+    log.warning(f"hydra.launcher.signal_delay_s={delay} does not fit hydra.launcher.timeout_min="
+                f"{params.get('timeout_min')} ({limit_s} s): the warning signal comes {cut} s before the limit")
+    return cut
+
+
 def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
     """The plugin's parameters in the shape ``launcher.backends`` reads (``cluster.*``,
     ``submit.job_name``), every other key at the schema's default, so the backend builds the
     executor exactly as it does for ``launch`` runs. One task per process: ``gpus_per_node`` of a
-    Slurm job is an sbatch option of its own, not the task count."""
+    Slurm job is an sbatch option of its own, not the task count. What the schema has no key for
+    (SUBMITIT_SLURM_OPTIONS, stderr_to_stdout, additional_parameters with their types: ``true`` is a
+    bare flag) goes to submitit as given, in ``cluster.submitit_parameters``."""
     from launcher.schema import ClusterConfig
 
-    extra = {str(k): ("" if v is None else str(v)) for k, v in (params.get("additional_parameters") or {}).items()}
+    extra: Dict[str, str] = {}
     gpus = params.get("gpus_per_node")
     if gpus:
-        extra.setdefault("gpus-per-node", str(int(gpus)))
+        extra["gpus-per-node"] = str(int(gpus))
+    raw: Dict[str, Any] = {k: params[k] for k in SUBMITIT_SLURM_OPTIONS if params.get(k) is not None}
+    if params.get("stderr_to_stdout"):
+        raw["stderr_to_stdout"] = True
+    if params.get("additional_parameters"):
+        raw["additional_parameters"] = {str(k): v for k, v in params["additional_parameters"].items()}
     cluster = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="hydra_app")), {
         "backend": backend,
         "nodes": int(params.get("nodes") or 1),
@@ -137,7 +181,7 @@ def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
         "qos": params.get("qos"),
         "constraint": params.get("constraint"),
         "time_min": int(params.get("timeout_min") or 60),
-        "signal_delay_s": int(params.get("signal_delay_s") or 0),
+        "signal_delay_s": signal_delay(params),
         "use_gpus": False,
         "setup": [str(s) for s in params.get("setup") or []],
         "env": {str(k): str(v) for k, v in (params.get("env") or {}).items()},
@@ -146,6 +190,8 @@ def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
         "max_array_size": params.get("max_array_size"),
         "max_submit_jobs": params.get("max_submit_jobs"),
     })
+    OmegaConf.set_struct(cluster, False)
+    cluster.submitit_parameters = raw
     return OmegaConf.create({"cluster": cluster, "submit": {"job_name": str(params.get("name") or "hydra_app")}})
 
 
@@ -204,6 +250,23 @@ def resolved_app_config(sweep_config: DictConfig) -> Dict[str, Any]:
 
 # ---- on the node ------------------------------------------------------------------------------------
 
+# scheduler restarts a point may have (preemptions; time limits are bounded by max_num_timeout, as
+# with submitit): a safety bound against a job that the scheduler restarts forever
+_MAX_RESTARTS = 100
+
+
+def _point(cfg: DictConfig) -> str:
+    """A point as Hydra's messages name it: its job number and task overrides."""
+    return f"#{OmegaConf.select(cfg, 'hydra.job.num', default='?')} {list(cfg.hydra.overrides.task)}"
+
+
+def _failed_return(cfg: DictConfig, error: BaseException) -> JobReturn:
+    """A FAILED JobReturn naming its point (overrides, configs): Hydra prints "Error executing job with
+    overrides: [...]" when it re-raises the error on the login side."""
+    return JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+                     task_name=str(cfg.hydra.job.name), status=JobStatus.FAILED, _return_value=error)
+
+
 
 class _SharedState:
     """The app's task function, Hydra's context and Hydra's singletons: alike for every job of a batch,
@@ -237,57 +300,178 @@ class _SharedState:
 
 
 class _HydraJob:
-    """What submitit pickles for one point: the point's composed config, its run dir and the batch's
-    shared state (the task function, Hydra's context and state); on the node it runs ``run_job`` as
-    Hydra's launchers do, inside the run's records."""
+    """What submitit pickles for one point: the point's composed config (kept pristine: every attempt
+    runs a copy), its run dir and the batch's shared state (the task function, Hydra's context and
+    state); on the node it runs ``run_job`` as Hydra's launchers do, inside the run's records and the
+    requeue contract (hydra_plugins.launcher_plugin.requeue). ``resumed``: the callable the app's own
+    checkpoint hook handed over, run instead of the task function."""
 
-    def __init__(self, shared: _SharedState, config: DictConfig, run_dir: str, env: Dict[str, str]) -> None:
+    def __init__(self, shared: _SharedState, config: DictConfig, run_dir: str, env: Dict[str, str],
+                 backend: str = "local", timeout_min: float = 60, signal_delay_s: float = 0,
+                 max_num_timeout: int = 0, resumed: Any = None) -> None:
         self.shared = shared
         self.config = config
         self.run_dir = str(run_dir)
         self.env = dict(env)
+        self.backend = backend
+        self.timeout_min, self.signal_delay_s = timeout_min, signal_delay_s
+        self.max_num_timeout = int(max_num_timeout)
+        self.resumed = resumed
 
     def __repr__(self) -> str:
         return f"_HydraJob({self.run_dir!r})"
 
+    def resumed_with(self, callable_: Any) -> "_HydraJob":
+        return _HydraJob(self.shared, self.config, self.run_dir, self.env, self.backend, self.timeout_min,
+                         self.signal_delay_s, self.max_num_timeout, resumed=callable_)
+
     def __call__(self) -> JobReturn:
+        import copy
+
         import submitit
         from hydra.core.singleton import Singleton
         from hydra.core.utils import run_job, setup_globals
 
+        from hydra_plugins.launcher_plugin import requeue
+        from launcher import backends
         from launcher.rundir import RunDir
+        from launcher.runtime import restarts
         from launcher.runtime.attempt import attempt
 
+        backend = backends.get(self.backend)
+        job_env = submitit.JobEnvironment()
+        # first: a signal before the task starts is held, not submitit's (which would requeue a job
+        # whose config Hydra made read-only)
+        signals = requeue.StopSignals(self.timeout_min, self.signal_delay_s,
+                                      stops=job_env.global_rank == 0 or backend.every_rank_exits_to_requeue)
+        signals.install()
         task_function, hydra_context, singleton_state = self.shared.get()
+        task = self.resumed if self.resumed is not None else task_function
         Singleton.set_state(singleton_state)
         setup_globals()
         rd = RunDir(self.run_dir)
         with attempt(rd, lambda _: (None, self.env)) as a:  # RANK, WORLD_SIZE, ...: an app may start torch.distributed
-            config = self.config
+            config = copy.deepcopy(self.config)  # the next attempt starts from the pristine config
             with open_dict(config.hydra.job):
-                config.hydra.job.id = submitit.JobEnvironment().job_id
-            if a.ended:  # the scheduler started a job whose run has ended (requeued after a cancel)
-                return JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(f"run {rd.path} already ended"))
+                config.hydra.job.id = job_env.job_id
+            if a.ended:  # the scheduler started a job whose run has ended: what it ended with
+                return self._ended(rd, config)
+            n = restarts.begin_attempt(rd, _MAX_RESTARTS, a.denv.job_id) if a.denv.rank == 0 else 0
             a.running()
             # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
             # the app's own relative paths) mean there what they meant at the command line
             os.chdir(str(config.hydra.runtime.cwd))
             try:
-                ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
-                              job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-            except BaseException as e:  # Hydra's own machinery failed (run_job catches the task's errors)
-                ret = JobReturn(status=JobStatus.FAILED, _return_value=e)
-            finally:
+                with signals.running():
+                    ret = run_job(hydra_context=hydra_context, task_function=task, config=config,
+                                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+            except requeue.Stopped as stop:
                 self._record_environment(a)
+                return self._stopped(stop, a, rd, backend, n, task, config)
+            except KeyboardInterrupt:  # cancelled (submitit's local cancel): the attempt records it
+                raise
+            except BaseException as e:  # the task's own sys.exit (run_job catches its Exceptions) or Hydra's
+                ret = _failed_return(config, e)
+            self._record_environment(a)
+            ret = self._write_result(ret, config)  # before the outcome: a result that cannot go back fails
             if ret.status != JobStatus.COMPLETED:
                 err = ret._return_value
                 a.rank_error("".join(traceback.format_exception(type(err), err, err.__traceback__))
                              if isinstance(err, BaseException) else str(err))
                 self._others_recorded(rd, a.denv.world_size)
-                a.fail(f"{type(err).__name__}: {err}", **self._dirs(ret), duration_s=a.duration_s)
+                a.fail(f"{type(err).__name__}: {err}", **self._dirs(ret, config), duration_s=a.duration_s)
             elif a.denv.rank == 0 and self._others_recorded(rd, a.denv.world_size):
-                a.completed({"return_value": plain(ret._return_value)}, **self._dirs(ret))
+                a.completed({"return_value": plain(ret._return_value)}, **self._dirs(ret, config),
+                            attempt=n, restarts=len(rd.restarts()))
             return ret
+
+    def _stopped(self, stop: Any, a: Any, rd: Any, backend: Any, n: int, task: Any, config: DictConfig) -> JobReturn:
+        """A signal stopped the task: requeue the point (USR2) or leave it to the scheduler (TERM),
+        after the app's checkpoint hook; once the time-outs allowed (max_num_timeout) are spent, the
+        run timed out."""
+        from hydra_plugins.launcher_plugin import requeue
+        from launcher.runtime import restarts
+        from launcher.status import Status
+
+        print(f"launcher: run {rd.path}: {stop}", file=sys.stderr, flush=True)
+        denv = a.denv
+        if denv.rank != 0:  # every process exits for the job to start again (backend.every_rank_exits_to_requeue)
+            a.requeued()
+            raise SystemExit(backend.requeue_exit_code)
+        detail = (f"{stop}; the point starts again from its config ({_point(config)})" if stop.requeues else
+                  f"{stop}: the scheduler is ending the job (preemption, scontrol requeue or scancel)")
+        timeouts = sum(1 for r in rd.restarts() if r.get("reason") == "time_limit")
+        if stop.reason == "time_limit" and timeouts >= self.max_num_timeout:
+            why = (f"time limit ({self.timeout_min} min): not requeued, {timeouts} time-out(s) requeued already "
+                   f"(hydra.launcher.max_num_timeout={self.max_num_timeout})")
+        else:
+            why = requeue.save_checkpoint(task, _app_of(config), self.resumed_with)
+        if why is None and not stop.requeues:  # TERM: the scheduler is ending the job and decides
+            a.stopped(stop={"reason": stop.reason, "detail": detail, "rank": denv.rank, "step": None})
+            raise SystemExit(1)
+        if why is None:
+            if restarts.request_requeue(rd, backend, attempt=n or 1, max_restarts=_MAX_RESTARTS, reason=stop.reason,
+                                        detail=detail, rank=denv.rank, step=None, job_id=denv.job_id):
+                a.requeued()
+                raise SystemExit(backend.requeue_exit_code)
+            why = f"the requeue was refused: {(rd.status().stop or {}).get('requeue_error')}"
+        error = TimeoutError(f"point {_point(config)} (run {rd.run_id}): {why}")
+        a.end(Status.timeout if stop.reason == "time_limit" else Status.failed, str(error), duration_s=a.duration_s)
+        return self._write_result(_failed_return(config, error), config)
+
+    @staticmethod
+    def _ended(rd: Any, config: DictConfig) -> JobReturn:
+        """A run that ended before this start (its job requeued after it finished): the JobReturn its
+        ending attempt wrote, else a failure saying so."""
+        import pickle
+
+        import submitit
+
+        for path in (_HydraJob._kept_result(), Path(submitit.JobEnvironment().paths.result_pickle)):
+            try:
+                with open(path, "rb") as f:
+                    outcome, ret = pickle.load(f)
+                if outcome == "success" and isinstance(ret, JobReturn):
+                    return ret
+            except Exception:  # no result file (or not ours): say what the archive says
+                pass
+        st = rd.status()
+        return _failed_return(config, RuntimeError(f"point {_point(config)}: run {rd.run_id} already ended "
+                                                   f"({st.state.value}{': ' + st.error if st.error else ''})"))
+
+    @staticmethod
+    def _kept_result() -> Path:
+        """Where a job keeps its JobReturn until submitit writes its result file (whose appearance tells
+        the launch that the job is done: it must not come before the outcome is recorded)."""
+        import submitit
+
+        path = Path(submitit.JobEnvironment().paths.result_pickle)
+        return path.with_name(path.name + ".kept")
+
+    @classmethod
+    def _write_result(cls, ret: JobReturn, config: DictConfig) -> JobReturn:
+        """The JobReturn, pickled and kept beside submitit's result file before the outcome is recorded
+        (submitit writes the same once the job returns; a start after the run ended returns it): a
+        return value (or exception) that cannot be pickled makes the point fail, saying so, instead of
+        a run archived completed whose job failed."""
+        import cloudpickle
+
+        try:
+            blob = cloudpickle.dumps(("success", ret))
+        except Exception as e:
+            what = "return value" if ret.status == JobStatus.COMPLETED else "exception"
+            err = ret._return_value
+            text = ("".join(traceback.format_exception(type(err), err, err.__traceback__))
+                    if isinstance(err, BaseException) else repr(err))
+            ret = _failed_return(config, RuntimeError(f"point {_point(config)}: its {what} cannot be pickled back "
+                                                      f"to the launcher ({type(e).__name__}: {e}): {text[-2000:]}"))
+            blob = cloudpickle.dumps(("success", ret))
+        path = cls._kept_result()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+        return ret
 
     @staticmethod
     def _others_recorded(rd: Any, world: int, timeout_s: float = 120.0) -> bool:
@@ -298,9 +482,10 @@ class _HydraJob:
         return True
 
     @staticmethod
-    def _dirs(ret: JobReturn) -> Dict[str, Any]:
+    def _dirs(ret: JobReturn, config: DictConfig) -> Dict[str, Any]:
         """Hydra's output dir of the job (``hydra.runtime.output_dir``) and the working dir it ran in."""
-        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg is not None else None
+        hydra_cfg = ret.hydra_cfg if ret.hydra_cfg is not None else config
+        out = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir", default=None)
         return {"output_dir": None if out is None else str(out), "working_dir": ret.working_dir}
 
     @staticmethod
@@ -321,7 +506,8 @@ class _HydraJob:
         a.record_environment(runtime)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """On preemption / time limit, submitit resubmits the same job (Hydra's submitit launcher does)."""
+        """submitit's hook, for a signal that comes before this job installs its own handlers: the job
+        as submitted (its config still pristine) starts again."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
@@ -569,7 +755,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     runs, job_ids = submission.submit([submission.Array([submission.Run(
         run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim,
         code_dir=Path(str(params.get("work_dir") or code_dir)), folder=folder,
-        task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env), shared=shared,
+        task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env, backend=backend.name,
+                       timeout_min=int(shim.cluster.time_min), signal_delay_s=int(shim.cluster.signal_delay_s),
+                       max_num_timeout=int(params.get("max_num_timeout", 3) or 0)), shared=shared,
         num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
                      run_dirs=[sd.run(i).path for i in indices], run_ids=[sd.run_id(i) for i in indices],
@@ -588,7 +776,8 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
         except Exception as e:  # killed, cancelled, node lost: no JobReturn came back
             ret = JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
                             task_name=str(cfg.hydra.job.name), status=JobStatus.FAILED,
-                            _return_value=RuntimeError(f"run {run_id}: job {job.job_id} ended without a result: {e}"))
+                            _return_value=RuntimeError(f"point {_point(cfg)}: run {run_id}, job {job.job_id} ended "
+                                                       f"without a result: {e}"))
         out.append(ret)
     registry.record(submitted.runs_root, submitted.run_dirs)  # the final statuses
     return out

@@ -128,6 +128,9 @@ class Backend:
 
     # the exit status of a process whose job should start again (after request_requeue)
     requeue_exit_code: int = 1
+    # whether every process of the job must exit for the job to start again (submitit's local
+    # controller restarts a job once all its processes exited); Slurm's requeue ends them all itself
+    every_rank_exits_to_requeue: bool = False
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
@@ -147,3 +150,14 @@ def limit_overrides(cfg: Any):
     get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)
     size, jobs = get("max_array_size"), get("max_submit_jobs")
     return (int(size) if size else None), (int(jobs) if jobs else None)
+
+
+def submitit_parameters(cl: Any) -> Dict[str, Any]:
+    """``cluster.submitit_parameters``: executor parameters handed to submitit unchanged (absent from
+    the schema: only the Hydra launcher sets them)."""
+    raw = cl.get("submitit_parameters")
+    if not raw:
+        return {}
+    from omegaconf import OmegaConf
+
+    return dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)

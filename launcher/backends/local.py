@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from launcher.backends.base import Backend, JobState
+from launcher.backends.base import Backend, JobState, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 
@@ -104,6 +104,8 @@ class LocalBackend(Backend):
         params = {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
                   "signal_delay_s": int(cl.signal_delay_s)}
         params.update(gpu_parameters(int(cl.gpus_per_node), has_nvidia_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        if submitit_parameters(cl).get("stderr_to_stdout"):  # the one the local executor takes
+            params["stderr_to_stdout"] = True
         return params
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
@@ -153,6 +155,7 @@ class LocalBackend(Backend):
 
     # submitit's local controller starts every process again when one exits with this status
     requeue_exit_code = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
+    every_rank_exits_to_requeue = True
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """Nothing to ask: the exit status (requeue_exit_code) is the request."""

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from launcher.backends.base import Backend, JobState, limit_overrides
+from launcher.backends.base import Backend, JobState, limit_overrides, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import ArrayLimits
@@ -196,6 +196,11 @@ class SlurmBackend(Backend):
         if cl.mem_gb:
             params["mem"] = f"{int(cl.mem_gb)}GB"
         extra = {str(k): v for k, v in cl.sbatch_extra.items()}
+        # submitit's own parameters as given (the Hydra launcher's hydra-submitit-launcher options:
+        # comment, exclude, gres, ...; additional_parameters with their types, true a bare flag)
+        raw = submitit_parameters(cl)
+        extra.update(raw.pop("additional_parameters", None) or {})
+        params.update(raw)
         if code_dir is not None:
             extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
         if extra:

@@ -1,8 +1,8 @@
 """Any Hydra app on this project's Hydra launcher (hydra/launcher=launcher_local | launcher_slurm):
 the example app recipes/hydra_example swept for real, its return values (and a failing point's
 exception) back in Hydra's JobReturns, its runs archived and listed by `launcher runs`, Hydra's
-output dirs as Hydra's own launchers leave them; then Hydra's own launcher test suites
-(hydra.test_utils.launcher_common_tests) run against both launchers."""
+output dirs as Hydra's own launchers leave them. (Hydra's own launcher test suites:
+test_hydra_suites.py; signals and requeues: test_hydra_requeue.py.)"""
 import json
 import os
 import subprocess
@@ -12,7 +12,6 @@ from typing import List
 
 import pytest
 import yaml
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
 from helpers import REPO, run_cmd, runs_json, wait_final
 from launcher.rundir import RunDir
@@ -299,6 +298,47 @@ def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):
     assert best["best_value"] == pytest.approx(min(values))
 
 
+EXITING_APP = """
+import sys, hydra
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg):
+    if cfg.mode == "exit" and cfg.x == 2:
+        sys.exit(3)
+    if cfg.mode == "gen":
+        return (i for i in range(3))
+    return cfg.x
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("mode", ["exit", "gen"])
+def test_a_task_that_exits_or_returns_what_cannot_be_pickled(mode, runs_root, tmp_path):
+    """sys.exit(3) in one point: the others complete, the launch exits 3, Hydra's message names the
+    point. A generator returned (it cannot go back to the launcher): every point FAILED, archived
+    failed (not completed), the message naming the point and why."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "app.py").write_text(EXITING_APP)
+    res = run_cmd([sys.executable, "app.py", "-m", "+x=1,2,3", f"+mode={mode}", "hydra/launcher=launcher_local",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], runs_root, timeout=360, cwd=app)
+    runs = runs_json(runs_root)
+    if mode == "exit":
+        assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Error executing job with overrides: ['+x=2', '+mode=exit']" in res.stderr, res.stderr[-3000:]
+        assert [r["status"] for r in runs] == ["completed", "failed", "completed"], runs
+        assert [r["return_value"] for r in runs] == [1, None, 3]
+        assert RunDir(runs[1]["dir"]).status().error == "SystemExit: 3"
+    else:
+        assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Error executing job with overrides: ['+x=1', '+mode=gen']" in res.stderr, res.stderr[-3000:]
+        assert "its return value cannot be pickled back to the launcher" in res.stderr, res.stderr[-3000:]
+        assert [r["status"] for r in runs] == ["failed"] * 3, runs
+        assert all("cannot be pickled" in RunDir(r["dir"]).status().error for r in runs)
+
+
 # ---- JobReturns, through a tiny wrapper: the app's task function on our launcher, in process -------
 
 
@@ -356,62 +396,6 @@ def test_wait_false_job_returns_hold_run_ids(runs_root, tmp_path, monkeypatch):
     runs = wait_final(runs_root, 2, timeout=300)
     assert ids == [r["run_id"] for r in runs]
     assert [RunDir(r["dir"]).status().summary["return_value"] for r in runs] == [quadratic(5, 0), quadratic(6, 0)]
-
-
-# ---- Hydra's own launcher test suites, against our launchers ------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _runs_under_tmp(request, tmp_path, monkeypatch):
-    """Every run of these tests goes to a runs root of its own (the suites' subprocesses inherit it).
-    The suites' task functions live in Hydra's package: the code snapshot is then of the launch
-    directory, a scratch dir here (not this repo, whose every copy would carry the suites' config
-    secret `db.password: secret` redacted out of its code)."""
-    monkeypatch.setenv("LAUNCHER_RUNS", str(tmp_path / "suite-runs"))
-    monkeypatch.chdir(tmp_path)
-    if "launcher_slurm" in request.node.name:
-        env = request.getfixturevalue("slurm")
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-
-
-SUITE_LAUNCHERS = [
-    ("launcher_local", ["hydra.launcher.timeout_min=5"]),
-    pytest.param("launcher_slurm", ["hydra.launcher.timeout_min=5", "hydra.launcher.partition=debug"],
-                 marks=pytest.mark.slurm),
-]
-
-
-@pytest.fixture
-def _fresh_version_base():
-    """Hydra keeps the app's version_base in a process-wide singleton, set by the first app or compose
-    call of the process, and a launcher hands it to its jobs (with the rest of Hydra's state). Hydra's
-    suites are written for an app that names none (Hydra 1.1 defaults: hydra.job.chdir=True, so the
-    job's log lies in its working dir); an earlier test of this process that named version_base="1.3"
-    would change that. Each suite test starts as in a process of its own."""
-    from hydra.core.singleton import Singleton
-    from hydra.version import VersionBase
-
-    saved = Singleton._instances.pop(VersionBase, None)
-    yield
-    Singleton._instances.pop(VersionBase, None)
-    if saved is not None:
-        VersionBase.set_instance(saved)
-
-
-@pytest.mark.usefixtures("_fresh_version_base")
-@pytest.mark.parametrize("launcher_name, overrides", SUITE_LAUNCHERS)
-class TestHydraLauncherSuite(LauncherTestSuite):
-    """Hydra's LauncherTestSuite: 1 and 2 job sweeps, strict mode, bad keys, config groups,
-    not sweeping Hydra's own config, custom resolvers, overriding the sweep."""
-
-
-@pytest.mark.parametrize("task_launcher_cfg, extra_flags", [
-    ({}, ["-m", "hydra/launcher=launcher_local"]),
-])
-class TestHydraIntegrationSuite(IntegrationTestSuite):
-    """Hydra's IntegrationTestSuite: task names, hydra.sweep.dir/subdir (config and command line,
-    override_dirname), hydra.job.chdir, get_original_cwd and to_absolute_path in multirun."""
 
 
 def test_registered_for_an_app_that_never_imports_the_project(tmp_path):

@@ -210,3 +210,187 @@ def test_reproduce_command_runs_a_working_copy(tmp_path):
     assert cmd[:2] == ["py", str(work / "apps" / "train.py")]
     assert cmd[-2:] == [f"hydra.launcher.code_snapshot='{snap}'", f"hydra.launcher.work_dir='{work}'"]
     assert "hydra.launcher.work_dir=/old/copy" not in cmd
+
+
+# ---- hydra-submitit-launcher's options, with their meaning ------------------------------------------
+
+# a value other than the default for every option of hydra-submitit-launcher's SlurmQueueConf (one
+# that fits: signal_delay_s below timeout_min)
+SUBMITIT_SAMPLES = {
+    "timeout_min": 30, "cpus_per_task": 3, "gpus_per_node": 2, "tasks_per_node": 2, "mem_gb": 64, "nodes": 2,
+    "name": "sweepy", "stderr_to_stdout": True, "partition": "debug", "qos": "high", "comment": "a comment",
+    "constraint": "v100", "exclude": "node4", "gres": "gpu:2", "cpus_per_gpu": 4, "gpus_per_task": 1,
+    "mem_per_gpu": "10G", "mem_per_cpu": "2G", "account": "acct", "signal_delay_s": 45, "max_num_timeout": 2,
+    "additional_parameters": {"hold": True, "mail-type": "END", "begin": "now+1hour"}, "array_parallelism": 3,
+    "setup": ["echo set up"],
+}
+NOT_SBATCH = {"_target_", "submitit_folder"}  # the class to instantiate; the folder (same in both scripts)
+
+
+def _submitit_script(params, folder, points):
+    """The sbatch script hydra-submitit-launcher has submitit write for these options (its launch():
+    an AutoExecutor, max_num_timeout to the executor, the other options slurm_-prefixed)."""
+    import submitit
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from hydra_plugins.hydra_submitit_launcher import config as sub
+
+    ex = submitit.AutoExecutor(cluster="slurm", folder=folder, slurm_max_num_timeout=params["max_num_timeout"])
+    base = set(OmegaConf.structured(sub.BaseQueueConf).keys())
+    ex.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
+                            if k not in NOT_SBATCH | {"max_num_timeout"}})
+    return _make_sbatch_string(command="CMD", folder=folder, map_count=points, **ex._executor.parameters)
+
+
+def _our_script(params, folder, points):
+    return backends.get("slurm").script_text(generic.cluster_config("slurm", params), folder, points)
+
+
+def _lines(script):
+    """The #SBATCH and setup lines (the srun line and the command are each launcher's own)."""
+    return {ln for ln in script.splitlines() if ln.strip() and not ln.startswith("srun") and "CMD" not in ln}
+
+
+def test_every_submitit_launcher_option_taken_with_its_type():
+    from dataclasses import fields
+
+    from hydra_plugins.hydra_submitit_launcher import config as sub
+
+    pairs = ((sub.SlurmQueueConf, generic.SlurmLauncherConf), (sub.LocalQueueConf, generic.LocalLauncherConf))
+    for theirs, ours in pairs:
+        mine = {f.name: f for f in fields(ours)}
+        for f in fields(theirs):
+            assert f.name in mine, f"{ours.__name__} lacks hydra-submitit-launcher's {f.name}"
+            assert mine[f.name].type == f.type, (f.name, mine[f.name].type, f.type)
+        # their defaults (setup: null included) are accepted as they are
+        defaults = {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(theirs)).items()
+                    if k not in NOT_SBATCH}
+        OmegaConf.merge(OmegaConf.structured(ours), defaults)
+    walked = {f.name for f in fields(sub.SlurmQueueConf)} - NOT_SBATCH
+    assert walked == set(SUBMITIT_SAMPLES), walked ^ set(SUBMITIT_SAMPLES)  # a new option needs a sample
+
+
+@pytest.mark.parametrize("option", sorted(SUBMITIT_SAMPLES))
+def test_each_submitit_option_lands_in_the_sbatch_script_as_submitit_writes_it(option, tmp_path):
+    """Each option of hydra-submitit-launcher's SlurmQueueConf changes our sbatch script as it changes
+    the one submitit writes for hydra-submitit-launcher: the lines submitit adds are in ours, the
+    lines it drops are not."""
+    from hydra_plugins.hydra_submitit_launcher import config as sub
+
+    theirs = {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(sub.SlurmQueueConf)).items()
+              if k not in NOT_SBATCH}
+    theirs["name"] = "app"
+    ours = dict(OmegaConf.to_container(OmegaConf.structured(generic.SlurmLauncherConf(name="app"))))
+    ours.update({k: v for k, v in theirs.items() if k != "max_num_timeout"})
+    folder, points = tmp_path / "sub" / "%j", 4
+    base = _lines(_submitit_script(theirs, folder, points))
+    changed = _lines(_submitit_script({**theirs, option: SUBMITIT_SAMPLES[option]}, folder, points))
+    mine_text = _our_script({**ours, option: SUBMITIT_SAMPLES[option]}, folder, points)
+    mine = _lines(mine_text)
+    assert changed - base <= mine, sorted((changed - base) - mine)
+    assert not (base - changed) & mine, sorted((base - changed) & mine)
+    if option == "stderr_to_stdout":  # srun's own --error flag goes too
+        assert "--error" not in mine_text
+    if option == "additional_parameters":
+        assert "#SBATCH --hold" in mine  # a bare flag, as submitit writes true (sbatch refuses --hold=True)
+
+
+def test_local_launcher_options_reach_the_local_executor():
+    shim = generic.cluster_config("local", {"timeout_min": 7, "tasks_per_node": 2, "stderr_to_stdout": True})
+    p = backends.get("local").parameters(shim)
+    assert p["stderr_to_stdout"] is True and p["timeout_min"] == 7 and p["tasks_per_node"] == 2
+    assert "stderr_to_stdout" not in backends.get("local").parameters(generic.cluster_config("local", {}))
+
+
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+def test_a_signal_delay_that_does_not_fit_the_time_limit_is_cut(backend, caplog):
+    """hydra-submitit-launcher's own tests run timeout_min=2 with signal_delay_s=120: the signal would be
+    due at the start (submitit's local controller signals at step 0, before the task can run)."""
+    fits = generic.cluster_config(backend, {"timeout_min": 3, "signal_delay_s": 120})
+    assert fits.cluster.signal_delay_s == 120
+    with caplog.at_level("WARNING"):
+        cut = generic.cluster_config(backend, {"timeout_min": 2, "signal_delay_s": 120})
+    assert cut.cluster.signal_delay_s == 60
+    assert "hydra.launcher.signal_delay_s=120 does not fit hydra.launcher.timeout_min=2" in caplog.text
+    assert backends.get(backend).parameters(cut)["signal_delay_s"] == 60
+    assert generic.cluster_config(backend, {"timeout_min": 1, "signal_delay_s": 90}).cluster.signal_delay_s == 30
+
+
+# ---- on the node: signals, outcomes -----------------------------------------------------------------
+
+
+def test_time_limit_signal_told_from_a_preemption():
+    from hydra_plugins.launcher_plugin.requeue import timed_out
+
+    assert not timed_out(8, timeout_min=10, signal_delay_s=120)  # scancel --signal=USR2 early on
+    assert timed_out(480, timeout_min=10, signal_delay_s=120)  # when Slurm's signal is due
+    assert timed_out(60, timeout_min=2, signal_delay_s=60)
+
+
+def test_stop_signals_held_before_the_task_raised_in_it_ignored_after():
+    import os
+    import signal
+
+    from hydra_plugins.launcher_plugin.requeue import Stopped, StopSignals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        sig = StopSignals(timeout_min=60, signal_delay_s=120).install()
+        os.kill(os.getpid(), signal.SIGUSR2)  # before the task: held
+        assert sig.pending is not None and sig.pending.reason == "preempted" and sig.pending.requeues
+        with pytest.raises(Stopped):
+            with sig.running():
+                pytest.fail("a held signal stops the task before it starts")
+        sig = StopSignals(timeout_min=60, signal_delay_s=120).install()
+        with pytest.raises(Stopped) as got:
+            with sig.running():
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    for _ in range(100):
+                        __import__("time").sleep(0.01)
+                except Exception:  # the task's own `except Exception` does not swallow the stop
+                    pytest.fail("Stopped is not an Exception")
+        assert not got.value.requeues and "SIGTERM" in str(got.value)
+        os.kill(os.getpid(), signal.SIGUSR2)  # the task returned: nothing happens
+        other = StopSignals(timeout_min=60, signal_delay_s=120, stops=False).install()
+        with other.running():
+            os.kill(os.getpid(), signal.SIGUSR2)  # not rank 0 on Slurm: the requeue ends this process
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _point_cfg():
+    return OmegaConf.create({"hydra": {"overrides": {"task": ["+x=2", "+mode=gen"]}, "job": {"name": "app", "num": 1},
+                                       "runtime": {"output_dir": "/out/1"}}, "x": 2})
+
+
+def test_failed_return_names_its_point(capsys):
+    ret = generic._failed_return(_point_cfg(), SystemExit(3))
+    with pytest.raises(SystemExit):
+        _ = ret.return_value
+    assert "Error executing job with overrides: ['+x=2', '+mode=gen']" in capsys.readouterr().err
+    assert ret.cfg == {"x": 2} and ret.hydra_cfg.hydra.job.num == 1
+
+
+def test_result_written_before_the_outcome_and_unpicklable_values_fail(tmp_path, monkeypatch):
+    """The JobReturn is pickled and kept beside submitit's result file (not in it: that file tells the
+    launch the job is done) before the run's outcome is recorded; a return value that cannot be
+    pickled (a generator) makes a FAILED JobReturn naming the point instead."""
+    import pickle
+    import types
+
+    import submitit
+    from hydra.core.utils import JobReturn, JobStatus
+
+    paths = types.SimpleNamespace(result_pickle=tmp_path / "1_0_result.pkl")
+    monkeypatch.setattr(submitit, "JobEnvironment", lambda: types.SimpleNamespace(paths=paths))
+    ok = JobReturn(overrides=["+x=2"], status=JobStatus.COMPLETED, _return_value=[1, 2])
+    assert generic._HydraJob._write_result(ok, _point_cfg()) is ok
+    kept = tmp_path / "1_0_result.pkl.kept"
+    assert pickle.loads(kept.read_bytes())[1].return_value == [1, 2] and not paths.result_pickle.exists()
+    gen = JobReturn(overrides=["+x=2"], status=JobStatus.COMPLETED, _return_value=(i for i in range(3)))
+    ret = generic._HydraJob._write_result(gen, _point_cfg())
+    assert ret.status == JobStatus.FAILED and ret.overrides == ["+x=2", "+mode=gen"]
+    assert "point #1 ['+x=2', '+mode=gen']: its return value cannot be pickled" in str(ret._return_value)
+    assert pickle.loads(kept.read_bytes())[1].status == JobStatus.FAILED
