@@ -96,6 +96,8 @@ BAD = [
     (["recipe._target_=surely_no_such_package.train.main"], "recipe._target_"),
     (["cluster.nodes=2"], "cluster.nodes"),  # the local backend runs one node
     (["cluster=a100_80g", "cluster.time_min=0"], "cluster.time_min"),
+    (["cluster.time_min=2"], "cluster.signal_delay_s"),  # the 120 s signal would come at the start
+    (["cluster=local_slurm", "cluster.time_min=3", "cluster.signal_delay_s=100"], "cluster.signal_delay_s"),
     (["cluster=a100_80g", "cluster.cpus_per_task=0"], "cluster.cpus_per_task"),
     (["cluster=a100_80g", "cluster.mem_gb=0"], "cluster.mem_gb"),
     (["cluster=a100_80g", "cluster.array_parallelism=0"], "cluster.array_parallelism"),
