@@ -1,7 +1,7 @@
 """Hydra's own launcher test suites (hydra.test_utils.launcher_common_tests) against both of this
 project's launchers, with the parametrisations hydra-submitit-launcher's own tests use
 (LauncherTestSuite: ``timeout_min=2``; IntegrationTestSuite: logging disabled, ``gpus_per_node=0``,
-``timeout_min=1``), and ``timeout_min=2`` for the IntegrationTestSuite on local processes. The Slurm
+``timeout_min=1``), and ``timeout_min=2`` for the IntegrationTestSuite on both launchers. The Slurm
 ones need the local cluster (marked slurm)."""
 import pytest
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
@@ -60,6 +60,8 @@ class TestHydraLauncherSuite(LauncherTestSuite):
     pytest.param({}, ["-m", "hydra/launcher=launcher_local", "hydra.launcher.timeout_min=2"], id="launcher_local-2min"),
     pytest.param({}, ["-m", "hydra/launcher=launcher_slurm", *SUBMITIT_INTEGRATION_FLAGS, *SLURM],
                  id="launcher_slurm-submitit", marks=pytest.mark.slurm),
+    pytest.param({}, ["-m", "hydra/launcher=launcher_slurm", "hydra.launcher.timeout_min=2", *SLURM],
+                 id="launcher_slurm-2min", marks=pytest.mark.slurm),
 ])
 class TestHydraIntegrationSuite(IntegrationTestSuite):
     """Hydra's IntegrationTestSuite: task names, hydra.sweep.dir/subdir (config and command line,
