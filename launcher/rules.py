@@ -282,7 +282,8 @@ RULES: Tuple[Rule, ...] = (
                     f"layout archived for a world of {f.world}"),
          lambda f: f"set cluster.nodes={_max_nodes(f.backend)} or use a Slurm cluster (e.g. cluster=local_slurm)", RUN),
     Rule("cluster.signal_delay_s",
-         lambda f: int(f.values.get("cluster.signal_delay_s") or 0) * 2 > int(f.values.get("cluster.time_min") or 0) * 60,
+         lambda f: (int(f.values.get("cluster.signal_delay_s") or 0) * 2
+                    > int(f.values.get("cluster.time_min") or 0) * 60),
          lambda f: (f"cluster.signal_delay_s={f.values.get('cluster.signal_delay_s')} s before the time limit of "
                     f"cluster.time_min={f.values.get('cluster.time_min')} min: the time-limit signal would come in "
                     "the first half of the job (at its start, or before it), checkpointing and requeueing it "

@@ -22,6 +22,7 @@ stray write (a file next to ``__file__``, a bytecode cache) fails instead of bre
 from __future__ import annotations
 
 import ast
+import compileall
 import hashlib
 import importlib.util
 import os
@@ -221,6 +222,9 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)
     atomic.write_json(tmp / ".snapshot.json", info)
+    # its bytecode, once: jobs never write into a snapshot (PYTHONDONTWRITEBYTECODE, read-only), so
+    # without it every rank of every attempt would compile the code it imports again (~1 s each)
+    compileall.compile_dir(str(tmp), ddir=str(dest), quiet=2, workers=1)
     os.replace(tmp, dest)  # visible only once complete
     make_read_only(dest)
     return info

@@ -163,7 +163,8 @@ def test_reproduce_writes_outside_the_archive(runs_root, tmp_path):
     assert [r["status"] for r in runs] == ["completed"] * 2, runs
     orig = RunDir(next(r for r in runs if r["index"] == 1)["dir"])
     snap = Path(orig.snapshot()["path"])
-    held = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file() and not p.name.startswith("."))
+    held = sorted(str(p.relative_to(snap)) for p in snap.rglob("*")
+                  if p.is_file() and not p.name.startswith(".") and "__pycache__" not in p.parts)
     assert held == ["app.py", "conf/config.yaml"], held  # no sweeps/a/**/.hydra, no logs/ of the earlier run
     assert orig.git()["repo"] is None and orig.git()["note"] == "not a git repo", orig.git()
     assert all(not p.stat().st_mode & 0o222 for p in [snap, *snap.rglob("*")]), "a writable snapshot entry"

@@ -23,7 +23,9 @@ def test_the_launchers_recipes_are_bundled_when_the_code_imports_them(tmp_path):
     dest = tmp_path / "s1" / "code"
     assert (dest / "mine" / "wrap.py").is_file() and (dest / "recipes" / "gpt" / "train.py").is_file()
     assert info["bundled"]["recipes"]["source"] == str(REPO / "recipes") and info["bundled"]["recipes"]["files"] > 5
-    assert not list((dest / "recipes").rglob("__pycache__"))
+    # no bytecode copied from the launcher's install: only the snapshot's own, compiled from its sources
+    pyc = {p.parent.parent / (p.name.split(".")[0] + ".py") for p in (dest / "recipes").rglob("*.pyc")}
+    assert pyc and all(src.is_file() for src in pyc), sorted(map(str, pyc))
 
 
 def test_no_bundle_without_an_import_and_the_users_own_package_wins(tmp_path):
@@ -34,8 +36,8 @@ def test_no_bundle_without_an_import_and_the_users_own_package_wins(tmp_path):
     assert "recipes" in snapshot.take(plain, tmp_path / "s2" / "code", known={}, imports=["recipes"])["bundled"]
     own = tree(tmp_path / "own", {"recipes/__init__.py": "", "recipes/mine.py": "import recipes.mine\n"})
     info = snapshot.take(own, tmp_path / "s3" / "code", known={})
-    assert info["bundled"] == {} and sorted(p.name for p in (tmp_path / "s3" / "code" / "recipes").iterdir()) == \
-        ["__init__.py", "mine.py"]
+    assert info["bundled"] == {} and sorted(p.name for p in (tmp_path / "s3" / "code" / "recipes").iterdir()
+                                            if p.name != "__pycache__") == ["__init__.py", "mine.py"]
 
 
 def test_a_file_holding_a_secret_is_left_out_and_named(tmp_path):
@@ -76,9 +78,10 @@ def test_hydra_outputs_of_earlier_runs_stay_out_and_no_repo_is_said(tmp_path):
     assert code.repo_root(app) is None
     dest = tmp_path / "s" / "code"
     info = snapshot.take(app, dest, known={})
-    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and not p.name.startswith("."))
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*")
+                    if p.is_file() and not p.name.startswith(".") and "__pycache__" not in p.parts)
     assert copied == ["app.py", "conf/config.yaml", "lib/util.py"], copied
-    assert "hunter" not in "".join(p.read_text() for p in dest.rglob("*") if p.is_file())
+    assert not any(b"hunter" in p.read_bytes() for p in dest.rglob("*") if p.is_file())
     assert info["git"]["repo"] is None and info["git"]["commit"] is None and info["git"]["note"] == "not a git repo"
     assert snapshot.info(dest)["git"]["note"] == "not a git repo"
     assert all(not p.stat().st_mode & 0o222 for p in [dest, *dest.rglob("*")]), "a writable file or dir"
