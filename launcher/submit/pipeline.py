@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -60,10 +61,16 @@ class Checked:
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
 
+    @cached_property
     def written(self) -> Any:
         """The point's config as written (interpolations unresolved): which secrets are references."""
         cfg = self.point.cfg
         return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True) if OmegaConf.is_config(cfg) else None
+
+    @cached_property
+    def lifted(self) -> Dict[str, str]:
+        """Its secret literals, by the variable that carries each to the job (secrets.lifted_secrets)."""
+        return secrets.lifted_secrets(self.resolved, self.written)
 
 
 @dataclass
@@ -151,7 +158,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     lifted: Dict[str, str] = {}
     for c in good:  # a secret literal travels to the job in one variable per key: one value per launch
-        for name, value in secrets.lifted_secrets(c.resolved, c.written()).items():
+        for name, value in c.lifted.items():
             if lifted.setdefault(name, value) != value:
                 problems.append(f"{name}:\n  - points of this launch give this secret-named key different "
                                 "values; fix: give each its own variable (key='${oc.env:NAME}', NAME exported)")
@@ -202,7 +209,7 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
         print(f"# ---- point {c.index}: {head}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known, raw=c.written()))),
+        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known, raw=c.written))),
               file=out)
     for arr in planned:
         idxs = [c.index for c in arr.points]
@@ -306,7 +313,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         r = c.resolved
         if c.index in plan_of:
             rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
-        c.archived = secrets.redact_config(r, sweep.known, raw=c.written())
+        c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
@@ -396,7 +403,7 @@ def export_lifted(checked: List[Checked]) -> None:
     """The secret literals of the points' configs, in the variables their archived configs reference:
     the submitted jobs inherit this environment (sbatch passes it on, local jobs are children)."""
     for c in checked:
-        os.environ.update(secrets.lifted_secrets(c.resolved, c.written()))
+        os.environ.update(c.lifted)
 
 
 def _print_submitted(result: SweepResult, out) -> None:
