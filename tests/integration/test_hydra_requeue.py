@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 import pytest
+from test_fault_tolerance import wait_for
 
 from helpers import runs_json
 from launcher.rundir import RunDir
@@ -100,16 +100,6 @@ def start(args: List[str], runs_root: Path, cwd: Path, env=None) -> subprocess.P
                             stderr=subprocess.PIPE, text=True)
 
 
-def until(what: Callable[[], object], timeout: float = 180, every: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def progressed(sweep: Path, points: int, at_least: int) -> bool:
     files = [sweep / str(i) / "progress.json" for i in range(points)]
     return all(f.exists() and json.loads(f.read_text() or "{}").get("done", 0) >= at_least for f in files)
@@ -151,8 +141,9 @@ def test_usr2_mid_run_requeues_both_points(slurm, runs_root, tmp_path):
     proc = start(["-m", "recipes.hydra_example.app", "-m", "x=1,2", "sleep_s=12", "hydra/launcher=launcher_slurm",
                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", "hydra.job.name=hyreq",
                   f"hydra.sweep.dir={sweep}"], runs_root, tmp_path, slurm)
-    jobs = until(lambda: len(running_jobs("hyreq")) == 2 and running_jobs("hyreq"))
-    until(lambda: all((sweep / str(i) / ".hydra" / "config.yaml").exists() for i in range(2)))
+    jobs = wait_for("both points running", lambda: len(running_jobs("hyreq")) == 2 and running_jobs("hyreq"), 180)
+    wait_for("both points started", lambda: all((sweep / str(i) / ".hydra" / "config.yaml").exists()
+                                                for i in range(2)), 180)
     for j in jobs:
         subprocess.run(["scancel", "--signal=USR2", j], check=True, timeout=30)
     out, _ = finish(proc)
@@ -176,9 +167,9 @@ def test_preempted_twice_with_its_checkpoint_file(slurm, runs_root, tmp_path):
                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", "hydra.job.name=hyreq2",
                   f"hydra.sweep.dir={sweep}"], runs_root, app, slurm)
     for k in (1, 2):
-        until(lambda k=k: progressed(sweep, 1, 3 * k + 1) and running_jobs("hyreq2"))
+        wait_for("progress", lambda k=k: progressed(sweep, 1, 3 * k + 1) and running_jobs("hyreq2"), 180)
         subprocess.run(["scontrol", "requeue", running_jobs("hyreq2")[0]], check=True, timeout=30)
-        until(lambda: not running_jobs("hyreq2"), timeout=60, every=0.2)  # the requeue ended the job
+        wait_for("the job's end", lambda: not running_jobs("hyreq2"), 60, poll=0.2)  # the requeue ended the job
     finish(proc)
     (run,) = runs_json(runs_root)
     rd = check_restarted(run, sweep, 0, 2, "preempted")
@@ -197,7 +188,7 @@ def test_checkpoint_hook_carries_the_tasks_state(runs_root, tmp_path):
     sweep = tmp_path / "sweep"
     proc = start(["-m", "ckapp.main", "-m", "+x=5", "+steps=10", "+step_s=0.5", "hydra/launcher=launcher_local",
                   "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"], runs_root, app)
-    until(lambda: progressed(sweep, 1, 3))
+    wait_for("progress", lambda: progressed(sweep, 1, 3), 180)
     pids = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep}"], capture_output=True, text=True).stdout
     assert pids.split(), "no task process"
     for pid in pids.split():
