@@ -25,8 +25,13 @@ from launcher.archive import index
 from launcher.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
 from launcher.status import FINAL, Status
 
-# what this process has said already (a `status --watch` lists the root every 2 s): said once
+# what this command has said already (a `status --watch` lists the root every 2 s): said once
 _said: Set[str] = set()
+
+
+def new_command() -> None:
+    """A new command begins (launcher.cli.main): what an earlier one said is said again."""
+    _said.clear()
 
 
 def default_root() -> Path:

@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args._root = _root(args) if hasattr(args, "root") else None
+    registry.new_command()
     try:
         return int(args.fn(args) or 0)
     except Unreadable as e:  # the one run dir a command was asked about is junk
