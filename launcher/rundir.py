@@ -644,7 +644,8 @@ def _record(path: Path) -> Optional[Dict[str, Any]]:
     except ValueError:  # not JSON, or not UTF-8 text at all
         raise Unreadable(f"{path.name} is not JSON", path) from None
     if not isinstance(found, dict):
-        raise Unreadable(f"{path.name} holds a JSON {type(found).__name__}, not an object", path)
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(found), "number")
+        raise Unreadable(f"{path.name} holds a JSON {kind}, not an object", path)
     return found
 
 

@@ -98,6 +98,7 @@ def test_whole_root_commands_skip_and_name_every_junk_dir(tmp_path, capsys):
     main(["runs", "--root", str(root)])
     err = capsys.readouterr().err
     assert "run.json holds a JSON list, not an object" in err and "run.json has no run_id" in err
+    assert "status.json holds a JSON string, not an object" in err
     assert "run.json is not JSON" in err and "status.json is not a status record" in err
     assert "config.yaml is not a plain YAML mapping" in err
 
