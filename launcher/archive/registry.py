@@ -162,7 +162,16 @@ def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dic
     run dir -> the config it archived, when the caller has it). An unreadable index is rebuilt from
     the run dirs (they are the truth)."""
     configs = configs or {}
-    new = [r for r in (row_from_dir(Path(d), configs.get(os.fspath(d))) for d in run_dirs) if r]
+    new, skipped = [], {}
+    for d in run_dirs:
+        try:
+            row = row_from_dir(Path(d), configs.get(os.fspath(d)))
+        except Unreadable as e:  # e.g. a run resumed whose status.json went bad since
+            skipped[os.fspath(d)] = str(e)
+            continue
+        if row:
+            new.append(row)
+    name_skipped(skipped)
     try:
         try:
             with closing(index.connect(root)) as conn:
