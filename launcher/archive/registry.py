@@ -134,12 +134,13 @@ def reindex(root: Optional[Path] = None) -> int:
 
 
 def name_skipped(skipped: Dict[str, str]) -> None:
-    """Each run dir that could not be read, on stderr (once per process)."""
+    """Each run dir that could not be read, on stderr (once per command)."""
     for d, why in sorted(skipped.items()):
         say(f"launcher: skipped {d}: {why} (not a run this launcher can read; fix or move it away)")
 
 
 def say(line: str) -> None:
+    """``line`` on stderr, unless this command said it already."""
     if line not in _said:
         _said.add(line)
         print(line, file=sys.stderr)
