@@ -18,6 +18,9 @@ class JobRecord:
     num_tasks: Optional[int] = None
     submitted: str = ""
     earlier_job_ids: Tuple[str, ...] = ()  # the jobs of the run's earlier attempts (resume, retry)
+    # local: when the job's process started (clock ticks after boot, /proc/<pid>/stat): with the pid
+    # (job_id) its identity, so that a pid reused by another process is never taken for the job
+    process_start: Optional[int] = None
 
     @property
     def submission_id(self) -> str:
@@ -35,6 +38,8 @@ class JobRecord:
         out["earlier_job_ids"] = list(self.earlier_job_ids)
         if not out["earlier_job_ids"]:
             del out["earlier_job_ids"]
+        if out["process_start"] is None:
+            del out["process_start"]
         return out
 
     @classmethod
@@ -47,4 +52,9 @@ class JobRecord:
                    submitit_folder=str(data.get("submitit_folder") or ""), stdout=str(data.get("stdout") or ""),
                    stderr=str(data.get("stderr") or ""), num_tasks=None if tasks is None else int(tasks),
                    submitted=str(data.get("submitted") or ""),
-                   earlier_job_ids=tuple(str(j) for j in data.get("earlier_job_ids") or () if j is not None))
+                   earlier_job_ids=tuple(str(j) for j in data.get("earlier_job_ids") or () if j is not None),
+                   process_start=_ticks(data.get("process_start")))
+
+
+def _ticks(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -8,6 +8,7 @@ never write a run dir: they show the scheduler's word next to the recorded statu
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterable, List
 
 from launcher.archive.registry import job_states
@@ -46,7 +47,12 @@ def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
             continue
         state = states.get(job.job_id)
         if ended or (state is not None and state.ended):
-            out.append(record_lost_outcome(rd, state or JobState(Status.failed, "")))
+            try:
+                out.append(record_lost_outcome(rd, state or JobState(Status.failed, "")))
+            except OSError as e:  # a full disk, a read-only archive: the run stays as recorded, said once
+                print(f"launcher: cannot record the outcome of {rd.path} ({e.strerror or e}); it stays "
+                      f"{st.state.value} until the outcome can be written", file=sys.stderr)
+                out.append(st.state)
         else:
             out.append(st.state)
     return out

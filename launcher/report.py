@@ -27,7 +27,7 @@ from launcher.plan.spec import Calibration
 from launcher.rundir import RunDir
 from launcher.schema import typed
 from launcher.status import RunStatus
-from launcher.sweep_view import draw_loss_curves, draw_objective, pyplot
+from launcher.sweep_view import draw_loss_curves, draw_objective, plain, pyplot
 
 Plot = Tuple[str, bytes]  # (title, PNG bytes)
 
@@ -372,7 +372,8 @@ def run_plots(metrics: Sequence[Dict[str, Any]]) -> List[Plot]:
         steps = [int(m["step"]) for m in metrics if "step" in m]
 
         def stacked(ax, phases=phases, steps=steps):
-            ax.stackplot(steps, *[[1e3 * v for v in vals] for vals in phases.values()], labels=list(phases))
+            ax.stackplot(steps, *[[1e3 * v for v in vals] for vals in phases.values()],
+                         labels=[plain(p) for p in phases])
             ax.set_xlabel("step")
             ax.set_ylabel("ms")
             ax.set_title("step time by phase")

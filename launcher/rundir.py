@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
+import yaml
+
 from launcher.archive import atomic, yamlio
 from launcher.job_record import JobRecord
 from launcher.status import FINAL, RunStatus, Status
@@ -271,7 +273,7 @@ class RunDir:
         p = self._p(self.RESTARTS)
         if not p.exists():
             return []
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return _object_lines(p)
 
     def record_restart(self, row: Dict[str, Any]) -> None:
         with open(self._p(self.RESTARTS), "a") as f:
@@ -352,15 +354,18 @@ class RunDir:
         return self._p(self.RUN).is_file()
 
     def run(self) -> Optional[Dict[str, Any]]:
-        return atomic.read_json(self._p(self.RUN))
+        """run.json (None: not written yet); Unreadable when it holds anything but a JSON object."""
+        return _record(self._p(self.RUN))
 
     def config(self) -> Dict[str, Any]:
-        return yamlio.load(self._p(self.CONFIG).read_text())
+        """config.yaml (FileNotFoundError: none); Unreadable when it is not a YAML mapping of plain
+        values (a python/object tag, binary junk, aliases expanding beyond yamlio's bound)."""
+        return _yaml_mapping(self._p(self.CONFIG))
 
     def overrides(self) -> Dict[str, Any]:
         p = self._p(self.OVERRIDES)
         if p.exists():
-            return yamlio.load(p.read_text()) or {}
+            return _yaml_mapping(p) or {}
         return (self._point_record() or {}).get("overrides") or {}
 
     def layout(self):
@@ -372,13 +377,23 @@ class RunDir:
         return Layout.from_json((self.run() or {})["layout"])
 
     def status(self) -> RunStatus:
-        """status.json (a run whose job has not written one yet is pending)."""
-        return RunStatus.from_json(atomic.read_json(self._p(self.STATUS), {}))
+        """status.json (a run whose job has not written one yet is pending); Unreadable when it is
+        not a status record."""
+        found = _record(self._p(self.STATUS))
+        try:
+            return RunStatus.from_json(found or {})
+        except (TypeError, ValueError) as e:  # an unknown status, a field of another shape
+            raise Unreadable(f"{self.STATUS} is not a status record ({e})", self._p(self.STATUS)) from None
 
     def job(self) -> Optional[JobRecord]:
-        """job.json (None: the run was never submitted)."""
+        """job.json (None: the run was never submitted, or it is no job record)."""
         found = atomic.read_json(self._p(self.JOB))
-        return JobRecord.from_json(found) if found else None
+        if not isinstance(found, dict) or not found:
+            return None
+        try:
+            return JobRecord.from_json(found)
+        except (TypeError, ValueError):  # a field of another shape: no job this launcher can ask about
+            return None
 
     def seeds(self) -> Optional[Dict[str, Any]]:
         found = atomic.read_json(self._p(self.SEEDS))
@@ -506,13 +521,7 @@ class RunDir:
     def metrics(self) -> List[Dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
-        rows = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written right now
-                pass
-        return rows
+        return _object_lines(self.metrics_path)  # a line being written right now is skipped
 
     def _glob(self, pattern: str, **parts: Any) -> List[Path]:
         return sorted(self.path.glob(_name(pattern, **parts)))
@@ -611,6 +620,66 @@ class RunDir:
             elif tree_sha256(Path(snap["path"])) != snap["sha256"]:
                 problems.append(f"code snapshot {snap['path']} changed")
         return problems
+
+
+class Unreadable(ValueError):
+    """A file of a run dir that is there but does not hold what it should (junk, binary, another
+    shape): the message names the file and why; ``path``: the file."""
+
+    def __init__(self, why: str, path: Optional[Path] = None) -> None:
+        super().__init__(why)
+        self.path = path
+
+
+def _record(path: Path) -> Optional[Dict[str, Any]]:
+    """The JSON object ``path`` holds (None: no such file); Unreadable for anything else."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Unreadable(f"{path.name} cannot be read ({e.strerror or e})", path) from None
+    try:
+        found = json.loads(data)
+    except ValueError:  # not JSON, or not UTF-8 text at all
+        raise Unreadable(f"{path.name} is not JSON", path) from None
+    if not isinstance(found, dict):
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(found), "number")
+        raise Unreadable(f"{path.name} holds a JSON {kind}, not an object", path)
+    return found
+
+
+def _yaml_mapping(path: Path) -> Dict[str, Any]:
+    """The YAML mapping ``path`` holds ({} for an empty file); FileNotFoundError where there is none,
+    Unreadable for anything else."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise Unreadable(f"{path.name} is not text", path) from None
+    try:
+        found = yamlio.load(text)
+    except yaml.YAMLError as e:  # a python/object tag, a syntax error, aliases past the bound
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Unreadable(f"{path.name} is not a plain YAML mapping ({first})", path) from None
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise Unreadable(f"{path.name} holds a YAML {type(found).__name__}, not a mapping", path)
+    return found
+
+
+def _object_lines(path: Path) -> List[Dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, one a line; lines that are not one (junk, a line being
+    written) are skipped."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def tree_sha256(root: Path) -> str:

@@ -88,6 +88,12 @@ def results_table(runs: List[Dict[str, Any]], objective: Optional[str]):
     return sweeps.ranked(sweeps.sort_results(rows, objective)), keys, objective
 
 
+def plain(text: Any) -> str:
+    """``text`` drawn as it is: matplotlib reads ``$...$`` as mathtext (a swept string ``a$\\x{$`` would
+    crash the drawing), so every ``$`` of a value, key or name is escaped."""
+    return str(text).replace("$", r"\$")
+
+
 def pyplot():
     """matplotlib's pyplot on the Agg backend (files only: the login node may have no display)."""
     import matplotlib  # matplotlib: only when a page draws a plot
@@ -106,7 +112,7 @@ def draw_loss_curves(ax, rows: List[Dict[str, Any]], keys: List[str]) -> None:
         if m:
             label = f"run {SweepDir.index_of(r['run_id'])}"
             label += (": " + " ".join(f"{k}={r[k]}" for k in keys)) if keys else ""
-            ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=label[:60],
+            ax.plot([x["step"] for x in m], [x["loss"] for x in m], label=plain(label[:60]),
                     linestyle="-" if r["status"] == "completed" else ":")
             curves += 1
     ax.set_xlabel("step")
@@ -136,10 +142,10 @@ def draw_objective(ax, rows: List[Dict[str, Any]], key: str, objective: str) -> 
     else:
         labels = sorted({str(x) for x, _ in pts})
         ax.scatter([labels.index(str(x)) for x, _ in pts], [y for _, y in pts])
-        ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
-    ax.set_xlabel(key)
-    ax.set_ylabel(key_obj)
-    ax.set_title(f"{key_obj} ({direction} is better) vs {key}")
+        ax.set_xticks(range(len(labels)), [plain(x) for x in labels], rotation=30, fontsize=8)
+    ax.set_xlabel(plain(key))
+    ax.set_ylabel(plain(key_obj))
+    ax.set_title(plain(f"{key_obj} ({direction} is better) vs {key}"))
 
 
 def plot(rows: List[Dict[str, Any]], keys: List[str], objective: str, path: Path) -> None:

@@ -34,8 +34,12 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
     if _deferred.private and not visible:  # nobody reads the dir yet: no temporary file
         with _lock:
             _deferred.dirs.add(str(path.parent))
-        with _create(path) as f:
-            f.write(text)
+        try:
+            with _create(path) as f:
+                f.write(text)
+        except OSError as e:  # a full disk: no half-written file left behind
+            path.unlink(missing_ok=True)
+            raise _named(e, path) from e
         return
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -54,10 +58,19 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
                     dirs.add(str(path.parent))
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; archives are shared with the team
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _named(e, path) from e
         raise
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """``e`` naming the file it failed to write (a full disk's ENOSPC from write() names none)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    return type(e)(e.errno, e.strerror, str(path))
 
 
 def _create(path: Path):
@@ -137,5 +150,5 @@ def write_json(path: Union[str, Path], obj: Any, visible: bool = False) -> None:
 def read_json(path: Union[str, Path], default: Any = None) -> Any:
     try:
         return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not text at all (binary junk)
         return default

@@ -2,7 +2,9 @@
 
 The run dirs are the truth and the index can always be rebuilt from them (`reindex`). Only the
 login-node side (launch, the CLI) writes it; compute nodes write only their own run dir, so a
-100-task array never contends for the database file.
+100-task array never contends for the database file. A row is keyed by its run dir: a copied run
+dir claims its original's run id, and both stay listed. The run dirs that could not be read are kept
+too (``skipped``), so that every listing can name them.
 """
 from __future__ import annotations
 
@@ -21,18 +23,31 @@ COLUMNS = (
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
-  run_id TEXT PRIMARY KEY, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT, status TEXT,
+  run_id TEXT, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT PRIMARY KEY, status TEXT,
   exit_code INTEGER, job_id TEXT, backend TEXT, created TEXT, created_ts REAL, tags TEXT,
   config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT, return_value TEXT,
   failure_class TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep_id);
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+CREATE INDEX IF NOT EXISTS runs_id ON runs (run_id);
+CREATE TABLE IF NOT EXISTS skipped (dir TEXT PRIMARY KEY, reason TEXT);
 """
+# SQLite's unix VFS opens no path of 512 characters or more, and it opens <db>-journal beside the db
+MAX_PATH = 511 - len("-journal")
 
 
 def db_path(root: Path) -> Path:
     return Path(root) / DB_NAME
+
+
+def path_problem(root: Path) -> Optional[str]:
+    """Why SQLite could not open the index of ``root`` (its path too long), or None."""
+    path = str(db_path(Path(root).absolute()))
+    if len(path) <= MAX_PATH:
+        return None
+    return (f"the run index {DB_NAME} would lie at a path of {len(path)} characters, and SQLite opens none "
+            f"longer than {MAX_PATH}; fix: a runs root of at most {MAX_PATH - len(DB_NAME) - 1} characters")
 
 
 def connect(root: Path) -> sqlite3.Connection:
@@ -41,10 +56,12 @@ def connect(root: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(db_path(root)), timeout=60)
     conn.row_factory = sqlite3.Row
     conn.executescript(SCHEMA)
-    have = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
-    if have != list(COLUMNS):  # an index of an older layout: the caller rebuilds it from the run dirs
+    info = list(conn.execute("PRAGMA table_info(runs)"))
+    have, key = [r[1] for r in info], [r[1] for r in info if r[5]]
+    if have != list(COLUMNS) or key != ["dir"]:  # an index of an older layout: the caller rebuilds it
         conn.close()
-        raise sqlite3.DatabaseError(f"the index has the columns of an older layout ({len(have)} of {len(COLUMNS)})")
+        raise sqlite3.DatabaseError(f"the index has the columns of an older layout ({len(have)} of {len(COLUMNS)}, "
+                                    f"keyed by {', '.join(key) or 'nothing'})")
     return conn
 
 
@@ -78,20 +95,42 @@ def rows(conn: sqlite3.Connection) -> List[Dict[str, Any]]:
     return out
 
 
-def replace_all(root: Path, new_rows: List[Dict[str, Any]]) -> None:
+def skipped(conn: sqlite3.Connection) -> Dict[str, str]:
+    """The run dirs a scan could not read: why, by dir."""
+    return {d: reason for d, reason in conn.execute("SELECT dir, reason FROM skipped ORDER BY dir")}
+
+
+def set_skipped(conn: sqlite3.Connection, found: Dict[str, str], gone: Iterable[str] = ()) -> None:
+    """Record these unreadable run dirs (dir -> why) and forget ``gone`` (read since, or removed)."""
+    with conn:
+        conn.executemany("DELETE FROM skipped WHERE dir = ?", [(d,) for d in gone])
+        conn.executemany("INSERT OR REPLACE INTO skipped (dir, reason) VALUES (?, ?)", sorted(found.items()))
+
+
+def replace_all(root: Path, new_rows: List[Dict[str, Any]], unreadable: Optional[Dict[str, str]] = None) -> None:
     """Rebuild the index into a new file, then rename it over the old one: readers see the old index
-    or the new one, and an unreadable (corrupt) old file does not matter."""
+    or the new one, and an unreadable (corrupt) old file does not matter. On an error (a full disk, a
+    read-only root) the new file is removed and the old one stays."""
     path = db_path(root)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    conn = sqlite3.connect(str(tmp), timeout=60)
     try:
-        with conn:
-            conn.executescript(SCHEMA)
-            conn.executemany(_INSERT, _tuples(new_rows))
-    finally:
-        conn.close()
-    os.replace(tmp, path)
+        tmp.unlink(missing_ok=True)
+        conn = sqlite3.connect(str(tmp), timeout=60)
+        try:
+            with conn:
+                conn.executescript(SCHEMA)
+                conn.executemany(_INSERT, _tuples(new_rows))
+            set_skipped(conn, unreadable or {})
+        finally:
+            conn.close()
+        os.replace(tmp, path)
+    except BaseException:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+            try:
+                leftover.unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise
 
 
 def lookup(value: Any, dotted: str) -> Optional[Any]:

@@ -5,6 +5,11 @@ Listing never writes a run dir: an unfinished run's row carries its scheduler's 
 sacct/squeue; local: the process table) in ``job_state``, and ``job_ended`` where the job ended
 without recording an outcome (launcher.outcome records it, for the commands that settle runs).
 A failed run's row holds its doctor class, found once when the row is first indexed as final.
+
+One bad run dir never takes the root down: a dir whose run.json, status.json or config.yaml cannot be
+read is skipped, and every listing names it on stderr (the index keeps the list). An index that cannot
+be written (a full disk, a read-only archive, a path too long for SQLite) is not needed to list: the
+runs are then read from their dirs, with a warning, and nothing is written.
 """
 from __future__ import annotations
 
@@ -13,12 +18,20 @@ import sqlite3
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from launcher import backends
 from launcher.archive import index
-from launcher.rundir import RunDir, runs as run_dirs, sweeps
+from launcher.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
 from launcher.status import FINAL, Status
+
+# what this command has said already (a `status --watch` lists the root every 2 s): said once
+_said: Set[str] = set()
+
+
+def new_command() -> None:
+    """A new command begins (launcher.cli.main): what an earlier one said is said again."""
+    _said.clear()
 
 
 def default_root() -> Path:
@@ -39,24 +52,30 @@ def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, backends.JobState]:
 
 def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The index row of one run dir (None if it is not a complete run); ``config``: its config.yaml
-    as already known to the caller (the launch that wrote it), else read."""
+    as already known to the caller (the launch that wrote it), else read. Unreadable (naming the file
+    and why) for a dir whose run.json, status.json or config.yaml is junk."""
     rd = RunDir(rdir)
     meta = rd.run()
     if not meta:
         return None
+    for key in ("run_id", "sweep_id"):
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            raise Unreadable(f"{RunDir.RUN} has no {key}", rd.path / RunDir.RUN)
     st = rd.status()
     job = rd.job()
-    summary = st.summary or {}
+    summary = st.summary if isinstance(st.summary, dict) else {}
     if config is None:
         try:
             config = rd.config()
-        except (OSError, ValueError):
+        except FileNotFoundError:
             config = {}
+    ts, idx = meta.get("created_ts"), meta.get("index")
     return {
-        "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": meta.get("index"),
+        "run_id": meta["run_id"], "sweep_id": meta["sweep_id"], "idx": idx if isinstance(idx, int) else None,
         "name": meta.get("name"), "dir": str(rdir), "status": st.state.value,
         "exit_code": st.exit_code, "job_id": job.job_id if job else None, "backend": meta.get("backend"),
-        "created": meta.get("created"), "created_ts": meta.get("created_ts", 0.0), "tags": meta.get("tags") or [],
+        "created": meta.get("created"), "created_ts": float(ts) if isinstance(ts, (int, float)) else 0.0,
+        "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
         "error": st.error, "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
         "_job": job.to_json() if job else {},
@@ -74,19 +93,57 @@ def _failure_class(rd: RunDir, state: Status) -> Optional[str]:
     return doctor.classify(rd).kind
 
 
-def scan(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
-    """Rows read from the run dirs (all sweeps, or only the named ones)."""
+class Scan(NamedTuple):
+    rows: List[Dict[str, Any]]  # the runs read
+    skipped: Dict[str, str]  # the run dirs that could not be read: why, by dir
+
+
+def read_dir(rdir: Path) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(its row, None) for a run dir; (None, why) for one that cannot be read; (None, None) for a dir
+    that is no run (any more)."""
+    try:
+        return row_from_dir(rdir), None
+    except Unreadable as e:
+        return None, str(e)
+    except OSError as e:  # e.g. a symlink loop, a file made unreadable
+        return None, f"cannot be read ({e.strerror or e})"
+
+
+def scan(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> Scan:
+    """Rows read from the run dirs (all sweeps, or only the named ones), and the dirs skipped."""
     root = Path(root)
     dirs = list(run_dirs(root)) if sweep_ids is None else [d for s in sweep_ids for d in run_dirs(root, sweep=s)]
-    return [r for r in (row_from_dir(d.path) for d in dirs) if r]
+    rows, skipped = [], {}
+    for d in dirs:
+        row, why = read_dir(d.path)
+        if row:
+            rows.append(row)
+        elif why:
+            skipped[str(d.path)] = why
+    return Scan(rows, skipped)
 
 
 def reindex(root: Optional[Path] = None) -> int:
-    """Rebuild the SQLite index from the run dirs; returns the number of runs."""
+    """Rebuild the SQLite index from the run dirs; returns the number of runs (the dirs skipped are
+    named on stderr). sqlite3.OperationalError or OSError where the index cannot be written."""
     root = Path(root) if root else default_root()
     found = scan(root)
-    index.replace_all(root, found)
-    return len(found)
+    name_skipped(found.skipped)
+    index.replace_all(root, found.rows, found.skipped)
+    return len(found.rows)
+
+
+def name_skipped(skipped: Dict[str, str]) -> None:
+    """Each run dir that could not be read, on stderr (once per command)."""
+    for d, why in sorted(skipped.items()):
+        say(f"launcher: skipped {d}: {why} (not a run this launcher can read; fix or move it away)")
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, unless this command said it already."""
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr)
 
 
 def _rebuild_unreadable(root: Path, err: Exception) -> None:
@@ -95,33 +152,54 @@ def _rebuild_unreadable(root: Path, err: Exception) -> None:
     reindex(root)
 
 
+def unwritable(root: Path, err: Exception) -> str:
+    """Why the index of ``root`` cannot be opened or written, in words."""
+    why = index.path_problem(root) or str(err)
+    return f"the run index {index.db_path(root)} cannot be written ({why})"
+
+
 def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
     """Add or refresh the index rows of these run dirs (called by launch after submission; ``configs``:
     run dir -> the config it archived, when the caller has it). An unreadable index is rebuilt from
     the run dirs (they are the truth)."""
     configs = configs or {}
-    new = [r for r in (row_from_dir(Path(d), configs.get(os.fspath(d))) for d in run_dirs) if r]
+    new, skipped = [], {}
+    for d in run_dirs:
+        try:
+            row = row_from_dir(Path(d), configs.get(os.fspath(d)))
+        except Unreadable as e:  # e.g. a run resumed whose status.json went bad since
+            skipped[os.fspath(d)] = str(e)
+            continue
+        if row:
+            new.append(row)
+    name_skipped(skipped)
     try:
-        with closing(index.connect(root)) as conn:
-            index.upsert(conn, new)
-    except sqlite3.DatabaseError as e:
-        _rebuild_unreadable(Path(root), e)
+        try:
+            with closing(index.connect(root)) as conn:
+                index.upsert(conn, new)
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as e:
+            _rebuild_unreadable(Path(root), e)
+    except (sqlite3.OperationalError, OSError) as e:  # the runs are archived and submitted: say so, go on
+        say(f"launcher: warning: {unwritable(Path(root), e)}; the runs are archived in their dirs, and "
+            "`launcher runs` lists them from there")
 
 
 def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str, Dict[str, Any]]]:
     """Re-read unfinished runs from their dirs and ask their schedulers about them: (rows whose run
     dir changed, the scheduler's word by run id: job_state, job_ended). Writes no run dir."""
     live = [r for r in rows if r["status"] not in FINAL]
-    fresh = {r["run_id"]: row_from_dir(Path(r["dir"])) for r in live}
+    fresh = {r["dir"]: read_dir(Path(r["dir"]))[0] for r in live}  # a dir gone junk since: as indexed
     states = job_states(f["_job"] for f in fresh.values() if f and f["status"] not in FINAL)
     changed, words = [], {}
     for r in live:
-        f = fresh.get(r["run_id"])
+        f = fresh.get(r["dir"])
         if f is None:
             continue
         state = states.get(str(f["_job"].get("job_id"))) if f["status"] not in FINAL else None
         if state is not None:
-            words[r["run_id"]] = {"job_state": state.raw or state.status.value, "job_ended": state.ended}
+            words[r["dir"]] = {"job_state": state.raw or state.status.value, "job_ended": state.ended}
         if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error", "return_value")):
             changed.append(f)
     return changed, words
@@ -134,28 +212,62 @@ def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[st
     if not root.is_dir():
         return []
     try:
-        return _list(root, refresh)
-    except sqlite3.DatabaseError as e:
-        _rebuild_unreadable(root, e)
-        return _list(root, refresh)
+        try:
+            out = _list(root, refresh)
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as e:
+            _rebuild_unreadable(root, e)
+            out = _list(root, refresh)
+    except (sqlite3.OperationalError, OSError) as e:  # listing needs no index: read the dirs, write nothing
+        say(f"launcher: warning: {unwritable(root, e)}; listing the runs from their dirs")
+        out = _unindexed(root, refresh)
+    _name_shared_ids(out)
+    return out
 
 
 def _list(root: Path, refresh: bool) -> List[Dict[str, Any]]:
     with closing(index.connect(root)) as conn:
         rows = index.rows(conn)
-        known = {r["sweep_id"] for r in rows}
+        old = index.skipped(conn)
+        known = {r["sweep_id"] for r in rows} | {Path(d).parent.name for d in old}
         unknown = [d.sweep_id for d in sweeps(root) if d.sweep_id not in known]
-        if unknown:  # runs the index has not seen (e.g. the index was deleted): add them
-            found = scan(root, unknown)
-            index.upsert(conn, found)
+        found = scan(root, unknown) if unknown else Scan([], {})  # runs the index has not seen: added
+        again = {d: read_dir(Path(d)) for d in old}  # a dir skipped before: fixed or gone since?
+        found.rows.extend(row for row, _ in again.values() if row)
+        found.skipped.update({d: why for d, (_, why) in again.items() if why})
+        if found.rows or set(found.skipped) != set(old):
+            index.upsert(conn, found.rows)
+            index.set_skipped(conn, found.skipped, gone=[d for d in old if d not in found.skipped])
             rows = index.rows(conn)
+        name_skipped(found.skipped)
         words: Dict[str, Dict[str, Any]] = {}
         if refresh:
             changed, words = _refresh(rows)
             if changed:
                 index.upsert(conn, changed)
                 rows = index.rows(conn)
-    return [{**public(r), **words.get(r["run_id"], {})} for r in rows]
+    return [{**public(r), **words.get(r["dir"], {})} for r in rows]
+
+
+def _unindexed(root: Path, refresh: bool) -> List[Dict[str, Any]]:
+    """list_runs without the index: every run read from its dir (as the index would order them)."""
+    found = scan(root)
+    name_skipped(found.skipped)
+    rows = sorted(found.rows, key=lambda r: (r["created_ts"], r["sweep_id"], r["idx"] if r["idx"] is not None else -1))
+    words: Dict[str, Dict[str, Any]] = _refresh(rows)[1] if refresh else {}
+    return [{**public(r), **words.get(r["dir"], {})} for r in rows]
+
+
+def _name_shared_ids(runs: List[Dict[str, Any]]) -> None:
+    """Run dirs that claim one run id (a run dir copied whole): each stays listed under its own dir."""
+    dirs: Dict[str, List[str]] = {}
+    for r in runs:
+        dirs.setdefault(r["run_id"], []).append(r["dir"])
+    for run_id, ds in dirs.items():
+        if len(ds) > 1:
+            say(f"launcher: warning: {len(ds)} run dirs claim run id {run_id} (a run dir copied?): "
+                f"{', '.join(ds)}; name the run by its dir")
 
 
 def public(r: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,6 +1,7 @@
 """Local processes on this machine (submitit's LocalExecutor): the default, no cluster needed."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -18,10 +19,61 @@ def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:
     metrics row on its way out): waited for (up to ``timeout_s``), so that a seal made next covers
     everything they wrote. Ranks on other hosts are the scheduler's to end."""
     host = socket.gethostname()
-    pids = [int(r["pid"]) for r in rd.ranks() if r.get("hostname") == host and str(r.get("pid", "")).isdigit()]
+    procs = [(int(r["pid"]), r.get("process_start")) for r in rd.ranks()
+             if r.get("hostname") == host and str(r.get("pid", "")).isdigit()]
     deadline = time.time() + timeout_s
-    while any(pid_alive(p) for p in pids) and time.time() < deadline:
+    while any(same_process(p, start) for p, start in procs) and time.time() < deadline:
         time.sleep(0.2)
+
+
+def process_start(pid: int, proc: str = "/proc") -> Optional[int]:
+    """When process ``pid`` started, in clock ticks after boot (/proc/<pid>/stat, field 22): with the
+    pid, the identity of a process (a pid is reused once its process is gone; the pair never is).
+    None: no such process, or no /proc."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # field 2 (the command name, in parentheses) may hold spaces and ')': count after the last ')'
+    fields = stat.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])  # fields[0] is field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, start: Optional[int]) -> bool:
+    """Whether ``pid`` is alive and is still the process that started at ``start`` (process_start);
+    ``start`` None (a record from before start times were kept): the pid alone."""
+    if not pid_alive(pid):
+        return False
+    return start is None or process_start(pid) == start
+
+
+def signal_process(pid: int, start: Optional[int], sig: int) -> bool:
+    """``sig`` to ``pid`` only while it is the process that started at ``start``; False (nothing sent)
+    where it has gone or the pid now belongs to another process. The pid is pinned (pidfd) before its
+    start time is compared, so it cannot be reused between the check and the signal."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd (an old kernel, not Linux): checked, then signalled
+        fd = None
+    try:
+        if not same_process(pid, start):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:
@@ -127,13 +179,21 @@ class LocalBackend(Backend):
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         return f"# ---- local: points {points}, {cfg.cluster.gpus_per_node} process(es) each"
 
+    def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
+        """The job id is the pid of submitit's local controller; its start time is kept with it."""
+        record = super().job_record(job, num_tasks)
+        if not record.job_id.isdigit():
+            return record
+        return dataclasses.replace(record, process_start=process_start(int(record.job_id)))
+
     def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:
-        # the job id is the pid of submitit's local job process; once it is gone the job has ended
+        # the job id is the pid of submitit's local job process; once it is gone (or the pid is another
+        # process's: its start time differs) the job has ended
         out = {}
         for job in jobs:
             pid = str(job.get("job_id") or "")
             if pid.isdigit():
-                alive = pid_alive(int(pid))
+                alive = same_process(int(pid), JobRecord.from_json(job).process_start)
                 out[pid] = JobState(Status.running if alive else Status.failed, "RUNNING" if alive else "EXITED")
         return out
 
@@ -142,14 +202,10 @@ class LocalBackend(Backend):
         interrupts and kills its task processes (which, like Slurm tasks, ignore SIGTERM). Returns once
         the controller has exited (or after ``wait_s``)."""
         pid = job.job_id
-        if not pid.isdigit():
-            return
-        try:
-            os.kill(int(pid), signal.SIGINT)
-        except ProcessLookupError:
-            return
+        if not pid.isdigit() or not signal_process(int(pid), job.process_start, signal.SIGINT):
+            return  # gone, or the pid now belongs to another process: nothing of the run's to stop
         deadline = time.time() + wait_s
-        while pid_alive(int(pid)) and time.time() < deadline:
+        while same_process(int(pid), job.process_start) and time.time() < deadline:
             time.sleep(0.2)
 
 

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from launcher.archive import compare, registry
 from launcher.errors import ConfigErrors
+from launcher.printable import printable
 from launcher.rundir import RunDir
 
 
@@ -20,6 +21,9 @@ def resolve_run_dir(root: Path, ident: str) -> Path:
         return p.resolve()
 
     runs = [r for r in registry.list_runs(root, refresh=False) if ident in (r["run_id"], r["sweep_id"])]
+    if len(runs) > 1 and len({r["run_id"] for r in runs}) == 1:  # a copied run dir claims the same id
+        sys.exit(f"launcher: {len(runs)} run dirs under {root} claim run id {ident!r}; give the run dir: "
+                 + ", ".join(r["dir"] for r in runs))
     if len(runs) != 1:
         sys.exit(f"launcher: {ident!r} names {len(runs)} runs under {root}; give a run id (see `launcher runs`)")
     return Path(runs[0]["dir"])
@@ -52,8 +56,8 @@ def cmd_show(args) -> int:
     from rich.table import Table
 
     c = Console(highlight=False)
-    c.print(f"[bold]{escape(str(meta.get('run_id')))}[/bold]  {st.state.value}  exit {st.exit_code}  "
-            f"{escape(str(rdir))}")
+    c.print(f"[bold]{escape(printable(meta.get('run_id')))}[/bold]  {st.state.value}  exit {st.exit_code}  "
+            f"{escape(printable(rdir))}")
     t = Table(show_header=False)
     layout = meta.get("layout", {})
     s = st.summary or {}
@@ -93,15 +97,17 @@ def cmd_show(args) -> int:
 
 
 def _row(table, key: str, value: str) -> None:
-    """Archived text (errors, paths, hosts) is shown as it is, never read as rich markup."""
-    table.add_row(key, Text(str(value)))
+    """Archived text (errors, paths, hosts) is shown as it is, never read as rich markup, its control
+    characters escaped (a rank's error may hold ESC/OSC sequences a terminal would obey)."""
+    table.add_row(key, Text(printable(value)))
 
 
 def _report_tampering(problems: dict, cmd: str) -> int:
     """Print every run whose archive no longer matches its seal; 1 if there is one."""
     bad = {rdir: p for rdir, p in problems.items() if p}
     for rdir, p in bad.items():
-        print(f"launcher {cmd}: {rdir} DOES NOT MATCH ITS SEAL (manifest.json): {'; '.join(p)}", file=sys.stderr)
+        print(printable(f"launcher {cmd}: {rdir} DOES NOT MATCH ITS SEAL (manifest.json): {'; '.join(p)}"),
+              file=sys.stderr)
     return 1 if bad else 0
 
 

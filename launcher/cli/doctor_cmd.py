@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 from rich.text import Text
 
 from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.printable import printable
 from launcher.rundir import RunDir
 
 
@@ -44,19 +45,20 @@ def cmd_doctor(args) -> int:
 
     failed = d.kind not in doctor.NOT_FAILED and d.kind != "cancelled"
     c = Console(highlight=False)
-    head = Text.assemble((ev.run_id, "bold"), "  ", str(out["status"]), "  ->  ",
+    head = Text.assemble((printable(ev.run_id), "bold"), "  ", str(out["status"]), "  ->  ",
                          (d.kind, "bold red" if failed else "bold green"))
     if d.rank is not None:
         head.append(f"  (rank {d.rank})")
     c.print(head)
-    # archived text (errors, paths, log lines) is printed as it is, never read as rich markup
+    # archived text (errors, paths, log lines) is printed as it is, never read as rich markup, its
+    # control characters escaped (a rank's error may hold ESC/OSC sequences)
     t = Table(show_header=False, box=None, padding=(0, 1))
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
-    t.add_row("why", Text(d.summary))
+    t.add_row("why", Text(printable(d.summary)))
     if d.detail:
-        t.add_row("evidence", Text("\n".join(d.detail)))
-    t.add_row("fix", Text(d.fix))
-    t.add_row("dir", Text(str(rd.path)))
+        t.add_row("evidence", Text(printable("\n".join(d.detail))))
+    t.add_row("fix", Text(printable(d.fix)))
+    t.add_row("dir", Text(printable(rd.path)))
     c.print(t)
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -29,7 +30,8 @@ from rich.text import Text
 from launcher import backends
 from launcher.archive import registry
 from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
-from launcher.rundir import RunDir
+from launcher.printable import printable
+from launcher.rundir import RunDir, Unreadable
 from launcher.status import FINAL, STATUSES
 
 
@@ -57,8 +59,12 @@ def _where(pairs: List[str]) -> dict:
 
 def cmd_runs(args) -> int:
     if args.reindex:
-        n = registry.reindex(_root(args))
-        print(f"reindexed {n} run(s) under {_root(args)}", file=sys.stderr)
+        try:
+            n = registry.reindex(_root(args))
+            print(f"reindexed {n} run(s) under {_root(args)}", file=sys.stderr)
+        except (sqlite3.OperationalError, OSError) as e:  # a full disk, a read-only archive: the old index stays
+            print(f"launcher runs --reindex: {registry.unwritable(_root(args), e)}; nothing was changed",
+                  file=sys.stderr)
     runs = registry.list_runs(_root(args))
     where = _where(args.filters)
     if args.sweep:
@@ -115,7 +121,9 @@ def cmd_logs(args) -> int:
     path = backends.get(job.backend).log_path(job, args.rank, err=args.err)
     if not path.exists():
         sys.exit(f"launcher: no log yet at {path} (rank {args.rank} has not started?)")
-    sys.stdout.write(path.read_text(errors="replace"))
+    text = path.read_text(errors="replace")
+    # to a terminal, a rank's ESC/OSC sequences are shown, not obeyed (\r kept: progress bars)
+    sys.stdout.write(printable(text, keep="\n\t\r") if sys.stdout.isatty() else text)
     return 0
 
 
@@ -198,7 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args._root = _root(args) if hasattr(args, "root") else None
-    return int(args.fn(args) or 0)
+    registry.new_command()
+    try:
+        return int(args.fn(args) or 0)
+    except Unreadable as e:  # the one run dir a command was asked about is junk
+        where = f"{e.path.parent}: " if e.path is not None else ""
+        print(f"launcher {args.cmd}: {where}{e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

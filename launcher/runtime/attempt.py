@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from launcher.archive import secrets, topology
 from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
+from launcher.backends.local import process_start
 from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env
 from launcher.status import Status
@@ -59,7 +60,8 @@ class Attempt:
         d = self.denv
         self.rd.write_rank(d.rank, {
             "rank": d.rank, "local_rank": d.local_rank, "node_rank": d.node_rank, "hostname": socket.gethostname(),
-            "slurmd_nodename": dist_env.scheduler_node_name(), "pid": os.getpid(), "job_id": d.job_id,
+            "slurmd_nodename": dist_env.scheduler_node_name(), "pid": os.getpid(),
+            "process_start": process_start(os.getpid()), "job_id": d.job_id,
             "array_job_id": d.array_job_id, "array_task_id": d.array_task_id, "master_addr": d.master_addr,
             "master_port": d.master_port, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "started": now_iso(),

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import backends, recipe_contract, recipe_target
-from launcher.archive import atomic, code, secrets, snapshot
+from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
@@ -167,7 +167,8 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         root = Path(str(c.point.cfg.submit.runs_root)).expanduser().absolute()
         if (c.backend.name, root) not in seen:
             seen.add((c.backend.name, root))
-            problem = c.backend.runs_root_problem(root, c.point.cfg)
+            # the jobs must see the runs root, and SQLite must open the run index in it
+            problem = c.backend.runs_root_problem(root, c.point.cfg) or run_index.path_problem(root)
             if problem:
                 problems.append(f"submit.runs_root:\n  - {problem}")
     if problems or warned:
@@ -235,8 +236,12 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     root = _snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
     if root is not None:
-        taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root],
-                              imports=[str(c.resolved["recipe"]["_target_"]).split(".")[0] for c in checked])
+        try:
+            taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root],
+                                  imports=[str(c.resolved["recipe"]["_target_"]).split(".")[0] for c in checked])
+        except OSError as e:  # a full disk, a read-only runs root: its partial copy goes with the new sweep dir
+            discard(sd, joined=into is not None, indices=[])
+            raise InvalidSweep(unwritable(runs_root, e)) from None
         for line in snapshot.left_out_warnings(taken):
             print(f"warning: {line}", file=sys.stderr)
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
@@ -385,8 +390,12 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
 
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
     sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
-    with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-        stage(sweep, checked)
+    try:
+        with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
+            stage(sweep, checked)
+    except OSError as e:  # a full disk, a read-only runs root: nothing was submitted, nothing half-written stays
+        discard(sweep.dir, joined=sweep.joined, indices=[c.index for c in checked])
+        raise InvalidSweep(unwritable(runs_root, e)) from None
     name = sweep_job_name(checked, sweep.dir.sweep_id)
     export_lifted(checked)
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
@@ -397,6 +406,19 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
                          backend=checked[0].backend)
     _print_submitted(result, out)
     return result
+
+
+def unwritable(runs_root: Path, e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    return (f"cannot write the sweep under submit.runs_root={runs_root}: {e.strerror or e}{where}; nothing was "
+            "submitted, and what was written of it is removed")
+
+
+def discard(sd: SweepDir, joined: bool, indices: List[int]) -> None:
+    """What a launch that could not write its sweep left: the new sweep dir whole, or the staged runs
+    of a batch that joined an existing sweep."""
+    for path in ([sd.staging(i).path for i in indices] if joined else [sd.path]):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def export_lifted(checked: List[Checked]) -> None:

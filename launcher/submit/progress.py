@@ -12,6 +12,7 @@ from rich.text import Text
 from launcher import backends, recipe_contract
 from launcher.backends.local import wait_for_local_ranks
 from launcher.outcome import settle
+from launcher.printable import printable
 from launcher.status import Status
 
 
@@ -74,7 +75,8 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         if loss is not None and first is not None and tps:
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
         if st != "completed":
-            extra = f"{status.error or ''}  (logs: {log_of_failure(r)})"
+            # a rank's ESC/OSC sequences shown, not obeyed
+            extra = f"{printable(status.error or '')}  (logs: {log_of_failure(r)})"
         if quiet:
             continue
         if compact:
