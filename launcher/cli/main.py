@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "overrides, on the same launcher)", parents=[common])
     s.add_argument("run", help="run id or run dir")
     s.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the archived config")
+    s.add_argument("--trust-unverified", action="store_true",
+                   help="reproduce a run whose seal does not verify or that lies outside the runs root; what did "
+                        "not verify is recorded in the reproduction's run.json (trusted_unverified)")
     s.set_defaults(fn=archive_cmds.cmd_reproduce)
 
     s = sub.add_parser("resume", help="continue a failed, cancelled or finished run from its latest checkpoint, "
