@@ -69,7 +69,7 @@ def provenance_problems(run_dir: Path, roots: Sequence[Path]) -> List[str]:
     (``roots``: the command's --root, $LAUNCHER_RUNS), or its run id is not its dir's. Anyone can
     write a run dir with a matching manifest; only the runs roots the user names are known."""
     rd = RunDir(run_dir)
-    known = [Path(os.path.realpath(r)) for r in dict.fromkeys(roots) if r is not None]
+    known = list(dict.fromkeys(Path(os.path.realpath(r)) for r in roots if r is not None))
 
     def under(p: Path) -> bool:
         real = Path(os.path.realpath(p))
