@@ -629,7 +629,8 @@ class RunDir:
                     "version": MANIFEST_VERSION,
                     "files": {rel: d for rel, (kind, d) in tree.items() if kind == "file"},
                     "links": {rel: d for rel, (kind, d) in tree.items() if kind == "link"},
-                    "dirs": sorted(rel for rel, (kind, _) in tree.items() if kind in ("dir", "other")),
+                    "dirs": sorted(rel for rel, (kind, _) in tree.items() if kind == "dir"),
+                    "special": {rel: kind for rel, (kind, _) in tree.items() if kind in ("other", "unreadable")},
                     "checkpoint_files": {rel: d for rel, (kind, d) in tree.items() if kind == "checkpoint"},
                     "snapshot": self._snapshot_digest(),
                     "checkpoints": [p.name for p in self.checkpoints()], "latest": self._latest_name()}
@@ -789,8 +790,9 @@ _KIND = {"file": "file", "link": "symlink", "dir": "directory", "other": "specia
 
 
 def _sealed_tree(manifest: Dict[str, Any]) -> Dict[str, Tuple[str, str]]:
-    """What a manifest sealed, in RunDir._tree's shape (a sealed special file counts as a directory)."""
+    """What a manifest sealed, in RunDir._tree's shape."""
     out: Dict[str, Tuple[str, str]] = {rel: ("dir", "") for rel in manifest.get("dirs", [])}
+    out.update({rel: (kind, "") for rel, kind in manifest.get("special", {}).items()})
     out.update({rel: ("file", d) for rel, d in manifest.get("files", {}).items()})
     out.update({rel: ("link", d) for rel, d in manifest.get("links", {}).items()})
     out.update({rel: ("checkpoint", d) for rel, d in manifest.get("checkpoint_files", {}).items()})

@@ -329,3 +329,15 @@ def test_unlisted_links_into_an_in_tree_gnupg_dir_or_out_of_the_tree(tmp_path):
     (warning,) = snapshot.left_out_warnings(info)
     assert "cfg.yaml: a symlink to" in warning and "outside the source tree" in warning
     assert not [p for p in (tmp_path / "s" / "code").rglob("*") if p.is_symlink()]
+
+
+def test_a_fifo_sealed_stays_intact(tmp_path):
+    """Not a file, link or directory: sealed as what it is (no false alarm at every check)."""
+    rd = SweepDir(tmp_path / "runs" / "s1").run(0)
+    rd.path.mkdir(parents=True)
+    rd.write_run({"run_id": "s1-0"})
+    os.mkfifo(rd.path / "pipe")
+    rd.finish(Status.completed)
+    assert rd.verify() == []
+    os.unlink(rd.path / "pipe")
+    assert rd.verify() == ["pipe missing (a special file)"]
