@@ -93,7 +93,10 @@ def cmd_runs(args) -> int:
 
 def _status_cell(r) -> str:
     """The recorded status; for a job that ended without recording an outcome, the scheduler's word too
-    (`launcher status` records the outcome it implies; listing writes nothing)."""
+    (`launcher status` records the outcome it implies; listing writes nothing). A run whose manifest
+    or status was removed after it was sealed or started is not pending: it reads as tampered."""
+    if r["status"] not in FINAL and RunDir(r["dir"]).lost_seal():
+        return "tampered (launcher show RUN)"
     if r.get("job_ended") and r["status"] not in FINAL:
         return f"{r['status']} (job ended: {r['job_state']})"
     return r["status"]

@@ -180,7 +180,8 @@ def test_unlisted_a_checkpoint_shard_truncated_or_its_record_edited(tmp_path):
 
 # ---- M10: a removed manifest (and status) is tampering, never pending, never sealed again ---------
 
-def test_deleting_manifest_and_status_is_found_and_never_sealed_over(tmp_path):
+def test_deleting_manifest_and_status_is_found_and_never_sealed_over(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     root = tmp_path / "runs"
     rd = sealed_run(root)
     cfg = writable(rd.path / "config.yaml")
@@ -192,6 +193,9 @@ def test_deleting_manifest_and_status_is_found_and_never_sealed_over(tmp_path):
     assert registry.reindex(root) == 1
     (row,) = registry.list_runs(root, refresh=False)
     assert row["error"] == problems[0]  # the listing says so: not a plain pending run
+    capsys.readouterr()
+    assert main(["runs", "--root", str(root)]) == 0
+    assert "tampered" in capsys.readouterr().out
     # the commands that settle runs (launcher status, resume) see a job that ended: nothing recorded
     record_lost_outcome(rd, JobState(Status.completed, "COMPLETED"))
     assert not (rd.path / "manifest.json").exists() and not (rd.path / "status.json").exists()
