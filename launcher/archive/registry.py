@@ -77,7 +77,8 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
         "created": meta.get("created"), "created_ts": float(ts) if isinstance(ts, (int, float)) else 0.0,
         "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
-        "error": st.error, "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
+        "error": st.error or rd.lost_seal(),  # a run whose seal or status was removed never reads as plain pending
+        "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
         "_job": job.to_json() if job else {},
         "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
     }

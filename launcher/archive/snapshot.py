@@ -6,9 +6,11 @@ What it holds (one rule): in a git repo, the files git tracks plus the untracked
 ignore (never an ignored file); outside one, every .py/.yaml/.yml/.cfg/.toml file. From those it
 leaves out the launcher's own output dirs (SKIP_DIRS), Hydra's output dirs of earlier runs (a dir
 holding ``.hydra/`` or ``multirun.yaml``: every override of that run is in there), files over
-MAX_FILE_BYTES (``skipped_large``),
-and REFUSES secret-looking files (.env, .env.*, *.pem, *.key, id_rsa*, *credentials*, .netrc,
-.pypirc, *.p12 ...: ``secrets.is_secret_file``, listed in ``refused``). The code is never rewritten:
+MAX_FILE_BYTES (``skipped_large``), symlinks pointing out of the tree (``links_out``: link -> target,
+said at launch by ``left_out_warnings``), and REFUSES secret-looking files (.env, .env.*, *.pem, *.key,
+id_rsa*, *credentials*, .netrc, .pypirc, *.p12, anything under .ssh/, .gnupg/, .aws/, .docker/ ...:
+``secrets.is_secret_file``) and symlinks into them wherever they point (listed in ``refused``). A
+snapshot holds no symlink: a link inside the tree is copied as the file it names. The code is never rewritten:
 a file holding a known secret value is left out whole (``held_secret``: the file and the names of the
 values, never the values; ``left_out_warnings`` says it at launch, with the fix).
 
@@ -84,11 +86,33 @@ def _tree_files(root: Path) -> List[str]:
 
 
 def _secret_looking(root: Path, rel: str) -> bool:
-    """The file's path, or (a symlink) the name of what it points to, looks like a secret store."""
+    """The file's path, or (a symlink) the path of what it points to, looks like a secret store: a
+    link into ~/.docker/, ~/.ssh/, ~/.aws/ ... is one whatever its own name."""
     if secrets.is_secret_file(rel):
         return True
     src = root / rel
-    return src.is_symlink() and secrets.is_secret_file(Path(os.path.realpath(src)).name)
+    if not src.is_symlink():
+        return False
+    real = Path(os.path.realpath(src))
+    inside = _inside(root, real)
+    return secrets.is_secret_file(inside if inside is not None else real)
+
+
+def _inside(root: Path, real: Path) -> Optional[Path]:
+    """``real`` (a resolved path) relative to the tree at ``root``, or None: it lies outside."""
+    try:
+        return real.relative_to(os.path.realpath(root))
+    except ValueError:
+        return None
+
+
+def _link_out(root: Path, rel: str) -> Optional[str]:
+    """Where a symlink of the tree points when that is outside the tree (None: not a link, or one
+    inside): the snapshot copies the tree, never files from elsewhere."""
+    src = root / rel
+    if not src.is_symlink() or _inside(root, Path(os.path.realpath(src))) is not None:
+        return None
+    return os.readlink(src)
 
 
 def _candidates(root: Path) -> List[str]:
@@ -170,6 +194,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     digest = hashlib.sha256()
     copied, skipped, refused = 0, [], []
     held: Dict[str, List[str]] = {}
+    links_out: Dict[str, str] = {}
     needed: Set[str] = set(imports)
 
     def copy(src: Path, rel: str) -> None:
@@ -196,6 +221,10 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         if _secret_looking(root, rel):
             refused.append(rel)
             continue
+        target = _link_out(root, rel)
+        if target is not None:
+            links_out[rel] = target
+            continue
         copy(root / rel, rel)
     bundled: Dict[str, Dict[str, object]] = {}
     if Path(os.path.realpath(root)) != LAUNCHER_ROOT:  # (the launcher's own repo holds them already)
@@ -218,7 +247,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     refused = sorted(set(refused) | set(git.pop("patch_excluded", None) or []))
     atomic.write_text(tmp / PATCH_FILE, patch)
     info = {"source": str(root), "files": copied, "skipped_large": skipped, "refused": refused,
-            "held_secret": held, "bundled": bundled, "sha256": digest.hexdigest(),
+            "held_secret": held, "links_out": links_out, "bundled": bundled, "sha256": digest.hexdigest(),
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)
     atomic.write_json(tmp / ".snapshot.json", info)
@@ -231,12 +260,17 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
 
 
 def left_out_warnings(info: Mapping[str, Any]) -> List[str]:
-    """One line per file the snapshot left out because it holds a known secret value, with the fix."""
+    """One line per file the snapshot left out because it holds a known secret value, or because it is
+    a symlink out of the tree, with the fix."""
     return [f"the code snapshot leaves out {rel}: it holds the value of {', '.join(names) or 'a secret'}, and the "
             "snapshot never changes code, so the job runs without that file. Fix: keep the value out of the tree "
             "(read it from the environment, os.environ[...]), or, if it is no secret, rename the config key "
             "(a key named *key*, *token*, *secret*, *password* holds a secret)"
-            for rel, names in sorted(dict(info.get("held_secret") or {}).items())]
+            for rel, names in sorted(dict(info.get("held_secret") or {}).items())] + [
+            f"the code snapshot leaves out {rel}: a symlink to {target}, outside the source tree (the snapshot "
+            "copies the tree, never files from elsewhere), so the job runs without it. Fix: copy the file into "
+            "the tree, or give the job its path in the config"
+            for rel, target in sorted(dict(info.get("links_out") or {}).items())]
 
 
 def make_read_only(path: Path) -> None:

@@ -137,15 +137,26 @@ def cmd_diff(args) -> int:
 def cmd_reproduce(args) -> int:
     # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.pipeline import InvalidSweep
-    from launcher.submit.reproduce import reproduce
+    from launcher.submit.reproduce import provenance_problems, reproduce
 
     rdir = resolve_run_dir(args._root, args.run)
-    if _report_tampering({rdir: RunDir(rdir).verify()}, "reproduce"):
-        print("launcher reproduce: refusing to reproduce an archive that changed after it was sealed",
-              file=sys.stderr)
-        return 2
+    sealed = RunDir(rdir).verify()
+    others = provenance_problems(rdir, [args._root, registry.default_root()])
+    if sealed or others:
+        if not args.trust_unverified:
+            _report_tampering({rdir: sealed}, "reproduce")
+            for p in others:
+                print(f"launcher reproduce: {p}", file=sys.stderr)
+            print("launcher reproduce: refusing to reproduce an archive that "
+                  + ("changed after it was sealed" if sealed else "cannot be verified as the run it names")
+                  + " (--trust-unverified reproduces it anyway, and records why in the reproduction's run.json)",
+                  file=sys.stderr)
+            return 2
+        for p in sealed + others:
+            print(f"warning: reproducing an unverified archive (--trust-unverified): {p}", file=sys.stderr)
     try:
-        got = reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None)
+        got = reproduce(rdir, list(args.overrides), runs_root=args._root if args.root else None,
+                        unverified=sealed + others)
     except (InvalidSweep, ConfigErrors, FileNotFoundError) as e:
         print(f"launcher reproduce: {e}", file=sys.stderr)
         return 2

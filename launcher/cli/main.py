@@ -99,7 +99,10 @@ def cmd_runs(args) -> int:
 
 def _status_cell(r) -> str:
     """The recorded status; for a job that ended without recording an outcome, the scheduler's word too
-    (`launcher status` records the outcome it implies; listing writes nothing)."""
+    (`launcher status` records the outcome it implies; listing writes nothing). A run whose manifest
+    or status was removed after it was sealed or started is not pending: it reads as tampered."""
+    if r["status"] not in FINAL and RunDir(r["dir"]).lost_seal():
+        return "tampered (launcher show RUN)"
     if r.get("job_ended") and r["status"] not in FINAL:
         return f"{r['status']} (job ended: {r['job_state']})"
     return r["status"]
@@ -181,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "overrides, on the same launcher)", parents=[common])
     s.add_argument("run", help="run id or run dir")
     s.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the archived config")
+    s.add_argument("--trust-unverified", action="store_true",
+                   help="reproduce a run whose seal does not verify or that lies outside the runs root; what did "
+                        "not verify is recorded in the reproduction's run.json (trusted_unverified)")
     s.set_defaults(fn=archive_cmds.cmd_reproduce)
 
     s = sub.add_parser("resume", help="continue a failed, cancelled or finished run from its latest checkpoint, "

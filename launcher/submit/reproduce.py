@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -63,7 +63,33 @@ def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
     return warns
 
 
-def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = None, out=None):
+def provenance_problems(run_dir: Path, roots: Sequence[Path]) -> List[str]:
+    """Why the archive at ``run_dir`` cannot be taken for the run it names, besides its seal (which
+    RunDir.verify checks): it, or the code snapshot it names, lies outside every known runs root
+    (``roots``: the command's --root, $LAUNCHER_RUNS), or its run id is not its dir's. Anyone can
+    write a run dir with a matching manifest; only the runs roots the user names are known."""
+    rd = RunDir(run_dir)
+    known = list(dict.fromkeys(Path(os.path.realpath(r)) for r in roots if r is not None))
+
+    def under(p: Path) -> bool:
+        real = Path(os.path.realpath(p))
+        return any(real == r or r in real.parents for r in known)
+
+    where = ", ".join(map(str, known))
+    problems = [] if under(rd.path) else [f"{rd.path} lies outside the known runs roots ({where})"]
+    snap = rd.snapshot().get("path")
+    if snap and not under(Path(snap)):
+        problems.append(f"its code snapshot {snap} lies outside the known runs roots ({where})")
+    claimed = (rd.run() or {}).get("run_id")
+    if claimed != rd.run_id:
+        problems.append(f"its run.json names run {claimed}, but the dir is that of run {rd.run_id}")
+    return problems
+
+
+def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = None, out=None,
+              unverified: Sequence[str] = ()):
+    """``unverified``: what did not verify about the archive, reproduced anyway (--trust-unverified):
+    recorded in the reproduction's run.json (``trusted_unverified``)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
@@ -74,12 +100,16 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
     if not snapshot.is_dir():
         raise FileNotFoundError(f"run {meta['run_id']} has no code snapshot to reproduce from ({snapshot})")
     if meta.get("kind") == "hydra_app":
+        if unverified:  # its runs are made by the app's own launcher, which records nothing of it
+            raise ConfigErrors([ConfigError("--trust-unverified", "a Hydra app's run is reproduced only from an "
+                                            "archive that verifies", "reproduce an intact run")])
         return reproduce_app(rd, snapshot, overrides, runs_root or rd.path.parent.parent, out)
     point = archived_point(run_dir, overrides, runs_root)
     for w in topology_warnings(run_dir, point.cfg):
         print(f"warning: {w}", file=sys.stderr)
     print(f"reproducing {meta['run_id']} with its archived config, seeds and code snapshot {snapshot}", file=out)
-    extra: Dict[str, Any] = {"reproduces": meta["run_id"], "reproduces_dir": str(run_dir)}
+    extra: Dict[str, Any] = {"reproduces": meta["run_id"], "reproduces_dir": str(run_dir),
+                             **({"trusted_unverified": list(unverified)} if unverified else {})}
     result = pipeline.launch([point], argv=list(sys.argv), out=out, code_snapshot=snapshot, extra_meta=extra)
     finish(result, [point])
     return result

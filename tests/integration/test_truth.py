@@ -95,6 +95,42 @@ def test_reproduce_refuses_a_tampered_run_and_launches_nothing(two_runs, tmp_pat
     shutil.rmtree(root / "copied-sweep")
 
 
+def test_reproduce_refuses_a_hand_made_run_and_a_planted_snapshot_link(two_runs, tmp_path):
+    """Issue 27, through the real commands: a run dir made by hand outside the root (a copy, its
+    snapshot a modified copy, a manifest written with RunDir.seal()), and a symlinked `sitecustomize`
+    package planted in a sealed run's code snapshot: show says so, reproduce launches nothing."""
+    root, runs = two_runs
+    before = len(runs_json(root))
+    fake = tmp_path / "elsewhere" / "s" / "0"
+    shutil.copytree(runs[0]["dir"], fake)
+    snap = Path(RunDir(runs[0]["dir"]).snapshot()["path"])
+    evil = tmp_path / "elsewhere" / "code"
+    shutil.copytree(snap, evil)
+    train = _writable(evil / "recipes" / "gpt" / "train.py")
+    train.write_text(train.read_text() + "\n# modified\n")
+    _writable(fake / "manifest.json").unlink()
+    record = json.loads((fake / "code" / "snapshot.json").read_text())
+    _writable(fake / "code" / "snapshot.json").write_text(json.dumps({**record, "path": str(evil)}))
+    assert RunDir(fake).seal() and RunDir(fake).verify() == []
+    res = launcher(["reproduce", str(fake)], root)
+    assert res.returncode == 2 and "lies outside the known runs roots" in res.stderr, res.stdout + res.stderr
+    mode = snap.stat().st_mode
+    planted = tmp_path / "sitecustomize"
+    planted.mkdir()
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w')\n")
+    os.chmod(snap, mode | stat.S_IWUSR)
+    os.symlink(planted, snap / "sitecustomize")
+    try:
+        show = launcher(["show", runs[0]["dir"]], root)
+        assert show.returncode == 1 and "holds a symlink sitecustomize" in show.stderr, show.stderr
+        res = launcher(["reproduce", runs[0]["run_id"]], root)
+        assert res.returncode == 2 and "code snapshot" in res.stderr, res.stdout + res.stderr
+    finally:
+        (snap / "sitecustomize").unlink()
+        os.chmod(snap, mode)
+    assert len(runs_json(root)) == before and not (tmp_path / "PWNED").exists()
+
+
 def test_a_seal_is_never_rewritten(tmp_path):
     """Deleting status.json and letting the registry record an outcome must not re-seal over the
     evidence: the old manifest stays and still shows the change."""
