@@ -225,7 +225,14 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _run()
+    from launcher.submit import signals  # stdlib only: SIGTERM/SIGHUP stop the launch as Ctrl-C does
+
+    signals.install()
+    try:
+        _run()
+    except signals.Terminated as e:  # what was queued is published, the rest cancelled (submission.submit)
+        print(f"launch: stopped ({e})", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":
