@@ -5,7 +5,7 @@ repairs what an interrupted launch left) or cancelled. 0 orphans is the pass mar
     .venv/bin/python benchmarks/launch_sigterm_drill.py [--tries 20] [--points 40] [--seed 0]
 
 Each try: a fresh runs root and $TMPDIR; `launch -m` of a ``--points``-point sweep (one array); SIGTERM
-after a random delay (uniform over the launch's measured duration; every 3rd try instead the moment
+after a random delay (uniform over the launch's measured duration; the 1st, 4th, 7th ... try instead the moment
 squeue first lists the array: the probe's window, sbatch returned, nothing published yet); then
 `launcher runs --json`. An orphan is a queued or running job of the try whose runs `launcher runs`
 does not list, or lists without that job. Also counted: staged `.N.partial` dirs, launch journals and
@@ -125,7 +125,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         span = max(ref["at_s"], 1.0)
         print(f"reference launch (no signal): {span:.1f} s, rc {ref['rc']}, listed {ref['listed']}", flush=True)
         for i in range(args.tries):
-            delay = None if i % 3 == 2 else rng.uniform(0.0, span * 1.1)
+            delay = None if i % 3 == 0 else rng.uniform(0.0, span * 1.1)
             res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"))
             ok = not res["orphans"] and not res["leftovers"]
             bad += not ok

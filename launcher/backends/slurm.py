@@ -222,6 +222,8 @@ def capacity_problems(nodes: List[NodeSize], partition: Optional[str], want_node
         if mem_mb is not None and mems and mem_mb > max(mems):
             out.append(f"cluster.mem_gb: asks {mem_mb // 1024} GB per node; the nodes of {where} have at most "
                        f"{max(mems) / 1024:.1f} GB (sinfo)")
+        if want_nodes > len(in_part):
+            out.append(f"cluster.nodes: asks {want_nodes} nodes; {where} has {len(in_part)} (sinfo)")
         return out or [f"cluster: no node of {where} has {cpus} CPUs, {gpus} GPUs and the memory asked at once (sinfo)"]
     return [f"cluster.nodes: asks {want_nodes} nodes; {where} has {len(fit)} that fit one node's share "
             f"({len(in_part)} nodes in all, sinfo)"]
