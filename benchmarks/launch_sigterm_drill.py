@@ -5,8 +5,9 @@ repairs what an interrupted launch left) or cancelled. 0 orphans is the pass mar
     .venv/bin/python benchmarks/launch_sigterm_drill.py [--tries 20] [--points 40] [--seed 0]
 
 Each try: a fresh runs root and $TMPDIR; `launch -m` of a ``--points``-point sweep (one array); SIGTERM
-after a random delay (uniform over the launch's measured duration; the 1st, 4th, 7th ... try instead the moment
-squeue first lists the array: the probe's window, sbatch returned, nothing published yet); then
+at one of three kinds of moment, in turn: the moment squeue first lists the array (the probe's window:
+sbatch returned, nothing published yet); a random 0-0.5 s after that (recording, publishing); a random
+delay over the launch's measured duration (composing, snapshot, staging, sbatch ...). Then
 `launcher runs --json`. An orphan is a queued or running job of the try whose runs `launcher runs`
 does not list, or lists without that job. Also counted: staged `.N.partial` dirs, launch journals and
 temporary multirun.yaml dirs left behind. Every job is held (`--begin=now+10hours`: nothing runs) and
@@ -58,8 +59,10 @@ def jobs_named(name: str) -> Dict[str, str]:
     return jobs
 
 
-def one_try(points: int, delay: Optional[float], work: Path, sig: int = signal.SIGTERM) -> Dict:
-    """One launch, one SIGTERM (``delay`` s after the start; None: when squeue first lists the array)."""
+def one_try(points: int, delay: Optional[float], work: Path, sig: int = signal.SIGTERM,
+            after_queued: float = 0.0) -> Dict:
+    """One launch, one SIGTERM (``delay`` s after the start; None: ``after_queued`` s after squeue
+    first lists the array)."""
     name = "drill-" + secrets.token_hex(3)
     root, tmp = work / "runs", work / "tmp"
     root.mkdir(parents=True)
@@ -72,6 +75,9 @@ def one_try(points: int, delay: Optional[float], work: Path, sig: int = signal.S
     if delay is None:
         while proc.poll() is None and not jobs_named(name) and time.time() - t0 < 120:
             time.sleep(0.02)
+        seen = time.time()
+        while proc.poll() is None and time.time() - seen < after_queued:
+            time.sleep(0.005)
     else:
         while proc.poll() is None and time.time() - t0 < delay:
             time.sleep(0.005)
@@ -125,11 +131,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         span = max(ref["at_s"], 1.0)
         print(f"reference launch (no signal): {span:.1f} s, rc {ref['rc']}, listed {ref['listed']}", flush=True)
         for i in range(args.tries):
-            delay = None if i % 3 == 0 else rng.uniform(0.0, span * 1.1)
-            res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"))
+            delay = None if i % 3 < 2 else rng.uniform(0.0, span * 1.1)
+            extra = rng.uniform(0.0, 0.5) if i % 3 == 1 else 0.0
+            res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"), extra)
             ok = not res["orphans"] and not res["leftovers"]
             bad += not ok
-            when = "array in squeue" if delay is None else f"random {delay:.2f} s"
+            when = (f"array in squeue +{extra:.2f} s" if extra else "array in squeue") if delay is None \
+                else f"random {delay:.2f} s"
             late = "" if res["signalled"] else " (after exit)"
             fixed = "; ".join(r[len("launcher runs: "):] for r in res["repaired"])
             print(f"try {i + 1:2d}: SIG{args.signal.upper()} at {res['at_s']:6.2f} s ({when}){late}"
