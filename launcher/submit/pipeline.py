@@ -395,11 +395,11 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
         sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
         with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
             stage(sweep, checked)
+        name = sweep_job_name(checked, sweep.dir.sweep_id)
+        export_lifted(checked)
     except KeyboardInterrupt:  # SIGINT/SIGTERM/SIGHUP before anything was queued: as if never launched
         undo(sweep.dir if sweep is not None else None, checked, made=into is None, runs_root=runs_root)
         raise
-    name = sweep_job_name(checked, sweep.dir.sweep_id)
-    export_lifted(checked)
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
                                       publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
                                       job_name=lambda _: name,
