@@ -205,11 +205,15 @@ def submit_points(points, into=None, indices=None):
     wait policy and the exit code."""
     # lazy: `launch --help` and --cfg never load the submit path
     from launcher.submit.pipeline import InvalidSweep, launch
+    from launcher.submit.submission import SubmissionRefused
 
     try:
         result = launch(points, into=into, indices=indices)
     except InvalidSweep as e:
         exit_refused(e)
+    except SubmissionRefused as e:  # sbatch said no: the runs say why (launcher runs), no traceback
+        print(f"launch: {e}", file=sys.stderr)
+        sys.exit(1)
     finish(result, points)
     return result
 

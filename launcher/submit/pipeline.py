@@ -402,7 +402,7 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
         raise
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
                                       publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
-                                      job_name=lambda _: name,
+                                      job_name=lambda _: name, whole=True,
                                       queued=lambda job_id, runs: interrupted.queued(
                                           sweep.dir.path, job_id, [SweepDir.index_of(r.run_id) for r in runs]))
     runs.sort(key=lambda r: SweepDir.index_of(r.run_id))

@@ -122,10 +122,11 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
            job_name: Callable[[Array[Run]], Optional[str]] = lambda _: None,
            refused: str = "submission failed",
            queued: Callable[[str, List[Run]], Any] = lambda _job_id, _runs: None,
-           ) -> Tuple[List[SubmittedRun], List[str]]:
+           whole: bool = False) -> Tuple[List[SubmittedRun], List[str]]:
     """Submit every array, in order; then ``publish(runs, job_ids)`` (on an error too, with the runs
     submitted so far). A refused array's runs are failed (``refused: <error>``) and every later
-    array's "not submitted", unsealed (publish seals what ended), and the error is raised. SIGINT,
+    array's "not submitted", unsealed (publish seals what ended), and SubmissionRefused is raised;
+    ``whole`` (a launch: queued whole or not at all): the arrays queued before it are cancelled. SIGINT,
     SIGTERM and SIGHUP are held while an array is submitted and recorded (``queued(job_id, runs)`` is
     told the moment sbatch returns, before any run's job.json) and while publishing: an interrupt
     lands between arrays, the later arrays' runs are cancelled "not submitted", what was queued is
@@ -147,7 +148,10 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
                         for r in (r for later in planned[i + 1:] for r in later.points):
                             r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(
                                 f"not submitted: an earlier array of the sweep was refused ({e})", known))
-                        raise
+                        said = f"{refused}: array {i + 1} of {len(planned)} ({len(arr.points)} run(s)) was refused: {e}"
+                        if whole and runs:
+                            said += "; " + _cancel_queued(planned[:i], job_ids, e, known)
+                        raise SubmissionRefused(secrets.scrub(said, known)) from e
                     runs.extend(submitted)
                     job_ids.append(submitted[0].record.submission_id if len(submitted) > 1 else submitted[0].job_id)
                     done = i + 1
@@ -161,6 +165,21 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
         with signals.shielded():  # half a publish hides runs whose jobs are queued
             publish(runs, job_ids)
     return runs, job_ids
+
+
+class SubmissionRefused(RuntimeError):
+    """The scheduler refused an array (sbatch failed); its runs and the later ones are recorded failed."""
+
+
+def _cancel_queued(queued: Sequence[Array[Run]], job_ids: List[str], why: Exception, known: Dict[str, str]) -> str:
+    """Cancel the arrays a refused launch had queued, their runs recorded cancelled; what was done."""
+    backend = backends.of(queued[0].points[0].cfg)
+    for job_id in job_ids:
+        backend.cancel(JobRecord(backend=backend.name, job_id=job_id))
+    for r in (r for arr in queued for r in arr.points):
+        r.staged.finish(Status.cancelled, seal=False, exit_code=None, error=secrets.scrub(
+            f"cancelled: a later array of the sweep was refused ({why}); a sweep is queued whole or not at all", known))
+    return f"the {len(job_ids)} array(s) queued before it ({', '.join(job_ids)}) were cancelled: none of the sweep runs"
 
 
 def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str],
