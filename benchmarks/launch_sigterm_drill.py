@@ -6,7 +6,7 @@ repairs what an interrupted launch left) or cancelled. 0 orphans is the pass mar
 
 Each try: a fresh runs root and $TMPDIR; `launch -m` of a ``--points``-point sweep (one array); SIGTERM
 at one of three kinds of moment, in turn: the moment squeue first lists the array (the probe's window:
-sbatch returned, nothing published yet); a random 0-0.5 s after that (recording, publishing); a random
+sbatch returned, nothing published yet); a random 0-0.1 s after that (recording, publishing); a random
 delay over the launch's measured duration (composing, snapshot, staging, sbatch ...). Then
 `launcher runs --json`. An orphan is a queued or running job of the try whose runs `launcher runs`
 does not list, or lists without that job. Also counted: staged `.N.partial` dirs, launch journals and
@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference launch (no signal): {span:.1f} s, rc {ref['rc']}, listed {ref['listed']}", flush=True)
         for i in range(args.tries):
             delay = None if i % 3 < 2 else rng.uniform(0.0, span * 1.1)
-            extra = rng.uniform(0.0, 0.5) if i % 3 == 1 else 0.0
+            extra = rng.uniform(0.0, 0.1) if i % 3 == 1 else 0.0
             res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"), extra)
             ok = not res["orphans"] and not res["leftovers"]
             bad += not ok
