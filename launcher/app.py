@@ -205,11 +205,15 @@ def submit_points(points, into=None, indices=None):
     wait policy and the exit code."""
     # lazy: `launch --help` and --cfg never load the submit path
     from launcher.submit.pipeline import InvalidSweep, launch
+    from launcher.submit.submission import SubmissionRefused
 
     try:
         result = launch(points, into=into, indices=indices)
     except InvalidSweep as e:
         exit_refused(e)
+    except SubmissionRefused as e:  # sbatch said no: the runs say why (launcher runs), no traceback
+        print(f"launch: {e}", file=sys.stderr)
+        sys.exit(1)
     finish(result, points)
     return result
 
@@ -225,7 +229,14 @@ def _run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _run()
+    from launcher.submit import signals  # stdlib only: SIGTERM/SIGHUP stop the launch as Ctrl-C does
+
+    signals.install()
+    try:
+        _run()
+    except signals.Terminated as e:  # what was queued is published, the rest cancelled (submission.submit)
+        print(f"launch: stopped ({e})", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence
 # ---- arrays under the scheduler's limits --------------------------------------------------------
 
 
+MAX_JOB_COUNT = "MaxJobCount"
+
+
 @dataclass(frozen=True)
 class ArrayLimits:
     """What one launch may submit: the most tasks one array holds (Slurm's MaxArraySize: the max array
@@ -23,11 +26,21 @@ class ArrayLimits:
     max_array_size: Optional[int] = None
     max_submit_jobs: Optional[int] = None
     queued: int = 0
+    bound: str = "MaxSubmitJobs"  # which limit max_submit_jobs is (MAX_JOB_COUNT: the controller's, all users)
+
+    @property
+    def room(self) -> float:
+        """Jobs that may be queued now (inf: no limit). slurmctld refuses an array that would bring
+        the jobs it holds up to MaxJobCount, so that bound leaves one more."""
+        if self.max_submit_jobs is None:
+            return math.inf
+        return int(self.max_submit_jobs) - int(self.queued) - (1 if self.bound == MAX_JOB_COUNT else 0)
 
     def with_overrides(self, max_array_size: Optional[int], max_submit_jobs: Optional[int]) -> ArrayLimits:
         """cluster.max_array_size / cluster.max_submit_jobs, when set, replace what the scheduler said."""
-        return ArrayLimits(max_array_size if max_array_size else self.max_array_size,
-                           max_submit_jobs if max_submit_jobs else self.max_submit_jobs, self.queued)
+        if max_submit_jobs:
+            return ArrayLimits(max_array_size or self.max_array_size, max_submit_jobs, self.queued)
+        return ArrayLimits(max_array_size or self.max_array_size, self.max_submit_jobs, self.queued, self.bound)
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,11 @@ class Chunk:
         return self.stop - self.start
 
 
-class TooManyJobs(ValueError):
+class Unschedulable(ValueError):
+    """The scheduler would refuse the request whatever the moment: refused before anything is written."""
+
+
+class TooManyJobs(Unschedulable):
     """The sweep needs more jobs than the scheduler lets this user queue."""
 
 
@@ -54,15 +71,20 @@ def plan_arrays(sizes: Sequence[int], limits: ArrayLimits, parallelism: Sequence
     runs more than k tasks at once when k >= n. Raises TooManyJobs, before anything is submitted, when the
     sweep needs more jobs than ``max_submit_jobs - queued``."""
     total = sum(int(n) for n in sizes)
-    if limits.max_submit_jobs is not None:
-        room = int(limits.max_submit_jobs) - int(limits.queued)
-        if total > room:
-            already = f", {limits.queued} already queued" if limits.queued else ""
+    if total > limits.room:
+        room = max(int(limits.room), 0)
+        if limits.bound == MAX_JOB_COUNT:
             raise TooManyJobs(
-                f"the sweep has {total} points, but the cluster lets one user queue {limits.max_submit_jobs} jobs "
-                f"(MaxSubmitJobs; each array task counts{already}): {max(room, 0)} can be submitted now. "
-                "Nothing was submitted; split the sweep, wait for queued jobs to end, or set "
-                "cluster.max_submit_jobs if the limit read from the scheduler is wrong")
+                f"the sweep has {total} points, but the Slurm controller holds at most {limits.max_submit_jobs} "
+                f"jobs (MaxJobCount, every user's, ended ones too for a while; each array task counts) and holds "
+                f"{limits.queued} now: {room} can be submitted now. Nothing was submitted; split the sweep or "
+                "wait for queued jobs to end")
+        already = f", {limits.queued} already queued" if limits.queued else ""
+        raise TooManyJobs(
+            f"the sweep has {total} points, but the cluster lets one user queue {limits.max_submit_jobs} jobs "
+            f"(MaxSubmitJobs; each array task counts{already}): {room} can be submitted now. "
+            "Nothing was submitted; split the sweep, wait for queued jobs to end, or set "
+            "cluster.max_submit_jobs if the limit read from the scheduler is wrong")
     size = int(limits.max_array_size) if limits.max_array_size else None
     out: List[Chunk] = []
     for g, n in enumerate(sizes):

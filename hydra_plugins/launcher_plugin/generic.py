@@ -655,7 +655,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     from launcher.rundir import SweepDir
     from launcher.status import Status
     from launcher.submit import submission
-    from launcher.sweeps import TooManyJobs
+    from launcher.sweeps import Unschedulable
 
     backend = backends.get(backend_name)
     shim = cluster_config(backend.name, params)
@@ -684,7 +684,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     indices = list(range(first_index, first_index + len(configs)))
     try:
         planned = submission.arrays(indices, cfg=lambda i: shim)
-    except TooManyJobs as e:
+    except Unschedulable as e:  # TooManyJobs among them
         raise ValueError(f"hydra.launcher: {e}") from None
 
     # stage: everything known before submission, run.json last; what every run holds alike (code and

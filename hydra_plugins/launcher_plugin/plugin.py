@@ -31,6 +31,7 @@ loader's load_sweep_config, so the sweeper's own validation composes it and we t
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import sys
 import tempfile
@@ -43,6 +44,34 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 RESULTS_FILES = ("optimization_results.yaml",)  # what sweepers write into hydra.sweep.dir at the end
+
+
+TMP_PREFIX = "launcher-hydra-"  # + the launching pid: whose temporary hydra.sweep.dir (multirun.yaml) it is
+_STALE_OLD_S = 3600.0  # one named by an older launcher (no pid): removed once it is this old
+
+
+def remove_stale_sweep_dirs(tmp: Path, alive=None) -> List[Path]:
+    """This user's temporary hydra.sweep.dirs whose launch is gone (its pid dead; unnamed ones an hour
+    old): each holds a multirun.yaml with every override, secrets too. Returns those removed."""
+    import re
+    import time
+
+    from launcher.submit.interrupted import pid_alive
+
+    alive = alive or pid_alive
+    gone = []
+    for d in tmp.glob(f"{TMP_PREFIX}*") if tmp.is_dir() else ():
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid():
+            continue
+        m = re.match(rf"^{TMP_PREFIX}(\d+)-", d.name)
+        if (not alive(int(m.group(1)))) if m else time.time() - st.st_mtime > _STALE_OLD_S:
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
 
 
 class _JobReturn(JobReturn):
@@ -94,7 +123,8 @@ class LauncherPlugin(Launcher):
         self.hydra_context = hydra_context
         self.config = config
         # the sweeper holds this same config object and reads hydra.sweep.dir after setup
-        self.sweep_dir = tempfile.mkdtemp(prefix="launcher-hydra-")
+        remove_stale_sweep_dirs(Path(tempfile.gettempdir()))  # a launch killed (SIGKILL) before it removed its own
+        self.sweep_dir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         atexit.register(self._at_exit)
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = self.sweep_dir

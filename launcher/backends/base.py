@@ -75,6 +75,17 @@ class Backend:
         """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
         return None
 
+    def request_problems(self, cfg: Any) -> List[str]:
+        """Why the scheduler could never run this request (``key: why``, one a line), asked once per
+        submission group before anything is written: a job name or a runs root longer than it (or
+        the file system) accepts; the Slurm backend adds a world larger than the cluster."""
+        return request_limits(cfg, job_name_max=None)
+
+    def jobs_in_folder(self, folder: Path) -> List[str]:
+        """Ids of this user's queued jobs whose batch script lives in ``folder`` (a launch killed
+        between sbatch and its record left them; launcher.submit.interrupted). Default: none known."""
+        return []
+
     def array_limits(self, cfg: Any = None) -> ArrayLimits:
         """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
         jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and
@@ -142,6 +153,34 @@ class Backend:
 
         paths = JobPaths(job.submitit_folder, job_id=job.job_id, task_id=rank)
         return paths.stderr if err else paths.stdout
+
+
+PATH_MAX, NAME_MAX = 4096, 255  # Linux's (and Slurm's MAXPATHLEN for --output/--chdir)
+# the longest path the launcher writes under a runs root: <sweep>/<index>/ranks/..., submitit's logs
+RUNS_ROOT_RESERVE = 256
+
+
+def request_limits(cfg: Any, job_name_max: Optional[int]) -> List[str]:
+    """The bounds every backend shares (a runs root the file system can hold the runs in) and, where
+    the scheduler has one, the job name's length."""
+    out: List[str] = []
+    submit = getattr(cfg, "submit", None)
+    get = (lambda k: submit.get(k)) if submit is not None and hasattr(submit, "get") else (lambda k: None)
+    name, root = get("job_name"), get("runs_root")
+    if job_name_max is not None and name is not None and len(str(name).encode()) > job_name_max:
+        out.append(f"submit.job_name: is {len(str(name).encode())} bytes; the scheduler accepts at most "
+                   f"{job_name_max} (fix: a shorter name)")
+    if root is not None:
+        text = str(Path(str(root)).expanduser().absolute())
+        long = [part for part in Path(text).parts if len(part.encode()) > NAME_MAX]
+        if long:
+            out.append(f"submit.runs_root: a path component is {len(long[0].encode())} bytes; the file system "
+                       f"accepts at most {NAME_MAX} (fix: a shorter dir name)")
+        elif len(text.encode()) + RUNS_ROOT_RESERVE > PATH_MAX:
+            out.append(f"submit.runs_root: is {len(text.encode())} bytes; runs under it need paths up to "
+                       f"{RUNS_ROOT_RESERVE} bytes longer, and {PATH_MAX} is the most a path may be "
+                       "(fix: a shorter runs root)")
+    return out
 
 
 def limit_overrides(cfg: Any):

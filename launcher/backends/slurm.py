@@ -13,14 +13,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from launcher.backends.base import Backend, JobState, limit_overrides, submitit_parameters
+from launcher.backends.base import Backend, JobState, limit_overrides, request_limits, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
-from launcher.sweeps import ArrayLimits
+from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
 REQUEUE_NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"  # where a rank leaves its requeue note (runtime.deferred_requeue)
 
@@ -157,6 +157,106 @@ def max_submit_from_sacctmgr(text: str) -> Optional[int]:
     return min(values) if values else None
 
 
+JOB_NAME_MAX = 1024  # slurmctld refuses a longer name ("Pathname ... too long")
+CAPACITY_TTL_S = 600.0  # sinfo's node sizes, cached this long (per user, host and SLURM_CONF)
+
+
+@dataclass(frozen=True)
+class NodeSize:
+    """One node of a partition as sinfo reports it."""
+
+    partition: str
+    cpus: int
+    mem_mb: Optional[int]
+    gpus: int
+    default: bool = False  # its partition is the default one (sinfo marks it with *)
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a node's sinfo %G (``gpu:2``, ``gpu:a100:8(S:0-1)``, ``gpu:a:4,gpu:b:2``, ``(null)``)."""
+    total = 0
+    for item in re.split(r",(?![^(]*\))", gres or ""):
+        parts = re.sub(r"\(.*?\)", "", item).split(":")
+        if parts[0].strip() == "gpu" and parts[-1].strip().isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def nodes_from_sinfo(text: str) -> List[NodeSize]:
+    """``sinfo -h -N -o "%N|%P|%c|%m|%G"`` -> one NodeSize per node and partition."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5 or not parts[2].strip().isdigit():
+            continue
+        part = parts[1].strip()
+        mem = parts[3].strip().rstrip("+")
+        out.append(NodeSize(part.rstrip("*"), int(parts[2]), int(mem) if mem.isdigit() else None,
+                            gres_gpus(parts[4]), default=part.endswith("*")))
+    return out
+
+
+def capacity_problems(nodes: List[NodeSize], partition: Optional[str], want_nodes: int, tasks: int,
+                      cpus_per_task: int, gpus: int, mem_mb: Optional[int]) -> List[str]:
+    """Why no placement of the request fits the partition's nodes (pure; empty: it fits, or the
+    partition is unknown, which sbatch then says). ``gpus``: per node (0: none asked)."""
+    in_part = [n for n in nodes if (n.partition == partition if partition else n.default)]
+    if not in_part:
+        return []
+    where = f"partition {in_part[0].partition}"
+    cpus = tasks * cpus_per_task
+    fit = [n for n in in_part if n.cpus >= cpus and n.gpus >= gpus and (mem_mb is None or n.mem_mb is None
+                                                                         or n.mem_mb >= mem_mb)]
+    if fit and len(fit) >= want_nodes:
+        return []
+    if not fit:
+        out = []
+        if gpus > max(n.gpus for n in in_part):
+            out.append(f"cluster.gpus_per_node: asks {gpus} GPUs per node; the nodes of {where} have at most "
+                       f"{max(n.gpus for n in in_part)} (sinfo)")
+        if cpus > max(n.cpus for n in in_part):
+            out.append(f"cluster.gpus_per_node: {tasks} tasks per node x cluster.cpus_per_task={cpus_per_task} "
+                       f"ask {cpus} CPUs per node; the nodes of {where} have at most "
+                       f"{max(n.cpus for n in in_part)} (sinfo)")
+        mems = [n.mem_mb for n in in_part if n.mem_mb is not None]
+        if mem_mb is not None and mems and mem_mb > max(mems):
+            out.append(f"cluster.mem_gb: asks {mem_mb // 1024} GB per node; the nodes of {where} have at most "
+                       f"{max(mems) / 1024:.1f} GB (sinfo)")
+        if want_nodes > len(in_part):
+            out.append(f"cluster.nodes: asks {want_nodes} nodes; {where} has {len(in_part)} (sinfo)")
+        return out or [f"cluster: no node of {where} has {cpus} CPUs, {gpus} GPUs and the memory asked at once (sinfo)"]
+    return [f"cluster.nodes: asks {want_nodes} nodes; {where} has {len(fit)} that fit one node's share "
+            f"({len(in_part)} nodes in all, sinfo)"]
+
+
+def _capacity_cache() -> Path:
+    import hashlib
+
+    key = hashlib.sha256(f"{os.getuid()}|{socket.gethostname()}|{os.environ.get('SLURM_CONF', '')}".encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "launcher" / f"slurm-nodes-{key.hexdigest()[:16]}.json"
+
+
+def cluster_nodes() -> List[NodeSize]:
+    """Every node of every partition (sinfo), cached for CAPACITY_TTL_S: each launch asks once at most."""
+    from launcher.archive import atomic  # lazy: only when a request is checked against the cluster
+
+    cache = _capacity_cache()
+    got = atomic.read_json(cache)
+    if isinstance(got, dict) and time.time() - float(got.get("at", 0)) < CAPACITY_TTL_S:
+        try:
+            return [NodeSize(**n) for n in got["nodes"]]
+        except (KeyError, TypeError):
+            pass
+    nodes = nodes_from_sinfo(_run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G"]))
+    if nodes:
+        try:
+            atomic.write_json(cache, {"at": time.time(), "nodes": [n.__dict__ for n in nodes]})
+        except OSError:  # a read-only home: asked again next time
+            pass
+    return nodes
+
+
 def _run(cmd: List[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
@@ -242,11 +342,39 @@ class SlurmBackend(Backend):
         return unshared_runs_root(runs_root, fs_type(runs_root, mounts), {n[1] for n in nodes if len(n) == 2},
                                   own_addresses())
 
+    def request_problems(self, cfg: Any) -> List[str]:
+        """The shared bounds, the job name's (slurmctld's 1024 bytes), and a request no node set of its
+        partition could ever hold (cluster.nodes, per-node GPUs, CPUs, memory; sinfo, cached)."""
+        out = request_limits(cfg, job_name_max=JOB_NAME_MAX)
+        cl = getattr(cfg, "cluster", None)
+        try:
+            want = int(cl.nodes), int(cl.gpus_per_node), int(cl.get("cpus_per_task") or 1)
+        except (AttributeError, TypeError, ValueError):  # not a launcher run config (a bare shim)
+            return out
+        mem = cl.get("mem_gb")
+        gpus = want[1] if cl.get("use_gpus") else 0
+        part = cl.get("partition")
+        return out + capacity_problems(cluster_nodes(), str(part) if part else None, want[0], want[1], want[2],
+                                       gpus, int(mem) * 1024 if mem else None)
+
+    def jobs_in_folder(self, folder: Path) -> List[str]:
+        """squeue's array job ids (%F) of this user's jobs whose batch script (%o) is in ``folder``."""
+        import getpass  # getpass (termios): only when a launch is repaired
+
+        inside = str(Path(folder).absolute()).rstrip("/") + "/"
+        ids = []
+        for line in _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%F|%o"]).splitlines():
+            jid, _, command = line.partition("|")
+            if command.strip().startswith(inside) and jid.strip() not in ids:
+                ids.append(jid.strip())
+        return ids
+
     def array_limits(self, cfg: Any = None) -> Any:
         """MaxArraySize and MaxJobCount from ``scontrol show config``, the user's MaxSubmitJobs from its
-        association (``sacctmgr``, when AccountingStorageEnforce enforces limits; the smaller of it and
-        MaxJobCount), and how many jobs (array tasks counted one by one) the user has queued now
-        (``squeue -r -u USER``). cluster.max_array_size /
+        association (``sacctmgr``, when AccountingStorageEnforce enforces limits), and the tighter of
+        two rooms: MaxSubmitJobs less the jobs (array tasks counted one by one) the user has queued now
+        (``squeue -r -u USER``), MaxJobCount less every job the controller holds (``squeue -r -t all``,
+        every user's). cluster.max_array_size /
         cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
         import getpass  # getpass (termios): only when the scheduler's limits are read
 
@@ -259,11 +387,20 @@ class SlurmBackend(Backend):
             if jobs is None and enforces_limits(text):  # association limits apply only when enforced
                 conf["assoc"] = max_submit_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "assoc",
                                                                f"where user={user}", "format=MaxSubmit"]))
-        if jobs is None:
-            known = [v for v in (conf.get("max_submit_jobs"), conf.get("assoc"), conf.get("max_job_count")) if v]
-            jobs = min(known) if known else None
-        queued = len(_run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split()) if jobs is not None else 0
-        return ArrayLimits(size or conf.get("max_array_size"), jobs, queued)
+        queued = len(_run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split()) if (
+            jobs is not None or conf.get("max_submit_jobs") or conf.get("assoc")) else 0
+        if jobs is not None:
+            return ArrayLimits(size or conf.get("max_array_size"), jobs, queued)
+        bounds = []
+        per_user = [v for v in (conf.get("max_submit_jobs"), conf.get("assoc")) if v]
+        if per_user:
+            bounds.append(ArrayLimits(None, min(per_user), queued))
+        if conf.get("max_job_count"):  # the controller's, over every user's jobs it holds (ended ones too,
+            # for MinJobAge): sbatch past it retries for minutes, then fails "Resource temporarily unavailable"
+            held = len(_run(["squeue", "-h", "-r", "-t", "all", "-o", "%i"]).split())
+            bounds.append(ArrayLimits(None, conf["max_job_count"], held, bound=MAX_JOB_COUNT))
+        tightest = min(bounds, key=lambda b: b.room) if bounds else ArrayLimits()
+        return replace(tightest, max_array_size=size or conf.get("max_array_size"))
 
     def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:

@@ -58,6 +58,10 @@ def _where(pairs: List[str]) -> dict:
 
 
 def cmd_runs(args) -> int:
+    from launcher.submit.interrupted import repair  # lazy: the listing's own imports stay light
+
+    for line in repair(_root(args)):  # launches killed mid-way: what they queued published or cancelled
+        print(f"launcher runs: {line}", file=sys.stderr)
     if args.reindex:
         try:
             n = registry.reindex(_root(args))

@@ -31,9 +31,9 @@ from launcher.layout import Layout
 from launcher.plan import checks
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
-from launcher.submit import submission
+from launcher.submit import interrupted, submission
 from launcher.submit.submission import Array, SubmittedRun, in_threads
-from launcher.sweeps import TooManyJobs, job_name
+from launcher.sweeps import Unschedulable, job_name
 
 
 @dataclass
@@ -187,7 +187,7 @@ def arrays(checked: List[Checked]) -> List[Array[Checked]]:
     or submitted, when the sweep needs more jobs than the user may queue."""
     try:
         return submission.arrays(checked, cfg=lambda c: c.point.cfg)
-    except TooManyJobs as e:
+    except Unschedulable as e:  # TooManyJobs among them
         raise InvalidSweep(str(e)) from None
 
 
@@ -230,6 +230,7 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     """The sweep dir and the code snapshot every point runs (taken once per launch, or reused).
     ``into``: an existing sweep dir the points join (a later batch of one multirun: its snapshot)."""
     sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
+    interrupted.begin(sd.path, checked[0].backend.name, [c.index for c in checked])  # before anything else
     if into is not None and code_snapshot is None:  # the snapshot the sweep's first batch runs
         code_snapshot = (sd.read() or {}).get("code_snapshot") or sd.code_dir
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
@@ -242,6 +243,9 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
         except OSError as e:  # a full disk, a read-only runs root: its partial copy goes with the new sweep dir
             discard(sd, joined=into is not None, indices=[])
             raise InvalidSweep(unwritable(runs_root, e)) from None
+        except KeyboardInterrupt:  # SIGINT/SIGTERM/SIGHUP: nothing queued, nothing of this launch kept
+            undo(sd, checked, made=into is None, runs_root=runs_root)
+            raise
         for line in snapshot.left_out_warnings(taken):
             print(f"warning: {line}", file=sys.stderr)
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
@@ -366,6 +370,7 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     })
     archived = {str(rd.path): c.archived for c, rd in zip(checked, published) if c.archived is not None}
     registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()], configs=archived)
+    interrupted.end(sweep.dir.path)
     return published
 
 
@@ -389,18 +394,25 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
         return dry_run(checked, runs_root, out)
 
     planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
-    sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
+    sweep: Optional[_Sweep] = None
     try:
-        with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-            stage(sweep, checked)
-    except OSError as e:  # a full disk, a read-only runs root: nothing was submitted, nothing half-written stays
-        discard(sweep.dir, joined=sweep.joined, indices=[c.index for c in checked])
-        raise InvalidSweep(unwritable(runs_root, e)) from None
-    name = sweep_job_name(checked, sweep.dir.sweep_id)
-    export_lifted(checked)
+        sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
+        try:
+            with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
+                stage(sweep, checked)
+        except OSError as e:  # a full disk, a read-only runs root: nothing was submitted, nothing half-written stays
+            discard(sweep.dir, joined=sweep.joined, indices=[c.index for c in checked])
+            raise InvalidSweep(unwritable(runs_root, e)) from None
+        name = sweep_job_name(checked, sweep.dir.sweep_id)
+        export_lifted(checked)
+    except KeyboardInterrupt:  # SIGINT/SIGTERM/SIGHUP before anything was queued: as if never launched
+        undo(sweep.dir if sweep is not None else None, checked, made=into is None, runs_root=runs_root)
+        raise
     runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
                                       publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
-                                      job_name=lambda _: name)
+                                      job_name=lambda _: name, whole=True,
+                                      queued=lambda job_id, runs: interrupted.queued(
+                                          sweep.dir.path, job_id, [SweepDir.index_of(r.run_id) for r in runs]))
     runs.sort(key=lambda r: SweepDir.index_of(r.run_id))
     result = SweepResult(sweep_id=sweep.dir.sweep_id, sweep_dir=sweep.dir.path, runs=runs, job_ids=job_ids,
                          backend=checked[0].backend)
@@ -419,6 +431,22 @@ def discard(sd: SweepDir, joined: bool, indices: List[int]) -> None:
     of a batch that joined an existing sweep."""
     for path in ([sd.staging(i).path for i in indices] if joined else [sd.path]):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def undo(sd: Optional[SweepDir], checked: List[Checked], made: bool, runs_root: Path) -> None:
+    """A launch interrupted before its first sbatch: its staged runs removed, and the sweep dir when
+    this launch made it (a later batch of a multirun keeps the sweep its first batch made)."""
+    from launcher.submit import signals  # lazy: a dry run never stages, submits or publishes
+
+    with signals.shielded():
+        if sd is None:  # interrupted while the sweep dir was being named: a new one, if any, is empty of runs
+            return
+        for c in checked:
+            shutil.rmtree(sd.staging(c.index).path, ignore_errors=True)
+        if made and sd.path.parent == runs_root:
+            shutil.rmtree(sd.path, ignore_errors=True)
+        else:
+            interrupted.end(sd.path)
 
 
 def export_lifted(checked: List[Checked]) -> None:

@@ -31,7 +31,7 @@ from launcher.schema import typed
 from launcher.status import FINAL, Status
 from launcher.submit import submission
 from launcher.submit.pipeline import SweepResult
-from launcher.sweeps import TooManyJobs, job_name
+from launcher.sweeps import Unschedulable, job_name
 
 
 @dataclass
@@ -152,7 +152,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     nexts = [prepare(Path(d), steps, changes) for d in run_dirs]
     try:  # one submitit folder per sweep dir; one array per resource shape
         planned = submission.arrays(nexts, cfg=lambda n: n.cfg, key=lambda n: str(n.rd.path.parent))
-    except TooManyJobs as e:
+    except Unschedulable as e:  # TooManyJobs among them
         raise ConfigErrors([ConfigError("SWEEP", str(e).replace("the sweep has", "the retry has"),
                                         "retry fewer runs at once")]) from None
     known = secrets.known_secrets([n.plain for n in nexts])

@@ -21,7 +21,8 @@ from launcher.archive import atomic, secrets
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
 from launcher.status import Status
-from launcher.sweeps import plan_arrays
+from launcher.submit import signals
+from launcher.sweeps import Unschedulable, plan_arrays
 
 T = TypeVar("T")
 
@@ -41,13 +42,22 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
     sweep dir) share one submission; each group split into arrays under its backend's limits
     (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
     max_submit_jobs of the points override them), each group's throttle the smallest
-    cluster.array_parallelism of its points. Raises launcher.sweeps.TooManyJobs, before anything is
-    submitted, when the points need more jobs than the user may queue."""
+    cluster.array_parallelism of its points. Raises launcher.sweeps.Unschedulable, before anything is
+    written or submitted, when a request is one the scheduler could never run (Backend.request_problems:
+    a world larger than the cluster, a job name too long), and its TooManyJobs when the points need
+    more jobs than the scheduler will hold now."""
     grouped: Dict[Tuple[str, Hashable, str], List[T]] = {}
+    asks: Dict[Tuple[str, str, str, str], Any] = {}  # one config per request the scheduler is asked about
     for x in items:
         c = cfg(x)
         backend = backends.of(c)
-        grouped.setdefault((backend.name, key(x), backend.group_key(c)), []).append(x)
+        grouped.setdefault((backend.name, key(x), gk := backend.group_key(c)), []).append(x)
+        submit = getattr(c, "submit", None)
+        asks.setdefault((backend.name, gk, str(_get(submit, "job_name")), str(_get(submit, "runs_root"))), c)
+    problems = list(dict.fromkeys(p for (name, *_), c in asks.items() for p in backends.get(name).request_problems(c)))
+    if problems:
+        raise Unschedulable("the scheduler could never run this; nothing was submitted:\n"
+                            + "\n".join(f"  - {p}" for p in problems))
     by_backend: Dict[str, List[List[T]]] = {}
     for (name, _, _), g in grouped.items():
         by_backend.setdefault(name, []).append(g)
@@ -97,6 +107,10 @@ class SubmittedRun:
         return self.rundir.path
 
 
+def _get(node: Any, key: str) -> Any:
+    return node.get(key) if node is not None and hasattr(node, "get") else None
+
+
 def _smallest(cfgs: Sequence[Any], key: str) -> Optional[int]:
     """The smallest cluster.<key> the points set, or None when none does."""
     values = [int(v) for v in (c.cluster.get(key) for c in cfgs) if v]
@@ -106,35 +120,72 @@ def _smallest(cfgs: Sequence[Any], key: str) -> Optional[int]:
 def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
            publish: Callable[[List[SubmittedRun], List[str]], Any],
            job_name: Callable[[Array[Run]], Optional[str]] = lambda _: None,
-           refused: str = "submission failed") -> Tuple[List[SubmittedRun], List[str]]:
+           refused: str = "submission failed",
+           queued: Callable[[str, List[Run]], Any] = lambda _job_id, _runs: None,
+           whole: bool = False) -> Tuple[List[SubmittedRun], List[str]]:
     """Submit every array, in order; then ``publish(runs, job_ids)`` (on an error too, with the runs
     submitted so far). A refused array's runs are failed (``refused: <error>``) and every later
-    array's "not submitted", unsealed (publish seals what ended), and the error is raised. Returns
-    the submitted runs and one job id per array (the array job's)."""
+    array's "not submitted", unsealed (publish seals what ended), and SubmissionRefused is raised;
+    ``whole`` (a launch: queued whole or not at all): the arrays queued before it are cancelled. SIGINT,
+    SIGTERM and SIGHUP are held while an array is submitted and recorded (``queued(job_id, runs)`` is
+    told the moment sbatch returns, before any run's job.json) and while publishing: an interrupt
+    lands between arrays, the later arrays' runs are cancelled "not submitted", what was queued is
+    published, and the interrupt is raised. Returns the submitted runs and one job id per array."""
+    signals.install()
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
+    done = 0  # arrays submitted and recorded
     try:
         with atomic.deferred_sync(private=True):  # job.json of every run: flushed once, before publishing
             for i, arr in enumerate(planned):
-                try:
-                    submitted = _submit_array(arr, known, job_name(arr))
-                except Exception as e:
-                    for r in arr.points:
-                        r.staged.finish(Status.failed, seal=False, exit_code=None,
-                                        error=secrets.scrub(f"{refused}: {e}", known))
-                    for r in (r for later in planned[i + 1:] for r in later.points):
-                        r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(
-                            f"not submitted: an earlier array of the sweep was refused ({e})", known))
-                    raise
-                runs.extend(submitted)
-                job_ids.append(submitted[0].record.submission_id if len(submitted) > 1 else submitted[0].job_id)
+                with signals.shielded():  # an sbatch and the record of what it queued: never one alone
+                    try:
+                        submitted = _submit_array(arr, known, job_name(arr), queued)
+                    except Exception as e:
+                        for r in arr.points:
+                            r.staged.finish(Status.failed, seal=False, exit_code=None,
+                                            error=secrets.scrub(f"{refused}: {e}", known))
+                        for r in (r for later in planned[i + 1:] for r in later.points):
+                            r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(
+                                f"not submitted: an earlier array of the sweep was refused ({e})", known))
+                        said = f"{refused}: array {i + 1} of {len(planned)} ({len(arr.points)} run(s)) was refused: {e}"
+                        if whole and runs:
+                            said += "; " + _cancel_queued(planned[:i], job_ids, e, known)
+                        raise SubmissionRefused(secrets.scrub(said, known)) from e
+                    runs.extend(submitted)
+                    job_ids.append(submitted[0].record.submission_id if len(submitted) > 1 else submitted[0].job_id)
+                    done = i + 1
+    except KeyboardInterrupt as e:  # Terminated too: held inside an array's submission, raised here
+        with signals.shielded():
+            why = f"not submitted: the launch was interrupted ({e or 'SIGINT received'})"
+            for r in (r for later in planned[done:] for r in later.points):
+                r.staged.finish(Status.cancelled, seal=False, exit_code=None, error=why)
+        raise
     finally:
-        publish(runs, job_ids)
+        with signals.shielded():  # half a publish hides runs whose jobs are queued
+            publish(runs, job_ids)
     return runs, job_ids
 
 
-def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]) -> List[SubmittedRun]:
-    """One executor batch (one array job; a lone run, one job); each run's job.json and script."""
+class SubmissionRefused(RuntimeError):
+    """The scheduler refused an array (sbatch failed); its runs and the later ones are recorded failed."""
+
+
+def _cancel_queued(queued: Sequence[Array[Run]], job_ids: List[str], why: Exception, known: Dict[str, str]) -> str:
+    """Cancel the arrays a refused launch had queued, their runs recorded cancelled; what was done."""
+    backend = backends.of(queued[0].points[0].cfg)
+    for job_id in job_ids:
+        backend.cancel(JobRecord(backend=backend.name, job_id=job_id))
+    for r in (r for arr in queued for r in arr.points):
+        r.staged.finish(Status.cancelled, seal=False, exit_code=None, error=secrets.scrub(
+            f"cancelled: a later array of the sweep was refused ({why}); a sweep is queued whole or not at all", known))
+    return f"the {len(job_ids)} array(s) queued before it ({', '.join(job_ids)}) were cancelled: none of the sweep runs"
+
+
+def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str],
+                  queued: Callable[[str, List[Run]], Any]) -> List[SubmittedRun]:
+    """One executor batch (one array job; a lone run, one job); ``queued`` told its id; each run's
+    job.json and script."""
     first = arr.points[0]
     backend = backends.of(first.cfg)
     with backend.environment(first.cfg, first.code_dir):
@@ -144,6 +195,7 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
                 jobs = [ex.submit(r.task) for r in arr.points]
         finally:  # submitit keeps the script it submitted (cluster.setup verbatim) in its folder
             secrets.scrub_files(Path(first.folder).glob("*.sh"), known)
+    queued(backend.job_record(jobs[0]).submission_id, list(arr.points))
     script = backend.submitted_script(jobs[0])
     if script is not None:  # one script for the whole array: written once, linked into each run
         first.shared.write_script(secrets.scrub(script, known))

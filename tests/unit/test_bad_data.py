@@ -183,7 +183,8 @@ def test_a_launch_on_a_full_disk_removes_its_partial_snapshot(tmp_path, monkeypa
     monkeypatch.setattr(snapshot, "tree_secrets", lambda root: {})
     root = tmp_path / "runs"
     root.mkdir()
-    point = SimpleNamespace(resolved={"recipe": {"_target_": "recipes.gpt.main"}}, known={})
+    point = SimpleNamespace(resolved={"recipe": {"_target_": "recipes.gpt.main"}}, known={}, index=0,
+                            backend=SimpleNamespace(name="local"))
     with pytest.raises(pipeline.InvalidSweep) as ei:
         pipeline.create([point], root, [], None, None)
     assert "No space left on device" in str(ei.value) and "nothing was submitted" in str(ei.value)
