@@ -19,10 +19,13 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   so far.
 
 Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
-marker; whichever rank completes the set renames the directory into place and only then points
-``checkpoints/latest`` at it, so ``latest`` only ever names a complete checkpoint. A crash mid-write
-leaves a partial directory, which the next attempt deletes. The last ``train.checkpoint.keep``
-complete checkpoints are kept.
+marker (with the sha256 of each file it wrote); whichever rank completes the set writes
+``checkpoint.json`` (every file's size and sha256: launcher.checkpoint_manifest), renames the
+directory into place and only then points ``checkpoints/latest`` at it, so ``latest`` only ever
+names a complete checkpoint. A crash mid-write leaves a partial directory, which the next attempt
+deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept. ``resume`` loads only a
+checkpoint that rank 0 verified against its manifest (a corrupt ``latest``: the newest earlier
+intact one, or ``CheckpointCorrupt`` on every rank).
 
 With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
 copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,

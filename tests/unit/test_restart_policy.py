@@ -98,6 +98,11 @@ def test_kinds_of_exceptions():
     assert k(e.value, str(e.value), USER_FILE) == "config"
     assert k(DeviceError("no CUDA device"), "DeviceError: no CUDA device", LAUNCHER_FILE) == "device"
     assert k(FileNotFoundError(2, "No such file"), "FileNotFoundError: x", USER_FILE) == "missing_file"
+    from launcher.checkpoint_manifest import CheckpointCorrupt
+
+    corrupt = CheckpointCorrupt({"step_00000008": ["checkpoints/step_00000008/model.pt missing"]})
+    assert k(corrupt, str(corrupt), LAUNCHER_FILE) == "corrupt_checkpoint"
+    assert not policy.decide(failure(kind="corrupt_checkpoint"), previous=None).restart  # not even the first
     peer = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
     assert k(RuntimeError(peer), peer, LAUNCHER_FILE) == "peer_lost"
     assert k(RuntimeError("boom"), "RuntimeError: boom", USER_FILE) == "other"
