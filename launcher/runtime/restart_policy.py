@@ -163,7 +163,11 @@ def start_of(rd: RunDir, attempt: int) -> Tuple[int, Optional[Failure]]:
     if row is None:
         return 0, None
     previous = None if row.get("reason") in RESTARTED_BY_USER else Failure.from_json(row.get("failure"))
-    return int(row.get("from_step") or 0), previous
+    try:  # the row names `latest` as it was; a resume that fell back past it started earlier
+        fell_back = next((f for f in reversed(rd.fallbacks()) if f.get("attempt") == attempt), None)
+    except (OSError, ValueError):
+        fell_back = None
+    return int((fell_back or row).get("from_step") or 0), previous
 
 
 def last_logged_step(rd: RunDir, since: float) -> Optional[int]:

@@ -153,6 +153,15 @@ def test_the_next_attempt_reads_the_failure_that_ended_the_last(tmp_path):
     assert not policy.decide(again, previous=policy.Failure(**{**again.to_json(), "attempt": 1})).restart
 
 
+def test_an_attempt_that_fell_back_past_a_corrupt_checkpoint_started_where_it_resumed(tmp_path):
+    rd = make_run(tmp_path)
+    rd.record_restart({"attempt": 2, "reason": "failure", "from_step": 6, "failure": failure().to_json()})
+    assert policy.start_of(rd, 2) == (6, failure())
+    rd.record_fallback({"attempt": 2, "from_step": 4})  # latest (6) failed verification: it resumed from 4
+    rd.record_fallback({"attempt": 3, "from_step": 2})  # a later attempt's
+    assert policy.start_of(rd, 2) == (4, failure())
+
+
 def test_a_resume_starts_afresh_and_logged_metrics_count_as_progress(tmp_path):
     rd = make_run(tmp_path)
     rd.record_restart({"attempt": 2, "reason": "resume", "from_step": 6,
