@@ -100,8 +100,9 @@ def _json_object(path: Path) -> Dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
-def problems(ckpt: Path) -> List[str]:
-    """What is wrong with the checkpoint dir ``ckpt`` (empty: intact), each naming the file."""
+def problems(ckpt: Path, contents: bool = True) -> List[str]:
+    """What is wrong with the checkpoint dir ``ckpt`` (empty: intact), each naming the file.
+    ``contents=False``: names, sizes and steps only, no file hashed (what the login node checks)."""
     where = f"{ckpt.parent.name}/{ckpt.name}"
     try:
         manifest = json.loads((ckpt / MANIFEST).read_text())
@@ -118,6 +119,7 @@ def problems(ckpt: Path) -> List[str]:
         out.append(f"{where} holds step {step} ({MANIFEST}), not the step its name says ({named})")
     present = set(_files(ckpt))
     for rel, want in sorted(listed.items()):
+        want = want if isinstance(want, dict) else {}
         p = ckpt / rel
         if rel not in present:
             out.append(f"{where}/{rel} missing")
@@ -126,20 +128,24 @@ def problems(ckpt: Path) -> List[str]:
         if size != want.get("size"):
             out.append(f"{where}/{rel} is {size} bytes, {MANIFEST} says {want.get('size')}"
                        + (" (truncated)" if isinstance(want.get("size"), int) and size < want["size"] else ""))
-        elif digest(p)["sha256"] != want.get("sha256"):
+        elif contents and digest(p)["sha256"] != want.get("sha256"):
             out.append(f"{where}/{rel} changed (sha256 differs from {MANIFEST})")
     out += [f"{where}/{rel} added (not in {MANIFEST})" for rel in sorted(present - set(listed))]
-    if not out and "meta.json" in listed:
-        meta_step = (atomic.read_json(ckpt / "meta.json") or {}).get("step")
+    if not out and "meta.json" in listed:  # the Checkpointer's record of the step (training.checkpoint)
+        try:
+            meta_step = json.loads((ckpt / "meta.json").read_text()).get("step")
+        except (OSError, ValueError, AttributeError):
+            meta_step = "?"
         if meta_step != step:
             out.append(f"{where}/meta.json says step {meta_step}, {MANIFEST} step {step}")
     return out
 
 
-def resume_point(rd: RunDir) -> ResumePoint:
+def resume_point(rd: RunDir, contents: bool = True) -> ResumePoint:
     """The checkpoint to resume from: ``latest`` if it passes verification, else the newest earlier
     one that does (the rejected ones named); no ``latest`` file: a fresh start. Raises
-    CheckpointCorrupt when ``latest`` fails and no earlier checkpoint passes."""
+    CheckpointCorrupt when ``latest`` fails and no earlier checkpoint passes. ``contents``: as for
+    ``problems`` (False: `launcher resume`'s check before it submits; the job reads every byte)."""
     pointer = rd.path / RunDir.LATEST
     if not pointer.is_file():
         return ResumePoint(None)
@@ -154,14 +160,14 @@ def resume_point(rd: RunDir) -> ResumePoint:
         if not named.is_dir():
             rejected[name] = [f"{RunDir.LATEST} names {name}, which does not exist"]
         else:
-            found = problems(named)
+            found = problems(named, contents)
             if not found:
                 return ResumePoint(named)
             rejected[name] = found
     for ckpt in reversed(rd.checkpoints()):
         if ckpt == named or (bound is not None and RunDir.checkpoint_step(ckpt) >= bound):
             continue
-        found = problems(ckpt)
+        found = problems(ckpt, contents)
         if not found:
             return ResumePoint(ckpt, rejected)
         rejected[ckpt.name] = found
