@@ -248,6 +248,7 @@ def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
     fall back the same way, or both raise the same CheckpointCorrupt (neither waits for the other)."""
     import torch.distributed as dist
 
+    from launcher import checkpoint_manifest
     from launcher.checkpoint_manifest import CheckpointCorrupt
 
     cfg = make_cfg(every=3, keep=2)
@@ -261,8 +262,12 @@ def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
         assert src == 0
         box[0] = told["verdict"]
 
+    def verify_alone(*_, **__):
+        raise AssertionError("rank 1 verified on its own")
+
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(checkpoint_manifest, "resume_point", verify_alone)
     ctx = make_ctx(run, attempt=2)
     ctx.rank, ctx.world_size = 1, 2
     ck = Checkpoint(cfg, ctx, {"model": torch.nn.Linear(4, 16)}, async_save=False)
