@@ -150,6 +150,7 @@ class Evidence:
     hang: Optional[Dict[str, Any]] = None  # hang.json
     stacks: Dict[int, str] = field(default_factory=dict)  # rank -> faulthandler dump
     restarts: List[Dict[str, Any]] = field(default_factory=list)  # restarts.jsonl
+    fallbacks: List[Dict[str, Any]] = field(default_factory=list)  # checkpoint_fallbacks.jsonl
     attempts: Dict[int, Evidence] = field(default_factory=dict)  # what earlier attempts left
     last_step: int = 0  # the last step in metrics.jsonl (0: none finished)
     steps: Optional[int] = None  # train.steps
@@ -319,6 +320,10 @@ def diagnose(ev: Evidence) -> Diagnosis:
         d.detail.append(f"not restarted: {refused['why']}")
         d.fix = d.fix or str(refused.get("fix") or "")
     d.fix = d.fix or FIXES[d.kind]
+    for fb in ev.fallbacks:  # a resume that skipped a checkpoint failing verification (not a restart)
+        why = "; ".join(p for ps in (fb.get("rejected") or {}).values() for p in ps)
+        d.detail.append(f"attempt {fb.get('attempt')} resumed from {fb.get('resumed_from')}, "
+                        f"past a checkpoint that failed verification: {_clip(why, 300)}")
     history = restarts_line(ev)
     if history:
         d.detail.append(history)
@@ -780,6 +785,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
     if rank_rows and rank_rows[0].get("master_addr"):
         ev.master = f"{rank_rows[0]['master_addr']}:{rank_rows[0].get('master_port')}"
     ev.restarts = rd.restarts()
+    ev.fallbacks = rd.fallbacks()
     for a in range(1, int(ev.status.attempt or 1) + 1):  # attempts/<a>/ has the run dir's layout
         if rd.attempt_dir(a).is_dir():
             ev.attempts[a] = _files(RunDir(rd.attempt_dir(a)))

@@ -92,6 +92,13 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("checkpoints/script/", "recipe (script)", "recipe=script: the script's own checkpoints "
      "(LAUNCHER_CHECKPOINT_DIR), whatever it saves there"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
+    ("checkpoints/step_<n>/checkpoint.json", "recipe", "every file of the checkpoint: relative path, size, sha256; "
+     "the step (launcher.checkpoint_manifest: verified before a resume)"),
+    ("checkpoints/rejected/step_<n>.attempt_<a>/", "recipe", "a checkpoint that failed verification when attempt "
+     "<a> resumed, moved aside"),
+    ("checkpoint_fallbacks.jsonl", "recipe (rank 0)", "one object per resume that fell back past a checkpoint "
+     "that failed verification: attempt, resumed_from, from_step, rejected (checkpoint -> the file and what is "
+     "wrong), moved"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
      "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
      "failure (the exception that ended the attempt before: type, message, place, step; restart_policy)"),
@@ -126,6 +133,7 @@ class RunDir:
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
     RANK_ATTEMPTS, SCRIPT_CHECKPOINTS = "ranks/attempts.json", "checkpoints/script"
+    FALLBACKS, CHECKPOINT_REJECTED = "checkpoint_fallbacks.jsonl", "checkpoints/rejected/step_<n>.attempt_<a>"
     WORK = "work"
     SHARED_FILES = (GIT, PATCH, SNAPSHOT, SOFTWARE, PIP_FREEZE)  # alike for every run of a sweep
 
@@ -268,6 +276,19 @@ class RunDir:
     @staticmethod
     def checkpoint_step(ckpt: Path) -> int:
         return int(Path(ckpt).name.rsplit("_", 1)[-1])
+
+    def rejected_checkpoint(self, ckpt: Path, attempt: int) -> Path:
+        """Where a checkpoint that failed verification when ``attempt`` resumed is moved aside."""
+        return self._p(_name(self.CHECKPOINT_REJECTED, n=f"{self.checkpoint_step(ckpt):08d}", a=int(attempt)))
+
+    def record_fallback(self, row: Dict[str, Any]) -> None:
+        """A resume that fell back past checkpoints that failed verification (not a restart)."""
+        with open(self._p(self.FALLBACKS), "a") as f:
+            f.write(json.dumps({"time": now_iso(), **row}) + "\n")
+
+    def fallbacks(self) -> List[Dict[str, Any]]:
+        p = self._p(self.FALLBACKS)
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
     # ---- attempts, restarts, hangs ---------------------------------------------------------------
     def restarts(self) -> List[Dict[str, Any]]:

@@ -57,7 +57,7 @@ MUTANTS: List[Mutant] = [
       "    import torch  # noqa\n    for name in KEY_PACKAGES:",
       "tests/integration/test_login_path.py::test_real_local_submission_imports_no_torch",
       "the login path imports torch (archiving software versions)"),
-    M("X4", "launcher/training/checkpoint.py", "        if done < self.world:\n            return",
+    M("X4", "launcher/training/checkpoint.py", "        if len(marks) < self.world:\n            return",
       "        if False:\n            return", FAST,
       "a checkpoint is committed before every rank marked it done", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X5", "launcher/training/checkpoint.py", "if self.async_save and not block and self._hooked():",
@@ -126,6 +126,17 @@ MUTANTS: List[Mutant] = [
     M("M24", "launcher/plan/spec.py", "    step_overhead_s: float = 0.0\n    activation_scale: float = 1.0",
       "    step_overhead_s: float = 0.01\n    activation_scale: float = 1.0", FAST,
       "the default calibration adds a step overhead", ("tests/unit/test_calibration.py",)),
+    M("M25", "launcher/checkpoint_manifest.py", 'elif contents and digest(p)["sha256"] != want.get("sha256"):',
+      "elif False:", FAST, "a checkpoint's sha256 is not compared (a flipped byte loads)",
+      ("tests/unit/test_training_api.py",)),
+    M("M26", "launcher/runtime/restart_policy.py", '        return "corrupt_checkpoint"', '        return "other"',
+      FAST, "a corrupt checkpoint is restarted", ("tests/unit/test_restart_policy.py",)),
+    M("M27", "launcher/checkpoint_manifest.py", "(bound is not None and RunDir.checkpoint_step(ckpt) >= bound)",
+      "(False and RunDir.checkpoint_step(ckpt) >= bound)", FAST,
+      "a fallback to a checkpoint later than the one latest names", ("tests/unit/test_checkpoint_manifest.py",)),
+    M("M28", "launcher/training/checkpoint.py", "        if self.rank == 0 or not dist.is_initialized():\n",
+      "        if True:\n", FAST, "every rank verifies on its own (ranks may disagree)",
+      ("tests/unit/test_training_api.py",)),
 ]
 
 

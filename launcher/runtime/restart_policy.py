@@ -5,7 +5,9 @@ next attempt would repeat ends the run at once, with the reason and the fix:
 
 - one no restart can fix: the recipe cannot be called as ``fn(cfg, ctx)`` (signature), its code
   cannot be imported (import), a config value cannot work (config), the job has no usable device
-  (``DeviceError``), a file the code opens is missing before the attempt finished a step;
+  (``DeviceError``), a file the code opens is missing before the attempt finished a step, no
+  checkpoint to resume from passes verification (``CheckpointCorrupt``: the next attempt would read
+  the same bytes);
 - one that repeats the previous attempt's failure (same exception, message and raising frame)
   before this attempt finished a new step (a step past the checkpoint it resumed from).
 
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.doctor import PEER_GONE
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RESTARTED_BY_USER, RunDir
@@ -45,6 +48,9 @@ NOT_FIXED_BY_A_RESTART: Dict[str, Tuple[str, str]] = {
     "missing_file": ("a file the code opens is missing before any step of the attempt",
                      "pass a path that exists on the nodes (an absolute one: the job runs in the run's "
                      "work/ dir), then `launcher resume RUN key=value` or launch again"),
+    "corrupt_checkpoint": ("no checkpoint to resume from is intact (checked against its checkpoint.json)",
+                           "restore the file the error names from a copy (or delete checkpoints/latest to train "
+                           "from step 0), then `launcher resume RUN`"),
     "repeated": ("the failure repeats the previous attempt's before any new step",
                  "fix it at the frame shown (`launcher logs RUN --err`), then `launcher resume RUN`"),
 }
@@ -62,7 +68,7 @@ class Failure:
     type: str  # the exception's class name
     message: str  # its message (scrubbed of secrets by the caller)
     place: str  # file:line in function of the frame that raised
-    kind: str  # signature | import | config | device | missing_file | peer_lost | other
+    kind: str  # signature | import | config | device | missing_file | corrupt_checkpoint | peer_lost | other
     attempt: int = 1
     step: Optional[int] = None  # the last step this attempt finished (None: none)
     from_step: int = 0  # the checkpoint step the attempt started from
@@ -109,6 +115,8 @@ def kind_of(exc: BaseException, message: str, place_file: str) -> str:
         return "config"
     if isinstance(exc, DeviceError):
         return "device"
+    if isinstance(exc, CheckpointCorrupt):
+        return "corrupt_checkpoint"
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return "missing_file"
     if PEER_GONE.search(message):
@@ -155,7 +163,11 @@ def start_of(rd: RunDir, attempt: int) -> Tuple[int, Optional[Failure]]:
     if row is None:
         return 0, None
     previous = None if row.get("reason") in RESTARTED_BY_USER else Failure.from_json(row.get("failure"))
-    return int(row.get("from_step") or 0), previous
+    try:  # the row names `latest` as it was; a resume that fell back past it started earlier
+        fell_back = next((f for f in reversed(rd.fallbacks()) if f.get("attempt") == attempt), None)
+    except (OSError, ValueError):
+        fell_back = None
+    return int((fell_back or row).get("from_step") or 0), previous
 
 
 def last_logged_step(rd: RunDir, since: float) -> Optional[int]:

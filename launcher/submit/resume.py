@@ -2,11 +2,13 @@
 same run dirs (archived config, code snapshot, seeds), from each run's latest checkpoint.
 
 Every run is checked before anything changes: it must have ended, its sealed archive must be intact
-(a changed archive is refused), and a change asked for (``--steps``, ``key=value``) must keep the
-archived layout. Then each run's manifest is kept under ``attempts/<a>/``, the run reopens,
-``restarts.jsonl`` records why (``resume`` or ``retry``, with the changes), and the runs go out
-together: runs that share resources as ONE submitit batch (one Slurm array, split under the
-scheduler's limits like a launch). The new job resumes from ``checkpoints/latest`` like any requeued
+(a changed archive is refused), its latest checkpoint (or an earlier one) must match its
+checkpoint.json by name and size (launcher.checkpoint_manifest; the job checks every byte), and a
+change asked for (``--steps``, ``key=value``) must keep the archived layout. Then each run's
+manifest is kept under ``attempts/<a>/``, the run reopens, ``restarts.jsonl`` records why
+(``resume`` or ``retry``, with the changes), and the runs go out together: runs that share
+resources as ONE submitit batch (one Slurm array, split under the scheduler's limits like a
+launch). The new job resumes from ``checkpoints/latest`` like any requeued
 attempt does (launcher.runtime.restarts).
 """
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_target
+from launcher import backends, checkpoint_manifest, recipe_target
 from launcher.archive import registry, secrets
+from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
+from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
 from launcher.schema import typed
 from launcher.status import FINAL, Status
@@ -94,8 +98,12 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     missing = secrets.missing_references(plain)
     if missing:
         raise ConfigErrors([ConfigError("RUN", missing, "the values the original launch was given")])
-    latest = rd.latest_checkpoint()
-    done = RunDir.checkpoint_step(latest) if latest else 0
+    try:  # the checkpoint the job will resume from (sizes checked here; the job reads every byte)
+        point = checkpoint_manifest.resume_point(rd, contents=False)
+    except CheckpointCorrupt as e:
+        raise ConfigErrors([ConfigError("RUN", f"{run_id}: {e}", NOT_FIXED_BY_A_RESTART["corrupt_checkpoint"][1])
+                            ]) from e
+    done = RunDir.checkpoint_step(point.path) if point.path else 0
     old_steps = int(archived["train"]["steps"])
     if steps is not None:
         if int(steps) < max(1, done):

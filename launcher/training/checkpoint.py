@@ -19,10 +19,13 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   so far.
 
 Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
-marker; whichever rank completes the set renames the directory into place and only then points
-``checkpoints/latest`` at it, so ``latest`` only ever names a complete checkpoint. A crash mid-write
-leaves a partial directory, which the next attempt deletes. The last ``train.checkpoint.keep``
-complete checkpoints are kept.
+marker (with the sha256 of each file it wrote); whichever rank completes the set writes
+``checkpoint.json`` (every file's size and sha256: launcher.checkpoint_manifest), renames the
+directory into place and only then points ``checkpoints/latest`` at it, so ``latest`` only ever
+names a complete checkpoint. A crash mid-write leaves a partial directory, which the next attempt
+deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept. ``resume`` loads only a
+checkpoint that rank 0 verified against its manifest (a corrupt ``latest``: the newest earlier
+intact one, or ``CheckpointCorrupt`` on every rank).
 
 With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
 copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,
@@ -46,6 +49,8 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 import torch
 import torch.distributed as dist
 
+from launcher import checkpoint_manifest
+from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.schema import enum_value
 
 RNG_FILE = "rng_rank_{rank:05d}.pt"
@@ -173,9 +178,7 @@ class Checkpointer:
         if self.rank == 0:
             for p in self.rd.stale_partials():
                 shutil.rmtree(p, ignore_errors=True)
-        if dist.is_initialized():
-            dist.barrier()
-        latest = self.rd.latest_checkpoint()
+        latest = self._verified_latest()
         step, rows = 0, []
         if latest is not None:
             meta = json.loads((latest / META_FILE).read_text())
@@ -186,6 +189,34 @@ class Checkpointer:
         if self.rank == 0 and (step or int(self.ctx.attempt) > 1):
             self.rd.rewrite_metrics(rows)  # before this attempt logs a row (ctx appends to the file)
         return step, rows
+
+    def _verified_latest(self) -> Optional[Path]:
+        """The checkpoint every rank resumes from: rank 0 verifies ``latest`` against its manifest
+        (falling back past a corrupt one: launcher.checkpoint_manifest) and tells the others, so all
+        load the same one or all raise the same CheckpointCorrupt (none waits for a rank that failed)."""
+        verdict: Dict[str, Any] = {}
+        failed: Optional[BaseException] = None
+        if self.rank == 0 or not dist.is_initialized():
+            try:
+                point = checkpoint_manifest.resume_point(self.rd)
+                if self.rank == 0:
+                    checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
+                verdict = {"path": str(point.path) if point.path is not None else None}
+            except CheckpointCorrupt as e:
+                failed, verdict = e, {"corrupt": e.problems}
+            except Exception as e:  # told to the others, then raised here
+                failed, verdict = e, {"error": f"rank 0 could not verify the checkpoint: {type(e).__name__}: {e}"}
+        if dist.is_initialized():
+            box = [verdict]
+            dist.broadcast_object_list(box, src=0)
+            verdict = box[0]
+        if failed is not None:
+            raise failed
+        if "corrupt" in verdict:
+            raise CheckpointCorrupt(verdict["corrupt"])
+        if "error" in verdict:
+            raise RuntimeError(verdict["error"])
+        return Path(verdict["path"]) if verdict["path"] else None
 
     def _tracker(self) -> Any:
         """The engine's dropout RNG streams (``recipes.gpt.rng.RNGTracker``), or None."""
@@ -274,25 +305,28 @@ class Checkpointer:
             self._error = e
 
     def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+        written = {}
         for i, (name, state) in enumerate(staged.items()):
             _write_file(partial / name, state)
             if i == 0 and step == self.kill_at:  # fault drill: die with the checkpoint half written
                 os.kill(os.getpid(), signal.SIGKILL)
-        (partial / DONE_FILE.format(rank=self.rank)).touch()
+            written[name] = checkpoint_manifest.digest(partial / name)  # in the writer thread when async
+        checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
 
     def _commit(self, partial: Path, step: int) -> None:
         """The rank that completes the set renames it into place, then moves ``latest``, then prunes."""
         try:
-            done = len(list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*"))))
+            marks = list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*")))
         except FileNotFoundError:  # the last rank to finish saw every mark first and renamed it already
             return
-        if done < self.world:
+        if len(marks) < self.world:
             return
         try:
             os.close(os.open(partial / "commit", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except (FileExistsError, FileNotFoundError):  # another rank commits it (or already renamed it)
             return
+        checkpoint_manifest.write(partial, step, marks)  # every file's size and sha256, before it is visible
         final = self.rd.checkpoint_dir(step)
         if final.exists():  # committed by an earlier attempt that died before moving `latest`
             shutil.rmtree(final)

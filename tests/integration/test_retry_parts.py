@@ -66,3 +66,29 @@ def test_resume_takes_key_value_changes_as_retry_does(tmp_path, capsys):
     code = cli.main(["resume", str(rd.path), "optim.lr=-1", "--root", str(tmp_path / "runs")])
     assert code == 2 and "optim.lr" in capsys.readouterr().err
     assert rd.is_sealed() and not rd.restarts() and rd.verify() == []  # nothing was touched
+
+
+def test_resume_refuses_a_run_whose_checkpoints_fail_their_manifest_before_submitting(tmp_path):
+    """`launcher resume`'s check (names and sizes, against each checkpoint.json): a truncated latest
+    resumes from the intact checkpoint before it; with none left the resume is refused, naming the
+    file, before anything is written (the job itself checks every byte: tests/unit/test_training_api.py)."""
+    from launcher import checkpoint_manifest
+    from launcher.errors import ConfigErrors
+    from launcher.submit import resume
+
+    rd = _ended_run(tmp_path)
+    for step in (2, 3):
+        d = rd.checkpoint_dir(step)
+        d.mkdir(parents=True)
+        (d / "state.pt").write_bytes(b"s" * 100)
+        (d / "meta.json").write_text(f'{{"step": {step}, "metrics": []}}')
+        checkpoint_manifest.write(d, step, [])
+        rd.set_latest(d)
+    assert resume.prepare(rd.path, steps=5).done == 3
+    (rd.checkpoint_dir(3) / "state.pt").write_bytes(b"s" * 10)
+    assert resume.prepare(rd.path, steps=5).done == 2  # the job falls back the same way
+    (rd.checkpoint_dir(2) / "extra.pt").write_bytes(b"planted")
+    with pytest.raises(ConfigErrors, match=r"step_00000003/state.pt is 10 bytes, checkpoint.json says 100 "
+                                           r"\(truncated\).*step_00000002/extra.pt added"):
+        resume.prepare(rd.path, steps=5)
+    assert not rd.restarts() and rd.checkpoint_dir(3).is_dir()  # nothing was touched

@@ -1,6 +1,7 @@
 """A user's own recipe package (written here, outside the project) through the whole life of a run:
-failures no restart fixes end at once, a repeated failure ends after the second attempt; resume and
-reproduce run the snapshot from any directory; the user's commit and the launcher's are kept apart."""
+failures no restart fixes end at once, a repeated failure ends after the second attempt, a corrupt
+checkpoint is caught before `launcher resume` loads it; resume and reproduce run the snapshot from any
+directory; the user's commit and the launcher's are kept apart."""
 from __future__ import annotations
 
 import json
@@ -74,6 +75,54 @@ def test_the_same_failure_twice_before_any_step_ends_after_the_second_attempt(tm
     assert row["reason"] == "failure" and row["failure"]["type"] == "RuntimeError"
     assert row["failure"]["place"].endswith("upkg/train.py:2 in main")
     assert st["no_restart"]["kind"] == "repeated" and "attempt 1 failed the same way" in st["error"], st
+
+
+CHECKPOINTED = (
+    "import torch\n\n"
+    "from launcher.training import Checkpoint, StepLoop\n\n\n"
+    "def main(cfg, ctx):\n"
+    "    torch.manual_seed(0)\n"
+    "    model = torch.nn.Linear(4, 1)\n"
+    "    opt = torch.optim.AdamW(model.parameters(), lr=0.1)\n"
+    "    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {'model': model, 'optimizer': opt}))\n"
+    "    for step in loop:\n"
+    "        loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+    "        loop.log(loss=loss.item())\n"
+    "    return {'steps': loop.steps, 'resumed_from': loop.start}\n")
+
+
+@pytest.mark.timeout(400)
+def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp_path):
+    """The only checkpoint (keep 1) of a completed run gets one byte of its optimizer state flipped
+    (torch.load would load it silently): `launcher resume` fails the run at once, naming the file,
+    with no restart spent although train.max_restarts=3. (Truncation, a re-pointed `latest`, a file
+    deleted or planted, and the fallback to an earlier checkpoint: tests/unit/test_training_api.py.)"""
+    proj = user_package(tmp_path / "proj", {"ck": CHECKPOINTED})
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "recipe._target_=upkg.ck.main", "train.checkpoint.every=2", "train.checkpoint.keep=1"],
+                 root, timeout=240, cwd=proj)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    run_dir = Path(run["dir"])
+    state = run_dir / "checkpoints" / "step_00000005" / "state.pt"
+    state.chmod(0o644)  # the sealed run's files are read-only
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run_dir), "--steps", "7"], root, timeout=240)
+    assert res.returncode != 0, res.stdout[-2000:]
+    st = summary_of(run_dir)
+    assert st["status"] == "failed" and st["attempt"] == 2, st
+    assert "CheckpointCorrupt" in st["error"] and "checkpoints/step_00000005/state.pt changed" in st["error"], st
+    assert st["no_restart"]["kind"] == "corrupt_checkpoint", st
+    assert [r["reason"] for r in restart_rows(run_dir)] == ["resume"]  # the user's; not one automatic restart
+    d = doctor(run_dir, root)
+    assert "checkpoints/step_00000005/state.pt changed" in d["summary"], d
+    assert any(line.startswith("not restarted: no checkpoint to resume from is intact") for line in d["detail"]), d
 
 
 # ---- resume and reproduce from any directory; the launcher's recipes in the snapshot; provenance ------

@@ -202,6 +202,16 @@ def check(d: Diagnosis, kind: str, rank=None, *words: str) -> None:
 
 
 # ---- exception ---------------------------------------------------------------------------------------
+def test_a_resume_that_fell_back_past_a_corrupt_checkpoint_is_listed():
+    row = {"attempt": 2, "resumed_from": "step_00000006", "from_step": 6,
+           "rejected": {"step_00000008": ["checkpoints/step_00000008/state.pt changed (sha256 differs)"]}}
+    ev = failed(status={"status": "failed", "failed_rank": 1, "error": "RuntimeError: injected failure at step 2 on "
+                        "rank 1"}, errors={1: EXC_RANK1}, error_order=[1], fallbacks=[row])
+    d = diagnose(ev)
+    check(d, "exception", 1, "attempt 2 resumed from step_00000006, past a checkpoint that failed verification: "
+          "checkpoints/step_00000008/state.pt changed")
+
+
 def test_exception_names_the_frame_and_message():
     ev = failed(status={"status": "failed", "failed_rank": 1, "error": "RuntimeError: injected failure at step 2 on "
                         "rank 1"}, errors={1: EXC_RANK1, 0: PEER_CLOSED}, error_order=[1, 0])

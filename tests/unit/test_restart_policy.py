@@ -98,6 +98,11 @@ def test_kinds_of_exceptions():
     assert k(e.value, str(e.value), USER_FILE) == "config"
     assert k(DeviceError("no CUDA device"), "DeviceError: no CUDA device", LAUNCHER_FILE) == "device"
     assert k(FileNotFoundError(2, "No such file"), "FileNotFoundError: x", USER_FILE) == "missing_file"
+    from launcher.checkpoint_manifest import CheckpointCorrupt
+
+    corrupt = CheckpointCorrupt({"step_00000008": ["checkpoints/step_00000008/model.pt missing"]})
+    assert k(corrupt, str(corrupt), LAUNCHER_FILE) == "corrupt_checkpoint"
+    assert not policy.decide(failure(kind="corrupt_checkpoint"), previous=None).restart  # not even the first
     peer = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
     assert k(RuntimeError(peer), peer, LAUNCHER_FILE) == "peer_lost"
     assert k(RuntimeError("boom"), "RuntimeError: boom", USER_FILE) == "other"
@@ -146,6 +151,15 @@ def test_the_next_attempt_reads_the_failure_that_ended_the_last(tmp_path):
     assert f.kind == "other" and d.restart  # another place than `first`'s (this file): not a repeat
     again = policy.failure_of(raised(RuntimeError("boom")), "RuntimeError: boom", attempt=2, step=None, from_step=0)
     assert not policy.decide(again, previous=policy.Failure(**{**again.to_json(), "attempt": 1})).restart
+
+
+def test_an_attempt_that_fell_back_past_a_corrupt_checkpoint_started_where_it_resumed(tmp_path):
+    rd = make_run(tmp_path)
+    rd.record_restart({"attempt": 2, "reason": "failure", "from_step": 6, "failure": failure().to_json()})
+    assert policy.start_of(rd, 2) == (6, failure())
+    rd.record_fallback({"attempt": 2, "from_step": 4})  # latest (6) failed verification: it resumed from 4
+    rd.record_fallback({"attempt": 3, "from_step": 2})  # a later attempt's
+    assert policy.start_of(rd, 2) == (4, failure())
 
 
 def test_a_resume_starts_afresh_and_logged_metrics_count_as_progress(tmp_path):

@@ -4,7 +4,9 @@ and on a stop signal saves, then raises ctx.interrupted."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +140,143 @@ def test_the_loop_overrides_and_a_checkpoint_refuses_an_object_without_a_state_d
     assert [RunDir.checkpoint_step(p) for p in ctx.rundir.checkpoints()] == [3]  # due at 2 and the last
     with pytest.raises(TypeError, match="'data'"):
         Checkpoint(cfg, ctx, {"data": [1, 2]})
+
+
+# ---- a checkpoint verified before it is loaded (launcher.checkpoint_manifest) ---------------------
+def _truncate(ckpt: Path) -> str:
+    p = ckpt / "state.pt"
+    os.truncate(p, 1000)
+    return "step_00000008/state.pt is 1000 bytes"
+
+
+def _flip_one_byte(ckpt: Path) -> str:
+    p = ckpt / "state.pt"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+    return "step_00000008/state.pt changed (sha256"
+
+
+def _repoint_latest(ckpt: Path) -> str:
+    """A copy of the checkpoint planted under a later step's name, and `latest` pointed at it."""
+    planted = ckpt.parent / "step_00000099"
+    shutil.copytree(ckpt, planted)
+    (ckpt.parent / "latest").write_text("step_00000099\n")
+    shutil.rmtree(ckpt)  # (as probe P25: the real one gone too)
+    return "step_00000099 holds step 8 (checkpoint.json), not the step its name says (99)"
+
+
+def _delete_a_file(ckpt: Path) -> str:
+    (ckpt / "rng_rank_00000.pt").unlink()
+    return "step_00000008/rng_rank_00000.pt missing"
+
+
+def _plant_a_file(ckpt: Path) -> str:
+    (ckpt / "extra.pt").write_bytes(b"planted")
+    return "step_00000008/extra.pt added (not in checkpoint.json)"
+
+
+CORRUPTIONS = {"truncated": _truncate, "one byte flipped": _flip_one_byte, "latest re-pointed": _repoint_latest,
+               "a file deleted": _delete_a_file, "a file planted": _plant_a_file}
+
+
+def test_every_checkpoint_names_each_of_its_files_with_size_and_sha256(tmp_path):
+    from launcher import checkpoint_manifest as cm
+
+    train(make_cfg(every=3, keep=3), make_ctx(tmp_path / "run"))
+    rd = RunDir(tmp_path / "run")
+    assert [RunDir.checkpoint_step(p) for p in rd.checkpoints()] == [3, 6, 8]
+    for ckpt in rd.checkpoints():
+        manifest = json.loads((ckpt / "checkpoint.json").read_text())
+        on_disk = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.name != "checkpoint.json")
+        assert sorted(manifest["files"]) == on_disk and "state.pt" in on_disk and "meta.json" in on_disk
+        assert manifest["step"] == RunDir.checkpoint_step(ckpt)
+        assert all(manifest["files"][f] == cm.digest(ckpt / f) for f in on_disk)
+        assert cm.problems(ckpt) == []
+    # the rank's done mark carried its files' digests (the committing rank reused them)
+    mark = json.loads((rd.checkpoint_dir(8) / "done_rank_00000").read_text())
+    assert set(mark["files"]) == {"state.pt", "rng_rank_00000.pt", "meta.json"}
+
+
+@pytest.mark.parametrize("way", list(CORRUPTIONS))
+def test_a_corrupt_latest_falls_back_to_the_previous_intact_checkpoint_recorded(tmp_path, way):
+    """Checkpoints after 6 and 8 (keep 2); the one after 8 corrupted: the resume is from 6, says why,
+    moves the rejected one aside, and the run still ends bitwise where an uninterrupted one does."""
+    cfg = make_cfg(every=3, keep=2)
+    ref_losses, ref_weights = train(cfg, make_ctx(tmp_path / "ref"))
+    run = tmp_path / "run"
+    train(cfg, make_ctx(run))
+    rd = RunDir(run)
+    named = CORRUPTIONS[way](rd.checkpoint_dir(8))
+    losses, weights = train(cfg, make_ctx(run, attempt=2))  # resumes from 6, redoes 7 and 8
+    (row,) = rd.fallbacks()
+    assert row["attempt"] == 2 and row["from_step"] == 6 and row["resumed_from"] == "step_00000006"
+    assert any(named in p for ps in row["rejected"].values() for p in ps), row
+    rejected = "step_00000099" if way == "latest re-pointed" else "step_00000008"
+    assert row["moved"] == {rejected: f"checkpoints/rejected/{rejected}.attempt_2"}  # kept to inspect
+    assert (run / row["moved"][rejected]).is_dir()
+    assert rd.latest_checkpoint() == rd.checkpoint_dir(8)  # saved again after redoing 7 and 8
+    assert [RunDir.checkpoint_step(p) for p in rd.checkpoints()] == [6, 8] and rd.restarts() == []
+    assert metrics_steps(run) == list(range(1, STEPS + 1))
+    assert losses == ref_losses and all(torch.equal(weights[k], ref_weights[k]) for k in weights)
+
+
+@pytest.mark.parametrize("way", list(CORRUPTIONS))
+def test_a_corrupt_latest_with_nothing_to_fall_back_to_fails_at_once_naming_the_file(tmp_path, way):
+    """keep 1: the corrupt checkpoint is the only one. The resume raises before anything is loaded,
+    naming the file; restart_policy ends the run at once (no restart reads the same bytes again)."""
+    from launcher.checkpoint_manifest import CheckpointCorrupt
+    from launcher.runtime import restart_policy
+
+    cfg = make_cfg(every=3, keep=1)
+    run = tmp_path / "run"
+    train(cfg, make_ctx(run))
+    named = CORRUPTIONS[way](RunDir(run).checkpoint_dir(8))
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointCorrupt) as err:
+        train(cfg, make_ctx(run, attempt=2))
+    assert named in str(err.value), str(err.value)
+    assert (run / "metrics.jsonl").read_text() == before  # nothing rewound: the run's record stands
+    assert RunDir(run).fallbacks() == [] and not (run / "checkpoints" / "rejected").exists()
+    failure = restart_policy.failure_of(err.value, str(err.value), attempt=2, step=None, from_step=8)
+    decision = restart_policy.decide(failure, previous=None)
+    assert failure.kind == "corrupt_checkpoint" and not decision.restart and decision.kind == "corrupt_checkpoint"
+
+
+def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
+    """World 2: rank 1 does not verify on its own; it takes rank 0's verdict (the broadcast), so both
+    fall back the same way, or both raise the same CheckpointCorrupt (neither waits for the other)."""
+    import torch.distributed as dist
+
+    from launcher import checkpoint_manifest
+    from launcher.checkpoint_manifest import CheckpointCorrupt
+
+    cfg = make_cfg(every=3, keep=2)
+    run = tmp_path / "run"
+    train(cfg, make_ctx(run))
+    rd = RunDir(run)
+    _truncate(rd.checkpoint_dir(8))
+    told = {}
+
+    def broadcast(box, src):
+        assert src == 0
+        box[0] = told["verdict"]
+
+    def verify_alone(*_, **__):
+        raise AssertionError("rank 1 verified on its own")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(checkpoint_manifest, "resume_point", verify_alone)
+    ctx = make_ctx(run, attempt=2)
+    ctx.rank, ctx.world_size = 1, 2
+    ck = Checkpoint(cfg, ctx, {"model": torch.nn.Linear(4, 16)}, async_save=False)
+    told["verdict"] = {"path": str(rd.checkpoint_dir(6))}
+    assert ck._verified_latest() == rd.checkpoint_dir(6)  # rank 1 never read checkpoint 8's bytes
+    told["verdict"] = {"corrupt": {"step_00000008": ["checkpoints/step_00000008/state.pt is 1000 bytes"]}}
+    with pytest.raises(CheckpointCorrupt, match="state.pt is 1000 bytes"):
+        ck._verified_latest()
+    told["verdict"] = {"error": "rank 0 could not verify the checkpoint: OSError: EIO"}
+    with pytest.raises(RuntimeError, match="EIO"):
+        ck._verified_latest()
+    assert rd.fallbacks() == [] and rd.checkpoint_dir(8).is_dir()  # only rank 0 records and moves
