@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.layout import ModelSpec  # noqa: E402
 from launcher.plan.search import enumerate_layouts, evaluate_all, search  # noqa: E402
 from launcher.plan.spec import ClusterSpec  # noqa: E402
+from recipes.gpt.schema import ModelSpec  # noqa: E402
 
 TARGET = 10_000.0
 OVERRIDES = ["model=gpt_175b", "cluster=a100_80g", "cluster.nodes=128", "precision=bf16",

@@ -1,4 +1,5 @@
-"""The GPT recipe's contract with the launcher (launcher.recipe_contract): the rows of the rule table
+"""The GPT recipe's contract with the launcher (launcher.recipe_contract): its config schema (the
+``model`` group, recipes/gpt/schema.py) and the model shape its rules read, the rows of the rule table
 only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the batch splitting into
 micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
 estimators of launcher.plan: memory fits, bubble, ZeRO-3 link; plan.json), the step count progress
@@ -10,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.recipe_contract import RecipeSpec, RunFile
-from launcher.rules import RUN, SHAPE, Rule
+from launcher.rules import RUN, SHAPE, Rule, bound_rows
+from recipes.gpt import schema
 
 DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
 
@@ -22,6 +24,7 @@ def _plan(cfg: Any) -> Any:
 
 
 RULES = (
+    *bound_rows(schema.GPTRunConfig, schema.SIZES),  # the model group's bounds (recipes/gpt/schema.py)
     Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
          lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
                     f"{f.micro_batch_size} = {f.per_step}"),
@@ -66,6 +69,9 @@ RULES = (
 
 RECIPE = RecipeSpec(
     named_by_model=True,
+    schema=schema.GPTRunConfig,
+    facts=schema.facts,
+    sizes=schema.SIZES,
     rules=RULES,
     planner=_plan,
     steps_key="train.steps",

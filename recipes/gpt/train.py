@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from launcher.layout import ModelSpec
 from launcher.plan.flops import step_flops as model_step_flops
 from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
@@ -28,6 +27,7 @@ from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
+from recipes.gpt.schema import ModelSpec
 
 
 def lr_at(step: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, total_steps: int) -> float:

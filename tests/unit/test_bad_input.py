@@ -165,7 +165,7 @@ def test_one_bad_point_rejects_the_whole_sweep():
 
 # ---- every key of the schema ---------------------------------------------------------------------------
 
-LEAVES = schema.leaves()
+LEAVES = schema.leaves("recipes.gpt.train.main")  # the launcher's keys and the shipped recipe's model group
 SLURM = ["cluster=a100_80g", "train.global_batch_size=32"]  # a valid Slurm config: values reach an sbatch script
 
 

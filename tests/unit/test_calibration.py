@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import Facts, ModelSpec
+from launcher.layout import Facts
 from launcher.plan import calibrate
 from launcher.plan.calibrate import CalibrationError, Sample
 from launcher.plan.estimate import estimate
@@ -26,6 +26,7 @@ from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from launcher.plan.timing import StepParts
 from launcher.rules import layout_of
 from launcher.rundir import RunDir
+from recipes.gpt.schema import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import ModelSpec
 from launcher.plan import comm as comm_mod
 from launcher.plan.flops import model_flops_per_token, narayanan_flops_per_step, step_flops, training_flops_per_token
 from launcher.plan.memory import (
@@ -21,7 +20,7 @@ from launcher.plan.params import largest_layer_params, param_count, param_count_
 from launcher.plan.search import enumerate_layouts, search
 from launcher.plan.spec import GIB, ClusterSpec, LayoutSpec
 from launcher.plan.timing import bubble_fraction
-from launcher.schema import RunConfig
+from recipes.gpt.schema import GPTRunConfig as RunConfig, ModelSpec
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 GPT_175B = ModelSpec("gpt_175b", 96, 12288, 96, 49152, 50304, 2048)
@@ -424,8 +423,8 @@ def test_enumeration_obeys_the_engine_rules():
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)])
 @pytest.mark.parametrize("tied", [True, False])
 def test_stage_tensor_sizes_add_up_to_stage_params(tp, pp, tied):
-    from launcher.layout import ModelSpec
     from launcher.plan.params import stage_params, stage_tensor_sizes
+    from recipes.gpt.schema import ModelSpec
 
     m = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, ffn_hidden_size=256, vocab_size=512, seq_len=64,
                   tie_embeddings=tied)

@@ -157,3 +157,24 @@ def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatc
     finally:
         for m in [m for m in sys.modules if m == "myproj" or m.startswith("myproj.")]:
             sys.modules.pop(m)
+
+
+def test_the_model_group_is_the_gpt_recipes_own(user_recipe):
+    """The GPT's schema (recipes/gpt/schema.py) is composed only for it: a user's recipe has no `model`
+    section (neither picked over the default option nor when typed from its archive); the GPT's keys
+    are typed and bounded as the launcher's are."""
+    from launcher import schema
+
+    (c,) = _validate(f"recipe._target_={user_recipe}")
+    assert "model" not in c.resolved and c.layout.world_size == 2
+    assert "model" not in schema.typed(c.resolved)
+    assert "model" not in _cfg("recipe=commbench")
+    assert _cfg("model=gpt_125m", "+model.extra=1").model.extra == 1  # Hydra adds it; the rules refuse it
+    (c,) = _validate("model=gpt_125m", "cluster.gpu.memory_gb=80", "train.micro_batch_size=1")
+    assert c.resolved["model"]["name"] == "gpt_125m" and c.plan is not None
+    with pytest.raises(Exception, match="model.num_layers"):
+        _cfg("model.num_layers=abc")  # Hydra's type check names the key
+    with pytest.raises(InvalidSweep, match=r"model.num_heads: must be a positive integer, got 0"):
+        _validate("model.num_heads=0")
+    with pytest.raises(InvalidSweep, match=r"model.extra: is not a key of the run config"):
+        _validate("+model.extra=1")
