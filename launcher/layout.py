@@ -36,38 +36,6 @@ def implied_engine(tp: int, pp: int, zero: int) -> str:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a decoder-only transformer (the fields of recipes/gpt/schema.py's ModelConfig):
-    what the recipe's rules read (``Facts.model``) and what its planner's estimators take."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_len: int
-    tie_embeddings: bool = True
-    dropout: float = 0.0
-
-    @classmethod
-    def from_cfg(cls, m: Any) -> ModelSpec:
-        """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
-        return cls(
-            name=str(getattr(m, "name", "model")),
-            num_layers=int(m.num_layers),
-            hidden_size=int(m.hidden_size),
-            num_heads=int(m.num_heads),
-            ffn_hidden_size=int(m.ffn_hidden_size),
-            vocab_size=int(m.vocab_size),
-            seq_len=int(m.seq_len),
-            tie_embeddings=bool(getattr(m, "tie_embeddings", True)),
-            dropout=float(getattr(m, "dropout", 0.0) or 0.0),
-        )
-
-
-
-@dataclass(frozen=True)
 class Facts:
     """The values the rules read. Run-only fields (lr, steps, ...) default to valid values so the
     planner can check a candidate layout without a whole run config."""

@@ -446,7 +446,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=RunConfig)
     # a recipe option's own schema (RunConfig and its groups), which its YAML's defaults list names:
-    # `- /recipe_schema/<option>` (conf/recipe/gpt.yaml)
+    # `- /recipe_schema/<option>` (conf/recipe/<option>.yaml)
     for option, target in recipe_options().items():
         own = run_schema(target)
         if own is not RunConfig:

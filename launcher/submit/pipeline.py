@@ -28,7 +28,6 @@ from launcher.archive import atomic, code, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
-from launcher.plan import checks
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
 from launcher.submit import submission
@@ -142,7 +141,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
             lay = resolve(view, resolved)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
-            res = planner(view) if planner is not None else checks.CheckResult()
+            res = planner(view) if planner is not None else recipe_contract.CheckResult()
             if res.errors:
                 raise ConfigErrors(res.errors)
         except ConfigErrors as e:

@@ -12,7 +12,6 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from launcher.layout import ModelSpec
 from launcher.schema import RunConfig, num
 
 
@@ -37,6 +36,38 @@ class GPTRunConfig(RunConfig):
 # keys whose bound rows are sizes (checked before any rule divides by them), read from Facts.model
 SIZES = tuple(f"model.{n}" for n in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size",
                                      "seq_len"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer (the fields of ModelConfig): what the
+    recipe's rules read (``Facts.model``) and what its planner's estimators take."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+
+    @classmethod
+    def from_cfg(cls, m: Any) -> ModelSpec:
+        """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
+        return cls(
+            name=str(getattr(m, "name", "model")),
+            num_layers=int(m.num_layers),
+            hidden_size=int(m.hidden_size),
+            num_heads=int(m.num_heads),
+            ffn_hidden_size=int(m.ffn_hidden_size),
+            vocab_size=int(m.vocab_size),
+            seq_len=int(m.seq_len),
+            tie_embeddings=bool(getattr(m, "tie_embeddings", True)),
+            dropout=float(getattr(m, "dropout", 0.0) or 0.0),
+        )
+
 
 
 def facts(cfg: Any) -> ModelSpec:

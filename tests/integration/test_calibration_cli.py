@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launcher.plan import calibrate
+from recipes.gpt.plan import calibrate
 from unit.test_calibration import BASE, REPO, RUNS, TRUE, cfg_with, cluster_file, make_run  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 
@@ -37,4 +37,4 @@ def test_calibrate_never_imports_torch(tmp_path, cluster_file):
                          timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "LAUNCHER_RUNS": str(tmp_path)})
     assert res.returncode == 0, res.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
-    assert "launcher.plan.calibrate" in imported and "torch" not in imported and "deepspeed" not in imported
+    assert "recipes.gpt.plan.calibrate" in imported and "torch" not in imported and "deepspeed" not in imported
