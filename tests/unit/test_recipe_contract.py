@@ -161,3 +161,15 @@ def test_the_model_group_is_the_gpt_recipes_own(user_recipe):
         _validate("model.num_heads=0")
     with pytest.raises(InvalidSweep, match=r"model.extra: is not a key of the run config"):
         _validate("+model.extra=1")
+
+
+def test_calibrating_runs_of_a_recipe_without_a_planner_is_refused(tmp_path, capsys):
+    """`launcher plan --calibrate` finds the planner through the runs' recipe's contract."""
+    from launcher.cli.main import main
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.yaml").write_text("recipe:\n  _target_: mlp.train.main\n")
+    assert main(["plan", "--calibrate", str(run), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "mlp.train.main: its recipe has no planner to calibrate" in err and "nothing was written" in err
