@@ -15,7 +15,9 @@ the cluster, submission, the bounds of the schema's keys) and is held to nothing
 - ``check``: a pure check of the recipe's own settings (``recipe.params``): raises ValueError;
 - ``planner``: run config -> ``CheckResult`` (errors, warnings, plan.json), run by `launch` on every
   point; ``plan_command`` and ``calibrate_command``: what `launcher plan` and `launcher plan
-  --calibrate RUN...` run for the recipe (a recipe without them: "has no planner");
+  --calibrate RUN...` run for the recipe (a recipe without them: "has no planner"); ``calibration``:
+  the planner's calibration of a run (the report's before/after table); ``fits``: whether a shape of
+  its model fits the GPU memory (preflight's rungs cut ``model.num_layers`` to what fits);
 - ``run_files``: the files the recipe writes into its run dir (``RunFile``);
 - ``report``: the recipe's section of ``launcher report`` (run dir -> ``ReportSection`` or None);
 - ``results``: run dir -> what the run measured, as its results file holds it (preflight's rungs);
