@@ -1,6 +1,6 @@
 """Planner vs measured, before and after calibration: real gpt_tiny runs on this machine (cluster=local,
 CPU, gloo), one per layout, then the calibration `launcher plan --calibrate` fits
-(launcher/plan/calibrate.py) applied to them, in-sample and held out.
+(recipes/gpt/plan/calibrate.py) applied to them, in-sample and held out.
 
   .venv/bin/python benchmarks/calibration.py [--steps 16] [--rounds 2] [--out table.md] [--reuse RUNS_ROOT] [--keep DIR]
 
@@ -81,7 +81,7 @@ def mib(n: Optional[float]) -> str:
 
 
 def table(names: List[str], samples, fit_all, held: Dict[str, object]) -> str:
-    from launcher.plan.calibrate import mean_abs, rel_error, rows
+    from recipes.gpt.plan.calibrate import mean_abs, rel_error, rows
 
     cal = fit_all.calibration
     r_all = {n: r for n, r in zip(names, rows(samples, cal))}
@@ -141,8 +141,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated layout names (default: all)")
     args = ap.parse_args()
 
-    from launcher.plan import calibrate
     from launcher.rundir import RunDir
+    from recipes.gpt.plan import calibrate
 
     chosen = [x for x in LAYOUTS if not args.only or x[0] in args.only.split(",")]
     t0 = time.time()

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.layout import ModelSpec  # noqa: E402
-from launcher.plan.search import enumerate_layouts, evaluate_all, search  # noqa: E402
-from launcher.plan.spec import ClusterSpec  # noqa: E402
+from recipes.gpt.plan.search import enumerate_layouts, evaluate_all, search  # noqa: E402
+from recipes.gpt.plan.spec import ClusterSpec  # noqa: E402
+from recipes.gpt.schema import ModelSpec  # noqa: E402
 
 TARGET = 10_000.0
 OVERRIDES = ["model=gpt_175b", "cluster=a100_80g", "cluster.nodes=128", "precision=bf16",
@@ -50,9 +50,9 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from launcher.app import CONF_DIR, normalize_overrides
-    from launcher.plan.estimate import estimate
-    from launcher.plan.spec import LayoutSpec
     from launcher.rules import problems
+    from recipes.gpt.plan.estimate import estimate
+    from recipes.gpt.plan.spec import LayoutSpec
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=normalize_overrides(OVERRIDES))

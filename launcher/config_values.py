@@ -57,8 +57,10 @@ class Values:
     @cached_property
     def unknown_keys(self) -> List[Tuple[str, str]]:
         """(key, problem) for every key the schema does not declare (Hydra lets '+key=...' add one)."""
-        leaf_keys = {leaf.key for leaf in schema.leaves()}
-        known = leaf_keys | schema.groups()
+        target = (self.tree.get("recipe") or {}).get("_target_") if isinstance(self.tree.get("recipe"), dict) else None
+        groups = schema.groups(target)  # the launcher's schema, and the recipe's own groups (its contract's)
+        leaf_keys = {leaf.key for leaf in schema.leaves(target)}
+        known = leaf_keys | groups
         out: List[Tuple[str, str]] = []
 
         def visit(node: Dict[str, Any], prefix: str) -> None:
@@ -71,7 +73,7 @@ class Values:
                     out.append((key, "is not a key of the run config (launcher/schema.py declares every key; "
                                      "a '+' override adds any key without complaint)"
                                 + (f"; did you mean {' or '.join(close)}?" if close else "")))
-                elif key in schema.groups() and isinstance(v, dict):
+                elif key in groups and isinstance(v, dict):
                     visit(v, key + ".")
 
         visit(self.tree, "")

@@ -1,11 +1,12 @@
 """The preflight ladder (docs/preflight.md): the checks engineers climb by hand before a large run,
 as pure functions. ``ladder`` turns a composed run config into rungs (each a set of overrides on top
-of the user's); ``judge`` turns what a rung's run left (status, metrics, plan, commbench rows) into a
+of the user's); ``judge`` turns what a rung's run left (status, metrics, plan, benchmark rows) into a
 verdict. Submitting, waiting and printing are launcher.submit.preflight's; nothing here imports torch.
 
     smoke  one process, the model (as many of its layers as fit one GPU), micro batch 1, a few steps, fp32
     node   one node with the tensor-parallel group (tp ranks, data parallel over the rest of the node)
-    comm   the communication benchmark between two nodes (recipes/commbench)
+    comm   the communication benchmark between two nodes (the recipe option whose contract has a
+           ``link_check``: the shipped communication benchmark, docs/preflight.md)
     full   the full layout for a few dozen steps, fp32 and no recomputation where that fits
     tuned  the same with recomputation and mixed precision on (the config's own, else selective + bf16)
 
@@ -13,14 +14,12 @@ A rung that cannot tell anything new for this config is skipped (one node: no co
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.layout import Layout, ModelSpec
-from launcher.plan.estimate import estimate
-from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher import recipe_contract, schema
+from launcher.layout import Layout
 from launcher.schema import enum_value
 from launcher.status import FINAL, RunStatus, Status
 
@@ -65,22 +64,24 @@ class Verdict:
 
 def _fits(cfg: Any, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: str, recompute: str,
           procs_per_node: int, accum: int = 1, mbs: Optional[int] = None) -> bool:
-    """Whether the planner says this shape fits the cluster's GPU memory (True where it is unknown)."""
-    cluster = ClusterSpec.from_cfg(cfg.cluster)
-    if not cluster.memory_bytes:
+    """Whether the recipe's planner says this shape fits the cluster's GPU memory (its contract's ``fits``;
+    True where it is unknown, or the recipe has no planner)."""
+    fits = recipe_contract.of(str(cfg.recipe._target_), strict=False).fits
+    if fits is None:
         return True
-    m = dataclasses.replace(ModelSpec.from_cfg(cfg.model), num_layers=layers)
     z = cfg.zero
     lay = Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch_size=mbs or int(cfg.train.micro_batch_size),
                  grad_accum=accum,
                  sequence_parallel=bool(cfg.parallelism.sequence_parallel) and tp > 1,
                  offload_optimizer=bool(z.offload_optimizer) and zero > 0,
                  offload_params=bool(z.offload_params) and zero >= 3, procs_per_node=procs_per_node)
-    return estimate(m, cluster, LayoutSpec.of(lay, recompute, dtype)).feasible
+    return fits(cfg, layers, lay, recompute, dtype)
 
 
 def _layers_that_fit(cfg: Any, most: int, **shape: Any) -> int:
-    """The most layers (<= ``most``, >= 1) of the model the shape holds."""
+    """The most layers (<= ``most``, >= 1) of the model the shape holds (``most`` < 1: a model without layers)."""
+    if most < 1:
+        return most
     for layers in range(most, 0, -1):
         if _fits(cfg, layers, **shape):
             return layers
@@ -108,7 +109,9 @@ def ladder(cfg: Any, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_STEPS)
     """The rungs for a composed run config (``cfg`` as ``launch`` would run it)."""
     par, cl, tr = cfg.parallelism, cfg.cluster, cfg.train
     tp, pp, nodes, gpn = int(par.tp), int(par.pp), int(cl.nodes), int(cl.gpus_per_node)
-    layers, mbs, zero = int(cfg.model.num_layers), int(tr.micro_batch_size), int(cfg.zero.stage)
+    # a recipe with layers (model.num_layers) is cut to the layers that fit a rung (its contract's fits)
+    layers = int(getattr(getattr(cfg, "model", None), "num_layers", 0) or 0)
+    mbs, zero = int(tr.micro_batch_size), int(cfg.zero.stage)
     dtype, recompute = enum_value(cfg.precision.dtype), enum_value(tr.recompute)
     world = nodes * gpn
     dp = world // max(1, tp * pp)
@@ -147,14 +150,14 @@ def ladder(cfg: Any, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_STEPS)
     rungs.append(Rung("node", f"one node: tp={tp} x dp={node_dp}", tuple(ov), tuple(notes), skip))
 
     # comm: the communication benchmark between two nodes
-    ov = ["recipe=commbench", "cluster.nodes=2", "parallelism.tp=1", "parallelism.pp=1", "parallelism.dp=null",
+    option, check = link_benchmark()
+    ov = [f"recipe={option}", "cluster.nodes=2", "parallelism.tp=1", "parallelism.pp=1", "parallelism.dp=null",
           "parallelism.sequence_parallel=false", "parallelism.engine=auto", "zero.stage=0",
           "zero.offload_optimizer=false", "zero.offload_params=false", f"train.global_batch_size={mbs * 2 * gpn}",
-          "train.max_restarts=0", "train.fail_at_step=null"]
-    if not bool(cl.use_gpus):  # CPU links: small messages keep the rung short
-        ov += ["recipe.params.max_bytes=1048576", "recipe.params.iters=5", "recipe.params.warmup_iters=2"]
-    skip = f"cluster.nodes={nodes}: no link between nodes to measure" if nodes < 2 else None
-    rungs.append(Rung("comm", f"commbench: 2 nodes x {gpn}", tuple(ov), (), skip))
+          "train.max_restarts=0", "train.fail_at_step=null", *(check.overrides(bool(cl.use_gpus)) if check else ())]
+    skip = (f"cluster.nodes={nodes}: no link between nodes to measure" if nodes < 2
+            else None if check else "no recipe option measures the link between nodes (a contract's link_check)")
+    rungs.append(Rung("comm", f"{option or 'link benchmark'}: 2 nodes x {gpn}", tuple(ov), (), skip))
 
     # full: the whole layout, plain
     accum = max(1, int(tr.global_batch_size) // max(1, dp * mbs))
@@ -259,18 +262,28 @@ def judge_training(status: RunStatus, rows: List[Dict[str, Any]], plan: Optional
     return v
 
 
+def link_benchmark() -> Tuple[str, Optional[recipe_contract.LinkCheck]]:
+    """The recipe option (conf/recipe/) whose contract measures the link between nodes, and its check;
+    ("", None) when none does."""
+    for option, target in schema.recipe_options().items():
+        check = recipe_contract.of(target, strict=False).link_check
+        if check is not None:
+            return option, check
+    return "", None
+
+
 def judge_comm(status: RunStatus, bench: Optional[Dict[str, Any]], inter_gbps: float) -> Verdict:
     """The comm rung: it completed, and all-reduce between the nodes reached at least
     LINK_UNDER_CONFIG of the cluster config's inter-node bandwidth (where the config states one)."""
-    rows = [r for r in (bench or {}).get("rows", []) if r.get("op") == "all_reduce" and r.get("scope") == "inter"]
-    peak = max((float(r["busbw_gbs"]) for r in rows), default=None)
+    _, check = link_benchmark()
+    peak = check.inter_busbw(bench) if check is not None else None
     v = Verdict(GO, measured={"busbw_gbs": peak}, planned={"busbw_gbs": inter_gbps or None})
     if not_done := _unless_completed(status):
         v.verdict = not_done
         return v
     if peak is None:
         v.verdict = NO_GO
-        v.reasons.append("no all-reduce between nodes was measured (commbench.json has no inter-node row)")
+        v.reasons.append("no all-reduce between nodes was measured (the benchmark's results have no inter-node row)")
         v.fix = "check that the job really spans two nodes (cluster.nodes=2) and read `launcher logs RUN`"
         return v
     if inter_gbps and peak < LINK_UNDER_CONFIG * inter_gbps:

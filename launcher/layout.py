@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
+from launcher import recipe_contract, schema
 from launcher.config_values import NO_VALUES, Values
 from launcher.schema import enum_value
 
@@ -35,38 +36,6 @@ def implied_engine(tp: int, pp: int, zero: int) -> str:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a decoder-only GPT (the fields of launcher.schema.ModelConfig): what the rules
-    read and what the planner's estimators take."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_len: int
-    tie_embeddings: bool = True
-    dropout: float = 0.0
-
-    @classmethod
-    def from_cfg(cls, m: Any) -> ModelSpec:
-        """From a ModelConfig-like object (DictConfig, dataclass or namespace)."""
-        return cls(
-            name=str(getattr(m, "name", "model")),
-            num_layers=int(m.num_layers),
-            hidden_size=int(m.hidden_size),
-            num_heads=int(m.num_heads),
-            ffn_hidden_size=int(m.ffn_hidden_size),
-            vocab_size=int(m.vocab_size),
-            seq_len=int(m.seq_len),
-            tie_embeddings=bool(getattr(m, "tie_embeddings", True)),
-            dropout=float(getattr(m, "dropout", 0.0) or 0.0),
-        )
-
-
-
-@dataclass(frozen=True)
 class Facts:
     """The values the rules read. Run-only fields (lr, steps, ...) default to valid values so the
     planner can check a candidate layout without a whole run config."""
@@ -77,7 +46,8 @@ class Facts:
     pp: int
     micro_batch_size: int
     global_batch_size: int
-    model: ModelSpec
+    # what the recipe's rules and planner read of its model (its contract's ``facts``); None without one
+    model: Any = None
     dp: Optional[int] = None  # requested (parallelism.dp); None = derived
     engine: str = "auto"  # requested (parallelism.engine)
     zero: int = 0
@@ -127,19 +97,31 @@ class Facts:
     def from_cfg(cls, cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Facts:
         """``resolved``: the config already resolved to plain dicts (enums as strings), when the caller
         has it, so the RUN rules do not resolve it again."""
-        m, par, tr, cl, z = cfg.model, cfg.parallelism, cfg.train, cfg.cluster, cfg.zero
+        par, tr, cl, z = cfg.parallelism, cfg.train, cfg.cluster, cfg.zero
+        own = recipe_contract.of(_target(cfg), strict=False).facts  # (a broken contract: the rules say so)
         optim = cfg.get("optim") if hasattr(cfg, "get") else getattr(cfg, "optim", None)
         opt = lambda name, default: default if optim is None else getattr(optim, name)  # noqa: E731
         return cls(
             nodes=cl.nodes, gpus_per_node=cl.gpus_per_node, tp=par.tp, pp=par.pp,
             micro_batch_size=tr.micro_batch_size, global_batch_size=tr.global_batch_size,
-            model=ModelSpec.from_cfg(m), dp=par.dp, engine=enum_value(par.engine), zero=z.stage,
+            model=own(cfg) if own else None, dp=par.dp, engine=enum_value(par.engine), zero=z.stage,
             offload_optimizer=bool(z.offload_optimizer), offload_params=bool(z.offload_params),
             sequence_parallel=bool(par.sequence_parallel), dtype=enum_value(cfg.precision.dtype),
             steps=tr.steps, lr=float(opt("lr", 1e-3)),
             warmup_steps=int(opt("warmup_steps", 0) or 0), fail_at_step=tr.fail_at_step, fail_rank=tr.fail_rank,
             backend=enum_value(cl.backend), values=Values(cfg if resolved is None else resolved),
         )
+
+
+def _target(cfg: Any) -> Any:
+    """The config's recipe._target_; unset (or a typed config's MISSING): the default recipe's."""
+    try:
+        recipe = cfg.get("recipe") if hasattr(cfg, "get") else getattr(cfg, "recipe", None)
+        t = None if recipe is None else (recipe.get("_target_") if hasattr(recipe, "get")
+                                         else getattr(recipe, "_target_", None))
+    except Exception:  # omegaconf's MissingMandatoryValue (a schema default no option set)
+        t = None
+    return t if isinstance(t, str) and t not in ("", "???") else schema.default_target()
 
 
 _FACT_FIELDS = frozenset(f.name for f in fields(Facts))

@@ -4,12 +4,25 @@ A recipe ``pkg.mod.main`` may ship ``pkg/contract.py`` defining ``RECIPE = Recip
 is optional; a recipe without a contract gets only what every recipe shares (the layout of its processes,
 the cluster, submission, the bounds of the schema's keys) and is held to nothing of another recipe's:
 
+- ``schema``: its run config schema, a dataclass extending ``launcher.schema.RunConfig`` with the
+  recipe's own groups (composed only when the recipe is picked: its option's defaults list names
+  ``/recipe_schema/<option>`` and the groups); their keys are typed, bounded and known as the
+  launcher's own are;
+- ``facts``: run config -> what ``launcher.layout.Facts.model`` holds for its rules and planner, with
+  ``sizes``: the keys of its schema read from there (``model.x``: ``Facts.model.x``), whose bound rows
+  are checked before any rule divides by them;
 - ``rules``: extra rows of the rule table (``launcher.rules.Rule``), pure predicates over ``Facts``;
 - ``check``: a pure check of the recipe's own settings (``recipe.params``): raises ValueError;
-- ``planner``: run config -> ``launcher.plan.checks.CheckResult`` (errors, warnings, plan.json);
+- ``planner``: run config -> ``CheckResult`` (errors, warnings, plan.json), run by `launch` on every
+  point; ``plan_command`` and ``calibrate_command``: what `launcher plan` and `launcher plan
+  --calibrate RUN...` run for the recipe (a recipe without them: "has no planner"); ``calibration``:
+  the planner's calibration of a run (the report's before/after table); ``fits``: whether a shape of
+  its model fits the GPU memory (preflight's rungs cut ``model.num_layers`` to what fits);
 - ``run_files``: the files the recipe writes into its run dir (``RunFile``);
 - ``report``: the recipe's section of ``launcher report`` (run dir -> ``ReportSection`` or None);
 - ``results``: run dir -> what the run measured, as its results file holds it (preflight's rungs);
+- ``link_check``: the recipe measures the link between nodes (``LinkCheck``): preflight's comm rung
+  runs the recipe option whose contract has one;
 - ``steps_key``: the config key progress counts steps against (None: the recipe counts no steps);
 - ``named_by_model``: its runs are named after ``model.name`` (else after the contract's ``name`` or
   the recipe's package).
@@ -24,10 +37,10 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 CONTRACT_MODULE = "contract"  # the module of a recipe's package that holds its RECIPE
 
@@ -54,17 +67,46 @@ class ReportSection:
 class RecipeSpec:
     name: str = ""  # the run name when the config gives none ("": the recipe's package)
     named_by_model: bool = False
+    schema: Optional[type] = None  # a subclass of launcher.schema.RunConfig with the recipe's groups
+    facts: Optional[Callable[[Any], Any]] = None  # run config -> Facts.model
+    sizes: Tuple[str, ...] = ()  # keys of ``schema`` whose bound rows read Facts (VALUE rows)
     rules: Tuple[Any, ...] = ()  # launcher.rules.Rule rows
     check: Optional[Callable[[Any], Any]] = None  # resolved config (plain dicts) -> raises ValueError
     check_doc: str = ""  # where the checked settings are described (the fix line names it)
-    planner: Optional[Callable[[Any], Any]] = None
+    planner: Optional[Callable[[Any], Any]] = None  # run config -> CheckResult
+    plan_command: Optional[Callable[[Any, Any], int]] = None  # (run config, `launcher plan`'s args) -> exit code
+    calibrate_command: Optional[Callable[[List[Path], Any], int]] = None  # (run dirs, args) -> exit code
+    # (run dir, its layout, its overrides.yaml) -> the planner's calibration of the run (`launcher report`)
+    calibration: Optional[Callable[[Path, Dict[str, Any], Dict[str, Any]], Optional[Dict[str, Any]]]] = None
+    # (run config, num_layers, Layout, recompute, dtype) -> whether the planner says it fits the GPU memory
+    # (preflight shrinks a model to the layers that fit a rung's GPUs); None: never shrunk
+    fits: Optional[Callable[..., bool]] = None
     run_files: Tuple[RunFile, ...] = ()
     report: Optional[Callable[[Path], Optional[ReportSection]]] = None
     results: Optional[Callable[[Path], Any]] = None  # run dir -> what the run measured (its results file)
     steps_key: Optional[str] = None
+    link_check: Optional[LinkCheck] = None
+
+
+@dataclass(frozen=True)
+class LinkCheck:
+    """What preflight's comm rung needs of a recipe that measures the link between two nodes."""
+
+    overrides: Callable[[bool], Tuple[str, ...]]  # use_gpus -> its settings for a short rung (CPU: small)
+    inter_busbw: Callable[[Any], Optional[float]]  # its results -> best inter-node all-reduce bus bandwidth, GB/s
 
 
 NO_CONTRACT = RecipeSpec()
+
+
+@dataclass
+class CheckResult:
+    """What a recipe's planner says of a run config: errors (``launcher.errors.ConfigError``: they stop
+    the launch), warnings (they stop it unless submit.force=true) and the plan archived as plan.json."""
+
+    errors: List[Any] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    plan: Optional[Dict[str, Any]] = None  # the planner's estimate, archived as <run_dir>/plan.json
 
 
 class ContractError(ValueError):

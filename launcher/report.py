@@ -21,9 +21,6 @@ from launcher import recipe_contract, sweep_view, sweeps
 from launcher.archive import atomic
 from launcher.archive.compare import flatten
 from launcher.layout import Layout
-from launcher.plan import calibrate
-from launcher.plan.calibrate import measured_activation_bytes
-from launcher.plan.spec import Calibration
 from launcher.rundir import RunDir
 from launcher.schema import typed
 from launcher.status import RunStatus
@@ -163,8 +160,8 @@ def fmt_pct(x: Optional[float]) -> str:
 
 
 def steady_mean(values: Sequence[float]) -> Optional[float]:
-    """Mean over the steps after the first two (warm-up: allocation, autotuning), as the GPT recipe's
-    summary computes mean_tokens_per_s; all of them for a run of two steps or fewer."""
+    """Mean over the steps after the first two (warm-up: allocation, autotuning), as the shipped
+    training recipe's summary computes mean_tokens_per_s; all of them for a run of two steps or fewer."""
     vals = [float(v) for v in values if _is_num(v)]
     vals = vals[2:] if len(vals) > 2 else vals
     return sum(vals) / len(vals) if vals else None
@@ -226,7 +223,8 @@ def calibration_rows(view: Dict[str, Any], metrics: Sequence[Dict[str, Any]],
     without and with the cluster's calibration (``view``: calibration_view) against the measurement."""
     cal = view["calibration"]
     measured_step = steady_mean([r.get("step_time_s") for r in metrics])
-    measured_act = measured_activation_bytes(states)
+    acts = [s["activation_bytes"] for s in states if isinstance(s.get("activation_bytes"), int)]
+    measured_act = max(acts) if acts else None
     out = []
     for quantity, kind, before, after, measured in (
             ("step time (s)", "num", view["step_before"], view["parts"].step_time(cal), measured_step),
@@ -238,31 +236,14 @@ def calibration_rows(view: Dict[str, Any], metrics: Sequence[Dict[str, Any]],
 
 
 def calibration_view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The cluster's calibration for this run, where it has one, and the planner's uncalibrated estimate
-    (launcher.plan.calibrate.planned): the calibration the run was launched with (its config's
-    cluster.calibration: plan.json is calibrated), else the one its cluster's config file holds now
-    (conf/cluster/<choice>.yaml, written by `launcher plan --calibrate`). None without either, or
-    when the planner cannot estimate the run."""
-    rd = RunDir(run_dir)
+    """The planner's calibration of this run where its recipe's contract has one (``calibration``: the
+    calibration, its source, the step time's parts and the uncalibrated estimate), else None."""
     try:
-        cfg = typed(rd.config())
-        if recipe_contract.of(str(cfg.recipe._target_ or ""), strict=False).planner is None:
-            return None
-        cal = Calibration.from_cfg(cfg.cluster.calibration)
-        source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"
-        if cal.is_default:
-            path = calibrate.cluster_file(str((overrides.get("choices") or {}).get("cluster") or cfg.cluster.name))
-            found = calibrate.file_calibration(path)
-            if found is None:
-                return None
-            cal, block = found
-            source = (f"{path} (fitted {block.get('fitted_at') or '?'} from {len(block.get('runs') or [])} run(s)), "
-                      f"applied to this run's config")
-        _, parts, act = calibrate.planned(cfg, layout or None)
+        cfg = typed(RunDir(run_dir).config())
+        view = recipe_contract.of(str(cfg.recipe._target_ or ""), strict=False).calibration
+        return view(run_dir, layout, overrides) if view is not None else None
     except Exception:  # an archive the planner cannot read: the page shows what it has
         return None
-    return {"calibration": cal, "source": source, "parts": parts, "step_before": parts.step_time(Calibration()),
-            "activations_before": act}
 
 
 def rank_grid(layout: Dict[str, Any], ranks: Sequence[Dict[str, Any]],

@@ -69,26 +69,25 @@ _FACT_ATTR = {
     "cluster.nodes": "nodes", "cluster.gpus_per_node": "gpus_per_node", "parallelism.tp": "tp",
     "parallelism.pp": "pp", "parallelism.dp": "dp", "train.micro_batch_size": "micro_batch_size",
     "train.global_batch_size": "global_batch_size", "train.steps": "steps", "zero.stage": "zero",
-    **{f"model.{n}": f"model.{n}" for n in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
-                                             "vocab_size", "seq_len", "dropout")},
     "optim.lr": "lr", "optim.warmup_steps": "warmup_steps", "train.fail_at_step": "fail_at_step",
     "train.fail_rank": "fail_rank",
 }
 _SIZES = frozenset(k for k in _FACT_ATTR if k.split(".")[0] != "optim" and k not in (
-    "model.dropout", "train.fail_at_step", "train.fail_rank"))
+    "train.fail_at_step", "train.fail_rank"))
 _FLOAT_MAX = sys.float_info.max
 
 
-def _bound_row(leaf: schema.Leaf) -> Rule:
+def _bound_row(leaf: schema.Leaf, sizes: frozenset = frozenset()) -> Rule:
     """The row for one numeric key of the schema: within its declared bounds; a float also finite
-    (nan and inf refused), an int also a 64-bit one; null only where the schema allows it."""
+    (nan and inf refused), an int also a 64-bit one; null only where the schema allows it. ``sizes``:
+    a recipe's size keys (its contract's), read from Facts by their dotted path, VALUE rows."""
     b = leaf.bounds or schema.Bounds()
     is_float = leaf.type is float
     top = _FLOAT_MAX if is_float else schema.INT64_MAX
     lo = b.gt if b.gt is not None else (b.ge if b.ge is not None else -top - (0 if is_float else 1))
     hi = b.lt if b.lt is not None else (b.le if b.le is not None else top)
     lo_open, hi_open, optional, key = b.gt is not None, b.lt is not None, leaf.optional, leaf.key
-    attr = _FACT_ATTR.get(key)
+    attr = _FACT_ATTR.get(key) or (key if key in sizes else None)
     if attr is not None:
         get = attrgetter(attr)  # typed: a number, or None (null)
         if not lo_open and not hi_open:  # the common case, kept cheap for the search's VALUE rows
@@ -99,7 +98,7 @@ def _bound_row(leaf: schema.Leaf) -> Rule:
             def broken(f: Facts) -> bool:
                 v = get(f)
                 return (not optional) if v is None else not _within(v, lo, lo_open, hi, hi_open)
-        kind = VALUE if key in _SIZES else RUN
+        kind = VALUE if key in _SIZES or key in sizes else RUN
     else:
         def get(f: Facts) -> Any:
             return f.values.get(key)
@@ -141,6 +140,22 @@ def _within(v: Any, lo: Any, lo_open: bool, hi: Any, hi_open: bool) -> bool:
 def _bound_rows(kind: str) -> Tuple[Rule, ...]:
     rows = (_bound_row(leaf) for leaf in schema.leaves() if leaf.type in (int, float))
     return tuple(r for r in rows if r.kind == kind)
+
+
+def bound_rows(run_schema: type, sizes: Sequence[str] = ()) -> Tuple[Rule, ...]:
+    """The bound rows of the numeric keys a recipe's schema (a RunConfig subclass) adds; ``sizes``:
+    those read from Facts (VALUE rows). A contract lists them with its rules (``table`` adds those of
+    a schema's keys its rules leave out)."""
+    shared = {leaf.key for leaf in schema.leaves()}
+    return tuple(_bound_row(leaf, frozenset(sizes)) for leaf in schema.leaves_of(run_schema)
+                 if leaf.key not in shared and leaf.type in (int, float))
+
+
+def _own_rows(spec: recipe_contract.RecipeSpec) -> Tuple[Rule, ...]:
+    """A contract's rows, and the bound rows of its schema's keys it does not list itself."""
+    listed = {r.key for r in spec.rules}
+    auto = bound_rows(spec.schema, spec.sizes) if spec.schema is not None else ()
+    return tuple(spec.rules) + tuple(r for r in auto if r.key not in listed)
 
 
 # ---- what the RUN rows ask beyond the config ------------------------------------------------------
@@ -338,21 +353,6 @@ ALL_KINDS = (VALUE, SHAPE, LAYOUT, RUN)
 _KIND_ORDER = {k: i for i, k in enumerate(ALL_KINDS)}
 
 
-@lru_cache(maxsize=1)
-@lru_cache(maxsize=1)
-def default_target() -> str:
-    """The recipe a config runs when it names none (the recipe option conf/config.yaml composes): the
-    one whose rows judge Facts without a config (the planner's candidates)."""
-    import yaml  # the defaults list as written (Hydra is not needed to read one option)
-
-    defaults = yaml.safe_load((schema.CONF_DIR / f"{schema.CONFIG_NAME}.yaml").read_text()).get("defaults") or []
-    choice = next((d["recipe"] for d in defaults if isinstance(d, dict) and "recipe" in d), None)
-    if choice is None:
-        return ""
-    option = yaml.safe_load((schema.CONF_DIR / "recipe" / f"{choice}.yaml").read_text()) or {}
-    return str(option.get("_target_") or (option.get("recipe") or {}).get("_target_") or "")
-
-
 def table(target: str) -> Tuple[Rule, ...]:
     """The rows a run of the recipe ``target`` is held to: RULES and its contract's rows, ordered by
     kind (VALUE, SHAPE, LAYOUT, RUN; the table's order within a kind)."""
@@ -362,7 +362,8 @@ def table(target: str) -> Tuple[Rule, ...]:
 @lru_cache(maxsize=64)
 def _table(target: str, cwd: str) -> Tuple[Rule, ...]:  # cwd: where the contract was found (as its cache)
     try:
-        own = tuple(recipe_contract.of(target).rules)
+        spec = recipe_contract.of(target)
+        own = _own_rows(spec)
     except recipe_contract.ContractError as e:  # reported as the config's error, as a missing target is
         own = (Rule("recipe._target_", lambda f: True, str(e),
                     "fix the recipe's contract module (docs/architecture.md, \"The recipe contract\")", RUN),)
@@ -371,7 +372,7 @@ def _table(target: str, cwd: str) -> Tuple[Rule, ...]:  # cwd: where the contrac
 
 def _target(f: Facts) -> str:
     t = recipe_contract.tree_get(f.values.tree, "recipe._target_")  # (the tree: nothing flattened)
-    return t if isinstance(t, str) else default_target()
+    return t if isinstance(t, str) and t != "???" else schema.default_target()
 
 
 def violations(f: Facts, kinds: Sequence[str] = ALL_KINDS) -> List[ConfigError]:

@@ -109,19 +109,6 @@ class Engine(str, Enum):
 
 
 @dataclass
-class ModelConfig:
-    name: str = MISSING
-    num_layers: int = num(MISSING, ge=1)
-    hidden_size: int = num(MISSING, ge=1)
-    num_heads: int = num(MISSING, ge=1)
-    ffn_hidden_size: int = num(MISSING, ge=1)
-    vocab_size: int = num(MISSING, ge=1)
-    seq_len: int = num(MISSING, ge=1)
-    dropout: float = num(0.0, ge=0.0, lt=1.0, fix="set model.dropout=0.0")
-    tie_embeddings: bool = True
-
-
-@dataclass
 class ParallelConfig:
     name: str = "dp"
     engine: Engine = Engine.auto
@@ -235,7 +222,7 @@ class OptimConfig:
 class DataConfig:
     name: str = "synthetic"
     # successors per token in the synthetic bigram language: lower = more learnable
-    branching: int = num(4, ge=1)  # and <= model.vocab_size (a rule of launcher.rules)
+    branching: int = num(4, ge=1)  # a recipe may bound it further (its contract's rules)
     # data-order seed; null derives it from the run seed
     seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
 
@@ -276,8 +263,8 @@ class RecipeConfig:
     # dotted path of the training function: fn(cfg, ctx) -> summary dict (the default recipe group,
     # conf/config.yaml, names the shipped one)
     _target_: str = MISSING
-    # the recipe's own settings (recipes/commbench: message sizes, iterations), read by the recipe;
-    # any keys (`launch recipe=commbench recipe.params.max_bytes=1048576`)
+    # the recipe's own settings (message sizes, iterations, ...), read by the recipe; any keys
+    # (`launch recipe.params.max_bytes=1048576`); its contract's ``check`` may check them
     params: Dict[str, Any] = field(default_factory=dict)
     # recipe=script (docs/scripts.md): a torchrun-style script, unchanged; one of script (its path in
     # the code snapshot) or module (`python -m`), with its command-line args
@@ -311,11 +298,10 @@ class SubmitConfig:
 
 @dataclass
 class RunConfig:
-    # the recipe's contract names the run (the GPT's after its model; another's after its package)
+    # the recipe's contract names the run (after its model, its own name, or its package)
     name: str = "${recipe_run_name:${recipe._target_},${oc.select:model.name,''}}"
     seed: int = num(1234, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
     tags: List[str] = field(default_factory=list)
-    model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelConfig = field(default_factory=ParallelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
@@ -326,6 +312,9 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     submit: SubmitConfig = field(default_factory=SubmitConfig)
+
+
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
 
 @dataclass(frozen=True)
@@ -365,16 +354,89 @@ def _walk(cls: Any, prefix: str) -> typing.Iterator[Leaf]:
             yield Leaf(key, t, optional, f.metadata.get("bounds"), item)
 
 
-@lru_cache(maxsize=1)
-def leaves() -> Tuple[Leaf, ...]:
-    """Every key of RunConfig (groups walked into), in declaration order."""
-    return tuple(_walk(RunConfig, ""))
+def run_schema(target: Any = None) -> type:
+    """The schema of a run of the recipe ``target``: its contract's (``RecipeSpec.schema``, RunConfig
+    with the recipe's own groups), else RunConfig. None: RunConfig (the keys every recipe shares);
+    "" or a typed config's MISSING: the default recipe's."""
+    from launcher import recipe_contract  # found by the recipe's module path; imports no recipe code
+
+    if not isinstance(target, str):
+        return RunConfig
+    if target in ("", "???"):  # unset (a typed config's MISSING): the default recipe's
+        target = default_target()
+    own = recipe_contract.of(target, strict=False).schema if target else None
+    return own or RunConfig
+
+
+def leaves(target: Any = None) -> Tuple[Leaf, ...]:
+    """Every key of the run schema of the recipe ``target`` (None: the shared RunConfig; groups walked
+    into), in declaration order."""
+    return leaves_of(run_schema(target))
+
+
+@lru_cache(maxsize=16)
+def leaves_of(cls: type) -> Tuple[Leaf, ...]:
+    """Every key of the schema dataclass ``cls``."""
+    return tuple(_walk(cls, ""))
+
+
+def groups(target: Any = None) -> frozenset:
+    """The keys that are config groups (cluster, cluster.gpu, ...): nodes with fixed keys."""
+    return _groups(run_schema(target))
+
+
+@lru_cache(maxsize=16)
+def _groups(cls: type) -> frozenset:
+    return frozenset(".".join(leaf.key.split(".")[:i]) for leaf in leaves_of(cls)
+                     for i in range(1, leaf.key.count(".") + 1))
+
+
+def recipe_options() -> Dict[str, str]:
+    """The options of the recipe group (CONF_DIR/recipe/*.yaml) -> the recipe each runs (its _target_)."""
+    import yaml  # the options as written (Hydra is not needed to read one key)
+
+    out: Dict[str, str] = {}
+    for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
+        option = yaml.safe_load(path.read_text()) or {}
+        target = option.get("_target_") or (option.get("recipe") or {}).get("_target_")
+        if isinstance(target, str):
+            out[path.stem] = target
+    return out
 
 
 @lru_cache(maxsize=1)
-def groups() -> frozenset:
-    """The keys that are config groups (model, cluster, cluster.gpu, ...): nodes with fixed keys."""
-    return frozenset(".".join(leaf.key.split(".")[:i]) for leaf in leaves() for i in range(1, leaf.key.count(".") + 1))
+def default_target() -> str:
+    """The recipe a config runs when it names none (the recipe option conf/config.yaml composes): the
+    one whose rows judge Facts without a config (the planner's candidates)."""
+    import yaml
+
+    defaults = yaml.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()).get("defaults") or []
+    choice = next((d["recipe"] for d in defaults if isinstance(d, dict) and "recipe" in d), None)
+    return recipe_options().get(str(choice), "") if choice is not None else ""
+
+
+def _own_groups(cls: type) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls)) - _RUN_FIELDS
+
+
+@lru_cache(maxsize=4)
+def _recipe_groups(conf_dir: Path) -> frozenset:
+    """Every group some recipe option's schema adds to RunConfig."""
+    return frozenset().union(*(_own_groups(run_schema(t)) for t in recipe_options().values()))
+
+
+def foreign_groups(target: Any) -> frozenset:
+    """The groups other recipes' schemas add that a run of the recipe ``target`` does not have."""
+    return _recipe_groups(CONF_DIR) - _own_groups(run_schema(target))
+
+
+def own_config(tree: Dict[str, Any]) -> Dict[str, Any]:
+    """A composed config (plain dicts) without the groups of another recipe's schema: a run whose
+    ``recipe._target_`` is overridden away from the recipe option that composed them has no use for
+    them (a user's recipe picked on top of the default option gets no ``model`` section)."""
+    recipe = tree.get("recipe") if isinstance(tree, dict) else None
+    drop = foreign_groups(recipe.get("_target_") if isinstance(recipe, dict) else None)
+    return {k: v for k, v in tree.items() if k not in drop} if drop & set(tree) else tree
 
 
 def register_configs() -> None:
@@ -383,6 +445,12 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=RunConfig)
+    # a recipe option's own schema (RunConfig and its groups), which its YAML's defaults list names:
+    # `- /recipe_schema/<option>` (conf/recipe/<option>.yaml)
+    for option, target in recipe_options().items():
+        own = run_schema(target)
+        if own is not RunConfig:
+            cs.store(group="recipe_schema", name=option, node=own, package="_global_")
     cs.store(
         group="hydra/launcher",
         name="launcher",
@@ -391,9 +459,13 @@ def register_configs() -> None:
 
 
 def typed(cfg: Any):
-    """Merge a plain (e.g. loaded from YAML) config onto the schema so types are enforced."""
-    base = OmegaConf.structured(RunConfig)
-    return OmegaConf.merge(base, cfg)
+    """Merge a plain (e.g. loaded from YAML) config onto the schema of its recipe (``run_schema``) so
+    types are enforced."""
+    if OmegaConf.is_config(cfg):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    target = (cfg.get("recipe") or {}).get("_target_") if isinstance(cfg, dict) else None
+    base = OmegaConf.structured(run_schema(target))
+    return OmegaConf.merge(base, own_config(cfg) if isinstance(cfg, dict) else cfg)
 
 
 DEFAULT_WARMUP_STEPS = 5

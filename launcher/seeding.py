@@ -32,7 +32,7 @@ def dropout_seed(seed: int, dp_rank: int) -> int:
 
 
 def tracker_seeds(seed: int, dp_rank: int, pp_rank: int, tp_rank: int) -> dict:
-    """The megatron engine's dropout streams of one rank (``recipes.gpt.rng``): ``replicated`` is the
+    """A tensor-parallel engine's dropout streams of one rank (its RNG tracker's): ``replicated`` is the
     same on every tensor-parallel rank (masks of replicated activations), ``model_parallel`` distinct
     per tensor-parallel rank (masks of split ones); both distinct per data-parallel replica and stage."""
     base = ("dropout", int(dp_rank), int(pp_rank))

@@ -1,7 +1,8 @@
 """`launcher plan [overrides] [--search] [--json] [--top N]`: memory, communication and speed of a layout.
 
-Composes the run config exactly as `launch` does (same conf/, same overrides), then evaluates the
-layout it names, or with --search every valid layout for its model, cluster and global batch, ranked
+Composes the run config exactly as `launch` does (same conf/, same overrides), then runs its recipe's
+planner command (the recipe's contract: ``RecipeSpec.plan_command``; a recipe without one has no
+planner): the estimate of the layout the config names, or with --search every valid layout, ranked
 feasible first by predicted step time. Never imports torch; answers in milliseconds.
 
 `launcher plan --calibrate RUN [RUN ...] [--cluster-file PATH] [--dry-run] [--json]` fits the
@@ -9,27 +10,20 @@ planner's calibration (cluster.calibration: compute_scale, comm_scale, step_over
 activation_scale) to what the runs measured (all of one cluster), prints planned vs measured step time
 and activation memory per run before and after, and writes the constants as the `calibration:`
 block of the runs' cluster config (conf/cluster/<cluster>.yaml; the rest of the file kept byte for
-byte), so every later estimate for that cluster uses them. docs/calibration.md.
+byte), so every later estimate for that cluster uses them (the runs' recipe's ``calibrate_command``).
+docs/calibration.md.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List
 
-from rich.markup import escape
-
-from launcher import recipe_contract, rules
-from launcher.archive import atomic
+from launcher import recipe_contract, schema
 from launcher.cli.archive_cmds import resolve_run_dir
-from launcher.layout import Facts, ModelSpec
-from launcher.plan.estimate import cluster_json, estimate, model_json
-from launcher.plan.spec import ClusterSpec, LayoutSpec
-from launcher.schema import CONFIG_NAME, enum_value
+from launcher.rundir import RunDir
+from launcher.schema import CONFIG_NAME
 
 TABLE_TOP = 20
 
@@ -51,44 +45,6 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
-def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
-    """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
-    that cannot be estimated (world size or batch not divisible)."""
-    from launcher.plan.search import search  # lazy: only this subcommand pays for it, not `launcher --help`
-
-    m = ModelSpec.from_cfg(cfg.model)
-    cluster = ClusterSpec.from_cfg(cfg.cluster)
-    gbs = int(cfg.train.global_batch_size)
-    report: Dict[str, Any] = {"model": model_json(m, gbs), "cluster": cluster_json(cluster)}
-    if do_search:
-        z = cfg.zero
-        ests = search(m, cluster, gbs, enum_value(cfg.precision.dtype), bool(z.offload_optimizer),
-                      bool(z.offload_params), top=top)
-        report["layouts"] = [_layout_json(cluster, e) for e in ests]
-        report["searched"] = True
-        return report
-    facts = Facts.from_cfg(cfg)
-    errors = rules.problems(facts)
-    if not rules.buildable(facts):  # no whole layout (sizes, tp*pp vs the world, the batch split)
-        raise ValueError("\n".join(f"- {e}" for e in errors))
-    est = estimate(m, cluster, LayoutSpec.from_cfg(cfg))
-    item = _layout_json(cluster, est)
-    if errors:  # other rules broken: the estimate is kept, with the violations as its reasons
-        item["feasible"] = False
-        item["reasons"] = [str(e) for e in errors] + item["reasons"]
-    report["layouts"] = [item]
-    report["searched"] = False
-    return report
-
-
-def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:
-    from launcher.plan import checks  # lazy: only this subcommand pays for it, not `launcher --help`
-
-    item = est.as_json()
-    item["warnings"] = checks.layout_warnings(cluster, est)
-    return item
-
-
 def cmd_plan(args) -> int:
     if args.calibrate:
         given = [x for x in [*args.calibrate, *args.overrides] if "=" in x and not Path(x).exists()]
@@ -104,179 +60,47 @@ def cmd_plan(args) -> int:
         cause = f"\n  ({e.__cause__})" if e.__cause__ is not None else ""
         return _fail(f"cannot compose the config: {e}{cause}")
     target = str(cfg.recipe._target_)
-    if recipe_contract.of(target, strict=False).planner is None:  # the planner is a recipe's (its contract names it)
+    command = recipe_contract.of(target, strict=False).plan_command  # the planner is a recipe's (its contract)
+    if command is None:
         return _fail(f"recipe._target_={target}: its recipe has no planner (launcher.recipe_contract); "
                      "`launch` holds it only to the rules every recipe shares")
-    try:
-        report = build(cfg, args.search, args.top)
-    except ValueError as e:
-        return _fail(f"the config names no layout that can be estimated:\n{e}")
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    _print_table(report, args.top or TABLE_TOP)
-    return 0
+    return command(cfg, args)
 
 
 def cmd_calibrate(args) -> int:
-    from launcher.plan import calibrate as cal_mod  # lazy: only this subcommand pays for it, not `launcher --help`
-
+    """Resolve the runs, then the calibration of the planner of the recipe they ran."""
     root = getattr(args, "_root", None)
     if root is None:
         from launcher.archive import registry  # lazy: only this subcommand pays for it, not `launcher --help`
 
         root = registry.default_root()
+    dirs = []
+    for ident in args.calibrate:
+        try:  # a directory is read as the run dir it must be (the recipe's reader says when it is not one)
+            dirs.append(Path(ident) if Path(ident).is_dir() else resolve_run_dir(Path(root), ident))
+        except SystemExit as e:  # its message names the run and the root
+            return _fail(f"--calibrate: {str(e.code).removeprefix('launcher: ')}\nnothing was written")
+    targets = sorted({t for t in map(_recipe_of, dirs) if t})
+    commands = {t: recipe_contract.of(t, strict=False).calibrate_command for t in targets}
+    found = {c for c in commands.values() if c is not None}
+    if targets and not found:
+        return _fail(f"--calibrate: the runs ran {', '.join(targets)}: its recipe has no planner to calibrate "
+                     "(launcher.recipe_contract)\nnothing was written")
+    if not found:  # no run's recipe is readable: the default recipe's reader says what is wrong with them
+        found = {recipe_contract.of(schema.default_target(), strict=False).calibrate_command} - {None}
+    if len(found) != 1:
+        return _fail("--calibrate: the runs ran recipes with different planners (calibrate one recipe's runs at a "
+                     "time)\nnothing was written" if found else "--calibrate: no planner to calibrate")
+    return next(iter(found))(dirs, args)
+
+
+def _recipe_of(run_dir: Path) -> str:
+    """The recipe a run ran (its archived config's recipe._target_), or "" where it cannot be read."""
     try:
-        samples = []
-        for ident in args.calibrate:
-            try:  # a directory is read as the run dir it must be (read_sample says when it is not one)
-                rdir = Path(ident) if Path(ident).is_dir() else resolve_run_dir(Path(root), ident)
-            except SystemExit as e:  # its message names the run and the root
-                raise cal_mod.CalibrationError(str(e.code).removeprefix("launcher: ")) from None
-            samples.append(cal_mod.read_sample(rdir))
-        ids = [s.run_id for s in samples]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise cal_mod.CalibrationError(f"run {dup[0]} is given more than once")
-        cal_mod.check_one_cluster(samples)
-        result = cal_mod.fit(samples)
-        if args.cluster_file:
-            target = Path(args.cluster_file)
-        else:
-            choice = samples[0].cluster_choice or samples[0].cluster_name
-            target = cal_mod.cluster_file(choice)
-        new_text = None
-        if not args.dry_run:
-            if not target.is_file():
-                raise cal_mod.CalibrationError(
-                    f"cluster: no cluster config file {target} for cluster {samples[0].cluster_name!r}; "
-                    f"name the file to write with --cluster-file PATH (or --dry-run)")
-            fitted_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-            new_text = cal_mod.updated_cluster_file(target.read_text(), result.calibration, ids, fitted_at)
-    except cal_mod.CalibrationError as e:
-        return _fail(f"--calibrate: {e}\nnothing was written")
-    except OSError as e:
-        return _fail(f"--calibrate: {e}\nnothing was written")
-    if new_text is not None:
-        mode = target.stat().st_mode & 0o7777
-        try:
-            atomic.write_text(target, new_text)
-            os.chmod(target, mode)
-        except OSError as e:
-            return _fail(f"--calibrate: cannot write {target}: {e}")
-    table = cal_mod.rows(samples, result.calibration)
-    report = {"cluster": samples[0].cluster_name, "calibration": result.calibration.as_dict(),
-              "fitted": list(result.fitted), "notes": list(result.notes), "runs": table,
-              "cluster_file": str(target), "written": new_text is not None}
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    _print_calibration(report)
-    return 0
-
-
-def _pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
-
-
-def _print_calibration(report: Dict[str, Any]) -> None:
-    # rich: only the command that prints loads it, not `launcher --help`
-    from rich.console import Console
-    from rich.table import Column, Table
-
-    from launcher.plan.calibrate import mean_abs  # lazy: only this subcommand pays for it, not `launcher --help`
-
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=170)
-    runs = report["runs"]
-    table = Table(Column("run", no_wrap=True), "layout",
-                  "step planned s", "measured s", "error", "calibrated s", "error",
-                  "activations planned", "measured", "error", "calibrated", "error",
-                  title=f"cluster {report['cluster']}: {len(runs)} run(s), planner before and after calibration "
-                        f"(error = (predicted - measured) / measured)")
-    for r in runs:
-        st, act = r["step_time_s"], r["activation_bytes"]
-        table.add_row(
-            escape(r["run_id"]), escape(r["layout"]), f"{st['planned']:.4g}", f"{st['measured']:.4g}",
-            _pct(st["error_before"]), f"{st['calibrated']:.4g}", _pct(st["error_after"]),
-            _size(act["planned"]), _size(act["measured"]) if act["measured"] is not None else "-",
-            _pct(act["error_before"]), _size(act["calibrated"]), _pct(act["error_after"]))
-    con.print(table)
-    for key, name in (("step_time_s", "step time"), ("activation_bytes", "activation memory")):
-        before = mean_abs([r[key]["error_before"] for r in runs])
-        after = mean_abs([r[key]["error_after"] for r in runs])
-        if before is not None:
-            con.print(f"mean |error| of {name}: {before:.1%} before, {after:.1%} after calibration")
-    fitted = set(report["fitted"])
-    con.print("calibration: " + ", ".join(f"{k} = {v:.6g}" + ("" if k in fitted else " (kept)")
-                                          for k, v in report["calibration"].items()))
-    for note in report["notes"]:
-        con.print(f"note: {note}", style="yellow", markup=False)
-    if report["written"]:
-        con.print(f"written to {report['cluster_file']} (its `calibration:` block); every estimate for this "
-                  f"cluster now uses it", markup=False)
-    else:
-        con.print(f"dry run: {report['cluster_file']} not changed", markup=False)
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return f"{int(n)}B"
-
-
-def _print_table(report: Dict[str, Any], top: int) -> None:
-    # rich: only the command that prints loads it, not `launcher --help`
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=170)
-    m, c = report["model"], report["cluster"]
-    con.print(
-        f"[bold]{escape(str(m['name']))}[/]: {m['params']:,} parameters (formula {m['params_formula']:,}), "
-        f"{m['global_batch_size']} x {m['seq_len']} tokens per step, "
-        f"{m['model_flops_per_step']:.3g} model FLOPs per step"
-    )
-    mem = f"{_size(c['memory_bytes'])} ({_size(c['usable_bytes'])} usable; {escape(c['memory_source'])})" \
-        if c["memory_bytes"] else "unknown (no memory check)"
-    con.print(
-        f"cluster [bold]{escape(str(c['name']))}[/]: {c['nodes']} x {c['gpus_per_node']} GPUs, memory per GPU {mem}, "
-        f"peak {c['peak_tflops']:g} TFLOP/s, links {c['intra_node_gbps']:g} / {c['inter_node_gbps']:g} GB/s"
-    )
-    if c["assumed"]:
-        con.print(f"[yellow]assumed (unknown in the cluster config): {', '.join(c['assumed'])}[/]")
-    if c.get("calibration"):
-        con.print("calibrated (cluster.calibration): " + ", ".join(f"{k} {v:.4g}" for k, v in c["calibration"].items()))
-    layouts = report["layouts"]
-    title = f"{len(layouts)} layout(s)" + (f", best {min(top, len(layouts))} shown" if len(layouts) > top else "")
-    table = Table("#", "dp", "tp", "pp", "zero", "mb", "accum", "recompute", "sp", "engine", "mem/GPU", "bubble",
-                  "step s", "TFLOP/s", "MFU", "fits", title=title)
-    for i, lay in enumerate(layouts[:top], 1):
-        zero = str(lay["zero"]) + ("+offload" if lay["offload_optimizer"] else "")
-        mfu = f"{lay['mfu']:.1%}" if lay["mfu"] is not None else "-"
-        fits = "yes" if lay["feasible"] else "[red]no[/]"
-        if lay["warnings"]:
-            fits += " [yellow]warn[/]"
-        table.add_row(
-            str(i), str(lay["dp"]), str(lay["tp"]), str(lay["pp"]), zero, str(lay["micro_batch_size"]),
-            str(lay["grad_accum"]), lay["recompute"], "yes" if lay["sequence_parallel"] else "", lay["engine"],
-            _size(lay["memory_bytes"]["total"]), f"{lay['bubble']:.0%}", f"{lay['step_time_s']:.3g}",
-            f"{lay['tflops_per_gpu']:.1f}", mfu, fits,
-        )
-    con.print(table)
-    if not report.get("searched") and layouts:
-        lay = layouts[0]
-        con.print("memory per GPU: " + ", ".join(f"{k} {_size(v)}" for k, v in lay["memory_bytes"].items())
-                  + f" ({lay['memory_stage']} stage); sent per GPU per step: "
-                  + ", ".join(f"{k} {_size(v)}" for k, v in lay["comm_bytes"].items()))
-        for r in lay["reasons"]:
-            con.print(f"infeasible: {r}", style="red", markup=False)
-        for w in lay["warnings"]:
-            con.print(f"warning: {w}", style="yellow", markup=False)
+        target = ((RunDir(run_dir).config() or {}).get("recipe") or {}).get("_target_")
+    except Exception:  # not a run dir, or no config: the recipe's reader names the problem
+        return ""
+    return target if isinstance(target, str) else ""
 
 
 def add_parser(sub) -> None:

@@ -23,12 +23,11 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_contract, recipe_target
+from launcher import backends, recipe_contract, recipe_target, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
-from launcher.plan import checks
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
 from launcher.submit import interrupted, submission
@@ -104,10 +103,11 @@ class _Sweep:
 
 
 def _resolve(point: Point, index: int) -> Dict[str, Any]:
+    """The point's config resolved, without the groups of a recipe it does not run (schema.own_config)."""
     if point.resolved is not None:
-        return point.resolved
+        return schema.own_config(point.resolved)
     try:
-        return OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True)
+        return schema.own_config(OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {getattr(e, 'msg', e)}",
@@ -116,8 +116,8 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
 
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
     """Every point against the config rules (the shared rows and its recipe's), then its recipe's
-    planner where the recipe's contract has one (the GPT's: memory fits, pipeline bubble, ZeRO-3 over a
-    slow link). Raise InvalidSweep listing every bad point; warnings
+    planner where the recipe's contract has one (e.g. memory fits, pipeline bubble, a slow link).
+    Raise InvalidSweep listing every bad point; warnings
     stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
     points' run indices in their sweep (default 0..n-1)."""
     resolved_all: List[Any] = []
@@ -141,7 +141,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
             lay = resolve(view, resolved)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
-            res = planner(view) if planner is not None else checks.CheckResult()
+            res = planner(view) if planner is not None else recipe_contract.CheckResult()
             if res.errors:
                 raise ConfigErrors(res.errors)
         except ConfigErrors as e:

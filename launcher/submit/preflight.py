@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from launcher import backends, doctor, ladder, recipe_contract
+from launcher import backends, doctor, ladder, recipe_contract, schema
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
+from launcher.compose import override_key
 from launcher.outcome import settle
 from launcher.rundir import RunDir, now_iso
 from launcher.schema import CONFIG_NAME
@@ -79,7 +80,7 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
         if rung.skip:
             continue
         try:
-            point = compose_point([*overrides, *rung.overrides])
+            point = compose_point(rung_lines(overrides, rung))
             validate([point])
         except InvalidSweep as e:
             raise InvalidLadder(f"rung {rung.name} ({rung.title}) is refused:\n{e}") from None
@@ -93,13 +94,24 @@ def new_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
+def rung_lines(overrides: List[str], rung: ladder.Rung) -> List[str]:
+    """The user's overrides and the rung's; a rung that runs another recipe (``recipe=<option>``) drops
+    the user's lines for groups that recipe has not (the comm rung's benchmark has no ``model``)."""
+    option = next((o.split("=", 1)[1] for o in rung.overrides if o.startswith("recipe=")), None)
+    if option is None:
+        return [*overrides, *rung.overrides]
+    foreign = schema.foreign_groups(schema.recipe_options().get(option))
+    own = [o for o in overrides if override_key(o).split(".")[0] not in foreign]
+    return [*own, *rung.overrides]
+
+
 def record_path(runs_root: Path, pid: str) -> Path:
     return runs_root / RECORD_DIR / f"{pid}.json"
 
 
 def _submit(prep: Prepared, rung: ladder.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
     """Launch one rung (one run); ``after``: the job it depends on (Slurm)."""
-    extra = list(overrides) + list(rung.overrides)
+    extra = rung_lines(overrides, rung)
     if after:
         extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}",
                   "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]

@@ -19,7 +19,7 @@ from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir, runs as runs_under, tree_sha256
-from launcher.schema import RunConfig
+from launcher.schema import typed
 from launcher.submit import pipeline
 from launcher.submit.pipeline import Point
 
@@ -34,7 +34,7 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
     plain.setdefault("submit", {})["runs_root"] = str(runs_root or rd.path.parent.parent)
     plain["submit"]["dry_run"] = False
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
+        cfg = typed(plain)  # onto its recipe's schema (the launcher's, and the recipe's own groups)
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:

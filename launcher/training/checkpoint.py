@@ -2,7 +2,7 @@
 
 Public API (docs/training-api.md): ``Checkpoint(cfg, ctx, {"model": model, "optimizer": opt})`` for
 any named objects with ``state_dict``/``load_state_dict``; ``Checkpointer(cfg, ctx, engine)`` for an
-engine with its own files (the GPT recipe's engines: the ``Engine`` protocol below). Both resume from
+engine with its own files (a recipe's engines: the ``Engine`` protocol below). Both resume from
 ``latest`` and rewind the run's metrics file to the resumed step (``resume``).
 
 A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run dir (names: RunDir):
@@ -13,7 +13,7 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   optimizer partitions; ``Checkpoint``'s objects: ``state.pt`` from rank 0, ``state_rank_<r>.pt``
   from every rank for the per-rank ones);
 - ``rng_rank_<r>.pt``: every RNG state of every rank (torch, CUDA, Python, NumPy, and the engine's
-  dropout streams: ``engine.rng_tracker``, the megatron engine's ``recipes.gpt.rng.RNGTracker``);
+  dropout streams: ``engine.rng_tracker``, e.g. a tensor-parallel engine's RNG tracker);
 - ``meta.json`` (rank 0): the step (the data position: a step's batch is a pure function of the
   step, as in recipes.common.data, or a per-rank sampler's state is saved too) and the metrics rows
   so far.
@@ -61,7 +61,7 @@ RANK_STATE_FILE = "state_rank_{rank:05d}.pt"  # a Checkpoint's per-rank objects 
 
 
 class Engine(Protocol):
-    """What the Checkpointer needs of the thing it saves (recipes.gpt.engines.base.Engine; Objects)."""
+    """What the Checkpointer needs of the thing it saves (a recipe's engine; Objects)."""
 
     def save_native(self, path: Path) -> None:
         """Write a collective, synchronous save of its own into ``path`` (or nothing)."""
@@ -219,7 +219,7 @@ class Checkpointer:
         return Path(verdict["path"]) if verdict["path"] else None
 
     def _tracker(self) -> Any:
-        """The engine's dropout RNG streams (``recipes.gpt.rng.RNGTracker``), or None."""
+        """The engine's dropout RNG streams (its ``rng_tracker``: state_dict/load_state_dict), or None."""
         return getattr(self.engine, "rng_tracker", None)
 
     # ---- save --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ the step is what the rank held for backward at most, pipeline micro-batches in f
 
 Not counted: parameters, and tensors made from one parameter alone (a transpose or view of a
 weight, autocast's low-precision copy of it): they are model states, not activations, as in the
-planner (launcher.plan.memory). Recomputed regions (torch.utils.checkpoint) pack into their own
+planner (recipes.gpt.plan.memory). Recomputed regions (torch.utils.checkpoint) pack into their own
 hooks and store nothing here, as the planner assumes.
 
 Costs a Python call per saved tensor: the training loop uses it for the first step of an attempt only.

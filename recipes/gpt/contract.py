@@ -1,7 +1,9 @@
-"""The GPT recipe's contract with the launcher (launcher.recipe_contract): the rows of the rule table
+"""The GPT recipe's contract with the launcher (launcher.recipe_contract): its config schema (the
+``model`` group, recipes/gpt/schema.py) and the model shape its rules read, the rows of the rule table
 only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the batch splitting into
 micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
-estimators of launcher.plan: memory fits, bubble, ZeRO-3 link; plan.json), the step count progress
+estimators of recipes.gpt.plan: memory fits, bubble, ZeRO-3 link; plan.json; `launcher plan` and its
+calibration; the report's calibration; what fits a preflight rung), the step count progress
 shows, runs named after the model, and the DeepSpeed config it archives. Light: the login side imports
 it (no torch).
 """
@@ -10,18 +12,44 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.recipe_contract import RecipeSpec, RunFile
-from launcher.rules import RUN, SHAPE, Rule
+from launcher.rules import RUN, SHAPE, Rule, bound_rows
+from recipes.gpt import schema
 
 DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
 
 
 def _plan(cfg: Any) -> Any:
-    from launcher.plan import checks  # the estimators: only a launch that plans pays for them
+    from recipes.gpt.plan import checks  # the estimators: only a launch that plans pays for them
 
     return checks.evaluate(cfg)
 
 
+def _plan_command(cfg: Any, args: Any) -> int:
+    from recipes.gpt.plan import cli  # the planner's commands: only `launcher plan` pays for them
+
+    return cli.plan_command(cfg, args)
+
+
+def _calibrate_command(run_dirs: Any, args: Any) -> int:
+    from recipes.gpt.plan import cli
+
+    return cli.calibrate_command(run_dirs, args)
+
+
+def _calibration(run_dir: Any, layout: Any, overrides: Any) -> Any:
+    from recipes.gpt.plan import calibrate  # only a report of a run pays for it
+
+    return calibrate.view(run_dir, layout, overrides)
+
+
+def _fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
+    from recipes.gpt.plan import checks
+
+    return checks.fits(cfg, num_layers, layout, recompute, dtype)
+
+
 RULES = (
+    *bound_rows(schema.GPTRunConfig, schema.SIZES),  # the model group's bounds (recipes/gpt/schema.py)
     Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
          lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
                     f"{f.micro_batch_size} = {f.per_step}"),
@@ -66,8 +94,15 @@ RULES = (
 
 RECIPE = RecipeSpec(
     named_by_model=True,
+    schema=schema.GPTRunConfig,
+    facts=schema.facts,
+    sizes=schema.SIZES,
     rules=RULES,
     planner=_plan,
+    plan_command=_plan_command,
+    calibrate_command=_calibrate_command,
+    calibration=_calibration,
+    fits=_fits,
     steps_key="train.steps",
     run_files=(
         RunFile(DEEPSPEED_CONFIG, "recipe (rank 0)",

@@ -17,8 +17,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from launcher.layout import ModelSpec
-from launcher.plan.flops import step_flops as model_step_flops
 from launcher.schema import enum_value, warmup_steps
 from launcher.seeding import data_seed as run_data_seed
 from launcher.training import Checkpointer, StepLoop
@@ -28,6 +26,8 @@ from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
+from recipes.gpt.plan.flops import step_flops as model_step_flops
+from recipes.gpt.schema import ModelSpec
 
 
 def lr_at(step: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, total_steps: int) -> float:
@@ -134,7 +134,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
         prefetch.close()
         loop.close()
 
-    # what this rank holds during a step, for the planner's exactness check (launcher.plan.memory)
+    # what this rank holds during a step, for the planner's exactness check (recipes.gpt.plan.memory)
     # and its calibration (activation_bytes: the peak of live saved-for-backward bytes in this
     # attempt's first step); an attempt that resumed at the last step ran none (no gradients): the
     # earlier record stands. With it, the memory the model's construction used (recipes.common.memory)

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from helpers import BIN, EQUIV_BASE, REPO, launch, runs_json
-from launcher.plan import calibrate
-from launcher.plan.spec import Calibration
 from launcher.schema import typed
+from recipes.gpt.plan import calibrate
+from recipes.gpt.plan.spec import Calibration
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 

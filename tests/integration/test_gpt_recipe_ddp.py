@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launcher.schema import RunConfig
+from recipes.gpt.schema import GPTRunConfig as RunConfig
 from recipes.gpt.train import main
 from unit.test_gpt_recipe import TINY_MODEL, make_cfg, make_ctx, read_metrics, run_single  # noqa: F401 (fixtures and helpers shared with the pure tests)
 

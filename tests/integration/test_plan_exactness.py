@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from helpers import EQUIV_BASE, launch, runs_json
-from launcher.plan.memory import model_state_bytes_per_rank
 from launcher.schema import typed
+from recipes.gpt.plan.memory import model_state_bytes_per_rank
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 

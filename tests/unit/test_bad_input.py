@@ -1,5 +1,5 @@
 """Bad input: every invalid configuration is rejected by the full pre-submit check, naming its key,
-and nothing is submitted. Config rules (launcher.rules) and the planner's checks (launcher.plan.checks).
+and nothing is submitted. Config rules (launcher.rules) and the planner's checks (recipes.gpt.plan.checks).
 
 Every key of the schema is walked (launcher.schema.leaves): each numeric key out of its declared bounds
 (and nan / inf for floats), each enum with a bogus value, each string (and list item, mapping key and
@@ -165,7 +165,7 @@ def test_one_bad_point_rejects_the_whole_sweep():
 
 # ---- every key of the schema ---------------------------------------------------------------------------
 
-LEAVES = schema.leaves()
+LEAVES = schema.leaves("recipes.gpt.train.main")  # the launcher's keys and the shipped recipe's model group
 SLURM = ["cluster=a100_80g", "train.global_batch_size=32"]  # a valid Slurm config: values reach an sbatch script
 
 

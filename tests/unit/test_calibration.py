@@ -1,4 +1,4 @@
-"""The planner's calibration: the fit (launcher/plan/calibrate.py), the constants in the schema and
+"""The planner's calibration: the fit (recipes/gpt/plan/calibrate.py), the constants in the schema and
 every estimate (cluster.calibration), the cluster file's block, `launcher plan --calibrate` on
 synthetic run dirs (real layouts, made-up measurements), the report's before/after table, and the
 activation meter of the GPT recipe (recipes/common/activations.py)."""
@@ -17,15 +17,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import Facts, ModelSpec
-from launcher.plan import calibrate
-from launcher.plan.calibrate import CalibrationError, Sample
-from launcher.plan.estimate import estimate
-from launcher.plan.search import search
-from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
-from launcher.plan.timing import StepParts
+from launcher.layout import Facts
 from launcher.rules import layout_of
 from launcher.rundir import RunDir
+from recipes.gpt.plan import calibrate
+from recipes.gpt.plan.calibrate import CalibrationError, Sample
+from recipes.gpt.plan.estimate import estimate
+from recipes.gpt.plan.search import search
+from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
+from recipes.gpt.plan.timing import StepParts
+from recipes.gpt.schema import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -198,7 +199,7 @@ def test_the_default_calibration_changes_no_estimate():
 
 
 def calibrate_free_json():
-    from launcher.plan.estimate import cluster_json
+    from recipes.gpt.plan.estimate import cluster_json
 
     return cluster_json(A100x32)
 
@@ -227,7 +228,7 @@ def test_the_constants_come_from_the_cluster_config():
                    "cluster.calibration.step_overhead_s=0.1", "cluster.calibration.activation_scale=0.9")
     cl = ClusterSpec.from_cfg(cfg.cluster)
     assert cl.calibration == Calibration(2.5, 0.5, 0.1, 0.9)
-    from launcher.plan import checks
+    from recipes.gpt.plan import checks
 
     plan = checks.evaluate(cfg).plan
     assert plan["cluster"]["calibration"] == {"compute_scale": 2.5, "comm_scale": 0.5, "step_overhead_s": 0.1,

@@ -14,7 +14,6 @@ from launcher.layout import Layout
 from launcher.rules import resolve
 from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
-from launcher.schema import RunConfig
 from launcher.seeding import derive_seed
 from recipes.common.data import (
     BigramDataset,
@@ -23,6 +22,7 @@ from recipes.common.data import (
     transition_table,
 )
 from recipes.gpt.model import GPT, count_parameters
+from recipes.gpt.schema import GPTRunConfig as RunConfig
 from recipes.gpt.train import lr_at, main
 
 TINY_MODEL = dict(

@@ -7,6 +7,9 @@ from launcher import layout, rules
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.errors import ConfigErrors
 from launcher.recipe_target import target_problem
+from recipes.gpt.schema import ModelSpec
+
+GPT = "recipes.gpt.train.main"  # the shipped recipe: the launcher's keys and its model group
 
 
 def cfg_with(*overrides):
@@ -88,16 +91,16 @@ def test_resolve_raises_with_every_error():
 def test_every_numeric_key_declares_bounds_and_has_its_row():
     from launcher import schema
 
-    numeric = [leaf for leaf in schema.leaves() if leaf.type in (int, float)]
+    numeric = [leaf for leaf in schema.leaves(GPT) if leaf.type in (int, float)]
     assert len(numeric) > 40
     assert not [leaf.key for leaf in numeric if leaf.bounds is None], "declare bounds with schema.num(...)"
-    rows = {r.key for r in rules.RULES}
+    rows = {r.key for r in rules.table(GPT)}
     assert {leaf.key for leaf in numeric} <= rows
 
 
 def test_size_rows_are_value_rows_and_the_rest_run_rows():
     kinds = {}
-    for r in rules.RULES:
+    for r in rules.table(GPT):
         kinds.setdefault(r.key, set()).add(r.kind)
     for key in ("cluster.nodes", "cluster.gpus_per_node", "parallelism.tp", "parallelism.pp", "train.micro_batch_size",
                 "train.global_batch_size", "model.num_layers", "model.vocab_size", "zero.stage"):
@@ -109,7 +112,7 @@ def test_size_rows_are_value_rows_and_the_rest_run_rows():
 
 def test_facts_without_a_config_pass_the_run_rows():
     """The planner's search builds Facts without a config: no row that reads config values fires."""
-    model = layout.ModelSpec(name="m", num_layers=2, hidden_size=8, num_heads=2, ffn_hidden_size=8, vocab_size=8,
+    model = ModelSpec(name="m", num_layers=2, hidden_size=8, num_heads=2, ffn_hidden_size=8, vocab_size=8,
                              seq_len=4)
     f = layout.Facts(nodes=1, gpus_per_node=2, tp=1, pp=1, micro_batch_size=1, global_batch_size=2, model=model,
                      backend="slurm")

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from launcher.layout import Facts, Layout, ModelSpec
+from launcher.layout import Facts, Layout
 from launcher.rules import violations
+from recipes.gpt.schema import ModelSpec
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 4), (2, 4, 1), (4, 1, 1)]
 

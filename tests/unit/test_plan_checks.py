@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.plan import checks, spec
-from launcher.plan.spec import GIB, ClusterSpec
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check_points
+from recipes.gpt.plan import checks, spec
+from recipes.gpt.plan.spec import GIB, ClusterSpec
 
 GPT_1B3_A100 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]
 

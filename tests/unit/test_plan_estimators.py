@@ -5,10 +5,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import ModelSpec
-from launcher.plan import comm as comm_mod
-from launcher.plan.flops import model_flops_per_token, narayanan_flops_per_step, step_flops, training_flops_per_token
-from launcher.plan.memory import (
+from recipes.gpt.plan import comm as comm_mod
+from recipes.gpt.plan.flops import model_flops_per_token, narayanan_flops_per_step, step_flops, training_flops_per_token
+from recipes.gpt.plan.memory import (
     deepspeed_zero2_estimate,
     deepspeed_zero3_estimate,
     layer_activation_bytes,
@@ -17,11 +16,11 @@ from launcher.plan.memory import (
     model_state_bytes_per_rank,
     zero_paper_bytes,
 )
-from launcher.plan.params import largest_layer_params, param_count, param_count_formula, stage_params
-from launcher.plan.search import enumerate_layouts, search
-from launcher.plan.spec import GIB, ClusterSpec, LayoutSpec
-from launcher.plan.timing import bubble_fraction
-from launcher.schema import RunConfig
+from recipes.gpt.plan.params import largest_layer_params, param_count, param_count_formula, stage_params
+from recipes.gpt.plan.search import enumerate_layouts, search
+from recipes.gpt.plan.spec import GIB, ClusterSpec, LayoutSpec
+from recipes.gpt.plan.timing import bubble_fraction
+from recipes.gpt.schema import GPTRunConfig as RunConfig, ModelSpec
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 GPT_175B = ModelSpec("gpt_175b", 96, 12288, 96, 49152, 50304, 2048)
@@ -424,8 +423,8 @@ def test_enumeration_obeys_the_engine_rules():
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2)])
 @pytest.mark.parametrize("tied", [True, False])
 def test_stage_tensor_sizes_add_up_to_stage_params(tp, pp, tied):
-    from launcher.layout import ModelSpec
-    from launcher.plan.params import stage_params, stage_tensor_sizes
+    from recipes.gpt.plan.params import stage_params, stage_tensor_sizes
+    from recipes.gpt.schema import ModelSpec
 
     m = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, ffn_hidden_size=256, vocab_size=512, seq_len=64,
                   tie_embeddings=tied)
@@ -435,7 +434,7 @@ def test_stage_tensor_sizes_add_up_to_stage_params(tp, pp, tied):
 
 
 def test_greedy_partition_like_zero_redundancy_optimizer():
-    from launcher.plan.params import greedy_partition
+    from recipes.gpt.plan.params import greedy_partition
 
     # largest first to the emptiest rank; the sizes carry over to the next parameter group
     assert greedy_partition([[5, 3, 2], [4]], 2) == [9, 5]  # 5->r0, 3->r1, 2->r1, then 4->r0 (tie: lowest)

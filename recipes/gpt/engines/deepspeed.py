@@ -317,7 +317,7 @@ class DeepSpeedEngine(Engine):
     # ---- memory accounting -------------------------------------------------------------------
     #
     # state_bytes() counts the model state this rank keeps in its TRAINING DEVICE's memory, as
-    # launcher.plan.memory.model_state_bytes_per_rank models it. State DeepSpeed offloads to host
+    # recipes.gpt.plan.memory.model_state_bytes_per_rank models it. State DeepSpeed offloads to host
     # memory (zero.offload_optimizer / zero.offload_params) counts 0, also on a CPU-only run where
     # host and device memory are the same RAM. Each storage is counted once (views of one flat
     # buffer add up to the buffer; a tensor already counted as a parameter is not counted again).

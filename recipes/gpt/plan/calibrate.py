@@ -1,7 +1,7 @@
 """Fit the planner's calibration (``cluster.calibration``) from measured runs of one cluster.
 
 For each run: the planner's *uncalibrated* step time split as the calibration scales it
-(``launcher.plan.timing.StepParts``: compute C, communication M, offload R) and its activation bytes
+(``recipes.gpt.plan.timing.StepParts``: compute C, communication M, offload R) and its activation bytes
 (the pipeline stage that holds the most), against what the run measured: the median step time
 over the steps after the first two (metrics.jsonl ``step_time_s``; the first steps allocate and warm
 up) and the largest ``activation_bytes`` any rank recorded (ranks/state_<r>.json: the peak of live
@@ -38,13 +38,14 @@ import yaml
 
 from launcher import recipe_contract, sweeps
 from launcher.errors import ConfigErrors
-from launcher.layout import Layout, ModelSpec
-from launcher.plan.estimate import estimate
-from launcher.plan.memory import stage_activation_bytes
-from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
-from launcher.plan.timing import StepParts
+from launcher.layout import Layout
 from launcher.rundir import RunDir
 from launcher.schema import enum_value, typed
+from recipes.gpt.plan.estimate import estimate
+from recipes.gpt.plan.memory import stage_activation_bytes
+from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
+from recipes.gpt.plan.timing import StepParts
+from recipes.gpt.schema import ModelSpec
 
 STEP_UNKNOWNS = ("compute_scale", "comm_scale", "step_overhead_s")
 NEUTRAL = {"compute_scale": 1.0, "comm_scale": 1.0, "step_overhead_s": 0.0}
@@ -463,3 +464,25 @@ def updated_cluster_file(text: str, cal: Calibration, runs: Sequence[str], fitte
         raise CalibrationError("replacing the calibration block would change other keys of the cluster file "
                                "(its layout is unusual); edit it by hand or use --cluster-file")
     return new
+
+
+def view(run_dir: Path, layout: Dict[str, Any], overrides: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The cluster's calibration for this run, where it has one, and the planner's uncalibrated estimate
+    (``planned``), for `launcher report` (the contract's ``calibration``): the calibration the run was
+    launched with (its config's cluster.calibration: plan.json is calibrated), else the one its
+    cluster's config file holds now (conf/cluster/<choice>.yaml, written by `launcher plan
+    --calibrate`). None without either. Raises what an archive the planner cannot read raises."""
+    cfg = typed(RunDir(run_dir).config())
+    cal = Calibration.from_cfg(cfg.cluster.calibration)
+    source = "this run's config (cluster.calibration, as launched: plan.json is calibrated)"
+    if cal.is_default:
+        path = cluster_file(str((overrides.get("choices") or {}).get("cluster") or cfg.cluster.name))
+        found = file_calibration(path)
+        if found is None:
+            return None
+        cal, block = found
+        source = (f"{path} (fitted {block.get('fitted_at') or '?'} from {len(block.get('runs') or [])} run(s)), "
+                  f"applied to this run's config")
+    _, parts, act = planned(cfg, layout or None)
+    return {"calibration": cal, "source": source, "parts": parts, "step_before": parts.step_time(Calibration()),
+            "activations_before": act}

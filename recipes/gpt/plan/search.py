@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from launcher.layout import Facts, ModelSpec
-from launcher.plan.estimate import Estimate, estimate
-from launcher.plan.params import StageParams, stage_params
-from launcher.plan.spec import ClusterSpec, LayoutSpec
+from launcher.layout import Facts
 from launcher.rules import LAYOUT, SHAPE, VALUE, layout_of, ok
+from recipes.gpt.plan.estimate import Estimate, estimate
+from recipes.gpt.plan.params import StageParams, stage_params
+from recipes.gpt.plan.spec import ClusterSpec, LayoutSpec
+from recipes.gpt.schema import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)  # candidates; the rules say which each engine runs

@@ -25,7 +25,7 @@ at the inter-node bandwidth. TP never crosses nodes (launcher.rules rejects it).
 
     step_time = (m + p - 1) t_mb + exposed DP time + offload time
 
-Calibration (``cluster.calibration``, fitted from measured runs by launcher/plan/calibrate.py)
+Calibration (``cluster.calibration``, fitted from measured runs by recipes/gpt/plan/calibrate.py)
 scales the parts: compute time by compute_scale, TP, PP and exposed DP time by comm_scale, and adds
 step_overhead_s per step; the overlap of DP traffic with the backward is decided on the uncalibrated
 figures, so the step time is linear in the constants (``StepParts``), which is what the fit solves:
@@ -41,12 +41,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher.layout import ModelSpec
-from launcher.plan.comm import CommVolume
-from launcher.plan.flops import forward_flops_per_token, layer_training_flops_per_token, step_flops
-from launcher.plan.memory import bytes_per_param, shard
-from launcher.plan.params import StageParams
-from launcher.plan.spec import Calibration, ClusterSpec, LayoutSpec
+from recipes.gpt.plan.comm import CommVolume
+from recipes.gpt.plan.flops import forward_flops_per_token, layer_training_flops_per_token, step_flops
+from recipes.gpt.plan.memory import bytes_per_param, shard
+from recipes.gpt.plan.params import StageParams
+from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
+from recipes.gpt.schema import ModelSpec
 
 GEMM_EFFICIENCY_MAX = 0.70
 GEMM_HALF_SIZE = float(1 << 18)

@@ -17,15 +17,18 @@ one gets no plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.errors import ConfigError
-from launcher.layout import Facts, ModelSpec
-from launcher.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
-from launcher.plan.search import enumerate_layouts, evaluate_all
-from launcher.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
+from launcher.layout import Facts
+from launcher.recipe_contract import CheckResult
 from launcher.rules import ok
+from recipes.gpt.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
+from recipes.gpt.plan.search import enumerate_layouts, evaluate_all
+from recipes.gpt.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
+from recipes.gpt.schema import ModelSpec
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3
@@ -54,13 +57,6 @@ class Fix:
 
     def text(self) -> str:
         return " ".join(f"{k}={_fmt(v)}" for k, v in self.overrides.items())
-
-
-@dataclass
-class CheckResult:
-    errors: List[ConfigError] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    plan: Optional[Dict[str, Any]] = None  # the planner's estimate, archived as <run_dir>/plan.json
 
 
 def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
@@ -207,3 +203,13 @@ def _candidates(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dtyp
 
 def _fmt(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
+    """Whether ``layout`` (a launcher.layout.Layout) of the config's model cut to ``num_layers`` fits the
+    cluster's GPU memory (True where it is unknown): preflight's rungs (the contract's ``fits``)."""
+    cluster = ClusterSpec.from_cfg(cfg.cluster)
+    if not cluster.memory_bytes:
+        return True
+    m = dataclasses.replace(ModelSpec.from_cfg(cfg.model), num_layers=num_layers)
+    return estimate(m, cluster, LayoutSpec.of(layout, recompute, dtype)).feasible

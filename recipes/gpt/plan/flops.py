@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from launcher.layout import ModelSpec
+from recipes.gpt.schema import ModelSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

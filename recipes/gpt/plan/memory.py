@@ -52,15 +52,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from launcher.layout import ModelSpec
-from launcher.plan.params import (
+from recipes.gpt.plan.params import (
     StageParams,
     greedy_partition,
     largest_layer_params,
     stage_params,
     stage_tensor_sizes,
 )
-from launcher.plan.spec import LayoutSpec
+from recipes.gpt.plan.spec import LayoutSpec
+from recipes.gpt.schema import ModelSpec
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # reduce_bucket_size default, elements
 FP32_GRAD = 4  # bytes per parameter of DeepSpeed's fp32 gradient partition (16-bit training)
@@ -309,7 +309,7 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
     layout: dp, engine (``auto`` resolved) and offload are its ``launcher.layout.Layout``'s
     (``LayoutSpec.from_cfg``; raises ``ConfigErrors`` when it names none). The rank's parameters
     are its tensor-parallel share of pipeline stage ``stage`` (0-based; None = the stage holding
-    the most: first or last), see launcher.plan.params; ZeRO then divides the optimizer states
+    the most: first or last), see recipes.gpt.plan.params; ZeRO then divides the optimizer states
     (stage >= 1), gradients (>= 2) and parameters (3) by dp (ceil); offloaded states count 0 here.
     Comparable to ``recipes.gpt.engines.base.Engine.state_bytes()``."""
     lay = LayoutSpec.from_cfg(cfg_like)  # layout_of(Facts.from_cfg(cfg_like)) + dtype

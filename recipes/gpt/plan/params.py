@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from launcher.layout import ModelSpec
+from recipes.gpt.schema import ModelSpec
 
 
 def layer_params(m: ModelSpec) -> int:

@@ -2,7 +2,7 @@
 
 Ring collectives over n ranks on a buffer of N bytes send, per rank: all-reduce 2 (n-1)/n N,
 reduce-scatter and all-gather (n-1)/n N each. P is the parameter count of the rank (its tp share of
-the largest pipeline stage), p / g its bytes per parameter and gradient (launcher.plan.memory), m the
+the largest pipeline stage), p / g its bytes per parameter and gradient (recipes.gpt.plan.memory), m the
 micro-batches per step, A = s b h e the activation of one micro-batch (e = 2 in 16-bit, 4 in fp32).
 
 Data parallel (d ranks; Rajbhandari et al. 2020 sec. 7):
@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from launcher.layout import ModelSpec
-from launcher.plan.memory import activation_bytes_per_element, bytes_per_param
-from launcher.plan.params import StageParams
-from launcher.plan.spec import LayoutSpec
+from recipes.gpt.plan.memory import activation_bytes_per_element, bytes_per_param
+from recipes.gpt.plan.params import StageParams
+from recipes.gpt.plan.spec import LayoutSpec
+from recipes.gpt.schema import ModelSpec
 
 
 @dataclass(frozen=True)

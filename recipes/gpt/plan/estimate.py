@@ -4,13 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from launcher.layout import ModelSpec
-from launcher.plan.comm import CommVolume, comm_volume
-from launcher.plan.flops import step_flops
-from launcher.plan.memory import MemoryBreakdown, layout_memory
-from launcher.plan.params import StageParams, param_count, param_count_formula, stage_params
-from launcher.plan.spec import GIB, HEADROOM, ClusterSpec, LayoutSpec
-from launcher.plan.timing import Timing, predict
+from recipes.gpt.plan.comm import CommVolume, comm_volume
+from recipes.gpt.plan.flops import step_flops
+from recipes.gpt.plan.memory import MemoryBreakdown, layout_memory
+from recipes.gpt.plan.params import StageParams, param_count, param_count_formula, stage_params
+from recipes.gpt.plan.spec import GIB, HEADROOM, ClusterSpec, LayoutSpec
+from recipes.gpt.plan.timing import Timing, predict
+from recipes.gpt.schema import ModelSpec
 
 
 def gib(n: float) -> str:

@@ -55,7 +55,7 @@ _LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 @dataclass(frozen=True)
 class Calibration:
     """The planner's correction for one cluster, fitted from measured runs (``cluster.calibration``,
-    launcher/schema.py CalibrationConfig; launcher/plan/calibrate.py fits it). The defaults change
+    launcher/schema.py CalibrationConfig; recipes/gpt/plan/calibrate.py fits it). The defaults change
     nothing: predicted step time = compute_scale x compute + comm_scale x communication + offload
     + step_overhead_s, activation bytes x activation_scale."""
 
