@@ -93,9 +93,11 @@ def redact_env(env: Mapping[str, Any]) -> Dict[str, str]:
 
 def training_env(env: Mapping[str, str]) -> Dict[str, str]:
     """The variables that shape training (NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_*, ...), redacted:
-    secret-named ones, and any value containing the value of a secret-named variable of ``env``."""
+    secret-named ones, and any value containing the value of a secret-named variable of ``env`` or a
+    URL password (WANDB_BASE_URL=https://user:PASSWORD@host)."""
     kept = {k: v for k, v in sorted(env.items()) if TRAINING_ENV.match(k)}
     known = {k: v for k, v in env.items() if is_secret(k)}
+    known.update((f"{k}:url_password[{j}]", pw) for k, v in kept.items() for j, pw in enumerate(url_passwords(v)))
     return {k: (REDACTED if is_secret(k) else scrub(str(v), known)) for k, v in kept.items()}
 
 

@@ -198,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args._root = _root(args) if hasattr(args, "root") else None
-    return int(args.fn(args) or 0)
+    from launcher.cli.scrubbed import errors_scrubbed  # lazy: `launcher --help` never loads the secret rules
+
+    with errors_scrubbed(sys.argv[1:] if argv is None else argv, "launcher"):  # an error never echoes a secret
+        return int(args.fn(args) or 0)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,11 @@ def report(exc: BaseException, known: Dict[str, str], prog: str) -> str:
         key = getattr(exc, "full_key", None)
         text = (f"{key}: " if key else "") + f"{getattr(exc, 'msg', None) or exc} ({type(exc).__name__})"
     else:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        tb = exc.__traceback__
+        while not full and tb is not None and tb.tb_next is not None and \
+                str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("hydra.", __name__)):
+            tb = tb.tb_next  # Hydra's own frames above the app's, as Hydra leaves them out
+        text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
     return secrets.scrub(f"{prog}: {text}", known)
 
 
