@@ -161,18 +161,18 @@ def test_every_quoting_of_a_setup_secret_is_lifted_and_other_forms_run_as_writte
     command (unquoted and single-quoted); a value the shell would expand (`$A`, a backslash) is no
     literal and stays as written, and so do settings under secret-looking names."""
     pw, quoted, dq = _value("url"), _value("sq") + " x", _value("dq")
-    new, lifted = secrets.lift_shell(SETUP_LINES(pw, quoted, dq))
+    new, lifted = secrets.lift_shell(_setup_lines(pw, quoted, dq))
     assert not any(v in line for line in new for v in (pw, quoted, dq)), new
     assert new[0] == 'export A=1 HF_TOKEN="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN" B=2; ' \
                      'export WANDB_API_KEY="$LAUNCHER_SECRET_CLUSTER_SETUP_WANDB_API_KEY"'
     assert new[1] == 'git_url=https://bob:"$LAUNCHER_SECRET_CLUSTER_SETUP_URL_PASSWORD"@git.example/x'
     assert new[2] == 'single=\'https://bob:\'"$LAUNCHER_SECRET_CLUSTER_SETUP_URL_PASSWORD"\'@h\''
-    assert new[3:] == SETUP_LINES(pw, quoted, dq)[3:]
+    assert new[3:] == _setup_lines(pw, quoted, dq)[3:]
     assert sorted(lifted.values()) == sorted([quoted, dq, pw])
     assert secrets.lift_shell(["export MY_KEY=abc\\def"])[1] == {}  # the shell reads abcdef: left as written
 
 
-def SETUP_LINES(pw, quoted, dq):  # noqa: N802 (shared with tests/integration/test_secrets.py's bash check)
+def _setup_lines(pw, quoted, dq):
     return [f"export A=1 HF_TOKEN='{quoted}' B=2; export WANDB_API_KEY=\"{dq}\"",
             f"git_url=https://bob:{pw}@git.example/x", f"single='https://bob:{pw}@h'",
             "export MY_TOKEN=$A", "export X_TOKEN=false"]
