@@ -111,7 +111,8 @@ def test_dry_run_sweep_prints_and_writes_no_secret(runs_root, leaky_repo, tmp_pa
     assert res.returncode == 0, out
     assert "# dry run: nothing submitted (2 point(s))" in out
     # a setup line's secret literal: read from the variable the launch exports it in (config and script)
-    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in out and f"HF_TOKEN: {secrets.REDACTED}" in out
+    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in out
+    assert f"HF_TOKEN: {secrets.REDACTED}" in out
     assert 'export HF_TOKEN2="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN2"' in out
     assert not _leaks(runs_root, out), _leaks(runs_root, out)
     # Hydra's multirun.yaml (the config with every override) went to a private temp dir, now gone
@@ -137,7 +138,8 @@ def test_local_run_archives_no_secret(runs_root, leaky_repo):
     # secret literals of the config travel to the job in the environment; the archive references them
     assert "API_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_API_TOKEN}" in cfg
     assert "HF_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_HF_TOKEN}" in cfg
-    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in cfg and f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
+    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in cfg
+    assert f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
     assert 'git_url=https://bob:"$LAUNCHER_SECRET_CLUSTER_SETUP_URL_PASSWORD"@git.example/x' in cfg
     job_env = json.loads((rdir / "env" / "training-env.json").read_text())
     assert "WANDB_NOTES" not in job_env, "the job exported a redacted value from config.yaml"

@@ -68,7 +68,7 @@ def test_any_other_error_is_printed_scrubbed_with_its_key():
 
     token = _value("report")
     try:
-        OmegaConf.create({"a": {"b": "${nope}"}}).a.b
+        print(OmegaConf.create({"a": {"b": "${nope}"}}).a.b)
     except OmegaConfBaseException as e:
         text = report(e, secrets.override_secrets([f"+x.api_key={token}"]), "launch")
     assert text.startswith("launch: a.b: Interpolation key 'nope' not found"), text
