@@ -72,9 +72,19 @@ class ScrubbingWriter(io.TextIOBase):
     def fileno(self) -> int:
         return self.stream.fileno()
 
+    def writable(self) -> bool:
+        return True
+
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.stream, "encoding", "utf-8")
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "errors", "strict")
+
+    def __getattr__(self, name: str) -> Any:  # buffer, line_buffering ...: the stream's own
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager
