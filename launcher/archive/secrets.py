@@ -115,11 +115,25 @@ def _config_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
             name = f"{path}.{k}" if path else str(k)
             if is_secret(k) and not isinstance(v, (Mapping, list, tuple)) and is_secret_value(v):
                 out[name] = str(v)
+                for j, part in enumerate(literal_parts(str(v))):  # `hf_x${nope}`, unresolved: hf_x
+                    out[f"{name}[{j}]"] = part
             else:
                 _config_secrets(v, name, out)
     elif isinstance(node, (list, tuple)):
         for i, v in enumerate(node):
             _config_secrets(v, f"{path}[{i}]", out)
+
+
+_INTERPOLATION = re.compile(r"\$\\?\{[^}]*\}")
+
+
+def literal_parts(value: str) -> List[str]:
+    """The literal text around the interpolations of a value written with some (``hf_x${nope}``:
+    hf_x), each a secret of its own where the value is one: Hydra echoes an override of a sweep
+    point with its interpolations escaped (``$\\{nope\\}hf_x``), so the whole value is never found."""
+    if "{" not in value:
+        return []
+    return [p for p in _INTERPOLATION.split(value) if p != value and is_secret_value(p)]
 
 
 def _plain(cfg: Any) -> Any:
@@ -587,7 +601,8 @@ def override_secrets(args: Iterable[str]) -> Dict[str, str]:
             continue
         if is_secret(key.strip()):
             v = value.strip()
-            for j, part in enumerate([v, v.strip("'\""), *re.split(r"[,\[\]()\s'\"]+", v)]):
+            parts = [v, v.strip("'\""), *re.split(r"[,\[\]()\s'\"\\]+", _INTERPOLATION.sub(" ", v))]
+            for j, part in enumerate(parts):
                 if is_secret_value(part):
                     out[f"argv[{i}]:{key}[{j}]"] = part
         for name, v in shell_secrets(value):

@@ -52,9 +52,9 @@ def test_an_unresolved_interpolation_names_its_key_and_echoes_no_secret(monkeypa
 
 def test_a_sweep_whose_secret_itself_does_not_resolve_names_the_secret_key(monkeypatch, capsys, tmp_path):
     """Not listed: the interpolation that fails is inside the secret's own value, in a sweep (-m),
-    where each point is named by its overrides."""
+    where each point is named by its overrides as Hydra writes them back, `$\\{nope\\}<value>`."""
     token = _value("interp-sweep")
-    code, out = _launch(monkeypatch, capsys, tmp_path, f"+cluster.env.HF_TOKEN='{token}${{nope}}'", "seed=1,2",
+    code, out = _launch(monkeypatch, capsys, tmp_path, f"+cluster.env.HF_TOKEN=${{nope}}{token}", "seed=1,2",
                         multirun=True)
     assert code == 2, out
     assert "cluster.env.HF_TOKEN: cannot be resolved" in out and "Traceback" not in out, out
