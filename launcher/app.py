@@ -224,16 +224,25 @@ def _run(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     refuse_hydra_output_keys(hc.overrides.hydra)
-    submit_points([Point(cfg=cfg, overrides=list(hc.overrides.task),
+    submit_points([Point(cfg=cfg, overrides=override_lines(hc.overrides.task),
                          choices=OmegaConf.to_container(hc.runtime.choices))])
 
 
+def override_lines(task) -> list:
+    """Hydra's ``overrides.task`` as typed: an override's text is not resolved (``name='x${nope}'``
+    is the config's interpolation to resolve, and to refuse naming its key, not the list's)."""
+    return [str(line) for line in OmegaConf.to_container(task, resolve=False)]
+
+
 def main() -> None:
-    from launcher.submit import signals  # stdlib only: SIGTERM/SIGHUP stop the launch as Ctrl-C does
+    # lazy: `launch --help` loads the secret rules only when Hydra runs; signals is stdlib only
+    from launcher.cli.scrubbed import hydra_scrubbed
+    from launcher.submit import signals  # SIGTERM/SIGHUP stop the launch as Ctrl-C does
 
     signals.install()
     try:
-        _run()
+        with hydra_scrubbed(sys.argv[1:]):  # whatever Hydra prints (its errors, --cfg) holds no secret
+            _run()
     except signals.Terminated as e:  # what was queued is published, the rest cancelled (submission.submit)
         print(f"launch: stopped ({e})", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -132,7 +132,7 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher.app import refuse_hydra_output_keys
+        from launcher.app import override_lines, refuse_hydra_output_keys
         from launcher.compose import FastPoint
         from launcher.submit.pipeline import Point
 
@@ -153,7 +153,7 @@ class LauncherPlugin(Launcher):
                 with read_write(got), open_dict(got):
                     hydra_node = got.pop("hydra")
                 hydra_nodes.append(hydra_node)
-                points.append(Point(cfg=got, overrides=list(hydra_node.overrides.task),
+                points.append(Point(cfg=got, overrides=override_lines(hydra_node.overrides.task),
                                     choices=OmegaConf.to_container(hydra_node.runtime.choices)))
         finally:
             self.composer.end()

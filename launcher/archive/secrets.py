@@ -7,6 +7,10 @@ What is a secret:
   * a literal assigned to an environment-variable-like secret name in a config file of the source
     tree (``HF_TOKEN: hf_...`` in any YAML, ``export HF_TOKEN=...`` in a shell script: ``secrets_in_text``),
     whether or not this launch uses that file;
+  * in shell lines (``cluster.setup``; a string of a YAML file of the tree; a shell script): the literal
+    assigned to a secret name (``export HF_TOKEN2=hf_...``: ``shell_secrets``);
+  * anywhere (config values, setup lines, files of the tree, the environment, the command line): the
+    password of a URL (``https://user:PASSWORD@host``: ``url_passwords``);
   * a FILE whose name looks secret (``.env``, ``.env.*``, ``*.pem``, ``*.key``, ``id_rsa*``,
     ``*credentials*``, ``.netrc``, ``.pypirc``, ``*.p12`` ...: ``is_secret_file``): the code snapshot refuses it.
 
@@ -27,9 +31,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Union
 import yaml
 
 REDACTED = "<redacted>"
-# A name is secret when its LAST word is one of these (HF_TOKEN, WANDB_API_KEY, db.password, apiKey,
-# AWS_SECRET_ACCESS_KEY): words, not substrings, so tokenizer, max_tokens, key_order, num_keys or
-# TOKENIZERS_PARALLELISM are settings and never redacted (a redaction would change what the job runs).
+# A name is secret when its LAST word (a trailing number aside: HF_TOKEN2) is one of these (HF_TOKEN,
+# WANDB_API_KEY, db.password, apiKey, AWS_SECRET_ACCESS_KEY): words, not substrings, so tokenizer,
+# max_tokens, key_order, num_keys or TOKENIZERS_PARALLELISM are settings and never redacted (a
+# redaction would change what the job runs).
 SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "pwd", "credential", "credentials",
                           "apikey", "accesskey", "secretkey", "authtoken", "accesstoken"})
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -62,6 +67,8 @@ NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
 def _is_secret_name(name: str) -> bool:
     key = name.rsplit(".", 1)[-1]  # the key itself, not the sections above it
     words = _WORDS.findall(key)
+    while words and words[-1].isdigit():  # a numbered secret: HF_TOKEN2, API_KEY_1
+        words.pop()
     return bool(words) and words[-1].lower() in SECRET_WORDS and key not in NOT_SECRET_NAMES
 
 
@@ -86,15 +93,18 @@ def redact_env(env: Mapping[str, Any]) -> Dict[str, str]:
 
 def training_env(env: Mapping[str, str]) -> Dict[str, str]:
     """The variables that shape training (NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_*, ...), redacted:
-    secret-named ones, and any value containing the value of a secret-named variable of ``env``."""
+    secret-named ones, and any value containing the value of a secret-named variable of ``env`` or a
+    URL password (WANDB_BASE_URL=https://user:PASSWORD@host)."""
     kept = {k: v for k, v in sorted(env.items()) if TRAINING_ENV.match(k)}
     known = {k: v for k, v in env.items() if is_secret(k)}
+    known.update((f"{k}:url_password[{j}]", pw) for k, v in kept.items() for j, pw in enumerate(url_passwords(v)))
     return {k: (REDACTED if is_secret(k) else scrub(str(v), known)) for k, v in kept.items()}
 
 
 def secret_values(env: Known, min_len: int = MIN_SECRET_LEN) -> List[str]:
     """Values of secret-named entries (to scrub from free text such as a patch or a script), longest
-    first so a secret containing another is replaced whole."""
+    first so a secret containing another is replaced whole. Every name this module gives a value it
+    found ends in a secret word (``...:url_password``, ``...cluster.setup[0]:HF_TOKEN2``)."""
     vals = {str(v) for k, v in env.items() if is_secret(k) and is_secret_value(v) and len(str(v)) >= min_len}
     return sorted(vals, key=len, reverse=True)
 
@@ -105,11 +115,25 @@ def _config_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
             name = f"{path}.{k}" if path else str(k)
             if is_secret(k) and not isinstance(v, (Mapping, list, tuple)) and is_secret_value(v):
                 out[name] = str(v)
+                for j, part in enumerate(literal_parts(str(v))):  # `hf_x${nope}`, unresolved: hf_x
+                    out[f"{name}[{j}]"] = part
             else:
                 _config_secrets(v, name, out)
     elif isinstance(node, (list, tuple)):
         for i, v in enumerate(node):
             _config_secrets(v, f"{path}[{i}]", out)
+
+
+_INTERPOLATION = re.compile(r"\$\\?\{[^}]*\}")
+
+
+def literal_parts(value: str) -> List[str]:
+    """The literal text around the interpolations of a value written with some (``hf_x${nope}``:
+    hf_x), each a secret of its own where the value is one: Hydra echoes an override of a sweep
+    point with its interpolations escaped (``$\\{nope\\}hf_x``), so the whole value is never found."""
+    if "{" not in value:
+        return []
+    return [p for p in _INTERPOLATION.split(value) if p != value and is_secret_value(p)]
 
 
 def _plain(cfg: Any) -> Any:
@@ -133,9 +157,30 @@ def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = N
     ``cluster.env.HF_TOKEN``, ``wandb.api_key``, anywhere). Pass it to ``scrub``/``scrub_tree``."""
     env = os.environ if env is None else env
     out = {str(k): str(v) for k, v in env.items() if is_secret(k) and is_secret_value(v)}
+    for k, v in env.items():
+        for j, pw in enumerate(url_passwords(str(v))):
+            out[f"{k}:url_password[{j}]"] = pw
     for i, cfg in enumerate(cfgs):
-        _config_secrets(_plain(cfg), f"config[{i}]", out)
+        plain = _plain(cfg)
+        _config_secrets(plain, f"config[{i}]", out)
+        _string_secrets(plain, f"config[{i}]", out)
+        for j, line in enumerate(shell_lines_of(plain)):
+            for name, value in shell_secrets(line):
+                out[f"config[{i}].{SHELL_KEY}[{j}]:{name}"] = value
     return out
+
+
+def _string_secrets(node: Any, path: str, out: Dict[str, str]) -> None:
+    """The URL passwords of every string of a config (tags, a data URL, a setup line ...)."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _string_secrets(v, f"{path}.{k}", out)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _string_secrets(v, f"{path}[{i}]", out)
+    elif isinstance(node, str):
+        for j, pw in enumerate(url_passwords(node)):
+            out[f"{path}:url_password[{j}]"] = pw
 
 
 SHORT_SECRET = 12  # values shorter than this are matched as whole tokens only
@@ -277,6 +322,7 @@ def lifted_secrets(resolved: Dict[str, Any], raw: Any) -> Dict[str, str]:
         return value
 
     _secret_scalars(resolved, raw, "", visit)
+    out.update(lift_shell(shell_lines_of(resolved))[1])
     return out
 
 
@@ -298,6 +344,9 @@ def redact_config(resolved: Dict[str, Any], known: Optional[Known] = None, raw: 
         return value  # a setting under a secret-looking name (true, auto, a 3-character value)
 
     out = _secret_scalars(resolved, raw, "", visit)
+    lines = shell_lines_of(out)
+    if lines:  # the setup lines as the job's script runs them: secret literals read from the variables
+        out["cluster"] = {**out["cluster"], "setup": lift_shell(lines)[0]}
     return scrub_tree(out, known) if known else out
 
 
@@ -313,7 +362,8 @@ def missing_references(archived: Any, env: Optional[Mapping[str, str]] = None) -
 
 
 def env_references(node: Any) -> List[str]:
-    """The variables every ``${oc.env:NAME}`` of an archived config (no default) needs, sorted."""
+    """The variables every ``${oc.env:NAME}`` of an archived config (no default) and every
+    ``$LAUNCHER_SECRET_...`` of its setup lines need, sorted."""
     found: Set[str] = set()
 
     def walk(n: Any) -> None:
@@ -327,6 +377,7 @@ def env_references(node: Any) -> List[str]:
             m = _ENV_REFERENCE.match(n.strip())
             if m and m.group(2) is None:
                 found.add(m.group(1))
+            found.update(_SHELL_REFERENCE.findall(n))  # a setup line's lifted secret ("$LAUNCHER_SECRET_...")
 
     walk(node)
     return sorted(found)
@@ -380,6 +431,8 @@ def secrets_in_text(name: str, text: str) -> Dict[str, str]:
             elif isinstance(node, list):
                 for v in node:
                     walk(v)
+            elif isinstance(node, str):  # a setup line in a list (`- export HF_TOKEN=...`), a URL
+                _line_secrets(name, node, out)
 
         if docs is not None:
             for d in docs:
@@ -391,6 +444,171 @@ def secrets_in_text(name: str, text: str) -> Dict[str, str]:
         m = _ASSIGNMENT.match(line)
         if m and _literal_secret(m.group(1), m.group(3)):
             out[f"{name}:{m.group(1)}"] = m.group(3)
+        _line_secrets(name, line, out)
+    return out
+
+
+def _line_secrets(name: str, text: str, out: Dict[str, str]) -> None:
+    found = [(var, value) for var, value in shell_secrets(text, upper_only=True)]
+    found += [("url_password", pw) for pw in url_passwords(text)]
+    for var, value in found:
+        key, n = f"{name}:{var}", 1
+        while out.get(key, value) != value:  # the same name given another value elsewhere in the file
+            n += 1
+            key = f"{name}:{var}[{n}]"
+        out[key] = value
+
+
+# ---- secrets in shell lines and URLs ------------------------------------------------------------
+# `cluster.setup` lines run in the job's batch script. A secret literal assigned there
+# (`export HF_TOKEN2=hf_...`) or a URL password in one (`pip install git+https://u:PW@host/x`) is
+# lifted as a config secret is: the launch exports it in LAUNCHER_SECRET_<...> (the job inherits it)
+# and the line the script runs, and the archive keeps, reads that variable instead ("$LAUNCHER_...":
+# no braces, so that OmegaConf never takes it for an interpolation). The shell then reads the same
+# value, so only values the shell takes literally are lifted: single-quoted; double-quoted without
+# \ $ ` !; unquoted of characters no shell expands. Any other form is still a known secret (scrubbed
+# from every archived text) but stays in the submitted script as written.
+SHELL_KEY = "cluster.setup"  # the config's shell lines
+_SHELL_REFERENCE = re.compile(r"\$(" + LIFTED_PREFIX + r"[A-Z0-9_]+)")
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9_.,:/+=@%^-]+")
+_SHELL_WORD_END = " \t;&|)"
+_SHELL_ASSIGN = re.compile(r"(?<![^\s;&|(])([A-Za-z_][A-Za-z0-9_]*)=")
+# scheme://user:password@ (the password: no separator, no quote, no reference)
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:([^\s/@'\"]+)@")
+# the loose form, for text that is not a shell line (an override `cluster.setup=['export A=x']`)
+_TEXT_ASSIGN = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^'\"\s$`;&|<>(){}\[\],\\]+)")
+
+
+def url_passwords(text: str) -> List[str]:
+    """The passwords of the URLs in ``text`` that hold one (``https://user:PASSWORD@host``)."""
+    if "://" not in text:
+        return []
+    return [pw for pw in _URL_PASSWORD.findall(text) if "$" not in pw and is_secret_value(pw)]
+
+
+def _quoting(line: str) -> List[Optional[str]]:
+    """The shell's quoting before each character of ``line`` (and at its end): None, "'", '"' or "\\"."""
+    states: List[Optional[str]] = []
+    quote: Optional[str] = None
+    escaped = False
+    for ch in line:
+        states.append("\\" if escaped else quote)
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote is None and ch in "'\"":
+            quote = ch
+        elif ch == quote:
+            quote = None
+    states.append(quote)
+    return states
+
+
+def _shell_literals(line: str) -> List[tuple]:
+    """(start, end, kind, name, value, quoting) of each secret literal of a shell line the shell reads
+    as written: ``NAME=value`` with a secret NAME, and URL passwords. ``kind``: "assign" (the span is
+    the whole value word, quotes included) or "url" (the span is the password)."""
+    states = _quoting(line)
+    found = []
+    for m in _SHELL_ASSIGN.finditer(line):
+        if states[m.start()] is not None or not is_secret(m.group(1)) or m.group(1) in NOT_SECRET_NAMES:
+            continue
+        start = m.end()
+        first = line[start:start + 1]
+        if first in ("'", '"'):
+            end = line.find(first, start + 1)
+            value = line[start + 1:end] if end > 0 else ""
+            if end < 0 or (first == '"' and any(c in value for c in '\\$`!')):
+                continue
+            end += 1
+        else:
+            w = _SHELL_SAFE.match(line, start)
+            if w is None:
+                continue
+            end, value = w.end(), w.group()
+        if end < len(line) and line[end] not in _SHELL_WORD_END:
+            continue  # the word goes on (`A=x"$y"`, `A=x*`): not a value the launcher can read
+        if is_secret_value(value):
+            found.append((start, end, "assign", m.group(1), value, None))
+    for m in _URL_PASSWORD.finditer(line):
+        pw, start, end = m.group(1), m.start(1), m.end(1)
+        quote = states[start]
+        if "$" in pw or not is_secret_value(pw) or quote == "\\" or len(set(states[start:end + 1])) > 1:
+            continue
+        if (quote is None and not _SHELL_SAFE.fullmatch(pw)) or (quote == '"' and any(c in pw for c in '\\`!')):
+            continue
+        if not any(s <= start < e for s, e, *_ in found):  # not inside a value lifted whole
+            found.append((start, end, "url", "url_password", pw, quote))
+    return sorted(found)
+
+
+def shell_secrets(text: str, upper_only: bool = False) -> List[tuple]:
+    """(name, value) of each secret literal assigned in ``text`` (a shell line, or any text holding
+    one): ``export HF_TOKEN2=hf_...``. ``upper_only``: environment-variable-like names only (text of
+    a file of the tree, where lower-case names are settings of other tools)."""
+    out = [(name, value) for _, _, kind, name, value, _ in _shell_literals(text) if kind == "assign"]
+    for m in _TEXT_ASSIGN.finditer(text):  # the loose form finds values inside quoted text too
+        name, value = m.group(1), m.group(3)
+        if is_secret(name) and name not in NOT_SECRET_NAMES and is_secret_value(value) and (name, value) not in out:
+            out.append((name, value))
+    return [(n, v) for n, v in out if not upper_only or _ENV_NAME.match(n)]
+
+
+def lift_shell(lines: Iterable[str], key: str = SHELL_KEY) -> tuple:
+    """(the lines with each secret literal the shell reads as written replaced by a reference to the
+    variable that carries it, {variable: value}). Names: ``LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN2``,
+    ``..._URL_PASSWORD`` (``_2``, ``_3`` ... where one name takes other values). The same lines give
+    the same names, so the launch (which exports them) and the backend (whose script reads them)
+    agree."""
+    values: Dict[str, str] = {}
+    out = []
+    for line in lines:
+        line = str(line)
+        new, last = [], 0
+        for start, end, _kind, name, value, quote in _shell_literals(line):
+            var, n = lifted_name(f"{key}.{name}"), 1
+            while values.get(var, value) != value:
+                n += 1
+                var = lifted_name(f"{key}.{name}_{n}")
+            values[var] = value
+            ref = {None: f'"${var}"', '"': f"${var}", "'": f"'\"${var}\"'"}[quote]
+            new += [line[last:start], ref]
+            last = end
+        out.append("".join(new) + line[last:])
+    return out, values
+
+
+def shell_lines_of(cfg: Any) -> List[str]:
+    """The config's setup lines (``cluster.setup``) as strings; [] where it has none."""
+    node: Any = cfg
+    for part in SHELL_KEY.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return [str(x) for x in node] if isinstance(node, (list, tuple)) and all(isinstance(x, str) for x in node) else []
+
+
+def override_secrets(args: Iterable[str]) -> Dict[str, str]:
+    """Secret values written on a command line of overrides (``+cluster.env.HF_TOKEN=...``, the
+    parts of ``...=a,b``, a setup line's assignment, a URL password), for scrubbing a message that
+    echoes the overrides (Hydra's errors), whatever is wrong with them."""
+    out: Dict[str, str] = {}
+    for i, arg in enumerate(args):
+        arg = str(arg)
+        if arg.startswith("-"):
+            continue
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep:
+            continue
+        if is_secret(key.strip()):
+            v = value.strip()
+            parts = [v, v.strip("'\""), *re.split(r"[,\[\]()\s'\"\\]+", _INTERPOLATION.sub(" ", v))]
+            for j, part in enumerate(parts):
+                if is_secret_value(part):
+                    out[f"argv[{i}]:{key}[{j}]"] = part
+        for name, v in shell_secrets(value):
+            out[f"argv[{i}]:{name}"] = v
+        for j, pw in enumerate(url_passwords(value)):
+            out[f"argv[{i}]:url_password[{j}]"] = pw
     return out
 
 

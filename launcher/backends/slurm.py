@@ -2,7 +2,8 @@
 
 Values reach the sbatch script only through submitit's flag writer, which shell-quotes each one;
 environment lines are quoted here with shlex.quote. ``cluster.setup`` lines are the user's own shell,
-verbatim. Job states come from sacct (accounting), and from squeue for jobs sacct has not listed yet.
+verbatim, except that a secret literal in one reads the variable that carries it (setup_lines). Job
+states come from sacct (accounting), and from squeue for jobs sacct has not listed yet.
 """
 from __future__ import annotations
 
@@ -57,6 +58,15 @@ def env_lines(env: Dict[str, Any]) -> List[str]:
         if not is_secret(k):
             lines.append(f"export {k}={shlex.quote(str(v))}")
     return lines
+
+
+def setup_lines(setup: Iterable[Any]) -> List[str]:
+    """The user's ``cluster.setup`` lines as the script runs them: a secret literal among them reads
+    the variable the launch exports it in (secrets.lift_shell), as the archived config does."""
+    # lazy: the secret rules only for the job's script, not on the plan/--help path
+    from launcher.archive.secrets import lift_shell
+
+    return lift_shell([str(s) for s in setup])[0]
 
 
 def requeue_lines(folder: Path) -> Dict[str, List[str]]:
@@ -277,7 +287,8 @@ class SlurmBackend(Backend):
             "ntasks_per_node": int(cl.gpus_per_node),
             "cpus_per_task": int(cl.cpus_per_task),
             "array_parallelism": int(cl.array_parallelism),
-            "setup": list(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir) + cpu_lines(int(cl.cpus_per_task)),
+            "setup": setup_lines(cl.setup) + env_lines(dict(cl.env)) + code_lines(code_dir) +
+            cpu_lines(int(cl.cpus_per_task)),
             # Slurm signals USR2 this long before the time limit: the run checkpoints and requeues
             "signal_delay_s": int(cl.signal_delay_s),
             # one rank failing ends the step at once instead of leaving the others in a collective;

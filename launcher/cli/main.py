@@ -217,12 +217,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args._root = _root(args) if hasattr(args, "root") else None
     registry.new_command()
-    try:
-        return int(args.fn(args) or 0)
-    except Unreadable as e:  # the one run dir a command was asked about is junk
-        where = f"{e.path.parent}: " if e.path is not None else ""
-        print(f"launcher {args.cmd}: {where}{e}", file=sys.stderr)
-        return 2
+    from launcher.cli.scrubbed import errors_scrubbed  # lazy: `launcher --help` never loads the secret rules
+
+    with errors_scrubbed(sys.argv[1:] if argv is None else argv, "launcher"):  # an error never echoes a secret
+        try:
+            return int(args.fn(args) or 0)
+        except Unreadable as e:  # the one run dir a command was asked about is junk
+            where = f"{e.path.parent}: " if e.path is not None else ""
+            print(f"launcher {args.cmd}: {where}{e}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ under non-secret keys (cluster.setup, tags, so argv and overrides too). Then eve
 under runs_root (.hydra, .submitit, code/, registry.sqlite, wandb/ ... binary files too) and the
 command's output is searched for each value.
 """
+import hashlib
 import json
 import secrets as _random
 import subprocess
@@ -28,11 +29,16 @@ DOTENV = _value("dotenv")  # HF_TOKEN=... in the repo's (untracked, not ignored)
 LEAKY = _value("leaky")    # env: {HF_TOKEN: ...} in conf/cluster/leaky.yaml
 PEM = _value("pem")        # a tracked, secret-looking file (deploy/server.pem)
 IGNORED = _value("ignored")  # a file git ignores (build/notes.txt): never copied, never read
-PLANTED = [*ENV.values(), CLI, DOTENV, LEAKY, PEM, IGNORED]
+SETUP = _value("setup")    # cluster.setup=['export HF_TOKEN2=...']: no secret-named key holds it
+URL_PW = _value("url")     # a URL password in a setup line: git_url=https://bob:...@git.example/x
+TREE_SETUP = _value("tree-setup")  # `- export HF_TOKEN=...` in a YAML list of the tree (conf/cluster/prod.yaml)
+PLANTED = [*ENV.values(), CLI, DOTENV, LEAKY, PEM, IGNORED, SETUP, URL_PW, TREE_SETUP]
 
 FAST = ["train.steps=6", "optim.warmup_steps=0", "train.log_interval=0"]
 # the values again, under keys that are not secret-named: the scrubber must find them by value
-LEAKS = [f"cluster.setup=['export MY_SECRET={ENV['MY_SECRET']}','true {LEAKY}']",
+SETUP_LINES = [f"export MY_SECRET={ENV['MY_SECRET']}", f"true {LEAKY}", f"export HF_TOKEN2={SETUP}",
+               f"git_url=https://bob:{URL_PW}@git.example/x"]
+LEAKS = [f"cluster.setup=[{','.join(repr(line) for line in SETUP_LINES)}]",
          f"tags=[{ENV['MY_SECRET']},x{DOTENV}x,{LEAKY},{ENV['HF_TOKEN']},plain]"]
 
 
@@ -50,6 +56,8 @@ def leaky_repo(tmp_path):
     local = (dest / "conf" / "cluster" / "local.yaml").read_text()
     (dest / "conf" / "cluster" / "leaky.yaml").write_text(
         local.replace("name: local\n", "name: leaky\n") + f"  HF_TOKEN: {LEAKY}\n")
+    (dest / "conf" / "cluster" / "prod.yaml").write_text(f"name: prod\nsetup:\n  - export HF_TOKEN={TREE_SETUP}\n")
+    (dest / "conf" / "notes.yaml").write_text(f"copied: {SETUP}\n")  # a value only a setup line names
     (dest / "deploy").mkdir()
     (dest / "deploy" / "server.pem").write_text(f"-----BEGIN PRIVATE KEY-----\n{PEM}\n")
     (dest / "build").mkdir(exist_ok=True)  # build/ is in .gitignore
@@ -83,6 +91,9 @@ def _check_snapshot(code_dir):
     # the code is never rewritten: a file holding a secret value is left out whole, and named
     assert not (code_dir / "conf" / "cluster" / "leaky.yaml").exists()
     assert "conf/cluster/leaky.yaml:HF_TOKEN" in info["held_secret"]["conf/cluster/leaky.yaml"], info
+    assert not (code_dir / "conf" / "cluster" / "prod.yaml").exists()  # a setup line in a YAML list
+    assert info["held_secret"]["conf/cluster/prod.yaml"] == ["conf/cluster/prod.yaml:HF_TOKEN"], info
+    assert not (code_dir / "conf" / "notes.yaml").exists() and "conf/notes.yaml" in info["held_secret"], info
     assert (code_dir / "launcher" / "archive" / "secrets.py").is_file()  # the code itself is all there
     patch = (code_dir / snapshot.PATCH_FILE).read_text()
     heads = [line for line in patch.splitlines() if line.startswith("diff --git ")]
@@ -99,7 +110,10 @@ def test_dry_run_sweep_prints_and_writes_no_secret(runs_root, leaky_repo, tmp_pa
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "# dry run: nothing submitted (2 point(s))" in out
-    assert f"export MY_SECRET={secrets.REDACTED}" in out and f"HF_TOKEN: {secrets.REDACTED}" in out
+    # a setup line's secret literal: read from the variable the launch exports it in (config and script)
+    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in out
+    assert f"HF_TOKEN: {secrets.REDACTED}" in out
+    assert 'export HF_TOKEN2="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN2"' in out
     assert not _leaks(runs_root, out), _leaks(runs_root, out)
     # Hydra's multirun.yaml (the config with every override) went to a private temp dir, now gone
     assert not (runs_root / ".hydra").exists()
@@ -124,7 +138,9 @@ def test_local_run_archives_no_secret(runs_root, leaky_repo):
     # secret literals of the config travel to the job in the environment; the archive references them
     assert "API_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_API_TOKEN}" in cfg
     assert "HF_TOKEN: ${oc.env:LAUNCHER_SECRET_CLUSTER_ENV_HF_TOKEN}" in cfg
-    assert f"export MY_SECRET={secrets.REDACTED}" in cfg and f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
+    assert 'export MY_SECRET="$LAUNCHER_SECRET_CLUSTER_SETUP_MY_SECRET"' in cfg
+    assert f"WANDB_NOTES: x{secrets.REDACTED}" in cfg
+    assert 'git_url=https://bob:"$LAUNCHER_SECRET_CLUSTER_SETUP_URL_PASSWORD"@git.example/x' in cfg
     job_env = json.loads((rdir / "env" / "training-env.json").read_text())
     assert "WANDB_NOTES" not in job_env, "the job exported a redacted value from config.yaml"
     assert job_env.get("OMP_NUM_THREADS") == "1"  # plain cluster.env values still reach the job
@@ -184,7 +200,11 @@ def test_the_job_reads_every_value_it_was_given_and_no_archived_file_holds_a_sec
 @pytest.mark.timeout(900)
 def test_slurm_sweep_archives_no_secret(slurm, runs_root, leaky_repo):
     # leaky.yaml is not used here: its value (in tags) is known because it is written in the tree
-    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", f"+cluster.env.HF_TOKEN={CLI}", *LEAKS, *FAST,
+    # the batch script runs the setup lines with their secrets read from variables: the values it got
+    digests = [f'printf %s "$HF_TOKEN2" "$git_url" | sha256sum > {runs_root}/setup.sha256']
+    setup = [arg for arg in LEAKS if arg.startswith("cluster.setup=")][0][:-1] + "," + repr(digests[0]) + "]"
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", f"+cluster.env.HF_TOKEN={CLI}",
+                  *[a for a in LEAKS if not a.startswith("cluster.setup=")], setup, *FAST,
                   "wandb.enabled=true", "wandb.mode=offline", "seed=1,2"],
                  runs_root, extra_env=_env(leaky_repo, **slurm), cwd=leaky_repo, timeout=400)
     out = res.stdout + res.stderr
@@ -195,6 +215,8 @@ def test_slurm_sweep_archives_no_secret(slurm, runs_root, leaky_repo):
     rdir = Path(runs[0]["dir"])
     assert list((rdir / "wandb").rglob("*")), "wandb wrote no files"
     assert (rdir / "sbatch.sh").is_file() and list((rdir.parent / ".submitit").glob("*_submission.sh"))
+    given = f"{SETUP}https://bob:{URL_PW}@git.example/x".encode()
+    assert (runs_root / "setup.sha256").read_text().split()[0] == hashlib.sha256(given).hexdigest()
     _check_snapshot(rdir.parent / "code")
     assert not _leaks(runs_root, out), _leaks(runs_root, out)
 
@@ -242,3 +264,24 @@ def _no_git(run):
     return fake
 
 
+
+
+@pytest.mark.timeout(60)
+def test_lifted_setup_lines_give_the_shell_the_same_values():
+    """Redaction never changes what runs: bash reads the same values from the lines a job's script
+    runs (each secret literal replaced by its variable, the variables exported) as from the lines
+    as written, whatever their quoting."""
+    pw, quoted, dq = _value("url"), _value("sq") + " x  y", _value("dq")
+    lines = [f"export A=1 HF_TOKEN='{quoted}' B=2; export WANDB_API_KEY=\"{dq}\"",
+             f"git_url=https://bob:{pw}@git.example/x", f"single='https://bob:{pw}@h'", f'double="https://bob:{pw}@h"',
+             f"export HF_TOKEN2={SETUP}", "export MY_TOKEN=$A"]
+    new, lifted = secrets.lift_shell(lines)
+    assert not [v for v in (pw, quoted, dq, SETUP) if v in "\n".join(new)], new
+    read = 'printf "%s|" "$A" "$HF_TOKEN" "$B" "$WANDB_API_KEY" "$git_url" "$single" "$double" "$HF_TOKEN2" "$MY_TOKEN"'
+
+    def bash(lines, env):
+        return subprocess.run(["bash", "-c", "\n".join([*lines, read])], env={"PATH": "/usr/bin:/bin", **env},
+                              capture_output=True, text=True, check=True, timeout=30).stdout
+
+    assert bash(new, lifted) == bash(lines, {}) == \
+        f"1|{quoted}|2|{dq}|https://bob:{pw}@git.example/x|https://bob:{pw}@h|https://bob:{pw}@h|{SETUP}|1|"
