@@ -919,6 +919,14 @@ def _tree_problems(sealed: Dict[str, Tuple[str, str]], now: Dict[str, Tuple[str,
     return problems
 
 
+def is_checkpoint_problem(problem: str) -> bool:
+    """Whether a problem ``RunDir.verify`` names is about checkpoints/ alone (a checkpoint added,
+    missing or changed, ``latest`` re-pointed): what a checkpoint's own checkpoint.json decides at
+    resume (launcher.checkpoint_manifest: fall back to an intact one, or refuse naming the file)."""
+    first = problem.split(" ", 1)[0]  # the path (or "checkpoint <name>") a problem starts with
+    return first in ("checkpoint", "checkpoints") or first.startswith("checkpoints/")
+
+
 def _checkpoint_problems(manifest: Dict[str, Any], names: List[str],
                          latest: Optional[str]) -> Tuple[List[str], List[str]]:
     """(problems, the checkpoint dirs they cover whole): checkpoints added or missing versus the

@@ -28,7 +28,7 @@ from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
-from launcher.rundir import RunDir, SweepDir
+from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
 from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
 from launcher.schema import typed
@@ -89,10 +89,17 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.state.value}: its job may still be running or "
                                         "queued", "wait for it, or `launcher cancel` it first")])
     problems = rd.verify()
+    # checkpoints carry their own manifest: a changed one is the checkpoint check's to judge (below, and
+    # every byte in the job): an earlier intact checkpoint is resumed from, recorded, or the run refused
+    ckpt_problems = [p for p in problems if is_checkpoint_problem(p)]
+    problems = [p for p in problems if not is_checkpoint_problem(p)]
     if problems:
         raise ConfigErrors([ConfigError("RUN", f"the archive of {run_id} changed after it was sealed: "
                                         + "; ".join(problems), "resume an intact run (launcher show RUN lists "
                                         "what changed)")])
+    if ckpt_problems:
+        print(f"warning: {run_id}: checkpoints changed after the seal ({'; '.join(ckpt_problems)}): each is "
+              "verified against its checkpoint.json before it is loaded", file=sys.stderr)
     archived = rd.config()
     plain = _apply(archived, changes, run_id) if changes else copy.deepcopy(archived)
     missing = secrets.missing_references(plain)

@@ -92,3 +92,26 @@ def test_resume_refuses_a_run_whose_checkpoints_fail_their_manifest_before_submi
                                            r"\(truncated\).*step_00000002/extra.pt added"):
         resume.prepare(rd.path, steps=5)
     assert not rd.restarts() and rd.checkpoint_dir(3).is_dir()  # nothing was touched
+
+
+def test_resume_leaves_checkpoints_to_their_manifests_and_refuses_any_other_change(tmp_path, capsys):
+    """A sealed run's checkpoints changed after the seal (here: one added) are named in a warning and
+    judged by their checkpoint.json (the resume goes on from the intact one); any other change to the
+    sealed archive still refuses the resume, naming it."""
+    from launcher import checkpoint_manifest
+    from launcher.errors import ConfigErrors
+    from launcher.submit import resume
+
+    rd = _ended_run(tmp_path)
+    d = rd.checkpoint_dir(2)
+    d.mkdir(parents=True)
+    (d / "state.pt").write_bytes(b"s" * 100)
+    (d / "meta.json").write_text('{"step": 2, "metrics": []}')
+    checkpoint_manifest.write(d, 2, [])
+    rd.set_latest(d)
+    assert resume.prepare(rd.path, steps=5).done == 2
+    err = capsys.readouterr().err
+    assert "checkpoints changed after the seal" in err and "step_00000002 added after the seal" in err, err
+    (rd.path / "notes.txt").write_text("planted")
+    with pytest.raises(ConfigErrors, match=r"changed after it was sealed: notes.txt added after the seal"):
+        resume.prepare(rd.path, steps=5)
