@@ -421,7 +421,8 @@ def test_launcher_setup_secret_lifted_as_cluster_setup_is():
     from launcher.backends.slurm import setup_lines
 
     lines = [f"export HF_TOKEN={SETUP_SECRET}", "echo it's set"]
-    given = ["hydra/launcher=launcher_slurm", f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}',\"echo it's set\"]"]
+    given = ["hydra/launcher=launcher_slurm",
+             f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}',\"echo it's set\"]"]
     setup, values, overrides = generic.lifted_setup({"setup": lines}, given)
     var = "LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN"
     assert setup == [f'export HF_TOKEN="${var}"', "echo it's set"] == setup_lines(lines)
@@ -440,7 +441,8 @@ def _hydra_point(tmp_path, i):
     return OmegaConf.create({
         "x": i, "seed": i,
         "hydra": {"job": {"name": "app", "num": i, "config_name": "config", "id": f"app_{i}"},
-                  "overrides": {"task": [f"x={i}"], "hydra": [f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}']"]},
+                  "overrides": {"task": [f"x={i}"],
+                                "hydra": [f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}']"]},
                   "runtime": {"choices": {}}, "sweep": {"dir": str(tmp_path / "out"), "subdir": str(i)},
                   "launcher": {"setup": [f"export HF_TOKEN={SETUP_SECRET}"]}}})
 
@@ -451,9 +453,10 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
     app's own handler (here the default) back and the signal sent again; the setup line's secret is
     in the environment the jobs inherit only while they are submitted, and in no staged file."""
     import os
+    import shutil
     import signal
 
-    from launcher.archive import atomic
+    from launcher.archive import atomic, registry
     from launcher.job_record import JobRecord
     from launcher.rundir import SweepDir
     from launcher.submit import interrupted, signals, submission
@@ -470,6 +473,7 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
         rec = JobRecord(backend="local", job_id="100")
         for r in arr.points:
             r.staged.write_job(rec)
+        shutil.copytree(sd.path, tmp_path / "killed" / sd.path.name)  # what a SIGKILL now would leave
         return [submission.SubmittedRun(r.run_id, r.rundir, "100", record=rec) for r in arr.points]
 
     monkeypatch.setattr(submission, "_submit_array", fake_submit_array)
@@ -504,3 +508,13 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
     assert list(configs[0].hydra.launcher.setup) == ['export HF_TOKEN="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN"']
     leaked = [str(p) for p in (tmp_path / "runs").rglob("*") if p.is_file() and SETUP_SECRET.encode() in p.read_bytes()]
     assert not leaked, leaked
+
+    # killed (SIGKILL) right after the sbatch: the next `launcher runs` publishes it at once, by the journal
+    killed = SweepDir(tmp_path / "killed" / sd.path.name)
+    journal = atomic.read_json(killed.path / interrupted.JOURNAL)
+    assert journal["arrays"] == [{"job_id": "100", "runs": [0, 1]}]
+    atomic.write_json(killed.path / interrupted.JOURNAL, {**journal, "pid": 2 ** 22 + 12345})  # its launch gone
+    monkeypatch.setattr(registry, "job_states", lambda jobs: {})
+    assert interrupted.repair(killed.path.parent) == [
+        f"sweep {killed.sweep_id}: repaired an interrupted launch: published 2 run(s) whose job is recorded"]
+    assert [rd.path.name for rd in killed.runs()] == ["0", "1"] and not (killed.path / interrupted.JOURNAL).exists()
