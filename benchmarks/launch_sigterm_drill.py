@@ -2,7 +2,10 @@
 after each try, every array the launch queued is either listed whole by `launcher runs` (which
 repairs what an interrupted launch left) or cancelled. 0 orphans is the pass mark.
 
-    .venv/bin/python benchmarks/launch_sigterm_drill.py [--tries 20] [--points 40] [--seed 0]
+    .venv/bin/python benchmarks/launch_sigterm_drill.py [--tries 20] [--points 40] [--seed 0] [--app hydra]
+
+``--app hydra``: the same drill for a Hydra app of the user's own on this project's launcher plugin
+(recipes/hydra_example on ``hydra/launcher=launcher_slurm``, ``wait=false``) instead of `launch -m`.
 
 Each try: a fresh runs root and $TMPDIR; `launch -m` of a ``--points``-point sweep (one array); SIGTERM
 at one of three kinds of moment, in turn: the moment squeue first lists the array (the probe's window:
@@ -59,16 +62,25 @@ def jobs_named(name: str) -> Dict[str, str]:
     return jobs
 
 
+def command(app: str, points: int, root: Path, name: str, tmp: Path) -> List[str]:
+    if app == "hydra":  # a user's Hydra app on the plugin: its own process, its own signal handlers
+        return [sys.executable, "-m", "recipes.hydra_example.app", "-m", f"x=range({points})",
+                "hydra/launcher=launcher_slurm", "hydra.launcher.partition=debug", f"hydra.launcher.name={name}",
+                f"hydra.launcher.runs_root={root}", "hydra.launcher.wait=false", "hydra.launcher.array_parallelism=1",
+                f"++hydra.launcher.additional_parameters.begin='{HOLD}'", f"hydra.sweep.dir={tmp / 'sweep'}"]
+    return [str(BIN / "launch"), "-m", *TINY, f"submit.runs_root={root}", f"submit.job_name={name}",
+            f"seed=range({points})"]
+
+
 def one_try(points: int, delay: Optional[float], work: Path, sig: int = signal.SIGTERM,
-            after_queued: float = 0.0) -> Dict:
+            after_queued: float = 0.0, app: str = "launch") -> Dict:
     """One launch, one SIGTERM (``delay`` s after the start; None: ``after_queued`` s after squeue
     first lists the array)."""
     name = "drill-" + secrets.token_hex(3)
     root, tmp = work / "runs", work / "tmp"
     root.mkdir(parents=True)
     tmp.mkdir()
-    cmd = [str(BIN / "launch"), "-m", *TINY, f"submit.runs_root={root}", f"submit.job_name={name}",
-           f"seed=range({points})"]
+    cmd = command(app, points, root, name, tmp)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(root, tmp),
                             cwd=str(REPO))
@@ -119,6 +131,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--tries", type=int, default=20)
     ap.add_argument("--points", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--app", choices=("launch", "hydra"), default="launch",
+                    help="launch: `launch -m` (default); hydra: the example Hydra app on hydra/launcher=launcher_slurm")
     ap.add_argument("--signal", default="TERM", help="TERM (default), HUP, INT or KILL (KILL: the repair by "
                     "`launcher runs` does all the work; a KILLed launch's temporary dir is removed by the next launch)")
     args = ap.parse_args(argv)
@@ -127,13 +141,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = 0
     try:
         # how long an undisturbed launch takes: the random moments are drawn over it
-        ref = one_try(args.points, 1e9, base / "reference")
+        ref = one_try(args.points, 1e9, base / "reference", app=args.app)
         span = max(ref["at_s"], 1.0)
         print(f"reference launch (no signal): {span:.1f} s, rc {ref['rc']}, listed {ref['listed']}", flush=True)
         for i in range(args.tries):
             delay = None if i % 3 < 2 else rng.uniform(0.0, span * 1.1)
             extra = rng.uniform(0.0, 0.1) if i % 3 == 1 else 0.0
-            res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"), extra)
+            res = one_try(args.points, delay, base / f"try-{i}", getattr(signal, f"SIG{args.signal.upper()}"), extra,
+                          app=args.app)
             ok = not res["orphans"] and not res["leftovers"]
             bad += not ok
             when = (f"array in squeue +{extra:.2f} s" if extra else "array in squeue") if delay is None \

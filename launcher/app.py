@@ -220,18 +220,13 @@ def submit_points(points, into=None, indices=None):
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=CONFIG_NAME)
 def _run(cfg: DictConfig) -> None:
+    from launcher.compose import override_lines
     from launcher.submit.pipeline import Point  # lazy: `launch --help` and --cfg never load the submit path
 
     hc = HydraConfig.get()
     refuse_hydra_output_keys(hc.overrides.hydra)
     submit_points([Point(cfg=cfg, overrides=override_lines(hc.overrides.task),
                          choices=OmegaConf.to_container(hc.runtime.choices))])
-
-
-def override_lines(task) -> list:
-    """Hydra's ``overrides.task`` as typed: an override's text is not resolved (``name='x${nope}'``
-    is the config's interpolation to resolve, and to refuse naming its key, not the list's)."""
-    return [str(line) for line in OmegaConf.to_container(task, resolve=False)]
 
 
 def main() -> None:

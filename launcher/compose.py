@@ -31,6 +31,13 @@ from omegaconf import OmegaConf, ValueNode, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 
+def override_lines(overrides) -> list:
+    """Hydra's ``overrides.task`` (or ``overrides.hydra``) as typed: an override's text is not resolved
+    (``name='x${nope}'`` is the config's interpolation to resolve, and to refuse naming its key, not
+    the list's; iterating the ListConfig would resolve, and fail on, every line)."""
+    return [str(line) for line in OmegaConf.to_container(overrides, resolve=False)]
+
+
 def override_key(line: str) -> str:
     """The key an override line sets (``+key=v``, ``++key=v``, ``~key``: ``key``), without parsing it."""
     return str(line).split("=", 1)[0].lstrip("+~")

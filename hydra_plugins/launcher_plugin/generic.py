@@ -32,6 +32,7 @@ submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_r
 """
 # no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
 # sys.modules, where dataclasses cannot resolve string annotations
+import contextlib
 import functools
 import inspect
 import json
@@ -47,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,45 @@ def resolved_app_config(sweep_config: DictConfig) -> Dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
 
 
+SETUP_KEY = "hydra.launcher.setup"
+
+
+def lifted_setup(params: Dict[str, Any], hydra_overrides: Sequence[str]) -> Tuple[List[str], Dict[str, str], List[str]]:
+    """``hydra.launcher.setup`` lifted as ``cluster.setup`` is (launcher.archive.secrets.lift_shell,
+    the backend writes the sbatch script from the same lines with the same names): the lines with
+    each secret literal replaced by a reference to the ``LAUNCHER_SECRET_...`` variable that carries
+    it; those variables (exported while the jobs are submitted: the jobs inherit them); and the
+    launch's Hydra overrides with a ``hydra.launcher.setup=[...]`` given there written as the lifted
+    lines (what run.json keeps and ``launcher reproduce`` passes again)."""
+    from launcher.archive import secrets
+    from launcher.compose import override_key
+
+    lines = [str(x) for x in params.get("setup") or []]
+    lifted, values = secrets.lift_shell(lines)
+    if not values:
+        return lines, {}, list(hydra_overrides)
+    written = "[" + ",".join("'" + line.replace("'", "\\'") + "'" for line in lifted) + "]"
+    overrides = [f"{o.split('=', 1)[0]}={written}" if "=" in o and override_key(o) == SETUP_KEY else o
+                 for o in hydra_overrides]
+    return lifted, values, overrides
+
+
+@contextlib.contextmanager
+def exported(values: Dict[str, str]) -> Any:
+    """``values`` in this process's environment for the block (sbatch passes it on to the jobs),
+    the environment as it was after it: the launch runs inside the user's app."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 # ---- on the node ------------------------------------------------------------------------------------
 
 # scheduler restarts a point may have (preemptions; time limits are bounded by max_num_timeout, as
@@ -255,15 +295,22 @@ def resolved_app_config(sweep_config: DictConfig) -> Dict[str, Any]:
 _MAX_RESTARTS = 100
 
 
+def _task(cfg: DictConfig) -> List[str]:
+    """The point's task overrides as typed (launcher.compose.override_lines: never resolved)."""
+    from launcher.compose import override_lines
+
+    return override_lines(cfg.hydra.overrides.task)
+
+
 def _point(cfg: DictConfig) -> str:
     """A point as Hydra's messages name it: its job number and task overrides."""
-    return f"#{OmegaConf.select(cfg, 'hydra.job.num', default='?')} {list(cfg.hydra.overrides.task)}"
+    return f"#{OmegaConf.select(cfg, 'hydra.job.num', default='?')} {_task(cfg)}"
 
 
 def _failed_return(cfg: DictConfig, error: BaseException) -> JobReturn:
     """A FAILED JobReturn naming its point (overrides, configs): Hydra prints "Error executing job with
     overrides: [...]" when it re-raises the error on the login side."""
-    return JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+    return JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,
                      task_name=str(cfg.hydra.job.name), status=JobStatus.FAILED, _return_value=error)
 
 
@@ -283,9 +330,12 @@ class _SharedState:
 
         tmp = Path(f"{self.path}.tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            cloudpickle.dump((task_function, hydra_context, singleton_state), f)
-        os.replace(tmp, self.path)
+        try:  # the app's config, secrets included: no half-written copy is left behind
+            with open(tmp, "wb") as f:
+                cloudpickle.dump((task_function, hydra_context, singleton_state), f)
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
         self._loaded[self.path] = (task_function, hydra_context, singleton_state)
         return self
 
@@ -572,7 +622,11 @@ class _GenericLauncher(Launcher):
         known = secrets.known_secrets(apps)
         for i, overrides in enumerate(job_overrides):
             log.info(secrets.scrub(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}", known))
-        with self.composer.removed():  # Hydra's state travels to the nodes without it
+        from launcher.submit import signals
+
+        # SIGTERM/SIGHUP while the points are staged and queued: as Ctrl-C (what was queued published,
+        # the rest cancelled), then the app's own handlers decide (handlers ours only for this block)
+        with self.composer.removed(), signals.handled():  # Hydra's state travels to the nodes without it
             submitted = submit(self.backend_name, self.params, self.task_function, self.hydra_context, configs,
                                Singleton.get_state(), into=self.into, first_index=initial_job_idx, apps=apps)
         self.into = submitted.sweep_dir  # a later batch (Optuna's next trials) joins this sweep
@@ -597,7 +651,7 @@ def _app_of(cfg: DictConfig) -> DictConfig:
 
 def _queued(cfg: DictConfig, run_id: str) -> JobReturn:
     """``wait: false``: the job is queued, its JobReturn holds the run id (launcher runs / status)."""
-    return JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+    return JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,
                      working_dir=None, task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED,
                      _return_value=run_id)
 
@@ -652,9 +706,10 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
+    from launcher.compose import override_lines
     from launcher.rundir import SweepDir
     from launcher.status import Status
-    from launcher.submit import submission
+    from launcher.submit import interrupted, submission
     from launcher.sweeps import Unschedulable
 
     backend = backends.get(backend_name)
@@ -663,23 +718,6 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     folder = Path(str(params.get("submitit_folder") or "")).expanduser()
     argv = list(sys.argv if argv is None else argv)
 
-    # create: the sweep dir and one code snapshot of the app's tree
-    apps = apps if apps is not None else [resolved_app_config(c) for c in configs]
-    root = source_root(task_function, Path.cwd())
-    known = secrets.known_secrets(apps + [dict(params.get("env") or {})])
-    known.update(snapshot.tree_secrets(root))
-    sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
-    if not folder.parts:
-        folder = sd.submitit_folder
-    folder = folder.resolve()
-    # the code every point runs: a snapshot of the app's tree taken once (a later batch joins the first
-    # one's), or the archived snapshot a reproduction runs again
-    code_dir = Path(str(params["code_snapshot"])) if params.get("code_snapshot") else sd.code_dir
-    if into is None and not params.get("code_snapshot"):
-        for line in snapshot.left_out_warnings(snapshot.take(root, code_dir, known=known, exclude=[runs_root])):
-            print(f"warning: {line}", file=sys.stderr)
-    snap = snapshot.info(code_dir) or {}
-
     # the scheduler's limits: a sweep too large is refused here, before anything is written
     indices = list(range(first_index, first_index + len(configs)))
     try:
@@ -687,48 +725,77 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     except Unschedulable as e:  # TooManyJobs among them
         raise ValueError(f"hydra.launcher: {e}") from None
 
-    # stage: everything known before submission, run.json last; what every run holds alike (code and
-    # software records) once, in the sweep's shared dir (linked into each run when it starts)
-    clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
-    patch_path = code_dir / snapshot.PATCH_FILE
-    patch = clean(patch_path.read_text() if patch_path.exists() else "")
-    git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
-    snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(code_dir)})
-    versions, freeze = (clean(x) for x in _software())
-    fn = inspect.unwrap(task_function)
-    app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
-                      "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
-                      "entry": _entry(fn, root), "hydra_overrides": list(configs[0].hydra.overrides.hydra)})
-    shared = sd.shared()
-    if into is None:  # a later batch: the first one wrote them, and its runs may be reading them
-        shared.write_code(git, patch, snap_meta)
-        shared.write_software(versions, freeze)
-    staged = []
-    points: Dict[str, Any] = {}  # seeds and overrides of every point in one record (RunDir.adopt_shared)
-    with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-        for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
-            rd = sd.staging(i)
-            seed = app.get("seed") if isinstance(app, dict) else None
-            if not isinstance(seed, int) or isinstance(seed, bool):
-                seed = None
-            points[str(i)] = {
-                "seeds": None if seed is None else {
-                    "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
-                "overrides": {"overrides": clean(list(cfg.hydra.overrides.task)),
-                              "choices": clean(dict(OmegaConf.to_container(cfg.hydra.runtime.choices)))}}
-            rd.write_config(secrets.redact_config(app, known))
-            rd.write_run(clean({
-                **({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
-                **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
-                "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
-                "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
-                "kind": "hydra_app", "app": app_meta,
-                "hydra": {"job_num": int(cfg.hydra.job.num),
-                          "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
-                          "subdir": str(cfg.hydra.sweep.subdir)},
-            }))
-            staged.append(rd)
-        sd.add_points(points)
+    # hydra.launcher.setup as cluster.setup: a secret literal there travels in a LAUNCHER_SECRET_...
+    # variable; the jobs' Hydra config (pickled, their .hydra/hydra.yaml) and run.json hold the reference
+    setup, lifted, hydra_overrides = lifted_setup(params, override_lines(configs[0].hydra.overrides.hydra))
+    if lifted:
+        for cfg in configs:
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.launcher.setup = setup
+                cfg.hydra.overrides.hydra = hydra_overrides
+
+    # create: the sweep dir and one code snapshot of the app's tree
+    apps = apps if apps is not None else [resolved_app_config(c) for c in configs]
+    root = source_root(task_function, Path.cwd())
+    known = secrets.known_secrets(apps + [dict(params.get("env") or {}),
+                                          {"cluster": {"setup": [str(x) for x in params.get("setup") or []]}}])
+    known.update(snapshot.tree_secrets(root))
+    sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
+    interrupted.begin(sd.path, backend.name, indices)  # before anything is staged: `launcher runs` repairs a kill
+    staged: list = []
+    try:
+        # the code every point runs: a snapshot of the app's tree taken once (a later batch joins the first
+        # one's), or the archived snapshot a reproduction runs again
+        code_dir = Path(str(params["code_snapshot"])) if params.get("code_snapshot") else sd.code_dir
+        if into is None and not params.get("code_snapshot"):
+            for line in snapshot.left_out_warnings(snapshot.take(root, code_dir, known=known, exclude=[runs_root])):
+                print(f"warning: {line}", file=sys.stderr)
+        snap = snapshot.info(code_dir) or {}
+
+        # stage: everything known before submission, run.json last; what every run holds alike (code and
+        # software records) once, in the sweep's shared dir (linked into each run when it starts)
+        clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
+        patch_path = code_dir / snapshot.PATCH_FILE
+        patch = clean(patch_path.read_text() if patch_path.exists() else "")
+        git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
+        snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(code_dir)})
+        versions, freeze = (clean(x) for x in _software())
+        fn = inspect.unwrap(task_function)
+        app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+                          "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
+                          "entry": _entry(fn, root), "hydra_overrides": hydra_overrides})
+        shared = sd.shared()
+        if into is None:  # a later batch: the first one wrote them, and its runs may be reading them
+            shared.write_code(git, patch, snap_meta)
+            shared.write_software(versions, freeze)
+        points: Dict[str, Any] = {}  # seeds and overrides of every point in one record (RunDir.adopt_shared)
+        with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
+            for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
+                rd = sd.staging(i)
+                seed = app.get("seed") if isinstance(app, dict) else None
+                if not isinstance(seed, int) or isinstance(seed, bool):
+                    seed = None
+                points[str(i)] = {
+                    "seeds": None if seed is None else {
+                        "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
+                    "overrides": {"overrides": clean(_task(cfg)),
+                                  "choices": clean(dict(OmegaConf.to_container(cfg.hydra.runtime.choices)))}}
+                rd.write_config(secrets.redact_config(app, known))
+                rd.write_run(clean({
+                    **({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
+                    **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
+                    "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
+                    "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
+                    "kind": "hydra_app", "app": app_meta,
+                    "hydra": {"job_num": int(cfg.hydra.job.num),
+                              "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
+                              "subdir": str(cfg.hydra.sweep.subdir)},
+                }))
+                staged.append(rd)
+            sd.add_points(points)
+    except BaseException:  # an error, Ctrl-C, SIGTERM before the first sbatch: as if never launched
+        _undo(sd, indices, made=into is None, runs_root=runs_root)
+        raise
 
     # submit: one batch (one array) per chunk of at most MaxArraySize points (launcher.submit.submission)
     env = {k: v for k, v in (params.get("env") or {}).items() if not secrets.is_secret(k)}
@@ -743,25 +810,50 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
         sd.extend({"sweep_id": sd.sweep_id, "argv": clean(argv), "job_ids": job_ids, "backend": backend.name,
                    "runs": [sd.run_id(i) for i in indices], "code_snapshot": str(code_dir), "kind": "hydra_app"})
         registry.record(runs_root, [rd.path for rd in published if rd.exists()])
+        interrupted.end(sd.path)  # every run published: nothing for `launcher runs` to repair
 
     try:
         state = _SharedState(folder / f"hydra_state_{sd.sweep_id}_{first_index}.pkl").write(
             task_function, hydra_context, singleton_state)
+    except KeyboardInterrupt:
+        _undo(sd, indices, made=into is None, runs_root=runs_root)
+        raise
     except Exception as e:
         for rd in staged:
             rd.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(f"submission failed: {e}", known))
         publish([], [])
         raise
-    runs, job_ids = submission.submit([submission.Array([submission.Run(
+    arrays_ = [submission.Array([submission.Run(
         run_id=sd.run_id(i), rundir=sd.run(i), stage=sd.staging(i), cfg=shim,
         code_dir=Path(str(params.get("work_dir") or code_dir)), folder=folder,
         task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env, backend=backend.name,
                        timeout_min=int(shim.cluster.time_min), signal_delay_s=int(shim.cluster.signal_delay_s),
                        max_num_timeout=int(params.get("max_num_timeout", 3) or 0)), shared=shared,
-        num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned], known, publish=publish)
+        num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned]
+    with exported(lifted):  # the jobs inherit the variables their setup lines read
+        runs, job_ids = submission.submit(
+            arrays_, known, publish=publish,
+            queued=lambda job_id, runs: interrupted.queued(sd.path, job_id,
+                                                           [SweepDir.index_of(r.run_id) for r in runs]))
     return Submitted(sweep_id=sd.sweep_id, sweep_dir=sd.path, runs_root=runs_root,
                      run_dirs=[sd.run(i).path for i in indices], run_ids=[sd.run_id(i) for i in indices],
                      job_ids=job_ids, jobs=[r.job for r in runs])
+
+
+def _undo(sd: Any, indices: List[int], made: bool, runs_root: Path) -> None:
+    """A batch stopped before its first sbatch: its staged runs removed, and the sweep dir when this
+    batch made it (a later batch of a multirun keeps the sweep its first batch made)."""
+    import shutil
+
+    from launcher.submit import interrupted, signals
+
+    with signals.shielded():
+        for i in indices:
+            shutil.rmtree(sd.staging(i).path, ignore_errors=True)
+        if made and sd.path.parent == runs_root:
+            shutil.rmtree(sd.path, ignore_errors=True)
+        else:
+            interrupted.end(sd.path)
 
 
 def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
@@ -774,7 +866,7 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
         try:
             ret = job.results()[0]
         except Exception as e:  # killed, cancelled, node lost: no JobReturn came back
-            ret = JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=_app_of(cfg), hydra_cfg=cfg,
+            ret = JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,
                             task_name=str(cfg.hydra.job.name), status=JobStatus.FAILED,
                             _return_value=RuntimeError(f"point {_point(cfg)}: run {run_id}, job {job.job_id} ended "
                                                        f"without a result: {e}"))

@@ -132,8 +132,8 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher.app import override_lines, refuse_hydra_output_keys
-        from launcher.compose import FastPoint
+        from launcher.app import refuse_hydra_output_keys
+        from launcher.compose import FastPoint, override_lines
         from launcher.submit.pipeline import Point
 
         assert self.config is not None and self.hydra_context is not None
@@ -244,8 +244,10 @@ class LauncherPlugin(Launcher):
             try:
                 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+                from launcher.compose import override_lines
+
                 params = OmegaConf.select(self.config, "hydra.sweeper.params") or {}
-                lines = [f"{k}={v}" for k, v in params.items()] + list(self.config.hydra.overrides.task)
+                lines = [f"{k}={v}" for k, v in params.items()] + override_lines(self.config.hydra.overrides.task)
                 parsed = OverridesParser.create().parse_overrides(lines)
                 self._swept_keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
             except Exception:  # only what a line shows
@@ -261,8 +263,10 @@ class LauncherPlugin(Launcher):
             from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
+            from launcher.compose import override_lines
+
             params = [f"{k}={v}" for k, v in (OmegaConf.select(self.config, "hydra.sweeper.params") or {}).items()]
-            lines = params + list(self.config.hydra.overrides.task)
+            lines = params + override_lines(self.config.hydra.overrides.task)
             parsed = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(lines)
             batch_size = OmegaConf.select(self.config, "hydra.sweeper.max_batch_size")
             batches = BasicSweeper.split_arguments(parsed, batch_size)

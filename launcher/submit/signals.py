@@ -8,10 +8,11 @@ after Ctrl-C cleans up after these too); inside ``shielded()`` a signal is held 
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -53,6 +54,35 @@ def install() -> None:
         # a handler someone else installed (a test runner's), or SIGHUP ignored (nohup): theirs to keep
         if current in (signal.SIG_DFL, signal.default_int_handler, _handler):
             signal.signal(sig, _handler)
+
+
+@contextmanager
+def handled(resend: Callable[[int, int], None] = os.kill) -> Iterator[None]:
+    """``install`` for the block only, the handlers it found put back after it: for a launch inside
+    someone else's process (a Hydra app's multirun on this project's launcher plugin). A SIGTERM or
+    SIGHUP that stopped the block (Terminated: what was queued published, the rest cancelled) is
+    sent again once the process's own handlers are back, so the process then ends, or goes on, as it
+    would have without us; Terminated is raised if it goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in HANDLED}
+    install()
+    try:
+        yield
+    except Terminated as e:
+        _restore(previous)
+        resend(os.getpid(), e.signum)  # by default: the process ends by that signal, as it would have
+        raise
+    finally:
+        _restore(previous)
+
+
+def _restore(previous: dict) -> None:
+    _held.clear()
+    for sig, handler in previous.items():
+        if handler is not None:  # None: a handler not installed from Python, nothing to put back
+            signal.signal(sig, handler)
 
 
 @contextmanager

@@ -267,12 +267,23 @@ def test_sweep_larger_than_max_array_size_splits(slurm, runs_root, tmp_path):
 
 @pytest.mark.slurm
 def test_wait_false_returns_once_queued(slurm, runs_root, tmp_path):
+    """...and a secret exported in hydra.launcher.setup reaches the job (its setup line reads it from the
+    LAUNCHER_SECRET_ variable the job inherits) and no file of the archive."""
+    secret = "hf_hydraSetup0123456789"
+    seen = tmp_path / "seen"
+    setup = f"hydra.launcher.setup=['export HF_TOKEN={secret}','printf %s \"$HF_TOKEN\" > {seen}']"
     res = run_app(["-m", "x=3,4", "sleep_s=2", "hydra/launcher=launcher_slurm", "hydra.launcher.partition=debug",
-                   "hydra.launcher.wait=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                   "hydra.launcher.wait=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", setup],
                   runs_root, cwd=tmp_path, extra_env=slurm)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = wait_final(runs_root, 2, timeout=300)
     assert [RunDir(r["dir"]).status().summary["return_value"] for r in runs] == [quadratic(3, 0), quadratic(4, 0)]
+    assert seen.read_text() == secret  # the job's setup line had the value
+    assert secret not in res.stdout + res.stderr
+    script = RunDir(runs[0]["dir"]).script()
+    assert 'export HF_TOKEN="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN"' in script and secret not in script
+    leaked = [str(p) for p in runs_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked
 
 
 def test_optuna_sweeper_gets_the_return_values(runs_root, tmp_path):

@@ -394,3 +394,127 @@ def test_result_written_before_the_outcome_and_unpicklable_values_fail(tmp_path,
     assert ret.status == JobStatus.FAILED and ret.overrides == ["+x=2", "+mode=gen"]
     assert "point #1 ['+x=2', '+mode=gen']: its return value cannot be pickled" in str(ret._return_value)
     assert pickle.loads(kept.read_bytes())[1].status == JobStatus.FAILED
+
+
+# ---- issue 27 for a user's Hydra app: overrides as typed, hydra.launcher.setup lifted, the journal ----
+
+
+def test_overrides_read_as_typed_never_resolved():
+    """An override's text holds what Hydra's grammar took as typed (``name=x${nope}``): the plugin's
+    JobReturns and messages show it as typed instead of resolving it (which fails)."""
+    cfg = OmegaConf.create({"hydra": {"overrides": {"task": ["name=x${nope}"]}, "job": {"name": "app", "num": 3}},
+                            "x": 1})
+    assert generic._queued(cfg, "S-0").overrides == ["name=x${nope}"]
+    assert generic._point(cfg) == "#3 ['name=x${nope}']"
+    assert generic._failed_return(cfg, ValueError("no")).overrides == ["name=x${nope}"]
+
+
+SETUP_SECRET = "hf_setupSecret0123456789"
+
+
+def test_launcher_setup_secret_lifted_as_cluster_setup_is():
+    """``export HF_TOKEN=...`` in hydra.launcher.setup: the line reads the LAUNCHER_SECRET_ variable
+    the sbatch script's line reads too (same name), the value travels in it, and the Hydra override
+    that gave it is archived as the lifted lines (Hydra's grammar reads them back)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launcher.backends.slurm import setup_lines
+
+    lines = [f"export HF_TOKEN={SETUP_SECRET}", "echo it's set"]
+    given = ["hydra/launcher=launcher_slurm",
+             f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}',\"echo it's set\"]"]
+    setup, values, overrides = generic.lifted_setup({"setup": lines}, given)
+    var = "LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN"
+    assert setup == [f'export HF_TOKEN="${var}"', "echo it's set"] == setup_lines(lines)
+    assert values == {var: SETUP_SECRET}
+    assert overrides[0] == given[0] and SETUP_SECRET not in " ".join(overrides)
+    (parsed,) = OverridesParser.create().parse_overrides([overrides[1]])
+    assert parsed.get_key_element() == "hydra.launcher.setup" and parsed.value() == setup
+    assert generic.lifted_setup({"setup": ["echo hi"]}, given[:1]) == (["echo hi"], {}, given[:1])
+
+
+def _task_for_submit(cfg):
+    return cfg.x
+
+
+def _hydra_point(tmp_path, i):
+    return OmegaConf.create({
+        "x": i, "seed": i,
+        "hydra": {"job": {"name": "app", "num": i, "config_name": "config", "id": f"app_{i}"},
+                  "overrides": {"task": [f"x={i}"],
+                                "hydra": [f"hydra.launcher.setup=['export HF_TOKEN={SETUP_SECRET}']"]},
+                  "runtime": {"choices": {}}, "sweep": {"dir": str(tmp_path / "out"), "subdir": str(i)},
+                  "launcher": {"setup": [f"export HF_TOKEN={SETUP_SECRET}"]}}})
+
+
+def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c(tmp_path, monkeypatch):
+    """The plugin's submission keeps ``.launch.json`` as ``launch`` does (`launcher runs` repairs a
+    killed one at once); SIGTERM during it: what was queued is published, the journal removed, the
+    app's own handler (here the default) back and the signal sent again; the setup line's secret is
+    in the environment the jobs inherit only while they are submitted, and in no staged file."""
+    import os
+    import shutil
+    import signal
+
+    from launcher.archive import atomic, registry
+    from launcher.job_record import JobRecord
+    from launcher.rundir import SweepDir
+    from launcher.submit import interrupted, signals, submission
+
+    saw = {}
+
+    def fake_submit_array(arr, known, job_name, queued):
+        sd = SweepDir(arr.points[0].rundir.path.parent)
+        saw["journal"] = atomic.read_json(sd.path / interrupted.JOURNAL)
+        saw["env"] = os.environ.get("LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN")
+        saw["leaks"] = [str(p) for p in sd.path.rglob("*") if p.is_file() and SETUP_SECRET.encode() in p.read_bytes()]
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while sbatch runs: held until it is recorded
+        queued("100", arr.points)
+        rec = JobRecord(backend="local", job_id="100")
+        for r in arr.points:
+            r.staged.write_job(rec)
+        shutil.copytree(sd.path, tmp_path / "killed" / sd.path.name)  # what a SIGKILL now would leave
+        return [submission.SubmittedRun(r.run_id, r.rundir, "100", record=rec) for r in arr.points]
+
+    monkeypatch.setattr(submission, "_submit_array", fake_submit_array)
+    monkeypatch.setattr(generic, "_software", lambda: ({"python": "3"}, ""))  # no pip freeze in a pure test
+    (tmp_path / "code").mkdir()
+    params = {"runs_root": str(tmp_path / "runs"), "submitit_folder": str(tmp_path / "sub"),
+              "code_snapshot": str(tmp_path / "code"), "setup": [f"export HF_TOKEN={SETUP_SECRET}"]}
+    configs = [_hydra_point(tmp_path, i) for i in range(2)]
+    saved = {s: signal.getsignal(s) for s in signals.HANDLED}
+    sent = []
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as an app's process has it
+        with pytest.raises(signals.Terminated):
+            with signals.handled(resend=lambda pid, sig: sent.append((pid, sig))):
+                generic.submit("local", params, _task_for_submit, None, configs, {}, argv=["app.py", "-m"])
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the app's own, back
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    j = saw["journal"]
+    assert j["pid"] == os.getpid() and j["indices"] == [0, 1] and j["arrays"] == []
+    assert saw["env"] == SETUP_SECRET and "LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN" not in os.environ
+    assert saw["leaks"] == []
+    (sweep,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    sd = SweepDir(sweep)
+    assert not (sd.path / interrupted.JOURNAL).exists()
+    assert [sd.run(i).job().job_id for i in range(2)] == ["100", "100"]  # published, its job recorded
+    run = sd.run(0).run()
+    assert run["app"]["hydra_overrides"] == [
+        "hydra.launcher.setup=['export HF_TOKEN=\"$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN\"']"]
+    assert list(configs[0].hydra.launcher.setup) == ['export HF_TOKEN="$LAUNCHER_SECRET_CLUSTER_SETUP_HF_TOKEN"']
+    leaked = [str(p) for p in (tmp_path / "runs").rglob("*") if p.is_file() and SETUP_SECRET.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+    # killed (SIGKILL) right after the sbatch: the next `launcher runs` publishes it at once, by the journal
+    killed = SweepDir(tmp_path / "killed" / sd.path.name)
+    journal = atomic.read_json(killed.path / interrupted.JOURNAL)
+    assert journal["arrays"] == [{"job_id": "100", "runs": [0, 1]}]
+    atomic.write_json(killed.path / interrupted.JOURNAL, {**journal, "pid": 2 ** 22 + 12345})  # its launch gone
+    monkeypatch.setattr(registry, "job_states", lambda jobs: {})
+    assert interrupted.repair(killed.path.parent) == [
+        f"sweep {killed.sweep_id}: repaired an interrupted launch: published 2 run(s) whose job is recorded"]
+    assert [rd.path.name for rd in killed.runs()] == ["0", "1"] and not (killed.path / interrupted.JOURNAL).exists()

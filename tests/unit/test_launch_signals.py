@@ -67,6 +67,29 @@ def test_a_handler_someone_else_installed_is_kept():
         signal.signal(signal.SIGTERM, saved)
 
 
+def test_handled_installs_for_the_block_only_and_sends_the_signal_again():
+    """Inside someone else's process (a Hydra app's multirun): ours only while the block runs, theirs
+    back after it, a SIGTERM that stopped the block sent again to the process's own disposition."""
+    saved = {s: signal.getsignal(s) for s in signals.HANDLED}
+    theirs = lambda *_: None  # noqa: E731
+    sent = []
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, theirs)
+        with signals.handled(resend=lambda pid, sig: sent.append(sig)):
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # ours now
+            assert signal.getsignal(signal.SIGHUP) is theirs  # someone else's: kept
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and sent == []
+        with pytest.raises(signals.Terminated):
+            with signals.handled(resend=lambda pid, sig: sent.append(sig)):
+                os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and sent == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGHUP) is theirs
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
 def _runs(tmp_path, sd, indices):
     out = []
     for i in indices:
