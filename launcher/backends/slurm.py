@@ -569,9 +569,8 @@ class SlurmBackend(Backend):
             conf = limits_from_config(text)
             if jobs is None and enforces_limits(text):  # association and QOS limits apply only when enforced
                 accounting = accounting_limits(user)
-        rows = queued_from_squeue(_run(["squeue", "-h", "-r", "-u", user, "-o",
-                                                    QUEUE_FORMAT])) if (
-            jobs is not None or conf.get("max_submit_jobs") or accounting) else []
+        counted = jobs is not None or conf.get("max_submit_jobs") or accounting
+        rows = queued_from_squeue(_run(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT])) if counted else []
         if jobs is not None:
             return ArrayLimits(size or conf.get("max_array_size"), jobs, len(rows))
         bounds = []
@@ -579,8 +578,9 @@ class SlurmBackend(Backend):
             bounds.append(ArrayLimits(None, conf["max_submit_jobs"], len(rows)))
         if accounting:
             assocs, qos_limits = accounting
-            part_qos = partition_qos_from_scontrol(_run(["scontrol", "show", "partition", "-o"]),
-                                                               part) if any(qos_limits.values()) else None
+            part_qos = None
+            if any(v is not None for v in qos_limits.values()):  # (0 is a limit: nothing may be queued)
+                part_qos = partition_qos_from_scontrol(_run(["scontrol", "show", "partition", "-o"]), part)
             bounds += submit_bounds(assocs, qos_limits, rows, account, part, qos, part_qos)
         if conf.get("max_job_count"):  # the controller's, over every user's jobs it holds (ended ones too,
             # for MinJobAge): sbatch past it retries for minutes, then fails "Resource temporarily unavailable"

@@ -171,6 +171,8 @@ def test_the_association_and_qos_a_job_runs_under_pick_the_limits():
     # a partition's QOS holds every job in that partition
     got = slurm.submit_bounds(assocs, {"gpuq": 2}, queued, account="other", partition="gpu", partition_qos="gpuq")
     assert [(b.max_submit_jobs, b.queued) for b in got] == [(50, 2), (2, 2)]
+    # a limit of 0 is one (nothing may be queued), not "unset"
+    assert [b.room for b in slurm.submit_bounds([], {"normal": 0}, [])] == [0]
     # the local cluster's association: nothing set, nothing refused; no association at all: the same
     assert slurm.submit_bounds(slurm.associations_from_sacctmgr(ASSOC_LOCAL), {"normal": None}, queued) == []
     assert slurm.submit_bounds([], qos, queued, qos="long") == [slurm.ArrayLimits(None, 3, 3, bound=(
