@@ -26,7 +26,9 @@ class ArrayLimits:
     max_array_size: Optional[int] = None
     max_submit_jobs: Optional[int] = None
     queued: int = 0
-    bound: str = "MaxSubmitJobs"  # which limit max_submit_jobs is (MAX_JOB_COUNT: the controller's, all users)
+    # which limit max_submit_jobs is, as the refusal names it (MAX_JOB_COUNT: the controller's, all users;
+    # "MaxSubmitJobs of association a, sacctmgr", ...)
+    bound: str = "MaxSubmitJobs"
 
     @property
     def room(self) -> float:
@@ -79,12 +81,12 @@ def plan_arrays(sizes: Sequence[int], limits: ArrayLimits, parallelism: Sequence
                 f"jobs (MaxJobCount, every user's, ended ones too for a while; each array task counts) and holds "
                 f"{limits.queued} now: {room} can be submitted now. Nothing was submitted; split the sweep or "
                 "wait for queued jobs to end")
-        already = f", {limits.queued} already queued" if limits.queued else ""
+        already = f", {limits.queued} already queued or running" if limits.queued else ""
         raise TooManyJobs(
             f"the sweep has {total} points, but the cluster lets one user queue {limits.max_submit_jobs} jobs "
-            f"(MaxSubmitJobs; each array task counts{already}): {room} can be submitted now. "
-            "Nothing was submitted; split the sweep, wait for queued jobs to end, or set "
-            "cluster.max_submit_jobs if the limit read from the scheduler is wrong")
+            f"({limits.bound}; each array task counts{already}): {room} can be submitted now. "
+            "Nothing was submitted; launch fewer points at once, wait for queued jobs to end, or cancel "
+            "some (launcher cancel)")
     size = int(limits.max_array_size) if limits.max_array_size else None
     out: List[Chunk] = []
     for g, n in enumerate(sizes):

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from launcher.backends.base import Backend, JobState, limit_overrides, request_limits, submitit_parameters
 from launcher.job_record import JobRecord
@@ -167,6 +167,144 @@ def max_submit_from_sacctmgr(text: str) -> Optional[int]:
     return min(values) if values else None
 
 
+# ---- the user's submit limits in the accounting database (pure: sacctmgr's and squeue's text in) ----
+# MaxSubmitJobs / GrpSubmitJobs of the user's association and MaxSubmitJobsPerUser of the job's QOS live
+# in slurmdbd, not in `scontrol show config`: sbatch refuses a job past them ("Job violates
+# accounting/QOS policy (job submit limit, ...)"), counting every pending or running array task as one
+# job. MaxJobs (running jobs) is not among them: jobs past it wait, queued.
+
+# `sacctmgr -n -P show user USER withassoc format=...`: one row per association of the user
+ASSOC_FORMAT = "User,DefaultAccount,Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS,QOS"
+# `sacctmgr -n -P show qos format=...`
+QOS_FORMAT = "Name,MaxSubmitPU"
+# `squeue -h -r -u USER -o ...`: one row per job, each array task its own (-r)
+QUEUE_FORMAT = "%i|%a|%q|%P"
+
+
+@dataclass(frozen=True)
+class Association:
+    """One of the user's associations (account, partition) as sacctmgr shows it (None: unset)."""
+
+    account: str
+    partition: str = ""  # "": every partition without an association of its own
+    max_submit: Optional[int] = None
+    grp_submit: Optional[int] = None
+    default_qos: str = ""
+    qos: Tuple[str, ...] = ()
+    default_account: str = ""  # the user's
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One job (array task) the user has pending or running, as squeue shows it."""
+
+    account: str = ""
+    qos: str = ""
+    partition: str = ""
+
+
+def _limit_value(word: str) -> Optional[int]:
+    word = word.strip()
+    return int(word) if word.isdigit() else None  # "" (unset) or anything unreadable: no limit
+
+
+def associations_from_sacctmgr(text: str) -> List[Association]:
+    """``sacctmgr -n -P show user USER withassoc format=ASSOC_FORMAT`` -> one Association per row."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 8 or not parts[2].strip():
+            continue
+        _, default, account, part, max_submit, grp_submit, def_qos, qos = (p.strip() for p in parts)
+        out.append(Association(account, part, _limit_value(max_submit), _limit_value(grp_submit), def_qos,
+                               tuple(q for q in qos.split(",") if q), default))
+    return out
+
+
+def qos_limits_from_sacctmgr(text: str) -> Dict[str, Optional[int]]:
+    """``sacctmgr -n -P show qos format=QOS_FORMAT`` -> {qos name: MaxSubmitJobsPerUser or None}."""
+    out: Dict[str, Optional[int]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 2 and parts[0].strip():
+            out[parts[0].strip()] = _limit_value(parts[1])
+    return out
+
+
+def queued_from_squeue(text: str) -> List[QueuedJob]:
+    """``squeue -h -r -u USER -o QUEUE_FORMAT`` -> one QueuedJob per line (a bare id: one job, fields unknown)."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.strip().split("|")]
+        if parts[0]:
+            out.append(QueuedJob(*(parts[1:4] + ["", "", ""])[:3]))
+    return out
+
+
+def association_of(assocs: Sequence[Association], account: Optional[str],
+                   partition: Optional[str]) -> Optional[Association]:
+    """The association a job of ``account`` (None: the user's default) on ``partition`` runs under:
+    the one of that partition, else the account's partition-less one (as slurmctld picks)."""
+    if not assocs:
+        return None
+    acct = account or assocs[0].default_account
+    rows = [a for a in assocs if a.account == acct]
+    exact = [a for a in rows if partition and a.partition == partition]
+    return (exact or [a for a in rows if not a.partition] or [None])[0]
+
+
+def qos_of(assoc: Optional[Association], qos: Optional[str]) -> str:
+    """The QOS a job runs under: the one it asks for, else its association's default, else the
+    association's only QOS, else ``normal`` (slurmctld's order)."""
+    if qos:
+        return qos
+    if assoc is not None and assoc.default_qos:
+        return assoc.default_qos
+    if assoc is not None and len(assoc.qos) == 1:
+        return assoc.qos[0]
+    return "normal"
+
+
+def submit_bounds(assocs: Sequence[Association], qos_limits: Dict[str, Optional[int]], queued: Sequence[QueuedJob],
+                  account: Optional[str] = None, partition: Optional[str] = None,
+                  qos: Optional[str] = None, partition_qos: Optional[str] = None) -> List[ArrayLimits]:
+    """Every submit limit set for a job of (account, partition, qos), each with the user's jobs that
+    count against it: the association's MaxSubmitJobs and GrpSubmitJobs (the user's jobs in that
+    account; sacctmgr shows MaxSubmitJobs inherited from the parent accounts), the QOS's and the
+    partition QOS's MaxSubmitJobsPerUser (the user's jobs in that QOS). Empty: none set or none read."""
+    assoc = association_of(assocs, account, partition)
+    out: List[ArrayLimits] = []
+    if assoc is not None:
+        where = f"association {assoc.account}" + (f"/{assoc.partition}" if assoc.partition else "")
+        # a job squeue could not say the account of counts too: a bound read too tight beats sbatch's refusal
+        held = sum(1 for j in queued if j.account in (assoc.account, "")
+                   and (not assoc.partition or j.partition in (assoc.partition, "")))
+        for name, value in (("MaxSubmitJobs", assoc.max_submit), ("GrpSubmitJobs", assoc.grp_submit)):
+            if value is not None:
+                out.append(ArrayLimits(None, value, held, bound=f"{name} of {where}, sacctmgr"))
+    job_qos = qos_of(assoc, qos)
+    if qos_limits.get(job_qos) is not None:
+        held = sum(1 for j in queued if j.qos in (job_qos, ""))
+        out.append(ArrayLimits(None, qos_limits[job_qos], held,
+                               bound=f"MaxSubmitJobsPerUser of QOS {job_qos}, sacctmgr"))
+    if partition_qos and partition_qos != job_qos and qos_limits.get(partition_qos) is not None:
+        # a partition's QOS applies to every job in the partition, whatever the job's own QOS
+        held = sum(1 for j in queued if not partition or j.partition in (partition, ""))
+        out.append(ArrayLimits(None, qos_limits[partition_qos], held,
+                               bound=f"MaxSubmitJobsPerUser of QOS {partition_qos} (the partition's), sacctmgr"))
+    return out
+
+
+def partition_qos_from_scontrol(text: str, partition: Optional[str]) -> Optional[str]:
+    """The QoS= of ``partition`` (None: the default one) in ``scontrol show partition -o`` (None: none)."""
+    for line in text.splitlines():
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if (fields.get("PartitionName") == partition) if partition else fields.get("Default") == "YES":
+            value = fields.get("QoS", "")
+            return value if value and value != "N/A" else None
+    return None
+
+
 JOB_NAME_MAX = 1024  # slurmctld refuses a longer name ("Pathname ... too long")
 CAPACITY_TTL_S = 600.0  # sinfo's node sizes, cached this long (per user, host and SLURM_CONF)
 
@@ -239,19 +377,20 @@ def capacity_problems(nodes: List[NodeSize], partition: Optional[str], want_node
             f"({len(in_part)} nodes in all, sinfo)"]
 
 
-def _capacity_cache() -> Path:
+def _cache_file(kind: str) -> Path:
+    """Where what ``kind`` the cluster said is cached: per user, host and SLURM_CONF."""
     import hashlib
 
     key = hashlib.sha256(f"{os.getuid()}|{socket.gethostname()}|{os.environ.get('SLURM_CONF', '')}".encode())
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "launcher" / f"slurm-nodes-{key.hexdigest()[:16]}.json"
+    return base / "launcher" / f"slurm-{kind}-{key.hexdigest()[:16]}.json"
 
 
 def cluster_nodes() -> List[NodeSize]:
     """Every node of every partition (sinfo), cached for CAPACITY_TTL_S: each launch asks once at most."""
     from launcher.archive import atomic  # lazy: only when a request is checked against the cluster
 
-    cache = _capacity_cache()
+    cache = _cache_file("nodes")
     got = atomic.read_json(cache)
     if isinstance(got, dict) and time.time() - float(got.get("at", 0)) < CAPACITY_TTL_S:
         try:
@@ -265,6 +404,33 @@ def cluster_nodes() -> List[NodeSize]:
         except OSError:  # a read-only home: asked again next time
             pass
     return nodes
+
+
+def accounting_limits(user: str) -> Optional[Tuple[List[Association], Dict[str, Optional[int]]]]:
+    """The user's associations and every QOS's MaxSubmitJobsPerUser (``sacctmgr``; cached for
+    CAPACITY_TTL_S: slurmdbd is asked once per launch at most). None: unreadable (no slurmdbd, no
+    sacctmgr, no association of the user's): nothing is refused for them, sbatch judges."""
+    from launcher.archive import atomic  # lazy: only when a sweep is checked against the limits
+
+    cache = _cache_file("accounting")
+    got = atomic.read_json(cache)
+    if isinstance(got, dict) and got.get("user") == user and time.time() - float(got.get("at", 0)) < CAPACITY_TTL_S:
+        try:
+            return ([Association(**{**a, "qos": tuple(a["qos"])}) for a in got["assocs"]],
+                    {str(k): v for k, v in got["qos"].items()})
+        except (KeyError, TypeError, AttributeError):
+            pass
+    assocs = associations_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "user", user, "withassoc",
+                                                          f"format={ASSOC_FORMAT}"]))
+    if not assocs:
+        return None
+    qos = qos_limits_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "qos",
+                                                     f"format={QOS_FORMAT}"]))
+    try:
+        atomic.write_json(cache, {"at": time.time(), "user": user, "assocs": [a.__dict__ for a in assocs], "qos": qos})
+    except OSError:  # a read-only home: asked again next time
+        pass
+    return assocs, qos
 
 
 def _run(cmd: List[str]) -> str:
@@ -381,31 +547,41 @@ class SlurmBackend(Backend):
         return ids
 
     def array_limits(self, cfg: Any = None) -> Any:
-        """MaxArraySize and MaxJobCount from ``scontrol show config``, the user's MaxSubmitJobs from its
-        association (``sacctmgr``, when AccountingStorageEnforce enforces limits), and the tighter of
-        two rooms: MaxSubmitJobs less the jobs (array tasks counted one by one) the user has queued now
-        (``squeue -r -u USER``), MaxJobCount less every job the controller holds (``squeue -r -t all``,
-        every user's). cluster.max_array_size /
-        cluster.max_submit_jobs replace the scheduler's values and spare the queries they make moot."""
+        """MaxArraySize and MaxJobCount from ``scontrol show config``; when AccountingStorageEnforce
+        enforces limits, the user's submit limits from the accounting database (association
+        MaxSubmitJobs / GrpSubmitJobs, the QOS's MaxSubmitJobsPerUser: ``sacctmgr``, cached; unreadable:
+        none, sbatch judges); and the tightest room: each limit less the jobs (array tasks counted one by
+        one) the user has queued now against it (``squeue -r -u USER``), MaxJobCount less every job the
+        controller holds (``squeue -r -t all``, every user's). ``cfg``'s cluster.account / partition /
+        qos pick the association and QOS. cluster.max_array_size / cluster.max_submit_jobs replace the
+        scheduler's values and spare the queries they make moot."""
         import getpass  # getpass (termios): only when the scheduler's limits are read
 
         user = getpass.getuser()
         size, jobs = limit_overrides(cfg)
+        cl = getattr(cfg, "cluster", None) if cfg is not None else None
+        account, part, qos = (str(cl.get(k)) if cl is not None and cl.get(k) else None
+                              for k in ("account", "partition", "qos"))
         conf: Dict[str, Optional[int]] = {}
+        accounting: Optional[Any] = None
         if size is None or jobs is None:
             text = _run(["scontrol", "show", "config"])
             conf = limits_from_config(text)
-            if jobs is None and enforces_limits(text):  # association limits apply only when enforced
-                conf["assoc"] = max_submit_from_sacctmgr(_run(["sacctmgr", "-n", "-P", "show", "assoc",
-                                                               f"where user={user}", "format=MaxSubmit"]))
-        queued = len(_run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split()) if (
-            jobs is not None or conf.get("max_submit_jobs") or conf.get("assoc")) else 0
+            if jobs is None and enforces_limits(text):  # association and QOS limits apply only when enforced
+                accounting = accounting_limits(user)
+        counted = jobs is not None or conf.get("max_submit_jobs") or accounting
+        rows = queued_from_squeue(_run(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT])) if counted else []
         if jobs is not None:
-            return ArrayLimits(size or conf.get("max_array_size"), jobs, queued)
+            return ArrayLimits(size or conf.get("max_array_size"), jobs, len(rows))
         bounds = []
-        per_user = [v for v in (conf.get("max_submit_jobs"), conf.get("assoc")) if v]
-        if per_user:
-            bounds.append(ArrayLimits(None, min(per_user), queued))
+        if conf.get("max_submit_jobs"):
+            bounds.append(ArrayLimits(None, conf["max_submit_jobs"], len(rows)))
+        if accounting:
+            assocs, qos_limits = accounting
+            part_qos = None
+            if any(v is not None for v in qos_limits.values()):  # (0 is a limit: nothing may be queued)
+                part_qos = partition_qos_from_scontrol(_run(["scontrol", "show", "partition", "-o"]), part)
+            bounds += submit_bounds(assocs, qos_limits, rows, account, part, qos, part_qos)
         if conf.get("max_job_count"):  # the controller's, over every user's jobs it holds (ended ones too,
             # for MinJobAge): sbatch past it retries for minutes, then fails "Resource temporarily unavailable"
             held = len(_run(["squeue", "-h", "-r", "-t", "all", "-o", "%i"]).split())

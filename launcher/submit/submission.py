@@ -25,6 +25,7 @@ from launcher.submit import signals
 from launcher.sweeps import Unschedulable, plan_arrays
 
 T = TypeVar("T")
+SUBMIT_SCOPE = ("account", "partition", "qos")  # the cluster.* keys that choose which submit limits apply
 
 
 @dataclass
@@ -64,10 +65,13 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
     out: List[Array[T]] = []
     for name, gs in by_backend.items():
         cfgs = [cfg(x) for g in gs for x in g]
-
-        asked = SimpleNamespace(cluster={"max_array_size": _smallest(cfgs, "max_array_size"),
-                                         "max_submit_jobs": _smallest(cfgs, "max_submit_jobs")})
-        limits = backends.get(name).array_limits(asked)
+        overrides = {"max_array_size": _smallest(cfgs, "max_array_size"),
+                     "max_submit_jobs": _smallest(cfgs, "max_submit_jobs")}
+        # the account, partition and QOS pick the submit limits that apply; points that differ in them
+        # are held to the tightest (every point's job counted against it)
+        scopes = dict.fromkeys(tuple(c.cluster.get(k) for k in SUBMIT_SCOPE) for c in cfgs)
+        asked = [SimpleNamespace(cluster={**overrides, **dict(zip(SUBMIT_SCOPE, s))}) for s in scopes]
+        limits = min((backends.get(name).array_limits(a) for a in asked), key=lambda lim: lim.room)
         throttle = [min(int(cfg(x).cluster.array_parallelism) for x in g) for g in gs]
         chunks = plan_arrays([len(g) for g in gs], limits, throttle)
         out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)

@@ -198,3 +198,29 @@ def test_retried_and_resumed_runs_archive_their_new_script_and_scrub_submitits_f
     assert "export X=<redacted>" in retried
     leaks = [str(p) for p in runs_root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaks, leaks
+
+
+@pytest.mark.timeout(120)
+def test_the_users_submit_limits_are_read_from_the_real_sacctmgr(slurm, tmp_path, monkeypatch):
+    """Read only: the local cluster's slurmdbd has no MaxSubmitJobs / MaxSubmitJobsPerUser set, so a
+    sweep goes on, held only to MaxJobCount. AccountingStorageEnforce is none there: pretend it lists
+    ``limits`` so that the launch's own path asks sacctmgr."""
+    import getpass
+
+    from launcher.backends import slurm as backend
+    from launcher.sweeps import MAX_JOB_COUNT, plan_arrays
+
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    got = backend.accounting_limits(getpass.getuser())
+    assert got is not None, "sacctmgr show user ... withassoc listed no association"
+    assocs, qos = got
+    assert backend.association_of(assocs, None, None) is not None, assocs
+    assert "normal" in qos, qos
+    assert backend.submit_bounds(assocs, qos, []) == []  # nothing set: nothing refused
+    assert list(tmp_path.glob("launcher/slurm-accounting-*.json"))  # cached for the next launch
+    monkeypatch.setattr(backend, "enforces_limits", lambda text: True)
+    lim = backend.SlurmBackend().array_limits(None)
+    assert lim.bound == MAX_JOB_COUNT and lim.max_array_size == 1001, lim
+    assert len(plan_arrays([3], lim, [1])) == 1

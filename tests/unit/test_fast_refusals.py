@@ -5,6 +5,7 @@ cannot hold runs under, a sweep larger than MaxJobCount leaves room for. The cas
 Pure: sinfo and squeue are faked."""
 import io
 import time
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -116,3 +117,140 @@ def test_max_job_count_counts_every_users_jobs(monkeypatch):
     assert (lim.max_array_size, lim.max_submit_jobs, lim.queued, lim.bound) == (1001, 10000, 9000, MAX_JOB_COUNT)
     assert lim.room == 999
     assert ["squeue", "-h", "-r", "-t", "all", "-o", "%i"] in calls
+
+
+# ---- the user's submit limits from the accounting database (sacctmgr), fed canned outputs ---------
+
+# `sacctmgr -n -P show user U withassoc format=slurm.ASSOC_FORMAT`: the local cluster's (nothing
+# set), and a site's (proj: MaxSubmitJobs=10; other: GrpSubmitJobs=50 on partition gpu; QOS lists)
+ASSOC_LOCAL = "root|root|root|||||normal\n"
+ASSOC_SITE = ("alice|proj|proj||10|||normal,long\n"
+              "alice|proj|other|||||normal\n"
+              "alice|proj|other|gpu||50|long|normal,long\n")
+QOS_SITE = "normal|\nlong|3\nshort|\n"  # `sacctmgr -n -P show qos format=Name,MaxSubmitPU`
+# `squeue -h -r -u U -o "%i|%a|%q|%P"`: 4 of proj (a pending array's tasks one line each), 3 of other
+QUEUE_SITE = ("77_1|proj|normal|cpu\n77_2|proj|normal|cpu\n77_3|proj|normal|cpu\n80|proj|long|cpu\n"
+              "81|other|normal|cpu\n82|other|long|gpu\n83|other|long|gpu\n")
+SCONTROL_ENFORCED = "MaxArraySize = 1001\nMaxJobCount = 10000\nAccountingStorageEnforce = associations,limits\n"
+
+
+def test_sacctmgr_and_squeue_outputs_are_read():
+    assert slurm.associations_from_sacctmgr(ASSOC_LOCAL) == [slurm.Association("root", "", None, None, "", ("normal",),
+                                                                         "root")]
+    site = slurm.associations_from_sacctmgr(ASSOC_SITE + "sacctmgr: error: garbage\n")
+    assert [(a.account, a.partition, a.max_submit, a.grp_submit, a.default_qos) for a in site] == [
+        ("proj", "", 10, None, ""), ("other", "", None, None, ""), ("other", "gpu", None, 50, "long")]
+    assert slurm.qos_limits_from_sacctmgr(QOS_SITE) == {"normal": None, "long": 3, "short": None}
+    queued = slurm.queued_from_squeue(QUEUE_SITE)
+    assert len(queued) == 7 and queued[0] == slurm.QueuedJob("proj", "normal", "cpu")
+    assert slurm.queued_from_squeue("1\n2\n") == [slurm.QueuedJob(), slurm.QueuedJob()]  # bare ids: fields unknown
+    assert slurm.associations_from_sacctmgr("") == [] and slurm.qos_limits_from_sacctmgr("") == {}
+    part = "PartitionName=cpu Default=YES QoS=N/A Nodes=n1\nPartitionName=gpu Default=NO QoS=gpuq Nodes=g1\n"
+    assert slurm.partition_qos_from_scontrol(part, None) is None
+    assert slurm.partition_qos_from_scontrol(part, "gpu") == "gpuq"
+
+
+def test_the_association_and_qos_a_job_runs_under_pick_the_limits():
+    assocs = slurm.associations_from_sacctmgr(ASSOC_SITE)
+    queued = slurm.queued_from_squeue(QUEUE_SITE)
+    qos = slurm.qos_limits_from_sacctmgr(QOS_SITE)
+    # the default account (proj): its MaxSubmitJobs, against the user's 4 jobs in proj only
+    got = slurm.submit_bounds(assocs, qos, queued)
+    assert [(b.max_submit_jobs, b.queued, b.bound) for b in got] == [
+        (10, 4, "MaxSubmitJobs of association proj, sacctmgr")]
+    # --qos=long: its MaxSubmitJobsPerUser too, against the user's 3 jobs in QOS long (any account)
+    got = slurm.submit_bounds(assocs, qos, queued, qos="long")
+    assert [(b.max_submit_jobs, b.queued) for b in got] == [(10, 4), (3, 3)]
+    assert min(got, key=lambda b: b.room).room == 0
+    # account other on partition gpu: that partition's association (GrpSubmitJobs), its default QOS long
+    got = slurm.submit_bounds(assocs, qos, queued, account="other", partition="gpu")
+    assert [(b.max_submit_jobs, b.queued, b.bound.split(",")[0]) for b in got] == [
+        (50, 2, "GrpSubmitJobs of association other/gpu"), (3, 3, "MaxSubmitJobsPerUser of QOS long")]
+    # account other elsewhere: nothing set
+    assert slurm.submit_bounds(assocs, qos, queued, account="other", partition="cpu") == []
+    # a partition's QOS holds every job in that partition
+    got = slurm.submit_bounds(assocs, {"gpuq": 2}, queued, account="other", partition="gpu", partition_qos="gpuq")
+    assert [(b.max_submit_jobs, b.queued) for b in got] == [(50, 2), (2, 2)]
+    # a limit of 0 is one (nothing may be queued), not "unset"
+    assert [b.room for b in slurm.submit_bounds([], {"normal": 0}, [])] == [0]
+    # the local cluster's association: nothing set, nothing refused; no association at all: the same
+    assert slurm.submit_bounds(slurm.associations_from_sacctmgr(ASSOC_LOCAL), {"normal": None}, queued) == []
+    assert slurm.submit_bounds([], qos, queued, qos="long") == [slurm.ArrayLimits(None, 3, 3, bound=(
+        "MaxSubmitJobsPerUser of QOS long, sacctmgr"))]
+
+
+def test_a_sweep_past_the_users_max_submit_jobs_is_refused_naming_the_limit():
+    (lim,) = slurm.submit_bounds(slurm.associations_from_sacctmgr(ASSOC_SITE), {}, slurm.queued_from_squeue(QUEUE_SITE))
+    assert len(plan_arrays([6], lim, [1])) == 1  # 4 queued + 6 = 10: fits
+    with pytest.raises(TooManyJobs) as got:
+        plan_arrays([4, 3], lim, [1, 1])
+    text = str(got.value)
+    for part in ("7 points", "queue 10 jobs", "MaxSubmitJobs of association proj", "4 already queued or running",
+                 "6 can be submitted now", "Nothing was submitted", "fewer points", "launcher cancel"):
+        assert part in text, (part, text)
+    assert "cluster.max_submit_jobs" not in text  # a throttle of the launcher's, not the fix
+
+
+def _fake_slurm(monkeypatch, outputs):
+    """slurm._run answering each command from ``outputs`` (first word(s) -> text); the calls made."""
+    calls = []
+
+    def fake(cmd):
+        calls.append(cmd)
+        for prefix, text in outputs.items():
+            if " ".join(cmd).startswith(prefix):
+                return text
+        return ""
+
+    monkeypatch.setattr(slurm, "_run", fake)
+    return calls
+
+
+SITE = {"scontrol show config": SCONTROL_ENFORCED, "sacctmgr -n -P show user": ASSOC_SITE,
+        "sacctmgr -n -P show qos": QOS_SITE, "squeue -h -r -u": QUEUE_SITE, "squeue -h -r -t all": "1\n" * 20,
+        "scontrol show partition": "PartitionName=cpu Default=YES QoS=N/A\n"}
+
+
+def test_array_limits_read_the_accounting_limits_once_per_ttl(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr("getpass.getuser", lambda: "alice")
+    calls = _fake_slurm(monkeypatch, SITE)
+    lim = slurm.SlurmBackend().array_limits(None)
+    assert (lim.max_array_size, lim.max_submit_jobs, lim.queued) == (1001, 10, 4), lim
+    assert lim.bound.startswith("MaxSubmitJobs of association proj")
+    lim = slurm.SlurmBackend().array_limits(SimpleNamespace(cluster={"qos": "long"}))
+    assert (lim.max_submit_jobs, lim.queued, lim.room) == (3, 3, 0)
+    assert sum(c[0] == "sacctmgr" for c in calls) == 2  # the second launch read the cache
+    # limits not enforced (AccountingStorageEnforce=none): slurmdbd is not asked, nothing refused for it
+    calls = _fake_slurm(monkeypatch, {**SITE, "scontrol show config": "MaxJobCount = 10000\n"})
+    lim = slurm.SlurmBackend().array_limits(None)
+    assert lim.bound == MAX_JOB_COUNT and not any(c[0] == "sacctmgr" for c in calls)
+
+
+def test_unreadable_accounting_limits_leave_it_to_sbatch(monkeypatch, tmp_path):
+    """No slurmdbd (sacctmgr prints an error, nothing on stdout), or no sacctmgr at all: no bound, no traceback."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _fake_slurm(monkeypatch, {"sacctmgr": "", **SITE})  # the first prefix that matches answers
+    lim = slurm.SlurmBackend().array_limits(None)
+    assert lim.bound == MAX_JOB_COUNT and lim.max_submit_jobs == 10000
+    assert not (tmp_path / "launcher").exists() or not list((tmp_path / "launcher").glob("slurm-accounting-*"))
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no Slurm command at all: the real _run
+    assert slurm.SlurmBackend().array_limits(None) == ArrayLimits()
+
+
+def test_the_launch_is_refused_before_writing_anything(monkeypatch, tmp_path):
+    from launcher.submit import pipeline
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _fake_slurm(monkeypatch, SITE)
+    monkeypatch.setattr(slurm, "cluster_nodes", lambda: NODES)
+    monkeypatch.setattr(slurm.SlurmBackend, "runs_root_problem", lambda self, root, cfg=None: None)
+    runs = tmp_path / "runs"
+    points = [pipeline.Point(_cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0", "wandb.enabled=false",
+                                  f"submit.runs_root={runs}", "cluster.qos=long", f"seed={s}"), [f"seed={s}"])
+              for s in range(2)]
+    with pytest.raises(pipeline.InvalidSweep, match=r"MaxSubmitJobsPerUser of QOS long.*0 can be submitted now"):
+        pipeline.launch(points, argv=["launch"], out=io.StringIO())
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
