@@ -58,8 +58,11 @@ class Values:
     def unknown_keys(self) -> List[Tuple[str, str]]:
         """(key, problem) for every key the schema does not declare (Hydra lets '+key=...' add one)."""
         target = (self.tree.get("recipe") or {}).get("_target_") if isinstance(self.tree.get("recipe"), dict) else None
-        groups = schema.groups(target)  # the launcher's schema, and the recipe's own groups (its contract's)
-        leaf_keys = {leaf.key for leaf in schema.leaves(target)}
+        # the launcher's schema and the recipe's own groups (its contract's), or another recipe's groups
+        # the run kept because its overrides asked for them (schema.own_config)
+        cls = schema.schema_for(target, self.tree.keys())
+        groups = schema.groups_of(cls)
+        leaf_keys = {leaf.key for leaf in schema.leaves_of(cls)}
         known = leaf_keys | groups
         out: List[Tuple[str, str]] = []
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from omegaconf import MISSING, OmegaConf
 
@@ -385,6 +385,11 @@ def groups(target: Any = None) -> frozenset:
     return _groups(run_schema(target))
 
 
+def groups_of(cls: type) -> frozenset:
+    """The keys of the schema dataclass ``cls`` that are config groups."""
+    return _groups(cls)
+
+
 @lru_cache(maxsize=16)
 def _groups(cls: type) -> frozenset:
     return frozenset(".".join(leaf.key.split(".")[:i]) for leaf in leaves_of(cls)
@@ -430,13 +435,41 @@ def foreign_groups(target: Any) -> frozenset:
     return _recipe_groups(CONF_DIR) - _own_groups(run_schema(target))
 
 
-def own_config(tree: Dict[str, Any]) -> Dict[str, Any]:
+def own_config(tree: Dict[str, Any], overrides: Iterable[str] = ()) -> Dict[str, Any]:
     """A composed config (plain dicts) without the groups of another recipe's schema: a run whose
     ``recipe._target_`` is overridden away from the recipe option that composed them has no use for
-    them (a user's recipe picked on top of the default option gets no ``model`` section)."""
+    them (a user's recipe picked on top of the default option gets no ``model`` section). A group the
+    run's ``overrides`` name (``model=...``, ``model.dropout=0.1``: a recipe of the user's built on
+    another recipe's model) is kept, never silently dropped, and typed by the schema that declares it
+    (``schema_for``)."""
     recipe = tree.get("recipe") if isinstance(tree, dict) else None
-    drop = foreign_groups(recipe.get("_target_") if isinstance(recipe, dict) else None)
+    drop = foreign_groups(recipe.get("_target_") if isinstance(recipe, dict) else None) - override_groups(overrides)
     return {k: v for k, v in tree.items() if k not in drop} if drop & set(tree) else tree
+
+
+def override_groups(overrides: Iterable[str]) -> frozenset:
+    """The top-level keys Hydra overrides name (``model=x``, ``+model.a=1``, ``~model``, ``model@p=x``)."""
+    out = set()
+    for o in overrides:
+        key = str(o).lstrip("+~").split("=", 1)[0]
+        out.add(key.split(".", 1)[0].split("@", 1)[0].split("/", 1)[0])
+    return frozenset(out)
+
+
+def schema_for(target: Any, keys: Iterable[str] = ()) -> type:
+    """The schema typing a config of the recipe ``target`` holding these top-level ``keys``: the
+    recipe's (``run_schema``), or, where the config holds groups another recipe's schema declares (kept
+    because the user asked for them: ``own_config``), that recipe option's schema when it extends the
+    recipe's own."""
+    own = run_schema(target)
+    extra = (frozenset(keys) & _recipe_groups(CONF_DIR)) - _own_groups(own)
+    if not extra:
+        return own
+    for option_target in recipe_options().values():
+        candidate = run_schema(option_target)
+        if issubclass(candidate, own) and extra <= _own_groups(candidate):
+            return candidate
+    return own
 
 
 def register_configs() -> None:
@@ -464,8 +497,9 @@ def typed(cfg: Any):
     if OmegaConf.is_config(cfg):
         cfg = OmegaConf.to_container(cfg, resolve=False)
     target = (cfg.get("recipe") or {}).get("_target_") if isinstance(cfg, dict) else None
-    base = OmegaConf.structured(run_schema(target))
-    return OmegaConf.merge(base, own_config(cfg) if isinstance(cfg, dict) else cfg)
+    # an archived config holds what its launch kept (own_config): every group of it is typed, none dropped
+    base = OmegaConf.structured(schema_for(target, cfg.keys() if isinstance(cfg, dict) else ()))
+    return OmegaConf.merge(base, cfg)
 
 
 DEFAULT_WARMUP_STEPS = 5

@@ -105,9 +105,9 @@ class _Sweep:
 def _resolve(point: Point, index: int) -> Dict[str, Any]:
     """The point's config resolved, without the groups of a recipe it does not run (schema.own_config)."""
     if point.resolved is not None:
-        return schema.own_config(point.resolved)
+        return schema.own_config(point.resolved, point.overrides)
     try:
-        return schema.own_config(OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True))
+        return schema.own_config(OmegaConf.to_container(point.cfg, resolve=True, enum_to_str=True), point.overrides)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), f"cannot be resolved: {getattr(e, 'msg', e)}",

@@ -163,6 +163,22 @@ def test_the_model_group_is_the_gpt_recipes_own(user_recipe):
         _validate("+model.extra=1")
 
 
+def test_a_model_group_the_user_asks_for_is_kept_for_their_recipe_and_typed(user_recipe):
+    """A user's recipe built on the GPT's model (`model=gpt_tiny model.dropout=0.1
+    recipe._target_=...`): the group the overrides name is kept, never silently dropped, and typed by
+    the GPT's schema when the run's archived config is read back (the job's `typed`)."""
+    from launcher import schema
+
+    (c,) = _validate(f"recipe._target_={user_recipe}", "model=gpt_tiny", "model.dropout=0.1")
+    assert c.resolved["model"]["dropout"] == 0.1 and c.resolved["model"]["name"] == "gpt_tiny"
+    cfg = schema.typed(c.resolved)
+    assert cfg.model.dropout == 0.1 and cfg.model.num_layers == c.resolved["model"]["num_layers"]
+    assert schema.override_groups(["+model.x=1", "~zero", "model@m=a", "++optim.lr=1", "seed=2"]) == \
+        {"model", "zero", "optim", "seed"}
+    (c,) = _validate(f"recipe._target_={user_recipe}", "seed=3")  # not asked for: not there
+    assert "model" not in c.resolved
+
+
 def test_calibrating_runs_of_a_recipe_without_a_planner_is_refused(tmp_path, capsys):
     """`launcher plan --calibrate` finds the planner through the runs' recipe's contract."""
     from launcher.cli.main import main
