@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set
 
 from launcher.archive import atomic
+from launcher.backends.local import pid_alive
 from launcher.rundir import RunDir, SweepDir, now_iso
 
 JOURNAL = ".launch.json"
@@ -106,16 +107,6 @@ def launch_alive(journal: Dict, host: str, alive: Callable[[int], bool]) -> bool
         return alive(int(journal["pid"]))
     except (KeyError, TypeError, ValueError):
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---- the repair (I/O) ----------------------------------------------------------------------------
