@@ -741,6 +741,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                                           {"cluster": {"setup": [str(x) for x in params.get("setup") or []]}}])
     known.update(snapshot.tree_secrets(root))
     sd = SweepDir(into) if into is not None else SweepDir.new(runs_root)
+    if not folder.parts:
+        folder = sd.submitit_folder
+    folder = folder.resolve()  # the jobs run elsewhere (their run's work dir): never a relative path
     interrupted.begin(sd.path, backend.name, indices)  # before anything is staged: `launcher runs` repairs a kill
     staged: list = []
     try:
