@@ -161,6 +161,31 @@ def test_a_refused_sbatch_is_recorded_not_submitted(slurm, runs_root):
     assert not any(r.get("job_id") for r in runs), runs  # no job exists for any of them
 
 
+@pytest.mark.timeout(240)
+def test_a_launch_is_queued_whole_or_not_at_all(slurm, runs_root):
+    """The scheduler refuses the 2nd array after the 1st was queued (its partition does not exist:
+    one array per partition): the 1st is cancelled in the real queue and its runs recorded cancelled;
+    the refusal is one line, not a traceback, and the launch exits 1. Jobs are held (nothing runs)."""
+    import os
+    import subprocess
+
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.partition=debug,nonexistent",
+                  "+cluster.sbatch_extra.begin=now+10hours", "train.steps=2", "wandb.enabled=false", "seed=0,1"],
+                 runs_root, extra_env=slurm, timeout=200)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "were cancelled" in res.stderr, res.stderr[-2000:]
+    runs = sorted(runs_json(runs_root), key=lambda r: r["index"])  # partition x seed: 2 arrays of 2
+    assert len(runs) == 4, runs
+    queued, refused = runs[:2], runs[2:]
+    assert all(r["status"] == "cancelled" and "a sweep is queued whole or not at all" in r["error"]
+               for r in queued), queued
+    assert all(r["status"] == "failed" and "invalid partition" in r["error"].lower() for r in refused), refused
+    (job,) = {r["job_id"].split("_")[0] for r in queued}
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, **slurm)).stdout.split()
+    assert not any(s in ("PENDING", "RUNNING") for s in out), out  # cancelled in the queue, not only on disk
+
+
 @pytest.mark.timeout(600)
 def test_retried_and_resumed_runs_archive_their_new_script_and_scrub_submitits_folder(slurm, runs_root):
     """A retry and a resume go out as a launch does (launcher.submit.submission): each run holds the

@@ -274,33 +274,3 @@ def test_the_journal_is_written_before_staging_and_gone_after_publish(tmp_path):
     assert j["pid"] == os.getpid() and j["arrays"] == [{"job_id": "55", "runs": [0, 1]}]
     interrupted.end(sd.path)
     assert not Path(sd.path / interrupted.JOURNAL).exists()
-
-
-def test_a_launch_is_queued_whole_or_not_at_all(tmp_path, monkeypatch):
-    """The scheduler refuses the 2nd array (MaxJobCount reached by others meanwhile): the 1st, already
-    queued, is cancelled and its runs recorded cancelled; the refusal is one line, not a traceback."""
-    sd = SweepDir(tmp_path / "s")
-    runs = _runs(tmp_path, sd, range(4))
-    for r in runs:
-        r.cfg = None
-    planned = [submission.Array(runs[:2], 1), submission.Array(runs[2:], 1)]
-    fake = FakeBackend()
-    monkeypatch.setattr(submission.backends, "of", lambda cfg: fake)
-
-    def fake_submit_array(arr, known, job_name, queued):
-        if arr is planned[1]:
-            raise RuntimeError("sbatch: error: Batch job submission failed: Resource temporarily unavailable")
-        rec = JobRecord(backend="fake", job_id="100_0", array_job_id="100")
-        for r in arr.points:
-            r.staged.write_job(rec)
-        return [submission.SubmittedRun(r.run_id, r.rundir, "100_0", record=rec) for r in arr.points]
-
-    monkeypatch.setattr(submission, "_submit_array", fake_submit_array)
-    published = []
-    with pytest.raises(submission.SubmissionRefused, match=r"array 2 of 2 .*Resource temporarily unavailable.*"
-                                                           r"\(100\) were cancelled") as got:
-        submission.submit(planned, {}, publish=lambda r, j: published.append(j), whole=True)
-    assert "\n" not in str(got.value)
-    assert fake.cancelled == ["100"] and published == [["100"]]
-    assert [r.staged.status().state for r in runs] == [Status.cancelled] * 2 + [Status.failed] * 2
-    assert "a sweep is queued whole or not at all" in runs[0].staged.status().error
