@@ -17,7 +17,6 @@ the one resumed from, a row in ``checkpoint_fallbacks.jsonl`` says why); with no
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,11 +26,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.archive import atomic
-from launcher.rundir import RunDir, now_iso
+from launcher.rundir import RunDir, file_sha256, now_iso
 
 MANIFEST = "checkpoint.json"
 _STEP_DIR = re.compile(r"step_\d{8}")
-_CHUNK = 1 << 20  # sha256 streamed 1 MiB at a time: checkpoints may be far larger than memory
 
 
 class CheckpointCorrupt(RuntimeError):
@@ -58,13 +56,7 @@ class ResumePoint:
 
 def digest(path: Path) -> Dict[str, Any]:
     """``{"size", "sha256"}`` of one file."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return {"size": size, "sha256": h.hexdigest()}
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def _files(ckpt: Path) -> List[str]:

@@ -608,10 +608,10 @@ class RunDir:
             try:
                 if kind == "file" and rel.startswith(ckpts):
                     size = entry.stat(follow_symlinks=False).st_size
-                    out[rel] = ("checkpoint", f"sha256:{_sha256(Path(entry.path))}"
+                    out[rel] = ("checkpoint", f"sha256:{file_sha256(Path(entry.path))}"
                                 if size <= CHECKPOINT_HASHED_BYTES else f"bytes:{size}")
                 elif kind == "file":
-                    out[rel] = ("file", _sha256(Path(entry.path)))
+                    out[rel] = ("file", file_sha256(Path(entry.path)))
                 elif kind == "link":
                     out[rel] = ("link", os.readlink(entry.path))
                 else:
@@ -715,7 +715,7 @@ class RunDir:
             lost = self.lost_seal()
             return [lost] if lost else [f"{self.MANIFEST} missing for a finished run"] if self.is_final() else []
         problems = []
-        if mark is not None and mark.get("manifest_sha256") != _sha256(self._p(self.MANIFEST)):
+        if mark is not None and mark.get("manifest_sha256") != file_sha256(self._p(self.MANIFEST)):
             problems.append(f"{self.MANIFEST} is not the manifest the run was sealed with {mark.get('sealed')}")
         names, latest = [p.name for p in self.checkpoints()], self._latest_name()
         if "links" in manifest:
@@ -745,7 +745,7 @@ class RunDir:
     def _legacy_files(self) -> Dict[str, str]:
         """The files a manifest of an older launcher hashed (symlinks followed; no checkpoint, no *.tmp)."""
         ckpts = self._p(self.LATEST).parent
-        return {str(p.relative_to(self.path)): _sha256(p) for p in sorted(self.path.rglob("*"))
+        return {str(p.relative_to(self.path)): file_sha256(p) for p in sorted(self.path.rglob("*"))
                 if p.is_file() and p.name != self.MANIFEST and not p.name.endswith(".tmp")
                 and ckpts not in p.parents and not self._late_log(str(p.relative_to(self.path)))}
 
@@ -791,7 +791,7 @@ def _tree_digest(root: Path) -> Tuple[str, Dict[str, str]]:
     for rel, kind, entry in walk(root):
         name = os.fsencode(rel)
         if kind == "file":
-            h.update(b"f\0" + name + b"\0" + _sha256(Path(entry.path)).encode() + b"\n")
+            h.update(b"f\0" + name + b"\0" + file_sha256(Path(entry.path)).encode() + b"\n")
         elif kind == "link":
             links[rel] = os.readlink(entry.path)
             h.update(b"l\0" + name + b"\0" + os.fsencode(links[rel]) + b"\n")
@@ -871,7 +871,7 @@ def _legacy_tree_sha256(root: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
         if p.is_file():
-            h.update(str(p.relative_to(root)).encode() + b"\0" + _sha256(p).encode())
+            h.update(str(p.relative_to(root)).encode() + b"\0" + file_sha256(p).encode())
     return h.hexdigest()
 
 
@@ -977,7 +977,8 @@ def _points_at(path: str, mtime_ns: int, size: int) -> Dict[str, Any]:
     return atomic.read_json(path, {}) or {}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of one file, streamed 1 MiB at a time (checkpoints may be far larger than memory)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
