@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from launcher.seeding import derive_seed
+from launcher.schema import enum_value
+from launcher.seeding import data_seed as run_data_seed, derive_seed
 
 if TYPE_CHECKING:
     from launcher.layout import Layout
@@ -41,6 +42,7 @@ __all__ = [
     "micro_batch_indices",
     "micro_batches",
     "sample_seed",
+    "train_batches",
     "transition_table",
 ]
 
@@ -147,6 +149,19 @@ def micro_batches(
     ds = BigramDataset(data_seed, vocab_size, seq_len, branching)
     tokens, labels = ds.batch([i for group in groups for i in group])  # one walk for all
     return [(tokens[k * mb:(k + 1) * mb], labels[k * mb:(k + 1) * mb]) for k in range(len(groups))]
+
+
+def train_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int,
+                  vocab_size: int) -> Callable[[int], List[Batch]]:
+    """The data of a run (``cfg.data``) as the step loop reads it: 1-based step -> the micro batches of
+    ``dp_rank`` (``layout.grad_accum`` (tokens, labels) pairs [micro_batch_size, seq_len], CPU). Every
+    recipe of this package reads its data through this one function, whatever the model."""
+    data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
+    name = enum_value(cfg.data.name)
+    if name == "synthetic":
+        branching = int(cfg.data.branching)
+        return lambda step: micro_batches(data_seed, step - 1, layout, dp_rank, vocab_size, seq_len, branching)
+    raise ValueError(f"data.name={name!r} is not a dataset this recipe reads (synthetic)")
 
 
 class Prefetch:

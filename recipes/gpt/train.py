@@ -9,60 +9,23 @@ step sees, the learning-rate schedule, fault injection and the metrics.
 from __future__ import annotations
 
 import contextlib
-import math
-import os
-import signal
 import time
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from launcher.schema import enum_value, warmup_steps
-from launcher.seeding import data_seed as run_data_seed
+from launcher.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
 from recipes.common.activations import ActivationMeter
-from recipes.common.data import Prefetch, micro_batches
+from recipes.common.data import Prefetch, train_batches
+from recipes.common.faults import inject_fault
 from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
+from recipes.common.schedule import lr_at
 from recipes.gpt.engines import build_engine
 from recipes.gpt.engines.base import dtype_name
 from recipes.gpt.plan.flops import step_flops as model_step_flops
 from recipes.gpt.schema import ModelSpec
-
-
-def lr_at(step: int, *, lr: float, min_lr_ratio: float, warmup_steps: int, total_steps: int) -> float:
-    """Learning rate at 1-based ``step``: linear warmup to ``lr`` over ``warmup_steps``,
-    then cosine decay reaching ``lr * min_lr_ratio`` at ``total_steps``."""
-    min_lr = lr * min_lr_ratio
-    if warmup_steps > 0 and step <= warmup_steps:
-        return lr * step / warmup_steps
-    decay_steps = max(1, total_steps - warmup_steps)
-    progress = min(1.0, max(0.0, (step - warmup_steps) / decay_steps))
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def inject_fault(cfg: Any, ctx: Any, step: int) -> None:
-    """train.fail_mode at train.fail_at_step on train.fail_rank (on attempt train.fail_attempt, or every
-    attempt): the failures a cluster produces, on demand."""
-    tr = cfg.train
-    if tr.fail_at_step is None or step != int(tr.fail_at_step) or ctx.rank != int(tr.fail_rank):
-        return
-    if tr.fail_attempt is not None and int(tr.fail_attempt) != int(ctx.attempt):
-        return
-    mode = enum_value(tr.fail_mode)
-    if mode == "exception":
-        raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
-    if mode == "sleep":
-        print(f"[gpt] rank {ctx.rank}: injected hang at step {step}", flush=True)
-        while True:
-            time.sleep(3600)
-    if mode == "kill":
-        print(f"[gpt] rank {ctx.rank}: injected SIGKILL at step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    if mode == "oom":  # one allocation larger than the host's memory (or the GPU's)
-        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4
-        torch.empty(size, dtype=torch.uint8, device=ctx.device)
-    # kill_in_save: the checkpointer (launcher.training.checkpoint) dies while writing this step's checkpoint
 
 
 def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
@@ -73,8 +36,6 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     gbs, mbs, accum = layout.global_batch_size, layout.micro_batch_size, layout.grad_accum
     steps = int(cfg.train.steps)
     seq_len, vocab = int(cfg.model.seq_len), int(cfg.model.vocab_size)
-    data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
-    branching = int(cfg.data.branching)
     log_interval = int(cfg.train.log_interval)
     device = torch.device(ctx.device)
     # model FLOPs per step, the planner's count (recomputation not counted: MFU measures useful work)
@@ -97,11 +58,11 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     tokens_per_s: List[float] = []
     activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
     step_peak = StepPeak(device).start()  # host (and CUDA) peak over this attempt's steps
-    prefetch = Prefetch(lambda s: micro_batches(data_seed, s - 1, layout, dp_rank, vocab, seq_len, branching),
+    prefetch = Prefetch(train_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab),
                         last=steps, pin=device.type == "cuda")
     try:
         for step in loop:  # saves when due; on a stop signal saves, then raises ctx.interrupted
-            inject_fault(cfg, ctx, step)
+            inject_fault(cfg, ctx, step, tag="gpt")
             t0 = time.perf_counter()
             lr = lr_at(step, lr=float(cfg.optim.lr), min_lr_ratio=float(cfg.optim.min_lr_ratio),
                        warmup_steps=warmup_steps(cfg), total_steps=steps)

@@ -108,7 +108,7 @@ def slurm_jobs(request, tmp_path_factory):
 def test_exception_names_rank_frame_and_message(runs_root):
     run = failed_run(["train.steps=5", "train.fail_at_step=2", "train.fail_rank=1"], runs_root)
     d = doctor(run, runs_root)
-    expect(d, "exception", 1, "RuntimeError: injected failure at step 2 on rank 1", "recipes/gpt/train.py:")
+    expect(d, "exception", 1, "RuntimeError: injected failure at step 2 on rank 1", "recipes/common/faults.py:")
     # the human view, and the class column of `launcher runs`
     res = run_cmd([str(BIN / "launcher"), "doctor", run["run_id"], "--root", str(runs_root)], runs_root, timeout=120)
     assert res.returncode == 0 and "exception" in res.stdout and "launcher reproduce" in res.stdout, res.stdout
@@ -195,7 +195,7 @@ def test_hang_names_the_stuck_rank_and_where(runs_root):
     run = failed_run(["train.steps=6", "train.fail_mode=sleep", "train.fail_at_step=2", "train.fail_rank=1",
                       "train.hang_timeout_s=10"], runs_root)
     d = doctor(run, runs_root)
-    expect(d, "hang", 1, "rank 1 stuck in recipes/gpt/train.py:", "inject_fault", "after step 1")
+    expect(d, "hang", 1, "rank 1 stuck in recipes/common/faults.py:", "inject_fault", "after step 1")
     assert "train.hang_timeout_s" in d["fix"]
 
 

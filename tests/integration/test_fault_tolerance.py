@@ -235,7 +235,7 @@ def test_hang_watchdog_names_the_sleeping_rank(runs_root):
     hang = json.loads((run / "hang.json").read_text())
     assert hang["stuck_ranks"] == [1] and hang["step"] == 4
     assert set(hang["waiting"]) == {"0"}, hang  # rank 0 waits for it inside a collective
-    assert "train.py" in hang["frames"]["1"] and "inject_fault" in hang["frames"]["1"]
+    assert "faults.py" in hang["frames"]["1"] and "inject_fault" in hang["frames"]["1"]
     assert "inject_fault" in (run / "stacks" / "rank_1.txt").read_text()
     st = status(run)
     assert st["status"] == "failed" and "hang" in st["error"] and "rank 1 stuck" in st["error"]

@@ -21,9 +21,10 @@ from recipes.common.data import (
     micro_batches,
     transition_table,
 )
+from recipes.common.schedule import lr_at
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.schema import GPTRunConfig as RunConfig
-from recipes.gpt.train import lr_at, main
+from recipes.gpt.train import main
 
 TINY_MODEL = dict(
     name="gpt_unit",
