@@ -291,6 +291,9 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
     with ui:
         sources = _read_all(expand(files, glob), text_field, ui)
         docs = [d for s in sources for d in s.docs]
+        if val_fraction > 0 and all(is_val(d, val_fraction) for d in docs):
+            raise DatasetError(f"--val-fraction {val_fraction} puts every one of the {len(docs)} document(s) in the "
+                               "val split, none in train; lower it (or give more documents)")
         with _env(TOKENIZERS_PARALLELISM="true" if workers > 1 else "false", RAYON_NUM_THREADS=str(workers)):
             if given is None:
                 ui.phase(f"training a byte-level BPE tokenizer (vocab {vocab_size})")
@@ -350,10 +353,11 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.on:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                TimeElapsedColumn(), transient=True)
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
             self.bar.start()
         return self
 

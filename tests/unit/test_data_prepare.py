@@ -162,6 +162,8 @@ def _bad(tmp_path, name):
         "vocab and tokenizer": lambda: ([good], {"tokenizer": str(tmp_path / "plain.json")}, "give one of them"),
         "val fraction": lambda: ([good], {"val_fraction": 1.0}, "--val-fraction 1.0: must be in [0, 1)"),
         "no inputs": lambda: ([], {}, "no input files"),
+        "all in val": lambda: ([good], {"val_fraction": 0.9999999},
+                               "puts every one of the 1 document(s) in the val split, none in train"),
     }
     (tmp_path / "e.txt").write_text("")
     (tmp_path / "b.txt").write_text(" \n\t\n")
@@ -170,7 +172,7 @@ def _bad(tmp_path, name):
 
 BAD = ["empty", "blank", "missing", "directory", "glob matches nothing", "jsonl not json", "jsonl no field",
        "jsonl not text", "jsonl no documents", "tokenizer missing", "tokenizer not json", "tokenizer other json",
-       "vocab too small", "vocab and tokenizer", "val fraction", "no inputs"]
+       "vocab too small", "vocab and tokenizer", "val fraction", "no inputs", "all in val"]
 
 
 @pytest.mark.parametrize("case", BAD)
