@@ -115,7 +115,8 @@ class Manifest:
         return {"format": self.format, "tokenizer": dataclasses.asdict(self.tokenizer), "dtype": self.dtype,
                 "text_field": self.text_field, "val_fraction": self.val_fraction,
                 "inputs": [dataclasses.asdict(i) for i in self.inputs],
-                "splits": {name: dataclasses.asdict(s) for name, s in self.splits.items()},
+                "splits": {name: {**dataclasses.asdict(s), "shards": [dataclasses.asdict(sh) for sh in s.shards]}
+                           for name, s in self.splits.items()},
                 "prepare": dataclasses.asdict(self.prepare)}
 
     @classmethod

@@ -217,3 +217,43 @@ def test_a_directory_that_is_not_a_dataset_is_refused_first(tmp_path):
     with pytest.raises(DatasetError, match="is not a prepared dataset"):
         _run([tmp_path / "missing-too.txt"], tmp_path / "out")  # refused before the inputs are looked at
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
+
+
+# ------------------------------------------------------------------- the commands, in-process --
+
+def test_commands_prepare_show_verify(tmp_path, capsys):
+    from launcher.cli.main import main
+
+    files = [str(f) for f in _corpus(tmp_path)]
+    out = str(tmp_path / "ds")
+    assert main(["data", "prepare", *files, "-o", out, "--vocab-size", "300", "--workers", "1",
+                 "--val-fraction", "0"]) == 0
+    m = Manifest.load(out)
+    assert f"{m.split('train').tokens:,} tokens" in capsys.readouterr().out
+    assert main(["data", "show", out]) == 0
+    shown = capsys.readouterr().out
+    assert "byte-level-bpe, vocab" in shown and m.split("train").shards[0].bin in shown
+    assert main(["data", "show", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == m.to_json()
+    assert main(["data", "verify", out]) == 0 and "intact" in capsys.readouterr().out
+    (tmp_path / "ds" / m.split("train").shards[0].idx).unlink()
+    assert main(["data", "verify", out]) == 1
+    assert f"{tmp_path / 'ds' / m.split('train').shards[0].idx}: missing" in capsys.readouterr().err
+    assert main(["data", "prepare", str(tmp_path / "nope.txt"), "-o", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith(f"launcher data prepare: {tmp_path / 'nope.txt'}: no such file")
+    assert main(["data", "show", str(tmp_path)]) == 2
+    assert "is not a prepared dataset" in capsys.readouterr().err
+
+
+def test_help_states_the_real_defaults(capsys):
+    from launcher.cli.main import build_parser, main
+    from launcher.data.manifest import DEFAULT_SHARD_TOKENS
+    from launcher.data.prepare import DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
+
+    args = build_parser().parse_args(["data", "prepare", "f.txt", "-o", "d"])
+    assert args.val_fraction == DEFAULT_VAL_FRACTION and args.vocab_size is None and args.workers is None
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"default {DEFAULT_VOCAB_SIZE}; at least 257" in text and f"default {DEFAULT_SHARD_TOKENS}" in text
+    assert f"(default {DEFAULT_VAL_FRACTION})" in text
