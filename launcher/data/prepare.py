@@ -85,6 +85,8 @@ def expand(paths: Sequence[Union[str, Path]], glob: Union[str, Sequence[str], No
             raise DatasetError(f"{p}: not a regular file (give text or .jsonl files)")
         else:
             raise DatasetError(f"{p}: no such file")
+    seen: set = set()
+    out = [(f, named) for f, named in out if not (f in seen or seen.add(f))]  # a file given twice is read once
     if dirs and not any(not named for _, named in out):
         raise DatasetError(f"{', '.join(map(str, dirs))}: no file under {'it' if len(dirs) == 1 else 'them'} "
                            f"matches {shown}")
@@ -271,6 +273,7 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
     tokenizer.json to use (copied into the dataset); without one a byte-level BPE of ``vocab_size``
     is trained on the inputs. ``workers``: processes encoding (default: every core)."""
     t0 = time.perf_counter()
+    files = [files] if isinstance(files, (str, Path)) else files
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise DatasetError(f"--workers {workers}: must be at least 1")

@@ -108,6 +108,14 @@ def test_directories_expanded_by_glob_empty_files_skipped(tmp_path, capsys):
     assert _decoded(m)[0] == "s = '\ufffd'\n"
 
 
+def test_a_file_given_twice_is_read_once(tmp_path):
+    files = _corpus(tmp_path)
+    m = _run([files[0], tmp_path / "in", files[0]], tmp_path / "ds", glob="*.txt", val_fraction=0.0)
+    assert [Path(i.path).name for i in m.inputs] == ["doc0.txt", "doc1.txt", "doc2.txt"]
+    assert _decoded(prepare(str(files[1]), tmp_path / "one", workers=1, progress=False, vocab_size=300,
+                            val_fraction=0.0)) == [TEXTS[1]]  # one path, not a list
+
+
 def test_shards_split_by_shard_tokens(tmp_path):
     m = _run(_corpus(tmp_path), tmp_path / "ds", val_fraction=0.0, shard_tokens=20)
     assert len(m.split("train").shards) >= 2
@@ -257,3 +265,16 @@ def test_help_states_the_real_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert f"default {DEFAULT_VOCAB_SIZE}; at least 257" in text and f"default {DEFAULT_SHARD_TOKENS}" in text
     assert f"(default {DEFAULT_VAL_FRACTION})" in text
+
+
+def test_a_dataset_that_cannot_be_written_is_an_error_line(tmp_path, capsys, monkeypatch):
+    from launcher.cli.main import main
+    from launcher.data import manifest
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manifest.tempfile, "mkdtemp", full)
+    files = [str(f) for f in _corpus(tmp_path)]
+    assert main(["data", "prepare", *files, "-o", str(tmp_path / "ds"), "--vocab-size", "300", "--workers", "1"]) == 2
+    assert "cannot write" in capsys.readouterr().err and not (tmp_path / "ds").exists()
