@@ -271,7 +271,8 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
             progress: bool = True) -> Manifest:
     """Tokenize ``files`` into a dataset in ``out_dir`` (docs/data.md). ``tokenizer``: a local
     tokenizer.json to use (copied into the dataset); without one a byte-level BPE of ``vocab_size``
-    is trained on the inputs. ``workers``: processes encoding (default: every core)."""
+    is trained on the inputs. ``workers``: processes encoding (default: every core). ``glob``: the
+    pattern(s) of the files taken from a directory among ``files``."""
     t0 = time.perf_counter()
     files = [files] if isinstance(files, (str, Path)) else files
     workers = default_workers() if workers is None else workers
@@ -304,7 +305,7 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
                 kind, source = "byte-level-bpe", None
             else:
                 (tok, eos_id), kind, source = given, "file", str(Path(tokenizer).expanduser().resolve())
-        vocab = tok.get_vocab_size(with_added_tokens=True)
+        vocab = max(tok.get_vocab(with_added_tokens=True).values()) + 1  # ids need not be contiguous
         tok_json = Path(source).read_text() if source else tok.to_str()
         init = (tok.to_str(), eos_id, dtype_for(vocab), val_fraction)
         tokens = 0
