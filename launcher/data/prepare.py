@@ -34,6 +34,9 @@ from launcher.data.manifest import (
 )
 
 EOS = "<|endoftext|>"
+# what ends a document with a given tokenizer: the first of these among its special tokens
+# (GPT-2 and most byte-level BPEs, Llama 3, Llama 2 / Mistral / T5, Gemma)
+EOS_NAMES = (EOS, "<|end_of_text|>", "</s>", "<eos>")
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_VAL_FRACTION = 0.01
 BYTE_ALPHABET = 256  # the byte-level pre-tokenizer's initial alphabet
@@ -136,7 +139,7 @@ def _jsonl_docs(path: Path, text: str, field: str) -> Tuple[str, ...]:
 
 
 def load_tokenizer(path: Union[str, Path]):
-    """A local tokenizer.json and its EOS id (the token "<|endoftext|>", else its first special token)."""
+    """A local tokenizer.json and its EOS id (the first of EOS_NAMES among its special tokens)."""
     from tokenizers import Tokenizer
 
     p = Path(path).expanduser()
@@ -150,15 +153,13 @@ def load_tokenizer(path: Union[str, Path]):
     except Exception as e:  # OSError, ValueError (not JSON), and tokenizers' bare Exception (not a tokenizer)
         raise DatasetError(f"--tokenizer {p}: not a Hugging Face tokenizer JSON ({str(e)[:200]}); "
                            "give a tokenizer.json (tokenizers' Tokenizer.save)") from None
-    vocab = tok.get_vocab(with_added_tokens=True)
-    eos = vocab.get(EOS)
-    if eos is None:
-        special = [a for a in tok.get_added_tokens_decoder().items() if a[1].special]
-        if not special:
-            raise DatasetError(f"--tokenizer {p}: has no special token to end a document with "
-                               f"(add {EOS!r} as a special token)")
-        eos = min(special)[0]
-    return tok, int(eos)
+    special = {a.content: i for i, a in tok.get_added_tokens_decoder().items() if a.special}
+    for name in EOS_NAMES:
+        if name in special:
+            return tok, int(special[name])
+    have = f" (its special tokens: {', '.join(sorted(special, key=special.get))})" if special else ""
+    raise DatasetError(f"--tokenizer {p}: has no end-of-document special token, none of "
+                       f"{', '.join(EOS_NAMES)}{have}; add {EOS!r} as a special token")
 
 
 def train_tokenizer(docs: Sequence[str], vocab_size: int, *, show_progress: bool = False):

@@ -215,8 +215,33 @@ def test_tokenizer_without_an_end_token_refused(tmp_path):
     path = tmp_path / "tok.json"
     Tokenizer(models.BPE()).save(str(path))
     (tmp_path / "a.txt").write_text("hello\n")
-    with pytest.raises(DatasetError, match="has no special token to end a document"):
+    with pytest.raises(DatasetError, match="has no end-of-document special token"):
         prepare([tmp_path / "a.txt"], tmp_path / "out", tokenizer=str(path), workers=1, progress=False)
+
+
+def test_a_llama_style_tokenizer_ends_documents_with_its_eos_and_adds_no_bos(tmp_path):
+    from tokenizers import AddedToken, processors
+
+    first = _run(_corpus(tmp_path), tmp_path / "a", val_fraction=0.0)
+    tok = Tokenizer.from_file(str(first.dir / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<unk>", special=True), AddedToken("<s>", special=True),
+                            AddedToken("</s>", special=True)])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    # no <|endoftext|>: the trained one's id 0 is renamed away
+    data = json.loads(tok.to_str())
+    for t in data["added_tokens"]:
+        if t["content"] == "<|endoftext|>":
+            t["content"] = "<pad>"
+    data["model"]["vocab"]["<pad>"] = data["model"]["vocab"].pop("<|endoftext|>")
+    (tmp_path / "llama.json").write_text(json.dumps(data))
+    m = prepare(_corpus(tmp_path), tmp_path / "b", tokenizer=str(tmp_path / "llama.json"), workers=1,
+                progress=False, val_fraction=0.0)
+    eos = Tokenizer.from_file(str(tmp_path / "llama.json")).token_to_id("</s>")
+    assert m.eos_id == eos
+    assert _decoded(m) == TEXTS  # each document ends with </s>, and no <s> was put before it
+    ids = np.fromfile(m.dir / m.split("train").shards[0].bin, dtype=m.dtype)
+    assert (ids == eos).sum() == 3 and not (ids == bos).any()
 
 
 def test_a_directory_that_is_not_a_dataset_is_refused_first(tmp_path):
