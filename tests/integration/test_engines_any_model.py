@@ -168,7 +168,9 @@ def _run_workers(out: Path, cases: List[str], timeout: float) -> List[Dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(port), str(out), ",".join(cases)], env=env,
+    # (LOCAL_RANK, RANK, WORLD_SIZE: what the launcher's runtime sets for every rank; DeepSpeed asks for them)
+    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(port), str(out), ",".join(cases)],
+                              env=dict(env, LOCAL_RANK=str(r), RANK=str(r), WORLD_SIZE="2"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     logs = []
     try:
