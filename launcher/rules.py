@@ -281,7 +281,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("parallelism.tp", lambda f: f.resolved_engine == "fsdp" and f.tp > 1,
          lambda f: (f"tensor parallelism (tp={f.tp}) on the fsdp engine is not built: a model's TP plan is not "
                     "applied yet"),
-         "set parallelism.tp=1, or use the megatron engine (parallelism=tp) for the GPT"),
+         "set parallelism.tp=1 (a recipe with an engine of its own for tensor parallelism: parallelism=tp)"),
     Rule("zero.offload_optimizer",
          lambda f: f.resolved_engine == "fsdp" and (f.offload_optimizer or f.offload_params),
          "zero.offload_* is DeepSpeed's offload; the fsdp engine offloads by its own key",

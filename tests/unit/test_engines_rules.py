@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from launcher import rules
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.layout import Facts
-from launcher.training.ds_config import deepspeed_config
+from launcher.training.ds_config import build_ds_config
 
 
 def cfg_with(*overrides):
@@ -47,8 +47,8 @@ def test_unknown_engine_lists_fsdp():
 def test_zero3_bucket_sizes_from_the_width_the_engine_passes():
     cfg = cfg_with("zero=3")
     lay = rules.resolve(cfg)
-    z = deepspeed_config(cfg, lay, hidden_size=64)["zero_optimization"]
+    z = build_ds_config(cfg, lay, hidden_size=64)["zero_optimization"]
     assert z["reduce_bucket_size"] == 64 * 64 and z["stage3_param_persistence_threshold"] == 640
     # without it: the GPT's model.hidden_size, as before
     h = int(cfg.model.hidden_size)
-    assert deepspeed_config(cfg, lay)["zero_optimization"]["reduce_bucket_size"] == h * h
+    assert build_ds_config(cfg, lay)["zero_optimization"]["reduce_bucket_size"] == h * h
