@@ -1,7 +1,8 @@
 """launcher.training.engines on a real 2-process gloo group (CPU, fp32, dropout 0), for a plain user
 module and a tiny Hugging Face LlamaForCausalLM (built from a LlamaConfig, never downloaded):
 
-- DDP, FSDP2, ZeRO-2 and ZeRO-3 losses over 4 steps (2 micro batches per rank per step) equal the
+- DDP, FSDP2 (also with CPU offload and without resharding after the forward), ZeRO-2 and ZeRO-3
+  losses over 4 steps (2 micro batches per rank per step) equal the
   single-process losses (one process, the same 8 samples a step) within fp32 rounding: the bound of
   the GPT's DeepSpeed-vs-DDP equivalence test (tests/integration/test_engine_deepspeed.py,
   FP32_LOSS_RTOL = 1e-6, ~2 ulp of the loss);
@@ -31,7 +32,10 @@ FP32_LOSS_RTOL = 1e-6  # tests/integration/test_engine_deepspeed.py
 STEPS, RESUME_AT = 4, 2
 MICRO, ACCUM, SEQ, VOCAB = 2, 2, 8, 128  # per rank: 2 micro batches of 2 samples; global batch 8
 MODELS = ("plain", "hf")
-ENGINES = {"ddp": ("ddp", 0), "fsdp": ("fsdp", 0), "zero2": ("deepspeed", 2), "zero3": ("deepspeed", 3)}
+# case: (engine, ZeRO stage, parallelism.* options)
+ENGINES = {"ddp": ("ddp", 0, {}), "fsdp": ("fsdp", 0, {}), "zero2": ("deepspeed", 2, {}), "zero3": ("deepspeed", 3, {}),
+           # FSDP2's host offload, and gathered blocks kept from the forward to the backward (and after an eval)
+           "fsdp_offload_keep": ("fsdp", 0, {"cpu_offload": True, "reshard_after_forward": False})}
 
 
 # ---- the worker (one rank) ---------------------------------------------------------------------------
@@ -79,13 +83,13 @@ def _hf():
                                         attention_dropout=0.0))
 
 
-def _cfg(engine: str, stage: int) -> Any:
+def _cfg(engine: str, stage: int, options: Dict[str, Any]) -> Any:
     from omegaconf import OmegaConf
 
     from launcher.schema import RunConfig
 
     return OmegaConf.merge(OmegaConf.structured(RunConfig), {
-        "seed": 5, "zero": {"stage": stage}, "parallelism": {"engine": engine},
+        "seed": 5, "zero": {"stage": stage}, "parallelism": {"engine": engine, **options},
         "optim": {"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 0.5},
         "train": {"steps": STEPS, "micro_batch_size": MICRO, "global_batch_size": 8,
                   "checkpoint": {"every": 0, "keep": 2, "async_save": False}},
@@ -111,14 +115,15 @@ def _ctx(rank: int, world: int, layout: Any, run_dir: Path):
                       hostname="h", rundir=RunDir(run_dir), layout=layout, device="cpu", backend="gloo")
 
 
-def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: Path, steps: int) -> Dict:
+def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: Path, steps: int,
+           options: Dict[str, Any]) -> Dict:
     """Train (resuming from run_dir's latest checkpoint, if any) through ``steps``; losses by step and
     this rank's final state."""
     from launcher.layout import Layout
     from launcher.training import Checkpointer, StepLoop
     from launcher.training.engines import build_engine
 
-    cfg = _cfg(engine, stage)
+    cfg = _cfg(engine, stage, options)
     layout = Layout(dp=world, zero=stage, micro_batch_size=MICRO, grad_accum=ACCUM * 2 // world, engine=engine)
     ctx = _ctx(rank, world, layout, run_dir)
     eng = build_engine(cfg, ctx, _hf if model == "hf" else _net)
@@ -146,13 +151,13 @@ def worker(rank: int, port: int, out: Path, cases: List[str]) -> None:
         model, name = case.split(":")
         if name == "single":  # rank 0 alone, no process group used
             if rank == 0:
-                results[case] = _train(model, "ddp", 0, 0, 1, out / case, STEPS)
+                results[case] = _train(model, "ddp", 0, 0, 1, out / case, STEPS, {})
             dist.barrier()
             continue
-        engine, stage = ENGINES[name]
-        whole = _train(model, engine, stage, rank, 2, out / case / "whole", STEPS)
-        _train(model, engine, stage, rank, 2, out / case / "resumed", RESUME_AT)  # saves after step 2
-        resumed = _train(model, engine, stage, rank, 2, out / case / "resumed", STEPS)  # fresh engine
+        engine, stage, options = ENGINES[name]
+        whole = _train(model, engine, stage, rank, 2, out / case / "whole", STEPS, options)
+        _train(model, engine, stage, rank, 2, out / case / "resumed", RESUME_AT, options)  # saves after step 2
+        resumed = _train(model, engine, stage, rank, 2, out / case / "resumed", STEPS, options)  # fresh engine
         results[case] = {"whole": whole, "resumed": resumed}
     torch.save(results, out / f"rank_{rank}.pt")
     dist.barrier()

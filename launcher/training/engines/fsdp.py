@@ -29,9 +29,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.engines.base import (
     DTYPES,
@@ -44,7 +45,7 @@ from launcher.training.engines.base import (
     optimizer_step,
     tensor_bytes,
 )
-from launcher.training.engines.build import build_model
+from launcher.training.engines.build import apply_recompute, build_model
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.ddp import mean_over_ranks, rank_log
 
@@ -100,6 +101,7 @@ class FSDPEngine(Engine):
         self.model, self.contract, self.shard_first = build_model(model_fn, seed, contract, take=shard,
                                                                   log=rank_log(ctx))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        apply_recompute(self.model, self.contract, enum_value(cfg.train.recompute))
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)
@@ -143,6 +145,9 @@ class FSDPEngine(Engine):
         with torch.no_grad():
             for batch in batches:
                 total += self.contract.loss(self.model, self._to_device(batch)).float()
+        for m in self.model.modules():  # without a backward, reshard_after_forward=false leaves them gathered
+            if isinstance(m, FSDPModule):
+                m.reshard()
         self.model.train()
         return float(mean_over_ranks(total / max(1, len(batches)), self.world))
 
