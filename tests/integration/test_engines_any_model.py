@@ -36,6 +36,8 @@ MODELS = ("plain", "hf")
 ENGINES = {"ddp": ("ddp", 0, {}), "fsdp": ("fsdp", 0, {}), "zero2": ("deepspeed", 2, {}), "zero3": ("deepspeed", 3, {}),
            # FSDP2's host offload, and gathered blocks kept from the forward to the backward (and after an eval)
            "fsdp_offload_keep": ("fsdp", 0, {"cpu_offload": True, "reshard_after_forward": False})}
+# tensor parallelism over both ranks (dp 1 x tp 2) by the plain module's TP plan, FSDP2 over dp
+TP_CASE = ("fsdp", 0, {"tp": 2})
 
 
 # ---- the worker (one rank) ---------------------------------------------------------------------------
@@ -73,6 +75,18 @@ def _net():
 
     del torch
     return Net()
+
+
+def _tp_contract():
+    """The plain module's contract with a TP plan: each block's fc1 split by columns, fc2 by rows."""
+    import dataclasses
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from launcher.training.engines import plain_contract
+
+    return dataclasses.replace(plain_contract(_net()), tp_plan=lambda model: {
+        "blocks.*.fc1": ColwiseParallel(), "blocks.*.fc2": RowwiseParallel()})
 
 
 def _hf():
@@ -124,9 +138,11 @@ def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: 
     from launcher.training.engines import build_engine
 
     cfg = _cfg(engine, stage, options)
-    layout = Layout(dp=world, zero=stage, micro_batch_size=MICRO, grad_accum=ACCUM * 2 // world, engine=engine)
+    tp = int(options.get("tp", 1))
+    layout = Layout(dp=world // tp, tp=tp, zero=stage, micro_batch_size=MICRO, grad_accum=ACCUM * 2 * tp // world,
+                    engine=engine)
     ctx = _ctx(rank, world, layout, run_dir)
-    eng = build_engine(cfg, ctx, _hf if model == "hf" else _net)
+    eng = build_engine(cfg, ctx, _hf if model == "hf" else _net, _tp_contract() if tp > 1 else None)
     # (the single-process reference saves nothing: the Checkpointer's collectives are the whole group's)
     loop = StepLoop(cfg, ctx, Checkpointer(cfg, ctx, eng) if world > 1 else None, steps=steps)
     losses = {}
@@ -154,7 +170,7 @@ def worker(rank: int, port: int, out: Path, cases: List[str]) -> None:
                 results[case] = _train(model, "ddp", 0, 0, 1, out / case, STEPS, {})
             dist.barrier()
             continue
-        engine, stage, options = ENGINES[name]
+        engine, stage, options = TP_CASE if name == "fsdp_tp2" else ENGINES[name]
         whole = _train(model, engine, stage, rank, 2, out / case / "whole", STEPS, options)
         _train(model, engine, stage, rank, 2, out / case / "resumed", RESUME_AT, options)  # saves after step 2
         resumed = _train(model, engine, stage, rank, 2, out / case / "resumed", STEPS, options)  # fresh engine
@@ -203,7 +219,7 @@ def _max_rel(xs: Dict[int, float], ref: Dict[int, float]) -> float:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> List[Dict]:
-    cases = [f"{m}:{e}" for m in MODELS for e in ("single", *ENGINES)]
+    cases = [f"{m}:{e}" for m in MODELS for e in ("single", *ENGINES)] + ["plain:fsdp_tp2"]
     return _run_workers(tmp_path_factory.mktemp("engines"), cases, timeout=400)
 
 
@@ -212,6 +228,19 @@ def results(tmp_path_factory) -> List[Dict]:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_losses_equal_single_process_and_resume_is_bitwise(results, model, engine):
+    _check(results, model, engine)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(420)
+def test_tensor_parallel_plan_on_fsdp(results):
+    """dp 1 x tp 2: the blocks' linears split over both ranks by the model's TP plan (torch's
+    parallelize_module), FSDP2 over dp; the same losses and an exact resume."""
+    _check(results, "plain", "fsdp_tp2")
+    assert "tp=2" in results[0]["plain:fsdp_tp2"]["whole"]["describe"]
+
+
+def _check(results, model: str, engine: str) -> None:
     import torch
 
     ref = results[0][f"{model}:single"]["losses"]
