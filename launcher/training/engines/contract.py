@@ -9,8 +9,8 @@ for a Hugging Face causal LM.
   after it was materialised from the meta device (``name``: its name in ``model``, "" for the model
   itself); torch's RNG is seeded by (run seed, name) before the call (``launcher.training.engines.build``).
   None: the module's own ``reset_parameters()``.
-- ``tp_plan(model)``: {module name: torch ParallelStyle} for ``parallelize_module`` (None: no TP;
-  declared, not applied yet: the engines refuse tp > 1).
+- ``tp_plan(model)``: {module name pattern: torch ParallelStyle} for ``parallelize_module``, applied by
+  the fsdp engine with ``parallelism.tp > 1`` (None: the model has no tensor parallelism).
 - ``recompute_blocks``: with ``train.recompute=full`` the engines recompute each block's forward in its
   backward (``torch.utils.checkpoint``, non-reentrant); False: the model recomputes by itself (or not).
 
