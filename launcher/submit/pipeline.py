@@ -18,12 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_contract, recipe_target, schema
+from launcher import backends, group_options, recipe_contract, recipe_target, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.errors import ConfigError, ConfigErrors
@@ -41,10 +41,16 @@ class Point:
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
+    # group -> names of <group>.name accepted though no config dir provides them (a reproduction: the
+    # archived run's, launcher.group_options)
+    accepted_names: Dict[str, List[str]] = field(default_factory=dict)
+    config_dirs: Tuple[str, ...] = ()  # the search path's dirs beyond conf/ it was composed from (--config-dir)
 
     @classmethod
-    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> Point:
-        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any],
+                    config_dirs: Tuple[str, ...] = ()) -> Point:
+        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved,
+                   config_dirs=config_dirs)
 
 
 @dataclass
@@ -139,7 +145,13 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if isinstance(resolved, ConfigErrors):
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
-            lay = resolve(view, resolved)
+            named = group_options.problems(resolved, group_options.search_dirs(p.config_dirs), p.accepted_names)
+            try:
+                lay = resolve(view, resolved)
+            except ConfigErrors as e:
+                raise ConfigErrors(named + e.errors) from None
+            if named:
+                raise ConfigErrors(named)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
             res = planner(view) if planner is not None else recipe_contract.CheckResult()
             if res.errors:

@@ -41,7 +41,12 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")]) from e
     ov = rd.overrides()
-    return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}))
+    # the archived run's group names passed its launch, from config dirs this command may not search
+    # (its --config-dir): taken as given; a name an override changes is checked (launcher.group_options)
+    accepted = {group: [node["name"]] for group, node in plain.items()
+                if isinstance(node, dict) and isinstance(node.get("name"), str)}
+    return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}),
+                 accepted_names=accepted)
 
 
 def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
