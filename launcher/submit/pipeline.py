@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher import backends, group_options, recipe_contract, recipe_target, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
+from launcher.data import archived as data_archive, checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
 from launcher.rules import resolve
@@ -166,6 +167,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
+        data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     lifted: Dict[str, str] = {}
@@ -328,12 +330,21 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     for text in dict.fromkeys(plan_of.values()):
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
         plans[text].write_plan(json.loads(text))
+    # the datasets' manifests (data=tokens), sealed with each run: each distinct record written once too
+    records = {c.index: data_archive.record(c.resolved) for c in checked}
+    data_of = {i: json.dumps(clean(r), sort_keys=True) for i, r in records.items() if r is not None}
+    datas: Dict[str, RunDir] = {}
+    for text in dict.fromkeys(data_of.values()):
+        datas[text] = RunDir(shared.path / f".data-{len(datas)}")
+        datas[text].write_data_manifest(json.loads(text))
 
     def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         if c.index in plan_of:
             rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
+        if c.index in data_of:
+            rd.link_from(datas[data_of[c.index]], (RunDir.DATA_MANIFEST,))
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
@@ -370,7 +381,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
 
     published = [sweep.dir.publish(c.index) for c in checked]
-    for linked in sweep.dir.shared().path.glob(".plan-*"):  # each run holds its own link
+    shared = sweep.dir.shared().path
+    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*")]:  # each run holds its own link
         shutil.rmtree(linked, ignore_errors=True)
     for rd in published:
         if rd.exists() and rd.is_final():

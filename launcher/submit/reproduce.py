@@ -17,6 +17,7 @@ from launcher.app import finish
 from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
+from launcher.data import archived as data_archive
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir, runs as runs_under, tree_sha256
 from launcher.schema import typed
@@ -47,6 +48,21 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
                 if isinstance(node, dict) and isinstance(node.get("name"), str)}
     return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}),
                  accepted_names=accepted)
+
+
+def data_problems(run_dir: Path, overrides: Sequence[str] = (), runs_root: Optional[Path] = None) -> List[str]:
+    """What changed, file by file, in the datasets the run was launched with (data_manifest.json) that
+    the reproduction reads again (every shard hashed against the archived manifest; a dataset the
+    overrides replace is not the archive's to check)."""
+    archived = RunDir(run_dir).data_manifest()
+    if not archived:
+        return []
+    try:
+        point = archived_point(run_dir, list(overrides), runs_root)
+        only: Optional[List[str]] = data_archive.paths(OmegaConf.to_container(point.cfg, resolve=True))
+    except (ConfigErrors, OmegaConfBaseException):  # (reproduce reports those itself): check every dataset
+        only = None
+    return [f"dataset changed: {p}" for p in data_archive.problems(archived, hashes=True, only=only)]
 
 
 def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:

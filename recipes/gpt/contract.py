@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.data import checks as data_checks
 from launcher.recipe_contract import RecipeSpec, RunFile
 from launcher.rules import RUN, SHAPE, Rule, bound_rows
 from recipes.gpt import schema
@@ -90,7 +91,18 @@ RULES = (
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
                     f"model.vocab_size={f.model.vocab_size} tokens"),
          "lower data.branching or raise model.vocab_size", RUN),
+    Rule("model.vocab_size", lambda f: (data_checks.tokenizer_vocab(f.values.tree) or (0,))[0] > f.model.vocab_size,
+         lambda f: (f"{f.model.vocab_size} is smaller than the tokenizer's vocabulary of "
+                    f"{data_checks.tokenizer_vocab(f.values.tree)[0]} tokens (the dataset "
+                    f"{data_checks.tokenizer_vocab(f.values.tree)[1]}): its larger token ids would index past "
+                    "the embedding"),
+         lambda f: (f"set model.vocab_size={_padded(data_checks.tokenizer_vocab(f.values.tree)[0], f.tp)} or more "
+                    "(a multiple of parallelism.tp)"), RUN),
 )
+
+
+def _padded(vocab: int, tp: int) -> int:
+    return -(-vocab // max(1, tp)) * max(1, tp)
 
 RECIPE = RecipeSpec(
     named_by_model=True,
