@@ -84,6 +84,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
      "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
+    ("samples/rank_<r>.jsonl", "recipe", "data.log_samples: one object per step: step, samples (the [dataset, "
+     "epoch, window] of every sample the rank loaded, recipes.common.data), rewound on resume like metrics.jsonl"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("work/", "job", "the recipe's working directory: files it writes to relative paths, one dir per run (the "
                      "code snapshot is only on the import path)"),
@@ -133,6 +135,7 @@ class RunDir:
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
     METRICS, WANDB, MANIFEST = "metrics.jsonl", "wandb", "manifest.json"
+    SAMPLES = "samples/rank_<r>.jsonl"
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
@@ -370,6 +373,10 @@ class RunDir:
     @property
     def metrics_path(self) -> Path:
         return self._p(self.METRICS)
+
+    def samples_path(self, rank: int) -> Path:
+        """data.log_samples: the sample ids rank ``rank`` loaded, one line per step."""
+        return self._p(_name(self.SAMPLES, r=rank))
 
     @property
     def work_dir(self) -> Path:
