@@ -1,6 +1,6 @@
 """What ``data=tokens`` is checked for before anything queues: the rows of the rule table read these
-(launcher.rules: path, blend, seq_len against the documents, eval against the val split; the GPT's
-contract: its vocabulary against the tokenizer's). Each finder returns (key, problem) pairs, one per
+(launcher.rules: path, blend, seq_len against the documents, eval against the val split; a recipe's
+contract: its model's vocabulary against the tokenizer's). Each finder returns (key, problem) pairs, one per
 offending key (``data.path``, ``data.blend[1].weight``, ``model.seq_len``, ...).
 
 The manifests are read on the login side, cheaply: manifest.json only (sizes and counts; no shard is
@@ -175,8 +175,9 @@ def weight_problems(tree: Any) -> List[Tuple[str, str]]:
 
 
 def seq_len_of(f: Any) -> Optional[Tuple[str, int]]:
-    """(key, value) of the run's sequence length: the recipe's facts' ``seq_len`` (the GPT's ModelSpec:
-    ``model.seq_len``), else the config's ``model.seq_len``; None for a recipe that declares none."""
+    """(key, value) of the run's sequence length: the recipe's facts' ``seq_len`` (a model shape that
+    mirrors the model group: ``model.seq_len``), else the config's ``model.seq_len``; None for a
+    recipe that declares none."""
     v = getattr(getattr(f, "model", None), "seq_len", None)
     if not isinstance(v, int) or isinstance(v, bool):
         v = f.values.get("model.seq_len")
