@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
     _np = None
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
+SYNTHETIC_VAL_START = 2**62  # the synthetic val split's first sample index: far past any training step's
 
 __all__ = [
     "BigramDataset",
@@ -178,10 +179,11 @@ def _source(cfg: Any, split: str, *, seq_len: int, vocab_size: int) -> Tuple[Cal
     """(batch(indices), ids(indices)) of the ``split`` samples of ``cfg.data``."""
     data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
     name = enum_value(cfg.data.name)
-    if name == "synthetic":  # the val split: the same language, other walks
-        ds = BigramDataset(data_seed if split == "train" else derive_seed(data_seed, "val"), vocab_size, seq_len,
-                           int(cfg.data.branching))
-        return ds.batch, lambda indices: [[0, 0, int(i)] for i in indices]
+    if name == "synthetic":  # the val split: the same language (table), walks no training step reaches
+        ds = BigramDataset(data_seed, vocab_size, seq_len, int(cfg.data.branching))
+        first = 0 if split == "train" else SYNTHETIC_VAL_START
+        return (lambda indices: ds.batch([first + i for i in indices]),
+                lambda indices: [[0, 0, first + int(i)] for i in indices])
     if name == "tokens":
         from launcher.data.tokens import TokenDataset
 
