@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher.data import checks
 from launcher.data.manifest import MANIFEST, DatasetError, Manifest, verify
@@ -27,6 +27,14 @@ def record(tree: Any) -> Optional[Dict[str, Any]]:
         datasets.append({"key": s.path_key, "path": d.path, "weight": s.weight if s.key != "data" else 1.0,
                          "manifest_sha256": d.sha256, "manifest": d.raw})
     return {"version": VERSION, "datasets": datasets}
+
+
+def signature(tree: Any) -> Optional[Tuple[Any, ...]]:
+    """What ``record`` depends on, cheaply (no JSON built): equal for two configs whose records are
+    equal; None when the config reads no dataset."""
+    if not checks.uses_tokens(tree):
+        return None
+    return tuple((s.key, s.weight, checks.load(s.path).path, checks.load(s.path).sha256) for s in checks.sources(tree))
 
 
 def paths(tree: Any) -> List[str]:

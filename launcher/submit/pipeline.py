@@ -331,12 +331,14 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
         plans[text].write_plan(json.loads(text))
     # the datasets' manifests (data=tokens), sealed with each run: each distinct record written once too
-    records = {c.index: data_archive.record(c.resolved) for c in checked}
-    data_of = {i: json.dumps(clean(r), sort_keys=True) for i, r in records.items() if r is not None}
-    datas: Dict[str, RunDir] = {}
-    for text in dict.fromkeys(data_of.values()):
-        datas[text] = RunDir(shared.path / f".data-{len(datas)}")
-        datas[text].write_data_manifest(json.loads(text))
+    # (a corpus's manifest lists every input file: built per distinct set of datasets, not per point)
+    data_of = {c.index: sig for c in checked for sig in [data_archive.signature(c.resolved)] if sig is not None}
+    datas: Dict[Any, RunDir] = {}
+    for c in checked:
+        sig = data_of.get(c.index)
+        if sig is not None and sig not in datas:
+            datas[sig] = RunDir(shared.path / f".data-{len(datas)}")
+            datas[sig].write_data_manifest(clean(data_archive.record(c.resolved)))
 
     def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)

@@ -291,3 +291,14 @@ def test_the_archived_record_names_each_dataset_and_its_manifest_digest(tmp_path
     assert entry["manifest_sha256"] == manifest.file_sha256(ds / "manifest.json")
     assert archived.problems(rec, hashes=True) == []
     assert archived.record({"data": {"name": "synthetic"}}) is None
+
+
+def test_the_points_of_a_sweep_on_one_dataset_share_one_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(software, "pip_freeze", lambda: "")
+    ds, root = dataset(tmp_path), tmp_path / "runs"
+    points = [Point(_cfg(o), o) for o in (tokens(ds, f"seed={s}", f"submit.runs_root={root}") for s in (1, 2))]
+    checked = validate(points)
+    (root / "code").mkdir(parents=True)
+    sweep = pipeline.create(checked, root, ["launch"], root / "code", None)
+    a, b = (rd.path / RunDir.DATA_MANIFEST for rd in pipeline.stage(sweep, checked))
+    assert os.path.samefile(a, b) and json.loads(a.read_text())["datasets"][0]["path"] == str(ds)
