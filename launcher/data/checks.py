@@ -175,13 +175,21 @@ def weight_problems(tree: Any) -> List[Tuple[str, str]]:
 
 
 def seq_len_of(f: Any) -> Optional[Tuple[str, int]]:
-    """(key, value) of the run's sequence length: the recipe's facts' ``seq_len`` (a model shape that
-    mirrors the model group: ``model.seq_len``), else the config's ``model.seq_len``; None for a
-    recipe that declares none."""
+    """(key, value) of the run's sequence length, as its recipe declares it: its facts' ``seq_len``
+    (``Facts.model``), named by the config key of a group that holds that value (``model.seq_len``,
+    or another group's: ``lm.seq_len``); else the config's ``model.seq_len``; None for a recipe that
+    declares none."""
     v = getattr(getattr(f, "model", None), "seq_len", None)
-    if not isinstance(v, int) or isinstance(v, bool):
-        v = f.values.get("model.seq_len")
-    return ("model.seq_len", v) if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+    flat = f.values.flat if f.values.tree else {}
+    if _count(v):
+        keys = ["model.seq_len"] + sorted(k for k in flat if k.count(".") == 1 and k.endswith(".seq_len"))
+        return next((k for k in keys if flat.get(k) == v), "model.seq_len"), v
+    v = flat.get("model.seq_len")
+    return ("model.seq_len", v) if _count(v) else None
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def sample_problems(f: Any) -> List[Tuple[str, str]]:

@@ -302,3 +302,23 @@ def test_the_points_of_a_sweep_on_one_dataset_share_one_record(tmp_path, monkeyp
     sweep = pipeline.create(checked, root, ["launch"], root / "code", None)
     a, b = (rd.path / RunDir.DATA_MANIFEST for rd in pipeline.stage(sweep, checked))
     assert os.path.samefile(a, b) and json.loads(a.read_text())["datasets"][0]["path"] == str(ds)
+
+
+def test_the_sequence_length_is_the_one_the_recipe_declares():
+    from types import SimpleNamespace
+
+    from launcher.config_values import Values
+
+    lm_like = SimpleNamespace(model=SimpleNamespace(seq_len=128), values=Values({"lm": {"seq_len": 128}}))
+    assert checks.seq_len_of(lm_like) == ("lm.seq_len", 128)  # a recipe whose data shape is its own group's
+    gpt_like = SimpleNamespace(model=SimpleNamespace(seq_len=64), values=Values({"model": {"seq_len": 64}}))
+    assert checks.seq_len_of(gpt_like) == ("model.seq_len", 64)
+    no_facts = SimpleNamespace(model=None, values=Values({"model": {"seq_len": 16}}))
+    assert checks.seq_len_of(no_facts) == ("model.seq_len", 16)
+    assert checks.seq_len_of(SimpleNamespace(model=None, values=Values({"data": {}}))) is None
+
+
+def test_a_recipe_without_a_sequence_length_is_held_to_the_dataset_checks_only(tmp_path):
+    ds = dataset(tmp_path, train=[[1, 2]], vocab=100000)
+    ok(["recipe=commbench", "data=tokens", f"data.path={ds}"])  # no seq_len, no vocabulary of its own
+    assert "data.path:" in refused(["recipe=commbench", "data=tokens", f"data.path={tmp_path / 'nope'}"])
