@@ -142,3 +142,12 @@ def group_options_tree(overrides):
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(_cfg(overrides), resolve=True, enum_to_str=True)
+
+
+def test_the_sweep_plugin_reads_the_search_path_from_the_hydra_node(tmp_path):
+    """What `launch -m --config-dir DIR` hands its points (plugin.py: hydra.runtime.config_sources)."""
+    d = _user_dir(tmp_path)
+    cfg = _cfg([f"hydra.searchpath=[file://{d}]"], hydra=True)
+    dirs = group_options.dirs_of(cfg.hydra.runtime.config_sources)
+    assert str(d) in dirs and str(CONF_DIR) in dirs
+    assert "mine" in dict(group_options.groups(dirs)["cluster"].names)
