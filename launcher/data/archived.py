@@ -84,6 +84,6 @@ def describe(archived: Optional[Dict[str, Any]]) -> List[str]:
                            f"({int((s or {}).get('documents') or 0):,} documents)" for name, s in splits.items())
         tok = m.get("tokenizer") or {}
         weight = f"  weight {entry.get('weight')}" if entry.get("key", "").startswith("data.blend") else ""
-        lines.append(f"{entry.get('path')}{weight}  {counts}  tokenizer sha256 {str(tok.get('sha256'))[:16]} "
-                     f"(vocab {tok.get('vocab_size')})")
+        sha = f"tokenizer sha256 {tok['sha256'][:16]}" if tok.get("sha256") else "no tokenizer file"
+        lines.append(f"{entry.get('path')}{weight}  {counts}  {sha} (vocab {tok.get('vocab_size')})")
     return lines
