@@ -17,7 +17,9 @@ function of ``(seed, i)``:
   boundary; inside a block the slots are a seeded shuffle of those counts. Sample ``i`` is then
   the ``j``-th sample of its dataset (computed from its block alone: O(block), cached);
 - the ``j``-th sample of a dataset with ``N`` windows is in epoch ``j // N`` at position ``j % N``
-  of that epoch's permutation of the windows: a seeded Feistel bijection of [0, N) (O(1), no table).
+  of that epoch's permutation of the windows: a seeded Feistel bijection of [0, N), evaluated for
+  the ``block`` positions around it at once (cached: a step's reads cost one vectorised call; no
+  table of N entries).
 
 Nothing depends on the data-parallel size, the micro batch or the worker count: the data position
 of a run is one integer (the samples consumed), and a resumed run (or one with another layout) sees
@@ -25,6 +27,7 @@ the same samples. numpy only; torch is imported where tensors are made (``batch`
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -108,10 +111,12 @@ class Windows:
         self.manifest = manifest if manifest is not None else Manifest.load(self.path)
         shards = list(self.manifest.split(split).shards)
         dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
-        self._bins = [np.memmap(self.path / s.bin, dtype=dtype, mode="r") for s in shards if s.tokens]
-        counts = [len(b) for b in self._bins]
-        self._offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self.total_tokens = int(self._offsets[-1])
+        # plain ndarray views of the mappings (np.asarray: no copy; slicing skips memmap's per-slice overhead)
+        self._bins = [np.asarray(np.memmap(self.path / s.bin, dtype=dtype, mode="r")) for s in shards if s.tokens]
+        self._offsets = [0]
+        for b in self._bins:
+            self._offsets.append(self._offsets[-1] + len(b))
+        self.total_tokens = self._offsets[-1]
         width = self.seq_len + 1
         if self.packing:
             self._doc_starts: Optional[np.ndarray] = None
@@ -138,8 +143,8 @@ class Windows:
         """Tokens [seq_len + 1] of ``window`` (a view of the mapped shard when it lies inside one)."""
         a = self.start(window)
         b = a + self.seq_len + 1
-        s = int(np.searchsorted(self._offsets, a, side="right")) - 1
-        lo = a - int(self._offsets[s])
+        s = bisect.bisect_right(self._offsets, a) - 1
+        lo = a - self._offsets[s]
         if b <= self._offsets[s + 1]:
             return self._bins[s][lo:lo + self.seq_len + 1]
         parts, need = [], self.seq_len + 1
@@ -195,7 +200,7 @@ class TokenDataset:
         if len(srcs) > 1 and min(b - a for a, b in zip(self._cum, self._cum[1:])) * self.block < 2**53:
             raise DatasetError(f"every blend weight must be at least 1/{self.block} of the total")
         self._block_ids = functools.lru_cache(maxsize=4)(self._block)
-        self._epoch_key = functools.lru_cache(maxsize=64)(self._epoch_key)
+        self._order = functools.lru_cache(maxsize=16)(self._permuted)  # a step reads one or two blocks
 
     @classmethod
     def from_config(cls, data: Any, *, seq_len: int, seed: int, split: str = "train") -> TokenDataset:
@@ -222,8 +227,11 @@ class TokenDataset:
             index[mine] = before[d] + np.arange(n, dtype=np.int64)
         return slots, index
 
-    def _epoch_key(self, d: int, epoch: int) -> int:
-        return derive_seed(self.seed, "epoch", self.split, d, epoch)
+    def _permuted(self, d: int, epoch: int, b: int) -> np.ndarray:
+        """The windows at positions [b*block, (b+1)*block) of dataset ``d``'s epoch ``epoch``."""
+        n = self.windows[d].num_windows
+        positions = np.arange(b * self.block, min(n, (b + 1) * self.block), dtype=np.int64)
+        return permute(positions, n, derive_seed(self.seed, "epoch", self.split, d, epoch))
 
     def locate(self, indices: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
         """(dataset, index within that dataset) of each sample of ``indices``: int64 arrays."""
@@ -251,9 +259,11 @@ class TokenDataset:
                 continue
             e, pos = np.divmod(js[mine], w.num_windows)
             out = np.empty_like(pos)
-            for epoch in np.unique(e):
-                at = e == epoch
-                out[at] = permute(pos[at], w.num_windows, self._epoch_key(d, int(epoch)))
+            blocks = e * (-(-w.num_windows // self.block)) + pos // self.block  # (epoch, block of positions)
+            for key in np.unique(blocks):
+                at = blocks == key
+                epoch = int(e[at][0])
+                out[at] = self._order(d, epoch, int(pos[at][0]) // self.block)[pos[at] % self.block]
             epochs[mine], windows[mine] = e, out
         return ds, epochs, windows
 
