@@ -59,21 +59,25 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def expand(paths: Sequence[Union[str, Path]], glob: Optional[str] = None) -> List[Tuple[Path, bool]]:
+def expand(paths: Sequence[Union[str, Path]], glob: Union[str, Sequence[str], None] = None
+           ) -> List[Tuple[Path, bool]]:
     """The input files in order, each with whether it was named itself (not found in a directory).
-    A directory is walked recursively for the files whose name matches ``glob`` (sorted)."""
+    A directory is walked recursively for the files whose name matches ``glob`` (one pattern or
+    several; sorted)."""
+    globs = [glob] if isinstance(glob, str) else list(glob or ())
+    shown = " ".join(f"--glob {g!r}" for g in globs)
     out: List[Tuple[Path, bool]] = []
+    dirs: List[Path] = []
     if not paths:
         raise DatasetError("no input files: give FILE... (text files, or .jsonl with a text field)")
     for given in paths:
         p = Path(given).expanduser()
         if p.is_dir():
-            if glob is None:
+            if not globs:
                 raise DatasetError(f"{p}: is a directory; give --glob PATTERN to take the files in it "
                                    "(e.g. --glob '*.txt')")
-            found = sorted(f for f in p.rglob("*") if fnmatch.fnmatch(f.name, glob) and f.is_file())
-            if not found:
-                raise DatasetError(f"{p}: no file under it matches --glob {glob!r}")
+            dirs.append(p)
+            found = sorted(f for f in p.rglob("*") if any(fnmatch.fnmatch(f.name, g) for g in globs) and f.is_file())
             out += [(f.resolve(), False) for f in found]
         elif p.is_file():
             out.append((p.resolve(), True))
@@ -81,6 +85,9 @@ def expand(paths: Sequence[Union[str, Path]], glob: Optional[str] = None) -> Lis
             raise DatasetError(f"{p}: not a regular file (give text or .jsonl files)")
         else:
             raise DatasetError(f"{p}: no such file")
+    if dirs and not any(not named for _, named in out):
+        raise DatasetError(f"{', '.join(map(str, dirs))}: no file under {'it' if len(dirs) == 1 else 'them'} "
+                           f"matches {shown}")
     return out
 
 
@@ -257,7 +264,8 @@ def _env(**values: str) -> Iterator[None]:
 
 def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tokenizer: Optional[str] = None,
             vocab_size: Optional[int] = None, text_field: str = "text", val_fraction: float = DEFAULT_VAL_FRACTION,
-            workers: Optional[int] = None, shard_tokens: int = DEFAULT_SHARD_TOKENS, glob: Optional[str] = None,
+            workers: Optional[int] = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            glob: Union[str, Sequence[str], None] = None,
             progress: bool = True) -> Manifest:
     """Tokenize ``files`` into a dataset in ``out_dir`` (docs/data.md). ``tokenizer``: a local
     tokenizer.json to use (copied into the dataset); without one a byte-level BPE of ``vocab_size``
