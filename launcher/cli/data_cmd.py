@@ -73,6 +73,8 @@ def cmd_prepare(args) -> int:
                             progress=not args.no_progress)
     except DatasetError as e:
         return _fail(args, e)
+    except OSError as e:  # the dataset could not be written (a full disk, a read-only parent): nothing was put in place
+        return _fail(args, f"cannot write {args.out}: {e}; nothing was changed there")
     size = sum(i.size for i in m.inputs)
     tokens = sum(s.tokens for s in m.splits.values())
     print(f"prepared {m.dir}: {len(m.inputs)} file(s), {size / 1e6:.1f} MB, "

@@ -108,6 +108,14 @@ def test_directories_expanded_by_glob_empty_files_skipped(tmp_path, capsys):
     assert _decoded(m)[0] == "s = '\ufffd'\n"
 
 
+def test_a_file_given_twice_is_read_once(tmp_path):
+    files = _corpus(tmp_path)
+    m = _run([files[0], tmp_path / "in", files[0]], tmp_path / "ds", glob="*.txt", val_fraction=0.0)
+    assert [Path(i.path).name for i in m.inputs] == ["doc0.txt", "doc1.txt", "doc2.txt"]
+    assert _decoded(prepare(str(files[1]), tmp_path / "one", workers=1, progress=False, vocab_size=300,
+                            val_fraction=0.0)) == [TEXTS[1]]  # one path, not a list
+
+
 def test_shards_split_by_shard_tokens(tmp_path):
     m = _run(_corpus(tmp_path), tmp_path / "ds", val_fraction=0.0, shard_tokens=20)
     assert len(m.split("train").shards) >= 2
@@ -162,6 +170,8 @@ def _bad(tmp_path, name):
         "vocab and tokenizer": lambda: ([good], {"tokenizer": str(tmp_path / "plain.json")}, "give one of them"),
         "val fraction": lambda: ([good], {"val_fraction": 1.0}, "--val-fraction 1.0: must be in [0, 1)"),
         "no inputs": lambda: ([], {}, "no input files"),
+        "all in val": lambda: ([good], {"val_fraction": 0.9999999},
+                               "puts every one of the 1 document(s) in the val split, none in train"),
     }
     (tmp_path / "e.txt").write_text("")
     (tmp_path / "b.txt").write_text(" \n\t\n")
@@ -170,7 +180,7 @@ def _bad(tmp_path, name):
 
 BAD = ["empty", "blank", "missing", "directory", "glob matches nothing", "jsonl not json", "jsonl no field",
        "jsonl not text", "jsonl no documents", "tokenizer missing", "tokenizer not json", "tokenizer other json",
-       "vocab too small", "vocab and tokenizer", "val fraction", "no inputs"]
+       "vocab too small", "vocab and tokenizer", "val fraction", "no inputs", "all in val"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -205,8 +215,33 @@ def test_tokenizer_without_an_end_token_refused(tmp_path):
     path = tmp_path / "tok.json"
     Tokenizer(models.BPE()).save(str(path))
     (tmp_path / "a.txt").write_text("hello\n")
-    with pytest.raises(DatasetError, match="has no special token to end a document"):
+    with pytest.raises(DatasetError, match="has no end-of-document special token"):
         prepare([tmp_path / "a.txt"], tmp_path / "out", tokenizer=str(path), workers=1, progress=False)
+
+
+def test_a_llama_style_tokenizer_ends_documents_with_its_eos_and_adds_no_bos(tmp_path):
+    from tokenizers import AddedToken, processors
+
+    first = _run(_corpus(tmp_path), tmp_path / "a", val_fraction=0.0)
+    tok = Tokenizer.from_file(str(first.dir / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<unk>", special=True), AddedToken("<s>", special=True),
+                            AddedToken("</s>", special=True)])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    # no <|endoftext|>: the trained one's id 0 is renamed away
+    data = json.loads(tok.to_str())
+    for t in data["added_tokens"]:
+        if t["content"] == "<|endoftext|>":
+            t["content"] = "<pad>"
+    data["model"]["vocab"]["<pad>"] = data["model"]["vocab"].pop("<|endoftext|>")
+    (tmp_path / "llama.json").write_text(json.dumps(data))
+    m = prepare(_corpus(tmp_path), tmp_path / "b", tokenizer=str(tmp_path / "llama.json"), workers=1,
+                progress=False, val_fraction=0.0)
+    eos = Tokenizer.from_file(str(tmp_path / "llama.json")).token_to_id("</s>")
+    assert m.eos_id == eos
+    assert _decoded(m) == TEXTS  # each document ends with </s>, and no <s> was put before it
+    ids = np.fromfile(m.dir / m.split("train").shards[0].bin, dtype=m.dtype)
+    assert (ids == eos).sum() == 3 and not (ids == bos).any()
 
 
 def test_a_directory_that_is_not_a_dataset_is_refused_first(tmp_path):
@@ -215,3 +250,56 @@ def test_a_directory_that_is_not_a_dataset_is_refused_first(tmp_path):
     with pytest.raises(DatasetError, match="is not a prepared dataset"):
         _run([tmp_path / "missing-too.txt"], tmp_path / "out")  # refused before the inputs are looked at
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
+
+
+# ------------------------------------------------------------------- the commands, in-process --
+
+def test_commands_prepare_show_verify(tmp_path, capsys):
+    from launcher.cli.main import main
+
+    files = [str(f) for f in _corpus(tmp_path)]
+    out = str(tmp_path / "ds")
+    assert main(["data", "prepare", *files, "-o", out, "--vocab-size", "300", "--workers", "1",
+                 "--val-fraction", "0"]) == 0
+    m = Manifest.load(out)
+    assert f"{m.split('train').tokens:,} tokens" in capsys.readouterr().out
+    assert main(["data", "show", out]) == 0
+    shown = capsys.readouterr().out
+    assert "byte-level-bpe, vocab" in shown and m.split("train").shards[0].bin in shown
+    assert main(["data", "show", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == m.to_json()
+    assert main(["data", "verify", out]) == 0 and "intact" in capsys.readouterr().out
+    (tmp_path / "ds" / m.split("train").shards[0].idx).unlink()
+    assert main(["data", "verify", out]) == 1
+    assert f"{tmp_path / 'ds' / m.split('train').shards[0].idx}: missing" in capsys.readouterr().err
+    assert main(["data", "prepare", str(tmp_path / "nope.txt"), "-o", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith(f"launcher data prepare: {tmp_path / 'nope.txt'}: no such file")
+    assert main(["data", "show", str(tmp_path)]) == 2
+    assert "is not a prepared dataset" in capsys.readouterr().err
+
+
+def test_help_states_the_real_defaults(capsys):
+    from launcher.cli.main import build_parser, main
+    from launcher.data.manifest import DEFAULT_SHARD_TOKENS
+    from launcher.data.prepare import DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
+
+    args = build_parser().parse_args(["data", "prepare", "f.txt", "-o", "d"])
+    assert args.val_fraction == DEFAULT_VAL_FRACTION and args.vocab_size is None and args.workers is None
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"default {DEFAULT_VOCAB_SIZE}; at least 257" in text and f"default {DEFAULT_SHARD_TOKENS}" in text
+    assert f"(default {DEFAULT_VAL_FRACTION})" in text
+
+
+def test_a_dataset_that_cannot_be_written_is_an_error_line(tmp_path, capsys, monkeypatch):
+    from launcher.cli.main import main
+    from launcher.data import manifest
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manifest.tempfile, "mkdtemp", full)
+    files = [str(f) for f in _corpus(tmp_path)]
+    assert main(["data", "prepare", *files, "-o", str(tmp_path / "ds"), "--vocab-size", "300", "--workers", "1"]) == 2
+    assert "cannot write" in capsys.readouterr().err and not (tmp_path / "ds").exists()
