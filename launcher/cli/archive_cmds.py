@@ -58,6 +58,8 @@ def cmd_show(args) -> int:
     from rich.table import Table
 
     c = Console(highlight=False)
+    if not c.is_terminal:  # piped or captured: never wrap a path (a line someone copies or greps)
+        c = Console(highlight=False, width=100_000)
     c.print(f"[bold]{escape(printable(meta.get('run_id')))}[/bold]  {st.state.value}  exit {st.exit_code}  "
             f"{escape(printable(rdir))}")
     t = Table(show_header=False)
