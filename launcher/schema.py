@@ -105,6 +105,7 @@ class Engine(str, Enum):
     auto = "auto"  # ddp, deepspeed (zero.stage > 0) or megatron (tp or pp > 1), from the layout
     ddp = "ddp"  # torch DistributedDataParallel (data parallel only)
     deepspeed = "deepspeed"  # DeepSpeed ZeRO 0-3
+    fsdp = "fsdp"  # torch FSDP2 (fully_shard per block; launcher.training.engines): parallelism=fsdp
     megatron = "megatron"  # Megatron-style TP/PP/DP mesh
 
 
@@ -116,6 +117,11 @@ class ParallelConfig:
     pp: int = num(1, ge=1)
     dp: Optional[int] = num(None, ge=1, fix="set parallelism.dp=null to derive it")  # world / (tp * pp) when null
     sequence_parallel: bool = False
+    # fsdp engine: free each block's gathered parameters after its forward (gathered again for the
+    # backward); false keeps them until the backward (more memory, one all-gather less per block)
+    reshard_after_forward: bool = True
+    # fsdp engine: parameters, gradients and optimizer state in host memory (torch's CPUOffloadPolicy)
+    cpu_offload: bool = False
 
 
 @dataclass

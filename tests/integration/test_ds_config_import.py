@@ -1,4 +1,4 @@
-"""recipes.common.ds_config imports neither torch nor deepspeed (checked in a fresh interpreter); DeepSpeed
+"""launcher.training.ds_config imports neither torch nor deepspeed (checked in a fresh interpreter); DeepSpeed
 joins the runtime's process group through launcher.training.deepspeed without a JIT build."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 
 def test_pure_no_torch_or_deepspeed_import():
     code = (
-        "import sys, recipes.common.ds_config as m; "
+        "import sys, launcher.training.ds_config as m; "
         "bad = [n for n in ('torch', 'deepspeed') if n in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )

@@ -1,4 +1,4 @@
-"""recipes.common.ds_config: the DeepSpeed config generated from a composed run config and its layout."""
+"""launcher.training.ds_config: the DeepSpeed config generated from a composed run config and its layout."""
 import itertools
 import json
 
@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.rules import resolve
 from launcher.schema import register_configs
-from recipes.common.ds_config import BUCKET_ELEMENTS, deepspeed_config
+from launcher.training.ds_config import BUCKET_ELEMENTS, deepspeed_config
 
 register_configs()
 

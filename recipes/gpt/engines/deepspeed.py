@@ -1,7 +1,7 @@
 """Data parallelism with DeepSpeed ZeRO stages 0-3 (tp = pp = 1), optimizer / parameter offload.
 
 The DeepSpeed config is generated from the run config and the run's layout (``ctx.layout``: dp,
-ZeRO stage, offload, gradient accumulation) by ``recipes.common.ds_config`` and archived in the run
+ZeRO stage, offload, gradient accumulation) by ``launcher.training.ds_config`` and archived in the run
 dir by rank 0 (``DEEPSPEED_CONFIG``, a file of the recipe's contract). Which layouts this engine gets (tp = pp = 1;
 no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
 launcher's rule table's business (``launcher.rules.RULES``). ZeRO 0-2 build the model exactly as
@@ -41,7 +41,7 @@ from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
-from recipes.common.ds_config import deepspeed_config
+from launcher.training.ds_config import deepspeed_config
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.contract import DEEPSPEED_CONFIG

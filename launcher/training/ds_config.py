@@ -1,8 +1,9 @@
 """The DeepSpeed config JSON, generated from the composed run config (never hand-maintained).
 
 Pure: no torch / deepspeed import, so it can run (and be tested) anywhere, including on the
-login node. ``recipes.gpt.engines.deepspeed`` passes the result to ``deepspeed.initialize`` and
-archives it in the run dir (``recipes.gpt.contract.DEEPSPEED_CONFIG``).
+login node. The deepspeed engines (``launcher.training.engines.deepspeed`` for any model, the GPT's
+``recipes.gpt.engines.deepspeed``) pass the result to ``deepspeed.initialize`` and archive it in the
+run dir (``DEEPSPEED_CONFIG``).
 
 Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.layout``), which the
 launcher resolved and checked against the rule table (``RULES``) before the job started; nothing
@@ -19,14 +20,15 @@ the rules cover is checked again here. Mapping (layout field / run config key ->
     precision.dtype == fp16            -> fp16.enabled, with precision.loss_scale (0 = dynamic),
                                           initial_scale_power, loss_scale_window, hysteresis, min_loss_scale
     precision.dtype == bf16            -> bf16.enabled
-    model.hidden_size (h)              -> ZeRO-3 bucket sizes and persistence threshold (see below)
+    model.hidden_size (h)              -> ZeRO-3 bucket sizes and persistence threshold (see below; a
+                                          model without that key: the engine passes its width)
 
 The optimizer and the learning-rate schedule are NOT in the DeepSpeed config: the engine passes
 its own (client) optimizer and the shared step loop sets the lr every step.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from launcher.schema import enum_value
 
@@ -42,10 +44,15 @@ STEPS_PER_PRINT = 1_000_000_000
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str, Any]:
+DEEPSPEED_CONFIG = "deepspeed_config.json"  # in the run dir: the deepspeed engine's rank 0 writes it
+
+
+def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu",
+                 hidden_size: Optional[int] = None) -> Dict[str, Any]:
     """``zero_optimization``: stage, offload and bucket sizes. On GPUs the gradient reduction
     overlaps the backward (overlap_comm, its own CUDA stream) and offloaded state moves through
-    pinned host memory; on CPU neither exists."""
+    pinned host memory; on CPU neither exists. ``hidden_size``: the model's width for ZeRO-3's
+    sizes (None: ``cfg.model.hidden_size``)."""
     gpu = device_type == "cuda"
     stage = int(layout.zero)
     offload_optimizer, offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)
@@ -65,7 +72,7 @@ def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str
         # pinned host memory: asynchronous copies at full PCIe speed (a CUDA-only benefit)
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
     if stage == 3:
-        h = int(cfg.model.hidden_size)
+        h = int(cfg.model.hidden_size if hidden_size is None else hidden_size)
         # The sizes HuggingFace's "auto" ZeRO-3 settings derive from the hidden size:
         # - params with fewer than 10*h elements (biases, norms) stay whole on every rank
         #   (all-gathering them costs more latency than the memory they save); every weight
@@ -85,9 +92,10 @@ def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str
     return section
 
 
-def deepspeed_config(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict[str, Any]:
+def deepspeed_config(cfg: Any, layout: Layout, device_type: str = "cpu",
+                     hidden_size: Optional[int] = None) -> Dict[str, Any]:
     """The DeepSpeed config dict for run config ``cfg`` run with ``layout`` on ``device_type``
-    ("cuda" or "cpu")."""
+    ("cuda" or "cpu"); ``hidden_size``: see ``zero_section``."""
     prec = cfg.precision
     dtype = enum_value(prec.dtype)
     if dtype not in DTYPES:
@@ -100,7 +108,7 @@ def deepspeed_config(cfg: Any, layout: Layout, device_type: str = "cpu") -> Dict
         "train_micro_batch_size_per_gpu": int(layout.micro_batch_size),
         "gradient_accumulation_steps": int(layout.grad_accum),
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero_section(cfg, layout, device_type),
+        "zero_optimization": zero_section(cfg, layout, device_type, hidden_size),
         "fp16": {"enabled": False},
         "bf16": {"enabled": dtype == "bf16"},
         "steps_per_print": STEPS_PER_PRINT,

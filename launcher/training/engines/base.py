@@ -1,0 +1,168 @@
+"""The engine interface the step loop and the Checkpointer use, and what every engine shares: the
+dtype of ``precision``, AdamW from ``cfg.optim`` with its param groups, the fp16 loss scaler, byte
+counts. Node side (torch)."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from launcher.schema import enum_value
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+def dtype_name(cfg: Any) -> str:
+    name = enum_value(cfg.precision.dtype)
+    if name not in DTYPES:
+        raise ValueError(f"precision.dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return name
+
+
+def autocast_for(cfg: Any, device_type: str) -> Callable[[], ContextManager]:
+    """A context factory: autocast to bf16/fp16, or nothing for fp32."""
+    name = dtype_name(cfg)
+    if name == "fp32":
+        return contextlib.nullcontext
+    if not torch.amp.is_autocast_available(device_type):
+        raise ValueError(f"precision.dtype={name} needs autocast, unavailable on {device_type}")
+    dtype = DTYPES[name]
+    return lambda: torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def param_groups(params: Iterable[Tuple[str, Any]], weight_decay: float) -> List[Dict[str, Any]]:
+    """AdamW groups: no weight decay on biases and norm weights (every parameter with ndim < 2)."""
+    params = list(params)
+    decay = [p for _, p in params if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for _, p in params if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw_kwargs(optim: Any) -> Dict[str, Any]:
+    """The AdamW hyper-parameters of ``cfg.optim`` (lr, betas, eps); the weight decay goes per group.
+    Refuses any optimizer other than AdamW."""
+    name = enum_value(getattr(optim, "name", "adamw")).lower()
+    if name != "adamw":
+        raise ValueError(f"optim.name={name!r} is not supported by the engines (only 'adamw')")
+    return dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
+
+
+def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model.named_parameters(), float(optim.weight_decay)),
+                             **adamw_kwargs(optim))
+
+
+def grad_scaler(cfg: Any, device_type: str, kind: type = torch.amp.GradScaler,
+                **extra: Any) -> Tuple[Optional[torch.amp.GradScaler], float]:
+    """fp16: a GradScaler (``kind``: torch's, or FSDP's sharded one) from ``precision`` (a static scale
+    when precision.loss_scale > 0, else dynamic from 2**initial_scale_power) and the static scale (0 =
+    dynamic); other dtypes: (None, 0)."""
+    if dtype_name(cfg) != "fp16":
+        return None, 0.0
+    prec = cfg.precision
+    static = float(prec.loss_scale)
+    scaler = kind(device_type, init_scale=static if static > 0 else 2.0 ** int(prec.initial_scale_power),
+                  growth_interval=int(prec.loss_scale_window), **extra)
+    return scaler, static
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor], grad_clip: float,
+                   scaler: Optional[torch.amp.GradScaler], static_scale: float, min_scale: float
+                   ) -> Tuple[torch.Tensor, int]:
+    """Unscale (fp16), clip at ``grad_clip`` (0: off), step, zero the gradients. Returns (the global
+    gradient norm before clipping, bytes of the gradients this rank held). A sharded (DTensor)
+    gradient's norm is over the whole tensor."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grads = [p.grad for p in params if p.grad is not None]
+    if grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        norm = torch.nn.utils.get_total_norm(grads)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update(static_scale if static_scale > 0 else None)
+        if static_scale <= 0 and scaler.get_scale() < min_scale:
+            scaler.update(min_scale)
+    else:
+        optimizer.step()
+    held = tensor_bytes(_local(g) for g in grads)
+    optimizer.zero_grad(set_to_none=True)
+    return norm, held
+
+
+def tensor_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors if t is not None))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of tensor state the optimizer holds (Adam: exp_avg, exp_avg_sq; step counters excluded)."""
+    return tensor_bytes(_local(v) for state in optimizer.state.values() for v in state.values()
+                        if torch.is_tensor(v) and v.dim() > 0)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own shard (FSDP2), any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class Engine:
+    """One optimizer step over this rank's share of a global batch (the interface of every engine:
+    the GPT's and ``launcher.training.engines``').
+
+    Attributes the loop reads: ``dp`` and ``dp_rank`` (which samples this rank loads), ``num_params``
+    (total model parameters), ``phases`` (set by the loop: where a step's time goes) and
+    ``build_meter`` (memory the model's construction used; None: not measured).
+    """
+
+    dp: int = 1
+    dp_rank: int = 0
+    num_params: int = 0
+    phases: Any = None
+    build_meter: Any = None
+
+    def _phase(self, name: str) -> ContextManager[None]:
+        return self.phases(name) if self.phases is not None else contextlib.nullcontext()
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        """Forward/backward over the micro batches, optimizer step at ``lr``.
+        Returns (loss averaged over the whole global batch, global grad norm before clipping),
+        the same on every rank."""
+        raise NotImplementedError
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        """Forward only (no gradients, dropout off): the mean loss over the given micro batches of
+        every data-parallel rank, the same on every rank."""
+        raise NotImplementedError
+
+    def state_bytes(self) -> Dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held on this rank: {"params", "grads",
+        "optimizer"}."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    # ---- checkpoints (launcher.training.checkpoint) -----------------------------------------------
+    def checkpoint_files(self) -> Dict[str, Any]:
+        """File name -> state this rank writes into a checkpoint (all it needs to continue bit for bit);
+        the Checkpointer copies it to host memory and writes it."""
+        return {}
+
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        """The optimizers whose step changes the checkpointed state (an asynchronous save's copy must be
+        done before they step); none: saves are synchronous."""
+        return []
+
+    def save_native(self, path: Path) -> None:
+        """An engine with its own (collective, synchronous) save writes into ``path`` here."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore this rank's state from the checkpoint directory ``path``."""
+        raise NotImplementedError

@@ -1,0 +1,135 @@
+"""Plain data parallelism for any model: torch DistributedDataParallel (one process: the model itself).
+The model is built by ``build.build_model`` (the same weights as every other layout)."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.seeding import dropout_seed
+from launcher.training.engines.base import (
+    Batch,
+    Engine,
+    adamw,
+    autocast_for,
+    dtype_name,
+    grad_scaler,
+    optimizer_state_bytes,
+    optimizer_step,
+    tensor_bytes,
+)
+from launcher.training.engines.build import build_model
+from launcher.training.engines.contract import ModelContract
+
+
+def rank_log(ctx: Any) -> Callable[[str], None]:
+    """print on the job's first rank, nothing on the others."""
+    return (lambda s: print(s, flush=True)) if ctx.is_main else (lambda s: None)
+
+
+def mean_over_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= world
+    return value
+
+
+class DDPEngine(Engine):
+    def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+                 contract: Optional[ModelContract] = None) -> None:
+        layout = ctx.layout  # data parallel only: the launcher's rules hold
+        self.world = int(ctx.world_size)
+        self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
+        self.device = torch.device(ctx.device)
+        seed = int(cfg.seed)
+        model, self.contract, self.shard_first = build_model(model_fn, seed, contract, log=rank_log(ctx))
+        self.model = model.to(self.device)
+        torch.manual_seed(dropout_seed(seed, self.dp_rank))  # dropout masks differ per replica
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.ddp: Optional[nn.parallel.DistributedDataParallel] = None
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
+        self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
+        self.model.train()
+        self.optimizer = adamw(self.model, cfg.optim)
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.grad_clip = float(cfg.optim.grad_clip)
+        self.dtype = dtype_name(cfg)
+        self.autocast = autocast_for(cfg, self.device.type)
+        self.scaler, self.static_scale = grad_scaler(cfg, self.device.type)
+        self.min_scale = float(cfg.precision.min_loss_scale)
+        self._last_grad_bytes = 0
+
+    def describe(self) -> str:
+        return f"DDPEngine({type(self.model).__name__},{self.contract.name},{self.dtype})"
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        accum = len(batches)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        for k, (tokens, labels) in enumerate(batches):
+            batch = (tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True))
+            sync = self.ddp is None or k == accum - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with self._phase("forward"), self.autocast():
+                    loss = self.contract.loss(self.runner, batch) / accum
+                with self._phase("backward"):
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss_sum += loss.detach().float()
+        with self._phase("optimizer"):
+            grad_norm = self._optimizer_step()
+        with self._phase("loss_sync"):
+            mean_over_ranks(loss_sum, self.world)
+        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+        return loss_value, norm_value
+
+    def _optimizer_step(self) -> torch.Tensor:
+        norm, self._last_grad_bytes = optimizer_step(self.optimizer, self.params, self.grad_clip, self.scaler,
+                                                     self.static_scale, self.min_scale)
+        return norm
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        self.model.eval()
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        with torch.no_grad(), self.autocast():
+            for tokens, labels in batches:
+                total += self.contract.loss(self.model, (tokens.to(self.device), labels.to(self.device))).float()
+        self.model.train()
+        return float(mean_over_ranks(total / max(1, len(batches)), self.world))
+
+    # one copy of the replicated state, written by data-parallel rank 0 and read by every rank
+    FILE = "model.pt"
+
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        return [self.optimizer]
+
+    def checkpoint_files(self) -> Dict[str, Any]:
+        if self.dp_rank != 0:
+            return {}
+        return {self.FILE: {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                            "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = torch.load(path / self.FILE, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def local_state(self) -> Dict[str, torch.Tensor]:
+        """This rank's parameters and optimizer state, by name (for exactness checks)."""
+        out = {f"param.{n}": p.detach() for n, p in self.model.named_parameters()}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for p, st in self.optimizer.state.items():
+            out.update({f"optim.{names[id(p)]}.{k}": v for k, v in st.items() if torch.is_tensor(v)})
+        return out
+
+    def state_bytes(self) -> Dict[str, int]:
+        return {"params": tensor_bytes(self.model.parameters()), "grads": self._last_grad_bytes,
+                "optimizer": optimizer_state_bytes(self.optimizer)}

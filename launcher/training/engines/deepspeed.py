@@ -1,0 +1,225 @@
+"""Data parallelism with DeepSpeed ZeRO stages 0-3 (tp = pp = 1) and offload, for any model.
+
+The DeepSpeed config is generated from the run config and the layout (``launcher.training.ds_config``)
+and archived by rank 0 (``DEEPSPEED_CONFIG``). ZeRO 0-2 build the model as DDP does
+(``build.build_model``: the same weights on every layout); ZeRO-3 builds it shard-first: each block is
+materialised from the meta device, initialised, cast to the model dtype and partitioned over the dp
+group (``deepspeed.zero.Init(module=block)``) before the next exists, then the rest of the model. The
+client optimizer is torch AdamW with the engines' param groups (no weight decay on ndim < 2), or with
+``zero.offload_optimizer`` DeepSpeedCPUAdam (AdamW mode, same groups). The step loop owns the lr.
+
+One ``train_step``: per micro batch the contract's loss through the DeepSpeed engine, its backward
+(scaled by 1/accum, reduced at the boundary) and ``step()`` (a no-op but at the boundary); the loss is
+the global-batch mean on every rank, the grad norm DeepSpeed's pre-clipping global norm (ZeRO-0 in
+fp32 records none: computed from the all-reduced gradients). Checkpoints: DeepSpeed's own
+save_checkpoint / load_checkpoint (model, optimizer, ZeRO partitions, loss scaler).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from launcher.archive import atomic
+from launcher.seeding import dropout_seed
+from launcher.training.deepspeed import init_distributed
+from launcher.training.ds_config import DEEPSPEED_CONFIG, deepspeed_config
+from launcher.training.engines.base import DTYPES, Batch, Engine, adamw_kwargs, dtype_name, param_groups, tensor_bytes
+from launcher.training.engines.build import build_model, params_on_meta
+from launcher.training.engines.contract import ModelContract
+from launcher.training.engines.ddp import mean_over_ranks, rank_log
+
+
+def import_deepspeed() -> Any:
+    """deepspeed, pinned to the CPU accelerator without CUDA; its collectives' deprecation warnings
+    (torch 2.13) silenced, which would otherwise print every step."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    import deepspeed
+
+    return deepspeed
+
+
+def model_width(model: nn.Module) -> int:
+    """The hidden size ZeRO-3's bucket sizes derive from: a Hugging Face config's, else the widest
+    embedding, else the widest linear input."""
+    width = getattr(getattr(model, "config", None), "hidden_size", None)
+    if width:
+        return int(width)
+    dims = [m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding)]
+    dims = dims or [m.in_features for m in model.modules() if isinstance(m, nn.Linear)]
+    return max(dims) if dims else 1024
+
+
+class _FullShape:
+    """A parameter seen with its full shape (a ZeRO-3 parameter's own tensor is empty; ``ds_shape``)."""
+
+    def __init__(self, p: nn.Parameter) -> None:
+        self.p, self.requires_grad, self.ndim = p, p.requires_grad, len(getattr(p, "ds_shape", p.shape))
+
+
+def _groups(model: nn.Module, optim: Any) -> List[Dict[str, Any]]:
+    groups = param_groups([(n, _FullShape(p)) for n, p in model.named_parameters()], float(optim.weight_decay))
+    return [{**g, "params": [v.p for v in g["params"]]} for g in groups]
+
+
+def _tensors(entry: Any) -> List[torch.Tensor]:
+    if torch.is_tensor(entry):
+        return [entry]
+    if isinstance(entry, (list, tuple)):
+        return [t for item in entry for t in _tensors(item)]
+    return []
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+                 contract: Optional[ModelContract] = None) -> None:
+        layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's rules hold
+        self.stage = int(layout.zero)
+        self.dtype = dtype_name(cfg)
+        deepspeed = import_deepspeed()
+        init_distributed(ctx)  # DeepSpeed on the runtime's process group
+        self.world, self.rank = int(ctx.world_size), int(ctx.rank)
+        self.dp, self.dp_rank = int(layout.dp), layout.coords(self.rank)[0]
+        self.device = torch.device(ctx.device)
+        width = None
+        if self.stage == 3:
+            with params_on_meta():
+                width = model_width(model_fn())
+        self.config = deepspeed_config(cfg, layout, self.device.type, hidden_size=width)
+        if ctx.is_main:
+            atomic.write_json(ctx.run_dir / DEEPSPEED_CONFIG, self.config)
+        seed = int(cfg.seed)
+        low = DTYPES[self.dtype]
+
+        def partition(unit: nn.Module, name: str) -> None:
+            """ZeRO-3: the unit's parameters (those not partitioned yet) in the model dtype, partitioned."""
+            for p in unit.parameters():
+                if not hasattr(p, "ds_id"):
+                    p.data = p.data.to(low)
+            deepspeed.zero.Init(module=unit, config_dict_or_path=self.config, mem_efficient_linear=False)
+
+        model, self.contract, self.shard_first = build_model(
+            model_fn, seed, contract, take=partition if self.stage == 3 else None, log=rank_log(ctx))
+        torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        self.num_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+        model.train()
+        self.offload_optimizer, self.offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)
+        if self.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            client = DeepSpeedCPUAdam(_groups(model, cfg.optim), adamw_mode=True, **adamw_kwargs(cfg.optim))
+        else:
+            client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim))
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config,
+                                                             dist_init_required=False)
+        self.module = self.ds.module
+        self._undo_state_init_step()
+
+    def _undo_state_init_step(self) -> None:
+        """ZeRO-0 in bf16/fp16 wraps the client in FP16_UnfusedOptimizer, whose constructor steps once on
+        zero gradients (Adam's step count 1, the fp32 masters decayed once): undo both, as the GPT's
+        engine does (recipes.gpt.engines.deepspeed)."""
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+        if not isinstance(self.optimizer, FP16_UnfusedOptimizer):
+            return
+        self.optimizer.optimizer.state.clear()
+        with torch.no_grad():
+            for fp32_group, low_group in zip(self.optimizer.fp32_groups, self.optimizer.fp16_groups):
+                for master, low in zip(fp32_group, low_group):
+                    master.copy_(low)
+
+    def describe(self) -> str:
+        off = (("+offload_optimizer" if self.offload_optimizer else "")
+               + ("+offload_params" if self.offload_params else ""))
+        return f"DeepSpeedEngine({type(self.module).__name__},{self.contract.name},zero={self.stage}{off},{self.dtype})"
+
+    def _to_device(self, batch: Batch) -> Batch:
+        return batch[0].to(self.device, non_blocking=True), batch[1].to(self.device, non_blocking=True)
+
+    def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
+        for group in self.optimizer.param_groups:  # every DeepSpeed wrapper forwards its param_groups
+            group["lr"] = lr
+        accum = len(batches)
+        if accum != self.ds.gradient_accumulation_steps():
+            raise ValueError(f"{accum} micro batches per step, DeepSpeed config says "
+                             f"{self.ds.gradient_accumulation_steps()}")
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        own_norm: Optional[torch.Tensor] = None
+        for k, batch in enumerate(batches):
+            with self._phase("forward"):
+                loss = self.contract.loss(self.ds, self._to_device(batch))
+            with self._phase("backward"):
+                self.ds.backward(loss)
+            loss_sum += loss.detach().float()
+            if k == accum - 1 and self.stage == 0 and self.dtype == "fp32":
+                own_norm = torch.nn.utils.get_total_norm([p.grad for p in self.module.parameters()
+                                                          if p.grad is not None])
+            with self._phase("optimizer"):
+                self.ds.step()
+        norm = self.ds.get_global_grad_norm()
+        norm = own_norm if norm is None else norm
+        with self._phase("loss_sync"):
+            mean_over_ranks(loss_sum.div_(accum), self.world)
+        norm_t = (norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm)
+                  else torch.tensor(float("nan") if norm is None else float(norm), device=loss_sum.device))
+        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+        return loss_value, norm_value
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        self.ds.eval()
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        with torch.no_grad():
+            for batch in batches:
+                total += self.contract.loss(self.ds, self._to_device(batch)).float()
+        self.ds.train()
+        return float(mean_over_ranks(total / max(1, len(batches)), self.world))
+
+    # ---- checkpoints: DeepSpeed's own -----------------------------------------------------------------
+    DIR, TAG = "deepspeed", "state"
+
+    def save_native(self, path: Path) -> None:
+        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+
+    def load_checkpoint(self, path: Path) -> None:
+        loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
+
+    # ---- what this rank holds -------------------------------------------------------------------------
+    def _param_tensors(self) -> List[torch.Tensor]:
+        params = list(self.module.parameters())
+        return params if self.stage < 3 else [p.ds_tensor for p in params]
+
+    def _optimizer_tensors(self) -> List[torch.Tensor]:
+        """Adam's state (this rank's partition for ZeRO >= 1) and the fp32 master partitions."""
+        opt = self.optimizer
+        inner = getattr(opt, "optimizer", opt)
+        held = [v for st in inner.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"):
+            for entry in getattr(opt, attr, None) or []:
+                held.extend(_tensors(entry))
+        return held
+
+    def local_state(self) -> Dict[str, torch.Tensor]:
+        """This rank's parameters (ZeRO-3: partitions) and optimizer state (Adam's and the fp32 master
+        partitions), by name (for exactness checks)."""
+        out = {f"param.{n}": (p.ds_tensor if self.stage == 3 else p).detach()
+               for n, p in self.module.named_parameters()}
+        out.update({f"optim.{i}": t.detach() for i, t in enumerate(self._optimizer_tensors())})
+        return out
+
+    def state_bytes(self) -> Dict[str, int]:
+        """Device bytes of this rank's parameters, gradients (the module's .grad) and optimizer state;
+        offloaded state counts 0."""
+        params = [] if self.offload_params else self._param_tensors()
+        return {"params": tensor_bytes(params),
+                "grads": tensor_bytes(p.grad for p in self.module.parameters() if p.grad is not None),
+                "optimizer": 0 if self.offload_optimizer else tensor_bytes(self._optimizer_tensors())}
