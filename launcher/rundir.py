@@ -53,6 +53,9 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("overrides.yaml", "launcher", "command-line overrides and the chosen option of every config group"),
     ("seeds.json", "launcher", "every seed (init, data order, dropout per data-parallel rank) and how each is derived"),
     ("plan.json", "launcher", "the planner's estimate for the layout (memory, communication, bubble, step time, MFU)"),
+    ("data_manifest.json", "launcher", "data=tokens: per dataset of the run (one per blend entry) the absolute path it "
+     "was read from, its weight, its manifest.json as read at launch and that file's sha256 (reproduce verifies "
+     "every shard against it, resume their sizes)"),
     ("code/git.json", "launcher", "repo, commit, branch, dirty flag"),
     ("code/patch.diff", "launcher", "patch of uncommitted changes including untracked files"),
     ("code/snapshot.json", "launcher", "where the code snapshot this run executes lies, its file count and sha256"),
@@ -81,6 +84,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
      "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
+    ("samples/rank_<r>.jsonl", "recipe", "data.log_samples: one object per step: step, samples (the [dataset, "
+     "epoch, window] of every sample the rank loaded, recipes.common.data), rewound on resume like metrics.jsonl"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
     ("work/", "job", "the recipe's working directory: files it writes to relative paths, one dir per run (the "
                      "code snapshot is only on the import path)"),
@@ -121,6 +126,7 @@ def _name(pattern: str, **parts: Any) -> str:
 
 class RunDir:
     RUN, CONFIG, OVERRIDES, SEEDS, PLAN = "run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json"
+    DATA_MANIFEST = "data_manifest.json"
     GIT, PATCH, SNAPSHOT = "code/git.json", "code/patch.diff", "code/snapshot.json"
     SOFTWARE, PIP_FREEZE = "env/software.json", "env/pip-freeze.txt"
     JOB, SCRIPT, STATUS = "job.json", "sbatch.sh", "status.json"
@@ -129,6 +135,7 @@ class RunDir:
     RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
     METRICS, WANDB, MANIFEST = "metrics.jsonl", "wandb", "manifest.json"
+    SAMPLES = "samples/rank_<r>.jsonl"
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
@@ -194,6 +201,9 @@ class RunDir:
 
     def write_plan(self, plan: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.PLAN), plan)
+
+    def write_data_manifest(self, record: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.DATA_MANIFEST), record)
 
     def write_seeds(self, seeds: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.SEEDS), seeds)
@@ -364,6 +374,10 @@ class RunDir:
     def metrics_path(self) -> Path:
         return self._p(self.METRICS)
 
+    def samples_path(self, rank: int) -> Path:
+        """data.log_samples: the sample ids rank ``rank`` loaded, one line per step."""
+        return self._p(_name(self.SAMPLES, r=rank))
+
     @property
     def work_dir(self) -> Path:
         """The job's working directory: what a recipe writes to a relative path lands in its own run."""
@@ -426,6 +440,11 @@ class RunDir:
 
     def plan(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.PLAN))
+
+    def data_manifest(self) -> Optional[Dict[str, Any]]:
+        """The datasets the run was launched with (launcher.data.archived), or None (it reads none)."""
+        found = atomic.read_json(self._p(self.DATA_MANIFEST))
+        return found if isinstance(found, dict) else None
 
     def git(self) -> Dict[str, Any]:
         return atomic.read_json(self._shared_p(self.GIT), {}) or {}

@@ -225,12 +225,31 @@ class OptimConfig:
 
 
 @dataclass
+class BlendSource:
+    """One dataset of a blend: a prepared dataset directory and its share of the samples."""
+
+    path: str = MISSING
+    weight: float = 1.0  # relative: the weights are normalised over the blend (launch checks them > 0)
+
+
+@dataclass
 class DataConfig:
     name: str = "synthetic"
     # successors per token in the synthetic bigram language: lower = more learnable
     branching: int = num(4, ge=1)  # a recipe may bound it further (its contract's rules)
     # data-order seed; null derives it from the run seed
     seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(numpy and torch seeds must be 0 <= seed < 2**63)")
+    # data=tokens: a dataset directory `launcher data prepare` made (launcher/data/tokens.py reads it)
+    path: Optional[str] = None
+    # data=tokens: several prepared datasets sampled by weight; non-empty replaces `path`
+    blend: List[BlendSource] = field(default_factory=list)
+    # data=tokens: true = a split's documents as one stream cut into seq_len+1 windows; false = one
+    # document per sample (shorter ones skipped, longer ones truncated)
+    packing: bool = True
+    eval_every: int = num(0, ge=0)  # steps between evaluations on the val split (0: off; always at the end when > 0)
+    eval_batches: int = num(1, ge=1)  # global batches per evaluation, the same val samples every time
+    # each rank writes the (dataset, epoch, window) of every sample it loads to samples/rank_<r>.jsonl
+    log_samples: bool = False
 
 
 @dataclass

@@ -14,6 +14,8 @@
   launcher results SWEEP [--csv] [--plot F.png]     swept overrides and final metrics, best first
   launcher report RUN|SWEEP [-o F.html]             one self-contained HTML page: plots, plan vs measured, layout
   launcher preflight [overrides] [--steps N]        the check ladder before a large run: go / no-go per rung
+  launcher data prepare FILE... -o DIR              text files -> a tokenized dataset (docs/data.md)
+  launcher data show DIR | verify DIR               a dataset's summary; its files checked against its manifest
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from rich.text import Text
 
 from launcher import backends
 from launcher.archive import registry
-from launcher.cli import archive_cmds, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
+from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 from launcher.printable import printable
 from launcher.rundir import RunDir, Unreadable
 from launcher.status import FINAL, STATUSES
@@ -210,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmds.add_parsers(sub, parents=[common])
     report_cmd.add_parser(sub, parents=[common])
     preflight_cmd.add_parser(sub, parents=[common])
+    data_cmd.add_parser(sub)
     return p
 
 

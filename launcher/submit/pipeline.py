@@ -18,14 +18,15 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_contract, recipe_target, schema
+from launcher import backends, group_options, recipe_contract, recipe_target, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
+from launcher.data import archived as data_archive, checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
 from launcher.rules import resolve
@@ -41,10 +42,16 @@ class Point:
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
+    # group -> names of <group>.name accepted though no config dir provides them (a reproduction: the
+    # archived run's, launcher.group_options)
+    accepted_names: Dict[str, List[str]] = field(default_factory=dict)
+    config_dirs: Tuple[str, ...] = ()  # the search path's dirs beyond conf/ it was composed from (--config-dir)
 
     @classmethod
-    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> Point:
-        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any],
+                    config_dirs: Tuple[str, ...] = ()) -> Point:
+        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved,
+                   config_dirs=config_dirs)
 
 
 @dataclass
@@ -139,7 +146,13 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if isinstance(resolved, ConfigErrors):
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
-            lay = resolve(view, resolved)
+            named = group_options.problems(resolved, group_options.search_dirs(p.config_dirs), p.accepted_names)
+            try:
+                lay = resolve(view, resolved)
+            except ConfigErrors as e:
+                raise ConfigErrors(named + e.errors) from None
+            if named:
+                raise ConfigErrors(named)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
             res = planner(view) if planner is not None else recipe_contract.CheckResult()
             if res.errors:
@@ -154,6 +167,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
+        data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     lifted: Dict[str, str] = {}
@@ -316,12 +330,23 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     for text in dict.fromkeys(plan_of.values()):
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
         plans[text].write_plan(json.loads(text))
+    # the datasets' manifests (data=tokens), sealed with each run: each distinct record written once too
+    # (a corpus's manifest lists every input file: built per distinct set of datasets, not per point)
+    data_of = {c.index: sig for c in checked for sig in [data_archive.signature(c.resolved)] if sig is not None}
+    datas: Dict[Any, RunDir] = {}
+    for c in checked:
+        sig = data_of.get(c.index)
+        if sig is not None and sig not in datas:
+            datas[sig] = RunDir(shared.path / f".data-{len(datas)}")
+            datas[sig].write_data_manifest(clean(data_archive.record(c.resolved)))
 
     def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         if c.index in plan_of:
             rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
+        if c.index in data_of:
+            rd.link_from(datas[data_of[c.index]], (RunDir.DATA_MANIFEST,))
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
@@ -358,7 +383,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
 
     published = [sweep.dir.publish(c.index) for c in checked]
-    for linked in sweep.dir.shared().path.glob(".plan-*"):  # each run holds its own link
+    shared = sweep.dir.shared().path
+    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*")]:  # each run holds its own link
         shutil.rmtree(linked, ignore_errors=True)
     for rd in published:
         if rd.exists() and rd.is_final():

@@ -36,9 +36,14 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
     _np = None
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
+SYNTHETIC_VAL_START = 2**62  # the synthetic val split's first sample index: far past any training step's
 
 __all__ = [
     "BigramDataset",
+    "Prefetch",
+    "SampleLog",
+    "StepBatches",
+    "eval_batches",
     "micro_batch_indices",
     "micro_batches",
     "sample_seed",
@@ -151,17 +156,93 @@ def micro_batches(
     return [(tokens[k * mb:(k + 1) * mb], labels[k * mb:(k + 1) * mb]) for k in range(len(groups))]
 
 
-def train_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int,
-                  vocab_size: int) -> Callable[[int], List[Batch]]:
-    """The data of a run (``cfg.data``) as the step loop reads it: 1-based step -> the micro batches of
-    ``dp_rank`` (``layout.grad_accum`` (tokens, labels) pairs [micro_batch_size, seq_len], CPU). Every
-    recipe of this package reads its data through this one function, whatever the model."""
+class StepBatches:
+    """The data of a run as the step loop reads it: ``batches(step)`` (1-based) -> the micro batches of
+    one dp rank (``layout.grad_accum`` (tokens, labels) pairs [micro_batch_size, seq_len], CPU), and
+    ``sample_ids(step)`` -> [dataset, epoch, window] of each sample it loads (what ``log_samples`` writes)."""
+
+    def __init__(self, layout: Layout, dp_rank: int, batch: Callable[[List[int]], Batch],
+                 ids: Callable[[List[int]], List[List[int]]]) -> None:
+        self.layout, self.dp_rank, self._batch, self._ids = layout, int(dp_rank), batch, ids
+
+    def __call__(self, step: int) -> List[Batch]:
+        groups = micro_batch_indices(step - 1, self.layout, self.dp_rank)
+        mb = int(self.layout.micro_batch_size)
+        tokens, labels = self._batch([i for group in groups for i in group])  # one read for all
+        return [(tokens[k * mb:(k + 1) * mb], labels[k * mb:(k + 1) * mb]) for k in range(len(groups))]
+
+    def sample_ids(self, step: int) -> List[List[int]]:
+        return self._ids([i for group in micro_batch_indices(step - 1, self.layout, self.dp_rank) for i in group])
+
+
+def _source(cfg: Any, split: str, *, seq_len: int, vocab_size: int) -> Tuple[Callable, Callable]:
+    """(batch(indices), ids(indices)) of the ``split`` samples of ``cfg.data``."""
     data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
     name = enum_value(cfg.data.name)
-    if name == "synthetic":
-        branching = int(cfg.data.branching)
-        return lambda step: micro_batches(data_seed, step - 1, layout, dp_rank, vocab_size, seq_len, branching)
-    raise ValueError(f"data.name={name!r} is not a dataset this recipe reads (synthetic)")
+    if name == "synthetic":  # the val split: the same language (table), walks no training step reaches
+        ds = BigramDataset(data_seed, vocab_size, seq_len, int(cfg.data.branching))
+        first = 0 if split == "train" else SYNTHETIC_VAL_START
+        return (lambda indices: ds.batch([first + i for i in indices]),
+                lambda indices: [[0, 0, first + int(i)] for i in indices])
+    if name == "tokens":
+        from launcher.data.tokens import TokenDataset
+
+        tds = TokenDataset.from_config(cfg.data, seq_len=seq_len, seed=data_seed, split=split)
+        if tds.vocab_size > vocab_size:
+            raise ValueError(f"the dataset's vocabulary ({tds.vocab_size} tokens) does not fit "
+                             f"model.vocab_size={vocab_size}: raise model.vocab_size to >= {tds.vocab_size}")
+
+        def ids(indices: List[int]) -> List[List[int]]:
+            return [list(row) for row in zip(*(a.tolist() for a in tds.ids(indices)))]
+
+        return tds.batch, ids
+    raise ValueError(f"data.name={name!r} is not a dataset this recipe reads (synthetic, tokens)")
+
+
+def train_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> StepBatches:
+    """The training data of a run (``cfg.data``) for ``dp_rank``: called with a 1-based step, the micro
+    batches of that step (see ``StepBatches``). Every recipe of this package reads its data through this
+    one function, whatever the model: data=synthetic (the bigram language) or data=tokens (a prepared
+    dataset or blend, ``launcher.data.tokens``); sample i is a function of (data seed, i) only."""
+    batch, ids = _source(cfg, "train", seq_len=seq_len, vocab_size=vocab_size)
+    return StepBatches(layout, dp_rank, batch, ids)
+
+
+def eval_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> List[Batch]:
+    """The validation micro batches of ``dp_rank``: ``data.eval_batches`` global batches of the val split
+    (the same samples at every evaluation), split over the dp ranks as training steps are, so the mean
+    over every rank's micro batches is the same whatever the layout."""
+    batches = StepBatches(layout, dp_rank, *_source(cfg, "val", seq_len=seq_len, vocab_size=vocab_size))
+    return [mb for b in range(int(cfg.data.eval_batches)) for mb in batches(b + 1)]
+
+
+class SampleLog:
+    """``data.log_samples``: this rank's sample ids, one JSON line per step ({"step", "samples":
+    [[dataset, epoch, window], ...]}) in the run dir's ``samples/rank_<r>.jsonl``. Opened at the resumed
+    step ``start``: the lines of the steps after it (which this attempt redoes) are dropped first, as
+    the checkpointer rewinds metrics.jsonl."""
+
+    def __init__(self, ctx: Any, start: int, enabled: bool) -> None:
+        self.path = ctx.rundir.samples_path(int(ctx.rank)) if enabled else None
+        if self.path is None:
+            return
+        import json
+
+        from launcher.archive import atomic
+
+        self._json = json
+        kept = []
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def write(self, step: int, samples: Callable[[int], List[List[int]]]) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a") as f:
+            f.write(self._json.dumps({"step": int(step), "samples": samples(step)}) + "\n")
 
 
 class Prefetch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.data import checks as data_checks
 from launcher.recipe_contract import RecipeSpec, RunFile
 from launcher.rules import RUN, VALUE, Rule, bound_rows
 from launcher.training.ds_config import DEEPSPEED_CONFIG  # the deepspeed engine's rank 0 writes it
@@ -90,7 +91,18 @@ RULES = (
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
                     f"model.vocab_size={f.model.vocab_size} tokens"),
          "lower data.branching or raise model.vocab_size", RUN),
+    Rule("model.vocab_size", lambda f: _tokenizer(f)[0] > f.model.vocab_size,
+         lambda f: (f"{f.model.vocab_size} is smaller than the tokenizer's vocabulary of {_tokenizer(f)[0]} tokens "
+                    f"(the dataset {_tokenizer(f)[1]}): its larger token ids would index past the embedding"),
+         lambda f: (f"set model.vocab_size={-(-_tokenizer(f)[0] // f.tp) * f.tp} or more (a multiple of "
+                    "parallelism.tp)"), RUN),
 )
+
+
+def _tokenizer(f: Any) -> Any:
+    """(vocabulary, dataset) of the largest tokenizer among a data=tokens run's datasets; (0, "") else."""
+    return data_checks.tokenizer_vocab(f.values.tree) or (0, "")
+
 
 RECIPE = RecipeSpec(
     named_by_model=True,

@@ -17,7 +17,7 @@ import torch
 from launcher.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
 from recipes.common.activations import ActivationMeter
-from recipes.common.data import Prefetch, train_batches
+from recipes.common.data import Prefetch, SampleLog, eval_batches, train_batches
 from recipes.common.faults import inject_fault
 from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
@@ -58,8 +58,11 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     tokens_per_s: List[float] = []
     activation_bytes: Optional[int] = None  # measured in this attempt's first step (ActivationMeter)
     step_peak = StepPeak(device).start()  # host (and CUDA) peak over this attempt's steps
-    prefetch = Prefetch(train_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab),
-                        last=steps, pin=device.type == "cuda")
+    data = train_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab)
+    prefetch = Prefetch(data, last=steps, pin=device.type == "cuda")
+    samples = SampleLog(ctx, start, bool(cfg.data.log_samples))
+    eval_every = int(cfg.data.eval_every)
+    val = eval_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab) if eval_every > 0 else None
     try:
         for step in loop:  # saves when due; on a stop signal saves, then raises ctx.interrupted
             inject_fault(cfg, ctx, step, tag="gpt")
@@ -68,6 +71,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
             with phases("data"):  # waiting for the batches made while the last step trained
                 batches = prefetch.get(step)
+            samples.write(step, data.sample_ids)
             # the first step of an attempt also measures the peak of live saved-for-backward bytes
             meter = ActivationMeter() if step == start + 1 else None
             with meter if meter is not None else contextlib.nullcontext():
@@ -82,6 +86,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             if peak > 0:
                 row["mfu"] = step_flops / step_time / peak
             row.update(step_row(phases.take(), step_time))
+            if val is not None and (step % eval_every == 0 or step == steps):  # after the step's timing
+                row["eval_loss"] = engine.eval_loss(val)
             if meter is not None:
                 activation_bytes = row["activation_bytes"] = meter.peak_bytes
             mem = device_peak_bytes(device)
@@ -91,6 +97,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             if ctx.is_main and log_interval > 0 and step % log_interval == 0:
                 print(f"[gpt] step {step}/{steps} loss {loss:.4f} lr {lr:.3e} grad_norm {grad_norm:.3f} "
                       f"{tps:,.0f} tok/s {step_time * 1e3:.1f} ms", flush=True)
+            if ctx.is_main and "eval_loss" in row:
+                print(f"[gpt] step {step}/{steps} eval_loss {row['eval_loss']:.4f}", flush=True)
     finally:
         prefetch.close()
         loop.close()
@@ -106,11 +114,13 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                                           "dp_rank": dp_rank, **engine.state_bytes(),
                                           "activation_bytes": activation_bytes, **built, **step_peak.record()})
     losses = loop.values("loss")
+    evals = loop.values("eval_loss")
     timed = tokens_per_s[2:] if len(tokens_per_s) > 2 else tokens_per_s
     return {
         "steps": steps,
         "resumed_from": start,
         "final_loss": losses[-1] if losses else None,
+        "final_eval_loss": evals[-1] if evals else None,
         "first_loss": losses[0] if losses else None,
         "mean_tokens_per_s": sum(timed) / len(timed) if timed else None,
         "params": engine.num_params,

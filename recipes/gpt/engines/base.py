@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, List, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from launcher.schema import enum_value
@@ -66,6 +67,26 @@ def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
                              **adamw_kwargs(optim))
 
 
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (no dropout) under no_grad, back in its former mode afterwards."""
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was)
+
+
+def mean_over(loss_sum: torch.Tensor, count: int, group: Any = None, world: int = 1) -> float:
+    """``loss_sum`` (a sum of ``count`` micro-batch losses on each of ``world`` ranks of ``group``)
+    summed over the group and divided by every micro batch: the same float on every rank."""
+    if world > 1:
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=group)
+    return float(loss_sum.item()) / (count * world)
+
+
 def tensor_bytes(tensors) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors if t is not None))
 
@@ -97,6 +118,12 @@ class Engine:
         """Forward/backward over the micro batches, optimizer step at ``lr``.
         Returns (loss averaged over the whole global batch, global grad norm before clipping),
         the same on every rank."""
+        raise NotImplementedError
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        """Forward only, no gradients, dropout off: the mean loss over ``batches`` of every dp rank (each
+        rank passes its share of the same evaluation samples), the same on every rank. Touches neither
+        the weights, the optimizer nor the RNG streams: the training after it is unchanged."""
         raise NotImplementedError
 
     def state_bytes(self) -> Dict[str, int]:

@@ -18,6 +18,8 @@ from recipes.gpt.engines.base import (
     autocast_for,
     build_model,
     dtype_name,
+    evaluating,
+    mean_over,
     optimizer_state_bytes,
     tensor_bytes,
 )
@@ -80,6 +82,15 @@ class DDPEngine(Engine):
             loss_sum /= self.world
         loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
         return loss_value, norm_value
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        with evaluating(self.model):  # the module itself: DDP's hooks and buffer syncs stay out of it
+            for tokens, labels in batches:
+                with self.autocast():
+                    loss = self.model(tokens.to(self.device), labels=labels.to(self.device))
+                loss_sum += loss.float()
+        return mean_over(loss_sum, len(batches), world=self.world)
 
     def _optimizer_step(self) -> torch.Tensor:
         """Unscale, clip, step, zero the gradients; the norm before clipping."""

@@ -45,7 +45,16 @@ from launcher.training.ds_config import deepspeed_config
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.contract import DEEPSPEED_CONFIG
-from recipes.gpt.engines.base import Batch, Engine, adamw_kwargs, build_model, dtype_name, param_groups
+from recipes.gpt.engines.base import (
+    Batch,
+    Engine,
+    adamw_kwargs,
+    build_model,
+    dtype_name,
+    evaluating,
+    mean_over,
+    param_groups,
+)
 from recipes.gpt.init import init_flat
 from recipes.gpt.model import GPT
 
@@ -292,6 +301,13 @@ class DeepSpeedEngine(Engine):
             float("nan") if norm is None else float(norm), device=loss_sum.device)
         loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
         return loss_value, norm_value
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        with evaluating(self.ds):  # DeepSpeed's forward: ZeRO-3 gathers the partitions as in training
+            for tokens, labels in batches:
+                loss_sum += self.ds(tokens.to(self.device), labels.to(self.device)).float()
+        return mean_over(loss_sum, len(batches), world=self.world)
 
     # ---- checkpoints: DeepSpeed's own save/load (model, optimizer, ZeRO partitions, loss scaler) ----
 

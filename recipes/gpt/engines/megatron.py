@@ -46,6 +46,7 @@ from recipes.gpt.engines.base import (
     adamw_kwargs,
     autocast_for,
     dtype_name,
+    evaluating,
     optimizer_state_bytes,
     param_groups,
     tensor_bytes,
@@ -53,7 +54,7 @@ from recipes.gpt.engines.base import (
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
-from recipes.gpt.parallel.pipeline import GPTStage, build_schedule
+from recipes.gpt.parallel.pipeline import GPTStage, activation_shape, build_schedule
 from recipes.gpt.parallel.tensor_parallel import TPContext, materialize, name_parameters, vocab_parallel_cross_entropy
 
 
@@ -215,6 +216,30 @@ class MegatronEngine(Engine):
         else:
             schedule.step(return_outputs=False)
         return loss_sum
+
+    def eval_loss(self, batches: List[Batch]) -> float:
+        """Forward only: with pp > 1 each micro batch goes through the stages in turn (the activations
+        sent point to point over the pp group, no schedule, no gradients); the last stage's tp rank 0
+        holds the loss, and one all-reduce over the world gives every rank the mean."""
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        group = self.mesh.pp_group
+        with evaluating(self.stage):
+            for tokens, labels in batches:
+                if self.stage.is_first:
+                    x = tokens.to(self.device)
+                else:
+                    x = torch.empty(activation_shape(tokens.shape[0], tokens.shape[1], self.hidden, self.tp_ctx),
+                                    dtype=self.stage.act_dtype, device=self.device)
+                    dist.recv(x, src=dist.get_global_rank(group, self.mesh.pp_rank - 1), group=group)
+                out = self.stage(x)
+                if self.stage.is_last:
+                    loss_sum += self._loss(out, labels.to(self.device)).float()
+                else:
+                    dist.send(out.contiguous(), dst=dist.get_global_rank(group, self.mesh.pp_rank + 1), group=group)
+        if not (self.stage.is_last and self.mesh.tp_rank == 0):
+            loss_sum.zero_()  # counted once per dp replica
+        dist.all_reduce(loss_sum)
+        return float(loss_sum.item()) / (len(batches) * self.dp)
 
     def _reduce_grads(self) -> None:
         if self._dp_sync is not None:  # the data-parallel average: started during the backward
