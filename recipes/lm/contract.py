@@ -1,13 +1,15 @@
 """The lm recipe's contract with the launcher (launcher.recipe_contract): its schema (the open
 ``model`` group and the data's shape ``lm``, recipes/lm/schema.py), the rows only its runs are held to
 (a model named and found before anything queues, the batch split, an engine it trains on, the
-synthetic data's branching within the vocabulary), the step count progress shows, runs named after
-``model.name``. Light: the login side imports it (no torch, no transformers).
+synthetic data's branching and a tokenized dataset's vocabulary within ``lm.vocab_size``), the step
+count progress shows, runs named after ``model.name``. Light: the login side imports it (no torch, no
+transformers).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from launcher.data import checks as data_checks
 from launcher.recipe_contract import RecipeSpec
 from launcher.recipe_target import target_problem
 from launcher.rules import RUN, Rule, bound_rows
@@ -45,7 +47,16 @@ RULES = (
          lambda f: (f"{f.values.get('data.branching')} successors per token cannot be drawn from a vocabulary of "
                     f"lm.vocab_size={f.model.vocab_size} tokens"),
          "lower data.branching or raise lm.vocab_size", RUN),
+    Rule("lm.vocab_size", lambda f: _tokenizer(f)[0] > f.model.vocab_size,
+         lambda f: (f"{f.model.vocab_size} is smaller than the tokenizer's vocabulary of {_tokenizer(f)[0]} tokens "
+                    f"(the dataset {_tokenizer(f)[1]}): its larger token ids would index past the model's embedding"),
+         lambda f: f"set lm.vocab_size={_tokenizer(f)[0]} or more", RUN),
 )
+
+
+def _tokenizer(f: Any) -> Any:
+    """(vocabulary, dataset) of the largest tokenizer among a data=tokens run's datasets; (0, "") else."""
+    return data_checks.tokenizer_vocab(f.values.tree) or (0, "")
 
 RECIPE = RecipeSpec(
     name="lm",

@@ -5,8 +5,8 @@ with hydra.utils.instantiate inside the engine's ``model_fn``; the engine the la
 (launcher.training.engines: ddp, fsdp, deepspeed) decides its device, initialisation and sharding and
 computes each optimizer step. This loop is the GPT's (recipes/gpt/train.py): the data of each step
 through recipes.common.data.train_batches (shape ``lm.seq_len``, ``lm.vocab_size``), the lr
-schedule, fault injection, the metrics, checkpoints (launcher.training.Checkpointer) and, where the
-data has a validation split (``data.eval_every`` > 0), the eval loss.
+schedule, fault injection, the metrics, checkpoints (launcher.training.Checkpointer) the eval loss on the
+data's validation split (``data.eval_every`` > 0) and the sample ids of each step (``data.log_samples``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from launcher.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
 from launcher.training.engines import build_engine
-from recipes.common.data import Prefetch, train_batches
+from recipes.common.data import Prefetch, SampleLog, eval_batches, train_batches
 from recipes.common.faults import inject_fault
 from recipes.common.memory import device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
@@ -42,11 +42,6 @@ def model_fn(model_cfg: Any) -> Callable[[], torch.nn.Module]:
     return build
 
 
-def _eval_every(cfg: Any) -> int:
-    """Steps between evaluations (``data.eval_every``; 0, or a data config without it: none)."""
-    return int(OmegaConf.select(cfg, "data.eval_every", default=0) or 0)
-
-
 def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
     """Train ``cfg.model`` for ``cfg.train.steps`` steps on the engine of ``ctx.layout``; return a summary."""
     layout = ctx.layout
@@ -66,11 +61,12 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
               f"world={ctx.world_size} dp={engine.dp} grad_accum={layout.grad_accum} gbs={gbs} "
               f"mbs={layout.micro_batch_size} seq={seq_len} device={device}", flush=True)
 
-    every = _eval_every(cfg)
-    evaluated = None  # the validation micro batches: made once, the same samples at every evaluation
     tokens_per_s: List[float] = []
-    prefetch = Prefetch(train_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab),
-                        last=steps, pin=device.type == "cuda")
+    data = train_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab)
+    prefetch = Prefetch(data, last=steps, pin=device.type == "cuda")
+    samples = SampleLog(ctx, start, bool(cfg.data.log_samples))
+    every = int(cfg.data.eval_every)  # the validation micro batches: the same samples at every evaluation
+    val = eval_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab) if every > 0 else None
     try:
         for step in loop:  # saves when due; on a stop signal saves, then raises ctx.interrupted
             inject_fault(cfg, ctx, step, tag=TAG)
@@ -79,6 +75,7 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
                        warmup_steps=warmup_steps(cfg), total_steps=steps)
             with phases("data"):
                 batches = prefetch.get(step)
+            samples.write(step, data.sample_ids)
             loss, grad_norm = engine.train_step(batches, lr)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -86,12 +83,8 @@ def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
             tokens_per_s.append(gbs * seq_len / step_time)
             row = dict(loss=loss, tokens_per_s=tokens_per_s[-1], samples_per_s=gbs / step_time,
                        step_time_s=step_time, lr=lr, grad_norm=grad_norm, **step_row(phases.take(), step_time))
-            if every and (step % every == 0 or step == steps):
-                if evaluated is None:
-                    from recipes.common.data import eval_batches  # the data's validation split
-
-                    evaluated = eval_batches(cfg, layout, dp_rank, seq_len=seq_len, vocab_size=vocab)
-                row["eval_loss"] = engine.eval_loss(evaluated)
+            if val is not None and (step % every == 0 or step == steps):  # after the step's timing
+                row["eval_loss"] = engine.eval_loss(val)
             mem = device_peak_bytes(device)
             if mem is not None:
                 row["peak_memory_bytes"] = mem

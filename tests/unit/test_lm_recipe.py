@@ -136,3 +136,18 @@ def test_a_model_for_recipe_lm_under_the_gpt_recipe_names_recipe_lm(model):
     assert "- model._target_:" in text and "any other module trains with recipe=lm" in text
     assert "add recipe=lm" in text
     assert "num_layers" not in text  # the GPT's shape rows say nothing of a model that is not a GPT
+
+
+def test_a_tokenized_dataset_is_checked_against_the_data_shape_lm(tmp_path):
+    from launcher.data.manifest import write_dataset
+
+    ds = tmp_path / "ds"
+    write_dataset(ds, {"train": [[(i * 7 + j) % 900 + 1 for j in range(40)] for i in range(30)], "val": [[5, 6, 7]]},
+                  vocab_size=1000, eos_id=0, tokenizer_json='{"model": {"vocab": {}}}')
+    lm = ["recipe=lm", "model=hf_llama_tiny", "data=tokens", f"data.path={ds}"]
+    text = _refused(*lm, "data.packing=false")  # lm.vocab_size=512, lm.seq_len=64: documents of 41 tokens
+    assert "- lm.vocab_size: 512 is smaller than the tokenizer's vocabulary of 1000 tokens" in text
+    assert "set lm.vocab_size=1000 or more" in text
+    assert "- lm.seq_len: 64 needs documents of seq_len+1 = 65 tokens" in text
+    c = _validate(*lm, "lm.vocab_size=1024", "lm.seq_len=32")
+    assert c.resolved["model"]["config"]["vocab_size"] == 1024  # the model's embedding follows the data's shape
