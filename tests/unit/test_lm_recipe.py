@@ -151,3 +151,41 @@ def test_a_tokenized_dataset_is_checked_against_the_data_shape_lm(tmp_path):
     assert "- lm.seq_len: 64 needs documents of seq_len+1 = 65 tokens" in text
     c = _validate(*lm, "lm.vocab_size=1024", "lm.seq_len=32")
     assert c.resolved["model"]["config"]["vocab_size"] == 1024  # the model's embedding follows the data's shape
+
+
+@pytest.mark.timeout(120)
+def test_the_loop_trains_a_users_module_in_one_process_with_eval(user_net, tmp_path):
+    """recipes.lm.train.main in this process (a world of 1, gloo): the loss falls, the eval loss of the
+    validation split is in the metrics every data.eval_every steps and at the end."""
+    import json
+
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from launcher import schema
+    from launcher.rules import resolve
+    from launcher.rundir import RunDir
+    from launcher.runtime.context import RunContext
+    from recipes.lm.train import main
+
+    composed = _cfg("recipe=lm", f"model._target_={user_net}", "+model.vocab=${lm.vocab_size}", "lm.vocab_size=64",
+                    "lm.seq_len=16", "train.steps=6", "data.eval_every=4", "optim.lr=1e-2", "wandb.enabled=false",
+                    "train.log_interval=0", "cluster.gpus_per_node=1")
+    cfg = schema.typed(OmegaConf.to_container(composed, resolve=True))
+    run = tmp_path / "run"
+    run.mkdir()
+    ctx = RunContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, hostname="localhost",
+                     rundir=RunDir(run), layout=resolve(cfg), device="cpu", backend="gloo")
+    dist.init_process_group("gloo", init_method=f"file://{run / 'store'}", rank=0, world_size=1)
+    sys.path.insert(0, ".")  # the job imports the user's package from its code snapshot
+    try:
+        summary = main(cfg, ctx)
+    finally:
+        sys.path.remove(".")
+        ctx.close()
+        dist.destroy_process_group()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["step"] for r in rows if "eval_loss" in r] == [4, 6]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.1, rows
+    assert summary["final_eval_loss"] == rows[-1]["eval_loss"] and summary["params"] == 64 * 16 + 16 * 64 + 64
