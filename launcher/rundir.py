@@ -76,6 +76,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("ranks/attempts.json", "job", "recipe=script: the attempt rank 0 began and the start (host, pid) of each rank "
      "it was told to: how ranks that share no process group of the launcher's agree on their attempt"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
+    ("ds_config.json", "launcher.training.engines (rank 0)", "the DeepSpeed config its deepspeed engine generated "
+     "from the composed config (launcher.training.ds_config)"),
     ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held; "
      "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt; the "
      "rank's measured memory: host_rss_before/after_build_bytes, host_peak_build_bytes (what constructing the "
@@ -142,6 +144,7 @@ class RunDir:
     RANK_ATTEMPTS, SCRIPT_CHECKPOINTS = "ranks/attempts.json", "checkpoints/script"
     FALLBACKS, CHECKPOINT_REJECTED = "checkpoint_fallbacks.jsonl", "checkpoints/rejected/step_<n>.attempt_<a>"
     WORK = "work"
+    DS_CONFIG = "ds_config.json"
     SHARED_FILES = (GIT, PATCH, SNAPSHOT, SOFTWARE, PIP_FREEZE)  # alike for every run of a sweep
 
     def __init__(self, path: Union[str, Path]) -> None:

@@ -1,9 +1,8 @@
 """The DeepSpeed config JSON, generated from the composed run config (never hand-maintained).
 
 Pure: no torch / deepspeed import, so it can run (and be tested) anywhere, including on the
-login node. The deepspeed engines (``launcher.training.engines.deepspeed`` for any model, the GPT's
-``recipes.gpt.engines.deepspeed``) pass the result to ``deepspeed.initialize`` and archive it in the
-run dir (``DEEPSPEED_CONFIG``).
+login node. The deepspeed engines (``launcher.training.engines.deepspeed`` for any model, and a
+recipe's own) pass the result to ``deepspeed.initialize`` and archive it in the run dir.
 
 Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.layout``), which the
 launcher resolved and checked against the rule table (``RULES``) before the job started; nothing
@@ -42,9 +41,6 @@ BUCKET_ELEMENTS = 200_000_000
 STEPS_PER_PRINT = 1_000_000_000
 
 DTYPES = ("fp32", "fp16", "bf16")
-
-
-DEEPSPEED_CONFIG = "deepspeed_config.json"  # in the run dir: the deepspeed engine's rank 0 writes it
 
 
 def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu",
@@ -92,7 +88,7 @@ def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu",
     return section
 
 
-def deepspeed_config(cfg: Any, layout: Layout, device_type: str = "cpu",
+def build_ds_config(cfg: Any, layout: Layout, device_type: str = "cpu",
                      hidden_size: Optional[int] = None) -> Dict[str, Any]:
     """The DeepSpeed config dict for run config ``cfg`` run with ``layout`` on ``device_type``
     ("cuda" or "cpu"); ``hidden_size``: see ``zero_section``."""

@@ -14,9 +14,10 @@ from typing import Any
 from launcher.data import checks as data_checks
 from launcher.recipe_contract import RecipeSpec, RunFile
 from launcher.rules import RUN, VALUE, Rule, bound_rows
-from launcher.training.ds_config import DEEPSPEED_CONFIG  # the deepspeed engine's rank 0 writes it
 from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
+
+DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
 
 
 def _plan(cfg: Any) -> Any:

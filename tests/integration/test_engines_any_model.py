@@ -11,6 +11,9 @@ module and a tiny Hugging Face LlamaForCausalLM (built from a LlamaConfig, never
 
 One pair of processes runs every case (DeepSpeed's import is paid once); each rank writes its results
 with torch.save, compared here. Run as a script it is one rank of that worker.
+
+And the GPT recipe on ``parallelism=fsdp`` (a real ``launch cluster=local`` on 2 processes) against the
+shared single-process DDP reference of the engine-equivalence drills (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -223,6 +226,25 @@ def test_losses_equal_single_process_and_resume_is_bitwise(results, model, engin
         assert not differ, differ
         assert resumed["eval"] == whole["eval"]
         assert abs(whole["eval"] - results[0][f"{model}:single"]["eval"]) <= 1e-5 * abs(whole["eval"])
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_gpt_recipe_on_fsdp_matches_single_process_ddp(equivalence_reference, tmp_path):
+    """The GPT through the generic FSDP2 engine with its own init: the reference's losses within fp32
+    rounding (10 steps, 16 samples a step, 4 micro batches per rank)."""
+    from helpers import EQUIV_BASE, launch, read_metrics, runs_json
+
+    res = launch([*EQUIV_BASE, "cluster.gpus_per_node=2", "parallelism=fsdp"], tmp_path / "runs", timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = runs_json(tmp_path / "runs")
+    assert run["status"] == "completed", run
+    got = {r["step"]: r["loss"] for r in read_metrics(Path(run["dir"]))}
+    ref = {r["step"]: r["loss"] for r in read_metrics(equivalence_reference)}
+    dev = _max_rel(got, ref)
+    print(f"gpt fsdp: max rel loss deviation from single-process DDP {dev:.2e}")
+    assert dev <= FP32_LOSS_RTOL, (got, ref)
+    assert ref[10] < ref[1] - 0.2
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.rules import resolve
 from launcher.schema import register_configs
-from launcher.training.ds_config import BUCKET_ELEMENTS, deepspeed_config
+from launcher.training.ds_config import BUCKET_ELEMENTS, build_ds_config
 
 register_configs()
 
@@ -21,13 +21,13 @@ def _compose(*overrides):
 
 
 def _ds(*overrides, dp=None):
-    """deepspeed_config of the composed config on its layout (``dp`` processes on one node when given),
+    """build_ds_config of the composed config on its layout (``dp`` processes on one node when given),
     as the engine calls it; resolving the layout raises (naming the key) when a layout rule is broken."""
     cfg = _compose(*overrides, *([f"cluster.gpus_per_node={dp}"] if dp is not None else []))
     layout = resolve(cfg)
     if dp is not None:
         assert layout.dp == dp
-    return deepspeed_config(cfg, layout)
+    return build_ds_config(cfg, layout)
 
 
 # every stage x precision x offload combination the layout rules admit
@@ -48,7 +48,7 @@ def test_every_stage_precision_offload_combination(stage, dtype, off_opt, off_pa
     )
     layout = resolve(cfg)
     assert layout.dp == 8
-    ds = deepspeed_config(cfg, layout)
+    ds = build_ds_config(cfg, layout)
     json.dumps(ds)  # plain JSON, nothing OmegaConf left in it
 
     assert ds["train_batch_size"] == 64
@@ -138,8 +138,8 @@ def test_on_gpus_reduction_overlaps_the_backward_and_offload_is_pinned(stage):
                             "precision": {"dtype": "bf16"}})
     lay = Layout(dp=2, zero=stage, micro_batch_size=1, grad_accum=1, offload_optimizer=True,
                  offload_params=stage == 3)
-    gpu = deepspeed_config(cfg, lay, "cuda")["zero_optimization"]
-    cpu = deepspeed_config(cfg, lay, "cpu")["zero_optimization"]
+    gpu = build_ds_config(cfg, lay, "cuda")["zero_optimization"]
+    cpu = build_ds_config(cfg, lay, "cpu")["zero_optimization"]
     assert gpu["overlap_comm"] is True and cpu["overlap_comm"] is (stage == 3)
     assert gpu["offload_optimizer"]["pin_memory"] is True and cpu["offload_optimizer"]["pin_memory"] is False
     if stage == 3:

@@ -6,7 +6,7 @@
 ``model_fn`` builds the user's module; the engine builds it shard-first and initialises it the same on
 every layout (``build``), and trains it by its ``ModelContract`` (``contract``: loss, blocks, init, TP
 plan; None: ``contract_for``'s default). Every engine implements ``Engine``, so
-``launcher.training.Checkpointer`` and ``StepLoop`` drive it as they drive the GPT's engines.
+``launcher.training.Checkpointer`` and ``StepLoop`` drive it as they drive a recipe's own engines.
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def build_engine(cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
         from launcher.training.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(cfg, ctx, model_fn, contract)
-    raise ValueError(f"layout engine {name!r} is not one of {', '.join(ENGINES)} (the megatron engine is the GPT "
-                     "recipe's own: recipes.gpt.engines)")
+    raise ValueError(f"layout engine {name!r} is not one of {', '.join(ENGINES)} (the megatron engine is a recipe's "
+                     "own; use one of those, parallelism=dp, fsdp or zero)")
 
 
 __all__ = ["Batch", "ENGINES", "Engine", "ModelContract", "build_engine", "contract_for", "hf_causal_lm_contract",

@@ -114,7 +114,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class Engine:
     """One optimizer step over this rank's share of a global batch (the interface of every engine:
-    the GPT's and ``launcher.training.engines``').
+    ``launcher.training.engines``' and a recipe's own).
 
     Attributes the loop reads: ``dp`` and ``dp_rank`` (which samples this rank loads), ``num_params``
     (total model parameters), ``phases`` (set by the loop: where a step's time goes) and

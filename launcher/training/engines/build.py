@@ -106,7 +106,7 @@ class Materializer:
             for mname, m, _ in fresh:
                 torch.manual_seed(init_seed(self.seed, mname))
                 if self.contract.init is not None:
-                    self.contract.init(self.model, m)
+                    self.contract.init(self.model, m, mname)
                 elif hasattr(m, "reset_parameters"):
                     m.reset_parameters()
             for mname, m, new in fresh:  # checked after all: a parent's init may set its children's

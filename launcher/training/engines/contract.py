@@ -5,9 +5,10 @@ for a Hugging Face causal LM.
   already shifted); ``module`` is what the engine runs (the model, or its DDP / DeepSpeed wrapper).
 - ``blocks(model)``: the repeated units (decoder layers) FSDP2 shards one by one and ZeRO-3 partitions
   one by one as they are built.
-- ``init(model, module)``: initialise ``module``'s own parameters (``recurse=False``) in place, after
-  it was materialised from the meta device; torch's RNG is seeded by (run seed, module name) before the
-  call (``launcher.training.engines.build``). None: the module's own ``reset_parameters()``.
+- ``init(model, module, name)``: initialise ``module``'s own parameters (``recurse=False``) in place,
+  after it was materialised from the meta device (``name``: its name in ``model``, "" for the model
+  itself); torch's RNG is seeded by (run seed, name) before the call (``launcher.training.engines.build``).
+  None: the module's own ``reset_parameters()``.
 - ``tp_plan(model)``: {module name: torch ParallelStyle} for ``parallelize_module`` (None: no TP).
 
 A model states its own by a ``launcher_contract()`` method returning a ModelContract (e.g.
@@ -33,7 +34,7 @@ from launcher.training.engines.base import Batch
 class ModelContract:
     loss: Callable[[nn.Module, Batch], torch.Tensor]
     blocks: Callable[[nn.Module], List[nn.Module]]
-    init: Optional[Callable[[nn.Module, nn.Module], None]] = None
+    init: Optional[Callable[[nn.Module, nn.Module, str], None]] = None
     tp_plan: Optional[Callable[[nn.Module], Dict[str, Any]]] = None
     name: str = "plain"
 
@@ -100,7 +101,7 @@ def hf_causal_lm_contract(model: nn.Module) -> ModelContract:
         tokens, labels = batch
         return cross_entropy(module(input_ids=tokens, use_cache=False).logits, labels)
 
-    def init(root: nn.Module, module: nn.Module) -> None:
+    def init(root: nn.Module, module: nn.Module, name: str) -> None:
         root._init_weights(module)
 
     return ModelContract(loss=loss, blocks=largest_module_list, init=init, name="hf_causal_lm")

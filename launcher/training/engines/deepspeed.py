@@ -1,7 +1,7 @@
 """Data parallelism with DeepSpeed ZeRO stages 0-3 (tp = pp = 1) and offload, for any model.
 
 The DeepSpeed config is generated from the run config and the layout (``launcher.training.ds_config``)
-and archived by rank 0 (``DEEPSPEED_CONFIG``). ZeRO 0-2 build the model as DDP does
+and archived by rank 0 (``RunDir.DS_CONFIG``). ZeRO 0-2 build the model as DDP does
 (``build.build_model``: the same weights on every layout); ZeRO-3 builds it shard-first: each block is
 materialised from the meta device, initialised, cast to the model dtype and partitioned over the dp
 group (``deepspeed.zero.Init(module=block)``) before the next exists, then the rest of the model. The
@@ -27,7 +27,7 @@ from torch import nn
 from launcher.archive import atomic
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
-from launcher.training.ds_config import DEEPSPEED_CONFIG, deepspeed_config
+from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import DTYPES, Batch, Engine, adamw_kwargs, dtype_name, param_groups, tensor_bytes
 from launcher.training.engines.build import build_model, params_on_meta
 from launcher.training.engines.contract import ModelContract
@@ -91,9 +91,9 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3:
             with params_on_meta():
                 width = model_width(model_fn())
-        self.config = deepspeed_config(cfg, layout, self.device.type, hidden_size=width)
+        self.config = build_ds_config(cfg, layout, self.device.type, hidden_size=width)
         if ctx.is_main:
-            atomic.write_json(ctx.run_dir / DEEPSPEED_CONFIG, self.config)
+            atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
         seed = int(cfg.seed)
         low = DTYPES[self.dtype]
 
@@ -123,8 +123,8 @@ class DeepSpeedEngine(Engine):
 
     def _undo_state_init_step(self) -> None:
         """ZeRO-0 in bf16/fp16 wraps the client in FP16_UnfusedOptimizer, whose constructor steps once on
-        zero gradients (Adam's step count 1, the fp32 masters decayed once): undo both, as the GPT's
-        engine does (recipes.gpt.engines.deepspeed)."""
+        zero gradients (Adam's step count 1, the fp32 masters decayed once; the first real update then
+        ~0.73x too small): drop the state and copy the 16-bit weights back into the masters."""
         from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
         if not isinstance(self.optimizer, FP16_UnfusedOptimizer):

@@ -16,6 +16,7 @@ same layout bit for bit.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -105,6 +106,8 @@ class FSDPEngine(Engine):
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler, self.static_scale = grad_scaler(cfg, self.device.type, ShardedGradScaler)
+        if self.scaler is not None:  # its one-element scale meets DTensor gradients: torch warns every step
+            warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
 

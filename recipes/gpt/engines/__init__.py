@@ -1,7 +1,8 @@
 """Training engines: how one optimizer step is computed over a layout.
 
 Every engine implements ``recipes.gpt.engines.base.Engine``; ``build_engine`` picks one by
-the engine of the run's layout (``ctx.layout.engine``: ddp, deepspeed, megatron; resolved and
+the engine of the run's layout (``ctx.layout.engine``: ddp, deepspeed, megatron, or fsdp: the generic
+FSDP2 engine of ``launcher.training.engines`` with the GPT's init; resolved and
 checked at launch, never recomputed here). The step loop in ``recipes.gpt.train``
 is shared, so data order, schedule, metrics and fault injection are identical across engines.
 """
@@ -22,8 +23,12 @@ def build_engine(cfg: Any, ctx: Any) -> Engine:
         from recipes.gpt.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(cfg, ctx)
+    if name == "fsdp":
+        from recipes.gpt.engines.fsdp import fsdp_engine
+
+        return fsdp_engine(cfg, ctx)
     if name == "megatron":
         from recipes.gpt.engines.megatron import MegatronEngine
 
         return MegatronEngine(cfg, ctx)
-    raise ValueError(f"layout engine {name!r} is not one of ddp, deepspeed, megatron")
+    raise ValueError(f"layout engine {name!r} is not one of ddp, deepspeed, fsdp, megatron")

@@ -41,7 +41,7 @@ from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
-from launcher.training.ds_config import deepspeed_config
+from launcher.training.ds_config import build_ds_config
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.contract import DEEPSPEED_CONFIG
@@ -200,7 +200,7 @@ class DeepSpeedEngine(Engine):
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
-        self.config = deepspeed_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
+        self.config = build_ds_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / DEEPSPEED_CONFIG, self.config)
 
