@@ -56,11 +56,13 @@ def _refused(*overrides) -> str:
     return str(ei.value)
 
 
-def test_hf_llama_tiny_dry_run_is_named_after_it_and_never_imports_transformers():
+@pytest.mark.parametrize("engine,picked", [("parallelism=fsdp", "fsdp"), ("zero=3", "deepspeed"),
+                                           ("parallelism=dp", "ddp")])
+def test_hf_llama_tiny_dry_run_is_named_after_it_and_never_imports_transformers(engine, picked):
     sys.modules.pop("recipes.lm.hf", None)
-    c = _validate("recipe=lm", "model=hf_llama_tiny", "zero=3", "cluster.gpus_per_node=2")
+    c = _validate("recipe=lm", "model=hf_llama_tiny", engine, "cluster.gpus_per_node=2")
     assert "recipes.lm.hf" not in sys.modules  # the factory is found by its source, never imported
-    assert c.resolved["name"] == "hf_llama_tiny" and c.layout.engine == "deepspeed" and c.layout.dp == 2
+    assert c.resolved["name"] == "hf_llama_tiny" and c.layout.engine == picked and c.layout.dp == 2
     model = c.resolved["model"]
     assert model["_target_"] == "recipes.lm.hf.causal_lm"
     # the LlamaConfig's vocabulary and positions are the data's shape (lm.*), dropout off
