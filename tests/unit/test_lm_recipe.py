@@ -191,3 +191,17 @@ def test_the_loop_trains_a_users_module_in_one_process_with_eval(user_net, tmp_p
     assert [r["step"] for r in rows if "eval_loss" in r] == [4, 6]
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.1, rows
     assert summary["final_eval_loss"] == rows[-1]["eval_loss"] and summary["params"] == 64 * 16 + 16 * 64 + 64
+
+
+def test_the_snapshot_holds_a_users_module_the_launchers_recipe_builds(user_net, tmp_path):
+    """`launch recipe=lm model._target_=mynet.net.Net` from the user's project (not in git): the code
+    snapshot is the project, where the job imports the module from (the recipe is the launcher's)."""
+    from pathlib import Path
+
+    from launcher.submit import pipeline
+
+    c = _validate("recipe=lm", f"model._target_={user_net}", "+model.vocab=8")
+    targets = pipeline.config_targets(c.resolved)
+    assert sorted(targets) == sorted(["recipes.lm.train.main", user_net])
+    assert pipeline.source_root(Path.cwd(), targets) == tmp_path
+    assert pipeline.source_root(Path.cwd(), ["recipes.lm.train.main"]) != tmp_path  # the recipe alone: not here
