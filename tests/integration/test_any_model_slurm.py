@@ -25,7 +25,7 @@ from typing import Dict, List
 import pytest
 from test_fault_tolerance import assert_identical, last_step, restarts, status, wait_for
 
-from helpers import launch, read_metrics, runs_json, wait_final
+from helpers import FINAL, launch, read_metrics, runs_json
 
 FP32_LOSS_RTOL = 1e-6  # tests/integration/test_engine_deepspeed.py: ~2 float32 ulp of the loss
 STEPS, EVERY, HELD_AT = 8, 3, 5
@@ -147,8 +147,9 @@ def test_every_engine_on_two_nodes_matches_one_process_and_survives_preemption(s
         wait_for(f"{engine} held in step {HELD_AT}", lambda run=run: held(run), 240)
         job_id = json.loads((run / "job.json").read_text())["job_id"]
         subprocess.run(["scontrol", "requeue", job_id], check=True, env=env)
-    final = wait_final(sweep_root, len(runs), timeout=300)
-    assert all(r["status"] == "completed" for r in final), [(r["dir"], r["status"]) for r in final]
+    # read in this process (`launcher runs` once a second would take a core from the jobs)
+    wait_for("every run's end", lambda: all(status(r).get("status") in FINAL for r in runs.values()), 300, poll=1)
+    assert all(status(r)["status"] == "completed" for r in runs.values()), {k: status(r) for k, r in runs.items()}
 
     deviation = {}
     for engine in ENGINES:
