@@ -85,7 +85,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "device_peak_step_bytes"),
     ("metrics.jsonl", "recipe (rank 0)", "one object per step: step, loss, tokens_per_s, samples_per_s, step_time_s, "
      "lr, grad_norm, tflops, mfu, the step's time by phase (time_<phase>_s), host_rss_bytes, peak_memory_bytes "
-     "(GPU); activation_bytes (rank 0's) on the first step of each attempt"),
+     "(GPU); activation_bytes (rank 0's) on the first step of each attempt; eval_loss on the steps data.eval_every "
+     "evaluates"),
     ("samples/rank_<r>.jsonl", "recipe", "data.log_samples: one object per step: step, samples (the [dataset, "
      "epoch, window] of every sample the rank loaded, recipes.common.data), rewound on resume like metrics.jsonl"),
     ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),

@@ -37,8 +37,8 @@ def add_parser(sub) -> None:
     s.add_argument("--val-fraction", type=float, default=0.01, metavar="F",
                    help="share of documents in the val split, chosen by a hash of their content (default 0.01)")
     s.add_argument("--workers", type=int, metavar="N", help="processes encoding (default: every core)")
-    s.add_argument("--glob", metavar="PAT", help="take the files matching PAT (e.g. '*.py') under each "
-                   "directory given, recursively")
+    s.add_argument("--glob", metavar="PAT", action="append", help="take the files matching PAT (e.g. '*.py') "
+                   "under each directory given, recursively; repeat for several patterns")
     s.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard before the next one "
                    "starts (at a document boundary; default 33554432)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (none anyway when stderr is not "
@@ -73,6 +73,8 @@ def cmd_prepare(args) -> int:
                             progress=not args.no_progress)
     except DatasetError as e:
         return _fail(args, e)
+    except OSError as e:  # the dataset could not be written (a full disk, a read-only parent): nothing was put in place
+        return _fail(args, f"cannot write {args.out}: {e}; nothing was changed there")
     size = sum(i.size for i in m.inputs)
     tokens = sum(s.tokens for s in m.splits.values())
     print(f"prepared {m.dir}: {len(m.inputs)} file(s), {size / 1e6:.1f} MB, "

@@ -53,7 +53,7 @@ def problems(archived: Optional[Dict[str, Any]], *, hashes: bool, only: Optional
         return []
     wanted = set(only) if only is not None else None
     out: List[str] = []
-    for entry in archived.get("datasets") or []:
+    for entry in _entries(archived):
         root = Path(str(entry.get("path")))
         if wanted is not None and str(root) not in wanted:
             continue
@@ -77,13 +77,27 @@ def problems(archived: Optional[Dict[str, Any]], *, hashes: bool, only: Optional
 def describe(archived: Optional[Dict[str, Any]]) -> List[str]:
     """One line per dataset for `launcher show`: path, weight, tokens per split, tokenizer sha256."""
     lines = []
-    for entry in (archived or {}).get("datasets") or []:
-        m = entry.get("manifest") or {}
-        splits = m.get("splits") or {}
-        counts = ", ".join(f"{name} {int((s or {}).get('tokens') or 0):,} tokens "
-                           f"({int((s or {}).get('documents') or 0):,} documents)" for name, s in splits.items())
-        tok = m.get("tokenizer") or {}
-        weight = f"  weight {entry.get('weight')}" if entry.get("key", "").startswith("data.blend") else ""
-        sha = f"tokenizer sha256 {tok['sha256'][:16]}" if tok.get("sha256") else "no tokenizer file"
+    for entry in _entries(archived):
+        m = _mapping(entry.get("manifest"))
+        splits = {name: _mapping(s) for name, s in _mapping(m.get("splits")).items()}
+        counts = ", ".join(f"{name} {_int(s.get('tokens')):,} tokens ({_int(s.get('documents')):,} documents)"
+                           for name, s in splits.items())
+        tok = _mapping(m.get("tokenizer"))
+        weight = f"  weight {entry.get('weight')}" if str(entry.get("key", "")).startswith("data.blend") else ""
+        sha = f"tokenizer sha256 {str(tok['sha256'])[:16]}" if tok.get("sha256") else "no tokenizer file"
         lines.append(f"{entry.get('path')}{weight}  {counts}  {sha} (vocab {tok.get('vocab_size')})")
     return lines
+
+
+def _entries(archived: Any) -> List[Dict[str, Any]]:
+    """The dataset entries of a data_manifest.json as read (a hand-edited one: its objects only)."""
+    found = _mapping(archived).get("datasets")
+    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+
+
+def _mapping(x: Any) -> Dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _int(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0

@@ -115,7 +115,8 @@ class Manifest:
         return {"format": self.format, "tokenizer": dataclasses.asdict(self.tokenizer), "dtype": self.dtype,
                 "text_field": self.text_field, "val_fraction": self.val_fraction,
                 "inputs": [dataclasses.asdict(i) for i in self.inputs],
-                "splits": {name: dataclasses.asdict(s) for name, s in self.splits.items()},
+                "splits": {name: {**dataclasses.asdict(s), "shards": [dataclasses.asdict(sh) for sh in s.shards]}
+                           for name, s in self.splits.items()},
                 "prepare": dataclasses.asdict(self.prepare)}
 
     @classmethod
@@ -149,6 +150,8 @@ class Manifest:
                               eos_id=r.get(tok, "eos_id", int, "tokenizer"),
                               kind=r.get(tok, "kind", str, "tokenizer"),
                               source=r.get(tok, "source", (str, type(None)), "tokenizer"))
+        if tokenizer.file is not None:
+            r.inside(tokenizer.file, "tokenizer.file")
         if not 0 <= tokenizer.eos_id < tokenizer.vocab_size:
             r.fail("tokenizer.eos_id", f"is {tokenizer.eos_id}, outside the vocabulary (0..{tokenizer.vocab_size - 1})")
         dtype = r.get(data, "dtype", str)
@@ -167,6 +170,9 @@ class Manifest:
             shards = tuple(Shard(**{f.name: r.get(sh, f.name, f.type == "str" and str or int, f"{at}.shards[{n}]")
                                     for f in dataclasses.fields(Shard)})
                            for n, sh in enumerate(r.get(s, "shards", list, at)) if r.is_obj(sh, f"{at}.shards[{n}]"))
+            for n, sh in enumerate(shards):
+                r.inside(sh.bin, f"{at}.shards[{n}].bin")
+                r.inside(sh.idx, f"{at}.shards[{n}].idx")
             splits[name] = Split(documents=r.get(s, "documents", int, at), tokens=r.get(s, "tokens", int, at),
                                  longest_document=r.get(s, "longest_document", int, at), shards=shards)
             held = sum(sh.tokens for sh in shards)
@@ -191,6 +197,11 @@ class _Reader:
 
     def fail(self, key: str, problem: str) -> None:
         raise DatasetError(f"{self.where}: key {key!r} {problem}; prepare the dataset again")
+
+    def inside(self, rel: str, at: str) -> None:
+        """A file the manifest names lies inside the dataset dir (a loader reads what it names)."""
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+            self.fail(at, f"is {rel!r}, not a path inside the dataset directory")
 
     def is_obj(self, obj: Any, at: str) -> bool:
         if not isinstance(obj, dict):

@@ -34,6 +34,9 @@ from launcher.data.manifest import (
 )
 
 EOS = "<|endoftext|>"
+# what ends a document with a given tokenizer: the first of these among its special tokens
+# (GPT-2 and most byte-level BPEs, Llama 3, Llama 2 / Mistral / T5, Gemma)
+EOS_NAMES = (EOS, "<|end_of_text|>", "</s>", "<eos>")
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_VAL_FRACTION = 0.01
 BYTE_ALPHABET = 256  # the byte-level pre-tokenizer's initial alphabet
@@ -59,21 +62,25 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def expand(paths: Sequence[Union[str, Path]], glob: Optional[str] = None) -> List[Tuple[Path, bool]]:
+def expand(paths: Sequence[Union[str, Path]], glob: Union[str, Sequence[str], None] = None
+           ) -> List[Tuple[Path, bool]]:
     """The input files in order, each with whether it was named itself (not found in a directory).
-    A directory is walked recursively for the files whose name matches ``glob`` (sorted)."""
+    A directory is walked recursively for the files whose name matches ``glob`` (one pattern or
+    several; sorted)."""
+    globs = [glob] if isinstance(glob, str) else list(glob or ())
+    shown = " ".join(f"--glob {g!r}" for g in globs)
     out: List[Tuple[Path, bool]] = []
+    dirs: List[Path] = []
     if not paths:
         raise DatasetError("no input files: give FILE... (text files, or .jsonl with a text field)")
     for given in paths:
         p = Path(given).expanduser()
         if p.is_dir():
-            if glob is None:
+            if not globs:
                 raise DatasetError(f"{p}: is a directory; give --glob PATTERN to take the files in it "
                                    "(e.g. --glob '*.txt')")
-            found = sorted(f for f in p.rglob("*") if fnmatch.fnmatch(f.name, glob) and f.is_file())
-            if not found:
-                raise DatasetError(f"{p}: no file under it matches --glob {glob!r}")
+            dirs.append(p)
+            found = sorted(f for f in p.rglob("*") if any(fnmatch.fnmatch(f.name, g) for g in globs) and f.is_file())
             out += [(f.resolve(), False) for f in found]
         elif p.is_file():
             out.append((p.resolve(), True))
@@ -81,6 +88,11 @@ def expand(paths: Sequence[Union[str, Path]], glob: Optional[str] = None) -> Lis
             raise DatasetError(f"{p}: not a regular file (give text or .jsonl files)")
         else:
             raise DatasetError(f"{p}: no such file")
+    seen: set = set()
+    out = [(f, named) for f, named in out if not (f in seen or seen.add(f))]  # a file given twice is read once
+    if dirs and not any(not named for _, named in out):
+        raise DatasetError(f"{', '.join(map(str, dirs))}: no file under {'it' if len(dirs) == 1 else 'them'} "
+                           f"matches {shown}")
     return out
 
 
@@ -127,7 +139,7 @@ def _jsonl_docs(path: Path, text: str, field: str) -> Tuple[str, ...]:
 
 
 def load_tokenizer(path: Union[str, Path]):
-    """A local tokenizer.json and its EOS id (the token "<|endoftext|>", else its first special token)."""
+    """A local tokenizer.json and its EOS id (the first of EOS_NAMES among its special tokens)."""
     from tokenizers import Tokenizer
 
     p = Path(path).expanduser()
@@ -141,15 +153,13 @@ def load_tokenizer(path: Union[str, Path]):
     except Exception as e:  # OSError, ValueError (not JSON), and tokenizers' bare Exception (not a tokenizer)
         raise DatasetError(f"--tokenizer {p}: not a Hugging Face tokenizer JSON ({str(e)[:200]}); "
                            "give a tokenizer.json (tokenizers' Tokenizer.save)") from None
-    vocab = tok.get_vocab(with_added_tokens=True)
-    eos = vocab.get(EOS)
-    if eos is None:
-        special = [a for a in tok.get_added_tokens_decoder().items() if a[1].special]
-        if not special:
-            raise DatasetError(f"--tokenizer {p}: has no special token to end a document with "
-                               f"(add {EOS!r} as a special token)")
-        eos = min(special)[0]
-    return tok, int(eos)
+    special = {a.content: i for i, a in tok.get_added_tokens_decoder().items() if a.special}
+    for name in EOS_NAMES:
+        if name in special:
+            return tok, int(special[name])
+    have = f" (its special tokens: {', '.join(sorted(special, key=special.get))})" if special else ""
+    raise DatasetError(f"--tokenizer {p}: has no end-of-document special token, none of "
+                       f"{', '.join(EOS_NAMES)}{have}; add {EOS!r} as a special token")
 
 
 def train_tokenizer(docs: Sequence[str], vocab_size: int, *, show_progress: bool = False):
@@ -257,12 +267,15 @@ def _env(**values: str) -> Iterator[None]:
 
 def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tokenizer: Optional[str] = None,
             vocab_size: Optional[int] = None, text_field: str = "text", val_fraction: float = DEFAULT_VAL_FRACTION,
-            workers: Optional[int] = None, shard_tokens: int = DEFAULT_SHARD_TOKENS, glob: Optional[str] = None,
+            workers: Optional[int] = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            glob: Union[str, Sequence[str], None] = None,
             progress: bool = True) -> Manifest:
     """Tokenize ``files`` into a dataset in ``out_dir`` (docs/data.md). ``tokenizer``: a local
     tokenizer.json to use (copied into the dataset); without one a byte-level BPE of ``vocab_size``
-    is trained on the inputs. ``workers``: processes encoding (default: every core)."""
+    is trained on the inputs. ``workers``: processes encoding (default: every core). ``glob``: the
+    pattern(s) of the files taken from a directory among ``files``."""
     t0 = time.perf_counter()
+    files = [files] if isinstance(files, (str, Path)) else files
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise DatasetError(f"--workers {workers}: must be at least 1")
@@ -283,6 +296,9 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
     with ui:
         sources = _read_all(expand(files, glob), text_field, ui)
         docs = [d for s in sources for d in s.docs]
+        if val_fraction > 0 and all(is_val(d, val_fraction) for d in docs):
+            raise DatasetError(f"--val-fraction {val_fraction} puts every one of the {len(docs)} document(s) in the "
+                               "val split, none in train; lower it (or give more documents)")
         with _env(TOKENIZERS_PARALLELISM="true" if workers > 1 else "false", RAYON_NUM_THREADS=str(workers)):
             if given is None:
                 ui.phase(f"training a byte-level BPE tokenizer (vocab {vocab_size})")
@@ -290,7 +306,7 @@ def prepare(files: Sequence[Union[str, Path]], out_dir: Union[str, Path], *, tok
                 kind, source = "byte-level-bpe", None
             else:
                 (tok, eos_id), kind, source = given, "file", str(Path(tokenizer).expanduser().resolve())
-        vocab = tok.get_vocab_size(with_added_tokens=True)
+        vocab = max(tok.get_vocab(with_added_tokens=True).values()) + 1  # ids need not be contiguous
         tok_json = Path(source).read_text() if source else tok.to_str()
         init = (tok.to_str(), eos_id, dtype_for(vocab), val_fraction)
         tokens = 0
@@ -342,10 +358,11 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.on:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                TimeElapsedColumn(), transient=True)
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
             self.bar.start()
         return self
 

@@ -191,7 +191,9 @@ class TokenDataset:
                 width = self.seq_len + 1
                 why = (f"no document has seq_len+1 = {width} tokens (packing=false)" if not packing
                        else f"fewer than seq_len+1 = {width} tokens")
-                raise DatasetError(f"{s.path}: the {split} split has no sample: {why}")
+                hint = ("; data.eval_every needs one: prepare with a larger --val-fraction, or set data.eval_every=0"
+                        if split == "val" else "")
+                raise DatasetError(f"{s.path}: the {split} split has no sample: {why}{hint}")
         self.vocab_size = max(int(w.manifest.vocab_size) for w in self.windows)
         total = sum(s.weight for s in srcs)
         # cumulative weights as exact fractions of 2**53: the counts are the same on every machine

@@ -139,6 +139,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     problems: List[str] = []
     warned: List[str] = []
     good: List[Checked] = []
+    searched: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for i, (p, resolved) in enumerate(zip(points, resolved_all)):
         where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
                  else "run")
@@ -146,7 +147,9 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if isinstance(resolved, ConfigErrors):
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
-            named = group_options.problems(resolved, group_options.search_dirs(p.config_dirs), p.accepted_names)
+            if p.config_dirs not in searched:  # the points of a launch share their search path
+                searched[p.config_dirs] = group_options.search_dirs(p.config_dirs)
+            named = group_options.problems(resolved, searched[p.config_dirs], p.accepted_names)
             try:
                 lay = resolve(view, resolved)
             except ConfigErrors as e:

@@ -322,3 +322,9 @@ def test_a_recipe_without_a_sequence_length_is_held_to_the_dataset_checks_only(t
     ds = dataset(tmp_path, train=[[1, 2]], vocab=100000)
     ok(["recipe=commbench", "data=tokens", f"data.path={ds}"])  # no seq_len, no vocabulary of its own
     assert "data.path:" in refused(["recipe=commbench", "data=tokens", f"data.path={tmp_path / 'nope'}"])
+
+
+@pytest.mark.parametrize("junk", [[1, 2], {"datasets": {"a": 1}}, {"datasets": [3, {"manifest": [1]}]}, "text"])
+def test_a_hand_edited_data_manifest_never_breaks_show(junk):
+    assert isinstance(archived.describe(junk), list)
+    assert isinstance(archived.problems(junk if isinstance(junk, dict) else {}, hashes=False), list)

@@ -102,6 +102,8 @@ def test_altered_tokenizer_named(tmp_path):
     (lambda d: d["splits"]["train"].update(tokens=1), "'splits.train.tokens' is 1"),
     (lambda d: d["tokenizer"].update(eos_id=100), "'tokenizer.eos_id' is 100"),
     (lambda d: d.update(format="other/9"), "format 'other/9'"),
+    (lambda d: d["splits"]["val"]["shards"][0].update(bin="../../etc/passwd"),
+     "'splits.val.shards[0].bin' is '../../etc/passwd', not a path inside the dataset directory"),
 ])
 def test_bad_manifest_names_the_file_and_the_key(tmp_path, edit, key):
     out = tmp_path / "ds"

@@ -2,6 +2,7 @@
 tmp_path): packing, one document per sample, blends by weight, epochs, sample i a pure function of
 (seed, i) whatever the layout, the val split and its evaluation batches, and the sample log's rewind."""
 import json
+import math
 from collections import Counter
 from types import SimpleNamespace
 
@@ -251,3 +252,28 @@ def test_sample_log_writes_a_line_per_step_and_rewinds_on_resume(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["samples"] == [[0, 0, 99]]
     SampleLog(SimpleNamespace(rundir=rd, rank=0), start=0, enabled=False).write(1, lambda s: [[0]])
     assert not (tmp_path / "run" / "samples" / "rank_0.jsonl").exists()
+
+
+# ---- the GPT loop on a prepared dataset (one process, in this process) ---------------------------------
+
+@pytest.mark.timeout(120)
+def test_gpt_trains_on_tokens_and_evaluating_leaves_training_unchanged(tmp_path):
+    from test_gpt_recipe import make_cfg, read_metrics, run_single
+
+    d = tmp_path / "ds"
+    write_dataset(d, {"train": docs(30, 10, 80, vocab=64), "val": docs(4, 20, 40, seed=2, vocab=64)},
+                  vocab_size=64, eos_id=EOS)
+    data = {"name": "tokens", "path": str(d), "log_samples": True}
+
+    def cfg(every):  # dropout on: an evaluation that drew from the RNG streams would change the losses
+        return make_cfg(model={"dropout": 0.1}, data={**data, "eval_every": every}, train={"steps": 5})
+
+    summary = run_single(cfg(2), tmp_path / "eval")
+    run_single(cfg(0), tmp_path / "plain")
+    rows, plain = read_metrics(tmp_path / "eval"), read_metrics(tmp_path / "plain")
+    assert [r["loss"] for r in rows] == [r["loss"] for r in plain]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4, 5] and not any("eval_loss" in r for r in plain)
+    assert summary["final_eval_loss"] == rows[-1]["eval_loss"] and math.isfinite(rows[-1]["eval_loss"])
+    logged = [json.loads(x) for x in (tmp_path / "eval" / "samples" / "rank_0.jsonl").read_text().splitlines()]
+    expected = train_batches(cfg(2), layout(1, 2, 8), 0, seq_len=16, vocab_size=64)
+    assert [x["samples"] for x in logged] == [expected.sample_ids(s) for s in range(1, 6)]

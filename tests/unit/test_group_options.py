@@ -86,12 +86,13 @@ def test_a_users_own_option_in_a_config_dir_on_the_search_path_provides_its_name
     d = _user_dir(tmp_path)
     assert validate([Point(_cfg(["cluster.name=mine"]), config_dirs=(str(d),))])  # the sweep plugin's way
     cfg = _cfg([f"hydra.searchpath=[file://{d}]", "cluster=mine"], hydra=True)  # `launch`: Hydra says where
+    before = HydraConfig.instance().cfg
     HydraConfig.instance().set_config(cfg)
     try:
         assert str(d) in group_options.search_dirs()
         assert validate([Point(_cfg([f"hydra.searchpath=[file://{d}]", "cluster=mine"]))])
     finally:
-        HydraConfig.instance().cfg = None
+        HydraConfig.instance().cfg = before
 
 
 def test_a_config_dir_off_the_search_path_provides_nothing(tmp_path):
