@@ -279,10 +279,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("parallelism.pp", lambda f: f.resolved_engine == "fsdp" and f.pp > 1,
          lambda f: f"the fsdp engine runs no pipeline, but pp={f.pp}",
          "set parallelism.pp=1, or use the megatron engine (parallelism=pp) for pipeline parallelism"),
-    Rule("parallelism.tp", lambda f: f.resolved_engine == "fsdp" and f.tp > 1,
-         lambda f: (f"tensor parallelism (tp={f.tp}) on the fsdp engine is not built: a model's TP plan is not "
-                    "applied yet"),
-         "set parallelism.tp=1 (a recipe with an engine of its own for tensor parallelism: parallelism=tp)"),
     Rule("zero.offload_optimizer",
          lambda f: f.resolved_engine == "fsdp" and (f.offload_optimizer or f.offload_params),
          "zero.offload_* is DeepSpeed's offload; the fsdp engine offloads by its own key",

@@ -85,6 +85,10 @@ RULES = (
          lambda f: f.resolved_engine == "megatron" and f.sequence_parallel and f.model.seq_len % f.tp != 0,
          lambda f: f"model.seq_len={f.model.seq_len} cannot be split over tp={f.tp}",
          "make parallelism.tp divide model.seq_len, or set parallelism.sequence_parallel=false"),
+    Rule("parallelism.tp", lambda f: f.resolved_engine == "fsdp" and f.tp > 1,
+         lambda f: (f"the GPT declares no TP plan for the fsdp engine (tp={f.tp}): its tensor parallelism is the "
+                    "megatron engine's"),
+         "use parallelism=tp (or 3d) for the GPT's tensor parallelism, or parallelism.tp=1 with parallelism=fsdp"),
     WARMUP_WITHIN_STEPS,
     Rule("data.branching",
          lambda f: (isinstance(f.values.get("data.branching"), int)

@@ -39,7 +39,7 @@ RULES = (
     Rule("parallelism.engine", lambda f: f.resolved_engine not in ENGINES,
          lambda f: (f"{f.resolved_engine} (tp={f.tp}, pp={f.pp}) is the GPT's Megatron-style engine: recipe=lm "
                     f"trains any module on {', '.join(ENGINES)}"),
-         "use parallelism=dp, parallelism=fsdp or parallelism=zero (tp=pp=1)"),
+         "use parallelism=dp, parallelism=zero or parallelism=fsdp (tp > 1 there: with the model's TP plan)"),
     WARMUP_WITHIN_STEPS,
     Rule("data.branching",
          lambda f: (isinstance(f.values.get("data.branching"), int)

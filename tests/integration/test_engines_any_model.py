@@ -1,7 +1,8 @@
 """launcher.training.engines on a real 2-process gloo group (CPU, fp32, dropout 0), for a plain user
 module and a tiny Hugging Face LlamaForCausalLM (built from a LlamaConfig, never downloaded):
 
-- DDP, FSDP2, ZeRO-2 and ZeRO-3 losses over 4 steps (2 micro batches per rank per step) equal the
+- DDP, FSDP2 (also with CPU offload and without resharding after the forward), ZeRO-2 and ZeRO-3
+  losses over 4 steps (2 micro batches per rank per step) equal the
   single-process losses (one process, the same 8 samples a step) within fp32 rounding: the bound of
   the GPT's DeepSpeed-vs-DDP equivalence test (tests/integration/test_engine_deepspeed.py,
   FP32_LOSS_RTOL = 1e-6, ~2 ulp of the loss);
@@ -31,7 +32,12 @@ FP32_LOSS_RTOL = 1e-6  # tests/integration/test_engine_deepspeed.py
 STEPS, RESUME_AT = 4, 2
 MICRO, ACCUM, SEQ, VOCAB = 2, 2, 8, 128  # per rank: 2 micro batches of 2 samples; global batch 8
 MODELS = ("plain", "hf")
-ENGINES = {"ddp": ("ddp", 0), "fsdp": ("fsdp", 0), "zero2": ("deepspeed", 2), "zero3": ("deepspeed", 3)}
+# case: (engine, ZeRO stage, parallelism.* options)
+ENGINES = {"ddp": ("ddp", 0, {}), "fsdp": ("fsdp", 0, {}), "zero2": ("deepspeed", 2, {}), "zero3": ("deepspeed", 3, {}),
+           # FSDP2's host offload, and gathered blocks kept from the forward to the backward (and after an eval)
+           "fsdp_offload_keep": ("fsdp", 0, {"cpu_offload": True, "reshard_after_forward": False})}
+# tensor parallelism over both ranks (dp 1 x tp 2) by the plain module's TP plan, FSDP2 over dp
+TP_CASE = ("fsdp", 0, {"tp": 2})
 
 
 # ---- the worker (one rank) ---------------------------------------------------------------------------
@@ -71,6 +77,18 @@ def _net():
     return Net()
 
 
+def _tp_contract():
+    """The plain module's contract with a TP plan: each block's fc1 split by columns, fc2 by rows."""
+    import dataclasses
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from launcher.training.engines import plain_contract
+
+    return dataclasses.replace(plain_contract(_net()), tp_plan=lambda model: {
+        "blocks.*.fc1": ColwiseParallel(), "blocks.*.fc2": RowwiseParallel()})
+
+
 def _hf():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -79,13 +97,13 @@ def _hf():
                                         attention_dropout=0.0))
 
 
-def _cfg(engine: str, stage: int) -> Any:
+def _cfg(engine: str, stage: int, options: Dict[str, Any]) -> Any:
     from omegaconf import OmegaConf
 
     from launcher.schema import RunConfig
 
     return OmegaConf.merge(OmegaConf.structured(RunConfig), {
-        "seed": 5, "zero": {"stage": stage}, "parallelism": {"engine": engine},
+        "seed": 5, "zero": {"stage": stage}, "parallelism": {"engine": engine, **options},
         "optim": {"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 0.5},
         "train": {"steps": STEPS, "micro_batch_size": MICRO, "global_batch_size": 8,
                   "checkpoint": {"every": 0, "keep": 2, "async_save": False}},
@@ -111,17 +129,20 @@ def _ctx(rank: int, world: int, layout: Any, run_dir: Path):
                       hostname="h", rundir=RunDir(run_dir), layout=layout, device="cpu", backend="gloo")
 
 
-def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: Path, steps: int) -> Dict:
+def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: Path, steps: int,
+           options: Dict[str, Any]) -> Dict:
     """Train (resuming from run_dir's latest checkpoint, if any) through ``steps``; losses by step and
     this rank's final state."""
     from launcher.layout import Layout
     from launcher.training import Checkpointer, StepLoop
     from launcher.training.engines import build_engine
 
-    cfg = _cfg(engine, stage)
-    layout = Layout(dp=world, zero=stage, micro_batch_size=MICRO, grad_accum=ACCUM * 2 // world, engine=engine)
+    cfg = _cfg(engine, stage, options)
+    tp = int(options.get("tp", 1))
+    layout = Layout(dp=world // tp, tp=tp, zero=stage, micro_batch_size=MICRO, grad_accum=ACCUM * 2 * tp // world,
+                    engine=engine)
     ctx = _ctx(rank, world, layout, run_dir)
-    eng = build_engine(cfg, ctx, _hf if model == "hf" else _net)
+    eng = build_engine(cfg, ctx, _hf if model == "hf" else _net, _tp_contract() if tp > 1 else None)
     # (the single-process reference saves nothing: the Checkpointer's collectives are the whole group's)
     loop = StepLoop(cfg, ctx, Checkpointer(cfg, ctx, eng) if world > 1 else None, steps=steps)
     losses = {}
@@ -146,13 +167,13 @@ def worker(rank: int, port: int, out: Path, cases: List[str]) -> None:
         model, name = case.split(":")
         if name == "single":  # rank 0 alone, no process group used
             if rank == 0:
-                results[case] = _train(model, "ddp", 0, 0, 1, out / case, STEPS)
+                results[case] = _train(model, "ddp", 0, 0, 1, out / case, STEPS, {})
             dist.barrier()
             continue
-        engine, stage = ENGINES[name]
-        whole = _train(model, engine, stage, rank, 2, out / case / "whole", STEPS)
-        _train(model, engine, stage, rank, 2, out / case / "resumed", RESUME_AT)  # saves after step 2
-        resumed = _train(model, engine, stage, rank, 2, out / case / "resumed", STEPS)  # fresh engine
+        engine, stage, options = TP_CASE if name == "fsdp_tp2" else ENGINES[name]
+        whole = _train(model, engine, stage, rank, 2, out / case / "whole", STEPS, options)
+        _train(model, engine, stage, rank, 2, out / case / "resumed", RESUME_AT, options)  # saves after step 2
+        resumed = _train(model, engine, stage, rank, 2, out / case / "resumed", STEPS, options)  # fresh engine
         results[case] = {"whole": whole, "resumed": resumed}
     torch.save(results, out / f"rank_{rank}.pt")
     dist.barrier()
@@ -198,7 +219,7 @@ def _max_rel(xs: Dict[int, float], ref: Dict[int, float]) -> float:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> List[Dict]:
-    cases = [f"{m}:{e}" for m in MODELS for e in ("single", *ENGINES)]
+    cases = [f"{m}:{e}" for m in MODELS for e in ("single", *ENGINES)] + ["plain:fsdp_tp2"]
     return _run_workers(tmp_path_factory.mktemp("engines"), cases, timeout=400)
 
 
@@ -207,6 +228,19 @@ def results(tmp_path_factory) -> List[Dict]:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_losses_equal_single_process_and_resume_is_bitwise(results, model, engine):
+    _check(results, model, engine)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(420)
+def test_tensor_parallel_plan_on_fsdp(results):
+    """dp 1 x tp 2: the blocks' linears split over both ranks by the model's TP plan (torch's
+    parallelize_module), FSDP2 over dp; the same losses and an exact resume."""
+    _check(results, "plain", "fsdp_tp2")
+    assert "tp=2" in results[0]["plain:fsdp_tp2"]["whole"]["describe"]
+
+
+def _check(results, model: str, engine: str) -> None:
     import torch
 
     ref = results[0][f"{model}:single"]["losses"]

@@ -183,3 +183,34 @@ def test_ddp_engine_in_one_process_trains_and_resumes_from_its_files(tmp_path):
     assert losses[0] == losses[1] < first
     assert all(torch.equal(v, again.local_state()[k]) for k, v in eng.local_state().items())
     assert eng.eval_loss(batches) == again.eval_loss(batches)
+
+
+def _one_process(cfg_overrides, make):
+    from launcher.layout import Layout
+    from launcher.schema import RunConfig
+    from launcher.training.engines import build_engine
+
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), {"seed": 2, "optim": {"lr": 1e-2}, **cfg_overrides})
+    ctx = type("Ctx", (), {"layout": Layout(dp=1, engine="ddp"), "world_size": 1, "rank": 0, "device": "cpu",
+                           "is_main": True})()
+    return build_engine(cfg, ctx, make)
+
+
+@pytest.mark.parametrize("make", [LossNet, _tiny_llama], ids=["plain", "hf"])
+def test_full_recompute_of_the_blocks_changes_no_value(make):
+    """train.recompute=full: each block's forward runs again in its backward; the step's loss, the
+    weights and Adam's state after it are bitwise those without recompute."""
+    plain, again = (_one_process({"train": {"recompute": r}}, make) for r in ("none", "full"))
+    recomputed = []
+    for block in again.contract.blocks(again.model):  # (the block's own hooks wrap its call, run once)
+        inner = next(m for m in block.modules() if m is not block and list(m.parameters(recurse=False)))
+        inner.register_forward_hook(lambda *_: recomputed.append(1))
+    losses = [e.train_step([_batch()], 1e-2) for e in (plain, again)]
+    assert losses[0] == losses[1]
+    assert len(recomputed) == 2 * len(again.contract.blocks(again.model))  # forward, then again in backward
+    assert all(torch.equal(v, again.local_state()[k]) for k, v in plain.local_state().items())
+
+
+def test_selective_recompute_needs_the_models_own_support():
+    with pytest.raises(ValueError, match="train.recompute=selective"):
+        _one_process({"train": {"recompute": "selective"}}, LossNet)

@@ -23,7 +23,7 @@ def test_fsdp_group_resolves_to_the_fsdp_engine():
 @pytest.mark.parametrize("overrides,key,needle", [
     (["zero=2"], "zero.stage", "DeepSpeed"),
     (["cluster.gpus_per_node=4", "parallelism.pp=2"], "parallelism.pp", "no pipeline"),
-    (["cluster.gpus_per_node=4", "parallelism.tp=2"], "parallelism.tp", "tensor parallelism"),
+    (["cluster.gpus_per_node=4", "parallelism.tp=2"], "parallelism.tp", "no TP plan"),  # the GPT's own row
     (["zero.offload_optimizer=true"], "zero.offload_optimizer", "parallelism.cpu_offload=true"),
 ])
 def test_fsdp_refuses_what_it_does_not_run(overrides, key, needle):

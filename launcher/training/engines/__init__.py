@@ -30,9 +30,10 @@ def build_engine(cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
     """The engine of the run's layout (``ctx.layout.engine``, resolved and checked at launch) over the
     model ``model_fn()`` builds."""
     name = ctx.layout.engine
-    if int(ctx.layout.tp) > 1 or int(ctx.layout.pp) > 1:
-        raise ValueError(f"launcher.training.engines run data parallelism (ddp, fsdp, deepspeed) only, but the "
-                         f"layout has tp={ctx.layout.tp} pp={ctx.layout.pp}: set parallelism.tp=1 parallelism.pp=1")
+    if int(ctx.layout.pp) > 1 or (int(ctx.layout.tp) > 1 and name != "fsdp"):
+        raise ValueError(f"launcher.training.engines run data parallelism (ddp, fsdp, deepspeed), and tensor "
+                         f"parallelism on fsdp only, but the layout has engine {name} tp={ctx.layout.tp} "
+                         f"pp={ctx.layout.pp}: set parallelism.pp=1 (and parallelism.tp=1 off fsdp)")
     if name == "ddp":
         from launcher.training.engines.ddp import DDPEngine
 

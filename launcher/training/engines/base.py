@@ -70,6 +70,26 @@ def grad_scaler(cfg: Any, device_type: str, kind: type = torch.amp.GradScaler,
     return scaler, static
 
 
+def grad_norm_and_clip(params: List[torch.Tensor], grad_clip: float) -> torch.Tensor:
+    """The global norm of the parameters' gradients, after which they are clipped to ``grad_clip``
+    (0: not clipped). Sharded (DTensor) gradients count whole; those on different meshes (FSDP2 over
+    tensor parallelism: a TP-split weight on the dp x tp mesh, a norm on the dp mesh) by mesh."""
+    with_grad = [p for p in params if p.grad is not None]
+    meshes: Dict[Any, List[torch.Tensor]] = {}
+    for p in with_grad:
+        meshes.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    if len(meshes) <= 1:
+        norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0
+                else torch.nn.utils.get_total_norm([p.grad for p in with_grad]))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    parts = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in meshes.values()]
+    norm = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in parts]).norm()
+    if grad_clip > 0:
+        for group in meshes.values():
+            torch.nn.utils.clip_grads_with_norm_(group, grad_clip, norm)
+    return norm
+
+
 def optimizer_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor], grad_clip: float,
                    scaler: Optional[torch.amp.GradScaler], static_scale: float, min_scale: float
                    ) -> Tuple[torch.Tensor, int]:
@@ -79,12 +99,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor],
     if scaler is not None:
         scaler.unscale_(optimizer)
     grads = [p.grad for p in params if p.grad is not None]
-    if grad_clip > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        norm = torch.nn.utils.get_total_norm(grads)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
+    norm = grad_norm_and_clip(params, grad_clip)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update(static_scale if static_scale > 0 else None)

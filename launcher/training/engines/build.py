@@ -156,3 +156,21 @@ def build_model(model_fn: Callable[[], nn.Module], seed: int, contract: Optional
         for name, unit, _ in units(model, contract):
             take(unit, name)
     return model, contract, False
+
+
+def apply_recompute(model: nn.Module, contract: ModelContract, mode: str) -> None:
+    """``train.recompute``: "full" recomputes every block's forward in its backward (the block's
+    ``forward`` runs under non-reentrant ``torch.utils.checkpoint``; FSDP2's and DeepSpeed's hooks stay
+    around the block's call), unless the contract says the model does that itself; "selective" needs the
+    model's own support (which attention core to recompute): refused where the engines would do it."""
+    if mode == "none" or not contract.recompute_blocks:
+        return
+    if mode != "full":
+        raise ValueError(f"train.recompute={mode}: the engines recompute whole blocks only (full) for "
+                         f"{type(model).__name__}; use train.recompute=full or none, or a contract with "
+                         "recompute_blocks=False for a model that recomputes by itself")
+    from torch.utils.checkpoint import checkpoint
+
+    for block in contract.blocks(model):
+        forward = block.forward
+        block.forward = lambda *args, _f=forward, **kwargs: checkpoint(_f, *args, use_reentrant=False, **kwargs)

@@ -9,7 +9,10 @@ for a Hugging Face causal LM.
   after it was materialised from the meta device (``name``: its name in ``model``, "" for the model
   itself); torch's RNG is seeded by (run seed, name) before the call (``launcher.training.engines.build``).
   None: the module's own ``reset_parameters()``.
-- ``tp_plan(model)``: {module name: torch ParallelStyle} for ``parallelize_module`` (None: no TP).
+- ``tp_plan(model)``: {module name pattern: torch ParallelStyle} for ``parallelize_module``, applied by
+  the fsdp engine with ``parallelism.tp > 1`` (None: the model has no tensor parallelism).
+- ``recompute_blocks``: with ``train.recompute=full`` the engines recompute each block's forward in its
+  backward (``torch.utils.checkpoint``, non-reentrant); False: the model recomputes by itself (or not).
 
 A model states its own by a ``launcher_contract()`` method returning a ModelContract (e.g.
 ``dataclasses.replace(plain_contract(self), blocks=lambda m: list(m.stages))``); a recipe may pass one
@@ -36,6 +39,7 @@ class ModelContract:
     blocks: Callable[[nn.Module], List[nn.Module]]
     init: Optional[Callable[[nn.Module, nn.Module, str], None]] = None
     tp_plan: Optional[Callable[[nn.Module], Dict[str, Any]]] = None
+    recompute_blocks: bool = True
     name: str = "plain"
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.engines.base import (
     Batch,
@@ -22,7 +23,7 @@ from launcher.training.engines.base import (
     optimizer_step,
     tensor_bytes,
 )
-from launcher.training.engines.build import build_model
+from launcher.training.engines.build import apply_recompute, build_model
 from launcher.training.engines.contract import ModelContract
 
 
@@ -48,6 +49,7 @@ class DDPEngine(Engine):
         seed = int(cfg.seed)
         model, self.contract, self.shard_first = build_model(model_fn, seed, contract, log=rank_log(ctx))
         self.model = model.to(self.device)
+        apply_recompute(self.model, self.contract, enum_value(cfg.train.recompute))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))  # dropout masks differ per replica
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.ddp: Optional[nn.parallel.DistributedDataParallel] = None

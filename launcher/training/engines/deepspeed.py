@@ -25,11 +25,12 @@ import torch
 from torch import nn
 
 from launcher.archive import atomic
+from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import DTYPES, Batch, Engine, adamw_kwargs, dtype_name, param_groups, tensor_bytes
-from launcher.training.engines.build import build_model, params_on_meta
+from launcher.training.engines.build import apply_recompute, build_model, params_on_meta
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.ddp import mean_over_ranks, rank_log
 
@@ -107,6 +108,7 @@ class DeepSpeedEngine(Engine):
         model, self.contract, self.shard_first = build_model(
             model_fn, seed, contract, take=partition if self.stage == 3 else None, log=rank_log(ctx))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        apply_recompute(model, self.contract, enum_value(cfg.train.recompute))
         self.num_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
         model.train()
         self.offload_optimizer, self.offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)

@@ -8,7 +8,9 @@ computed in bf16/fp16, gradients reduced in fp32, the sharded (master) parameter
 fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``: parameters, gradients and the optimizer
 step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
 gathered parameters after its forward (ZeRO-3 behaviour) or keep them for the backward (ZeRO-2).
-Every micro batch's backward reduce-scatters into the sharded gradients.
+Every micro batch's backward reduce-scatters into the sharded gradients. ``parallelism.tp > 1``: the
+model's TP plan (its contract's ``tp_plan``: torch's ``parallelize_module`` styles) over the tp ranks of
+a (dp, tp) mesh, FSDP2 over dp (built whole first, then split: not shard-first).
 
 Checkpoints: one file per rank with its shards of the model and optimizer state
 (torch.distributed.checkpoint.state_dict's sharded state dicts, as local tensors), loaded into the
@@ -16,6 +18,7 @@ same layout bit for bit.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -29,9 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor.parallel import parallelize_module
 
+from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.engines.base import (
     DTYPES,
@@ -44,7 +49,7 @@ from launcher.training.engines.base import (
     optimizer_step,
     tensor_bytes,
 )
-from launcher.training.engines.build import build_model
+from launcher.training.engines.build import apply_recompute, build_model, units
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.ddp import mean_over_ranks, rank_log
 
@@ -86,9 +91,16 @@ class FSDPEngine(Engine):
         par = cfg.parallelism
         self.offload = bool(par.cpu_offload)
         self.reshard = bool(par.reshard_after_forward)
-        self.mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("dp",))
+        self.tp = int(layout.tp)
+        if self.tp > 1:  # rank = dp_idx * tp + tp_idx (launcher.layout): the row-major (dp, tp) mesh
+            self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+            dp_mesh = self.mesh["dp"]
+            # (a grad norm over the 2D mesh is two all-reduces: torch says so every step)
+            logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+        else:
+            self.mesh = dp_mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("dp",))
         low = DTYPES[self.dtype] if self.dtype != "fp32" else None
-        options = dict(mesh=self.mesh, reshard_after_forward=self.reshard,
+        options = dict(mesh=dp_mesh, reshard_after_forward=self.reshard,
                        mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32),
                        offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload
                        else OffloadPolicy())
@@ -97,9 +109,14 @@ class FSDPEngine(Engine):
         def shard(unit: nn.Module, name: str) -> None:
             fully_shard(unit, **options)  # moves the unit to the mesh's device (kept on the host with offload)
 
-        self.model, self.contract, self.shard_first = build_model(model_fn, seed, contract, take=shard,
-                                                                  log=rank_log(ctx))
+        if self.tp == 1:
+            self.model, self.contract, self.shard_first = build_model(model_fn, seed, contract, take=shard,
+                                                                      log=rank_log(ctx))
+        else:
+            self.model, self.contract, self.shard_first = self._tensor_parallel(model_fn, seed, contract, shard,
+                                                                                rank_log(ctx))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        apply_recompute(self.model, self.contract, enum_value(cfg.train.recompute))
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)
@@ -111,8 +128,24 @@ class FSDPEngine(Engine):
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
 
+    def _tensor_parallel(self, model_fn: Callable[[], nn.Module], seed: int, contract: Optional[ModelContract],
+                         shard: Callable[[nn.Module, str], None], log: Callable[[str], None]
+                         ) -> Tuple[nn.Module, ModelContract, bool]:
+        """tp > 1: the model built whole (the same weights as every layout), split by its contract's TP plan
+        over the tp mesh (torch's parallelize_module), then each block and the root sharded over dp."""
+        model, contract, _ = build_model(model_fn, seed, contract, log=log)
+        if contract.tp_plan is None:
+            raise ValueError(f"parallelism.tp={self.tp} on the fsdp engine needs the model's TP plan, but "
+                             f"{type(model).__name__}'s contract ({contract.name}) has none: give it a "
+                             "launcher_contract() with tp_plan (docs/training-api.md), or set parallelism.tp=1")
+        parallelize_module(model, self.mesh["tp"], contract.tp_plan(model))
+        for name, unit, _ in units(model, contract):
+            shard(unit, name)
+        return model, contract, False
+
     def describe(self) -> str:
-        extra = ("+cpu_offload" if self.offload else "") + ("" if self.reshard else "+no_reshard")
+        extra = (("+cpu_offload" if self.offload else "") + ("" if self.reshard else "+no_reshard")
+                 + (f",tp={self.tp}" if self.tp > 1 else ""))
         return f"FSDPEngine({type(self.model).__name__.removeprefix('FSDP')},{self.contract.name},{self.dtype}{extra})"
 
     def _to_device(self, batch: Batch) -> Batch:
@@ -143,6 +176,9 @@ class FSDPEngine(Engine):
         with torch.no_grad():
             for batch in batches:
                 total += self.contract.loss(self.model, self._to_device(batch)).float()
+        for m in self.model.modules():  # without a backward, reshard_after_forward=false leaves them gathered
+            if isinstance(m, FSDPModule):
+                m.reshard()
         self.model.train()
         return float(mean_over_ranks(total / max(1, len(batches)), self.world))
 

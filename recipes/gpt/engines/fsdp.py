@@ -15,7 +15,8 @@ from recipes.gpt.model import GPT
 
 def gpt_contract(cfg: Any) -> ModelContract:
     """forward(tokens, labels) is the loss; the blocks are ``model.blocks``; a module's parameters get
-    ``init_values`` by their full name (a tied head is the embedding's parameter, initialised once)."""
+    ``init_values`` by their full name (a tied head is the embedding's parameter, initialised once); the
+    GPT recomputes by itself (train.recompute, selective included)."""
     seed, layers = int(cfg.seed), int(cfg.model.num_layers)
 
     def init(model: nn.Module, module: nn.Module, name: str) -> None:
@@ -23,7 +24,7 @@ def gpt_contract(cfg: Any) -> ModelContract:
             p.copy_(init_values(seed, f"{name}.{pname}" if name else pname, p.shape, layers))
 
     return ModelContract(loss=lambda module, batch: module(batch[0], labels=batch[1]),
-                         blocks=lambda model: list(model.blocks), init=init, name="gpt")
+                         blocks=lambda model: list(model.blocks), init=init, recompute_blocks=False, name="gpt")
 
 
 def fsdp_engine(cfg: Any, ctx: Any) -> Engine:
