@@ -35,7 +35,7 @@ from launcher.data.manifest import (
 
 EOS = "<|endoftext|>"
 # what ends a document with a given tokenizer: the first of these among its special tokens
-# (GPT-2 and most byte-level BPEs, Llama 3, Llama 2 / Mistral / T5, Gemma)
+# (most byte-level BPEs, Llama 3, Llama 2 / Mistral / T5, Gemma)
 EOS_NAMES = (EOS, "<|end_of_text|>", "</s>", "<eos>")
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_VAL_FRACTION = 0.01
