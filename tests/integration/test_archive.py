@@ -33,7 +33,7 @@ def _sabotage(worktree):
     """Change both conf/ and the training code: any run that used them would train differently."""
     adamw = worktree / "conf" / "optim" / "adamw.yaml"
     adamw.write_text(adamw.read_text().replace("beta2: 0.95", "beta2: 0.5"))
-    train = worktree / "recipes" / "gpt" / "train.py"
+    train = worktree / "recipes" / "common" / "schedule.py"  # the schedule the GPT's loop trains with
     text = train.read_text()
     assert "def lr_at(" in text
     train.write_text(text.replace('    min_lr = lr * min_lr_ratio\n',
