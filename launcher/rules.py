@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from launcher import backends, recipe_contract, schema, script_recipe
 from launcher.config_values import SBATCH_OPTION
+from launcher.data import checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Facts, Layout
 from launcher.recipe_target import target_problem
@@ -356,6 +357,18 @@ RULES: Tuple[Rule, ...] = (
          lambda f: f"{target_problem(f.values.get('recipe._target_'))}: the job would fail when it starts",
          "name a function fn(cfg, ctx) of an importable module, e.g. recipe._target_=mypkg.train.main", RUN),
     _each("recipe.script", lambda f: script_recipe.problems(f.values.tree), lambda f: script_recipe.fix(f.values.tree)),
+    # data=tokens: its datasets, read from their manifests (sizes and counts only: launcher.data.checks)
+    _each("data.path", lambda f: data_checks.path_problems(f.values.tree),
+          (f"give data.path=DIR, a dataset {data_checks.PREPARE} made, or a blend: "
+           "'data.blend=[{path: A, weight: 3}, {path: B, weight: 1}]'")),
+    _each("data.path", lambda f: data_checks.unread_problems(f.values.tree),
+          "pick data=tokens to train on the dataset, or remove the key"),
+    _each("data.blend", lambda f: data_checks.weight_problems(f.values.tree),
+          "give every data.blend entry a weight > 0: 'data.blend=[{path: A, weight: 3}, {path: B, weight: 1}]'"),
+    _each("model.seq_len", data_checks.sample_problems, data_checks.sample_fix),
+    _each("data.eval_every", data_checks.eval_problems,
+          "set data.eval_every=0, or prepare the dataset with a validation split (`launcher data prepare "
+          "--val-fraction 0.01 ...`)"),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
     _each("(any key)", lambda f: f.values.unknown_keys,

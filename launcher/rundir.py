@@ -53,6 +53,9 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("overrides.yaml", "launcher", "command-line overrides and the chosen option of every config group"),
     ("seeds.json", "launcher", "every seed (init, data order, dropout per data-parallel rank) and how each is derived"),
     ("plan.json", "launcher", "the planner's estimate for the layout (memory, communication, bubble, step time, MFU)"),
+    ("data_manifest.json", "launcher", "data=tokens: per dataset of the run (one per blend entry) the absolute path it "
+     "was read from, its weight, its manifest.json as read at launch and that file's sha256 (reproduce verifies "
+     "every shard against it, resume their sizes)"),
     ("code/git.json", "launcher", "repo, commit, branch, dirty flag"),
     ("code/patch.diff", "launcher", "patch of uncommitted changes including untracked files"),
     ("code/snapshot.json", "launcher", "where the code snapshot this run executes lies, its file count and sha256"),
@@ -126,6 +129,7 @@ def _name(pattern: str, **parts: Any) -> str:
 
 class RunDir:
     RUN, CONFIG, OVERRIDES, SEEDS, PLAN = "run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json"
+    DATA_MANIFEST = "data_manifest.json"
     GIT, PATCH, SNAPSHOT = "code/git.json", "code/patch.diff", "code/snapshot.json"
     SOFTWARE, PIP_FREEZE = "env/software.json", "env/pip-freeze.txt"
     JOB, SCRIPT, STATUS = "job.json", "sbatch.sh", "status.json"
@@ -201,6 +205,9 @@ class RunDir:
 
     def write_plan(self, plan: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.PLAN), plan)
+
+    def write_data_manifest(self, record: Dict[str, Any]) -> None:
+        atomic.write_json(self._p(self.DATA_MANIFEST), record)
 
     def write_seeds(self, seeds: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.SEEDS), seeds)
@@ -437,6 +444,11 @@ class RunDir:
 
     def plan(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.PLAN))
+
+    def data_manifest(self) -> Optional[Dict[str, Any]]:
+        """The datasets the run was launched with (launcher.data.archived), or None (it reads none)."""
+        found = atomic.read_json(self._p(self.DATA_MANIFEST))
+        return found if isinstance(found, dict) else None
 
     def git(self) -> Dict[str, Any]:
         return atomic.read_json(self._shared_p(self.GIT), {}) or {}

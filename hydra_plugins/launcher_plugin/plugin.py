@@ -132,6 +132,7 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher import group_options
         from launcher.app import refuse_hydra_output_keys
         from launcher.compose import FastPoint, override_lines
         from launcher.submit.pipeline import Point
@@ -143,18 +144,19 @@ class LauncherPlugin(Launcher):
         self.composer.expected = len(job_overrides)
         points: List[Point] = []
         hydra_nodes = []
+        dirs = group_options.dirs_of(self.config.hydra.runtime.get("config_sources"))  # --config-dir
         try:
             for overrides in job_overrides:
                 got = self.composer.take(self.config, list(overrides))
                 if isinstance(got, FastPoint):  # already resolved; its hydra node composed if asked for
                     hydra_nodes.append(self._hydra_node_of(list(overrides)))
-                    points.append(Point.of_resolved(got.resolved, list(got.overrides), dict(got.choices)))
+                    points.append(Point.of_resolved(got.resolved, list(got.overrides), dict(got.choices), dirs))
                     continue
                 with read_write(got), open_dict(got):
                     hydra_node = got.pop("hydra")
                 hydra_nodes.append(hydra_node)
                 points.append(Point(cfg=got, overrides=override_lines(hydra_node.overrides.task),
-                                    choices=OmegaConf.to_container(hydra_node.runtime.choices)))
+                                    choices=OmegaConf.to_container(hydra_node.runtime.choices), config_dirs=dirs))
         finally:
             self.composer.end()
         if self.needs_results():

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from launcher.archive import compare, registry
+from launcher.data import archived as data_archive
 from launcher.errors import ConfigErrors
 from launcher.printable import printable
 from launcher.rundir import RunDir
@@ -45,6 +46,7 @@ def cmd_show(args) -> int:
         "runtime": rd.runtime(),
         "job": job.to_json() if job else None,
         "manifest_problems": rd.verify(),
+        "data": rd.data_manifest(),
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
     }
     tampered = 1 if summary["manifest_problems"] else 0
@@ -56,6 +58,8 @@ def cmd_show(args) -> int:
     from rich.table import Table
 
     c = Console(highlight=False)
+    if not c.is_terminal:  # piped or captured: never wrap a path (a line someone copies or greps)
+        c = Console(highlight=False, width=100_000)
     c.print(f"[bold]{escape(printable(meta.get('run_id')))}[/bold]  {st.state.value}  exit {st.exit_code}  "
             f"{escape(printable(rdir))}")
     t = Table(show_header=False)
@@ -71,6 +75,8 @@ def cmd_show(args) -> int:
         _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
                             f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
     _row(t, "seed", str(meta.get("seed")))
+    for line in data_archive.describe(summary["data"]):
+        _row(t, "data", line)
     code = summary["code"]
     where = f"{code['repo']}  commit {code['commit']}  dirty {code['dirty']}" if code["commit"] else \
         f"{code['source'] or '?'}: {code['note'] or 'no commit recorded'}"
@@ -137,20 +143,23 @@ def cmd_diff(args) -> int:
 def cmd_reproduce(args) -> int:
     # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.pipeline import InvalidSweep
-    from launcher.submit.reproduce import provenance_problems, reproduce
+    from launcher.submit.reproduce import data_problems, provenance_problems, reproduce
 
     rdir = resolve_run_dir(args._root, args.run)
     sealed = RunDir(rdir).verify()
-    others = provenance_problems(rdir, [args._root, registry.default_root()])
+    # the datasets it was launched with, every shard hashed against the archived manifests
+    others = provenance_problems(rdir, [args._root, registry.default_root()]) + data_problems(
+        rdir, list(args.overrides), args._root if args.root else None)
     if sealed or others:
         if not args.trust_unverified:
             _report_tampering({rdir: sealed}, "reproduce")
             for p in others:
-                print(f"launcher reproduce: {p}", file=sys.stderr)
-            print("launcher reproduce: refusing to reproduce an archive that "
-                  + ("changed after it was sealed" if sealed else "cannot be verified as the run it names")
-                  + " (--trust-unverified reproduces it anyway, and records why in the reproduction's run.json)",
-                  file=sys.stderr)
+                print(printable(f"launcher reproduce: {p}"), file=sys.stderr)
+            what = ("changed after it was sealed" if sealed else "cannot be verified as the run it names"
+                    if any(not p.startswith("dataset changed: ") for p in others)
+                    else "was trained on data that changed since (named above)")
+            print(f"launcher reproduce: refusing to reproduce an archive that {what} (--trust-unverified reproduces "
+                  "it anyway, and records why in the reproduction's run.json)", file=sys.stderr)
             return 2
         for p in sealed + others:
             print(f"warning: reproducing an unverified archive (--trust-unverified): {p}", file=sys.stderr)

@@ -18,14 +18,15 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, recipe_contract, recipe_target, schema
+from launcher import backends, group_options, recipe_contract, recipe_target, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
+from launcher.data import archived as data_archive, checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import Layout
 from launcher.rules import resolve
@@ -41,10 +42,16 @@ class Point:
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
+    # group -> names of <group>.name accepted though no config dir provides them (a reproduction: the
+    # archived run's, launcher.group_options)
+    accepted_names: Dict[str, List[str]] = field(default_factory=dict)
+    config_dirs: Tuple[str, ...] = ()  # the search path's dirs beyond conf/ it was composed from (--config-dir)
 
     @classmethod
-    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any]) -> Point:
-        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved)
+    def of_resolved(cls, resolved: Dict[str, Any], overrides: List[str], choices: Dict[str, Any],
+                    config_dirs: Tuple[str, ...] = ()) -> Point:
+        return cls(cfg=ConfigView(resolved), overrides=overrides, choices=choices, resolved=resolved,
+                   config_dirs=config_dirs)
 
 
 @dataclass
@@ -132,6 +139,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     problems: List[str] = []
     warned: List[str] = []
     good: List[Checked] = []
+    searched: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for i, (p, resolved) in enumerate(zip(points, resolved_all)):
         where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
                  else "run")
@@ -139,7 +147,15 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if isinstance(resolved, ConfigErrors):
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
-            lay = resolve(view, resolved)
+            if p.config_dirs not in searched:  # the points of a launch share their search path
+                searched[p.config_dirs] = group_options.search_dirs(p.config_dirs)
+            named = group_options.problems(resolved, searched[p.config_dirs], p.accepted_names)
+            try:
+                lay = resolve(view, resolved)
+            except ConfigErrors as e:
+                raise ConfigErrors(named + e.errors) from None
+            if named:
+                raise ConfigErrors(named)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
             res = planner(view) if planner is not None else recipe_contract.CheckResult()
             if res.errors:
@@ -154,6 +170,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
+        data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
     lifted: Dict[str, str] = {}
@@ -253,8 +270,21 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
 
 def _snapshot_root(checked: List[Checked]) -> Path:
     recipes = [c.resolved["recipe"] for c in checked]
-    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes],
+    # the code a run imports: its recipe's, and every class or factory its config instantiates (a
+    # user's model._target_=mypkg.net.Net, built by a recipe of the launcher's)
+    built = [t for c in checked for t in config_targets(c.resolved)]
+    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes] + built,
                        [str(r["script"]) for r in recipes if r.get("script")])
+
+
+def config_targets(tree: Any) -> List[str]:
+    """Every ``_target_`` string of a resolved config (plain dicts and lists), the recipe's included."""
+    if isinstance(tree, dict):
+        own = [tree["_target_"]] if isinstance(tree.get("_target_"), str) else []
+        return own + [t for v in tree.values() for t in config_targets(v)]
+    if isinstance(tree, list):
+        return [t for v in tree for t in config_targets(v)]
+    return []
 
 
 def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, str]:
@@ -270,8 +300,8 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
 
 def source_root(cwd: Path, targets: List[str], scripts: Sequence[str] = ()) -> Path:
     """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
-    holds a recipe's top-level module or script (a user's own code, not in git); else the repo holding
-    the launcher (whose recipes the run uses)."""
+    holds the top-level module of a target (a recipe's, or a class its config builds) or a script (a
+    user's own code, not in git); else the repo holding the launcher (whose recipes the run uses)."""
     repo = code.repo_root(cwd)
     if repo is not None:
         return repo
@@ -316,12 +346,23 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     for text in dict.fromkeys(plan_of.values()):
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
         plans[text].write_plan(json.loads(text))
+    # the datasets' manifests (data=tokens), sealed with each run: each distinct record written once too
+    # (a corpus's manifest lists every input file: built per distinct set of datasets, not per point)
+    data_of = {c.index: sig for c in checked for sig in [data_archive.signature(c.resolved)] if sig is not None}
+    datas: Dict[Any, RunDir] = {}
+    for c in checked:
+        sig = data_of.get(c.index)
+        if sig is not None and sig not in datas:
+            datas[sig] = RunDir(shared.path / f".data-{len(datas)}")
+            datas[sig].write_data_manifest(clean(data_archive.record(c.resolved)))
 
     def one(c: Checked) -> RunDir:
         rd = sweep.dir.staging(c.index)
         r = c.resolved
         if c.index in plan_of:
             rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
+        if c.index in data_of:
+            rd.link_from(datas[data_of[c.index]], (RunDir.DATA_MANIFEST,))
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
         rd.write_config(c.archived)
         rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
@@ -358,7 +399,8 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
 
     published = [sweep.dir.publish(c.index) for c in checked]
-    for linked in sweep.dir.shared().path.glob(".plan-*"):  # each run holds its own link
+    shared = sweep.dir.shared().path
+    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*")]:  # each run holds its own link
         shutil.rmtree(linked, ignore_errors=True)
     for rd in published:
         if rd.exists() and rd.is_final():

@@ -17,6 +17,7 @@ from launcher.app import finish
 from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
 from launcher.compose import override_key
+from launcher.data import archived as data_archive
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir, runs as runs_under, tree_sha256
 from launcher.schema import typed
@@ -41,7 +42,27 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
         key = getattr(e, "full_key", None) or "?"
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")]) from e
     ov = rd.overrides()
-    return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}))
+    # the archived run's group names passed its launch, from config dirs this command may not search
+    # (its --config-dir): taken as given; a name an override changes is checked (launcher.group_options)
+    accepted = {group: [node["name"]] for group, node in plain.items()
+                if isinstance(node, dict) and isinstance(node.get("name"), str)}
+    return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}),
+                 accepted_names=accepted)
+
+
+def data_problems(run_dir: Path, overrides: Sequence[str] = (), runs_root: Optional[Path] = None) -> List[str]:
+    """What changed, file by file, in the datasets the run was launched with (data_manifest.json) that
+    the reproduction reads again (every shard hashed against the archived manifest; a dataset the
+    overrides replace is not the archive's to check)."""
+    archived = RunDir(run_dir).data_manifest()
+    if not archived:
+        return []
+    try:
+        point = archived_point(run_dir, list(overrides), runs_root)
+        only: Optional[List[str]] = data_archive.paths(OmegaConf.to_container(point.cfg, resolve=True))
+    except (ConfigErrors, OmegaConfBaseException):  # (reproduce reports those itself): check every dataset
+        only = None
+    return [f"dataset changed: {p}" for p in data_archive.problems(archived, hashes=True, only=only)]
 
 
 def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:

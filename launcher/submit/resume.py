@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher import backends, checkpoint_manifest, recipe_target
 from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
+from launcher.data import archived as data_archive
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
@@ -102,6 +103,12 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
               "verified against its checkpoint.json before it is loaded", file=sys.stderr)
     archived = rd.config()
     plain = _apply(archived, changes, run_id) if changes else copy.deepcopy(archived)
+    # the datasets it trains on again: every shard there, of its archived size (the job reads them)
+    data = data_archive.problems(rd.data_manifest(), hashes=False, only=data_archive.paths(plain))
+    if data:
+        raise ConfigErrors([ConfigError("RUN", f"the data {run_id} was launched with changed: " + "; ".join(data),
+                                        "put the dataset back as it was (`launcher show RUN` names it), or start "
+                                        "a new run on the new data: `launcher reproduce RUN data.path=DIR`")])
     missing = secrets.missing_references(plain)
     if missing:
         raise ConfigErrors([ConfigError("RUN", missing, "the values the original launch was given")])
