@@ -76,8 +76,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("ranks/attempts.json", "job", "recipe=script: the attempt rank 0 began and the start (host, pid) of each rank "
      "it was told to: how ranks that share no process group of the launcher's agree on their attempt"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
-    ("ds_config.json", "launcher.training.engines (rank 0)", "the DeepSpeed config its deepspeed engine generated "
-     "from the composed config (launcher.training.ds_config)"),
+    ("ds_config.json", "deepspeed engine (rank 0)", "the DeepSpeed config a deepspeed engine (launcher.training."
+     "engines' or a recipe's own) generated from the composed config (launcher.training.ds_config)"),
     ("ranks/state_<r>.json", "recipe", "bytes of parameters, gradients and optimizer state each rank held; "
      "activation_bytes: the peak of live saved-for-backward bytes in the first step of its last attempt; the "
      "rank's measured memory: host_rss_before/after_build_bytes, host_peak_build_bytes (what constructing the "

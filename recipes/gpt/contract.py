@@ -4,7 +4,7 @@ only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the b
 micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
 estimators of recipes.gpt.plan: memory fits, bubble, ZeRO-3 link; plan.json; `launcher plan` and its
 calibration; the report's calibration; what fits a preflight rung), the step count progress
-shows, runs named after the model, and the DeepSpeed config it archives. Light: the login side imports
+shows and runs named after the model. Light: the login side imports
 it (no torch).
 """
 from __future__ import annotations
@@ -12,12 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.data import checks as data_checks
-from launcher.recipe_contract import RecipeSpec, RunFile
+from launcher.recipe_contract import RecipeSpec
 from launcher.rules import RUN, VALUE, Rule, bound_rows
 from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
-
-DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
 
 
 def _plan(cfg: Any) -> Any:
@@ -121,8 +119,4 @@ RECIPE = RecipeSpec(
     calibration=_calibration,
     fits=_fits,
     steps_key="train.steps",
-    run_files=(
-        RunFile(DEEPSPEED_CONFIG, "recipe (rank 0)",
-                "recipes/gpt: the DeepSpeed config generated from the composed config (deepspeed engine)"),
-    ),
 )

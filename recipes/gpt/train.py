@@ -16,6 +16,7 @@ import torch
 
 from launcher.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
+from launcher.training.engines.base import dtype_name
 from recipes.common.activations import ActivationMeter
 from recipes.common.data import Prefetch, SampleLog, eval_batches, train_batches
 from recipes.common.faults import inject_fault
@@ -23,7 +24,6 @@ from recipes.common.memory import StepPeak, device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.common.schedule import lr_at
 from recipes.gpt.engines import build_engine
-from recipes.gpt.engines.base import dtype_name
 from recipes.gpt.plan.flops import step_flops as model_step_flops
 from recipes.gpt.schema import ModelSpec
 

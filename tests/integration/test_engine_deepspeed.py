@@ -30,6 +30,7 @@ from typing import Dict, List
 import pytest
 
 from helpers import EQUIV_BASE, launch, read_metrics, runs_json
+from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.dist]
 
@@ -77,7 +78,7 @@ def _held_per_param(run: Dict) -> tuple:
 
 
 def _check_archived_config(run: Dict, stage: int, dtype: str) -> dict:
-    ds = json.loads((run["dir"] / "deepspeed_config.json").read_text())
+    ds = json.loads((run["dir"] / RunDir.DS_CONFIG).read_text())
     assert ds["zero_optimization"]["stage"] == stage
     assert ds["train_batch_size"] == 16 and ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["gradient_accumulation_steps"] == 4  # 16 / (2 * 2 ranks)

@@ -66,7 +66,7 @@ def test_run_dir_file_names_live_in_rundir():
                       "plan.json", "git.json", "patch.diff", "snapshot.json",
                       "software.json", "pip-freeze.txt", "job.json", "sbatch.sh",
                       "status.json", "runtime.json", "training-env.json",
-                      "deepspeed_config.json", "ds_config.json", "metrics.jsonl", "manifest.json"))
+                      "ds_config.json", "metrics.jsonl", "manifest.json"))
     pattern = re.compile(rf"(^|/)({names})$")
     # a recipe's own files (its contract's run_files) are named in its contract module
     own = {REPO / "recipes" / pkg / "contract.py": {f.name for f in recipe_contract.of(target).run_files}

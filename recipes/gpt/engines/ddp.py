@@ -10,19 +10,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recipes.common.memory import BuildMeter
-from recipes.gpt.engines.base import (
+from launcher.training.engines.base import (
     Batch,
     Engine,
     adamw,
     autocast_for,
-    build_model,
-    dtype_name,
-    evaluating,
-    mean_over,
+    grad_scaler,
     optimizer_state_bytes,
+    optimizer_step,
     tensor_bytes,
 )
+from recipes.common.memory import BuildMeter
+from recipes.gpt.engines.base import build_model, evaluating, mean_over
 from recipes.gpt.model import count_parameters
 
 
@@ -47,17 +46,9 @@ class DDPEngine(Engine):
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.grad_clip = float(cfg.optim.grad_clip)
         self.autocast = autocast_for(cfg, self.device.type)
-        prec = cfg.precision
-        self.scaler = None
-        self.static_scale = 0.0
-        if dtype_name(cfg) == "fp16":
-            self.static_scale = float(prec.loss_scale)
-            self.scaler = torch.amp.GradScaler(
-                self.device.type,
-                init_scale=self.static_scale if self.static_scale > 0 else 2.0 ** int(prec.initial_scale_power),
-                growth_interval=int(prec.loss_scale_window),
-            )
-        self.min_scale = float(prec.min_loss_scale)
+        self.scaler, self.static_scale = grad_scaler(cfg, self.device.type)
+        self.min_scale = float(cfg.precision.min_loss_scale)
+        self._last_grad_bytes = 0
 
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         for group in self.optimizer.param_groups:
@@ -94,22 +85,9 @@ class DDPEngine(Engine):
 
     def _optimizer_step(self) -> torch.Tensor:
         """Unscale, clip, step, zero the gradients; the norm before clipping."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if self.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update(self.static_scale if self.static_scale > 0 else None)
-            if self.static_scale <= 0 and self.scaler.get_scale() < self.min_scale:
-                self.scaler.update(self.min_scale)
-        else:
-            self.optimizer.step()
-        self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        norm, self._last_grad_bytes = optimizer_step(self.optimizer, self.params, self.grad_clip, self.scaler,
+                                                     self.static_scale, self.min_scale)
+        return norm
 
     # one copy of the replicated state, written by data-parallel rank 0 and read by every rank
     FILE = "model.pt"
@@ -133,6 +111,6 @@ class DDPEngine(Engine):
     def state_bytes(self) -> Dict[str, int]:
         return {
             "params": tensor_bytes(self.model.parameters()),
-            "grads": getattr(self, "_last_grad_bytes", 0),
+            "grads": self._last_grad_bytes,
             "optimizer": optimizer_state_bytes(self.optimizer),
         }

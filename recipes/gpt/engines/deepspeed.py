@@ -2,7 +2,7 @@
 
 The DeepSpeed config is generated from the run config and the run's layout (``ctx.layout``: dp,
 ZeRO stage, offload, gradient accumulation) by ``launcher.training.ds_config`` and archived in the run
-dir by rank 0 (``DEEPSPEED_CONFIG``, a file of the recipe's contract). Which layouts this engine gets (tp = pp = 1;
+dir by rank 0 (``RunDir.DS_CONFIG``, as the generic deepspeed engine does). Which layouts this engine gets (tp = pp = 1;
 no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the loss, deepspeedai/DeepSpeed#8393) is the
 launcher's rule table's business (``launcher.rules.RULES``). ZeRO 0-2 build the model exactly as
 DDP does (``base.build_model``: same seed, same init). ZeRO-3 builds it already partitioned (see
@@ -42,19 +42,10 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
+from launcher.training.engines.base import Batch, Engine, adamw_kwargs, dtype_name, param_groups
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
-from recipes.gpt.contract import DEEPSPEED_CONFIG
-from recipes.gpt.engines.base import (
-    Batch,
-    Engine,
-    adamw_kwargs,
-    build_model,
-    dtype_name,
-    evaluating,
-    mean_over,
-    param_groups,
-)
+from recipes.gpt.engines.base import build_model, evaluating, mean_over
 from recipes.gpt.init import init_flat
 from recipes.gpt.model import GPT
 
@@ -99,14 +90,14 @@ def _refuse_unsupported_fp16(dtype: str) -> None:
 
 class _FullShape:
     """A parameter seen with its full shape: a ZeRO-3 parameter's own tensor is empty once partitioned
-    (``ds_shape`` is its shape), and ``base.param_groups`` tells weights from biases by ``ndim``."""
+    (``ds_shape`` is its shape), and the engines' ``param_groups`` tells weights from biases by ``ndim``."""
 
     def __init__(self, p: nn.Parameter) -> None:
         self.p, self.requires_grad, self.ndim = p, p.requires_grad, len(getattr(p, "ds_shape", p.shape))
 
 
 def _param_groups(model: nn.Module, optim: Any) -> List[Dict[str, Any]]:
-    """``base.param_groups`` (no weight decay on ndim < 2) by each parameter's full shape."""
+    """The engines' ``param_groups`` (no weight decay on ndim < 2) by each parameter's full shape."""
     groups = param_groups([(n, _FullShape(p)) for n, p in model.named_parameters()], float(optim.weight_decay))
     return [{**g, "params": [v.p for v in g["params"]]} for g in groups]
 
@@ -117,7 +108,7 @@ def _num_params(model: nn.Module) -> int:
 
 
 def _cpu_adam(model: torch.nn.Module, optim: Any):
-    """DeepSpeedCPUAdam in AdamW mode with base.adamw's groups and hyper-parameters (JIT-compiles
+    """DeepSpeedCPUAdam in AdamW mode with the groups and hyper-parameters of the engines' adamw (JIT-compiles
     DeepSpeed's cpu_adam op on first use, cached under ~/.cache/torch_extensions)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -202,7 +193,7 @@ class DeepSpeedEngine(Engine):
         self.device = torch.device(ctx.device)
         self.config = build_ds_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
         if ctx.is_main:
-            atomic.write_json(ctx.run_dir / DEEPSPEED_CONFIG, self.config)
+            atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
 
         self.build_meter = BuildMeter(self.device).start()
         model = self._build_partitioned(deepspeed, cfg) if self.stage == 3 else build_model(cfg, self.dp_rank)

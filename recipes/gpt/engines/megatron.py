@@ -37,20 +37,21 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
-from recipes.common.memory import BuildMeter
-from recipes.common.seeding import seed_everything
-from recipes.gpt import rng
-from recipes.gpt.engines.base import (
+from launcher.training.engines.base import (
+    DTYPES,
     Batch,
     Engine,
     adamw_kwargs,
     autocast_for,
     dtype_name,
-    evaluating,
     optimizer_state_bytes,
     param_groups,
     tensor_bytes,
 )
+from recipes.common.memory import BuildMeter
+from recipes.common.seeding import seed_everything
+from recipes.gpt import rng
+from recipes.gpt.engines.base import evaluating
 from recipes.gpt.model import GPT, count_parameters
 from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
@@ -126,7 +127,7 @@ class MegatronEngine(Engine):
         name_parameters(full)
         self.num_params = count_parameters(full)
         self.autocast = autocast_for(cfg, self.device.type)
-        act_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_name(cfg), torch.float32)
+        act_dtype = DTYPES[dtype_name(cfg)]
         self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast, act_dtype)
         del full
         materialize(self.stage, int(cfg.seed), int(m.num_layers), self.device)
