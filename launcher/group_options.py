@@ -141,7 +141,7 @@ def problems(tree: Mapping[str, Any], dirs: Sequence[str], accepted: Optional[Ma
     out: List[ConfigError] = []
     for g in groups(dirs).values():
         node = tree.get(g.name)
-        if not isinstance(node, dict) or g.open or "_target_" in node:
+        if not isinstance(node, dict) or g.open or node.get("_target_"):  # (a null one names no class)
             continue
         name = node.get("name")
         if not isinstance(name, str) or name in ("", "???"):

@@ -33,16 +33,17 @@ def code_root() -> Optional[str]:
     return _code_root.get()
 
 
-def target_problem(target: str) -> Optional[str]:
+def target_problem(target: str, recipe: bool = True) -> Optional[str]:
     """Why ``recipe._target_`` (``package.module.function``) cannot be found, or None. Imports nothing
     and runs nothing: the module is found on sys.path (and the code the job imports first: the working
     dir, whose tree is snapshotted, or the snapshot of ``searched_in``) by spec, the function looked up
-    in its source by ``ast``."""
-    return _target_problem(target, _code_root.get() or os.getcwd())
+    in its source by ``ast``. ``recipe=False``: any name the module binds (a class or factory a
+    config instantiates, e.g. ``model._target_``), not held to a recipe's ``fn(cfg, ctx)``."""
+    return _target_problem(target, _code_root.get() or os.getcwd(), recipe)
 
 
 @lru_cache(maxsize=64)
-def _target_problem(target: str, cwd: str) -> Optional[str]:
+def _target_problem(target: str, cwd: str, recipe: bool = True) -> Optional[str]:
     parts = target.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         return f"{target!r} is not a dotted path module.function"
@@ -64,7 +65,7 @@ def _target_problem(target: str, cwd: str) -> Optional[str]:
     if _top_level_names(tree) & {name, "*", "__getattr__"}:
         fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
                   None)
-        return _signature_problem(target, fn) if fn is not None else None
+        return _signature_problem(target, fn) if fn is not None and recipe else None
     what = "submodule nor name" if spec.submodule_search_locations else "name"
     return f"{module} ({origin}) has no {what} {name!r}"
 

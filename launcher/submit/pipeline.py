@@ -270,8 +270,21 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
 
 def _snapshot_root(checked: List[Checked]) -> Path:
     recipes = [c.resolved["recipe"] for c in checked]
-    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes],
+    # the code a run imports: its recipe's, and every class or factory its config instantiates (a
+    # user's model._target_=mypkg.net.Net, built by a recipe of the launcher's)
+    built = [t for c in checked for t in config_targets(c.resolved)]
+    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes] + built,
                        [str(r["script"]) for r in recipes if r.get("script")])
+
+
+def config_targets(tree: Any) -> List[str]:
+    """Every ``_target_`` string of a resolved config (plain dicts and lists), the recipe's included."""
+    if isinstance(tree, dict):
+        own = [tree["_target_"]] if isinstance(tree.get("_target_"), str) else []
+        return own + [t for v in tree.values() for t in config_targets(v)]
+    if isinstance(tree, list):
+        return [t for v in tree for t in config_targets(v)]
+    return []
 
 
 def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, str]:
@@ -287,8 +300,8 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
 
 def source_root(cwd: Path, targets: List[str], scripts: Sequence[str] = ()) -> Path:
     """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
-    holds a recipe's top-level module or script (a user's own code, not in git); else the repo holding
-    the launcher (whose recipes the run uses)."""
+    holds the top-level module of a target (a recipe's, or a class its config builds) or a script (a
+    user's own code, not in git); else the repo holding the launcher (whose recipes the run uses)."""
     repo = code.repo_root(cwd)
     if repo is not None:
         return repo

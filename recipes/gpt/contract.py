@@ -13,7 +13,8 @@ from typing import Any
 
 from launcher.data import checks as data_checks
 from launcher.recipe_contract import RecipeSpec, RunFile
-from launcher.rules import RUN, SHAPE, Rule, bound_rows
+from launcher.rules import RUN, VALUE, Rule, bound_rows
+from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
 
 DEEPSPEED_CONFIG = "deepspeed_config.json"  # the deepspeed engine's rank 0 writes it
@@ -49,15 +50,16 @@ def _fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) ->
     return checks.fits(cfg, num_layers, layout, recompute, dtype)
 
 
+# a model for recipe=lm (it has a _target_) composed into the GPT's model group: the recipe it needs
+NOT_THE_GPT = Rule("model._target_", lambda f: bool(f.values.get("model._target_")),
+                   lambda f: (f"{f.values.get('model._target_')} is not the GPT this recipe builds: "
+                              "any other module trains with recipe=lm"),
+                   "add recipe=lm (docs/models.md)", VALUE)  # VALUE: alone, no shape rows of a model it is not
+
 RULES = (
+    NOT_THE_GPT,
     *bound_rows(schema.GPTRunConfig, schema.SIZES),  # the model group's bounds (recipes/gpt/schema.py)
-    Rule("train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,
-         lambda f: (f"{f.global_batch_size} is not a multiple of dp*micro_batch_size = {f.derived_dp}*"
-                    f"{f.micro_batch_size} = {f.per_step}"),
-         lambda f: (f"set train.global_batch_size to a multiple of {f.per_step} (e.g. "
-                    f"{max(f.per_step, f.global_batch_size // f.per_step * f.per_step)}) or change "
-                    "train.micro_batch_size"),
-         SHAPE),
+    BATCH_SPLITS,
     Rule("model.num_heads", lambda f: f.model.hidden_size % f.model.num_heads != 0,
          lambda f: f"hidden_size {f.model.hidden_size} is not divisible by num_heads {f.model.num_heads}",
          "pick num_heads dividing model.hidden_size"),
@@ -87,8 +89,7 @@ RULES = (
          lambda f: (f"the GPT declares no TP plan for the fsdp engine (tp={f.tp}): its tensor parallelism is the "
                     "megatron engine's"),
          "use parallelism=tp (or 3d) for the GPT's tensor parallelism, or parallelism.tp=1 with parallelism=fsdp"),
-    Rule("optim.warmup_steps", lambda f: f.warmup_steps > f.steps,
-         lambda f: f"{f.warmup_steps} is outside [0, train.steps={f.steps}]", "lower optim.warmup_steps", RUN),
+    WARMUP_WITHIN_STEPS,
     Rule("data.branching",
          lambda f: (isinstance(f.values.get("data.branching"), int)
                     and f.values.get("data.branching") > f.model.vocab_size),

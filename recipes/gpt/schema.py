@@ -8,7 +8,7 @@ Light: the login side imports it (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, Optional
 
 from omegaconf import MISSING
 
@@ -26,6 +26,10 @@ class ModelConfig:
     seq_len: int = num(MISSING, ge=1)
     dropout: float = num(0.0, ge=0.0, lt=1.0, fix="set model.dropout=0.0")
     tie_embeddings: bool = True
+    # another recipe's model (recipe=lm: model=hf_llama_tiny, model._target_=mypkg.Net): composes here
+    # only so that the contract can name the recipe that trains it (NOT_THE_GPT)
+    _target_: Optional[str] = None
+    config: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -70,6 +74,10 @@ class ModelSpec:
 
 
 
+# the shape read for another recipe's model (it has no GPT shape): the contract's NOT_THE_GPT refuses it
+NOT_A_GPT = ModelSpec("not_a_gpt", 1, 1, 1, 1, 1, 1)
+
+
 def facts(cfg: Any) -> ModelSpec:
     """What ``launcher.layout.Facts.model`` holds for a GPT run."""
-    return ModelSpec.from_cfg(cfg.model)
+    return NOT_A_GPT if getattr(cfg.model, "_target_", None) else ModelSpec.from_cfg(cfg.model)

@@ -22,7 +22,8 @@ from recipes.gpt.plan.spec import GIB, ClusterSpec, LayoutSpec
 from recipes.gpt.plan.timing import bubble_fraction
 from recipes.gpt.schema import GPTRunConfig as RunConfig, ModelSpec
 
-MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+# the GPT's model configs (one with a _target_ is a module for recipe=lm, conf/model/hf_llama_tiny.yaml)
+MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml") if "_target_" not in OmegaConf.load(p))
 GPT_175B = ModelSpec("gpt_175b", 96, 12288, 96, 49152, 50304, 2048)
 A100 = ClusterSpec("a100_80g", 128, 8, memory_bytes=80 * GIB, peak_flops=312e12, intra_bw=300e9, inter_bw=25e9)
 
