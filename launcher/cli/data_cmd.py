@@ -1,7 +1,7 @@
 """`launcher data prepare | show | verify`: tokenized datasets (docs/data.md).
 
   launcher data prepare FILE... -o DIR [--tokenizer F] [--vocab-size N] [--glob PAT] ...
-  launcher data show DIR [--json]        tokens and documents per split, the tokenizer, the shards
+  launcher data show DIR [--json]        tokens, documents, unigram entropy per split; tokenizer, shards
   launcher data verify DIR [--sizes]     every file against the manifest; exit 1 naming each bad one
 
 Thin over launcher.data.prepare and launcher.data.manifest, imported inside the commands (so
@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
                    "a terminal)")
     s.set_defaults(fn=cmd_prepare)
 
-    s = dsub.add_parser("show", help="summary of a dataset: tokens and documents per split, tokenizer, shards")
+    s = dsub.add_parser("show", help="summary of a dataset: tokens, documents and unigram entropy per split, "
+                        "tokenizer, shards")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--json", action="store_true", help="the manifest as JSON")
     s.set_defaults(fn=cmd_show)
@@ -86,6 +87,7 @@ def cmd_prepare(args) -> int:
 
 def cmd_show(args) -> int:
     from launcher.data.manifest import DatasetError, Manifest
+    from launcher.data.stats import unigram_entropy
 
     try:
         m = Manifest.load(args.dir)
@@ -95,9 +97,14 @@ def cmd_show(args) -> int:
         print(json.dumps(m.to_json(), indent=2))
         return 0
     t = m.tokenizer
-    rows: List[List[str]] = [["split", "documents", "tokens", "longest", "shards"]]
+    rows: List[List[str]] = [["split", "documents", "tokens", "longest", "shards", "entropy"]]
     for name, s in m.splits.items():
-        rows.append([name, f"{s.documents:,}", f"{s.tokens:,}", f"{s.longest_document:,}", str(len(s.shards))])
+        try:  # reads the split's shards (the manifest alone has no token counts)
+            h = unigram_entropy(m, name)
+        except (OSError, ValueError) as e:  # missing, or cut short of a whole token
+            return _fail(args, f"{m.dir}: a {name} shard cannot be read ({e}); `launcher data verify` names it")
+        rows.append([name, f"{s.documents:,}", f"{s.tokens:,}", f"{s.longest_document:,}", str(len(s.shards)),
+                     "-" if h is None else f"{h:.3f}"])
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     print(f"dataset    {m.dir}  ({m.format})")
     source = f" from {t.source}" if t.source else ""
@@ -109,6 +116,8 @@ def cmd_show(args) -> int:
           f"{m.prepare.workers} worker(s)")
     for r in rows:
         print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print("  (entropy: the unigram entropy of the split's tokens, nats per token: the loss of the best "
+          "model that ignores context)")
     for s in m.splits.values():
         for sh in s.shards:
             print(f"  {sh.bin}  {sh.documents:,} documents, {sh.tokens:,} tokens")
