@@ -60,7 +60,7 @@ def test_every_readme_command_runs_as_written(tmp_path, slurm):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("argv", [["launch", "--help"], ["launcher", "--help"]] + [
     ["launcher", sub, "--help"] for sub in ("runs", "logs", "cancel", "show", "diff", "reproduce", "plan",
-                                                 "resume", "doctor", "status", "retry", "results", "report")])
+                                                 "resume", "doctor", "status", "retry", "results", "report", "data")])
 def test_help_answers(argv, tmp_path):
     res = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
