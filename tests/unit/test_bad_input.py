@@ -312,7 +312,16 @@ def test_the_readme_shows_launches():
 
 
 @pytest.mark.parametrize("overrides", README, ids=[" ".join(o) or "(default)" for o in README])
-def test_readme_examples_pass_the_check(overrides):
+def test_readme_examples_pass_the_check(overrides, tmp_path, monkeypatch):
+    # a launch on the dataset the README's `launcher data prepare` line makes (relative to the launch
+    # dir): a small one written there, with a validation split
+    monkeypatch.chdir(tmp_path)
+    for w in overrides:
+        if w.startswith("data.path="):
+            from launcher.data.manifest import write_dataset
+
+            docs = {"train": [list(range(1, 300))] * 4, "val": [list(range(1, 200))]}
+            write_dataset(tmp_path / w.split("=", 1)[1], docs, vocab_size=512, eos_id=0)
     assert len(check([Point(compose_cfg(overrides), overrides)])) == 1
 
 
