@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU smoke of the product's GPU path on one GPU, ~7 minutes on an H200 (docs/gpu.md). From anywhere:
+#   ./benchmarks/gpu_smoke.sh               # set up .venv with a CUDA torch (scripts/setup.sh), run every step
+#   ./benchmarks/gpu_smoke.sh --cpu         # every step that can run on CPU, gpt_tiny (rehearsal, ~2 min)
+#   ./benchmarks/gpu_smoke.sh --dry-run     # the plumbing only, CUDA steps "skipped" (~30 s)
+#   ./benchmarks/gpu_smoke.sh --only ddp_mfu,resume
+# One JSON line per step on stdout, also in $OUT/gpu_smoke.jsonl (else benchmarks/out/); logs beside it.
+#
+# Set-up (GPU mode only): scripts/setup.sh with LAUNCHER_TORCH_INDEX (default here: the cu126 wheel
+# index) and LAUNCHER_TORCH_SPEC, pip told to give up quickly when there is no network. If that fails
+# (no network: a CUDA torch cannot be installed), the "setup" line says so and the steps run with the
+# first Python found whose torch imports (.venv, then python3; SMOKE_PYTHON overrides), each step
+# saying what it lacks. SMOKE_SITE=dir1:dir2 puts extra package dirs (pure-Python packages that
+# Python lacks: hydra, omegaconf, submitit, ...) on PYTHONPATH. SMOKE_SKIP_SETUP=1: no setup.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=gpu
+REST=()
+for a in "$@"; do case "$a" in --cpu) MODE=cpu ;; --dry-run) MODE=dry-run ;; *) REST+=("$a") ;; esac; done
+OUTDIR="${OUT:-benchmarks/out}"
+mkdir -p "$OUTDIR"
+SETUP_LOG="$OUTDIR/gpu_smoke_setup.log"
+SETUP_JSON="$OUTDIR/gpu_smoke_setup.json"
+[ -n "${SMOKE_SITE:-}" ] && export PYTHONPATH="$SMOKE_SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+has_torch() { "$1" -c 'import torch' >/dev/null 2>&1; }
+has_cuda() { "$1" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; }
+
+setup_rc=-1; setup_s=0; why=""
+if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
+  export LAUNCHER_TORCH_INDEX="${LAUNCHER_TORCH_INDEX:-https://download.pytorch.org/whl/cu126}"
+  t0=$SECONDS
+  # no network: pip fails in seconds, not after minutes of retries
+  PIP_RETRIES="${PIP_RETRIES:-1}" PIP_TIMEOUT="${PIP_TIMEOUT:-15}" timeout "${SMOKE_SETUP_TIMEOUT:-600}" \
+    ./scripts/setup.sh >"$SETUP_LOG" 2>&1
+  setup_rc=$?; setup_s=$((SECONDS - t0))
+  if [ $setup_rc -ne 0 ]; then
+    if grep -qiE "network|connection|resolve|Temporary failure|No matching distribution|Could not find a version" "$SETUP_LOG"; then
+      why="a CUDA torch is not installable here: pip could not reach $LAUNCHER_TORCH_INDEX or PyPI (no network?)"
+    elif [ $setup_rc -eq 124 ]; then
+      why="scripts/setup.sh timed out after ${SMOKE_SETUP_TIMEOUT:-600} s"
+    else
+      why="scripts/setup.sh failed (exit $setup_rc): see the log's tail"
+    fi
+    echo "gpu_smoke: SETUP FAILED: $why; running what the Python found here can run" >&2
+  fi
+fi
+
+# the Python the steps run with
+PY="${SMOKE_PYTHON:-}"
+if [ -z "$PY" ]; then
+  for cand in .venv/bin/python python3; do
+    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
+    if has_torch "$cand" && { [ "$MODE" != gpu ] || has_cuda "$cand"; }; then PY="$cand"; break; fi
+    [ -z "$PY" ] && has_torch "$cand" && PY="$cand"   # torch without CUDA: still better than none
+  done
+  PY="${PY:-python3}"
+fi
+
+"$PY" - "$MODE" "$setup_rc" "$setup_s" "$why" "$SETUP_LOG" "$PY" >"$SETUP_JSON" <<'EOF'
+import json, os, sys
+mode, rc, secs, why, log, py = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+tail = open(log, errors="replace").read().strip().splitlines()[-6:] if os.path.exists(log) else []
+try:
+    import torch
+    torch_v = f"{torch.__version__} (CUDA {torch.version.cuda}, available {torch.cuda.is_available()})"
+except Exception as e:
+    torch_v = f"import failed: {e}"
+measured = {"setup_exit": None if rc < 0 else rc, "setup_s": secs, "python": py, "torch": torch_v,
+            "LAUNCHER_TORCH_INDEX": os.environ.get("LAUNCHER_TORCH_INDEX"),
+            "LAUNCHER_TORCH_SPEC": os.environ.get("LAUNCHER_TORCH_SPEC", "torch==2.13.0 (setup.sh default)")}
+expected = "scripts/setup.sh exit 0: .venv with a CUDA build of torch"
+if rc < 0:
+    res = {"step": "setup", "ok": None, "measured": measured, "expected": expected,
+           "why": f"skipped: {mode} mode" if mode != "gpu" else "skipped: SMOKE_SKIP_SETUP=1"}
+else:
+    res = {"step": "setup", "ok": rc == 0, "measured": measured, "expected": expected,
+           **({"why": why, "tail": [x[-300:] for x in tail]} if rc else {})}
+print(json.dumps(res))
+EOF
+exec "$PY" benchmarks/gpu_smoke.py --mode "$MODE" --setup-json "$SETUP_JSON" ${REST[@]+"${REST[@]}"}
