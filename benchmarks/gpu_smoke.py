@@ -282,8 +282,8 @@ def step_no_cuda_refusal(mode: str, work: Path) -> Dict[str, Any]:
     """A run promised GPUs (cluster.use_gpus=true) that finds CUDA hidden: refused at start-up with the
     reason (launcher/runtime/env.py cuda_problem, raised as DeviceError by launcher/runtime/task.py
     _select_device), not restarted (launcher/runtime/restart_policy.py: kind "device"), never on CPU."""
-    rc, run, _ = launch(work, "runs", [*common(mode), "cluster.use_gpus=true", "model=gpt_tiny", "train.steps=2",
-                                       "train.log_interval=0"], env={"CUDA_VISIBLE_DEVICES": "-1"})
+    rc, run, output = launch(work, "runs", [*common(mode), "cluster.use_gpus=true", "model=gpt_tiny", "train.steps=2",
+                                            "train.log_interval=0"], env={"CUDA_VISIBLE_DEVICES": "-1"})
     s = summary(run)
     err = str(s.get("error") or "")
     expected = {"launch_exit": "non-zero", "status": "failed", "attempt": 1, "steps": 0,
@@ -293,7 +293,9 @@ def step_no_cuda_refusal(mode: str, work: Path) -> Dict[str, Any]:
                 "error": err[:400]}
     ok = (rc != 0 and s.get("status") == "failed" and "DeviceError" in err and s.get("steps") == 0
           and ("hides every GPU" in err or "CPU build" in err))
-    why = {} if ok else {"why": "not refused as expected (a completed run here trained on CPU)"}
+    why = {} if ok else {"why": "TRAINED ON CPU: a run promised GPUs completed without one"
+                         if s.get("status") == "completed" else "not refused as expected",
+                         "tail": _tail(output)}
     if ok and s.get("attempt") != 1:
         why = {"why": f"refused, but only at attempt {s.get('attempt')} (restarted a failure a restart cannot fix)"}
         ok = False
@@ -616,7 +618,7 @@ def count_syncs(cfg: Any, ctx: Any) -> Dict[str, Any]:
 
     def site() -> str:
         frames = [f for f in traceback.extract_stack()[:-2] if "/recipes/" in f.filename or "/launcher/" in f.filename]
-        return f"{frames[-1].filename.split('/', 1)[-1].rsplit('/', 3)[-1]}:{frames[-1].lineno}" if frames else "?"
+        return f"{'/'.join(frames[-1].filename.split('/')[-3:])}:{frames[-1].lineno}" if frames else "?"
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
         if st["on"] and "synchroniz" in str(message):

@@ -35,7 +35,9 @@ if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
     ./scripts/setup.sh >"$SETUP_LOG" 2>&1
   setup_rc=$?; setup_s=$((SECONDS - t0))
   if [ $setup_rc -ne 0 ]; then
-    if grep -qiE "network|connection|resolve|Temporary failure|No matching distribution|Could not find a version" "$SETUP_LOG"; then
+    if grep -q "torch is a CPU build" "$SETUP_LOG"; then
+      why="a CUDA torch is not installable here: pip found only a CPU build (no CUDA wheel reachable at $LAUNCHER_TORCH_INDEX; no network?)"
+    elif grep -qiE "network|connection|resolve|Temporary failure|No matching distribution|Could not find a version" "$SETUP_LOG"; then
       why="a CUDA torch is not installable here: pip could not reach $LAUNCHER_TORCH_INDEX or PyPI (no network?)"
     elif [ $setup_rc -eq 124 ]; then
       why="scripts/setup.sh timed out after ${SMOKE_SETUP_TIMEOUT:-600} s"
