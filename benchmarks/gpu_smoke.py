@@ -287,7 +287,7 @@ def step_no_cuda_refusal(mode: str, work: Path) -> Dict[str, Any]:
     s = summary(run)
     err = str(s.get("error") or "")
     expected = {"launch_exit": "non-zero", "status": "failed", "attempt": 1, "steps": 0,
-                "error": "DeviceError: cluster.use_gpus=true, but CUDA_VISIBLE_DEVICES='-1' hides every GPU ... "
+                "error": "DeviceError: cluster.use_gpus=true, but CUDA_VISIBLE_DEVICES='' hides every GPU ... "
                          "(a CPU build of torch: '... torch is a CPU build ...')"}
     measured = {"launch_exit": rc, "status": s.get("status"), "attempt": s.get("attempt"), "steps": s.get("steps"),
                 "error": err[:400]}
