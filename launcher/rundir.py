@@ -346,7 +346,7 @@ class RunDir:
 
     def stack_count(self) -> int:
         """How many ranks dumped their stacks (one listing, no file read)."""
-        prefix, suffix = _name(self.STACK, r="").rsplit("/", 1)[-1], ".txt"
+        prefix, _, suffix = self.STACK.rsplit("/", 1)[-1].partition("<r>")
         return sum(1 for n in _names(self.stack_path(0).parent) if n.startswith(prefix) and n.endswith(suffix))
 
     def claim_gathering(self, rank: int) -> bool:
