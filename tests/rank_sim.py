@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 PHASES = ("startup", "watch", "failure", "checkpoint", "hang")
 RANKS_PER_NODE = 8
-_PATH_CALLS = ("stat", "lstat", "listdir", "mkdir", "rename", "replace", "link", "unlink", "remove", "rmdir",
+_PATH_CALLS = ("stat", "lstat", "mkdir", "rename", "replace", "link", "unlink", "remove", "rmdir",
                "chmod", "utime", "open")
 
 
