@@ -60,7 +60,7 @@ class Counts:
 class _Entry:
     """A DirEntry whose stat() is counted (is_dir/is_file come from the listing's d_type)."""
 
-    def __init__(self, entry: os.DirEntry, layer: "Layer") -> None:
+    def __init__(self, entry: os.DirEntry, layer: Layer) -> None:
         self._e, self._layer = entry, layer
         self.name, self.path = entry.name, entry.path
 
@@ -85,10 +85,10 @@ class _Entry:
 
 
 class _Listing:
-    def __init__(self, it: Any, layer: "Layer", counted: bool) -> None:
+    def __init__(self, it: Any, layer: Layer, counted: bool) -> None:
         self._it, self._layer, self._counted = it, layer, counted
 
-    def __enter__(self) -> "_Listing":
+    def __enter__(self) -> _Listing:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -140,7 +140,7 @@ class Layer:
         self._saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, new)
 
-    def __enter__(self) -> "Layer":
+    def __enter__(self) -> Layer:
         for name in _PATH_CALLS:
             real = getattr(os, name)
 
@@ -331,8 +331,9 @@ def _checkpoint(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> N
 
     from launcher.training.checkpoint import Checkpoint
 
+    checkpoint = {"every": 2, "keep": 2, "async_save": False}
     cfg = OmegaConf.create({"train": {"steps": 4, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
-                                      "fail_attempt": None, "checkpoint": {"every": 2, "keep": 2, "async_save": False}}})
+                                      "fail_attempt": None, "checkpoint": checkpoint}})
     model = torch.nn.Linear(2, 2)
     for rank in range(world):
         layer.rank = rank
