@@ -755,7 +755,7 @@ def _errors(rd: Any) -> Tuple[Dict[int, str], List[int]]:
     mtimes: Dict[int, float] = {}
     for name in rd.failed_ranks():
         r = _rank_of(name)
-        p = Path(rd.path) / RunDir.RANK_ERROR.replace("<r>", str(r))
+        p = rd.rank_error_path(r)  # (an older launcher's in ranks/ too)
         try:
             texts[r] = p.read_text(errors="replace")
             mtimes[r] = p.stat().st_mtime

@@ -71,8 +71,15 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
     ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
      "(model, memory, driver), `nvidia-smi topo -m`, InfiniBand devices"),
-    ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank"),
-    ("ranks/rank_<r>.error", "job", "traceback of a rank that raised"),
+    ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank "
+     "(replaced whole, not flushed: a rank record costs one create and one rename)"),
+    ("ranks/master_addr.json", "job (rank 0)", "the rendezvous host's address where DNS does not know the node name: "
+     "rank 0 asks Slurm (scontrol) once, the other ranks read it here"),
+    ("errors/rank_<r>.error", "job", "traceback of a rank that raised (a directory of its own: the peer watch of "
+     "every rank lists it, and it holds only the ranks that failed)"),
+    ("errors/cancelled", "launcher, job", "the run was recorded cancelled: what ends every rank's peer watch"),
+    ("ranks/rank_<r>.error", "job (older launchers)", "traceback of a rank that raised, as runs of older launchers "
+     "hold it (errors/ now); still read"),
     ("ranks/attempts.json", "job", "recipe=script: the attempt rank 0 began and the start (host, pid) of each rank "
      "it was told to: how ranks that share no process group of the launcher's agree on their attempt"),
     ("ranks/mesh_<r>.json", "recipe", "(dp, pp, tp) coordinates and process groups of each rank (megatron engine)"),
@@ -111,9 +118,11 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
      "failure (the exception that ended the attempt before: type, message, place, step; restart_policy)"),
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
+    ("stacks/gatherer", "job", "the rank that gathers the stacks into hang.json (the first to dump; the others only "
+     "dump)"),
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),
-    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (rank errors, stacks, hang.json, the "
+    ("attempts/<a>/", "job, launcher", "what an earlier attempt left (errors/, stacks, hang.json, the "
      "manifest of a resumed run), moved aside when the next attempt starts"),
     ("manifest.json", "launcher, job", "written when the run is sealed: the sha256 of every file, every "
      "symlink's target (never followed), every directory, each checkpoint's files (sha256 up to 1 MiB, size "
@@ -135,8 +144,10 @@ class RunDir:
     JOB, SCRIPT, STATUS = "job.json", "sbatch.sh", "status.json"
     RUNTIME, TRAINING_ENV = "env/runtime.json", "env/training-env.json"
     TOPOLOGY = "topology/node_<name>_<n>.json"
-    RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "ranks/rank_<r>.error", "ranks/mesh_<r>.json",
+    RANK, RANK_ERROR, MESH, STATE = ("ranks/rank_<r>.json", "errors/rank_<r>.error", "ranks/mesh_<r>.json",
                                      "ranks/state_<r>.json")
+    OLD_RANK_ERROR, CANCELLED_MARK = "ranks/rank_<r>.error", "errors/cancelled"  # (older launchers' rank errors)
+    MASTER_ADDR, STACK_GATHERER = "ranks/master_addr.json", "stacks/gatherer"
     METRICS, WANDB, MANIFEST = "metrics.jsonl", "wandb", "manifest.json"
     SAMPLES = "samples/rank_<r>.jsonl"
     CHECKPOINT, CHECKPOINT_PARTIAL, LATEST = ("checkpoints/step_<n>", "checkpoints/.step_<n>.partial",
@@ -232,7 +243,12 @@ class RunDir:
 
     # ---- on the node -----------------------------------------------------------------------------
     def write_rank(self, rank: int, info: Dict[str, Any]) -> None:
-        atomic.write_json(self._p(_name(self.RANK, r=rank)), info)
+        _put_json(self._p(_name(self.RANK, r=rank)), info)
+
+    @property
+    def master_addr_path(self) -> Path:
+        """Where rank 0 leaves the rendezvous host's address for the others (launcher.runtime.env)."""
+        return self._p(self.MASTER_ADDR)
 
     def write_rank_attempts(self, record: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.RANK_ATTEMPTS), record)
@@ -241,10 +257,10 @@ class RunDir:
         atomic.write_text(self._p(_name(self.RANK_ERROR, r=rank)), traceback_text)
 
     def write_mesh(self, rank: int, placement: Dict[str, Any]) -> None:
-        atomic.write_json(self._p(_name(self.MESH, r=rank)), placement)
+        _put_json(self._p(_name(self.MESH, r=rank)), placement)
 
     def write_state(self, rank: int, state: Dict[str, Any]) -> None:
-        atomic.write_json(self._p(_name(self.STATE, r=rank)), state)
+        _put_json(self._p(_name(self.STATE, r=rank)), state)
 
     def write_topology(self, node: str, node_rank: int, info: Dict[str, Any]) -> None:
         atomic.write_json(self._p(_name(self.TOPOLOGY, name=node, n=node_rank)), info)
@@ -328,6 +344,23 @@ class RunDir:
     def stacks(self) -> Dict[int, str]:
         return {int(p.stem.split("_")[-1]): p.read_text(errors="replace") for p in self._glob(self.STACK, r="*")}
 
+    def stack_count(self) -> int:
+        """How many ranks dumped their stacks (one listing, no file read)."""
+        prefix, _, suffix = self.STACK.rsplit("/", 1)[-1].partition("<r>")
+        return sum(1 for n in _names(self.stack_path(0).parent) if n.startswith(prefix) and n.endswith(suffix))
+
+    def claim_gathering(self, rank: int) -> bool:
+        """Whether ``rank`` is the one that gathers the hang's stacks (the first to ask: one exclusive
+        create); the others only dump theirs."""
+        path = self._p(self.STACK_GATHERER)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{rank}\n")
+        return True
+
     def write_hang(self, finding: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.HANG), finding)
 
@@ -338,11 +371,14 @@ class RunDir:
         return self._p(_name(self.ATTEMPT, a=attempt))
 
     def move_aside(self, attempt: int) -> None:
-        """What attempt ``attempt`` left that would mislead the next one (its rank errors, which the
-        watchdog reads as a peer's failure; its stacks and hang finding) goes to attempts/<a>/."""
+        """What attempt ``attempt`` left that would mislead the next one (errors/: its rank errors and
+        cancel mark, which the watchdog reads as a peer's failure; its stacks, the gatherer's claim and
+        the hang finding) goes to attempts/<a>/."""
         dest = self.attempt_dir(attempt)
-        leftovers = (self._glob(self.RANK_ERROR, r="*") + self._glob(self.STACK, r="*")
-                     + [p for p in (self._p(self.HANG),) if p.exists()])
+        errors = self._p(self.RANK_ERROR).parent
+        leftovers = ([errors / n for n in _names(errors)] + self._glob(self.OLD_RANK_ERROR, r="*")
+                     + self._glob(self.STACK, r="*")
+                     + [p for p in (self._p(self.HANG), self._p(self.STACK_GATHERER)) if p.exists()])
         for p in leftovers:
             target = dest / p.relative_to(self.path)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -542,29 +578,57 @@ class RunDir:
 
     def failed_ranks(self, except_rank: Optional[int] = None, since: Optional[float] = None) -> List[str]:
         """Names of the ranks that recorded an error (``rank_3``), other than ``except_rank``; with
-        ``since``, only errors recorded at or after that time (not an earlier attempt's)."""
+        ``since``, only errors recorded at or after that time (not an earlier attempt's). Asked for
+        all of them (no ``since``), an older launcher's errors (in ranks/) count too."""
+        out = [n for n in self._alarms(except_rank, since) if n != self._cancel_name()]
+        if since is None:
+            old = {p.name.split(".")[0] for p in self._glob(self.OLD_RANK_ERROR, r="*")}
+            out = sorted(set(out) | old - {f"rank_{except_rank}"}, key=lambda n: int(n.rsplit("_", 1)[-1]))
+        return out
+
+    def alarm(self, except_rank: Optional[int] = None, since: Optional[float] = None) -> Optional[str]:
+        """What ends a rank's peer watch, from one listing of errors/ (which holds only the ranks that
+        failed: its cost does not grow with the job): ``rank_3`` (another rank failed), ``cancelled``
+        (the run was recorded cancelled), or None. ``since`` as for failed_ranks."""
+        found = self._alarms(except_rank, since)
+        ranks = [n for n in found if n != self._cancel_name()]
+        return ranks[0] if ranks else found[0] if found else None
+
+    def _cancel_name(self) -> str:
+        return self.CANCELLED_MARK.rsplit("/", 1)[-1]
+
+    def _alarms(self, except_rank: Optional[int], since: Optional[float]) -> List[str]:
+        """errors/ listed once: each rank error's name (``rank_3``) and the cancel mark's, by rank."""
         own = _name(self.RANK_ERROR, r=except_rank).rsplit("/", 1)[-1] if except_rank is not None else None
         out = []
-        for p in self._glob(self.RANK_ERROR, r="*"):
+        try:
+            with os.scandir(self._p(self.RANK_ERROR).parent) as it:
+                entries = [e for e in it if e.name.endswith(".error") or e.name == self._cancel_name()]
+        except (FileNotFoundError, NotADirectoryError):  # no rank has failed
+            return []
+        for p in entries:
             try:
                 fresh = since is None or p.stat().st_mtime >= since
             except FileNotFoundError:  # moved aside by the next attempt
                 continue
             if p.name != own and fresh:
                 out.append(p.name.split(".")[0])
-        return out
+        return sorted(out, key=lambda n: (0, int(n[5:])) if n.startswith("rank_") and n[5:].isdigit() else (1, 0))
 
     def rank_error_path(self, rank: int) -> Path:
-        return self._p(_name(self.RANK_ERROR, r=rank))
+        """errors/rank_<r>.error (ranks/rank_<r>.error where an older launcher left it)."""
+        p = self._p(_name(self.RANK_ERROR, r=rank))
+        old = self._p(_name(self.OLD_RANK_ERROR, r=rank))
+        return old if not p.exists() and old.exists() else p
 
     def attempts(self) -> List[Path]:
         """The dirs of earlier attempts (attempts/<a>/), in order."""
         return sorted(self._glob(self.ATTEMPT, a="*"), key=lambda p: int(p.name) if p.name.isdigit() else 0)
 
     def rank_errors(self) -> Dict[int, str]:
-        """Each failed rank's recorded error text, by rank."""
+        """Each failed rank's recorded error text, by rank (an older launcher's in ranks/ too)."""
         return {int(p.name.split(".")[0].split("_")[-1]): p.read_text(errors="replace")
-                for p in self._glob(self.RANK_ERROR, r="*")}
+                for p in self._glob(self.OLD_RANK_ERROR, r="*") + self._glob(self.RANK_ERROR, r="*")}
 
     def metrics(self) -> List[Dict[str, Any]]:
         if not self.metrics_path.exists():
@@ -598,6 +662,8 @@ class RunDir:
         if record.is_final:
             record = dataclasses.replace(record, ended=now_iso())
         self._write_status(record)
+        if status is Status.cancelled:  # every rank's peer watch finds it in errors/ (no status.json read)
+            atomic.write_text(self._p(self.CANCELLED_MARK), now_iso() + "\n")
         return True
 
     def finish(self, status: Status, seal: bool = True, **fields: Any) -> bool:
@@ -619,11 +685,14 @@ class RunDir:
     # (checkpoint.json holds their sha256). A seal also leaves a mark beside the run dir
     # (<sweep>/.seals/<index>.json: when, and the manifest's sha256), so a manifest deleted or replaced
     # later is found, and the run is never sealed again over what changed.
-    def _tree(self) -> Dict[str, Tuple[str, str]]:
+    def _tree(self, trust_checkpoints: bool = False) -> Dict[str, Tuple[str, str]]:
         """rel -> (kind, digest) of everything in the run dir but manifest.json and wandb's late logs:
         ("file", sha256), ("link", target), ("dir", ""), ("other", ""); under checkpoints/, a file is
-        ("checkpoint", "sha256:<hex>" or "bytes:<size>")."""
+        ("checkpoint", "sha256:<hex>" or "bytes:<size>"). ``trust_checkpoints`` (the seal): a
+        checkpoint file its checkpoint.json lists with this size takes its sha256 from there, unread
+        (the committing rank hashed it; every rank's RNG file and done mark would be read again)."""
         ckpts = self._p(self.LATEST).parent.name + "/"
+        known = _CheckpointDigests(self._p(self.LATEST).parent) if trust_checkpoints else None
         out: Dict[str, Tuple[str, str]] = {}
         for rel, kind, entry in walk(self.path):
             if rel == self.MANIFEST or (kind == "file" and self._late_log(rel)):
@@ -631,7 +700,9 @@ class RunDir:
             try:
                 if kind == "file" and rel.startswith(ckpts):
                     size = entry.stat(follow_symlinks=False).st_size
-                    out[rel] = ("checkpoint", f"sha256:{file_sha256(Path(entry.path))}"
+                    sha = (known.get(rel[len(ckpts):], size) if known is not None else None) \
+                        if size <= CHECKPOINT_HASHED_BYTES else None
+                    out[rel] = ("checkpoint", f"sha256:{sha or file_sha256(Path(entry.path))}"
                                 if size <= CHECKPOINT_HASHED_BYTES else f"bytes:{size}")
                 elif kind == "file":
                     out[rel] = ("file", file_sha256(Path(entry.path)))
@@ -677,7 +748,7 @@ class RunDir:
         if self._unsealed_since():
             return {}
         self.adopt_shared()  # a run that never started holds them too once sealed
-        tree = self._tree()
+        tree = self._tree(trust_checkpoints=True)
         manifest = {"run_dir": str(self.path), "sealed": now_iso(), "status": self.status().state.value,
                     "version": MANIFEST_VERSION,
                     "files": {rel: d for rel, (kind, d) in tree.items() if kind == "file"},
@@ -960,6 +1031,52 @@ def _checkpoint_problems(manifest: Dict[str, Any], names: List[str],
     if "latest" in manifest and manifest["latest"] != latest:
         problems.append(f"checkpoints/latest re-pointed: {manifest['latest']} when sealed, {latest} now")
     return problems, [f"checkpoints/{n}" for n in {*sealed, *names} if (n in sealed) != (n in names)]
+
+
+class _CheckpointDigests:
+    """The sha256 each checkpoint's checkpoint.json records per file, read once per checkpoint."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.by_ckpt: Dict[str, Dict[str, Any]] = {}
+
+    def get(self, rel: str, size: int) -> Optional[str]:
+        """The recorded sha256 of ``<checkpoint>/<file>`` (relative to checkpoints/) if its recorded
+        size is ``size``; None where nothing (or something else) is recorded."""
+        ckpt, _, file = rel.partition("/")
+        if not file:
+            return None
+        if ckpt not in self.by_ckpt:
+            found = atomic.read_json(self.root / ckpt / "checkpoint.json")
+            files = found.get("files") if isinstance(found, dict) else None
+            self.by_ckpt[ckpt] = files if isinstance(files, dict) else {}
+        d = self.by_ckpt[ckpt].get(file)
+        ok = isinstance(d, dict) and d.get("size") == size and isinstance(d.get("sha256"), str)
+        return d["sha256"] if ok else None
+
+
+def _names(directory: Path) -> List[str]:
+    """The names in ``directory`` (one listing; none where it does not exist)."""
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _put_json(path: Path, obj: Any) -> None:
+    """A node-side record written by many ranks at once (each its own file), replaced whole (a reader
+    sees the old or the new one) but not flushed: one create, one write and one rename each, no fsync
+    per rank (thousands at once in one directory). A crash may lose it; the next attempt writes it
+    again."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        f = open(tmp, "w")
+    except FileNotFoundError:  # its folder (ranks/) not made yet
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(tmp, "w")
+    with f:
+        f.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def _create_once(path: Path, text: str) -> bool:

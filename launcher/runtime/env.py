@@ -5,11 +5,14 @@ MASTER_ADDR is the first host of the allocation; MASTER_PORT comes from the job 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional
 
 
@@ -53,13 +56,12 @@ def port_for_job(job_id: str, first_ephemeral: int = EPHEMERAL_START) -> int:
     return port + len(RESERVED) if port >= RESERVED.start else port
 
 
-def resolve_addr(host: str) -> str:
-    """An address for `host`; falls back to Slurm's NodeAddr when the node name is not in DNS."""
-    try:
-        socket.getaddrinfo(host, None)
-        return host
-    except socket.gaierror:
-        pass
+ADDR_ENV = "LAUNCHER_MASTER_ADDR"  # the rendezvous address, resolved once (a batch script may set it)
+ADDR_WAIT_S = 120.0  # how long a rank waits for rank 0's address (tasks of one job start apart)
+
+
+def _scontrol_addr(host: str) -> Optional[str]:
+    """Slurm's NodeAddr of ``host`` (one RPC to slurmctld), or None."""
     try:
         out = subprocess.run(
             ["scontrol", "show", "node", host, "-o"], capture_output=True, text=True, timeout=30
@@ -69,7 +71,72 @@ def resolve_addr(host: str) -> str:
             return m.group(1)
     except (OSError, subprocess.SubprocessError):
         pass
-    return host
+    return None
+
+
+def _alias_addr(host: str) -> Optional[str]:
+    """``host``'s address from SLURM_NODE_ALIASES (``name:[addr]:host,...``, cloud nodes), or None."""
+    for item in os.environ.get("SLURM_NODE_ALIASES", "").split(","):
+        parts = item.split(":")
+        if len(parts) >= 2 and parts[0] == host and parts[1].strip("[]"):
+            return parts[1].strip("[]")
+    return None
+
+
+def _shared_addr(shared: Path, host: str) -> Optional[str]:
+    try:
+        found = json.loads(shared.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(found, dict) and found.get("host") == host and isinstance(found.get("addr"), str)
+    return found["addr"] if ok else None
+
+
+def _share_addr(shared: Path, host: str, addr: str) -> None:
+    tmp = shared.with_name(f".{shared.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            f = open(tmp, "w")
+        except FileNotFoundError:
+            shared.parent.mkdir(parents=True, exist_ok=True)
+            f = open(tmp, "w")
+        with f:
+            f.write(json.dumps({"host": host, "addr": addr}) + "\n")
+        os.replace(tmp, shared)
+    except OSError:  # the others fall back to asking Slurm themselves
+        pass
+
+
+def resolve_addr(host: str, leader: bool = True, shared: Optional[Path] = None,
+                 wait_s: float = ADDR_WAIT_S) -> str:
+    """An address for `host`: the host itself where DNS knows it (or ADDR_ENV, where set); else
+    Slurm's NodeAddr, asked once per job, not once per rank (thousands of scontrol calls at once
+    would flood slurmctld): SLURM_NODE_ALIASES where it names the host, else the ``leader`` (rank 0)
+    asks scontrol and leaves the answer in ``shared`` (a file of the run dir), which every other rank
+    reads (waiting up to ``wait_s`` for it; asking itself only after that)."""
+    if os.environ.get(ADDR_ENV):
+        return os.environ[ADDR_ENV]
+    try:
+        socket.getaddrinfo(host, None)
+        return host
+    except socket.gaierror:
+        pass
+    addr = _alias_addr(host)
+    if addr is not None:
+        return addr
+    if shared is not None and not leader:
+        deadline = time.monotonic() + wait_s
+        while True:
+            addr = _shared_addr(shared, host)
+            if addr is not None:
+                return addr
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    addr = _scontrol_addr(host)
+    if addr is not None and shared is not None and leader:
+        _share_addr(shared, host, addr)
+    return addr or host
 
 
 @dataclass
@@ -103,9 +170,10 @@ class DistEnv:
         return env
 
 
-def detect(master_port: Optional[int] = None) -> DistEnv:
+def detect(master_port: Optional[int] = None, addr_file: Optional[Path] = None) -> DistEnv:
     """Read the running submitit job's environment (Slurm or local); ``master_port`` (cluster.master_port)
-    overrides the port derived from the job id."""
+    overrides the port derived from the job id; ``addr_file``: where rank 0 leaves the rendezvous
+    host's address for the others when only Slurm knows it (resolve_addr)."""
     import submitit  # submitit: only inside a job; login-side users of this module do without it
 
     je = submitit.JobEnvironment()
@@ -124,7 +192,7 @@ def detect(master_port: Optional[int] = None) -> DistEnv:
         raw_job_id=je.raw_job_id,
         array_job_id=je.array_job_id,
         array_task_id=je.array_task_id,
-        master_addr=resolve_addr(hosts[0]) if hosts else "127.0.0.1",
+        master_addr=resolve_addr(hosts[0], leader=je.global_rank == 0, shared=addr_file) if hosts else "127.0.0.1",
         master_port=int(master_port) if master_port else port_for_job(je.raw_job_id, ephemeral_start()),
     )
 

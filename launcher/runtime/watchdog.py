@@ -1,16 +1,21 @@
 """Two watches in each rank, so that no rank waits in a collective until the process-group timeout.
 
-- Peer failure: every failing rank records its error in the run dir (RunDir.write_rank_error). The
-  watch ends its own process as soon as another rank's error file appears, or the run is recorded
-  cancelled (a rank blocked in a collective would otherwise wait for the process-group timeout). Slurm does the same
-  through srun --kill-on-bad-exit; this also covers local runs.
+- Peer failure: every failing rank records its error in the run dir's errors/ (RunDir.write_rank_error),
+  a directory of its own that holds only the ranks that failed (and the cancel mark). The watch ends
+  its own process as soon as another rank's error appears there, or the run is recorded cancelled
+  (a rank blocked in a collective would otherwise wait for the process-group timeout). Slurm does the
+  same through srun --kill-on-bad-exit; this also covers local runs. One look is one listing of that
+  small directory (RunDir.alarm): its cost does not grow with the job; status.json is read only every
+  STATUS_EVERY-th look (a cancel recorded without its mark, by an older launcher).
 - Hang (``train.hang_timeout_s``): when this rank has finished no step for that long, it dumps every
-  thread's Python stack (faulthandler) into the run dir, waits briefly for the other ranks' dumps,
-  writes hang.json (which rank is stuck where, which collective the others wait in) and calls
+  thread's Python stack (faulthandler) into stacks/. The first rank to dump claims the gathering
+  (stacks/gatherer): it waits briefly for the other ranks' dumps (counting names, reading no file),
+  reads them once and writes hang.json (which rank is stuck where, which collective the others wait
+  in). Every other rank only dumps, then waits for hang.json (one stat a poll). Each then calls
   ``on_hang`` (which records the failure and asks for a requeue) before ending the process.
 
-The hang watch looks at this rank's own clock every second; the peer watch reads the (shared) run
-dir every second, or less often for large jobs (``fs_poll_interval``: ~128 reads/s per job at most).
+The hang watch looks at this rank's own clock every second; the peer watch looks at the (shared) run
+dir every second, or less often for large jobs (``fs_poll_interval``: ~128 looks/s per job at most).
 """
 from __future__ import annotations
 
@@ -19,19 +24,21 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from launcher.rundir import RunDir
 from launcher.runtime import stacks
 from launcher.status import Status
 
-# the run dir's shared filesystem sees at most about this many watchdog reads per second from a job
-# (every rank lists the rank errors and reads the status): 1,024 ranks poll every 8 s, not every 1 s
+# the run dir's shared filesystem sees at most about this many watchdog looks per second from a job
+# (every rank lists errors/): 1,024 ranks look every 8 s, not every 1 s
 FS_READS_PER_S = 128.0
+STATUS_EVERY = 16  # status.json read on every 16th look only (a cancel leaves its mark in errors/)
+GATHER_POLL_S = 0.5  # the gatherer counts the dumps, the others look for hang.json, this often
 
 
 def fs_poll_interval(world: int, interval_s: float = 1.0) -> float:
-    """Seconds between one rank's reads of the run dir: ``interval_s``, longer for large jobs."""
+    """Seconds between one rank's looks at the run dir: ``interval_s``, longer for large jobs."""
     return max(float(interval_s), float(world) / FS_READS_PER_S)
 
 
@@ -45,6 +52,7 @@ class Watch:
         self.step: Optional[int] = None
         self._last: Optional[float] = None  # armed by the first beat (start-up may take long)
         self._born = time.time()  # errors recorded before this process started are an earlier attempt's
+        self._looks = 0
         self.stop_event = threading.Event()
 
     def beat(self, step: Optional[int] = None) -> None:
@@ -70,36 +78,69 @@ class Watch:
             if time.monotonic() < next_fs:
                 continue
             next_fs = time.monotonic() + every
-            failed = self.rd.failed_ranks(except_rank=self.rank, since=self._born)
-            if failed:
-                print(f"[watchdog] rank {self.rank}: {failed[0]} failed; ending this rank too",
-                      file=sys.stderr, flush=True)
-                os._exit(1)
-            if self.rd.status().state is Status.cancelled:
-                # cancelled (launcher cancel, submit.wait_timeout_s): the outcome is recorded, and a rank
-                # blocked in a collective would not see the interrupt until the process-group timeout
-                print(f"[watchdog] rank {self.rank}: the run was cancelled; ending this rank",
-                      file=sys.stderr, flush=True)
+            why = self.look()
+            if why is not None:
+                print(f"[watchdog] rank {self.rank}: {why}", file=sys.stderr, flush=True)
                 os._exit(1)
 
+    def look(self) -> Optional[str]:
+        """One look of the peer watch: why this rank should end now, or None."""
+        self._looks += 1
+        alarm = self.rd.alarm(except_rank=self.rank, since=self._born)
+        if alarm is not None and alarm != "cancelled":
+            return f"{alarm} failed; ending this rank too"
+        if alarm == "cancelled" or (self._looks % STATUS_EVERY == 0
+                                    and self.rd.status().state is Status.cancelled):
+            # cancelled (launcher cancel, submit.wait_timeout_s): the outcome is recorded, and a rank
+            # blocked in a collective would not see the interrupt until the process-group timeout
+            return "the run was cancelled; ending this rank"
+        return None
+
+    # ---- hang ------------------------------------------------------------------------------------
     def _hang(self) -> int:
+        gatherer = self.dump_stack()
+        finding = self.gather() if gatherer else self.await_finding()
+        described = stacks.describe(finding) if finding is not None else \
+            f"see {self.rd.STACK.split('/')[0]}/ (no {self.rd.HANG} was written)"
+        message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + described
+        print(f"[watchdog] rank {self.rank}: {message}", file=sys.stderr, flush=True)
+        return self.on_hang(message) if self.on_hang is not None else 1
+
+    def _deadline(self) -> float:
+        return time.monotonic() + min(15.0, max(3.0, self.hang_timeout_s))
+
+    def dump_stack(self) -> bool:
+        """This rank's stacks into stacks/rank_<r>.txt; whether it is the rank that gathers them."""
         path = self.rd.stack_path(self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
+        try:
+            f = open(path, "w")
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "w")
+        with f:
             f.write(f"# rank {self.rank}, no step finished for {self.hang_timeout_s:.0f} s "
                     f"(last finished step: {self.step})\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
-        deadline = time.monotonic() + min(15.0, max(3.0, self.hang_timeout_s))
-        while len(self.rd.stacks()) < self.world and time.monotonic() < deadline:
-            time.sleep(0.2)
+        return self.rd.claim_gathering(self.rank)
+
+    def gather(self) -> Dict[str, Any]:
+        """The gatherer: every rank's dump (or the deadline), read once, into hang.json."""
+        deadline = self._deadline()
+        while self.rd.stack_count() < self.world and time.monotonic() < deadline:
+            time.sleep(GATHER_POLL_S)
         finding = stacks.finding(self.rd.stacks(), self.world, self.step, self.hang_timeout_s)
-        if self.rd.hang() is None and not self.rd.is_final():  # the first rank to get here records it
+        if self.rd.hang() is None and not self.rd.is_final():
             self.rd.write_hang(finding)
-        message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + \
-            stacks.describe(finding)
-        print(f"[watchdog] rank {self.rank}: {message}", file=sys.stderr, flush=True)
-        return self.on_hang(message) if self.on_hang is not None else 1
+        return finding
+
+    def await_finding(self) -> Optional[Dict[str, Any]]:
+        """Any other rank: the gatherer's hang.json (None: it wrote none in time, dead or slow)."""
+        deadline = self._deadline() + 5.0
+        path = self.rd.path / self.rd.HANG
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(GATHER_POLL_S)
+        return self.rd.hang()
 
 
 def start(rundir: Any, rank: int, interval_s: float = 1.0, world: int = 1, hang_timeout_s: float = 0.0,

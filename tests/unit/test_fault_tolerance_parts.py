@@ -103,7 +103,7 @@ def test_attempts_record_why_they_restarted_and_stop_at_the_budget(tmp_path):
     assert restarts.begin_attempt(rd, max_restarts=1, job_id="7") == 2
     (row,) = rd.restarts()
     assert row["attempt"] == 2 and row["reason"] == "failure" and row["detail"] == "rank 1: boom"
-    assert rd.failed_ranks() == [] and (rd.attempt_dir(1) / "ranks" / "rank_1.error").exists()
+    assert rd.failed_ranks() == [] and (rd.attempt_dir(1) / "errors" / "rank_1.error").exists()
     assert rd.status().state == "running" and rd.status().stop is None
 
     # the budget (1 restart) is spent: no second requeue; a restart the scheduler makes anyway is refused
@@ -512,7 +512,7 @@ def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypat
     rd.write_run({"run_id": "r"})
     rd.write_config({"cluster": {}, "train": {}})
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(RunDir, "adopt_shared", lambda self: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(RunDir, "config", lambda self: (_ for _ in ()).throw(OSError("disk gone")))
     watch = watchdog.Watch(rd, rank=0, world=2)  # rank 0's peer watch, started a moment before
     watch._born -= 5
     with pytest.raises(OSError, match="disk gone"):

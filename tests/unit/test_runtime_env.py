@@ -40,3 +40,39 @@ def test_the_local_clusters_daemons_listen_below_every_derived_rendezvous_port()
                                                                                           ports["NODE_PORT_BASE"] + 4))
     assert max(daemon_ports) < PORT_BASE, daemon_ports
     assert min(port_for_job(str(pid)) for pid in range(0, 40000, 7)) >= PORT_BASE
+
+
+def test_only_rank_0_asks_slurm_for_an_address_dns_lacks(tmp_path, monkeypatch):
+    """A node name DNS does not know: rank 0 asks scontrol once and leaves the answer in the run dir;
+    any other rank reads it there (never asking); SLURM_NODE_ALIASES and LAUNCHER_MASTER_ADDR need
+    no question at all."""
+    import socket
+    import types
+
+    from launcher.runtime import env
+
+    asked = []
+
+    def scontrol(argv, **kw):
+        asked.append(argv[3])
+        return types.SimpleNamespace(stdout=f"NodeName={argv[3]} NodeAddr=10.1.2.3 State=IDLE")
+
+    def no_dns(host, *a, **kw):
+        raise socket.gaierror(socket.EAI_NONAME, "unknown")
+
+    monkeypatch.setattr(env, "subprocess", types.SimpleNamespace(run=scontrol, SubprocessError=RuntimeError))
+    monkeypatch.setattr(env.socket, "getaddrinfo", no_dns)
+    monkeypatch.delenv(env.ADDR_ENV, raising=False)
+    monkeypatch.delenv("SLURM_NODE_ALIASES", raising=False)
+    shared = tmp_path / "ranks" / "master_addr.json"
+    assert resolve_addr("n1", leader=False, shared=shared, wait_s=0) == "10.1.2.3" and asked == ["n1"]
+    assert not shared.exists()  # (a rank that is not the leader never writes it)
+    assert resolve_addr("n1", leader=True, shared=shared) == "10.1.2.3" and asked == ["n1", "n1"]
+    assert [resolve_addr("n1", leader=False, shared=shared, wait_s=0) for _ in range(5)] == ["10.1.2.3"] * 5
+    assert asked == ["n1", "n1"]
+    # another master host (the next attempt's nodes): the old answer is not taken
+    assert resolve_addr("n2", leader=False, shared=shared, wait_s=0) == "10.1.2.3" and asked[-1] == "n2"
+    monkeypatch.setenv("SLURM_NODE_ALIASES", "n3:10.9.9.9:n3,n4:[10.8.8.8]:n4")
+    assert resolve_addr("n4", leader=True, shared=shared) == "10.8.8.8" and len(asked) == 3
+    monkeypatch.setenv(env.ADDR_ENV, "10.7.7.7")
+    assert resolve_addr("n9", leader=True, shared=shared) == "10.7.7.7" and len(asked) == 3

@@ -345,3 +345,37 @@ def test_a_fifo_sealed_stays_intact(tmp_path):
     assert rd.verify() == []
     os.unlink(rd.path / "pipe")
     assert rd.verify() == ["pipe missing (a special file)"]
+
+
+def test_the_seal_takes_a_checkpoint_files_digest_from_its_checkpoint_json(tmp_path, monkeypatch):
+    """The seal runs at the end of the job, on rank 0: a checkpoint file its checkpoint.json already
+    names with this size is not read again (every rank's RNG file and done mark, thousands of them);
+    one the record does not match is hashed; verify hashes every one (a byte changed since is found)."""
+    import hashlib
+
+    from launcher import rundir as rundir_mod
+
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.write_run({"run_id": "x-0"})
+    rd.set_status(Status.running)
+    ck = rd.checkpoint_dir(2)
+    ck.mkdir(parents=True)
+    for name, data in (("rng_rank_00000.pt", b"rng0"), ("rng_rank_00001.pt", b"rng1"), ("meta.json", b"{}")):
+        (ck / name).write_bytes(data)
+    recorded = {n: {"size": (ck / n).stat().st_size, "sha256": hashlib.sha256((ck / n).read_bytes()).hexdigest()}
+                for n in ("rng_rank_00000.pt", "rng_rank_00001.pt")}
+    recorded["meta.json"] = {"size": 99, "sha256": "0" * 64}  # another size: hashed, not taken
+    (ck / "checkpoint.json").write_text(json.dumps({"step": 2, "files": recorded}))
+    rd.set_latest(ck)
+    hashed = []
+    real = rundir_mod.file_sha256
+    monkeypatch.setattr(rundir_mod, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    assert rd.finish(Status.completed, exit_code=0)
+    assert "rng_rank_00000.pt" not in hashed and "rng_rank_00001.pt" not in hashed and "meta.json" in hashed
+    sealed = json.loads((rd.path / "manifest.json").read_text())["checkpoint_files"]
+    assert sealed["checkpoints/step_00000002/rng_rank_00001.pt"] == "sha256:" + recorded["rng_rank_00001.pt"]["sha256"]
+    assert rd.verify() == []
+    os.chmod(ck / "rng_rank_00001.pt", 0o644)
+    (ck / "rng_rank_00001.pt").write_bytes(b"rngX")  # same size, another byte
+    assert rd.verify() == ["checkpoints/step_00000002/rng_rank_00001.pt changed"]

@@ -38,3 +38,44 @@ def test_the_peer_watch_ignores_errors_older_than_itself(tmp_path, monkeypatch):
         time.sleep(0.02)
     assert exits == [1]
     assert rd.failed_ranks(except_rank=0, since=watch._born) == ["rank_2"]
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_and_a_peers_error_are_found_in_one_small_listing(tmp_path):
+    """errors/ holds only what ends a watch (the ranks that failed, the cancel mark): a look finds a
+    cancel without reading status.json, and a peer's error, never the rank's own."""
+    from launcher.runtime import watchdog
+    from launcher.status import Status
+
+    rd = RunDir(tmp_path)
+    rd.write_run({"run_id": "x-0"})
+    rd.set_status(Status.running)
+    watch = watchdog.Watch(rd, rank=1, world=4096)
+    watch._born -= 5
+    assert watch.look() is None and not (tmp_path / "errors").exists()
+    rd.write_rank_error(1, "its own error")
+    assert watch.look() is None
+    rd.finish(Status.cancelled, seal=False, error="cancelled by the user")
+    assert sorted(p.name for p in (tmp_path / "errors").iterdir()) == ["cancelled", "rank_1.error"]
+    assert watch.look() == "the run was cancelled; ending this rank"
+    rd.write_rank_error(7, "Traceback ...")
+    assert watch.look() == "rank_7 failed; ending this rank too"
+    assert rd.failed_ranks() == ["rank_1", "rank_7"]
+
+
+@pytest.mark.timeout(60)
+def test_one_rank_gathers_the_hang_the_others_only_dump(tmp_path):
+    from launcher.runtime import watchdog
+
+    rd = RunDir(tmp_path)
+    rd.write_run({"run_id": "x-0"})
+    watches = [watchdog.Watch(rd, rank=r, world=3, hang_timeout_s=3) for r in range(3)]
+    claimed = [w.dump_stack() for w in watches]
+    assert claimed == [True, False, False] and rd.stack_count() == 3
+    assert rd.hang() is None
+    finding = watches[0].gather()
+    assert finding["no_stack"] == [] and sorted(finding["frames"]) == [0, 1, 2]
+    assert rd.hang()["stuck_ranks"] == finding["stuck_ranks"]
+    assert watches[2].await_finding() == rd.hang()
+    rd.move_aside(1)  # the next attempt starts without the claim, the stacks or the finding
+    assert rd.hang() is None and rd.stack_count() == 0 and watches[1].dump_stack()
