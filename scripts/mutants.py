@@ -117,11 +117,14 @@ MUTANTS: List[Mutant] = [
       "tests/integration/test_login_path.py::test_no_torch_import[argv1]",
       "the login path (plan checks) imports torch"),
     M("M23", "launcher/submit/submission.py",
-      "                    for r in (r for later in planned[i + 1:] for r in later.points):\n"
-      "                        r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(\n"
-      "                            f\"not submitted: an earlier array of the sweep was refused ({e})\", known))\n"
-      "                    raise",
-      "                    break", "tests/integration/test_sweep_arrays.py::test_a_refused_sbatch_is_recorded_not_submitted",
+      "                        for r in (r for later in planned[i + 1:] for r in later.points):\n"
+      "                            r.staged.finish(Status.failed, seal=False, exit_code=None, error=secrets.scrub(\n"
+      "                                f\"not submitted: an earlier array of the sweep was refused ({e})\", known))\n"
+      "                        said = f\"{refused}: array {i + 1} of {len(planned)} ({len(arr.points)} run(s)) was refused: {e}\"\n"
+      "                        if whole and runs:\n"
+      "                            said += \"; \" + _cancel_queued(planned[:i], job_ids, e, known)\n"
+      "                        raise SubmissionRefused(secrets.scrub(said, known)) from e",
+      "                        break", "tests/integration/test_sweep_arrays.py::test_a_refused_sbatch_is_recorded_not_submitted",
       "a refused sbatch is not recorded, and launch exits 0"),
     M("M24", "recipes/gpt/plan/spec.py", "    step_overhead_s: float = 0.0\n    activation_scale: float = 1.0",
       "    step_overhead_s: float = 0.01\n    activation_scale: float = 1.0", FAST,
