@@ -57,7 +57,7 @@ MUTANTS: List[Mutant] = [
       "    import torch  # noqa\n    for name in KEY_PACKAGES:",
       "tests/integration/test_login_path.py::test_real_local_submission_imports_no_torch",
       "the login path imports torch (archiving software versions)"),
-    M("X4", "launcher/training/checkpoint.py", "        if len(marks) < self.world:\n            return",
+    M("X4", "launcher/training/checkpoint.py", "        if done % self.world:\n            return",
       "        if False:\n            return", FAST,
       "a checkpoint is committed before every rank marked it done", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X5", "launcher/training/checkpoint.py", "if self.async_save and not block and self._hooked():",
