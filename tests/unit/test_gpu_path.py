@@ -64,9 +64,8 @@ def test_gpus_named_by_uuid_are_kept_as_written():
     renumbered 0..n-1 the ranks would use GPUs they were not given (or, under MIG, cannot use)."""
     mig = "MIG-4f2a6c1e-8b7d-5e3a-9c2f-1d0e6b7a8c9d"
     assert gpu_parameters(1, True, mig) == {"gpus_per_node": 1, VISIBLE_KEY: mig}
-    gpus = "GPU-aaaa1111-2222-3333-4444-555566667777, GPU-bbbb1111-2222-3333-4444-555566667777,GPU-c"
-    assert gpu_parameters(2, True, gpus) == {
-        "gpus_per_node": 2, VISIBLE_KEY: "GPU-aaaa1111-2222-3333-4444-555566667777,GPU-bbbb1111-2222-3333-4444-555566667777"}
+    a, b = "GPU-aaaa1111-2222-3333-4444-555566667777", "GPU-bbbb1111-2222-3333-4444-555566667777"
+    assert gpu_parameters(2, True, f"{a}, {b},GPU-c") == {"gpus_per_node": 2, VISIBLE_KEY: f"{a},{b}"}
 
 
 def test_the_local_executor_hands_the_ranks_the_uuids(tmp_path, monkeypatch):
