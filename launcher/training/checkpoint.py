@@ -18,19 +18,25 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   step, as in recipes.common.data, or a per-rank sampler's state is saved too) and the metrics rows
   so far.
 
-Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
-marker (with the sha256 of each file it wrote); whichever rank completes the set writes
+Every rank writes its part into ``checkpoints/.step_<n>.partial/``, drops a ``done_rank_<r>``
+marker (with the sha256 of each file it wrote) and adds 1 to the save's counter in the process
+group's store (no rank lists the directory); the rank whose add completes the count writes
 ``checkpoint.json`` (every file's size and sha256: launcher.checkpoint_manifest), renames the
 directory into place and only then points ``checkpoints/latest`` at it, so ``latest`` only ever
 names a complete checkpoint. A crash mid-write leaves a partial directory, which the next attempt
-deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept. ``resume`` loads only a
+deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept (that rank deletes older
+ones in a thread: ``wait`` joins it). ``resume`` loads only a
 checkpoint that rank 0 verified against its manifest (a corrupt ``latest``: the newest earlier
 intact one, or ``CheckpointCorrupt`` on every rank).
 
-With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
-copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,
-the next optimizer step waits only if that copy is not done yet, and the thread then serialises and
-writes it (one save in flight at a time). DeepSpeed's own save is synchronous; so is a save of an
+With ``train.checkpoint.async_save`` the step loop is not blocked by the write: the state is copied
+into reused host buffers while the next forward and backward run, and a background thread then
+serialises and writes it (one save in flight at a time). GPU tensors: the main thread enqueues their
+copies (to pinned buffers) on a side stream that waits for the compute stream, and records an event;
+the next optimizer step's stream waits for that event on the device, the writer thread (bound to
+the rank's GPU: CUDA's current device is per thread) waits for it before writing, never for the
+whole device. Host tensors: the thread copies them, and the next optimizer step waits for that. A
+rank with no GPU tensor to copy makes no CUDA call at all (no context on GPU 0). DeepSpeed's own save is synchronous; so is a save of an
 engine (or a ``Checkpoint``) that names no optimizer.
 """
 from __future__ import annotations
