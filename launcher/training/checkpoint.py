@@ -36,8 +36,8 @@ copies (to pinned buffers) on a side stream that waits for the compute stream, a
 the next optimizer step's stream waits for that event on the device, the writer thread (bound to
 the rank's GPU: CUDA's current device is per thread) waits for it before writing, never for the
 whole device. Host tensors: the thread copies them, and the next optimizer step waits for that. A
-rank with no GPU tensor to copy makes no CUDA call at all (no context on GPU 0). DeepSpeed's own save is synchronous; so is a save of an
-engine (or a ``Checkpoint``) that names no optimizer.
+rank with no GPU tensor to copy makes no CUDA call at all (no context on GPU 0). DeepSpeed's own
+save is synchronous; so is a save of an engine (or a ``Checkpoint``) that names no optimizer.
 """
 from __future__ import annotations
 
