@@ -382,7 +382,7 @@ class Checkpointer:
         pinned host buffers on a side stream that first waits for the compute stream (the copies read
         the state this step left), then record an event after them. A state with no GPU tensor (an
         empty part included) makes no CUDA call at all."""
-        device = gpu_of(live)
+        device = gpu_of(live)  # (a rank's GPU tensors are all on its one GPU)
         if device is None:
             return _Copy()
         compute = cuda.current_stream(device)
@@ -485,7 +485,13 @@ class Checkpointer:
 
     def _done_store(self) -> Any:
         if self._store is None:
-            self._store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else dist.HashStore()
+            if dist.is_initialized():
+                self._store = dist.distributed_c10d._get_default_store()
+            elif self.world == 1:
+                self._store = dist.HashStore()
+            else:  # the ranks could never count each other: no checkpoint would ever be committed
+                raise RuntimeError(f"a checkpoint of {self.world} ranks needs their process group "
+                                   "(torch.distributed) or a shared store (Checkpointer(..., store=))")
         return self._store
 
     def _commit(self, partial: Path, step: int) -> None:

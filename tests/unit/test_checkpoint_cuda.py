@@ -7,6 +7,7 @@ from typing import Any, List, Optional, Tuple
 
 import pytest
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from launcher.rundir import RunDir
@@ -164,7 +165,8 @@ def make(tmp_path, empty=False, rank=0, world=1):
                                       "fail_attempt": None,
                                       "checkpoint": {"every": 1, "keep": 3, "async_save": True}}})
     engine = Engine(empty)
-    return checkpoint.Checkpointer(cfg, Ctx(rd, rank, world), engine), engine, rd
+    store = dist.HashStore()  # (the other ranks' counts: none here)
+    return checkpoint.Checkpointer(cfg, Ctx(rd, rank, world), engine, store=store), engine, rd
 
 
 def _index(log, pred) -> int:

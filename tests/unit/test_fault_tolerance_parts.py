@@ -403,6 +403,10 @@ def test_exactly_one_rank_commits_and_no_rank_lists_the_partial_dir(tmp_path, mo
     assert any(t == "checkpoint-pruner" for t, _d in listed)  # the committing rank listed `checkpoints/`
     assert store.add("launcher.checkpoint/4/2", 0) == 3  # one add per rank for the second save
 
+    alone, _ = checkpointer(rd, ctx=Rank(rd, 0, 2))  # two ranks, no process group, no shared store
+    with pytest.raises(RuntimeError, match="needs their process group"):
+        alone.save(6, [], block=True)
+
 
 def test_pruning_runs_beside_the_steps_and_is_joined_by_the_next_wait(tmp_path, monkeypatch):
     """A synchronous save commits on the main thread, but the rmtree of old checkpoints runs in a
