@@ -274,6 +274,7 @@ class Checkpointer:
         self._store = store
         self._saves = 0  # saves so far: with the step, the store key the ranks count one save under
         self._pruner: Optional[threading.Thread] = None
+        self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
         self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
         tr = cfg.train
         drill = tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
@@ -295,7 +296,7 @@ class Checkpointer:
         latest = self._verified_latest()
         step, rows = 0, []
         if latest is not None:
-            meta = json.loads((latest / META_FILE).read_text())
+            meta = self._latest_meta or json.loads((latest / META_FILE).read_text())
             self.engine.load_checkpoint(latest)
             set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
             self.ctx.heartbeat()
@@ -316,6 +317,8 @@ class Checkpointer:
                 if self.rank == 0:
                     checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
                 verdict = {"path": str(point.path) if point.path is not None else None}
+                if point.path is not None:  # its step and metrics rows: read here, not by every rank
+                    verdict["meta"] = json.loads((point.path / META_FILE).read_text())
             except CheckpointCorrupt as e:
                 failed, verdict = e, {"corrupt": e.problems}
             except Exception as e:  # told to the others, then raised here
@@ -330,6 +333,7 @@ class Checkpointer:
             raise CheckpointCorrupt(verdict["corrupt"])
         if "error" in verdict:
             raise RuntimeError(verdict["error"])
+        self._latest_meta = verdict.get("meta")
         return Path(verdict["path"]) if verdict["path"] else None
 
     def _tracker(self) -> Any:

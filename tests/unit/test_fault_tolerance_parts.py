@@ -408,6 +408,49 @@ def test_exactly_one_rank_commits_and_no_rank_lists_the_partial_dir(tmp_path, mo
         alone.save(6, [], block=True)
 
 
+def test_only_rank_0_reads_meta_json_on_resume(tmp_path, monkeypatch):
+    """The step and the metrics rows (meta.json grows with every step) come with rank 0's verdict:
+    the other ranks load the checkpoint without reading meta.json."""
+    import shutil
+
+    import torch.distributed as dist
+
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, async_save=False)
+    engine.train_step()
+    engine.train_step()
+    ck.save(2, [{"step": 1}, {"step": 2}])
+    ck.finish()
+    ckpt = rd.checkpoint_dir(2)
+    shutil.copy(ckpt / "rng_rank_00000.pt", tmp_path / "rng_rank_00001.pt")  # (rank 1's, as a world of 2 has)
+    sent = []
+
+    def broadcast(box, src):  # rank 0's call sends its verdict, rank 1's receives it
+        if sent:
+            box[0] = sent[0]
+        else:
+            sent.append(box[0])
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    rank0, _ = checkpointer(rd, ctx=Rank(rd, 0, 2))
+    assert rank0.resume() == (2, [{"step": 1}, {"step": 2}])
+    assert sent[0]["meta"]["step"] == 2
+
+    reads = []
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        reads.append(self.name)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    rank1, engine1 = checkpointer(rd, ctx=Rank(rd, 1, 2))
+    shutil.copy(tmp_path / "rng_rank_00001.pt", ckpt / "rng_rank_00001.pt")
+    assert rank1.resume() == (2, [{"step": 1}, {"step": 2}])
+    assert "meta.json" not in reads and engine1.w.tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
 def test_pruning_runs_beside_the_steps_and_is_joined_by_the_next_wait(tmp_path, monkeypatch):
     """A synchronous save commits on the main thread, but the rmtree of old checkpoints runs in a
     thread: save() returns while it is blocked, and wait() (finish, the next save) joins it."""
