@@ -57,7 +57,7 @@ MUTANTS: List[Mutant] = [
       "    import torch  # noqa\n    for name in KEY_PACKAGES:",
       "tests/integration/test_login_path.py::test_real_local_submission_imports_no_torch",
       "the login path imports torch (archiving software versions)"),
-    M("X4", "launcher/training/checkpoint.py", "        if len(marks) < self.world:\n            return",
+    M("X4", "launcher/training/checkpoint.py", "        if done % self.world:\n            return",
       "        if False:\n            return", FAST,
       "a checkpoint is committed before every rank marked it done", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X5", "launcher/training/checkpoint.py", "if self.async_save and not block and self._hooked():",
@@ -140,6 +140,18 @@ MUTANTS: List[Mutant] = [
     M("M28", "launcher/training/checkpoint.py", "        if self.rank == 0 or not dist.is_initialized():\n",
       "        if True:\n", FAST, "every rank verifies on its own (ranks may disagree)",
       ("tests/unit/test_training_api.py",)),
+    M("M29", "launcher/training/checkpoint.py", "                cuda.set_device(started.device)",
+      "                pass", FAST, "the checkpoint writer thread waits on GPU 0's context, not its rank's",
+      ("tests/unit/test_checkpoint_cuda.py",)),
+    M("M30", "launcher/training/checkpoint.py",
+      "                started.event.synchronize()  # the pinned buffers",
+      "                cuda.synchronize()  # the pinned buffers", FAST,
+      "the async checkpoint waits for the whole (thread's current) device, not its copies' event",
+      ("tests/unit/test_checkpoint_cuda.py",)),
+    M("M31", "launcher/training/engines/ddp.py", "        state = load_on_one_rank(path / self.FILE, self.device)",
+      "        state = torch.load(path / self.FILE, map_location=self.device, weights_only=True)",
+      "tests/integration/test_multirank_parts.py::test_ddp_resume_reads_the_model_file_on_one_rank_only",
+      "every ddp rank reads the whole model file on resume"),
 ]
 
 

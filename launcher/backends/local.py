@@ -121,18 +121,49 @@ def has_nvidia_gpus(dev: str = "/dev") -> bool:
         return False
 
 
+VISIBLE_KEY = "cuda_visible_devices"  # a parameter of ours, not submitit's: GPUs named by UUID
+
+
 def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optional[str]) -> Dict[str, Any]:
     """submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES to the GPUs a job asks for (gpus_per_node,
     taken from visible_gpus): none asked is every GPU hidden, and the job would train on CPU. On a
-    host with GPUs a job asks for one per process, from the ones this process may use."""
+    host with GPUs a job asks for one per process, from the ones this process may use. Those named by
+    UUID (``GPU-...``, ``MIG-...``: MIG slices, some containers) are kept as they are written (the
+    first ``gpus_per_node`` of them, under VISIBLE_KEY): visible_gpus takes integers only, and
+    renumbering them 0..n-1 would hand the ranks GPUs they were not given."""
     if not host_has_gpus:
         return {}
     params: Dict[str, Any] = {"gpus_per_node": int(gpus_per_node)}
-    if visible_env:
-        ids = [int(x) for x in visible_env.split(",") if x.strip().isdigit()]
-        if ids:
-            params["visible_gpus"] = ids
+    entries = [x.strip() for x in (visible_env or "").split(",") if x.strip()]
+    if entries and all(x.isdigit() for x in entries):
+        params["visible_gpus"] = [int(x) for x in entries]
+    elif entries:
+        params[VISIBLE_KEY] = ",".join(entries[:int(gpus_per_node)])
     return params
+
+
+def local_executor(folder: Path, visible: Optional[str]) -> Any:
+    """submitit's LocalExecutor; ``visible``: the CUDA_VISIBLE_DEVICES its processes get, verbatim
+    (submitit's own writes the integers of visible_gpus only)."""
+    from submitit.local import local as sublocal  # submitit: only to start ranks, not to read or wait for them
+
+    if visible is None:
+        return sublocal.LocalExecutor(folder=folder)
+
+    class NamedGpuExecutor(sublocal.LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            # submitit's LocalExecutor._submit_command (1.5), with the devices as given
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            process = sublocal.start_controller(
+                folder=self.folder, command=command, tasks_per_node=ntasks, cuda_devices=visible,
+                timeout_min=self.parameters.get("timeout_min", 2.0),
+                signal_delay_s=self.parameters.get("signal_delay_s", 30),
+                stderr_to_stdout=self.parameters.get("stderr_to_stdout", False),
+                setup=self.parameters.get("setup", ()))
+            return sublocal.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
+                                     tasks=list(range(ntasks)))
+
+    return NamedGpuExecutor(folder=folder)
 
 
 class LocalBackend(Backend):
@@ -162,10 +193,9 @@ class LocalBackend(Backend):
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
-        from submitit import LocalExecutor  # submitit: only to start ranks, not to read or wait for them
-
-        ex = LocalExecutor(folder=folder)
-        ex.update_parameters(**self.parameters(cfg))
+        params = self.parameters(cfg)
+        ex = local_executor(folder, params.pop(VISIBLE_KEY, None))
+        ex.update_parameters(**params)
         return ex
 
     def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:

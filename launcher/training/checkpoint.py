@@ -18,20 +18,26 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
   step, as in recipes.common.data, or a per-rank sampler's state is saved too) and the metrics rows
   so far.
 
-Every rank writes its part into ``checkpoints/.step_<n>.partial/`` and drops a ``done_rank_<r>``
-marker (with the sha256 of each file it wrote); whichever rank completes the set writes
+Every rank writes its part into ``checkpoints/.step_<n>.partial/``, drops a ``done_rank_<r>``
+marker (with the sha256 of each file it wrote) and adds 1 to the save's counter in the process
+group's store (no rank lists the directory); the rank whose add completes the count writes
 ``checkpoint.json`` (every file's size and sha256: launcher.checkpoint_manifest), renames the
 directory into place and only then points ``checkpoints/latest`` at it, so ``latest`` only ever
 names a complete checkpoint. A crash mid-write leaves a partial directory, which the next attempt
-deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept. ``resume`` loads only a
+deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept (that rank deletes older
+ones in a thread: ``wait`` joins it). ``resume`` loads only a
 checkpoint that rank 0 verified against its manifest (a corrupt ``latest``: the newest earlier
 intact one, or ``CheckpointCorrupt`` on every rank).
 
-With ``train.checkpoint.async_save`` the step loop is not blocked by the write: a background thread
-copies the state into reused (GPU: pinned) host buffers while the next forward and backward run,
-the next optimizer step waits only if that copy is not done yet, and the thread then serialises and
-writes it (one save in flight at a time). DeepSpeed's own save is synchronous; so is a save of an
-engine (or a ``Checkpoint``) that names no optimizer.
+With ``train.checkpoint.async_save`` the step loop is not blocked by the write: the state is copied
+into reused host buffers while the next forward and backward run, and a background thread then
+serialises and writes it (one save in flight at a time). GPU tensors: the main thread enqueues their
+copies (to pinned buffers) on a side stream that waits for the compute stream, and records an event;
+the next optimizer step's stream waits for that event on the device, the writer thread (bound to
+the rank's GPU: CUDA's current device is per thread) waits for it before writing, never for the
+whole device. Host tensors: the thread copies them, and the next optimizer step waits for that. A
+rank with no GPU tensor to copy makes no CUDA call at all (no context on GPU 0). DeepSpeed's own
+save is synchronous; so is a save of an engine (or a ``Checkpoint``) that names no optimizer.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ import shutil
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
@@ -107,26 +114,125 @@ def set_rng_state(state: Dict[str, Any], tracker: Any = None) -> None:
         np.random.set_state(state["numpy"])
 
 
-def host_copy(obj: Any, reuse: Any = None) -> Any:
+# Every CUDA call of this module goes through this name (a unit test puts a fake CUDA module here).
+cuda = torch.cuda
+
+
+def _device_index(t: torch.Tensor) -> Optional[int]:
+    """The CUDA device a tensor lives on (None: host memory)."""
+    return t.device.index if t.is_cuda else None
+
+
+def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
+    return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
+
+
+def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
     """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
     host-memory copies: training may change the originals while the copy is written. ``reuse`` (the
     previous copy of the same state, already written) lends its buffers: no fresh allocation (and
-    page faults) per save; buffers of GPU tensors are pinned, so the copy runs at full link speed."""
+    page faults) per save; buffers of GPU tensors are pinned, so the copy runs at full link speed and
+    is enqueued (non-blocking) on the caller's current CUDA stream. ``deferred``: host tensors are not
+    copied here but their (buffer, source) pairs appended, for a thread to copy later."""
     if torch.is_tensor(obj):
         src = obj.detach()
+        on_gpu = _device_index(src) is not None
         if torch.is_tensor(reuse) and reuse.shape == src.shape and reuse.dtype == src.dtype and not reuse.is_cuda:
             buf = reuse
         else:
-            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
-        buf.copy_(src, non_blocking=src.is_cuda)
+            buf = _host_buffer(src, on_gpu)
+        if deferred is not None and not on_gpu:
+            deferred.append((buf, src))
+        else:
+            buf.copy_(src, non_blocking=on_gpu)
         return buf
+    more = () if deferred is None else (deferred,)  # (the plain two-argument call where none)
     if isinstance(obj, dict):
         old = reuse if isinstance(reuse, dict) else {}
-        return {k: host_copy(v, old.get(k)) for k, v in obj.items()}
+        return {k: host_copy(v, old.get(k), *more) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(host_copy(v, o) for v, o in zip(obj, old))
+        return type(obj)(host_copy(v, o, *more) for v, o in zip(obj, old))
     return obj
+
+
+def gpu_of(obj: Any) -> Optional[int]:
+    """The CUDA device of the first GPU tensor in a state (None: every tensor is in host memory)."""
+    if torch.is_tensor(obj):
+        return _device_index(obj)
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for v in items:
+        found = gpu_of(v)
+        if found is not None:
+            return found
+    return None
+
+
+@dataclass
+class _Copy:
+    """One save's copy to host memory, as the main thread started it. ``staged`` None: nothing is on a
+    GPU, a thread copies it all (host_copy). Else the GPU tensors' copies are enqueued on a side stream
+    of ``device`` and land when ``event`` completes; the host tensors' copies are ``deferred``."""
+
+    staged: Optional[Dict[str, Any]] = None
+    deferred: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    event: Any = None
+    device: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where the ``index``-th broadcast tensor goes in a state sent by load_on_one_rank."""
+
+    index: int
+
+
+def _slots(obj: Any, tensors: List[torch.Tensor], seen: Dict[Any, int]) -> Any:
+    """``obj`` with each tensor replaced by a _Slot (appended to ``tensors``; one tensor named twice,
+    e.g. tied weights, is sent once and arrives as one)."""
+    if torch.is_tensor(obj):
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), obj.stride(), obj.dtype)
+        if key not in seen:
+            seen[key] = len(tensors)
+            tensors.append(obj.contiguous())
+        return _Slot(seen[key])
+    if isinstance(obj, dict):
+        return {k: _slots(v, tensors, seen) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_slots(v, tensors, seen) for v in obj)
+    return obj
+
+
+def _filled(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if isinstance(obj, _Slot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _filled(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_filled(v, tensors) for v in obj)
+    return obj
+
+
+def load_on_one_rank(path: Path, device: Any, src: int = 0) -> Any:
+    """``torch.load(path)`` (weights only, onto ``device``) of a file every rank needs whole (ddp's
+    replicated model and optimizer): read by rank ``src`` alone, then its tensors broadcast to every
+    rank of the default group, bit for bit. One read of the file per job instead of one per rank
+    (gpt_1b3: 15.6 GB); every rank calls it. Without a process group: a plain load."""
+    device = torch.device(device)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return torch.load(path, map_location=device, weights_only=True)
+    tensors: List[torch.Tensor] = []
+    box: List[Any] = [None]
+    if dist.get_rank() == src:
+        tree = _slots(torch.load(path, map_location=device, weights_only=True), tensors, {})
+        box = [(tree, [(tuple(t.shape), t.dtype) for t in tensors])]
+    dist.broadcast_object_list(box, src=src)  # the structure and the plain values (small)
+    tree, specs = box[0]
+    if dist.get_rank() != src:
+        tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+    for t in tensors:  # (bool as bytes: not every backend reduces or sends bool)
+        dist.broadcast(t.view(torch.uint8) if t.dtype == torch.bool else t, src=src)
+    return _filled(tree, tensors)
 
 
 def _write_file(path: Path, obj: Any) -> None:
@@ -145,8 +251,10 @@ class Checkpointer:
     """Save, resume and prune the checkpoints of one rank of a run (see the module doc)."""
 
     def __init__(self, cfg: Any, ctx: Any, engine: Engine, *, every: Optional[int] = None,
-                 keep: Optional[int] = None, async_save: Optional[bool] = None) -> None:
-        """``every``, ``keep``, ``async_save``: train.checkpoint's values unless given."""
+                 keep: Optional[int] = None, async_save: Optional[bool] = None, store: Any = None) -> None:
+        """``every``, ``keep``, ``async_save``: train.checkpoint's values unless given. ``store``: where
+        the ranks count their written parts (a torch.distributed Store; default: the default process
+        group's, or a store of this process's own where there is no group)."""
         ck = cfg.train.checkpoint
         self.every = int(ck.every if every is None else every)
         self.keep = int(ck.keep if keep is None else keep)
@@ -160,6 +268,13 @@ class Checkpointer:
         self._copied = threading.Event()
         self._copied.set()
         self._hooks: Optional[List[Any]] = None
+        self._stream: Any = None  # the side CUDA stream the device->host copies run on (made once)
+        self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
+        self._event_device: Optional[int] = None
+        self._store = store
+        self._saves = 0  # saves so far: with the step, the store key the ranks count one save under
+        self._pruner: Optional[threading.Thread] = None
+        self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
         self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
         tr = cfg.train
         drill = tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
@@ -181,7 +296,7 @@ class Checkpointer:
         latest = self._verified_latest()
         step, rows = 0, []
         if latest is not None:
-            meta = json.loads((latest / META_FILE).read_text())
+            meta = self._latest_meta or json.loads((latest / META_FILE).read_text())
             self.engine.load_checkpoint(latest)
             set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
             self.ctx.heartbeat()
@@ -202,6 +317,8 @@ class Checkpointer:
                 if self.rank == 0:
                     checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
                 verdict = {"path": str(point.path) if point.path is not None else None}
+                if point.path is not None:  # its step and metrics rows: read here, not by every rank
+                    verdict["meta"] = json.loads((point.path / META_FILE).read_text())
             except CheckpointCorrupt as e:
                 failed, verdict = e, {"corrupt": e.problems}
             except Exception as e:  # told to the others, then raised here
@@ -216,6 +333,7 @@ class Checkpointer:
             raise CheckpointCorrupt(verdict["corrupt"])
         if "error" in verdict:
             raise RuntimeError(verdict["error"])
+        self._latest_meta = verdict.get("meta")
         return Path(verdict["path"]) if verdict["path"] else None
 
     def _tracker(self) -> Any:
@@ -242,9 +360,13 @@ class Checkpointer:
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
         if self.rank == 0:
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
+        self._saves += 1
         if self.async_save and not block and self._hooked():
+            started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
             self._copied.clear()
-            self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step),
+            if started.event is not None:
+                self._event, self._event_device = started.event, started.device
+            self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step, started),
                                             name="checkpoint-writer", daemon=True)
             self._thread.start()
         else:
@@ -259,35 +381,86 @@ class Checkpointer:
             self._hooks = [opt.register_step_pre_hook(lambda *_: self.wait_copied()) for opt in opts]
         return bool(self._hooks)
 
-    def _copy(self, live: Dict[str, Any]) -> Dict[str, Any]:
-        staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the pinned copies have landed before the writer reads them
+    def _start_copy(self, live: Dict[str, Any]) -> _Copy:
+        """In the main thread (its current device is the rank's): enqueue the GPU tensors' copies to
+        pinned host buffers on a side stream that first waits for the compute stream (the copies read
+        the state this step left), then record an event after them. A state with no GPU tensor (an
+        empty part included) makes no CUDA call at all."""
+        device = gpu_of(live)  # (a rank's GPU tensors are all on its one GPU)
+        if device is None:
+            return _Copy()
+        compute = cuda.current_stream(device)
+        if self._stream is None:
+            self._stream = cuda.Stream(device=device)
+        self._stream.wait_stream(compute)
+        deferred: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        with cuda.stream(self._stream):
+            staged = {name: host_copy(state, self._staged.get(name), deferred) for name, state in live.items()}
+        event = cuda.Event()
+        event.record(self._stream)
+        return _Copy(staged, deferred, event, device)
+
+    def _finish_copy(self, live: Dict[str, Any], started: _Copy) -> Dict[str, Any]:
+        """The host part of a copy (all of it when nothing is on a GPU); the GPU part may still be in
+        flight (``started.event``)."""
+        if started.staged is None:
+            staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
+        else:
+            for buf, src in started.deferred:
+                buf.copy_(src)
+            staged = started.staged
         self._staged = staged
         return staged
 
-    def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int) -> None:
+    def _copy(self, live: Dict[str, Any]) -> Dict[str, Any]:
+        """The whole copy, in the calling (main) thread: returns once every copy has landed."""
+        started = self._start_copy(live)
+        staged = self._finish_copy(live, started)
+        if started.event is not None:
+            started.event.synchronize()  # this save's copies only, not the whole device
+        return staged
+
+    def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int,
+                        started: _Copy) -> None:
         try:
-            staged = self._copy(live)
+            if started.device is not None:  # CUDA's current device is per thread: a new one starts on 0
+                cuda.set_device(started.device)
+            staged = self._finish_copy(live, started)
         except BaseException as e:  # surfaced by the next wait()
             self._error = e
             return
         finally:
             self._copied.set()
+        try:
+            if started.event is not None:
+                started.event.synchronize()  # the pinned buffers hold this save's state (``live``, held
+                # by this thread until here, kept the GPU tensors from being freed and reused meanwhile)
+        except BaseException as e:
+            self._error = e
+            return
         self._write_guarded(partial, {**staged, **small}, step)
 
     def wait_copied(self) -> None:
-        """Until the state of the save in flight is in host memory (the training state may change)."""
+        """Until the state of the save in flight is in host memory (the training state may change):
+        the host copies are waited for here; the GPU copies by the current stream (the optimizer
+        step's kernels wait on the device, the host does not block)."""
         if not self._copied.is_set():
             t0 = time.perf_counter()
             self._copied.wait()
             self.blocked_s += time.perf_counter() - t0
+        if self._event is not None:
+            cuda.current_stream(self._event_device).wait_event(self._event)
+            self._event = None
 
     def wait(self) -> None:
-        """Until the save in flight (if any) is written; re-raises its error."""
+        """Until the save in flight (if any) is written and the pruning it started is done; re-raises
+        its error."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._pruner is not None:
+            self._pruner.join()
+            self._pruner = None
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"writing a checkpoint failed on rank {self.rank}: {err}") from err
@@ -314,24 +487,39 @@ class Checkpointer:
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
 
+    def _done_store(self) -> Any:
+        if self._store is None:
+            if dist.is_initialized():
+                self._store = dist.distributed_c10d._get_default_store()
+            elif self.world == 1:
+                self._store = dist.HashStore()
+            else:  # the ranks could never count each other: no checkpoint would ever be committed
+                raise RuntimeError(f"a checkpoint of {self.world} ranks needs their process group "
+                                   "(torch.distributed) or a shared store (Checkpointer(..., store=))")
+        return self._store
+
     def _commit(self, partial: Path, step: int) -> None:
-        """The rank that completes the set renames it into place, then moves ``latest``, then prunes."""
-        try:
-            marks = list(partial.glob(DONE_FILE.format(rank=0).replace("00000", "*")))
-        except FileNotFoundError:  # the last rank to finish saw every mark first and renamed it already
+        """The rank that completes the set renames it into place, then moves ``latest``, then prunes
+        (in a thread). Which rank completes it: each adds 1 to this save's counter in the store (one
+        atomic request per rank, no listing of the partial dir); the one that brings it to the world
+        size is the last (a counter reused by a second Checkpointer of the same group goes on counting,
+        hence the modulo)."""
+        done = int(self._done_store().add(f"launcher.checkpoint/{step}/{self._saves}", 1))
+        if done % self.world:
             return
-        if len(marks) < self.world:
-            return
-        try:
-            os.close(os.open(partial / "commit", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except (FileExistsError, FileNotFoundError):  # another rank commits it (or already renamed it)
-            return
+        marks = [partial / DONE_FILE.format(rank=r) for r in range(self.world)]
         checkpoint_manifest.write(partial, step, marks)  # every file's size and sha256, before it is visible
         final = self.rd.checkpoint_dir(step)
         if final.exists():  # committed by an earlier attempt that died before moving `latest`
             shutil.rmtree(final)
         os.replace(partial, final)
         self.rd.set_latest(final)
+        # the rmtree of old checkpoints (thousands of files at scale) runs beside the training steps
+        self._pruner = threading.Thread(target=self._prune, args=(final,), name="checkpoint-pruner", daemon=True)
+        self._pruner.start()
+
+    def _prune(self, final: Path) -> None:
+        """Delete the checkpoints older than the last ``keep`` (no CUDA call: nothing to bind)."""
         for old in self.rd.checkpoints()[:-self.keep]:
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)

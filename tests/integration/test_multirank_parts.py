@@ -1,6 +1,8 @@
 """Parts that only mean something with more than one rank, on a real 2-process gloo group: the stop
-agreement at a step boundary (RunContext.should_stop) and the data-parallel gradient average
-(recipes.gpt.parallel.grad_buckets). Each test spawns two worker processes on a free loopback port."""
+agreement at a step boundary (RunContext.should_stop), the data-parallel gradient average
+(recipes.gpt.parallel.grad_buckets), the ddp engines' resume read by one rank and the checkpoint
+commit counted in the group's store (launcher.training.checkpoint). Each test spawns two worker
+processes on a free loopback port."""
 import json
 import os
 import socket
@@ -133,3 +135,143 @@ def test_grad_buckets_average_over_two_ranks(tmp_path):
         assert not torch.allclose(g0, g1)  # the ranks' data differ: the average is not either one
         assert torch.equal(s0, s1)
         torch.testing.assert_close(s0, (g0 + g1) / 2, rtol=1e-5, atol=1e-7)
+
+
+ONE_READ = """
+from types import SimpleNamespace
+from torch import nn
+from launcher.training.checkpoint import load_on_one_rank
+from launcher.training.engines.ddp import DDPEngine as AnyModelDDP
+from recipes.gpt.engines.ddp import DDPEngine as GptDDP
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.b.weight = self.a.weight  # tied: one tensor under two names
+        self.register_buffer("mask", torch.tensor([True, False, True]))
+
+def fresh(seed):
+    torch.manual_seed(seed)
+    net = Net()
+    return net, torch.optim.AdamW(net.parameters(), lr=0.1)
+
+ckdir = out.parent / "ckpt"
+if rank == 0:  # the state after two steps, as ddp's checkpoint holds it
+    ckdir.mkdir()
+    net, opt = fresh(0)
+    for _ in range(2):
+        net.a(torch.randn(2, 4)).pow(2).sum().backward()
+        opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "scaler": None}, ckdir / "model.pt")
+dist.barrier()
+
+real_load, loads = torch.load, []
+def counting_load(f, *a, **k):
+    loads.append(str(f))
+    return real_load(f, *a, **k)
+torch.load = counting_load
+
+result = {}
+for name, engine in (("any_model", AnyModelDDP), ("gpt", GptDDP)):
+    net, opt = fresh(1 + rank)  # other weights on each rank: the load must replace them
+    me = SimpleNamespace(FILE="model.pt", device=torch.device("cpu"), model=net, optimizer=opt, scaler=None)
+    engine.load_checkpoint(me, ckdir)
+    result[name] = {"model": net.state_dict(), "optimizer": opt.state_dict()}
+shared = load_on_one_rank(ckdir / "model.pt", "cpu")
+tied = shared["model"]["a.weight"].data_ptr() == shared["model"]["b.weight"].data_ptr()
+torch.load = real_load
+torch.save({"loads": loads, "result": result, "tied": tied, "file": real_load(ckdir / "model.pt")}, out)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_ddp_resume_reads_the_model_file_on_one_rank_only(tmp_path):
+    """Both DDP engines' load_checkpoint on a 2-rank gloo group: rank 0 reads model.pt (once per load),
+    rank 1 never opens it, and both end with the file's model and optimizer state bit for bit (a tied
+    weight stays one tensor, a bool buffer arrives as written)."""
+    import torch
+
+    outs = _two_ranks(tmp_path, ONE_READ)
+    r0, r1 = (torch.load(p, weights_only=False) for p in outs)
+    assert [Path(f).name for f in r0["loads"]] == ["model.pt"] * 3 and r1["loads"] == []
+    assert r0["tied"] and r1["tied"]
+    want = r0["file"]
+    for r in (r0, r1):
+        for engine in ("any_model", "gpt"):
+            got = r["result"][engine]
+            assert got["model"].keys() == want["model"].keys()
+            assert all(torch.equal(got["model"][k], v) and got["model"][k].dtype == v.dtype
+                       for k, v in want["model"].items())
+            assert got["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+            for pid, st in want["optimizer"]["state"].items():
+                assert all(torch.equal(got["optimizer"]["state"][pid][k], v) for k, v in st.items())
+
+
+COMMIT = """
+import threading
+from omegaconf import OmegaConf
+from launcher.rundir import RunDir
+from launcher.training import checkpoint
+
+class Engine:
+    def __init__(self):
+        self.p = torch.nn.Parameter(torch.arange(4.0) + 10 * rank)
+        self.optimizer = torch.optim.SGD([self.p], lr=1.0)
+    def optimizers(self):
+        return [self.optimizer]
+    def save_native(self, path):
+        pass
+    def checkpoint_files(self):
+        return {f"part_{rank}.pt": {"w": self.p}}
+    def load_checkpoint(self, path):
+        pass
+
+class Ctx:
+    attempt = 1
+    def __init__(self):
+        self.rank, self.world_size, self.rundir = rank, 2, RunDir(out.parent / "run")
+    def heartbeat(self, step=None):
+        pass
+
+renames = []
+real_replace = os.replace
+def replace(src, dst):
+    if str(src).endswith(".partial"):
+        renames.append((threading.current_thread().name, Path(dst).name))
+    return real_replace(src, dst)
+os.replace = replace
+
+if rank == 0:
+    Ctx().rundir.path.mkdir()
+dist.barrier()
+cfg = OmegaConf.create({"train": {"steps": 4, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
+                                  "fail_attempt": None, "checkpoint": {"every": 1, "keep": 2, "async_save": True}}})
+ck = checkpoint.Checkpointer(cfg, Ctx(), Engine())
+for step in range(1, 5):
+    if rank == step % 2:
+        time.sleep(0.3)  # the ranks take turns at finishing last
+    ck.save(step, [{"step": s} for s in range(1, step + 1)])
+    ck.wait()
+    dist.barrier()
+ck.finish()
+out.write_text(json.dumps(renames))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_ranks_count_their_parts_in_the_groups_store_and_one_renames(tmp_path):
+    """Asynchronous saves of a 2-rank gloo group, counted in the default group's store: each save is
+    renamed into place exactly once, by one rank's writer thread, and the last two are kept whole."""
+    from launcher.rundir import RunDir
+
+    outs = _two_ranks(tmp_path, COMMIT)
+    renames = [json.loads(p.read_text()) for p in outs]
+    done = sorted(name for r in renames for _thread, name in r)
+    assert done == [f"step_{s:08d}" for s in range(1, 5)]
+    assert {thread for r in renames for thread, _name in r} == {"checkpoint-writer"}
+    rd = RunDir(tmp_path / "run")
+    assert [p.name for p in rd.checkpoints()] == ["step_00000003", "step_00000004"]
+    for p in rd.checkpoints():
+        assert {f.name for f in p.glob("part_*.pt")} == {"part_0.pt", "part_1.pt"}
+        assert (p / "checkpoint.json").is_file()

@@ -180,7 +180,7 @@ class Ctx:
         pass
 
 
-def checkpointer(rd, every=2, keep=2, async_save=True, steps=9, ctx=None):
+def checkpointer(rd, every=2, keep=2, async_save=True, steps=9, ctx=None, store=None):
     from omegaconf import OmegaConf
 
     from launcher.training.checkpoint import Checkpointer
@@ -189,7 +189,7 @@ def checkpointer(rd, every=2, keep=2, async_save=True, steps=9, ctx=None):
                                       "fail_attempt": None,
                                       "checkpoint": {"every": every, "keep": keep, "async_save": async_save}}})
     engine = TinyEngine()
-    return Checkpointer(cfg, ctx or Ctx(rd), engine), engine
+    return Checkpointer(cfg, ctx or Ctx(rd), engine, store=store), engine
 
 
 @pytest.mark.parametrize("async_save", [True, False])
@@ -267,11 +267,15 @@ class Rank(Ctx):
 
 def test_a_checkpoint_is_committed_only_when_every_rank_marked_it_done(tmp_path):
     """World 2: rank 0's part alone leaves the partial dir and `latest` as they were; rank 1's mark
-    completes the set and that rank renames it into place."""
+    completes the set and that rank renames it into place (the ranks count their parts in one store,
+    as in the default process group's)."""
+    import torch.distributed as dist
+
     from launcher.training.checkpoint import DONE_FILE
 
     rd = make_run(tmp_path)
-    ranks = [checkpointer(rd, async_save=False, ctx=Rank(rd, r, 2)) for r in (0, 1)]
+    store = dist.HashStore()
+    ranks = [checkpointer(rd, async_save=False, ctx=Rank(rd, r, 2), store=store) for r in (0, 1)]
     for _ck, engine in ranks:
         engine.train_step()
         engine.train_step()
@@ -354,30 +358,129 @@ def test_the_optimizer_step_waits_for_the_host_copy(tmp_path, monkeypatch):
     _assert_holds_step(rd.checkpoint_dir(2), 2)
 
 
-def test_a_rank_finishing_after_the_set_was_committed_returns(tmp_path, monkeypatch):
-    """Two ranks mark the same checkpoint done: the one that saw every mark renames the partial dir
-    into place while the other is listing it (pathlib's scandir then finds no dir: FileNotFoundError,
-    which had failed that rank's save); the other returns without an error."""
-    import pathlib
+@pytest.mark.parametrize("async_save", [True, False])
+def test_exactly_one_rank_commits_and_no_rank_lists_the_partial_dir(tmp_path, monkeypatch, async_save):
+    """World 3 in one store: each rank's save adds 1 to the save's counter; only the rank that brings
+    it to 3 commits (whichever order they finish in). No rank lists the partial dir to find the
+    others' marks; only the committing rank reads the set (its manifest) and lists the checkpoints
+    (pruning, in a thread of its own, joined by wait())."""
+    import threading
 
-    from launcher.training.checkpoint import DONE_FILE
+    import torch.distributed as dist
 
     rd = make_run(tmp_path)
-    ck, _ = checkpointer(rd)
-    ck.world = 2
-    partial = rd.checkpoint_partial(4)
-    partial.mkdir(parents=True)
-    for r in (0, 1):
-        (partial / DONE_FILE.format(rank=r)).touch()
-    ck._commit(partial, 4)  # rank 1: every mark is in, it commits
-    assert rd.latest_checkpoint() == rd.checkpoint_dir(4) and not partial.exists()
+    store = dist.HashStore()
+    ranks = [checkpointer(rd, keep=1, async_save=async_save, ctx=Rank(rd, r, 3), store=store) for r in (0, 1, 2)]
+    listed = []  # (thread, dir) of every directory listing under the run's checkpoints
+    real_scandir, real_listdir = os.scandir, os.listdir
 
-    def renamed_while_listing(self, pattern):  # the dir vanished between pathlib's check and its scandir
-        raise FileNotFoundError(2, "No such file or directory", str(self))
+    def scandir(path="."):
+        listed.append((threading.current_thread().name, str(path)))
+        return real_scandir(path)
 
-    monkeypatch.setattr(pathlib.Path, "glob", renamed_while_listing)
-    ck._commit(partial, 4)  # rank 0, a moment later: nothing to do, no error
-    assert rd.latest_checkpoint() == rd.checkpoint_dir(4)
+    def listdir(path="."):
+        listed.append((threading.current_thread().name, str(path)))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    for step in (2, 4):
+        for _ck, engine in ranks:
+            engine.train_step()
+            engine.train_step()
+        for r in (2, 0, 1):  # rank 1 finishes last: it commits
+            listed.clear()
+            ranks[r][0].save(step, [{"step": i} for i in range(1, step + 1)])
+            ranks[r][0].wait()
+            partial = str(rd.checkpoint_partial(step))
+            if r != 1:
+                assert not any(partial in d for _t, d in listed), listed
+                assert rd.checkpoint_partial(step).is_dir() and rd.latest_checkpoint() != rd.checkpoint_dir(step)
+            else:
+                assert rd.latest_checkpoint() == rd.checkpoint_dir(step) and not rd.checkpoint_partial(step).exists()
+        _assert_holds_step(rd.checkpoint_dir(step), step)
+    assert [p.name for p in rd.checkpoints()] == ["step_00000004"]  # keep 1: step 2 pruned
+    assert any(t == "checkpoint-pruner" for t, _d in listed)  # the committing rank listed `checkpoints/`
+    assert store.add("launcher.checkpoint/4/2", 0) == 3  # one add per rank for the second save
+
+    alone, _ = checkpointer(rd, ctx=Rank(rd, 0, 2))  # two ranks, no process group, no shared store
+    with pytest.raises(RuntimeError, match="needs their process group"):
+        alone.save(6, [], block=True)
+
+
+def test_only_rank_0_reads_meta_json_on_resume(tmp_path, monkeypatch):
+    """The step and the metrics rows (meta.json grows with every step) come with rank 0's verdict:
+    the other ranks load the checkpoint without reading meta.json."""
+    import shutil
+
+    import torch.distributed as dist
+
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, async_save=False)
+    engine.train_step()
+    engine.train_step()
+    ck.save(2, [{"step": 1}, {"step": 2}])
+    ck.finish()
+    ckpt = rd.checkpoint_dir(2)
+    shutil.copy(ckpt / "rng_rank_00000.pt", tmp_path / "rng_rank_00001.pt")  # (rank 1's, as a world of 2 has)
+    sent = []
+
+    def broadcast(box, src):  # rank 0's call sends its verdict, rank 1's receives it
+        if sent:
+            box[0] = sent[0]
+        else:
+            sent.append(box[0])
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    rank0, _ = checkpointer(rd, ctx=Rank(rd, 0, 2))
+    assert rank0.resume() == (2, [{"step": 1}, {"step": 2}])
+    assert sent[0]["meta"]["step"] == 2
+
+    reads = []
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        reads.append(self.name)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    rank1, engine1 = checkpointer(rd, ctx=Rank(rd, 1, 2))
+    shutil.copy(tmp_path / "rng_rank_00001.pt", ckpt / "rng_rank_00001.pt")
+    assert rank1.resume() == (2, [{"step": 1}, {"step": 2}])
+    assert "meta.json" not in reads and engine1.w.tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_pruning_runs_beside_the_steps_and_is_joined_by_the_next_wait(tmp_path, monkeypatch):
+    """A synchronous save commits on the main thread, but the rmtree of old checkpoints runs in a
+    thread: save() returns while it is blocked, and wait() (finish, the next save) joins it."""
+    import shutil
+    import threading
+
+    rd = make_run(tmp_path)
+    ck, engine = checkpointer(rd, keep=1, async_save=False)
+    engine.train_step()
+    ck.save(1, [])
+    release, pruning = threading.Event(), threading.Event()
+    real = shutil.rmtree
+
+    def slow_rmtree(path, *a, **k):
+        pruning.set()
+        assert release.wait(10)
+        real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
+    engine.train_step()
+    ck.save(2, [])  # returns with step 1 still being deleted
+    assert pruning.wait(5) and rd.latest_checkpoint() == rd.checkpoint_dir(2)
+    assert rd.checkpoint_dir(1).exists()
+    finisher = threading.Thread(target=ck.finish)
+    finisher.start()
+    finisher.join(0.3)
+    assert finisher.is_alive()  # finish() waits for the pruning
+    release.set()
+    finisher.join(10)
+    assert not finisher.is_alive() and [p.name for p in rd.checkpoints()] == ["step_00000002"]
 
 
 # ---- the hang finding ----------------------------------------------------------------------------

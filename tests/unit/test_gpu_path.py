@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from launcher import backends
-from launcher.backends.local import gpu_parameters
+from launcher.backends.local import VISIBLE_KEY, gpu_parameters
 from launcher.runtime import env as dist_env
 from launcher.runtime.watchdog import fs_poll_interval
 from launcher.submit.preflight import compose_point
@@ -57,6 +57,44 @@ def test_the_local_executor_is_asked_for_one_gpu_per_process_on_a_gpu_host():
     assert gpu_parameters(4, True, None) == {"gpus_per_node": 4}
     # the GPUs this process may use are the ones handed out
     assert gpu_parameters(2, True, "2,3") == {"gpus_per_node": 2, "visible_gpus": [2, 3]}
+
+
+def test_gpus_named_by_uuid_are_kept_as_written():
+    """A MIG slice or a container's GPU named by UUID: submitit's visible_gpus takes integers only;
+    renumbered 0..n-1 the ranks would use GPUs they were not given (or, under MIG, cannot use)."""
+    mig = "MIG-4f2a6c1e-8b7d-5e3a-9c2f-1d0e6b7a8c9d"
+    assert gpu_parameters(1, True, mig) == {"gpus_per_node": 1, VISIBLE_KEY: mig}
+    a, b = "GPU-aaaa1111-2222-3333-4444-555566667777", "GPU-bbbb1111-2222-3333-4444-555566667777"
+    assert gpu_parameters(2, True, f"{a}, {b},GPU-c") == {"gpus_per_node": 2, VISIBLE_KEY: f"{a},{b}"}
+
+
+def test_the_local_executor_hands_the_ranks_the_uuids(tmp_path, monkeypatch):
+    """The executor built from those parameters starts its controller (whose environment the ranks
+    inherit) with CUDA_VISIBLE_DEVICES as written; integer ids still go through submitit's own."""
+    from submitit.local import local as sublocal
+
+    from launcher.backends.local import local_executor
+
+    started = []
+
+    class Proc:
+        pid = 4242
+
+    def start_controller(**kw):
+        started.append(kw["cuda_devices"])
+        return Proc()
+
+    monkeypatch.setattr(sublocal, "start_controller", start_controller)
+    mig = "MIG-4f2a6c1e-8b7d-5e3a-9c2f-1d0e6b7a8c9d"
+    params = gpu_parameters(1, True, mig)
+    ex = local_executor(tmp_path, params.pop(VISIBLE_KEY))
+    ex.update_parameters(tasks_per_node=1, timeout_min=1, **params)
+    job = ex._submit_command("true")
+    assert started == [mig] and job.job_id == "4242"
+    ex = local_executor(tmp_path, None)
+    ex.update_parameters(tasks_per_node=2, timeout_min=1, **gpu_parameters(2, True, "2,3"))
+    ex._submit_command("true")
+    assert started == [mig, "2,3"]
 
 
 # ---- the sbatch script -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.base import (
     Batch,
     Engine,
@@ -102,7 +103,8 @@ class DDPEngine(Engine):
                             "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
 
     def load_checkpoint(self, path: Path) -> None:
-        state = torch.load(path / self.FILE, map_location=self.device, weights_only=True)
+        # data-parallel rank 0 reads the file, the others receive it (bit for bit) from it
+        state = load_on_one_rank(path / self.FILE, self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None:
