@@ -335,9 +335,10 @@ def _checkpoint(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> N
     cfg = OmegaConf.create({"train": {"steps": 4, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
                                       "fail_attempt": None, "checkpoint": checkpoint}})
     model = torch.nn.Linear(2, 2)
+    store = torch.distributed.HashStore()  # the job's store (not the file system): the ranks count the save there
     for rank in range(world):
         layer.rank = rank
-        Checkpoint(cfg, _Ctx(rd, rank, world), {"model": model}, async_save=False).save(2, [])
+        Checkpoint(cfg, _Ctx(rd, rank, world), {"model": model}, async_save=False, store=store).save(2, [])
     layer.rank = None
     assert rd.latest_checkpoint() is not None, "the last rank's part did not commit the checkpoint"
 

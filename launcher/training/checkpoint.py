@@ -580,6 +580,7 @@ class Checkpoint(Checkpointer):
     in a module's buffers); otherwise pass ``async_save=False``."""
 
     def __init__(self, cfg: Any, ctx: Any, state: Mapping[str, Any], *, per_rank: Optional[Mapping[str, Any]] = None,
-                 every: Optional[int] = None, keep: Optional[int] = None, async_save: Optional[bool] = None) -> None:
+                 every: Optional[int] = None, keep: Optional[int] = None, async_save: Optional[bool] = None,
+                 store: Any = None) -> None:
         objects = Objects(state, per_rank or {}, int(ctx.rank), ctx.device)
-        super().__init__(cfg, ctx, objects, every=every, keep=keep, async_save=async_save)
+        super().__init__(cfg, ctx, objects, every=every, keep=keep, async_save=async_save, store=store)

@@ -44,15 +44,16 @@ def test_each_ranks_file_operations_stay_flat_as_the_job_grows(counts, phase):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("phase", ("startup", "watch", "failure", "hang"))
+@pytest.mark.parametrize("phase", rank_sim.PHASES)
 def test_no_rank_lists_a_directory_that_grows_with_the_job(counts, phase):
     """Only the one rank with a job-wide part lists a directory of every rank (the hang's gatherer
-    counts the dumps); every other rank's listings return a few entries whatever N is. (The
-    checkpoint's commit is launcher.training.checkpoint's: its counts are printed, not held here.)"""
+    counts the dumps, the checkpoint's committer writes its manifest); every other rank's listings
+    return a few entries whatever N is: a checkpoint is committed by a count in the job's store, not
+    by listing the done markers."""
     for world in SIZES:
         listed = counts[world].dirents_per_rank(phase, world)
         assert max(_all_but_one(listed)) <= 4, (phase, world, sorted(listed)[-5:])
-        assert max(listed) <= 2 * world + 4, (phase, world, max(listed))
+        assert max(listed) <= 6 * world, (phase, world, max(listed))  # linear in N at most
 
 
 @pytest.mark.timeout(120)
