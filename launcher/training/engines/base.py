@@ -112,6 +112,36 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor],
     return norm, held
 
 
+class StepStats:
+    """The step's scalars every rank must agree on, and the job's stop agreement, in one all-reduce and
+    one host read: an engine appends this rank's stop votes (``RunContext.stop_votes``) to the tensor it
+    all-reduces anyway (SUM: its loss), reads it once, and ``read`` settles the stop on the context
+    (``settle_stop``), so the loop's ``should_stop`` needs no collective or device sync of its own.
+    At world 1, or with a context without votes, nothing is appended."""
+
+    def __init__(self, ctx: Any, world: int) -> None:
+        self.ctx = ctx if world > 1 and hasattr(ctx, "stop_votes") else None
+        self._votes = 0
+
+    def with_votes(self, summed: torch.Tensor) -> torch.Tensor:
+        """``summed`` (1-D float32, to be summed over the world) with this rank's stop votes after it."""
+        if self.ctx is None:
+            return summed
+        votes = self.ctx.stop_votes(summed.device)
+        self._votes = votes.numel()
+        return torch.cat([summed, votes])
+
+    def read(self, stats: torch.Tensor) -> List[float]:
+        """The one host read of the step: ``stats`` (its tail the summed votes of ``with_votes``) as
+        floats, the votes settled on the context and left out."""
+        values = stats.tolist()
+        if self.ctx is None or not self._votes:
+            return values
+        n, self._votes = self._votes, 0
+        self.ctx.settle_stop(values[-n:])
+        return values[:-n]
+
+
 def tensor_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors if t is not None))
 

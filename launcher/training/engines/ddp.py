@@ -15,6 +15,7 @@ from launcher.seeding import dropout_seed
 from launcher.training.engines.base import (
     Batch,
     Engine,
+    StepStats,
     adamw,
     autocast_for,
     dtype_name,
@@ -66,6 +67,7 @@ class DDPEngine(Engine):
         self.scaler, self.static_scale = grad_scaler(cfg, self.device.type)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def describe(self) -> str:
         return f"DDPEngine({type(self.model).__name__},{self.contract.name},{self.dtype})"
@@ -86,9 +88,12 @@ class DDPEngine(Engine):
             loss_sum += loss.detach().float()
         with self._phase("optimizer"):
             grad_norm = self._optimizer_step()
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum, self.world)
-        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+            if self.world > 1:
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_value, loss_value = self.stats.read(torch.cat([grad_norm.float().reshape(1), stats]))
         return loss_value, norm_value
 
     def _optimizer_step(self) -> torch.Tensor:

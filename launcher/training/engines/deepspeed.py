@@ -29,7 +29,16 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import DTYPES, Batch, Engine, adamw_kwargs, dtype_name, param_groups, tensor_bytes
+from launcher.training.engines.base import (
+    DTYPES,
+    Batch,
+    Engine,
+    StepStats,
+    adamw_kwargs,
+    dtype_name,
+    param_groups,
+    tensor_bytes,
+)
 from launcher.training.engines.build import apply_recompute, build_model, params_on_meta
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.ddp import mean_over_ranks, rank_log
@@ -122,6 +131,7 @@ class DeepSpeedEngine(Engine):
                                                              dist_init_required=False)
         self.module = self.ds.module
         self._undo_state_init_step()
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def _undo_state_init_step(self) -> None:
         """ZeRO-0 in bf16/fp16 wraps the client in FP16_UnfusedOptimizer, whose constructor steps once on
@@ -167,11 +177,14 @@ class DeepSpeedEngine(Engine):
                 self.ds.step()
         norm = self.ds.get_global_grad_norm()
         norm = own_norm if norm is None else norm
+        stats = self.stats.with_votes(loss_sum.div_(accum).reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum.div_(accum), self.world)
-        norm_t = (norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm)
-                  else torch.tensor(float("nan") if norm is None else float(norm), device=loss_sum.device))
-        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+            if self.world > 1:
+                torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_t = (norm.detach().float().reshape(1).to(stats.device) if torch.is_tensor(norm)
+                  else torch.tensor([float("nan") if norm is None else float(norm)], device=stats.device))
+        norm_value, loss_value = self.stats.read(torch.cat([norm_t, stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

@@ -42,6 +42,7 @@ from launcher.training.engines.base import (
     DTYPES,
     Batch,
     Engine,
+    StepStats,
     adamw,
     dtype_name,
     grad_scaler,
@@ -127,6 +128,7 @@ class FSDPEngine(Engine):
             warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def _tensor_parallel(self, model_fn: Callable[[], nn.Module], seed: int, contract: Optional[ModelContract],
                          shard: Callable[[nn.Module, str], None], log: Callable[[str], None]
@@ -165,9 +167,12 @@ class FSDPEngine(Engine):
         with self._phase("optimizer"):
             norm, self._last_grad_bytes = optimizer_step(self.optimizer, self.params, self.grad_clip, self.scaler,
                                                          self.static_scale, self.min_scale)
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum, self.world)
-        loss_value, norm_value = torch.stack([loss_sum, norm.float().to(loss_sum.device)]).tolist()
+            if self.world > 1:
+                torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_value, loss_value = self.stats.read(torch.cat([norm.float().reshape(1).to(stats.device), stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

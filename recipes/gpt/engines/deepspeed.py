@@ -42,7 +42,7 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import Batch, Engine, adamw_kwargs, dtype_name, param_groups
+from launcher.training.engines.base import Batch, Engine, StepStats, adamw_kwargs, dtype_name, param_groups
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, mean_over
@@ -209,6 +209,7 @@ class DeepSpeedEngine(Engine):
         )
         self.module = self.ds.module
         self._undo_state_init_step()
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
         self._grads_peak = 0
         self._grads_last = 0
 
@@ -284,13 +285,14 @@ class DeepSpeedEngine(Engine):
         if norm is None:
             norm = own_norm
         loss_sum /= accum
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         if self.world > 1:
             with self._phase("loss_sync"):
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum /= self.world
-        norm_t = norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm) else torch.tensor(
-            float("nan") if norm is None else float(norm), device=loss_sum.device)
-        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+            stats[:1] /= self.world
+        norm_t = norm.detach().float().reshape(1).to(stats.device) if torch.is_tensor(norm) else torch.tensor(
+            [float("nan") if norm is None else float(norm)], device=stats.device)
+        norm_value, loss_value = self.stats.read(torch.cat([norm_t, stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

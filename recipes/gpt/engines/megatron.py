@@ -41,6 +41,7 @@ from launcher.training.engines.base import (
     DTYPES,
     Batch,
     Engine,
+    StepStats,
     adamw_kwargs,
     autocast_for,
     dtype_name,
@@ -160,6 +161,7 @@ class MegatronEngine(Engine):
         self._schedule = None
         self._schedule_mbs = 0
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, int(ctx.world_size))  # the stats all-reduce carries the stop votes
 
     # ------------------------------------------------------------------------------ setup
 
@@ -269,10 +271,10 @@ class MegatronEngine(Engine):
               else torch.zeros((), device=self.device, dtype=torch.float32))
         owns_loss = self.stage.is_last and self.mesh.tp_rank == 0
         loss_part = loss_sum / self.dp if owns_loss else torch.zeros_like(loss_sum)
-        stats = torch.stack([loss_part, sq])
+        stats = self.stats.with_votes(torch.stack([loss_part, sq]))
         with self._phase("loss_sync"):
             dist.all_reduce(stats)
-        loss_value, sq_value = stats.tolist()
+        loss_value, sq_value = self.stats.read(stats)
         grad_norm = (math.sqrt(sq_value) if math.isfinite(sq_value)
                      else float("nan") if math.isnan(sq_value) else float("inf"))
 
