@@ -173,3 +173,27 @@ def test_one_collective_and_one_host_read_per_step(tmp_path, case):
     assert _sum(got, "collective:project:") == collectives, got
     reads = {k: v for k, v in got.items() if k.startswith("read:project:")}
     assert reads == {"read:project:tolist": 1}, reads
+
+
+PARAMS = 19_712  # the tiny GPT's parameters (tests/unit/test_gpt_recipe.py's TINY_MODEL)
+
+
+def _bytes(got: Dict[str, Any], dtype: str) -> int:
+    """Bytes per step of the collectives in ``dtype``."""
+    return sum(b for k, b in got["bytes"].items() if k.startswith("collective:") and k.endswith(":" + dtype))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine", ["ddp", "megatron"])
+def test_bf16_gradient_reduction_halves_the_bytes(tmp_path, engine):
+    """precision.grad_reduce_dtype=bf16: every gradient crosses once, in bf16 (2 B per parameter:
+    DDP's compression hook, the megatron engine's buckets); fp32 (the default) sends none in bf16,
+    and the megatron buckets carry 4 B per parameter."""
+    sections = {"parallelism": {"engine": engine}}
+    exact = per_step(tmp_path / "fp32", precision={"dtype": "bf16"}, **sections)
+    half = per_step(tmp_path / "bf16", precision={"dtype": "bf16", "grad_reduce_dtype": "bf16"}, **sections)
+    assert _bytes(exact, "bfloat16") == 0
+    assert _bytes(half, "bfloat16") == 2 * PARAMS
+    assert _bytes(half, "float32") <= 16  # the step's stats (loss, norm, stop votes) only
+    if engine == "megatron":  # (DDP's own fp32 buckets are reduced in C++, out of the probe's sight)
+        assert _bytes(exact, "float32") - _bytes(half, "float32") == 4 * PARAMS

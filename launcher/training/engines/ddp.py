@@ -18,6 +18,7 @@ from launcher.training.engines.base import (
     StepStats,
     adamw,
     autocast_for,
+    compress_ddp_grads,
     dtype_name,
     grad_scaler,
     optimizer_state_bytes,
@@ -57,6 +58,7 @@ class DDPEngine(Engine):
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
+            compress_ddp_grads(self.ddp, cfg)  # precision.grad_reduce_dtype
         self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)

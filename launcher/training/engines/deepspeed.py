@@ -36,6 +36,7 @@ from launcher.training.engines.base import (
     StepStats,
     adamw_kwargs,
     dtype_name,
+    grad_reduce_dtype,
     param_groups,
     tensor_bytes,
 )
@@ -53,6 +54,15 @@ def import_deepspeed() -> Any:
     import deepspeed
 
     return deepspeed
+
+
+def set_communication_dtype(config: Dict[str, Any], cfg: Any) -> Dict[str, Any]:
+    """``precision.grad_reduce_dtype`` as DeepSpeed's ``communication_data_type`` (the dtype its gradient
+    reductions travel in; DeepSpeed's own default is the model dtype). fp16 keeps DeepSpeed's default:
+    its loss-scaled gradients are reduced as they are."""
+    if dtype_name(cfg) != "fp16":
+        config["communication_data_type"] = "bf16" if grad_reduce_dtype(cfg) == torch.bfloat16 else "fp32"
+    return config
 
 
 def model_width(model: nn.Module) -> int:
@@ -101,7 +111,7 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3:
             with params_on_meta():
                 width = model_width(model_fn())
-        self.config = build_ds_config(cfg, layout, self.device.type, hidden_size=width)
+        self.config = set_communication_dtype(build_ds_config(cfg, layout, self.device.type, hidden_size=width), cfg)
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
         seed = int(cfg.seed)

@@ -4,7 +4,7 @@
 Built shard-first (``build.build_model``): each block is materialised on the CPU from the meta device,
 initialised as on every other layout, and sharded over the dp mesh before the next block exists; no
 rank ever holds more than one whole block. Mixed precision from ``precision``: parameters gathered and
-computed in bf16/fp16, gradients reduced in fp32, the sharded (master) parameters and AdamW in fp32;
+computed in bf16/fp16, gradients reduced in fp32 (or bf16: precision.grad_reduce_dtype), the sharded (master) parameters and AdamW in fp32;
 fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``: parameters, gradients and the optimizer
 step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
 gathered parameters after its forward (ZeRO-3 behaviour) or keep them for the backward (ZeRO-2).
@@ -45,6 +45,7 @@ from launcher.training.engines.base import (
     StepStats,
     adamw,
     dtype_name,
+    grad_reduce_dtype,
     grad_scaler,
     optimizer_state_bytes,
     optimizer_step,
@@ -102,7 +103,7 @@ class FSDPEngine(Engine):
             self.mesh = dp_mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("dp",))
         low = DTYPES[self.dtype] if self.dtype != "fp32" else None
         options = dict(mesh=dp_mesh, reshard_after_forward=self.reshard,
-                       mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32),
+                       mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=grad_reduce_dtype(cfg)),
                        offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload
                        else OffloadPolicy())
         seed = int(cfg.seed)

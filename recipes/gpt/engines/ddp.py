@@ -16,6 +16,7 @@ from launcher.training.engines.base import (
     StepStats,
     adamw,
     autocast_for,
+    compress_ddp_grads,
     grad_scaler,
     optimizer_state_bytes,
     optimizer_step,
@@ -41,6 +42,7 @@ class DDPEngine(Engine):
             ids = [self.device.index] if self.device.type == "cuda" else None
             # gradients are views into DDP's all-reduce buckets: no second copy of every gradient
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
+            compress_ddp_grads(self.ddp, cfg)  # precision.grad_reduce_dtype
         self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)

@@ -43,6 +43,7 @@ from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import Batch, Engine, StepStats, adamw_kwargs, dtype_name, param_groups
+from launcher.training.engines.deepspeed import set_communication_dtype
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, mean_over
@@ -191,7 +192,8 @@ class DeepSpeedEngine(Engine):
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
-        self.config = build_ds_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
+        # overlap and pinning on GPUs; gradients reduced in precision.grad_reduce_dtype
+        self.config = set_communication_dtype(build_ds_config(cfg, layout, self.device.type), cfg)
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
 

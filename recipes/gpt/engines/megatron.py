@@ -45,6 +45,7 @@ from launcher.training.engines.base import (
     adamw_kwargs,
     autocast_for,
     dtype_name,
+    grad_reduce_dtype,
     optimizer_state_bytes,
     param_groups,
     tensor_bytes,
@@ -150,7 +151,9 @@ class MegatronEngine(Engine):
         self._sp_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
 
         # the data-parallel gradient average overlaps the backward, bucket by bucket (as DDP)
-        self._dp_sync = GradBuckets(self.params, self.mesh.dp_group, self.dp) if self.dp > 1 else None
+        reduce = grad_reduce_dtype(cfg)  # precision.grad_reduce_dtype
+        self._dp_sync = (GradBuckets(self.params, self.mesh.dp_group, self.dp,
+                                     reduce_dtype=None if reduce == torch.float32 else reduce) if self.dp > 1 else None)
         self.optimizer = self._build_optimizer(cfg.optim)
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
