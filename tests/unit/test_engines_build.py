@@ -214,3 +214,23 @@ def test_full_recompute_of_the_blocks_changes_no_value(make):
 def test_selective_recompute_needs_the_models_own_support():
     with pytest.raises(ValueError, match="train.recompute=selective"):
         _one_process({"train": {"recompute": "selective"}}, LossNet)
+
+
+def test_adamw_is_fused_on_cuda_parameters_only():
+    """Fused AdamW where every parameter is a floating CUDA tensor; on the CPU torch's default
+    (foreach) as before."""
+    from types import SimpleNamespace
+
+    from launcher.training.engines.base import adamw, fused_kwargs, on_cuda
+
+    def fake(device, floating=True):
+        return SimpleNamespace(device=torch.device(device), is_floating_point=lambda: floating)
+
+    assert on_cuda([fake("cuda:0"), fake("cuda:0")])
+    assert not on_cuda([fake("cuda:0"), fake("cpu")])
+    assert not on_cuda([fake("cuda:0", floating=False)])
+    assert not on_cuda([])
+    assert fused_kwargs(True) == {"fused": True} and fused_kwargs(False) == {}
+    optim = OmegaConf.create({"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                              "weight_decay": 0.1})
+    assert not adamw(LossNet(), optim).defaults.get("fused")

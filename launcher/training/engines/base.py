@@ -82,9 +82,22 @@ def adamw_kwargs(optim: Any) -> Dict[str, Any]:
     return dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
 
 
+def fused_kwargs(on_cuda: bool) -> Dict[str, Any]:
+    """AdamW's ``fused=True`` (one multi-tensor kernel per step, no per-parameter step-counter reads)
+    when its parameters are on CUDA; nothing elsewhere (the CPU keeps torch's default, foreach)."""
+    return {"fused": True} if on_cuda else {}
+
+
+def on_cuda(params: Iterable[torch.Tensor]) -> bool:
+    """Every parameter a floating-point CUDA tensor (a DTensor by its device): fused AdamW can step them."""
+    params = list(params)
+    return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
+
+
 def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
+    """AdamW over the model's param groups; fused when the parameters are on CUDA."""
     return torch.optim.AdamW(param_groups(model.named_parameters(), float(optim.weight_decay)),
-                             **adamw_kwargs(optim))
+                             **adamw_kwargs(optim), **fused_kwargs(on_cuda(model.parameters())))
 
 
 def grad_scaler(cfg: Any, device_type: str, kind: type = torch.amp.GradScaler,

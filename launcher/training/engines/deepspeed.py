@@ -36,6 +36,7 @@ from launcher.training.engines.base import (
     StepStats,
     adamw_kwargs,
     dtype_name,
+    fused_kwargs,
     grad_reduce_dtype,
     param_groups,
     tensor_bytes,
@@ -136,7 +137,8 @@ class DeepSpeedEngine(Engine):
 
             client = DeepSpeedCPUAdam(_groups(model, cfg.optim), adamw_mode=True, **adamw_kwargs(cfg.optim))
         else:
-            client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim))
+            client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim),  # DeepSpeed moves the
+                                       **fused_kwargs(self.device.type == "cuda"))  # masters to the device
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config,
                                                              dist_init_required=False)
         self.module = self.ds.module

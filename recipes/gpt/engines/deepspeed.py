@@ -42,7 +42,15 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import Batch, Engine, StepStats, adamw_kwargs, dtype_name, param_groups
+from launcher.training.engines.base import (
+    Batch,
+    Engine,
+    StepStats,
+    adamw_kwargs,
+    dtype_name,
+    fused_kwargs,
+    param_groups,
+)
 from launcher.training.engines.deepspeed import set_communication_dtype
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
@@ -205,7 +213,8 @@ class DeepSpeedEngine(Engine):
         self.offload_optimizer = bool(layout.offload_optimizer)
         self.offload_params = bool(layout.offload_params)
         client = (_cpu_adam(model, cfg.optim) if self.offload_optimizer
-                  else torch.optim.AdamW(_param_groups(model, cfg.optim), **adamw_kwargs(cfg.optim)))
+                  else torch.optim.AdamW(_param_groups(model, cfg.optim), **adamw_kwargs(cfg.optim),
+                                         **fused_kwargs(self.device.type == "cuda")))  # masters on the device
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client, config=self.config, dist_init_required=False
         )

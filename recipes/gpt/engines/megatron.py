@@ -45,7 +45,9 @@ from launcher.training.engines.base import (
     adamw_kwargs,
     autocast_for,
     dtype_name,
+    fused_kwargs,
     grad_reduce_dtype,
+    on_cuda,
     optimizer_state_bytes,
     param_groups,
     tensor_bytes,
@@ -169,7 +171,7 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------------------ setup
 
     def _build_optimizer(self, optim: Any) -> torch.optim.Optimizer:
-        kw = adamw_kwargs(optim)
+        kw = {**adamw_kwargs(optim), **fused_kwargs(on_cuda(self.params))}  # fused on CUDA
         named = [(n, p) for n, p in self.stage.named_parameters() if p.requires_grad]
         groups = [g for g in param_groups(named, float(optim.weight_decay)) if g["params"]]
         if self.zero == 1:
