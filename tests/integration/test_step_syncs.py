@@ -159,6 +159,7 @@ CASES = {  # case: (config sections, the project's collectives per step)
     "fsdp": ({"parallelism": {"engine": "fsdp"}}, 1),
     "deepspeed_zero2": ({"zero": {"stage": 2}}, 1),
     "megatron_dp2": ({"parallelism": {"engine": "megatron"}}, 2),  # + one gradient bucket
+    "megatron_dp2_zero1": ({"parallelism": {"engine": "megatron"}, "zero": {"stage": 1}}, 2),
 }
 
 
@@ -197,3 +198,12 @@ def test_bf16_gradient_reduction_halves_the_bytes(tmp_path, engine):
     assert _bytes(half, "float32") <= 16  # the step's stats (loss, norm, stop votes) only
     if engine == "megatron":  # (DDP's own fp32 buckets are reduced in C++, out of the probe's sight)
         assert _bytes(exact, "float32") - _bytes(half, "float32") == 4 * PARAMS
+
+
+@pytest.mark.timeout(600)
+def test_zero1_broadcasts_one_bucket_per_owner(tmp_path):
+    """megatron ZeRO-1: after the step each of the 2 dp ranks broadcasts its updated shard as one flat
+    bucket (ZeroRedundancyOptimizer with parameters as bucket views), every parameter's bytes once."""
+    got = per_step(tmp_path, parallelism={"engine": "megatron"}, zero={"stage": 1})
+    assert got["counts"].get("collective:torch:broadcast:float32") == 2, got["counts"]
+    assert got["bytes"]["collective:torch:broadcast:float32"] == 4 * PARAMS

@@ -16,7 +16,7 @@
 - Data parallelism: gradients averaged over the dp group in buckets whose all-reduce starts during
   the backward, as soon as the last micro-batch has accumulated into them
   (``recipes.gpt.parallel.grad_buckets``), optionally ZeRO-1 (``ZeroRedundancyOptimizer`` over the
-  dp group).
+  dp group, its parameters as bucket views: one broadcast per owner after the step).
 - Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
   counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
 
@@ -177,8 +177,10 @@ class MegatronEngine(Engine):
         if self.zero == 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
+            # parameters as views of one flat bucket per owner: after step() one broadcast per rank of
+            # the dp group, not one per parameter
             return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                           process_group=self.mesh.dp_group, **kw)
+                                           process_group=self.mesh.dp_group, parameters_as_bucket_view=True, **kw)
         return torch.optim.AdamW(groups, **kw)
 
     # ------------------------------------------------------------------------------ step
