@@ -38,7 +38,8 @@ def _area() -> str:
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
-        if name != __file__ and "torch/distributed/c10d_logger" not in name and "torch/distributed/distributed_c10d" not in name:
+        if name != __file__ and not any(w in name for w in ("torch/distributed/c10d_logger",
+                                                               "torch/distributed/distributed_c10d")):
             break
         f = f.f_back
     name = f.f_code.co_filename if f is not None else ""
@@ -74,7 +75,7 @@ class Probe:
         finally:
             self._busy = False
 
-    def install(self) -> "Probe":
+    def install(self) -> Probe:
         probe = self
 
         def collective(name: str, real: Any) -> Any:

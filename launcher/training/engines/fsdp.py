@@ -4,9 +4,9 @@
 Built shard-first (``build.build_model``): each block is materialised on the CPU from the meta device,
 initialised as on every other layout, and sharded over the dp mesh before the next block exists; no
 rank ever holds more than one whole block. Mixed precision from ``precision``: parameters gathered and
-computed in bf16/fp16, gradients reduced in fp32 (or bf16: precision.grad_reduce_dtype), the sharded (master) parameters and AdamW in fp32;
-fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``: parameters, gradients and the optimizer
-step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
+computed in bf16/fp16, gradients reduced in fp32 (or bf16: precision.grad_reduce_dtype), the sharded
+(master) parameters and AdamW in fp32; fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``:
+parameters, gradients and the optimizer step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
 gathered parameters after its forward (ZeRO-3 behaviour) or keep them for the backward (ZeRO-2).
 Every micro batch's backward reduce-scatters into the sharded gradients. ``parallelism.tp > 1``: the
 model's TP plan (its contract's ``tp_plan``: torch's ``parallelize_module`` styles) over the tp ranks of
