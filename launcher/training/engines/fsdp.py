@@ -6,8 +6,9 @@ initialised as on every other layout, and sharded over the dp mesh before the ne
 rank ever holds more than one whole block. Mixed precision from ``precision``: parameters gathered and
 computed in bf16/fp16, gradients reduced in fp32 (or bf16: precision.grad_reduce_dtype), the sharded
 (master) parameters and AdamW in fp32; fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``:
-parameters, gradients and the optimizer step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
-gathered parameters after its forward (ZeRO-3 behaviour) or keep them for the backward (ZeRO-2).
+parameters, gradients and the optimizer step in host memory (torch's CPUOffloadPolicy);
+``parallelism.reshard_after_forward``: free a block's gathered parameters after its forward (ZeRO-3
+behaviour) or keep them for the backward (ZeRO-2).
 Every micro batch's backward reduce-scatters into the sharded gradients. ``parallelism.tp > 1``: the
 model's TP plan (its contract's ``tp_plan``: torch's ``parallelize_module`` styles) over the tp ranks of
 a (dp, tp) mesh, FSDP2 over dp (built whole first, then split: not shard-first).
