@@ -76,6 +76,11 @@ class Dtype(str, Enum):
     bf16 = "bf16"
 
 
+class ReduceDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 class Recompute(str, Enum):
     none = "none"
     selective = "selective"
@@ -137,6 +142,10 @@ class PrecisionConfig:
     loss_scale_window: int = num(1000, ge=1)
     hysteresis: int = num(2, ge=1)
     min_loss_scale: float = num(1.0, gt=0.0)
+    # the dtype data-parallel gradients are reduced in (DDP, the megatron engine's buckets, FSDP2,
+    # DeepSpeed): fp32, the exact mean (as Megatron-LM and torchtitan under bf16); bf16 halves the
+    # bytes on the wire at ~3 significant digits per sum (docs/performance.md)
+    grad_reduce_dtype: ReduceDtype = ReduceDtype.fp32
 
 
 @dataclass

@@ -6,11 +6,13 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from launcher.layout import Layout
 from launcher.rundir import RunDir
 from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
+
+STOP_VOTES = max(STOP_CODES.values())  # one vote slot per stop reason (codes 1..STOP_VOTES)
 
 
 @dataclass
@@ -29,6 +31,7 @@ class RunContext:
     watch: Optional[Any] = field(default=None, repr=False)  # the rank's watchdog (hang watch)
     stop_flag: Optional[Any] = field(default=None, repr=False)  # the signals the job received
     _metrics_file: Optional[Any] = field(default=None, repr=False)
+    _settled: Any = field(default=None, repr=False)  # (reason,) agreed inside this step's own all-reduce
 
     @property
     def run_dir(self) -> Path:
@@ -54,8 +57,10 @@ class RunContext:
 
     def should_stop(self) -> Optional[str]:
         """At a step boundary, on every rank together: the reason the job must stop now ("time_limit":
-        USR2 before the time limit; "preempted": TERM), or None. One tiny all-reduce, so that all ranks
-        agree at the same step even when the signal reached them at different times."""
+        USR2 before the time limit; "preempted": TERM), or None. When the step's engine folded the stop
+        votes into its own all-reduce (``stop_votes`` / ``settle_stop``), that agreement is the answer
+        and no collective runs here; otherwise one tiny all-reduce, so that all ranks agree at the same
+        step even when the signal reached them at different times."""
         # torch: only on the node
         import torch
         import torch.distributed as dist
@@ -63,9 +68,31 @@ class RunContext:
         own = self.stop_flag.reason if self.stop_flag is not None else None
         if not dist.is_initialized() or self.world_size == 1:
             return own
+        if self._settled is not None:
+            (agreed,), self._settled = self._settled, None
+            return agreed
         flag = torch.tensor([STOP_CODES[own]], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return STOP_REASONS[int(flag.item())]
+
+    def stop_votes(self, device: Any) -> Any:
+        """This rank's stop reason as float32 votes, one slot per reason (code 1, 2, ...; a one-hot, or
+        zeros), for an engine to SUM over the world inside the step's own all-reduce (its loss), and
+        hand back to ``settle_stop`` with the same host read: the stop then costs no collective and
+        no device sync of its own."""
+        import torch
+
+        own = self.stop_flag.reason if self.stop_flag is not None else None
+        votes = torch.zeros(STOP_VOTES, dtype=torch.float32, device=device)  # kernels only: no host copy
+        if own is not None:
+            votes[STOP_CODES[own] - 1] = 1.0
+        return votes
+
+    def settle_stop(self, summed: Sequence[float]) -> None:
+        """Every rank's ``stop_votes`` summed (as floats): the reason of the highest code any rank voted
+        for (time_limit outranks preempted) is what the next ``should_stop`` returns, on every rank."""
+        voted = [code for code in range(1, STOP_VOTES + 1) if summed[code - 1] > 0]
+        self._settled = (STOP_REASONS[max(voted, default=0)],)
 
     def interrupted(self, reason: str, step: int):
         """The exception a recipe raises after saving, once ``should_stop`` said so."""

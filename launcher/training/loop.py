@@ -6,9 +6,10 @@ one step and gives its metrics row (``loop.log(loss=...)``); after the body the 
 
 - writes the row (the run's metrics.jsonl, and wandb when enabled: ``MetricsSink``),
 - beats the hang watchdog (``ctx.heartbeat``),
-- asks every rank whether the job must stop (``ctx.should_stop``: one all-reduce, so all ranks stop
-  after the same step); if so, saves blocking, waits for every rank's save and raises
-  ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
+- asks every rank whether the job must stop (``ctx.should_stop``: all ranks stop after the same step;
+  the engines fold the stop votes into their loss all-reduce, ``engines.base.StepStats``, so this
+  costs no collective of its own; else one tiny all-reduce); if so, saves blocking, waits for every
+  rank's save and raises ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
 - saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step).
 
 After the last step it waits until every save of every rank is committed.

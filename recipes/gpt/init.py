@@ -8,11 +8,14 @@ model, and holds exactly the values the single-process model holds.
 
 The rule (GPT-2 / Megatron): weights N(0, 0.02), the output projections of each block (attn.proj,
 mlp.fc2) N(0, 0.02 / sqrt(2 L)), biases 0, layer-norm weights 1. Values are drawn on the CPU with
-numpy's Philox (the same on every machine and device type) in fp32.
+numpy's Philox (the same on every machine and device type) in fp32, each row straight into place,
+a large parameter's rows spread over threads (the values do not depend on which thread drew them).
 """
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -65,12 +68,55 @@ def init_values(seed: int, name: str, shape: Sequence[int], num_layers: int, row
         return torch.ones(out_shape)
     if len(shape) == 1:  # a normal vector: one generator for the whole vector
         return _row(seed, name, 0, shape[0], std)[idx]
-    out = torch.empty(out_shape)
-    base = derive_seed(int(seed), "init", name)
-    for i, r in enumerate(idx.tolist()):
-        row = torch.from_numpy(_draw(base, r, shape[1]))
-        out[i] = row if cols is None else row[cols]
-    return out.mul_(std)
+    out = np.empty(out_shape, dtype=np.float32)
+    _fill_rows(out, derive_seed(int(seed), "init", name), idx.tolist(), shape[1], cols)
+    return torch.from_numpy(out).mul_(std)
+
+
+def _fill_rows(out: np.ndarray, base: int, rows: Sequence[int], n: int, cols: Optional[slice]) -> None:
+    """``out[i]`` = row ``rows[i]``'s n standard normals (its ``cols`` only), each drawn straight into
+    place from its own generator; large parameters' rows in parallel threads (numpy draws without the
+    GIL), every value as the single-threaded draw makes it."""
+    def fill(lo: int, hi: int) -> None:
+        full = np.empty(n, dtype=np.float32) if cols is not None else None
+        bits = np.random.Philox(key=0)  # re-keyed per row: the state Philox(key=row seed) starts in,
+        gen = np.random.Generator(bits)  # without building a generator per row (~10x the cost)
+        for i in range(lo, hi):
+            bits.state = _fresh_state(_row_seed(base, rows[i]))
+            if full is None:
+                gen.standard_normal(dtype=np.float32, out=out[i])
+            else:
+                gen.standard_normal(dtype=np.float32, out=full)
+                out[i] = full[cols]
+
+    threads = _threads()
+    if threads == 1 or len(rows) * n < PARALLEL_VALUES:
+        fill(0, len(rows))
+        return
+    step = -(-len(rows) // (threads * 4))  # a few chunks per thread: even when rows differ in cost
+    list(_pool(threads).map(lambda lo: fill(lo, min(lo + step, len(rows))), range(0, len(rows), step)))
+
+
+PARALLEL_VALUES = 1 << 20  # values below which one thread draws a parameter's rows
+_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def _threads() -> int:
+    return max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpt-init")
+    return _POOL
+
+
+def _fresh_state(key: int) -> dict:
+    """The state of ``np.random.Philox(key=key)`` (key < 2**64) as constructed, nothing drawn yet."""
+    zeros = np.zeros(4, dtype=np.uint64)
+    return {"bit_generator": "Philox", "state": {"counter": zeros, "key": np.array([key, 0], dtype=np.uint64)},
+            "buffer": zeros.copy(), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
 
 
 def _draw(base: int, row: int, n: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.training.engines.contract import cross_entropy
 from recipes.gpt import rng
 from recipes.gpt.init import init_values
 
@@ -165,7 +166,7 @@ class GPT(nn.Module):
         logits = self.head(self.final_norm(x))
         if labels is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, self.vocab_size), labels.reshape(-1))
+        return cross_entropy(logits, labels)  # 16-bit logits: fp32 a chunk at a time, no fp32 copy of all
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

@@ -99,6 +99,32 @@ def test_all_ranks_agree_on_a_stop_one_rank_saw(tmp_path):
     assert [s["agreed"] for s in r1] == expected
 
 
+STOP_FOLDED = STOP.replace(
+    '    seen.append({"own": flag.reason, "agreed": ctx.should_stop()})',
+    """    from launcher.training.engines.base import StepStats
+    stats = StepStats(ctx, 2)  # an engine's step: the loss all-reduce carries the stop votes
+    t = stats.with_votes(torch.full((1,), float(rank)))
+    dist.all_reduce(t)
+    loss, = stats.read(t)
+    real, calls = dist.all_reduce, []
+    dist.all_reduce = lambda *a, **k: calls.append(a) or real(*a, **k)
+    seen.append({"own": flag.reason, "agreed": ctx.should_stop(), "loss": loss, "stop_collectives": len(calls)})
+    dist.all_reduce = real""")
+
+
+@pytest.mark.timeout(180)
+def test_stop_folded_into_the_step_all_reduce_agrees_without_a_collective(tmp_path):
+    """As above, with the votes summed inside the step's own all-reduce (StepStats): the same agreed
+    reasons at the same boundaries, the step's value intact, and should_stop runs no collective."""
+    outs = _two_ranks(tmp_path, STOP_FOLDED)
+    r0, r1 = (json.loads(p.read_text()) for p in outs)
+    expected = [None, "time_limit", "time_limit", "time_limit", "preempted"]
+    assert [s["agreed"] for s in r0] == expected
+    assert [s["agreed"] for s in r1] == expected
+    assert {s["loss"] for s in r0 + r1} == {1.0}  # 0 + 1: the summed values come back without the votes
+    assert {s["stop_collectives"] for s in r0 + r1} == {0}
+
+
 BUCKETS = """
 from torch import nn
 from recipes.gpt.parallel.grad_buckets import GradBuckets

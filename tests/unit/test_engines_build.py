@@ -214,3 +214,48 @@ def test_full_recompute_of_the_blocks_changes_no_value(make):
 def test_selective_recompute_needs_the_models_own_support():
     with pytest.raises(ValueError, match="train.recompute=selective"):
         _one_process({"train": {"recompute": "selective"}}, LossNet)
+
+
+def test_adamw_is_fused_on_cuda_parameters_only():
+    """Fused AdamW where every parameter is a floating CUDA tensor; on the CPU torch's default
+    (foreach) as before."""
+    from types import SimpleNamespace
+
+    from launcher.training.engines.base import adamw, fused_kwargs, on_cuda
+
+    def fake(device, floating=True):
+        return SimpleNamespace(device=torch.device(device), is_floating_point=lambda: floating)
+
+    assert on_cuda([fake("cuda:0"), fake("cuda:0")])
+    assert not on_cuda([fake("cuda:0"), fake("cpu")])
+    assert not on_cuda([fake("cuda:0", floating=False)])
+    assert not on_cuda([])
+    assert fused_kwargs(True) == {"fused": True} and fused_kwargs(False) == {}
+    optim = OmegaConf.create({"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                              "weight_decay": 0.1})
+    assert not adamw(LossNet(), optim).defaults.get("fused")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_cross_entropy_in_chunks_matches_the_fp32_copy(dtype, monkeypatch):
+    """16-bit logits: the loss and its gradient by chunks of rows (no fp32 copy of all logits) equal
+    F.cross_entropy on the fp32 copy to fp32 rounding (the gradient to the logits' own rounding); an
+    ignored label counts nowhere. fp32 logits: F.cross_entropy itself, bitwise."""
+    from launcher.training.engines import contract
+
+    monkeypatch.setattr(contract, "CHUNK_BYTES", 4 * VOCAB * 3)  # 3 rows a chunk: 10 rows in 4 chunks
+    g = torch.Generator().manual_seed(1)
+    base = (torch.randn(2, 5, VOCAB, generator=g) * 3).to(dtype)
+    labels = torch.randint(0, VOCAB, (2, 5), generator=g)
+    labels[1, 2] = contract.IGNORE_INDEX
+    got_in, ref_in = base.clone().requires_grad_(), base.clone().requires_grad_()
+    got = contract.cross_entropy(got_in, labels)
+    ref = F.cross_entropy(ref_in.float().reshape(-1, VOCAB), labels.reshape(-1))
+    got.backward()
+    ref.backward()
+    assert got.dtype == torch.float32 and got_in.grad.dtype == dtype
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_in.grad.float(), ref_in.grad.float(), rtol=1e-2, atol=1e-4)
+    assert torch.all(got_in.grad[1, 2] == 0)
+    x = torch.randn(2, 5, VOCAB, generator=g)
+    assert torch.equal(contract.cross_entropy(x, labels), F.cross_entropy(x.reshape(-1, VOCAB), labels.reshape(-1)))

@@ -73,3 +73,22 @@ def test_a_parameter_without_gradient_joins_with_zeros(group):
     model(torch.randn(2, 64)).sum().backward()
     sync.finish()
     assert frozen_out.weight.grad is not None and not frozen_out.weight.grad.any()
+
+
+def test_bf16_buckets_travel_in_bf16_and_come_back_in_the_gradients_dtype(group, monkeypatch):
+    """reduce_dtype=bf16 (precision.grad_reduce_dtype): each bucket is all-reduced as a bf16 tensor
+    (half the bytes); the gradients stay fp32, each the fp32 gradient rounded to bf16 (world 1)."""
+    ref, got = _model(), _model()
+    x = torch.randn(4, 64)
+    ref(x).pow(2).mean().backward()
+    sync = GradBuckets(list(got.parameters()), group, world=1, bucket_bytes=10_000, reduce_dtype=torch.bfloat16)
+    sent = []
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: sent.append(t.dtype) or real(t, *a, **k))
+    sync.start_step(1)
+    got(x).pow(2).mean().backward()
+    sync.finish()
+    assert sent and set(sent) == {torch.bfloat16}
+    for a, b in zip(ref.parameters(), got.parameters()):
+        assert b.grad.dtype == torch.float32
+        assert torch.equal(b.grad, a.grad.to(torch.bfloat16).float())

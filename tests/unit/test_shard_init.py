@@ -91,3 +91,25 @@ def test_the_rule_is_gpt2s():
     assert rule("blocks.3.mlp.fc2.bias", L) == ("zeros", 0.0)
     assert rule("blocks.3.ln1.weight", L) == ("ones", 0.0) and rule("final_norm.weight", L) == ("ones", 0.0)
     assert rule("embedding.position.weight", L) == ("normal", 0.02)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_rows_drawn_in_place_equal_one_generator_per_row(threaded, monkeypatch):
+    """The rows are drawn straight into place by a re-keyed generator, over threads for a large
+    parameter: bitwise the values of one fresh Philox(key=(name, row)) per row, whole or by columns."""
+    import numpy as np
+
+    from recipes.gpt import init
+
+    monkeypatch.setattr(init, "PARALLEL_VALUES", 1 if threaded else 1 << 40)
+    if threaded:
+        monkeypatch.setattr(init, "_threads", lambda: 3)
+    name, shape, seed = "blocks.1.mlp.fc2.weight", (37, 50), 11
+    base = init.derive_seed(seed, "init", name)
+    _, std = init.rule(name, 4)
+    ref = torch.stack([torch.from_numpy(
+        np.random.Generator(np.random.Philox(key=init._row_seed(base, r))).standard_normal(50, dtype=np.float32))
+        for r in range(37)]).mul_(std)
+    assert torch.equal(init.init_values(seed, name, shape, 4), ref)
+    assert torch.equal(init.init_values(seed, name, shape, 4, rows=[5, 2, 30], cols=slice(10, 35)),
+                       ref[[5, 2, 30], 10:35])

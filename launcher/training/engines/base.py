@@ -23,6 +23,37 @@ def dtype_name(cfg: Any) -> str:
     return name
 
 
+def grad_reduce_dtype(cfg: Any) -> torch.dtype:
+    """``precision.grad_reduce_dtype``: the dtype data-parallel gradients travel in (fp32: the exact
+    mean; bf16: half the bytes)."""
+    name = enum_value(getattr(cfg.precision, "grad_reduce_dtype", "fp32"))
+    if name not in ("fp32", "bf16"):
+        raise ValueError(f"precision.grad_reduce_dtype must be fp32 or bf16, got {name!r}")
+    return DTYPES[name]
+
+
+def bf16_reduce_hook(group, bucket):  # (no annotations: DDP checks them, and these would be strings)
+    """A DDP communication hook: the bucket cast to bf16, divided by the world, all-reduced and cast back
+    in place (what torch's ``default_hooks.bf16_compress_hook`` does; that one refuses to register off
+    CUDA/NCCL, this one runs on gloo too)."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    low = buffer.to(torch.bfloat16).div_((group if group is not None else dist.group.WORLD).size())
+
+    def back(fut: Any) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=group, async_op=True).get_future().then(back)
+
+
+def compress_ddp_grads(ddp: Any, cfg: Any) -> None:
+    """bf16 gradient reduction on a DistributedDataParallel (``bf16_reduce_hook``); fp32: DDP's own fp32
+    all-reduce."""
+    if ddp is not None and grad_reduce_dtype(cfg) == torch.bfloat16:
+        ddp.register_comm_hook(None, bf16_reduce_hook)
+
+
 def autocast_for(cfg: Any, device_type: str) -> Callable[[], ContextManager]:
     """A context factory: autocast to bf16/fp16, or nothing for fp32."""
     name = dtype_name(cfg)
@@ -51,9 +82,22 @@ def adamw_kwargs(optim: Any) -> Dict[str, Any]:
     return dict(lr=float(optim.lr), betas=(float(optim.beta1), float(optim.beta2)), eps=float(optim.eps))
 
 
+def fused_kwargs(on_cuda: bool) -> Dict[str, Any]:
+    """AdamW's ``fused=True`` (one multi-tensor kernel per step, no per-parameter step-counter reads)
+    when its parameters are on CUDA; nothing elsewhere (the CPU keeps torch's default, foreach)."""
+    return {"fused": True} if on_cuda else {}
+
+
+def on_cuda(params: Iterable[torch.Tensor]) -> bool:
+    """Every parameter a floating-point CUDA tensor (a DTensor by its device): fused AdamW can step them."""
+    params = list(params)
+    return bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
+
+
 def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
+    """AdamW over the model's param groups; fused when the parameters are on CUDA."""
     return torch.optim.AdamW(param_groups(model.named_parameters(), float(optim.weight_decay)),
-                             **adamw_kwargs(optim))
+                             **adamw_kwargs(optim), **fused_kwargs(on_cuda(model.parameters())))
 
 
 def grad_scaler(cfg: Any, device_type: str, kind: type = torch.amp.GradScaler,
@@ -110,6 +154,36 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor],
     held = tensor_bytes(_local(g) for g in grads)
     optimizer.zero_grad(set_to_none=True)
     return norm, held
+
+
+class StepStats:
+    """The step's scalars every rank must agree on, and the job's stop agreement, in one all-reduce and
+    one host read: an engine appends this rank's stop votes (``RunContext.stop_votes``) to the tensor it
+    all-reduces anyway (SUM: its loss), reads it once, and ``read`` settles the stop on the context
+    (``settle_stop``), so the loop's ``should_stop`` needs no collective or device sync of its own.
+    At world 1, or with a context without votes, nothing is appended."""
+
+    def __init__(self, ctx: Any, world: int) -> None:
+        self.ctx = ctx if world > 1 and hasattr(ctx, "stop_votes") else None
+        self._votes = 0
+
+    def with_votes(self, summed: torch.Tensor) -> torch.Tensor:
+        """``summed`` (1-D float32, to be summed over the world) with this rank's stop votes after it."""
+        if self.ctx is None:
+            return summed
+        votes = self.ctx.stop_votes(summed.device)
+        self._votes = votes.numel()
+        return torch.cat([summed, votes])
+
+    def read(self, stats: torch.Tensor) -> List[float]:
+        """The one host read of the step: ``stats`` (its tail the summed votes of ``with_votes``) as
+        floats, the votes settled on the context and left out."""
+        values = stats.tolist()
+        if self.ctx is None or not self._votes:
+            return values
+        n, self._votes = self._votes, 0
+        self.ctx.settle_stop(values[-n:])
+        return values[:-n]
 
 
 def tensor_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:

@@ -43,9 +43,49 @@ class ModelContract:
     name: str = "plain"
 
 
+IGNORE_INDEX = -100  # F.cross_entropy's: a label that counts in neither the sum nor the mean
+CHUNK_BYTES = 64 << 20  # fp32 working set of the 16-bit loss, per chunk of rows
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross entropy of 16-bit logits [N, V], computed in fp32 a chunk of rows at a time: what it
+    keeps for the backward is the logits themselves and one fp32 log-sum-exp per row, never an fp32
+    copy of all logits (nor of their log-softmax); the gradient is written chunk by chunk in the
+    logits' dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor, rows: int) -> torch.Tensor:
+        valid = labels != IGNORE_INDEX
+        safe = torch.where(valid, labels, torch.zeros_like(labels))
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        for i in range(0, logits.shape[0], rows):
+            lse[i:i + rows] = torch.logsumexp(logits[i:i + rows].float(), dim=-1)
+        picked = logits.gather(1, safe[:, None]).squeeze(1).float()
+        count = valid.sum()
+        ctx.rows = rows
+        ctx.save_for_backward(logits, safe, valid, lse, count)
+        return torch.where(valid, lse - picked, torch.zeros_like(lse)).sum() / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        logits, safe, valid, lse, count = ctx.saved_tensors
+        rows, out = ctx.rows, torch.empty_like(logits)
+        weight = valid.float() * (grad.float() / count)  # d loss / d row
+        for i in range(0, logits.shape[0], rows):
+            g = torch.exp(logits[i:i + rows].float() - lse[i:i + rows, None])  # softmax
+            g.scatter_add_(1, safe[i:i + rows, None], torch.full_like(g[:, :1], -1.0))
+            out[i:i + rows] = g.mul_(weight[i:i + rows, None])
+        return out, None, None
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross entropy in fp32 (16-bit logits are upcast first)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    """Mean token cross entropy in fp32. fp32 logits: F.cross_entropy itself; 16-bit logits: upcast a
+    chunk of rows at a time (``_ChunkedCrossEntropy``), so no fp32 copy of every logit is made."""
+    flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if flat.dtype == torch.float32:
+        return F.cross_entropy(flat, target)
+    rows = max(1, CHUNK_BYTES // (4 * flat.shape[-1]))
+    return _ChunkedCrossEntropy.apply(flat, target, rows)
 
 
 def largest_module_list(model: nn.Module) -> List[nn.Module]:

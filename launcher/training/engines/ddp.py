@@ -16,8 +16,10 @@ from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.base import (
     Batch,
     Engine,
+    StepStats,
     adamw,
     autocast_for,
+    compress_ddp_grads,
     dtype_name,
     grad_scaler,
     optimizer_state_bytes,
@@ -57,6 +59,7 @@ class DDPEngine(Engine):
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
+            compress_ddp_grads(self.ddp, cfg)  # precision.grad_reduce_dtype
         self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)
@@ -67,6 +70,7 @@ class DDPEngine(Engine):
         self.scaler, self.static_scale = grad_scaler(cfg, self.device.type)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def describe(self) -> str:
         return f"DDPEngine({type(self.model).__name__},{self.contract.name},{self.dtype})"
@@ -87,9 +91,12 @@ class DDPEngine(Engine):
             loss_sum += loss.detach().float()
         with self._phase("optimizer"):
             grad_norm = self._optimizer_step()
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum, self.world)
-        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+            if self.world > 1:
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_value, loss_value = self.stats.read(torch.cat([grad_norm.float().reshape(1), stats]))
         return loss_value, norm_value
 
     def _optimizer_step(self) -> torch.Tensor:

@@ -29,7 +29,18 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import DTYPES, Batch, Engine, adamw_kwargs, dtype_name, param_groups, tensor_bytes
+from launcher.training.engines.base import (
+    DTYPES,
+    Batch,
+    Engine,
+    StepStats,
+    adamw_kwargs,
+    dtype_name,
+    fused_kwargs,
+    grad_reduce_dtype,
+    param_groups,
+    tensor_bytes,
+)
 from launcher.training.engines.build import apply_recompute, build_model, params_on_meta
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.ddp import mean_over_ranks, rank_log
@@ -44,6 +55,15 @@ def import_deepspeed() -> Any:
     import deepspeed
 
     return deepspeed
+
+
+def set_communication_dtype(config: Dict[str, Any], cfg: Any) -> Dict[str, Any]:
+    """``precision.grad_reduce_dtype`` as DeepSpeed's ``communication_data_type`` (the dtype its gradient
+    reductions travel in; DeepSpeed's own default is the model dtype). fp16 keeps DeepSpeed's default:
+    its loss-scaled gradients are reduced as they are."""
+    if dtype_name(cfg) != "fp16":
+        config["communication_data_type"] = "bf16" if grad_reduce_dtype(cfg) == torch.bfloat16 else "fp32"
+    return config
 
 
 def model_width(model: nn.Module) -> int:
@@ -92,7 +112,7 @@ class DeepSpeedEngine(Engine):
         if self.stage == 3:
             with params_on_meta():
                 width = model_width(model_fn())
-        self.config = build_ds_config(cfg, layout, self.device.type, hidden_size=width)
+        self.config = set_communication_dtype(build_ds_config(cfg, layout, self.device.type, hidden_size=width), cfg)
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
         seed = int(cfg.seed)
@@ -117,11 +137,13 @@ class DeepSpeedEngine(Engine):
 
             client = DeepSpeedCPUAdam(_groups(model, cfg.optim), adamw_mode=True, **adamw_kwargs(cfg.optim))
         else:
-            client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim))
+            client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim),  # DeepSpeed moves the
+                                       **fused_kwargs(self.device.type == "cuda"))  # masters to the device
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=self.config,
                                                              dist_init_required=False)
         self.module = self.ds.module
         self._undo_state_init_step()
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def _undo_state_init_step(self) -> None:
         """ZeRO-0 in bf16/fp16 wraps the client in FP16_UnfusedOptimizer, whose constructor steps once on
@@ -167,11 +189,14 @@ class DeepSpeedEngine(Engine):
                 self.ds.step()
         norm = self.ds.get_global_grad_norm()
         norm = own_norm if norm is None else norm
+        stats = self.stats.with_votes(loss_sum.div_(accum).reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum.div_(accum), self.world)
-        norm_t = (norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm)
-                  else torch.tensor(float("nan") if norm is None else float(norm), device=loss_sum.device))
-        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+            if self.world > 1:
+                torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_t = (norm.detach().float().reshape(1).to(stats.device) if torch.is_tensor(norm)
+                  else torch.tensor([float("nan") if norm is None else float(norm)], device=stats.device))
+        norm_value, loss_value = self.stats.read(torch.cat([norm_t, stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

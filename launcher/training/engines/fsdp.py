@@ -4,10 +4,11 @@
 Built shard-first (``build.build_model``): each block is materialised on the CPU from the meta device,
 initialised as on every other layout, and sharded over the dp mesh before the next block exists; no
 rank ever holds more than one whole block. Mixed precision from ``precision``: parameters gathered and
-computed in bf16/fp16, gradients reduced in fp32, the sharded (master) parameters and AdamW in fp32;
-fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``: parameters, gradients and the optimizer
-step in host memory (torch's CPUOffloadPolicy); ``parallelism.reshard_after_forward``: free a block's
-gathered parameters after its forward (ZeRO-3 behaviour) or keep them for the backward (ZeRO-2).
+computed in bf16/fp16, gradients reduced in fp32 (or bf16: precision.grad_reduce_dtype), the sharded
+(master) parameters and AdamW in fp32; fp16 adds a sharded loss scaler. ``parallelism.cpu_offload``:
+parameters, gradients and the optimizer step in host memory (torch's CPUOffloadPolicy);
+``parallelism.reshard_after_forward``: free a block's gathered parameters after its forward (ZeRO-3
+behaviour) or keep them for the backward (ZeRO-2).
 Every micro batch's backward reduce-scatters into the sharded gradients. ``parallelism.tp > 1``: the
 model's TP plan (its contract's ``tp_plan``: torch's ``parallelize_module`` styles) over the tp ranks of
 a (dp, tp) mesh, FSDP2 over dp (built whole first, then split: not shard-first).
@@ -42,8 +43,10 @@ from launcher.training.engines.base import (
     DTYPES,
     Batch,
     Engine,
+    StepStats,
     adamw,
     dtype_name,
+    grad_reduce_dtype,
     grad_scaler,
     optimizer_state_bytes,
     optimizer_step,
@@ -101,7 +104,7 @@ class FSDPEngine(Engine):
             self.mesh = dp_mesh = init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("dp",))
         low = DTYPES[self.dtype] if self.dtype != "fp32" else None
         options = dict(mesh=dp_mesh, reshard_after_forward=self.reshard,
-                       mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32),
+                       mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=grad_reduce_dtype(cfg)),
                        offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.offload
                        else OffloadPolicy())
         seed = int(cfg.seed)
@@ -127,6 +130,7 @@ class FSDPEngine(Engine):
             warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def _tensor_parallel(self, model_fn: Callable[[], nn.Module], seed: int, contract: Optional[ModelContract],
                          shard: Callable[[nn.Module, str], None], log: Callable[[str], None]
@@ -165,9 +169,12 @@ class FSDPEngine(Engine):
         with self._phase("optimizer"):
             norm, self._last_grad_bytes = optimizer_step(self.optimizer, self.params, self.grad_clip, self.scaler,
                                                          self.static_scale, self.min_scale)
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         with self._phase("loss_sync"):
-            mean_over_ranks(loss_sum, self.world)
-        loss_value, norm_value = torch.stack([loss_sum, norm.float().to(loss_sum.device)]).tolist()
+            if self.world > 1:
+                torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM)
+                stats[:1] /= self.world
+        norm_value, loss_value = self.stats.read(torch.cat([norm.float().reshape(1).to(stats.device), stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

@@ -14,8 +14,10 @@ from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.base import (
     Batch,
     Engine,
+    StepStats,
     adamw,
     autocast_for,
+    compress_ddp_grads,
     grad_scaler,
     optimizer_state_bytes,
     optimizer_step,
@@ -41,6 +43,7 @@ class DDPEngine(Engine):
             ids = [self.device.index] if self.device.type == "cuda" else None
             # gradients are views into DDP's all-reduce buckets: no second copy of every gradient
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids, gradient_as_bucket_view=True)
+            compress_ddp_grads(self.ddp, cfg)  # precision.grad_reduce_dtype
         self.runner: nn.Module = self.ddp if self.ddp is not None else self.model
         self.model.train()
         self.optimizer = adamw(self.model, cfg.optim)
@@ -50,6 +53,7 @@ class DDPEngine(Engine):
         self.scaler, self.static_scale = grad_scaler(cfg, self.device.type)
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
     def train_step(self, batches: List[Batch], lr: float) -> Tuple[float, float]:
         for group in self.optimizer.param_groups:
@@ -68,11 +72,12 @@ class DDPEngine(Engine):
             loss_sum += loss.detach()
         with self._phase("optimizer"):
             grad_norm = self._optimizer_step()
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         if self.world > 1:
             with self._phase("loss_sync"):
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum /= self.world
-        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+            stats[:1] /= self.world
+        norm_value, loss_value = self.stats.read(torch.cat([grad_norm.float().reshape(1), stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

@@ -42,7 +42,16 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import Batch, Engine, adamw_kwargs, dtype_name, param_groups
+from launcher.training.engines.base import (
+    Batch,
+    Engine,
+    StepStats,
+    adamw_kwargs,
+    dtype_name,
+    fused_kwargs,
+    param_groups,
+)
+from launcher.training.engines.deepspeed import set_communication_dtype
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, mean_over
@@ -191,7 +200,8 @@ class DeepSpeedEngine(Engine):
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
-        self.config = build_ds_config(cfg, layout, self.device.type)  # overlap and pinning on GPUs
+        # overlap and pinning on GPUs; gradients reduced in precision.grad_reduce_dtype
+        self.config = set_communication_dtype(build_ds_config(cfg, layout, self.device.type), cfg)
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
 
@@ -203,12 +213,14 @@ class DeepSpeedEngine(Engine):
         self.offload_optimizer = bool(layout.offload_optimizer)
         self.offload_params = bool(layout.offload_params)
         client = (_cpu_adam(model, cfg.optim) if self.offload_optimizer
-                  else torch.optim.AdamW(_param_groups(model, cfg.optim), **adamw_kwargs(cfg.optim)))
+                  else torch.optim.AdamW(_param_groups(model, cfg.optim), **adamw_kwargs(cfg.optim),
+                                         **fused_kwargs(self.device.type == "cuda")))  # masters on the device
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client, config=self.config, dist_init_required=False
         )
         self.module = self.ds.module
         self._undo_state_init_step()
+        self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
         self._grads_peak = 0
         self._grads_last = 0
 
@@ -284,13 +296,14 @@ class DeepSpeedEngine(Engine):
         if norm is None:
             norm = own_norm
         loss_sum /= accum
+        stats = self.stats.with_votes(loss_sum.reshape(1))
         if self.world > 1:
             with self._phase("loss_sync"):
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum /= self.world
-        norm_t = norm.detach().float().reshape(()).to(loss_sum.device) if torch.is_tensor(norm) else torch.tensor(
-            float("nan") if norm is None else float(norm), device=loss_sum.device)
-        loss_value, norm_value = torch.stack([loss_sum, norm_t]).tolist()
+                dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+            stats[:1] /= self.world
+        norm_t = norm.detach().float().reshape(1).to(stats.device) if torch.is_tensor(norm) else torch.tensor(
+            [float("nan") if norm is None else float(norm)], device=stats.device)
+        norm_value, loss_value = self.stats.read(torch.cat([norm_t, stats]))
         return loss_value, norm_value
 
     def eval_loss(self, batches: List[Batch]) -> float:

@@ -16,7 +16,7 @@
 - Data parallelism: gradients averaged over the dp group in buckets whose all-reduce starts during
   the backward, as soon as the last micro-batch has accumulated into them
   (``recipes.gpt.parallel.grad_buckets``), optionally ZeRO-1 (``ZeroRedundancyOptimizer`` over the
-  dp group).
+  dp group, its parameters as bucket views: one broadcast per owner after the step).
 - Gradient clipping by the global norm: tp-sharded parameters summed over tp, replicated ones
   counted once, summed over stages; loss = mean over the global batch; both from one all-reduce.
 
@@ -41,9 +41,13 @@ from launcher.training.engines.base import (
     DTYPES,
     Batch,
     Engine,
+    StepStats,
     adamw_kwargs,
     autocast_for,
     dtype_name,
+    fused_kwargs,
+    grad_reduce_dtype,
+    on_cuda,
     optimizer_state_bytes,
     param_groups,
     tensor_bytes,
@@ -149,7 +153,9 @@ class MegatronEngine(Engine):
         self._sp_params = [p for p in self.params if getattr(p, "sequence_parallel", False)]
 
         # the data-parallel gradient average overlaps the backward, bucket by bucket (as DDP)
-        self._dp_sync = GradBuckets(self.params, self.mesh.dp_group, self.dp) if self.dp > 1 else None
+        reduce = grad_reduce_dtype(cfg)  # precision.grad_reduce_dtype
+        self._dp_sync = (GradBuckets(self.params, self.mesh.dp_group, self.dp,
+                                     reduce_dtype=None if reduce == torch.float32 else reduce) if self.dp > 1 else None)
         self.optimizer = self._build_optimizer(cfg.optim)
         self.grad_clip = float(cfg.optim.grad_clip)
         self.scaler: Optional[LossScaler] = LossScaler(cfg.precision) if dtype_name(cfg) == "fp16" else None
@@ -160,18 +166,21 @@ class MegatronEngine(Engine):
         self._schedule = None
         self._schedule_mbs = 0
         self._last_grad_bytes = 0
+        self.stats = StepStats(ctx, int(ctx.world_size))  # the stats all-reduce carries the stop votes
 
     # ------------------------------------------------------------------------------ setup
 
     def _build_optimizer(self, optim: Any) -> torch.optim.Optimizer:
-        kw = adamw_kwargs(optim)
+        kw = {**adamw_kwargs(optim), **fused_kwargs(on_cuda(self.params))}  # fused on CUDA
         named = [(n, p) for n, p in self.stage.named_parameters() if p.requires_grad]
         groups = [g for g in param_groups(named, float(optim.weight_decay)) if g["params"]]
         if self.zero == 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
+            # parameters as views of one flat bucket per owner: after step() one broadcast per rank of
+            # the dp group, not one per parameter
             return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                           process_group=self.mesh.dp_group, **kw)
+                                           process_group=self.mesh.dp_group, parameters_as_bucket_view=True, **kw)
         return torch.optim.AdamW(groups, **kw)
 
     # ------------------------------------------------------------------------------ step
@@ -269,10 +278,10 @@ class MegatronEngine(Engine):
               else torch.zeros((), device=self.device, dtype=torch.float32))
         owns_loss = self.stage.is_last and self.mesh.tp_rank == 0
         loss_part = loss_sum / self.dp if owns_loss else torch.zeros_like(loss_sum)
-        stats = torch.stack([loss_part, sq])
+        stats = self.stats.with_votes(torch.stack([loss_part, sq]))
         with self._phase("loss_sync"):
             dist.all_reduce(stats)
-        loss_value, sq_value = stats.tolist()
+        loss_value, sq_value = self.stats.read(stats)
         grad_norm = (math.sqrt(sq_value) if math.isfinite(sq_value)
                      else float("nan") if math.isnan(sq_value) else float("inf"))
 

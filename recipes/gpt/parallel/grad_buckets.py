@@ -5,7 +5,8 @@ final during the backward), into buckets of about ``bucket_bytes``. A parameter'
 after the step's last micro-batch has accumulated into it (a post-accumulate-grad hook counts them);
 when every gradient of a bucket is final, the bucket is flattened and its all-reduce starts
 (``async_op``) while the backward goes on. ``finish()`` waits for the buckets in order, averages and
-writes the results back. At most ``in_flight`` buckets are outstanding (bounded extra memory: no
+writes the results back (``reduce_dtype``: the buckets travel in it, bf16 for half the bytes, and are
+averaged in the gradients' dtype). At most ``in_flight`` buckets are outstanding (bounded extra memory: no
 flat copy of all gradients at once).
 """
 from __future__ import annotations
@@ -22,8 +23,9 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 
 class GradBuckets:
     def __init__(self, params: List[nn.Parameter], group: Any, world: int, bucket_bytes: int = BUCKET_BYTES,
-                 in_flight: int = 4) -> None:
+                 in_flight: int = 4, reduce_dtype: Optional[torch.dtype] = None) -> None:
         self.group, self.scale, self.in_flight = group, 1.0 / world, max(1, in_flight)
+        self.reduce_dtype = reduce_dtype  # None: the gradients' own dtype; bf16: half the bytes on the wire
         self.buckets: List[List[nn.Parameter]] = []
         size = 0
         for p in reversed(params):
@@ -71,6 +73,8 @@ class GradBuckets:
             self._complete(outstanding[0])
         grads = [p.grad for p in self.buckets[b]]
         flat = _flatten_dense_tensors(grads)
+        if self.reduce_dtype is not None and flat.dtype != self.reduce_dtype:
+            flat = flat.to(self.reduce_dtype)
         scale = self.scale * (self._later if self._expected else 1.0)  # sent during the backward, or after
         self._work[b] = (dist.all_reduce(flat, group=self.group, async_op=True), flat, False, scale)
         self._order.append(b)
@@ -80,8 +84,9 @@ class GradBuckets:
         if done:
             return
         work.wait()
-        flat.mul_(scale)
-        for p, synced in zip(self.buckets[b], _unflatten_dense_tensors(flat, [p.grad for p in self.buckets[b]])):
+        grads = [p.grad for p in self.buckets[b]]
+        flat = flat.to(grads[0].dtype).mul_(scale) if flat.dtype != grads[0].dtype else flat.mul_(scale)
+        for p, synced in zip(self.buckets[b], _unflatten_dense_tensors(flat, grads)):
             p.grad.copy_(synced)
         self._work[b] = (None, None, True, 1.0)
 
