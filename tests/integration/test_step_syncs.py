@@ -112,7 +112,8 @@ class Probe:
         self.current, self.bytes = Counter(), Counter()
 
 
-def _worker(rank: int, world: int, cfg_yaml: str, run_dir: str) -> None:
+def _worker(rank: int, world: int, cfgs: Dict[str, str], root: str) -> None:
+    """Every case in the same two processes, one after another (imports and the group made once)."""
     torch.set_num_threads(1)
     sys.path.insert(0, str(REPO / "tests"))
     from recipes.gpt.schema import GPTRunConfig
@@ -120,33 +121,42 @@ def _worker(rank: int, world: int, cfg_yaml: str, run_dir: str) -> None:
     from unit.test_gpt_recipe import make_ctx
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))  # DeepSpeed asks for them
-    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank, world_size=world)
-    cfg = OmegaConf.merge(OmegaConf.structured(GPTRunConfig), OmegaConf.create(cfg_yaml))
-    ctx = make_ctx(cfg, Path(run_dir), rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     probe = Probe().install()
-    ctx.watch = probe
     try:
-        main(cfg, ctx)
+        for name, cfg_yaml in cfgs.items():
+            run_dir = Path(root) / name
+            run_dir.mkdir(exist_ok=True)
+            cfg = OmegaConf.merge(OmegaConf.structured(GPTRunConfig), OmegaConf.create(cfg_yaml))
+            ctx = make_ctx(cfg, run_dir, rank=rank, world_size=world)
+            probe.windows, probe.current, probe.bytes = [], Counter(), Counter()
+            ctx.watch = probe
+            try:
+                main(cfg, ctx)
+            finally:
+                ctx.close()
+            (run_dir / f"probe{rank}.json").write_text(json.dumps(probe.windows))
+            dist.barrier()
     finally:
-        ctx.close()
         dist.destroy_process_group()
-    (Path(run_dir) / f"probe{rank}.json").write_text(json.dumps(probe.windows))
 
 
-def per_step(tmp_path: Path, **sections: Any) -> Dict[str, Any]:
-    """Rank 0's counts in the steady windows (between the heartbeats of steps 2..4 of 5), per step,
-    checked equal in each window."""
+def _cfg(**sections: Any) -> str:
     sys.path.insert(0, str(REPO / "tests"))
     from unit.test_gpt_recipe import make_cfg
 
     cfg = make_cfg(train={"steps": 5, "checkpoint": {"every": 0}}, data={"eval_every": 0}, **sections)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(2, OmegaConf.to_yaml(cfg), str(tmp_path)), nprocs=2, join=True)
-    windows = json.loads((tmp_path / "probe0.json").read_text())
+    return OmegaConf.to_yaml(cfg)
+
+
+def per_step(root: Path, name: str) -> Dict[str, Any]:
+    """Rank 0's counts in the steady windows (between the heartbeats of steps 2..4 of 5), per step,
+    checked equal in each window."""
+    windows = json.loads((root / name / "probe0.json").read_text())
     steady = [w for w in windows if w["step"] in (3, 4)]  # the windows after step 2's and 3's heartbeats
     assert len(steady) == 2 and steady[0]["counts"] == steady[1]["counts"], windows
     counts, nbytes = steady[0]["counts"], steady[0]["bytes"]
-    print(f"\n[step probe] {json.dumps(sections)}\n  " + "\n  ".join(
+    print(f"\n[step probe] {name}\n  " + "\n  ".join(
         f"{k}: {v}" + (f" ({nbytes[k]} B)" if nbytes.get(k) else "") for k, v in sorted(counts.items())))
     return {"counts": counts, "bytes": nbytes}
 
@@ -155,23 +165,36 @@ def _sum(counts: Dict[str, int], prefix: str) -> int:
     return sum(v for k, v in counts.items() if k.startswith(prefix))
 
 
+BF16 = {"dtype": "bf16"}
 CASES = {  # case: (config sections, the project's collectives per step)
-    "ddp": ({}, 1),  # the loss all-reduce, carrying the stop votes (DDP's own buckets are C++)
+    "ddp": ({"precision": BF16}, 1),  # the loss all-reduce, carrying the stop votes (DDP's own buckets are C++)
     "fsdp": ({"parallelism": {"engine": "fsdp"}}, 1),
     "deepspeed_zero2": ({"zero": {"stage": 2}}, 1),
-    "megatron_dp2": ({"parallelism": {"engine": "megatron"}}, 2),  # + one gradient bucket
+    "megatron_dp2": ({"parallelism": {"engine": "megatron"}, "precision": BF16}, 2),  # + one gradient bucket
     "megatron_dp2_zero1": ({"parallelism": {"engine": "megatron"}, "zero": {"stage": 1}}, 2),
 }
+HALF = {"precision": {"dtype": "bf16", "grad_reduce_dtype": "bf16"}}
+RUNS = {**{name: sections for name, (sections, _) in CASES.items()},
+        "ddp_bf16_reduce": {**HALF}, "megatron_dp2_bf16_reduce": {"parallelism": {"engine": "megatron"}, **HALF}}
 
 
-@pytest.mark.timeout(600)
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> Path:
+    """Every run of this module in one spawn of two gloo ranks."""
+    root = tmp_path_factory.mktemp("step_syncs")
+    mp.spawn(_worker, args=(2, {name: _cfg(**sections) for name, sections in RUNS.items()}, str(root)),
+             nprocs=2, join=True)
+    return root
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_collective_and_one_host_read_per_step(tmp_path, case):
+def test_one_collective_and_one_host_read_per_step(probed, case):
     """Per steady step: the project's collectives are the loss (+ stop votes) all-reduce and the
     engine's own gradient reductions, nothing for the stop; its host reads are the one read of the
     step's stats (and the loop's timing synchronize, a no-op on the CPU)."""
-    sections, collectives = CASES[case]
-    got = per_step(tmp_path / case, **sections)["counts"]
+    _, collectives = CASES[case]
+    got = per_step(probed, case)["counts"]
     assert _sum(got, "collective:project:") == collectives, got
     reads = {k: v for k, v in got.items() if k.startswith("read:project:")}
     assert reads == {"read:project:tolist": 1}, reads
@@ -185,15 +208,14 @@ def _bytes(got: Dict[str, Any], dtype: str) -> int:
     return sum(b for k, b in got["bytes"].items() if k.startswith("collective:") and k.endswith(":" + dtype))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("engine", ["ddp", "megatron"])
-def test_bf16_gradient_reduction_halves_the_bytes(tmp_path, engine):
+def test_bf16_gradient_reduction_halves_the_bytes(probed, engine):
     """precision.grad_reduce_dtype=bf16: every gradient crosses once, in bf16 (2 B per parameter:
     DDP's compression hook, the megatron engine's buckets); fp32 (the default) sends none in bf16,
     and the megatron buckets carry 4 B per parameter."""
-    sections = {"parallelism": {"engine": engine}}
-    exact = per_step(tmp_path / "fp32", precision={"dtype": "bf16"}, **sections)
-    half = per_step(tmp_path / "bf16", precision={"dtype": "bf16", "grad_reduce_dtype": "bf16"}, **sections)
+    name = "ddp" if engine == "ddp" else "megatron_dp2"
+    exact, half = per_step(probed, name), per_step(probed, f"{name}_bf16_reduce")
     assert _bytes(exact, "bfloat16") == 0
     assert _bytes(half, "bfloat16") == 2 * PARAMS
     assert _bytes(half, "float32") <= 16  # the step's stats (loss, norm, stop votes) only
@@ -201,10 +223,10 @@ def test_bf16_gradient_reduction_halves_the_bytes(tmp_path, engine):
         assert _bytes(exact, "float32") - _bytes(half, "float32") == 4 * PARAMS
 
 
-@pytest.mark.timeout(600)
-def test_zero1_broadcasts_one_bucket_per_owner(tmp_path):
+@pytest.mark.timeout(900)
+def test_zero1_broadcasts_one_bucket_per_owner(probed):
     """megatron ZeRO-1: after the step each of the 2 dp ranks broadcasts its updated shard as one flat
     bucket (ZeroRedundancyOptimizer with parameters as bucket views), every parameter's bytes once."""
-    got = per_step(tmp_path, parallelism={"engine": "megatron"}, zero={"stage": 1})
+    got = per_step(probed, "megatron_dp2_zero1")
     assert got["counts"].get("collective:torch:broadcast:float32") == 2, got["counts"]
     assert got["bytes"]["collective:torch:broadcast:float32"] == 4 * PARAMS
