@@ -156,9 +156,11 @@ def main(argv: Optional[list] = None) -> int:
     if not note or not note.get("run"):
         return 0
     rc = int(args[0]) if args and args[0].lstrip("-").isdigit() else 1
+    rd = RunDir(note["run"])
+    if rd.is_final():  # the common end (a rank recorded the outcome): nothing to ask the scheduler
+        return 0
     backend = backends.get(str(note.get("backend") or "slurm"))
     job_id = note.get("job_id")
-    rd = RunDir(note["run"])
     outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id)))
     done = settle(rd, outcome, backend, job_id)
     if done:

@@ -25,9 +25,9 @@ import signal
 import time
 from typing import Any, Dict, Optional
 
-from launcher.rundir import RunDir
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
+from launcher.rundir import RunDir
 from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)

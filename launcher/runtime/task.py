@@ -25,7 +25,6 @@ from launcher.schema import hang_timeout_s, typed
 from launcher.script_recipe import is_script
 from launcher.status import Status
 
-
 # ProcessGroupNCCL's error handling switch, and its deprecated name: a value the user set is kept
 NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 
