@@ -305,6 +305,14 @@ def test_killed_rank_without_any_error_file():
     check(diagnose(failed(logs={0: SRUN_KILLED})), "killed_rank", 1, "task 1: Killed")
 
 
+def test_killed_rank_the_step_teardown_recorded_with_no_word_from_any_rank():
+    """NCCL's way: no rank error, no srun line in the logs; the batch script's teardown failed the run."""
+    error = ("a rank died without a word: srun exit 137 (SIGKILL); restart budget spent (3 restarts, "
+             "train.max_restarts=3)")
+    d = diagnose(failed(status={"status": "failed", "error": error, "exit_code": 137}, logs={0: "", 1: ""}))
+    check(d, "killed_rank", None, "srun exit 137 (SIGKILL)")
+
+
 # ---- hang --------------------------------------------------------------------------------------------
 def test_hang_names_the_stuck_rank_and_where():
     d = diagnose(failed(status={"status": "failed", "failed_rank": 1, "error": HANG_MESSAGE}, hang=HANG_JSON,
