@@ -647,7 +647,10 @@ def _killed(ev: Evidence, peers: List[int]) -> Diagnosis:
     signalled = _signal_lines(ev)
     ended = set(_watchdog_ended(ev))
     silent = [r for r in _all_ranks(ev) if r not in ev.errors and r not in ended]
-    dead = sorted(set(signalled) | set(silent)) or sorted(set(_all_ranks(ev)) - set(ev.errors))
+    # a rank that recorded a peer's symptom and was then killed by the scheduler (srun's kill-on-bad-exit
+    # while it sealed the run) did not die first: the signalled ranks without an error did
+    dead = (sorted((set(signalled) - set(ev.errors)) | set(silent)) or sorted(set(signalled))
+            or sorted(set(_all_ranks(ev)) - set(ev.errors)))
     first = peers[0]
     detail = [f"ranks: {_ranks_str(peers)} recorded only that a peer went away: "
               f"{_clip(exception_line(ev.errors[first]) or _first_line(ev.errors[first]), 200)}"]

@@ -301,6 +301,12 @@ def test_killed_rank_on_slurm_from_srun():
     check(d, "killed_rank", 1, "SIGKILL", "srun: error: node1: task 1: Killed")
 
 
+def test_killed_rank_is_not_the_peer_srun_killed_after_it_recorded_the_symptom():
+    both = SRUN_KILLED.replace("task 1: Killed", "task 0: Killed\nsrun: error: node1: task 1: Killed")
+    d = diagnose(failed(errors={0: PEER_RESET}, logs={0: both}))
+    check(d, "killed_rank", 1, "task 1: Killed")
+
+
 def test_killed_rank_without_any_error_file():
     check(diagnose(failed(logs={0: SRUN_KILLED})), "killed_rank", 1, "task 1: Killed")
 
