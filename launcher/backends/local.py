@@ -135,6 +135,43 @@ def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optiona
     return params
 
 
+# the job's controller: submitit's loop, then the decision the Slurm batch script's teardown makes
+# when the processes ended with no rank's word (launcher.runtime.local_controller)
+CONTROLLER = "launcher.runtime.local_controller"
+
+
+def _executor_class() -> Any:
+    """submitit's LocalExecutor whose job controller is CONTROLLER (submitit's own started the same
+    way: the environment it reads, the process whose pid is the job id)."""
+    import subprocess
+    import sys
+
+    from submitit import LocalExecutor  # submitit: only to start ranks, not to read or wait for them
+    from submitit.local.local import LocalJob
+
+    class Executor(LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            n_gpus = self.parameters.get("gpus_per_node", 0)
+            visible = self.parameters.get("visible_gpus", ())
+            gpus = range(n_gpus) if visible == () else visible[:n_gpus]
+            env = dict(os.environ)
+            env.update(
+                SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
+                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+                SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+                SUBMITIT_STDERR_TO_STDOUT="1" if self.parameters.get("stderr_to_stdout", False) else "",
+                SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
+                SUBMITIT_LOCAL_WITH_SHELL="",
+            )
+            # it outlives the launching process; the job (its pid) is polled and ended through LocalJob
+            process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
+            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+
+    return Executor
+
+
 class LocalBackend(Backend):
     name = "local"
     waits = True
@@ -162,9 +199,7 @@ class LocalBackend(Backend):
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
-        from submitit import LocalExecutor  # submitit: only to start ranks, not to read or wait for them
-
-        ex = LocalExecutor(folder=folder)
+        ex = _executor_class()(folder=folder)
         ex.update_parameters(**self.parameters(cfg))
         return ex
 

@@ -49,8 +49,9 @@ leave = restarts.leave_note
 class StepEnd:
     """What the teardown knows about the step that just ended."""
 
-    rc: int  # srun's exit status
+    rc: int  # srun's exit status (a signal N as 128+N)
     scheduler_state: str = ""  # the scheduler's word for the job now ("": unknown)
+    source: str = "srun"  # whose exit status it is, in words
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,14 @@ class Outcome:
         return asdict(self)
 
 
-def describe(rc: int) -> str:
-    """srun's exit status in words: the signal that ended a task where it says one."""
+def describe(rc: int, source: str = "srun") -> str:
+    """An exit status in words: the signal that ended a task where it says one."""
     if rc > 128:
         try:
-            return f"srun exit {rc} ({signal.Signals(rc - 128).name})"
+            return f"{source} exit {rc} ({signal.Signals(rc - 128).name})"
         except ValueError:
             pass
-    return f"srun exit {rc}"
+    return f"{source} exit {rc}"
 
 
 def decide(st: RunStatus, note: Dict[str, Any], end: StepEnd, *, restarts_used: int, max_restarts: int,
@@ -95,7 +96,7 @@ def decide(st: RunStatus, note: Dict[str, Any], end: StepEnd, *, restarts_used: 
         return Outcome("nothing", f"the scheduler ends the job itself ({word})")
     if end.rc == 0:
         return Outcome("fail", "the step exited 0, but no rank recorded an outcome", {"exit_code": 1})
-    words = describe(end.rc)
+    words = describe(end.rc, end.source)
     detail = f"a rank died without a word: {words}"
     failure = Failure(type="RankLost", message=words, place="", kind="rank_lost", attempt=attempt, step=step,
                       from_step=from_step)

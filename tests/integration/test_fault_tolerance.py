@@ -257,15 +257,18 @@ def reference(tmp_path_factory) -> Path:
 
 @pytest.mark.dist
 @pytest.mark.timeout(300)
-def test_killed_rank_requeues_and_finishes_identical(runs_root, reference):
+def test_killed_rank_whose_peer_aborts_requeues_and_finishes_identical(runs_root, reference):
+    """A SIGKILLed rank, its peer aborting as ProcessGroupNCCL does: no rank says a word, and the job's
+    controller (not a rank) starts them again."""
     res = launch([*LOCAL, "train.fail_at_step=8", "train.fail_rank=1", "train.fail_mode=kill",
-                  "train.fail_attempt=1"], runs_root, timeout=300)
+                  "train.fail_attempt=1", "train.fail_peers=abort"], runs_root, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     run = only_run(runs_root)
     (row,) = restarts(run)
-    assert row["attempt"] == 2 and row["reason"] == "failure" and row["from_step"] == 6
-    assert row["nodes"] and row["time"]
-    assert list((run / "attempts" / "1" / "ranks").glob("rank_*.error"))  # the survivor's view, kept aside
+    assert row["attempt"] == 2 and row["reason"] == "failure" and row["from_step"] == 6, row
+    assert row["detail"] == "a rank died without a word: the processes' exit 137 (SIGKILL)", row
+    assert row["nodes"] and row["time"] and row["failure"]["kind"] == "rank_lost"
+    assert not list((run / "attempts" / "1" / "ranks").glob("rank_*.error"))  # no rank's word
     assert status(run)["attempt"] == 2 and status(run)["summary"]["resumed_from"] == 6
     assert_identical(run, reference)
 

@@ -46,7 +46,8 @@ def test_an_outcome_a_rank_recorded_is_kept():
 
 def test_a_note_of_another_attempt_does_nothing():
     assert outcome(status(Status.running, attempt=3)).action == "nothing"
-    assert outcome(status(Status.running), note={**NOTE, "stop": {"reason": "failure"}, "attempt": 1}).action == "nothing"
+    stale = {**NOTE, "stop": {"reason": "failure"}, "attempt": 1}
+    assert outcome(status(Status.running), note=stale).action == "nothing"
 
 
 def test_a_requeue_a_rank_asked_for_is_asked_again_whatever_the_exit_status():
@@ -105,3 +106,11 @@ def test_a_multi_node_run_without_periodic_checkpoints_is_warned_at_launch():
     (line,) = rules.advice(cfg(2, 0))
     assert "train.checkpoint.every=0" in line and "step 0" in line
     assert rules.advice(cfg(1, 0)) == [] and rules.advice(cfg(4, 50)) == []
+
+
+def test_the_local_processes_exit_statuses_read_as_one():
+    from launcher.runtime.local_controller import step_rc
+
+    assert step_rc([0, 0]) == 0
+    assert step_rc([-6, -9]) == 137  # the killed rank, not the peer that aborted after it
+    assert step_rc([-6, 1]) == 134 and step_rc([1, 0]) == 1 and step_rc([None, -11]) == 139
