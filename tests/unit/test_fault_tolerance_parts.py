@@ -587,3 +587,27 @@ def test_resume_and_retry_refuse_a_run_that_may_still_be_running(tmp_path, statu
     with pytest.raises(ValueError, match="may still be running"):
         resume.resubmit([rd.path], reason="retry")
     assert {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()} == before
+
+
+def test_the_local_controller_starts_a_silent_death_again_and_records_why(tmp_path, monkeypatch):
+    """cluster=local: the processes ended with no requeue request and no rank's word; the controller
+    (not a rank) decides from the job's note as the Slurm teardown does."""
+    from launcher.runtime import local_controller
+
+    note = tmp_path / "requeue.77.json"
+    monkeypatch.setenv(restarts.NOTE_ENV, str(note))
+    rd = make_run(tmp_path)
+    rd.write_config({"train": {"max_restarts": 1}, "cluster": {"backend": "local"}})
+    restarts.begin_attempt(rd, max_restarts=1, job_id="77")
+    restarts.leave_note(rd, 1, None, "77", backend="local", max_restarts=1)
+    assert local_controller.decide_after(note, [-6, -9]) == "requeued"
+    st = rd.status()
+    assert st.state is Status.requeued and st.stop["detail"].endswith("the processes' exit 137 (SIGKILL)")
+    restarts.begin_attempt(rd, max_restarts=1, job_id="77")
+    restarts.leave_note(rd, 2, None, "77", backend="local", max_restarts=1)
+    # another death (not a repeat of attempt 1's), but the budget (1) is spent: an honest failure
+    assert local_controller.decide_after(note, [-11, 0]) == "failed"
+    st = rd.status()
+    assert st.state is Status.failed and st.exit_code == 139, st
+    assert "(SIGSEGV); restart budget spent" in st.error and "train.max_restarts=1" in st.error, st.error
+    assert local_controller.decide_after(note, [-9, 0]) is None  # the run has its outcome
