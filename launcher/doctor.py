@@ -113,10 +113,16 @@ COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+\s*ms for (?:recv|send)|W
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe"
                        r"|ncclRemoteError|remote process exiting prematurely|NCCL communicator was aborted"
                        r"|\[watchdog\] rank \d+: rank_?\d+ failed", re.I)
-KILLED = re.compile(r"task (?P<task>\d+): Killed|rank (?P<rank>\d+)[^\n]{0,80}(?:SIGKILL|signal 9|exit(?: code)? "
+# a rank's own last words when a signal ended it; each backend adds its scheduler's (Backend.killed_words)
+KILLED = re.compile(r"rank (?P<rank>\d+)[^\n]{0,80}(?:SIGKILL|signal 9|exit(?: code)? "
                     r"-9|exitcode\s*:\s*-9)|injected SIGKILL", re.I)
+KILLED_BY_SCHEDULER = [re.compile(b.killed_words, re.I) for b in map(backends.get, backends.names()) if b.killed_words]
 SCHEDULER_STATE = re.compile(r"scheduler state (?P<state>[A-Z_]+)")
-SLURM_CANCEL = re.compile(r"CANCELLED AT \S+ DUE TO (?P<why>TIME LIMIT|NODE FAILURE|PREEMPTION)")
+# a job the scheduler ended, in its own words (Backend.ended_words: ``why`` is TIME LIMIT, NODE FAILURE
+# or PREEMPTION)
+SCHEDULER_ENDED = [re.compile(b.ended_words) for b in map(backends.get, backends.names()) if b.ended_words]
+# the step's teardown (launcher.runtime.after_step) found the step failed with no rank's word
+SILENT_DEATH = re.compile(r"^a rank died without a word: (?P<how>.*)")
 HANG_MESSAGE = re.compile(r"^hang: ", re.M)
 
 _FRAME = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
@@ -381,7 +387,7 @@ def _diagnose(ev: Evidence) -> Diagnosis:
     if status == "timeout":
         return Diagnosis("time_limit", f"the job reached its time limit ({_time_limit(ev)}) at step {ev.last_step}",
                          detail=["status: timeout" + (f" ({err})" if err else "")])
-    for fn in (_rank_errors, _logs, _status_text):
+    for fn in (_rank_errors, _logs, _silent, _status_text):
         d = fn(ev)
         if d is not None:
             return d
@@ -396,6 +402,16 @@ def _diagnose(ev: Evidence) -> Diagnosis:
         if tail:
             lines.append(f"rank {r} log ends: " + _clip(" | ".join(tail), 200))
     return Diagnosis("unknown", f"{status}: no recognisable cause recorded", detail=lines)
+
+
+def _silent(ev: Evidence) -> Optional[Diagnosis]:
+    """No rank recorded a word and the step failed (the step's teardown recorded it): a rank died in a
+    way Python never saw (SIGKILL, the OOM killer, a segfault, NCCL's C++ teardown)."""
+    m = SILENT_DEATH.search(str(ev.status.error or ""))
+    if not m:
+        return None
+    return Diagnosis("killed_rank", f"a rank died without a word ({_clip(m['how'], 160)})",
+                     detail=[f"status: {ev.status.error}"])
 
 
 def _with(attempt: Evidence, run: Evidence) -> Evidence:
@@ -515,9 +531,9 @@ def _scheduler(ev: Evidence) -> Optional[Diagnosis]:
     word = _scheduler_word(ev)
     said = [f"scheduler: {ev.scheduler or word}"] if word else []
     logs = "\n".join(ev.logs.values())
-    m = SLURM_CANCEL.search(logs)
+    m = next((m for m in (p.search(logs) for p in SCHEDULER_ENDED) if m), None)
     if m:
-        said.append("log: " + _clip(next(ln for ln in logs.splitlines() if "DUE TO" in ln), 200))
+        said.append("log: " + _clip(_line_at(logs, m.start(), m.end()), 200))
     why = m["why"] if m else ""
     if word == "NODE_FAIL" or why == "NODE FAILURE":
         nodes = ", ".join(map(str, ev.status.hosts or []))
@@ -619,8 +635,9 @@ def _signal_lines(ev: Evidence) -> Dict[int, str]:
     last words)."""
     out: Dict[int, str] = {}
     for r, text in sorted(ev.logs.items()):
-        for m in KILLED.finditer(text):
-            n = m["task"] or m["rank"]
+        for m in (m for p in (KILLED, *KILLED_BY_SCHEDULER) for m in p.finditer(text)):
+            groups = m.groupdict()
+            n = groups.get("task") or groups.get("rank")
             out.setdefault(int(n) if n is not None else r, _line_at(text, m.start(), m.end()))
     return out
 
@@ -630,7 +647,10 @@ def _killed(ev: Evidence, peers: List[int]) -> Diagnosis:
     signalled = _signal_lines(ev)
     ended = set(_watchdog_ended(ev))
     silent = [r for r in _all_ranks(ev) if r not in ev.errors and r not in ended]
-    dead = sorted(set(signalled) | set(silent)) or sorted(set(_all_ranks(ev)) - set(ev.errors))
+    # a rank that recorded a peer's symptom and was then killed by the scheduler (srun's kill-on-bad-exit
+    # while it sealed the run) did not die first: the signalled ranks without an error did
+    dead = (sorted((set(signalled) - set(ev.errors)) | set(silent)) or sorted(set(signalled))
+            or sorted(set(_all_ranks(ev)) - set(ev.errors)))
     first = peers[0]
     detail = [f"ranks: {_ranks_str(peers)} recorded only that a peer went away: "
               f"{_clip(exception_line(ev.errors[first]) or _first_line(ev.errors[first]), 200)}"]

@@ -466,3 +466,15 @@ def resolve(cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Layout:
     if errs:
         raise ConfigErrors(errs)
     return layout_of(f)
+
+
+def advice(resolved: Dict[str, Any]) -> List[str]:
+    """What a valid run config should still hear at launch (printed; never stops a launch)."""
+    out: List[str] = []
+    cluster, train = resolved.get("cluster") or {}, resolved.get("train") or {}
+    nodes, every = int(cluster.get("nodes") or 1), (train.get("checkpoint") or {}).get("every")
+    if nodes > 1 and every is not None and int(every) == 0:
+        out.append(f"cluster.nodes={nodes} with train.checkpoint.every=0: no periodic checkpoint, so a failure "
+                   "that no signal announces (a killed rank, a lost node, an NCCL error) restarts from step 0; "
+                   "set train.checkpoint.every (e.g. every 30 minutes' worth of steps)")
+    return out

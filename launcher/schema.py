@@ -104,6 +104,15 @@ class FailMode(str, Enum):
     kill = "kill"  # SIGKILL this rank mid-step (a lost process or node)
     kill_in_save = "kill_in_save"  # SIGKILL this rank while it writes the step's checkpoint
     oom = "oom"  # allocate until the memory limit raises (out of memory during the step)
+    stop = "stop"  # SIGSTOP this rank mid-step (a wedged GPU or node: its sockets stay open, nothing exits)
+    config_error = "config_error"  # raise a ConfigError (a failure no restart fixes)
+
+
+class FailPeers(str, Enum):
+    """What the ranks the fault did not hit do when their collective fails (train.fail_peers)."""
+
+    error = "error"  # the collective raises in Python (gloo; NCCL with TORCH_NCCL_ASYNC_ERROR_HANDLING=2)
+    abort = "abort"  # the process aborts, no Python handler runs (NCCL's watchdog teardown)
 
 
 class Engine(str, Enum):
@@ -282,14 +291,34 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # restarts (requeues after a failure, hang, preemption or time limit) before the run is failed
     max_restarts: int = num(3, ge=0)
-    # no step finished on a rank for this long: dump every rank's stack and abort (0: off)
-    hang_timeout_s: int = num(0, ge=0)
+    # no step finished on a rank for this long: dump every rank's stack and requeue (0: off; null: off
+    # on one node, on several nodes half of train.dist_timeout_s up to 300 s: hang_timeout_s())
+    hang_timeout_s: Optional[int] = num(None, ge=0)
     # fault injection for drills and tests: at this step (<= train.steps), on this rank, do fail_mode
     fail_at_step: Optional[int] = num(None, ge=1)
     fail_rank: int = num(0, ge=0)
     fail_mode: FailMode = FailMode.exception
+    # what the other ranks do when their collective fails: error (raise in Python, gloo's way) or abort
+    # the process at once, no Python handler run (ProcessGroupNCCL's teardown)
+    fail_peers: FailPeers = FailPeers.error
     # the attempt (1 = first start, 2 = first restart, ...) the fault fires on; null: every attempt
     fail_attempt: Optional[int] = num(None, ge=1)
+
+
+# the hang watch on several nodes when train.hang_timeout_s is null: half the collective timeout, at most this
+MULTI_NODE_HANG_TIMEOUT_S = 300
+
+
+def hang_timeout_s(train: Any, nodes: int) -> int:
+    """train.hang_timeout_s as the ranks use it (0: off): a value given is kept (0 turns the watch off);
+    null is off on one node and, on several nodes (where a lost peer often blocks the others without
+    an error), half of train.dist_timeout_s up to MULTI_NODE_HANG_TIMEOUT_S, so that it fires first."""
+    value = train.get("hang_timeout_s")
+    if value is not None:
+        return int(value)
+    if int(nodes) <= 1:
+        return 0
+    return max(1, min(MULTI_NODE_HANG_TIMEOUT_S, int(train.get("dist_timeout_s") or 600) // 2))
 
 
 @dataclass

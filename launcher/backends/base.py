@@ -16,6 +16,10 @@ from launcher.sweeps import ArrayLimits
 if TYPE_CHECKING:
     from launcher.sweeps import ArrayLimits
 
+# where a job's note for the step's teardown lives (launcher.runtime.after_step), exported by a batch
+# script that runs a teardown after its step
+NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"
+
 
 @dataclass(frozen=True)
 class JobState:
@@ -146,6 +150,21 @@ class Backend:
     def request_requeue(self, job_id: Optional[str]) -> None:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
         raise NotImplementedError
+
+    # ---- the node side of a job's end (launcher.runtime.after_step runs these after the step) ----
+    def requeued_since_start(self, job_id: Optional[str]) -> bool:
+        """Whether this job was requeued since it started (a request already went through)."""
+        return False
+
+    def job_state_now(self, job_id: Optional[str]) -> str:
+        """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
+        "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""
+        return ""
+
+    # the scheduler's words in a job's logs, for `launcher doctor` (regular expressions; "" none):
+    # a task killed by a signal (group ``task``: its rank), and a job the scheduler ended (group ``why``)
+    killed_words: str = ""
+    ended_words: str = ""
 
     def log_path(self, job: JobRecord, rank: int, err: bool = False) -> Path:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""

@@ -142,28 +142,44 @@ def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optiona
     return params
 
 
-def local_executor(folder: Path, visible: Optional[str]) -> Any:
-    """submitit's LocalExecutor; ``visible``: the CUDA_VISIBLE_DEVICES its processes get, verbatim
-    (submitit's own writes the integers of visible_gpus only)."""
-    from submitit.local import local as sublocal  # submitit: only to start ranks, not to read or wait for them
+# the job's controller: submitit's loop, then the decision the Slurm batch script's teardown makes
+# when the processes ended with no rank's word (launcher.runtime.local_controller)
+CONTROLLER = "launcher.runtime.local_controller"
 
-    if visible is None:
-        return sublocal.LocalExecutor(folder=folder)
 
-    class NamedGpuExecutor(sublocal.LocalExecutor):
+def _executor_class(visible: Optional[str] = None) -> Any:
+    """submitit's LocalExecutor whose job controller is CONTROLLER (submitit's own started the same
+    way: the environment it reads, the process whose pid is the job id). ``visible``: the
+    CUDA_VISIBLE_DEVICES its processes get, verbatim (GPU-/MIG- UUIDs: submitit's visible_gpus
+    takes integers only)."""
+    import subprocess
+    import sys
+
+    from submitit import LocalExecutor  # submitit: only to start ranks, not to read or wait for them
+    from submitit.local.local import LocalJob
+
+    class Executor(LocalExecutor):
         def _submit_command(self, command: str) -> Any:
-            # submitit's LocalExecutor._submit_command (1.5), with the devices as given
             ntasks = self.parameters.get("tasks_per_node", 1)
-            process = sublocal.start_controller(
-                folder=self.folder, command=command, tasks_per_node=ntasks, cuda_devices=visible,
-                timeout_min=self.parameters.get("timeout_min", 2.0),
-                signal_delay_s=self.parameters.get("signal_delay_s", 30),
-                stderr_to_stdout=self.parameters.get("stderr_to_stdout", False),
-                setup=self.parameters.get("setup", ()))
-            return sublocal.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
-                                     tasks=list(range(ntasks)))
+            n_gpus = self.parameters.get("gpus_per_node", 0)
+            ids = self.parameters.get("visible_gpus", ())
+            gpus = range(n_gpus) if ids == () else ids[:n_gpus]
+            env = dict(os.environ)
+            env.update(
+                SUBMITIT_LOCAL_NTASKS=str(ntasks), SUBMITIT_LOCAL_COMMAND=command,
+                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+                SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+                SUBMITIT_STDERR_TO_STDOUT="1" if self.parameters.get("stderr_to_stdout", False) else "",
+                SUBMITIT_EXECUTOR="local",
+                CUDA_VISIBLE_DEVICES=visible if visible is not None else ",".join(str(k) for k in gpus),
+                SUBMITIT_LOCAL_WITH_SHELL="",
+            )
+            # it outlives the launching process; the job (its pid) is polled and ended through LocalJob
+            process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
+            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
-    return NamedGpuExecutor(folder=folder)
+    return Executor
 
 
 class LocalBackend(Backend):
@@ -194,7 +210,7 @@ class LocalBackend(Backend):
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)
-        ex = local_executor(folder, params.pop(VISIBLE_KEY, None))
+        ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder)
         ex.update_parameters(**params)
         return ex
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from launcher.backends.base import Backend, JobState, limit_overrides, request_limits, submitit_parameters
+from launcher.backends.base import NOTE_ENV, Backend, JobState, limit_overrides, request_limits, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
-REQUEUE_NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"  # where a rank leaves its requeue note (runtime.deferred_requeue)
+REQUEUE_NOTE_ENV = NOTE_ENV  # where the job's note for the step's teardown lives (runtime.after_step)
 
 # Slurm's job states -> the run's status
 STATES = {
@@ -70,12 +70,14 @@ def setup_lines(setup: Iterable[Any]) -> List[str]:
 
 
 def requeue_lines(folder: Path) -> Dict[str, List[str]]:
-    """The batch script's part in a rank's requeue request: where the rank leaves its note, and the
-    teardown line that asks again after srun returns (launcher.runtime.deferred_requeue)."""
+    """The batch script's part in deciding the run's outcome outside the ranks: where the job leaves its
+    note, and the teardown line that decides after srun returns (launcher.runtime.after_step: a rank
+    that died without a word, a requeue the step killed)."""
     note = f"{shlex.quote(str(folder))}/requeue.${{SLURM_JOB_ID}}.json"
     # the job's exit status stays srun's (Slurm's FAILED/COMPLETED, afterok dependencies read it)
     return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}"],
-            "teardown": ["launcher_step_rc=$?", f"{shlex.quote(sys.executable)} -m launcher.runtime.deferred_requeue",
+            "teardown": ["launcher_step_rc=$?",
+                         f'{shlex.quote(sys.executable)} -m launcher.runtime.after_step "$launcher_step_rc"',
                          'exit "$launcher_step_rc"']}
 
 
@@ -660,6 +662,17 @@ class SlurmBackend(Backend):
         request went through, and a second one would fail ("Job is pending execution")."""
         m = re.search(r"\bRestarts=(\d+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
         return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def job_state_now(self, job_id: Optional[str]) -> str:
+        """``scontrol show job``'s JobState (slurmctld's word, without accounting's lag); "": unknown."""
+        if not job_id:
+            return ""
+        m = re.search(r"\bJobState=(\S+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
+        return m.group(1) if m else ""
+
+    # srun's line for a task a signal ended, and slurmstepd's for a job Slurm ended (launcher doctor)
+    killed_words = r"task (?P<task>\d+): Killed"
+    ended_words = r"CANCELLED AT \S+ DUE TO (?P<why>TIME LIMIT|NODE FAILURE|PREEMPTION)"
 
 
 BACKEND = SlurmBackend()

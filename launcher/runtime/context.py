@@ -30,6 +30,9 @@ class RunContext:
     attempt: int = 1  # 1 = first start of the run's job, 2 = first restart, ...
     watch: Optional[Any] = field(default=None, repr=False)  # the rank's watchdog (hang watch)
     stop_flag: Optional[Any] = field(default=None, repr=False)  # the signals the job received
+    # an exception out of the recipe aborts the process (os.abort) before any handler runs, as
+    # ProcessGroupNCCL's teardown does (fault drills: train.fail_peers=abort)
+    abort_on_error: bool = False
     _metrics_file: Optional[Any] = field(default=None, repr=False)
     _settled: Any = field(default=None, repr=False)  # (reason,) agreed inside this step's own all-reduce
 

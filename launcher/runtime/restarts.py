@@ -10,7 +10,9 @@ A run lives in ONE run dir for its whole life; each start of its job in that dir
 - A time limit, a failed rank or a hang asks the backend for a requeue (``request_requeue``) while the
   restart budget lasts (``train.max_restarts`` restarts since launch or the last ``launcher resume``);
   Slurm requeues the same job id, submitit's local controller restarts the processes. A request that
-  the step's teardown killed is made again after the step (``deferred_requeue``). Either way the
+  the step's teardown killed is made again after the step, and a step that ended with no rank's word
+  (a rank killed in a way Python never saw, as NCCL's failures are) is requeued there too
+  (``after_step``). Either way the
   job starts again in the same run dir and resumes from ``checkpoints/latest``.
 - ``begin_attempt`` (rank 0, before the process group forms) records the restart in
   ``restarts.jsonl`` (when, why, from which step, on which nodes), moves what the last attempt left
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, Dict, Optional
 
+from launcher.archive import atomic
+from launcher.backends.base import NOTE_ENV
 from launcher.rundir import RunDir
-from launcher.runtime import deferred_requeue
 from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
@@ -90,6 +94,29 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
     return attempt
 
 
+def leave_note(rd: RunDir, attempt: int, stop: Optional[Dict[str, Any]], job_id: Optional[str], *,
+               backend: Optional[str] = None, max_restarts: Optional[int] = None) -> bool:
+    """The job's note for the step's teardown (launcher.runtime.after_step; False: this job has no
+    teardown): rank 0 at the start of an attempt (``stop`` None: the run, the attempt, the budget);
+    a rank asking for a requeue adds why."""
+    path = os.environ.get(NOTE_ENV)
+    if not path:
+        return False
+    note = atomic.read_json(path, default=None) or {}
+    if note.get("run") != str(rd.path) or int(note.get("attempt") or 0) != int(attempt):
+        note = {}  # an earlier attempt's note (or none): this one starts afresh
+    note.update({"run": str(rd.path), "attempt": int(attempt), "job_id": job_id})
+    note.setdefault("started", time.time())
+    if backend is not None:
+        note["backend"] = backend
+    if max_restarts is not None:
+        note["max_restarts"] = int(max_restarts)
+    if stop is not None:
+        note["stop"] = stop
+    atomic.write_json(path, note)
+    return True
+
+
 def budget_left(rd: RunDir, max_restarts: int) -> bool:
     """Whether train.max_restarts allows another automatic restart."""
     return rd.restarts_since_launch() < max_restarts
@@ -113,7 +140,7 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
     stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
     if failure:
         stop["failure"] = failure
-    noted = deferred_requeue.leave(rd, attempt, stop, job_id)
+    noted = leave_note(rd, attempt, stop, job_id)
     try:
         backend.request_requeue(job_id)
     except Exception as e:  # e.g. a partition that forbids requeues: the run fails, saying why

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from datetime import timedelta
 from typing import Any, Dict
@@ -20,9 +21,12 @@ from launcher.rundir import RunDir
 from launcher.runtime import env as dist_env, restart_policy, restarts, script, watchdog
 from launcher.runtime.attempt import attempt
 from launcher.runtime.context import RunContext
-from launcher.schema import typed
+from launcher.schema import hang_timeout_s, typed
 from launcher.script_recipe import is_script
 from launcher.status import Status
+
+# ProcessGroupNCCL's error handling switch, and its deprecated name: a value the user set is kept
+NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 
 
 class RunTask:
@@ -77,13 +81,16 @@ def run(rd: RunDir) -> Dict[str, Any]:
             a.fail(message)
             return 1
 
-        watch = watchdog.start(rd, denv.rank, world=denv.world_size,
-                               hang_timeout_s=float(train.get("hang_timeout_s") or 0), on_hang=on_hang)
+        # on by default on several nodes (schema.hang_timeout_s): a lost peer there often blocks the others
+        hang_s = hang_timeout_s(train, int(cluster.get("nodes") or 1))
+        watch = watchdog.start(rd, denv.rank, world=denv.world_size, hang_timeout_s=float(hang_s), on_hang=on_hang)
         a.record_environment(topology.runtime_software())
         try:
             if denv.rank == 0:
                 n["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
                 a.running()
+                # the note the step's teardown decides by when no rank records an outcome (runtime.after_step)
+                restarts.leave_note(rd, n["n"], None, denv.job_id, backend=backend.name, max_restarts=max_restarts)
             summary = _run_recipe(rd, archived, denv, watch, stop_flag, n)
         except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
             watch.set()
@@ -163,6 +170,10 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
                            f"{layout.world_size} (dp {layout.dp} x pp {layout.pp} x tp {layout.tp})")
     use_cuda = _select_device(cfg, denv)
     backend = "nccl" if use_cuda else "gloo"
+    if use_cuda and not any(k in os.environ for k in NCCL_ERROR_HANDLING):
+        # 2: a failed or timed-out collective aborts the communicator and raises in Python, where the
+        # run records it and asks for the requeue (1 and 3 end the process in C++, with no word)
+        os.environ[NCCL_ERROR_HANDLING[0]] = "2"
     device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
     dist.init_process_group(
         backend=backend,
@@ -194,6 +205,11 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         recipe = get_method(cfg.recipe._target_)
         summary = recipe(cfg, ctx) or {}
         dist.barrier()
+    except Exception as e:
+        if ctx.abort_on_error and not isinstance(e, restarts.Interrupted):
+            print(f"rank {denv.rank}: {type(e).__name__}: {e}: aborting (abort_on_error)", file=sys.stderr, flush=True)
+            os.abort()  # as ProcessGroupNCCL's teardown: no handler runs, no outcome recorded
+        raise
     finally:
         ctx.close()
         if dist.is_initialized():

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, group_options, recipe_contract, recipe_target, schema
+from launcher import backends, group_options, recipe_contract, recipe_target, rules, schema
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
@@ -138,6 +138,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     known = secrets.known_secrets([r if isinstance(r, dict) else p.cfg for p, r in zip(points, resolved_all)])
     problems: List[str] = []
     warned: List[str] = []
+    advised: List[str] = []
     good: List[Checked] = []
     searched: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
     for i, (p, resolved) in enumerate(zip(points, resolved_all)):
@@ -169,6 +170,10 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
                     print(secrets.scrub(f"launch: warning ({where}, submit.force=true): {w}", known), file=sys.stderr)
             else:
                 warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
+        for line in rules.advice(resolved):  # once per launch, whatever the number of points
+            if line not in advised:
+                advised.append(line)
+                print(secrets.scrub(f"launch: warning: {line}", known), file=sys.stderr)
         resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i

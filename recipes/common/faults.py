@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from launcher.errors import ConfigError
 from launcher.schema import enum_value
 
 
@@ -15,9 +16,16 @@ def inject_fault(cfg: Any, ctx: Any, step: int, tag: str = "train") -> None:
     """train.fail_mode at train.fail_at_step on train.fail_rank (on attempt train.fail_attempt, or every
     attempt): the failures a cluster produces, on demand."""
     tr = cfg.train
-    if tr.fail_at_step is None or step != int(tr.fail_at_step) or ctx.rank != int(tr.fail_rank):
+    if tr.fail_at_step is None or (tr.fail_attempt is not None and int(tr.fail_attempt) != int(ctx.attempt)):
         return
-    if tr.fail_attempt is not None and int(tr.fail_attempt) != int(ctx.attempt):
+    if ctx.rank != int(tr.fail_rank):
+        # the ranks the fault does not hit: with train.fail_peers=abort, a collective that fails ends the
+        # process as ProcessGroupNCCL's watchdog does (no Python handler runs: the launcher's
+        # requeue must come from outside the ranks)
+        if enum_value(tr.get("fail_peers", "error")) == "abort":
+            ctx.abort_on_error = True
+        return
+    if step != int(tr.fail_at_step):
         return
     mode = enum_value(tr.fail_mode)
     if mode == "exception":
@@ -26,6 +34,13 @@ def inject_fault(cfg: Any, ctx: Any, step: int, tag: str = "train") -> None:
         print(f"[{tag}] rank {ctx.rank}: injected hang at step {step}", flush=True)
         while True:
             time.sleep(3600)
+    if mode == "config_error":  # a failure no restart fixes: the run must fail at once
+        raise ConfigError("train.fail_mode", f"injected config error at step {step} on rank {ctx.rank}",
+                          "set train.fail_mode to another value, or train.fail_at_step=null")
+    if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
+        print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     if mode == "kill":
         print(f"[{tag}] rank {ctx.rank}: injected SIGKILL at step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -29,7 +29,8 @@ def test_the_batch_script_asks_again_for_a_requeue_the_step_killed_after_srun(tm
     lines = SLURM.script_text(_cfg(), tmp_path / "sub mit", 1).splitlines()
     srun = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
     note = next(i for i, ln in enumerate(lines) if ln.startswith(f"export {slurm.REQUEUE_NOTE_ENV}="))
-    teardown = next(i for i, ln in enumerate(lines) if ln.endswith("-m launcher.runtime.deferred_requeue"))
+    teardown = next(i for i, ln in enumerate(lines)
+                    if ln.endswith('-m launcher.runtime.after_step "$launcher_step_rc"'))
     assert note < srun < teardown
     # srun's exit status is the job's (FAILED vs COMPLETED, afterok dependencies): kept across the teardown
     assert lines[srun + 1:teardown] == ["", "", "# teardown", "launcher_step_rc=$?"]

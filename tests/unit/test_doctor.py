@@ -301,8 +301,22 @@ def test_killed_rank_on_slurm_from_srun():
     check(d, "killed_rank", 1, "SIGKILL", "srun: error: node1: task 1: Killed")
 
 
+def test_killed_rank_is_not_the_peer_srun_killed_after_it_recorded_the_symptom():
+    both = SRUN_KILLED.replace("task 1: Killed", "task 0: Killed\nsrun: error: node1: task 1: Killed")
+    d = diagnose(failed(errors={0: PEER_RESET}, logs={0: both}))
+    check(d, "killed_rank", 1, "task 1: Killed")
+
+
 def test_killed_rank_without_any_error_file():
     check(diagnose(failed(logs={0: SRUN_KILLED})), "killed_rank", 1, "task 1: Killed")
+
+
+def test_killed_rank_the_step_teardown_recorded_with_no_word_from_any_rank():
+    """NCCL's way: no rank error, no srun line in the logs; the batch script's teardown failed the run."""
+    error = ("a rank died without a word: srun exit 137 (SIGKILL); restart budget spent (3 restarts, "
+             "train.max_restarts=3)")
+    d = diagnose(failed(status={"status": "failed", "error": error, "exit_code": 137}, logs={0: "", 1: ""}))
+    check(d, "killed_rank", None, "srun exit 137 (SIGKILL)")
 
 
 # ---- hang --------------------------------------------------------------------------------------------

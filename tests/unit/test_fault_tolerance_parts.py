@@ -566,44 +566,92 @@ def test_a_requeue_killed_with_the_step_is_asked_again_by_the_teardown(tmp_path,
     note makes the batch script's teardown ask again, once, for that attempt only."""
     import subprocess
 
-    from launcher.runtime import deferred_requeue
+    from launcher.runtime import after_step
 
     class KilledWithTheStep(Recorder):
         def request_requeue(self, job_id):
             raise subprocess.CalledProcessError(-15, ["scontrol", "requeue", job_id])
 
+    class Slurm(Recorder):
+        def __init__(self, already=False):
+            super().__init__()
+            self.already = already
+
+        def requeued_since_start(self, job_id):
+            return self.already
+
     note = tmp_path / "requeue.9.json"
-    monkeypatch.setenv(deferred_requeue.ENV, str(note))
+    monkeypatch.setenv(after_step.ENV, str(note))
     rd = make_run(tmp_path)
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    after_step.leave(rd, 1, None, "9", backend="slurm", max_restarts=3)  # rank 0, at the attempt's start
     assert restarts.request_requeue(rd, KilledWithTheStep(), attempt=1, max_restarts=3, reason="failure",
                                     detail="rank 1 died", rank=0, step=7, job_id="9")
     assert rd.status().state is Status.requeued and rd.status().stop["deferred"]
     left = json.loads(note.read_text())
-    assert left == {"run": str(rd.path), "attempt": 1, "job_id": "9",
-                    "stop": {"reason": "failure", "detail": "rank 1 died", "rank": 0, "step": 7}}
-    asked = []
+    assert left["stop"] == {"reason": "failure", "detail": "rank 1 died", "rank": 0, "step": 7}
+    assert (left["run"], left["attempt"], left["job_id"], left["max_restarts"]) == (str(rd.path), 1, "9", 3)
+    end = after_step.StepEnd(rc=137, scheduler_state="RUNNING")
+    outcome = after_step.judge(rd, left, end)
+    assert outcome.action == "requeue" and outcome.stop["step"] == 7
     # the rank's own request went through before the step's teardown killed it: not asked twice
-    assert deferred_requeue.settle(left, asked.append, already=lambda job_id: True) == "requeued" and asked == []
-    assert deferred_requeue.settle(left, asked.append) == "requeued" and asked == ["9"]
+    went_through = Slurm(already=True)
+    assert after_step.settle(rd, outcome, went_through, "9") == "requeued" and went_through.calls == []
+    slurm = Slurm()
+    assert after_step.settle(rd, outcome, slurm, "9") == "requeued" and slurm.calls == ["9"]
     assert rd.status().state is Status.requeued and rd.status().stop["step"] == 7
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")  # the next attempt: an old note does nothing
-    assert deferred_requeue.settle(left, asked.append) is None and asked == ["9"]
+    assert after_step.judge(rd, left, end).action == "nothing"
     assert rd.restarts()[-1]["reason"] == "failure" and rd.restarts()[-1]["failed_step"] == 7
 
 
 def test_a_teardown_whose_requeue_is_refused_fails_the_run(tmp_path):
-    from launcher.runtime import deferred_requeue
+    from launcher.runtime import after_step
 
-    def refuse(job_id):
-        raise RuntimeError("Requested operation is presently disabled")
+    class Refusing(Recorder):
+        def requeued_since_start(self, job_id):
+            return False
+
+        def request_requeue(self, job_id):
+            raise RuntimeError("Requested operation is presently disabled")
 
     rd = make_run(tmp_path)
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")
-    note = {"run": str(rd.path), "attempt": 1, "stop": {"reason": "failure", "rank": 1}, "job_id": "9"}
-    assert deferred_requeue.settle(note, refuse) == "failed"
+    note = {"run": str(rd.path), "attempt": 1, "job_id": "9", "max_restarts": 3, "started": 0}
+    outcome = after_step.judge(rd, note, after_step.StepEnd(rc=134, scheduler_state="RUNNING"))
+    assert outcome.action == "requeue" and "died without a word" in outcome.why
+    assert after_step.settle(rd, outcome, Refusing(), "9") == "failed"
     st = rd.status()
     assert st.state is Status.failed and "presently disabled" in st.error and st.is_final
+
+
+def test_a_silent_death_is_requeued_by_the_teardown_and_recorded_by_the_next_attempt(tmp_path):
+    """No rank recorded anything (NCCL's C++ teardown): the teardown requeues, the next attempt's row
+    names why; the same death again before any new step fails the run (restart_policy)."""
+    from launcher.runtime import after_step
+
+    class Slurm(Recorder):
+        def requeued_since_start(self, job_id):
+            return False
+
+    rd = make_run(tmp_path)
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    note = {"run": str(rd.path), "attempt": 1, "job_id": "9", "max_restarts": 3, "started": 0}
+    slurm = Slurm()
+    outcome = after_step.judge(rd, note, after_step.StepEnd(rc=137, scheduler_state="RUNNING"))
+    assert after_step.settle(rd, outcome, slurm, "9") == "requeued" and slurm.calls == ["9"]
+    restarts.begin_attempt(rd, max_restarts=3, job_id="9")
+    (row,) = rd.restarts()
+    assert row["reason"] == "failure" and row["attempt"] == 2
+    assert row["detail"] == "a rank died without a word: srun exit 137 (SIGKILL)"
+    assert row["failure"]["kind"] == "rank_lost"
+    # attempt 2 dies the same way before finishing a step past its checkpoint: a restart would repeat it
+    note2 = {**note, "attempt": 2}
+    again = after_step.judge(rd, note2, after_step.StepEnd(rc=137, scheduler_state="RUNNING"))
+    assert again.action == "fail" and "not restarted" in again.why
+    assert after_step.settle(rd, again, slurm, "9") == "failed" and slurm.calls == ["9"]
+    st = rd.status()
+    assert st.state is Status.failed and st.exit_code == 137 and st.no_restart["kind"] == "repeated"
 
 
 def test_a_rank_failing_before_its_watches_start_is_recorded(tmp_path, monkeypatch):
@@ -642,3 +690,27 @@ def test_resume_and_retry_refuse_a_run_that_may_still_be_running(tmp_path, statu
     with pytest.raises(ValueError, match="may still be running"):
         resume.resubmit([rd.path], reason="retry")
     assert {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()} == before
+
+
+def test_the_local_controller_starts_a_silent_death_again_and_records_why(tmp_path, monkeypatch):
+    """cluster=local: the processes ended with no requeue request and no rank's word; the controller
+    (not a rank) decides from the job's note as the Slurm teardown does."""
+    from launcher.runtime import local_controller
+
+    note = tmp_path / "requeue.77.json"
+    monkeypatch.setenv(restarts.NOTE_ENV, str(note))
+    rd = make_run(tmp_path)
+    rd.write_config({"train": {"max_restarts": 1}, "cluster": {"backend": "local"}})
+    restarts.begin_attempt(rd, max_restarts=1, job_id="77")
+    restarts.leave_note(rd, 1, None, "77", backend="local", max_restarts=1)
+    assert local_controller.decide_after(note, [-6, -9]) == "requeued"
+    st = rd.status()
+    assert st.state is Status.requeued and st.stop["detail"].endswith("the processes' exit 137 (SIGKILL)")
+    restarts.begin_attempt(rd, max_restarts=1, job_id="77")
+    restarts.leave_note(rd, 2, None, "77", backend="local", max_restarts=1)
+    # another death (not a repeat of attempt 1's), but the budget (1) is spent: an honest failure
+    assert local_controller.decide_after(note, [-11, 0]) == "failed"
+    st = rd.status()
+    assert st.state is Status.failed and st.exit_code == 139, st
+    assert "(SIGSEGV); restart budget spent" in st.error and "train.max_restarts=1" in st.error, st.error
+    assert local_controller.decide_after(note, [-9, 0]) is None  # the run has its outcome

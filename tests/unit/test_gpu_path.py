@@ -69,29 +69,29 @@ def test_gpus_named_by_uuid_are_kept_as_written():
 
 
 def test_the_local_executor_hands_the_ranks_the_uuids(tmp_path, monkeypatch):
-    """The executor built from those parameters starts its controller (whose environment the ranks
-    inherit) with CUDA_VISIBLE_DEVICES as written; integer ids still go through submitit's own."""
-    from submitit.local import local as sublocal
+    """The executor built from those parameters starts the job's controller (whose environment the
+    ranks inherit) with CUDA_VISIBLE_DEVICES as written; integer ids go through submitit's
+    visible_gpus as before."""
+    import subprocess
 
-    from launcher.backends.local import local_executor
+    from launcher.backends.local import _executor_class
 
     started = []
 
     class Proc:
         pid = 4242
 
-    def start_controller(**kw):
-        started.append(kw["cuda_devices"])
-        return Proc()
+        def __init__(self, args, env=None, **_):
+            started.append(env["CUDA_VISIBLE_DEVICES"])
 
-    monkeypatch.setattr(sublocal, "start_controller", start_controller)
+    monkeypatch.setattr(subprocess, "Popen", Proc)
     mig = "MIG-4f2a6c1e-8b7d-5e3a-9c2f-1d0e6b7a8c9d"
     params = gpu_parameters(1, True, mig)
-    ex = local_executor(tmp_path, params.pop(VISIBLE_KEY))
+    ex = _executor_class(params.pop(VISIBLE_KEY))(folder=tmp_path)
     ex.update_parameters(tasks_per_node=1, timeout_min=1, **params)
     job = ex._submit_command("true")
     assert started == [mig] and job.job_id == "4242"
-    ex = local_executor(tmp_path, None)
+    ex = _executor_class(None)(folder=tmp_path)
     ex.update_parameters(tasks_per_node=2, timeout_min=1, **gpu_parameters(2, True, "2,3"))
     ex._submit_command("true")
     assert started == [mig, "2,3"]

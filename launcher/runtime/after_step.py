@@ -1,0 +1,173 @@
+"""The run's outcome decided after the job step, outside the ranks (the batch script's teardown).
+
+Ranks record their own outcome when Python sees the failure (a raised error, the hang watch, a
+signal). On NCCL many failures never reach Python: a rank killed by the OOM killer, a segfault or a
+lost node leaves its peers blocked in a CUDA wait until srun's ``--kill-on-bad-exit`` or
+ProcessGroupNCCL's teardown ends them in C++, and no handler runs. So every job leaves a note
+(``leave``): rank 0 at the start of each attempt (the run dir, the attempt, the restart budget), and a
+rank that asks for a requeue (why). The batch script's teardown line
+(``python -m launcher.runtime.after_step "$rc"``) runs after srun returns, on the first node, and
+``decide`` (pure) turns the note, the run's status, srun's exit status and the scheduler's word on
+the job into one of:
+
+- nothing: the run has its outcome, a rank's requeue went through, the scheduler is ending or
+  requeueing the job itself (cancel, time limit, node failure), or the note is an earlier attempt's;
+- requeue: a rank asked but its ``scontrol requeue`` died with the step (asked again), or no rank
+  recorded anything and the step failed ("a rank died without a word"), within train.max_restarts;
+- fail: the same silent death repeated the previous attempt's before any new step
+  (restart_policy), the restart budget is spent, or the step exited 0 with no outcome recorded.
+
+``settle`` carries it out through the backend (its requeue, whether the job was requeued already,
+its state now). No torch here.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional
+
+from launcher import backends
+from launcher.archive import atomic
+from launcher.rundir import RunDir
+from launcher.runtime import restart_policy, restarts
+from launcher.runtime.restart_policy import Failure
+from launcher.status import RunStatus, Status
+
+ENV = restarts.NOTE_ENV  # the note's path, exported by the batch script (one per job id)
+# the scheduler's words for a job whose step may still be judged here: anything else (CANCELLED,
+# TIMEOUT, NODE_FAIL, PREEMPTED, REQUEUED, PENDING...) is the scheduler's own decision
+STILL_RUNNING = ("", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+
+
+# the note: rank 0 writes it at the start of each attempt, a rank asking for a requeue adds why
+leave = restarts.leave_note
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What the teardown knows about the step that just ended."""
+
+    rc: int  # srun's exit status (a signal N as 128+N)
+    scheduler_state: str = ""  # the scheduler's word for the job now ("": unknown)
+    source: str = "srun"  # whose exit status it is, in words
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: str  # "nothing" | "requeue" | "fail"
+    why: str
+    stop: Dict[str, Any] = field(default_factory=dict)  # status.json's stop (requeue) or the failure's fields (fail)
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def describe(rc: int, source: str = "srun") -> str:
+    """An exit status in words: the signal that ended a task where it says one."""
+    if rc > 128:
+        try:
+            return f"{source} exit {rc} ({signal.Signals(rc - 128).name})"
+        except ValueError:
+            pass
+    return f"{source} exit {rc}"
+
+
+def decide(st: RunStatus, note: Dict[str, Any], end: StepEnd, *, restarts_used: int, max_restarts: int,
+           previous: Optional[Failure] = None, step: Optional[int] = None, from_step: int = 0) -> Outcome:
+    """What follows a step (pure). ``st``: the run's status now; ``note``: the job's note; ``restarts_used``:
+    restarts since launch; ``previous``: the failure that ended the attempt before this one; ``step``: the
+    last step this attempt finished (None: none); ``from_step``: the checkpoint step it started from."""
+    attempt = int(note.get("attempt") or 0)
+    if st.is_final:
+        return Outcome("nothing", f"the run has its outcome ({st.state.value})")
+    if int(st.attempt or 0) != attempt:
+        return Outcome("nothing", f"the note is attempt {attempt}'s, the run is at attempt {st.attempt}")
+    asked = note.get("stop")
+    if asked:  # a rank asked for the requeue (its budget checked): its request may have died with the step
+        if st.state in (Status.running, Status.requeued):
+            return Outcome("requeue", "a rank asked for a requeue before the step ended", {**asked, "deferred": True})
+        return Outcome("nothing", f"the run is {st.state.value}")
+    if st.state is not Status.running:  # a rank's requeue went through, or a stop left to the scheduler
+        return Outcome("nothing", f"the run is {st.state.value}")
+    word = (end.scheduler_state or "").split()[0].rstrip("+").upper() if end.scheduler_state else ""
+    if word not in STILL_RUNNING:
+        return Outcome("nothing", f"the scheduler ends the job itself ({word})")
+    if end.rc == 0:
+        return Outcome("fail", "the step exited 0, but no rank recorded an outcome", {"exit_code": 1})
+    words = describe(end.rc, end.source)
+    detail = f"a rank died without a word: {words}"
+    failure = Failure(type="RankLost", message=words, place="", kind="rank_lost", attempt=attempt, step=step,
+                      from_step=from_step)
+    decision = restart_policy.decide(failure, previous)
+    if not decision.restart:
+        return Outcome("fail", f"{detail} (not restarted: {decision.why})",
+                       {"exit_code": end.rc, "no_restart": decision.to_json()})
+    if restarts_used >= max_restarts:
+        return Outcome("fail", f"{detail}; restart budget spent ({restarts_used} restarts, "
+                               f"train.max_restarts={max_restarts})", {"exit_code": end.rc})
+    return Outcome("requeue", detail, {"reason": "failure", "detail": detail, "rank": None, "step": step,
+                                       "failure": failure.to_json(), "decided": "after the step"})
+
+
+def judge(rd: RunDir, note: Dict[str, Any], end: StepEnd) -> Outcome:
+    """``decide`` on what the run dir says (its status, restarts, metrics) for this note."""
+    st = rd.status()
+    attempt = int(note.get("attempt") or 0)
+    from_step, previous = restart_policy.start_of(rd, attempt)
+    step = restart_policy.last_logged_step(rd, since=float(note.get("started") or 0))
+    max_restarts = note.get("max_restarts")
+    if max_restarts is None:
+        max_restarts = int((rd.config().get("train") or {}).get("max_restarts", 0))
+    return decide(st, note, end, restarts_used=rd.restarts_since_launch(), max_restarts=int(max_restarts),
+                  previous=previous, step=step, from_step=from_step)
+
+
+def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) -> Optional[str]:
+    """Carry out ``outcome`` (the backend's requeue); returns what was done (None: nothing)."""
+    if outcome.action == "fail":
+        extra = dict(outcome.stop)
+        rd.finish(Status.failed, exit_code=int(extra.pop("exit_code", 1) or 1), error=outcome.why, job_id=job_id,
+                  **extra)
+        return "failed"
+    if outcome.action != "requeue":
+        return None
+    # recorded first: the scheduler's requeue ends this script too (KillWait after its TERM)
+    rd.set_status(Status.requeued, stop=outcome.stop)
+    try:
+        if not backend.requeued_since_start(job_id):  # the rank's own request went through before the kill
+            backend.request_requeue(job_id)
+    except Exception as e:
+        why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
+        rd.finish(Status.failed, exit_code=1, error=f"requeue refused: {why} ({outcome.why})",
+                  stop={**outcome.stop, "requeue_error": why})
+        return "failed"
+    return "requeued"
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = os.environ.get(ENV)
+    if not path or not os.path.exists(path):
+        return 0
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's TERM: the record is finished first
+    note = atomic.read_json(path, default=None)
+    os.unlink(path)
+    if not note or not note.get("run"):
+        return 0
+    rc = int(args[0]) if args and args[0].lstrip("-").isdigit() else 1
+    rd = RunDir(note["run"])
+    if rd.is_final():  # the common end (a rank recorded the outcome): nothing to ask the scheduler
+        return 0
+    backend = backends.get(str(note.get("backend") or "slurm"))
+    job_id = note.get("job_id")
+    outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id)))
+    done = settle(rd, outcome, backend, job_id)
+    if done:
+        print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""cluster=local's job controller: submitit's, with the step's teardown of the Slurm batch script.
+
+submitit's local controller starts the job's processes, signals the time limit and starts them all
+again when one exits with the requeue status (144). A rank that dies with no word (SIGKILL, a
+segfault, NCCL's C++ teardown) makes no such request, and the run would stay ``running``. So this
+controller runs submitit's loop, and when the processes ended without a request it decides as the
+Slurm teardown does (launcher.runtime.after_step, from the job's note and the exit statuses): start
+them again within train.max_restarts, or record the honest failure. It is a process of its own, not
+a rank: ``python -m launcher.runtime.local_controller FOLDER`` (LocalBackend's executor starts it).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from launcher.archive import atomic
+from launcher.rundir import RunDir
+from launcher.runtime import after_step
+
+REQUEUE_EXIT_CODE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
+MAX_STARTS = 6  # submitit's local controller starts a job at most this often
+
+
+def step_rc(exit_codes: Sequence[Optional[int]]) -> int:
+    """The processes' exit statuses as one, the way srun reports a step's (a signal N as 128+N): a
+    signal tells more than a peer's exit 1, and one other than SIGABRT more than a peer's abort."""
+    codes = [c for c in exit_codes if c]
+    if not codes:
+        return 0
+    signals = [c for c in codes if c < 0]
+    worst = next((c for c in signals if c != -signal.SIGABRT), signals[0] if signals else codes[0])
+    return 128 - worst if worst < 0 else worst
+
+
+def decide_after(note_path: Path, exit_codes: Sequence[Optional[int]]) -> Optional[str]:
+    """After the processes ended without a requeue request: the teardown's decision for the job's note
+    (None: no note, nothing due; "requeued": start them again)."""
+    note = atomic.read_json(note_path, default=None)
+    if not note or not note.get("run"):
+        return None
+    rd = RunDir(note["run"])
+    if rd.is_final():
+        return None
+    # the local backend's requeue is a start of the processes here: settle only records it
+    from launcher import backends
+
+    backend = backends.get(str(note.get("backend") or "local"))
+    outcome = after_step.judge(rd, note, after_step.StepEnd(step_rc(exit_codes), "", source="the processes'"))
+    done = after_step.settle(rd, outcome, backend, note.get("job_id"))
+    if done:
+        print(f"launcher: after the processes ended ({exit_codes}): {done}: {outcome.why}", file=sys.stderr,
+              flush=True)
+    return done
+
+
+def run(folder: Path) -> None:
+    from submitit.local.local import Controller  # submitit: only in the controller process
+
+    controller = Controller(folder)
+    note = folder / f"requeue.{controller.pid}.json"
+    os.environ[after_step.ENV] = str(note)  # the ranks' note (the tasks inherit this environment)
+    try:
+        for _ in range(MAX_STARTS):
+            try:
+                controller.start_tasks()
+                codes: List[Optional[int]] = list(controller.wait())
+            finally:
+                controller.kill_tasks()
+            if any(c == REQUEUE_EXIT_CODE for c in codes):
+                continue  # a rank asked: submitit's own restart
+            if decide_after(note, codes) != "requeued":
+                break
+    finally:
+        try:
+            note.unlink()
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    assert len(sys.argv) == 2, "Usage: python -m launcher.runtime.local_controller <submitit folder>"
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    run(Path(sys.argv[1]))

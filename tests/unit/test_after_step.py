@@ -1,0 +1,116 @@
+"""The run's outcome decided after the job step, outside the ranks (launcher.runtime.after_step.decide,
+pure), and the defaults that let failures reach it: the multi-node hang watch, the checkpoint advice."""
+import pytest
+
+from launcher import rules
+from launcher.runtime.after_step import Outcome, StepEnd, decide, describe
+from launcher.runtime.restart_policy import Failure
+from launcher.schema import hang_timeout_s
+from launcher.status import RunStatus, Status
+
+NOTE = {"run": "/runs/x/0", "attempt": 2, "job_id": "9", "max_restarts": 3}
+RUNNING = StepEnd(rc=137, scheduler_state="RUNNING")
+
+
+def status(state: Status, attempt: int = 2, **fields) -> RunStatus:
+    return RunStatus(state=state, attempt=attempt, **fields)
+
+
+def outcome(st: RunStatus, note=NOTE, end=RUNNING, used: int = 1, budget: int = 3, **kw) -> Outcome:
+    return decide(st, note, end, restarts_used=used, max_restarts=budget, **kw)
+
+
+def test_a_step_that_failed_with_no_word_is_requeued_within_the_budget():
+    o = outcome(status(Status.running), step=9, from_step=4)
+    assert o.action == "requeue"
+    assert o.stop["reason"] == "failure" and o.stop["step"] == 9
+    assert o.stop["detail"] == "a rank died without a word: srun exit 137 (SIGKILL)"
+    failure = Failure.from_json(o.stop["failure"])
+    assert failure.kind == "rank_lost" and failure.attempt == 2 and failure.progressed
+
+
+@pytest.mark.parametrize("used,budget", [(3, 3), (0, 0), (5, 3)])
+def test_the_budget_spent_fails_the_run_with_the_reason(used, budget):
+    o = outcome(status(Status.running), used=used, budget=budget)
+    assert o.action == "fail"
+    assert "died without a word" in o.why and f"train.max_restarts={budget}" in o.why
+    assert o.stop["exit_code"] == 137
+
+
+def test_an_outcome_a_rank_recorded_is_kept():
+    for state in (Status.completed, Status.failed, Status.cancelled, Status.timeout):
+        assert outcome(status(state)).action == "nothing"
+    # a rank's requeue that went through (no note of its request): the scheduler starts the next attempt
+    assert outcome(status(Status.requeued, stop={"reason": "hang"})).action == "nothing"
+
+
+def test_a_note_of_another_attempt_does_nothing():
+    assert outcome(status(Status.running, attempt=3)).action == "nothing"
+    stale = {**NOTE, "stop": {"reason": "failure"}, "attempt": 1}
+    assert outcome(status(Status.running), note=stale).action == "nothing"
+
+
+def test_a_requeue_a_rank_asked_for_is_asked_again_whatever_the_exit_status():
+    asked = {**NOTE, "stop": {"reason": "failure", "rank": 1, "step": 7}}
+    for st in (status(Status.running), status(Status.requeued, stop={"deferred": True})):
+        for end in (RUNNING, StepEnd(0, "RUNNING"), StepEnd(1, "")):
+            o = outcome(st, note=asked, end=end)
+            assert o.action == "requeue" and o.stop == {"reason": "failure", "rank": 1, "step": 7, "deferred": True}
+
+
+@pytest.mark.parametrize("word", ["CANCELLED", "CANCELLED by 1000", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                                  "REQUEUED", "PENDING", "FAILED"])
+def test_a_job_the_scheduler_is_ending_is_left_to_it(word):
+    o = outcome(status(Status.running), end=StepEnd(137, word))
+    assert o.action == "nothing" and word.split()[0] in o.why
+
+
+@pytest.mark.parametrize("word", ["", "RUNNING", "COMPLETING"])
+def test_a_job_still_running_or_of_unknown_state_is_judged(word):
+    assert outcome(status(Status.running), end=StepEnd(9, word)).action == "requeue"
+
+
+def test_a_clean_exit_with_no_outcome_is_an_honest_failure():
+    o = outcome(status(Status.running), end=StepEnd(0, "RUNNING"))
+    assert o.action == "fail" and "no rank recorded an outcome" in o.why
+
+
+def test_the_same_silent_death_before_any_new_step_fails_at_once():
+    prev = Failure(type="RankLost", message="srun exit 137 (SIGKILL)", place="", kind="rank_lost", attempt=1,
+                   step=6, from_step=0)
+    o = outcome(status(Status.running), previous=prev, step=None, from_step=4)
+    assert o.action == "fail" and o.stop["no_restart"]["kind"] == "repeated"
+    # past its checkpoint, the attempt made progress: worth another try
+    assert outcome(status(Status.running), previous=prev, step=6, from_step=4).action == "requeue"
+    # another death (another signal) is not a repeat
+    assert outcome(status(Status.running), previous=prev, end=StepEnd(134, "RUNNING"), from_step=4).action == "requeue"
+
+
+def test_exit_statuses_in_words():
+    assert describe(137) == "srun exit 137 (SIGKILL)"
+    assert describe(134) == "srun exit 134 (SIGABRT)"
+    assert describe(1) == "srun exit 1"
+    assert describe(250) == "srun exit 250"
+
+
+def test_the_hang_watch_is_on_by_default_for_several_nodes_only():
+    assert hang_timeout_s({"hang_timeout_s": None, "dist_timeout_s": 600}, nodes=1) == 0
+    assert hang_timeout_s({"hang_timeout_s": None, "dist_timeout_s": 600}, nodes=2) == 300
+    assert hang_timeout_s({"hang_timeout_s": None, "dist_timeout_s": 60}, nodes=64) == 30  # before the collective's
+    assert hang_timeout_s({"hang_timeout_s": 0, "dist_timeout_s": 600}, nodes=8) == 0  # the user's 0: off
+    assert hang_timeout_s({"hang_timeout_s": 45}, nodes=1) == 45
+
+
+def test_a_multi_node_run_without_periodic_checkpoints_is_warned_at_launch():
+    cfg = lambda nodes, every: {"cluster": {"nodes": nodes}, "train": {"checkpoint": {"every": every}}}  # noqa: E731
+    (line,) = rules.advice(cfg(2, 0))
+    assert "train.checkpoint.every=0" in line and "step 0" in line
+    assert rules.advice(cfg(1, 0)) == [] and rules.advice(cfg(4, 50)) == []
+
+
+def test_the_local_processes_exit_statuses_read_as_one():
+    from launcher.runtime.local_controller import step_rc
+
+    assert step_rc([0, 0]) == 0
+    assert step_rc([-6, -9]) == 137  # the killed rank, not the peer that aborted after it
+    assert step_rc([-6, 1]) == 134 and step_rc([1, 0]) == 1 and step_rc([None, -11]) == 139
