@@ -217,7 +217,7 @@ def load_on_one_rank(path: Path, device: Any, src: int = 0) -> Any:
     """``torch.load(path)`` (weights only, onto ``device``) of a file every rank needs whole (ddp's
     replicated model and optimizer): read by rank ``src`` alone, then its tensors broadcast to every
     rank of the default group, bit for bit. One read of the file per job instead of one per rank
-    (gpt_1b3: 15.6 GB); every rank calls it. Without a process group: a plain load."""
+    (a 1.3B model: 15.6 GB); every rank calls it. Without a process group: a plain load."""
     device = torch.device(device)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return torch.load(path, map_location=device, weights_only=True)
