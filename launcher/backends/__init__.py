@@ -3,19 +3,21 @@
 A backend owns everything that differs between schedulers: its submitit executor and parameters,
 which points share one submission (its grouping key), the script it submitted, whether ``launch``
 waits for it by default, the state of its jobs (mapped onto ``launcher.status.Status``), cancel and
-log paths. Nothing outside this package asks which scheduler a run uses: adding one is adding a
+log paths, and the node side of its jobs (``Backend.detect``, ``place``, ``node_name``, addresses,
+the seal after a job). Nothing outside this package asks which scheduler a run uses: adding one is adding a
 module here (``cluster.backend`` names it).
 """
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from functools import lru_cache
-from typing import Any, List
+from typing import Any, List, Mapping, Optional
 
-from launcher.backends.base import Backend, JobState
+from launcher.backends.base import Backend, JobState, TaskPlace
 
-__all__ = ["Backend", "JobState", "names", "get", "of"]
+__all__ = ["Backend", "JobState", "TaskPlace", "names", "get", "of", "running"]
 
 
 @lru_cache(maxsize=1)
@@ -40,3 +42,10 @@ def of(cfg: Any) -> Backend:
     from launcher.schema import enum_value  # omegaconf (through launcher.schema): naming backends needs no config
 
     return get(enum_value(cfg.cluster.backend))
+
+
+def running(environ: Optional[Mapping[str, str]] = None) -> Optional[Backend]:
+    """On the node: the backend whose job this process is part of (the first that detects itself in
+    ``environ``, this process's environment by default); None outside any backend's job."""
+    environ = os.environ if environ is None else environ
+    return next((b for b in map(get, _names()) if b.detect(environ)), None)

@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from launcher.job_record import JobRecord
 from launcher.rundir import now_iso
@@ -31,6 +31,30 @@ class JobState:
     @property
     def ended(self) -> bool:
         return self.status.value in FINAL
+
+
+@dataclass(frozen=True)
+class TaskPlace:
+    """Where a process is in its job, as the scheduler that started it says (read on the node by
+    launcher.runtime.env). ``job_id``: ``<array>_<task>`` for an array task; ``raw_job_id``: the
+    scheduler's own id of this job (a task's own id: the rendezvous port is derived from it)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    node_rank: int
+    num_nodes: int
+    hostnames: Tuple[str, ...]
+    job_id: str
+    raw_job_id: str
+    array_job_id: Optional[str] = None
+    array_task_id: Optional[str] = None
+
+
+def env_int(environ: Mapping[str, str], key: str, default: int) -> int:
+    """An integer the scheduler exported (``default`` where it is unset or not a number)."""
+    value = str(environ.get(key) or "").strip()
+    return int(value) if value.isdigit() else default
 
 
 class Backend:
@@ -160,6 +184,37 @@ class Backend:
         """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
         "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""
         return ""
+
+    # ---- the node side: what a process of this scheduler's jobs reads of its job (like Lightning's
+    # ClusterEnvironment); launcher.runtime.env asks the backend that detects itself, and names no
+    # scheduler's variables of its own
+    def detect(self, environ: Mapping[str, str]) -> bool:
+        """Whether ``environ`` is that of a process of one of this backend's jobs."""
+        return False
+
+    def place(self, environ: Mapping[str, str]) -> TaskPlace:
+        """This process's place in its job (rank, world, node, job ids), from ``environ``."""
+        raise NotImplementedError
+
+    def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
+        """The scheduler's name for this node (None: it has none, the hostname is the name). Nodes of
+        one cluster may share a host (scripts/slurm-local.sh): this, not the hostname, tells them apart."""
+        return None
+
+    def address_hint(self, host: str, environ: Mapping[str, str]) -> Optional[str]:
+        """``host``'s address where the job's environment says it, no question asked (None: not said)."""
+        return None
+
+    def ask_address(self, host: str) -> Optional[str]:
+        """``host``'s address asked of the scheduler (one request: only one rank of a job asks, the others
+        read its answer in the run dir); None: unknown."""
+        return None
+
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """From the job's teardown: have ``run_dir`` (a final run) sealed once this job has ended, off its
+        allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
+        seals it, launcher.outcome). ``folder``: the job's submitit folder (logs)."""
+        return None
 
     # the scheduler's words in a job's logs, for `launcher doctor` (regular expressions; "" none):
     # a task killed by a signal (group ``task``: its rank), and a job the scheduler ended (group ``why``)

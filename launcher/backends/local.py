@@ -7,9 +7,9 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from launcher.backends.base import Backend, JobState, submitit_parameters
+from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
 from launcher.job_record import JobRecord
 from launcher.status import Status
 
@@ -261,6 +261,21 @@ class LocalBackend(Backend):
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """Nothing to ask: the exit status (requeue_exit_code) is the request."""
+
+    # ---- the node side (launcher.runtime.env): submitit's local environment of a process ----
+    def detect(self, environ: Mapping[str, str]) -> bool:
+        """submitit's local controller exports SUBMITIT_EXECUTOR=local (inside a Slurm allocation too)."""
+        return environ.get("SUBMITIT_EXECUTOR") == self.name
+
+    def place(self, environ: Mapping[str, str]) -> TaskPlace:
+        """SUBMITIT_LOCAL_*: the controller's pid is the job id; every process on this host."""
+        job = str(environ.get("SUBMITIT_LOCAL_JOB_ID") or "")
+        return TaskPlace(rank=env_int(environ, "SUBMITIT_LOCAL_GLOBALID", 0),
+                         world_size=env_int(environ, "SUBMITIT_LOCAL_NTASKS", 1),
+                         local_rank=env_int(environ, "SUBMITIT_LOCAL_LOCALID", 0),
+                         node_rank=env_int(environ, "SUBMITIT_LOCAL_NODEID", 0),
+                         num_nodes=env_int(environ, "SUBMITIT_LOCAL_JOB_NUM_NODES", 1),
+                         hostnames=(socket.gethostname(),), job_id=job, raw_job_id=job)
 
 
 BACKEND = LocalBackend()

@@ -16,9 +16,10 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from launcher.backends.base import NOTE_ENV, Backend, JobState, limit_overrides, request_limits, submitit_parameters
+from launcher.backends.base import (NOTE_ENV, Backend, JobState, TaskPlace, env_int, limit_overrides, request_limits,
+                                    submitit_parameters)
 from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
@@ -79,6 +80,60 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
             "teardown": ["launcher_step_rc=$?",
                          f'{shlex.quote(sys.executable)} -m launcher.runtime.after_step "$launcher_step_rc"',
                          'exit "$launcher_step_rc"']}
+
+
+def hostnames(nodelist: str) -> List[str]:
+    """Slurm's compressed host list (SLURM_JOB_NODELIST: ``gpu[001-003,7],login-a[1-2]x``) expanded,
+    in order; zero padding kept (``001``), several bracket groups in one name multiplied out."""
+    out: List[str] = []
+    for name in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
+        names = [""]
+        for text, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
+            parts = [text]
+            if ranges:
+                parts = []
+                for item in ranges.split(","):
+                    lo, _, hi = item.partition("-")
+                    parts += [text + str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
+            names = [n + p for n in names for p in parts]
+        out += [n for n in names if n]
+    return out
+
+
+def alias_addr(host: str, aliases: str) -> Optional[str]:
+    """``host``'s address in SLURM_NODE_ALIASES (``name:[addr]:host,...``, cloud nodes), or None."""
+    for item in aliases.split(","):
+        parts = item.split(":")
+        if len(parts) >= 2 and parts[0] == host and parts[1].strip("[]"):
+            return parts[1].strip("[]")
+    return None
+
+
+SEAL_MODULE = "launcher.runtime.seal"  # what the job sealing a run off the allocation runs
+SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
+
+
+def seal_job_command(run_dir: Path, job_id: str, folder: Path, python: str,
+                     environ: Mapping[str, str]) -> List[str]:
+    """The sbatch line of the one-node, one-task job that seals ``run_dir`` once job ``job_id`` has
+    ended (whatever its end: afterany), in the job's partition, account and QOS (the job's own
+    environment names them), its log in the submitit ``folder``."""
+    cmd = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}", "--kill-on-invalid-dep=yes", "--no-requeue",
+           "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--time={SEAL_TIME_MIN}",
+           f"--job-name=seal-{Path(run_dir).parent.name}-{Path(run_dir).name}",
+           f"--output={Path(folder) / 'seal.%j.out'}"]
+    for flag, key in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
+                      ("qos", "SLURM_JOB_QOS")):
+        if environ.get(key):
+            cmd.append(f"--{flag}={environ[key]}")
+    return cmd + ["--wrap", " ".join(shlex.quote(w) for w in (python, "-m", SEAL_MODULE, str(run_dir)))]
+
+
+def submit_environment(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment sbatch runs in from inside a job: none of the job's own SLURM_/SBATCH_ variables
+    (sbatch would read the running job's settings as the new job's), SLURM_CONF kept."""
+    return {k: v for k, v in environ.items()
+            if not (k.startswith(("SLURM_", "SBATCH_")) and k != "SLURM_CONF")}
 
 
 def code_lines(code_dir: Optional[Path]) -> List[str]:
@@ -669,6 +724,45 @@ class SlurmBackend(Backend):
             return ""
         m = re.search(r"\bJobState=(\S+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
         return m.group(1) if m else ""
+
+    # ---- the node side (launcher.runtime.env): Slurm's environment of a task ----
+    def detect(self, environ: Mapping[str, str]) -> bool:
+        """submitit's batch script exports SUBMITIT_EXECUTOR=slurm; without it, any Slurm job."""
+        word = environ.get("SUBMITIT_EXECUTOR")
+        return word == self.name or (not word and bool(environ.get("SLURM_JOB_ID")))
+
+    def place(self, environ: Mapping[str, str]) -> TaskPlace:
+        raw = str(environ.get("SLURM_JOB_ID") or "")
+        array, task = environ.get("SLURM_ARRAY_JOB_ID") or None, environ.get("SLURM_ARRAY_TASK_ID") or None
+        hosts = hostnames(environ.get("SLURM_JOB_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
+        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=env_int(environ, "SLURM_NTASKS", 1),
+                         local_rank=env_int(environ, "SLURM_LOCALID", 0), node_rank=env_int(environ, "SLURM_NODEID", 0),
+                         num_nodes=env_int(environ, "SLURM_JOB_NUM_NODES", 1), hostnames=tuple(hosts),
+                         job_id=f"{array}_{task}" if array else raw, raw_job_id=raw,
+                         array_job_id=array, array_task_id=task)
+
+    def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
+        return environ.get("SLURMD_NODENAME") or None
+
+    def address_hint(self, host: str, environ: Mapping[str, str]) -> Optional[str]:
+        return alias_addr(host, environ.get("SLURM_NODE_ALIASES", ""))
+
+    def ask_address(self, host: str) -> Optional[str]:
+        """Slurm's NodeAddr of ``host`` (``scontrol show node``: one RPC to slurmctld)."""
+        m = re.search(r"\bNodeAddr=(\S+)", _run(["scontrol", "show", "node", host, "-o"]))
+        return m.group(1) if m else None
+
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """A one-node, one-task job after this one (afterany) seals the run: the allocation is released
+        first, not held while one process hashes the run dir (seal_job_command)."""
+        if not job_id:
+            return None
+        cmd = seal_job_command(run_dir, job_id, folder, sys.executable, os.environ)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return (res.stdout.strip().split(";")[0] or None) if res.returncode == 0 else None
 
     # srun's line for a task a signal ended, and slurmstepd's for a job Slurm ended (launcher doctor)
     killed_words = r"task (?P<task>\d+): Killed"

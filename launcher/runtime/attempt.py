@@ -127,13 +127,12 @@ class Attempt:
 
 def _early_failure(rd: RunDir, tb: str) -> None:
     """A rank that fails before it knows its place: its traceback as a rank error (rank from the
-    launcher's environment), the run failed."""
-    try:
-        import submitit  # in the try: a broken submitit install is one more early failure to record
-
-        rank = int(submitit.JobEnvironment().global_rank)
-    except Exception:  # not in a submitit job (or its environment is what failed)
-        rank = next((int(os.environ[k]) for k in ("RANK", "SLURM_PROCID") if os.environ.get(k, "").isdigit()), 0)
+    job's environment), the run failed."""
+    try:  # the scheduler's word (its backend reads it); failing that, torchrun's
+        backend = dist_env.scheduler()
+        rank = backend.place(os.environ).rank if backend is not None else int(os.environ["RANK"])
+    except Exception:  # not in a job (or its environment is what failed)
+        rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else 0
     print(tb, file=sys.stderr, flush=True)
     if not rd.is_final():
         rd.write_rank_error(rank, scrub(tb, os.environ))

@@ -1,4 +1,6 @@
-"""Rank and rendezvous settings for torch.distributed, from the submitit/Slurm job environment.
+"""Rank and rendezvous settings for torch.distributed, from the job's environment as its backend reads
+it (launcher.backends: Backend.detect, place, node_name, address_hint, ask_address): no scheduler's
+variable is named here.
 
 MASTER_ADDR is the first host of the allocation; MASTER_PORT comes from the job id, so two jobs
 (or two array tasks, which have distinct job ids) sharing a node never pick the same port.
@@ -9,18 +11,27 @@ import json
 import os
 import re
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from launcher import backends
+from launcher.backends import Backend
+
+
+def scheduler() -> Optional[Backend]:
+    """The backend whose job this process is part of (None outside a job): it alone reads the
+    scheduler's variables (launcher.backends, Backend.detect)."""
+    return backends.running()
+
 
 def scheduler_node_name() -> Optional[str]:
-    """The name the scheduler gives this node (Slurm: SLURMD_NODENAME), None outside a scheduler's job.
+    """The name the scheduler gives this node, None outside a scheduler's job or where it names none.
     The one place it is read: nodes of one cluster can share a host (scripts/slurm-local.sh), so this,
     not the hostname, tells them apart."""
-    return os.environ.get("SLURMD_NODENAME") or None
+    backend = scheduler()
+    return backend.node_name(os.environ) if backend is not None else None
 
 
 def node_name() -> str:
@@ -60,29 +71,6 @@ ADDR_ENV = "LAUNCHER_MASTER_ADDR"  # the rendezvous address, resolved once (a ba
 ADDR_WAIT_S = 120.0  # how long a rank waits for rank 0's address (tasks of one job start apart)
 
 
-def _scontrol_addr(host: str) -> Optional[str]:
-    """Slurm's NodeAddr of ``host`` (one RPC to slurmctld), or None."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "node", host, "-o"], capture_output=True, text=True, timeout=30
-        ).stdout
-        m = re.search(r"\bNodeAddr=(\S+)", out)
-        if m:
-            return m.group(1)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
-
-
-def _alias_addr(host: str) -> Optional[str]:
-    """``host``'s address from SLURM_NODE_ALIASES (``name:[addr]:host,...``, cloud nodes), or None."""
-    for item in os.environ.get("SLURM_NODE_ALIASES", "").split(","):
-        parts = item.split(":")
-        if len(parts) >= 2 and parts[0] == host and parts[1].strip("[]"):
-            return parts[1].strip("[]")
-    return None
-
-
 def _shared_addr(shared: Path, host: str) -> Optional[str]:
     try:
         found = json.loads(shared.read_text())
@@ -108,12 +96,13 @@ def _share_addr(shared: Path, host: str, addr: str) -> None:
 
 
 def resolve_addr(host: str, leader: bool = True, shared: Optional[Path] = None,
-                 wait_s: float = ADDR_WAIT_S) -> str:
-    """An address for `host`: the host itself where DNS knows it (or ADDR_ENV, where set); else
-    Slurm's NodeAddr, asked once per job, not once per rank (thousands of scontrol calls at once
-    would flood slurmctld): SLURM_NODE_ALIASES where it names the host, else the ``leader`` (rank 0)
-    asks scontrol and leaves the answer in ``shared`` (a file of the run dir), which every other rank
-    reads (waiting up to ``wait_s`` for it; asking itself only after that)."""
+                 wait_s: float = ADDR_WAIT_S, backend: Optional[Backend] = None) -> str:
+    """An address for `host`: the host itself where DNS knows it (or ADDR_ENV, where set); else the
+    scheduler's (``backend``, default the detected one), asked once per job, not once per rank
+    (thousands of questions at once would flood its controller): its environment's hint where it names
+    the host (Slurm: its node aliases), else the ``leader`` (rank 0) asks it (Slurm: its controller) and
+    leaves the answer in ``shared`` (a file of the run dir), which every other rank reads (waiting up
+    to ``wait_s`` for it; asking itself only after that)."""
     if os.environ.get(ADDR_ENV):
         return os.environ[ADDR_ENV]
     try:
@@ -121,7 +110,10 @@ def resolve_addr(host: str, leader: bool = True, shared: Optional[Path] = None,
         return host
     except socket.gaierror:
         pass
-    addr = _alias_addr(host)
+    backend = backend if backend is not None else scheduler()
+    if backend is None:
+        return host
+    addr = backend.address_hint(host, os.environ)
     if addr is not None:
         return addr
     if shared is not None and not leader:
@@ -133,7 +125,7 @@ def resolve_addr(host: str, leader: bool = True, shared: Optional[Path] = None,
             if time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-    addr = _scontrol_addr(host)
+    addr = backend.ask_address(host)
     if addr is not None and shared is not None and leader:
         _share_addr(shared, host, addr)
     return addr or host
@@ -170,30 +162,38 @@ class DistEnv:
         return env
 
 
-def detect(master_port: Optional[int] = None, addr_file: Optional[Path] = None) -> DistEnv:
-    """Read the running submitit job's environment (Slurm or local); ``master_port`` (cluster.master_port)
-    overrides the port derived from the job id; ``addr_file``: where rank 0 leaves the rendezvous
-    host's address for the others when only Slurm knows it (resolve_addr)."""
-    import submitit  # submitit: only inside a job; login-side users of this module do without it
+class NotInAJob(RuntimeError):
+    """No backend recognises this process's environment as one of its jobs."""
 
-    je = submitit.JobEnvironment()
-    hosts = list(je.hostnames)
-    world = je.num_tasks
-    nodes = max(1, je.num_nodes)
+
+def detect(master_port: Optional[int] = None, addr_file: Optional[Path] = None,
+           backend: Optional[Backend] = None) -> DistEnv:
+    """This process's place in its job, as its backend reads it (``backend``: the detected one);
+    ``master_port`` (cluster.master_port) overrides the port derived from the job id; ``addr_file``:
+    where rank 0 leaves the rendezvous host's address for the others when only the scheduler knows
+    it (resolve_addr)."""
+    backend = backend if backend is not None else scheduler()
+    if backend is None:
+        raise NotInAJob("this process is not a task of any backend's job (launcher.backends: none detects "
+                        "itself in the environment)")
+    p = backend.place(os.environ)
+    hosts = list(p.hostnames)
+    nodes = max(1, p.num_nodes)
     return DistEnv(
-        rank=je.global_rank,
-        world_size=world,
-        local_rank=je.local_rank,
-        local_world_size=max(1, world // nodes),
-        node_rank=je.node,
+        rank=p.rank,
+        world_size=p.world_size,
+        local_rank=p.local_rank,
+        local_world_size=max(1, p.world_size // nodes),
+        node_rank=p.node_rank,
         num_nodes=nodes,
         hostnames=hosts,
-        job_id=je.job_id,
-        raw_job_id=je.raw_job_id,
-        array_job_id=je.array_job_id,
-        array_task_id=je.array_task_id,
-        master_addr=resolve_addr(hosts[0], leader=je.global_rank == 0, shared=addr_file) if hosts else "127.0.0.1",
-        master_port=int(master_port) if master_port else port_for_job(je.raw_job_id, ephemeral_start()),
+        job_id=p.job_id,
+        raw_job_id=p.raw_job_id,
+        array_job_id=p.array_job_id,
+        array_task_id=p.array_task_id,
+        master_addr=resolve_addr(hosts[0], leader=p.rank == 0, shared=addr_file, backend=backend)
+        if hosts else "127.0.0.1",
+        master_port=int(master_port) if master_port else port_for_job(p.raw_job_id, ephemeral_start()),
     )
 
 

@@ -1,4 +1,5 @@
-"""Rendezvous settings derived from the job: ports never collide between jobs on one node."""
+"""Rendezvous settings derived from the job: ports never collide between jobs on one node; the job's
+place read by the backend that detects itself, never by name here."""
 from launcher.runtime.env import EPHEMERAL_START, PORT_BASE, ephemeral_start, port_for_job, resolve_addr
 
 
@@ -49,21 +50,23 @@ def test_only_rank_0_asks_slurm_for_an_address_dns_lacks(tmp_path, monkeypatch):
     import socket
     import types
 
+    from launcher.backends import slurm
     from launcher.runtime import env
 
     asked = []
 
-    def scontrol(argv, **kw):
+    def scontrol(argv):
         asked.append(argv[3])
-        return types.SimpleNamespace(stdout=f"NodeName={argv[3]} NodeAddr=10.1.2.3 State=IDLE")
+        return f"NodeName={argv[3]} NodeAddr=10.1.2.3 State=IDLE"
 
     def no_dns(host, *a, **kw):
         raise socket.gaierror(socket.EAI_NONAME, "unknown")
 
-    monkeypatch.setattr(env, "subprocess", types.SimpleNamespace(run=scontrol, SubprocessError=RuntimeError))
+    monkeypatch.setattr(slurm, "_run", scontrol)
     monkeypatch.setattr(env.socket, "getaddrinfo", no_dns)
     monkeypatch.delenv(env.ADDR_ENV, raising=False)
     monkeypatch.delenv("SLURM_NODE_ALIASES", raising=False)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # a task of a Slurm job: its backend is asked
     shared = tmp_path / "ranks" / "master_addr.json"
     assert resolve_addr("n1", leader=False, shared=shared, wait_s=0) == "10.1.2.3" and asked == ["n1"]
     assert not shared.exists()  # (a rank that is not the leader never writes it)
@@ -76,3 +79,67 @@ def test_only_rank_0_asks_slurm_for_an_address_dns_lacks(tmp_path, monkeypatch):
     assert resolve_addr("n4", leader=True, shared=shared) == "10.8.8.8" and len(asked) == 3
     monkeypatch.setenv(env.ADDR_ENV, "10.7.7.7")
     assert resolve_addr("n9", leader=True, shared=shared) == "10.7.7.7" and len(asked) == 3
+
+
+SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "9123", "SLURM_ARRAY_JOB_ID": "9100",
+              "SLURM_ARRAY_TASK_ID": "23", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
+              "SLURM_PROCID": "13", "SLURM_LOCALID": "5", "SLURM_JOB_NODELIST": "gpu[007-008]",
+              "SLURMD_NODENAME": "gpu008"}
+LOCAL_TASK = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NTASKS": "4",
+              "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "3",
+              "SUBMITIT_LOCAL_LOCALID": "3"}
+
+
+def _only(monkeypatch, environ):
+    import os
+
+    for k in list(os.environ):
+        if k.startswith(("SLURM", "SUBMITIT_")):
+            monkeypatch.delenv(k)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_detect_asks_the_backend_whose_job_this_is(monkeypatch, tmp_path):
+    """Slurm's and submitit-local's environments each read by their backend: ranks, nodes, the array
+    task's job id, the port from the task's own id; a local job inside a Slurm allocation is local."""
+    from launcher import backends
+    from launcher.runtime import env
+
+    monkeypatch.setenv(env.ADDR_ENV, "10.0.0.7")  # no DNS question in a unit test
+    _only(monkeypatch, SLURM_TASK)
+    assert backends.running().name == "slurm"
+    d = env.detect(addr_file=tmp_path / "addr.json")
+    assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes) == (13, 16, 5, 8, 1, 2)
+    assert d.hostnames == ["gpu007", "gpu008"] and (d.job_id, d.raw_job_id) == ("9100_23", "9123")
+    assert d.master_port == port_for_job("9123", ephemeral_start()) and d.master_addr == "10.0.0.7"
+    assert env.scheduler_node_name() == "gpu008" and env.node_name() == "gpu008"
+    _only(monkeypatch, {**LOCAL_TASK, "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "gpu001"})
+    d = env.detect(master_port=23456)
+    assert backends.running().name == "local" and (d.rank, d.world_size, d.job_id) == (3, 4, "4242")
+    assert d.master_port == 23456 and env.scheduler_node_name() is None
+    _only(monkeypatch, {})
+    assert backends.running() is None and env.scheduler_node_name() is None
+    import pytest
+
+    with pytest.raises(env.NotInAJob):
+        env.detect()
+
+
+def test_slurm_host_lists_expand_as_slurm_writes_them():
+    from launcher.backends.slurm import hostnames
+
+    assert hostnames("gpu[001-003,7],login-a[1-2]x") == ["gpu001", "gpu002", "gpu003", "gpu7", "login-a1x", "login-a2x"]
+    assert hostnames("n1") == ["n1"] and hostnames("") == []
+    assert hostnames("r[1-2]n[09-10]") == ["r1n09", "r1n10", "r2n09", "r2n10"]
+
+
+def test_runtime_env_names_no_scheduler_variable():
+    """A second scheduler is one module under launcher/backends: runtime/env reads none of Slurm's or
+    submitit's variables itself."""
+    import re
+
+    from helpers import REPO
+
+    text = (REPO / "launcher" / "runtime" / "env.py").read_text()
+    assert not re.findall(r"SLURM\w*|SUBMITIT_\w+|scontrol", text)
