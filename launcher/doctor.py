@@ -116,11 +116,11 @@ PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remo
 # a rank's own last words when a signal ended it; each backend adds its scheduler's (Backend.killed_words)
 KILLED = re.compile(r"rank (?P<rank>\d+)[^\n]{0,80}(?:SIGKILL|signal 9|exit(?: code)? "
                     r"-9|exitcode\s*:\s*-9)|injected SIGKILL", re.I)
-KILLED_BY_SCHEDULER = [re.compile(b.killed_words, re.I) for b in map(backends.get, backends.names()) if b.killed_words]
+KILLED_BY_SCHEDULER = [re.compile(b.killed_words, re.I) for b in backends.every() if b.killed_words]
 SCHEDULER_STATE = re.compile(r"scheduler state (?P<state>[A-Z_]+)")
 # a job the scheduler ended, in its own words (Backend.ended_words: ``why`` is TIME LIMIT, NODE FAILURE
 # or PREEMPTION)
-SCHEDULER_ENDED = [re.compile(b.ended_words) for b in map(backends.get, backends.names()) if b.ended_words]
+SCHEDULER_ENDED = [re.compile(b.ended_words) for b in backends.every() if b.ended_words]
 # the step's teardown (launcher.runtime.after_step) found the step failed with no rank's word
 SILENT_DEATH = re.compile(r"^a rank died without a word: (?P<how>.*)")
 HANG_MESSAGE = re.compile(r"^hang: ", re.M)

@@ -7,7 +7,7 @@ tempfile, io.open) and counts, per simulated rank and phase, the calls on paths 
 (``ops``: open, stat, scandir, listdir, mkdir, rename/replace, link, unlink, rmdir, chmod, fsync,
 utime; a DirEntry's stat counts as a stat) and the directory entries listings returned (``dirents``).
 Nothing here starts a process: the scheduler's ``scontrol`` is a fake that counts its calls, and
-the job environment (submitit's) a fake per rank.
+the job environment (a Slurm task's variables, read by its backend) set per rank.
 
 Phases, each rank in turn (rank 0 first, as the ranks of a real job start within seconds):
 
@@ -190,11 +190,13 @@ def _hosts(world: int) -> List[str]:
     return [f"sim{n:04d}" for n in range((world + RANKS_PER_NODE - 1) // RANKS_PER_NODE)]
 
 
-def _job_env(rank: int, world: int) -> Any:
+def _job_env(rank: int, world: int) -> Dict[str, str]:
+    """A Slurm task's environment, as the Slurm backend reads it (launcher.backends.slurm.place)."""
     hosts = _hosts(world)
-    return types.SimpleNamespace(global_rank=rank, local_rank=rank % RANKS_PER_NODE, node=rank // RANKS_PER_NODE,
-                                 num_nodes=len(hosts), num_tasks=world, hostnames=hosts, job_id="4242",
-                                 raw_job_id="4242", array_job_id=None, array_task_id=None)
+    return {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank % RANKS_PER_NODE), "SLURM_NODEID": str(rank // RANKS_PER_NODE),
+            "SLURM_JOB_NUM_NODES": str(len(hosts)), "SLURM_NTASKS": str(world),
+            "SLURM_JOB_NODELIST": ",".join(hosts), "SLURMD_NODENAME": hosts[rank // RANKS_PER_NODE]}
 
 
 def make_run(root: Path, world: int):
@@ -232,7 +234,8 @@ class _Ctx:
 def simulate(root: Path, world: int, phases=PHASES) -> Counts:
     """Every phase for ranks 0..world-1 in turn; the counts."""
     from launcher.archive import topology
-    from launcher.runtime import attempt as attempt_mod, env as env_mod, watchdog
+    from launcher.backends import slurm
+    from launcher.runtime import attempt as attempt_mod, watchdog
 
     rd = make_run(Path(root), world)
     layer = Layer(root)
@@ -246,12 +249,12 @@ def simulate(root: Path, world: int, phases=PHASES) -> Counts:
     def getaddrinfo(host, *a, **kw):  # DNS does not know the node names (the scontrol fallback runs)
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    def scontrol(argv, **kw):  # the scheduler's answer, counted
+    def scontrol(argv):  # the scheduler's answer, counted
         layer.counts.scontrol[layer.rank if layer.rank is not None else -1] += 1
-        return types.SimpleNamespace(stdout=f"NodeName={argv[3]} NodeAddr=10.0.0.1 State=ALLOCATED", returncode=0)
+        return f"NodeName={argv[3]} NodeAddr=10.0.0.1 State=ALLOCATED"
 
     patch(socket, "getaddrinfo", getaddrinfo)
-    patch(env_mod, "subprocess", types.SimpleNamespace(run=scontrol, SubprocessError=RuntimeError))
+    patch(slurm, "_run", scontrol)
     patch(topology, "gather", lambda: {"cpu": "simulated"})
     patch(attempt_mod, "process_start", lambda pid: 1)
     real_submitit = sys.modules.get("submitit")
@@ -281,7 +284,7 @@ def _startup(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None
         return cluster.get("master_port"), cluster.get("env") or {}
 
     for rank in range(world):
-        submitit.JobEnvironment = lambda rank=rank: _job_env(rank, world)
+        os.environ.update(_job_env(rank, world))
         layer.rank = rank
         with attempt_mod.attempt(rd, settings) as a:
             a.record_environment({"torch": "simulated"})

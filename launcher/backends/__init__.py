@@ -17,7 +17,7 @@ from typing import Any, List, Mapping, Optional
 
 from launcher.backends.base import Backend, JobState, TaskPlace
 
-__all__ = ["Backend", "JobState", "TaskPlace", "names", "get", "of", "running"]
+__all__ = ["Backend", "JobState", "TaskPlace", "names", "get", "every", "of", "running"]
 
 
 @lru_cache(maxsize=1)
@@ -35,6 +35,11 @@ def get(name: str) -> Backend:
     if name not in _names():
         raise ValueError(f"cluster.backend={name!r} is not a backend; choose one of {', '.join(_names())}")
     return importlib.import_module(f"{__name__}.{name}").BACKEND
+
+
+def every() -> List[Backend]:
+    """Every backend (the doctor's scheduler words are all of theirs)."""
+    return [importlib.import_module(f"{__name__}.{name}").BACKEND for name in _names()]
 
 
 def of(cfg: Any) -> Backend:
