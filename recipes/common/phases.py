@@ -1,9 +1,10 @@
 """Where a training step's time goes: seconds per phase (data, forward, backward, gradient sync,
 optimizer, ...), measured where each phase runs.
 
-On CUDA each span is a pair of CUDA events recorded on the stream and read after the step's
-synchronize, so measuring adds no synchronisation and a phase's time is the device's; elsewhere the
-wall clock (CPU ops run synchronously). A phase that runs several times in a step (per micro batch)
+On CUDA each span is a pair of CUDA events recorded on the stream, so measuring adds no
+synchronisation and a phase's time is the device's; ``take`` reads only the spans the device has
+finished (after the engine's one host read of the step, all of them) and leaves any other for the
+next step's take: it never waits. Elsewhere the wall clock (CPU ops run synchronously). A phase that runs several times in a step (per micro batch)
 is summed. Phases that overlap (DDP's gradient all-reduce runs inside backward) are not separable
 and are counted where they run."""
 from __future__ import annotations
@@ -38,12 +39,17 @@ class Phases:
                 self._spans.append((name, t0, time.perf_counter()))
 
     def take(self) -> Dict[str, float]:
-        """Seconds per phase since the last take (on CUDA: call after the device synchronized)."""
+        """Seconds per phase of the spans finished since the last take (on CUDA a span whose end
+        event the device has not reached yet is kept for the next take, read one step late)."""
         out: Dict[str, float] = {}
+        later: List[Tuple[str, Any, Any]] = []
         for name, a, b in self._spans:
+            if self.cuda and not b.query():
+                later.append((name, a, b))
+                continue
             dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
             out[name] = out.get(name, 0.0) + dt
-        self._spans = []
+        self._spans = later
         return out
 
 

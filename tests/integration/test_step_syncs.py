@@ -1,9 +1,10 @@
 """What one training step costs in collectives and host reads, per engine, on two real gloo ranks.
 
 A probe wraps every torch.distributed collective (its name, dtype and bytes, and who called it) and
-every host read of a tensor (``item``, ``tolist``, ``__bool__``, ``__float__``, ``__int__``, ``cpu``,
-``torch.cuda.synchronize``) in the training thread, windowed by the loop's heartbeat (one window = the
-stop agreement of one step and the whole of the next). On a GPU each host read of a device tensor is a
+every host read of a tensor (``item``, ``tolist``, ``__bool__``, ``__float__``, ``__int__``, ``cpu``)
+and ``torch.cuda.synchronize`` (``read:<caller>:synchronize``) in the training thread, and the order of
+the project's reads and AdamW's steps, windowed by the loop's heartbeat (one window = the stop
+agreement of one step and the whole of the next). On a GPU each host read of a device tensor is a
 device sync; on this CPU they are counted where they would be. Counts are by caller: ``project`` (the
 launcher and the recipes), ``torch`` (e.g. ZeroRedundancyOptimizer's broadcasts, AdamW's CPU step
 counters) or ``deepspeed``. Each case prints its counts (``-s``); docs/performance.md records them.
@@ -63,6 +64,7 @@ class Probe:
         self.current: Counter = Counter()
         self.bytes: Counter = Counter()
         self.windows: List[Dict[str, Any]] = []
+        self.order: List[str] = []  # "read" (the project's) and "optimizer" (AdamW.step), as they came
         self._busy = False
 
     def _note(self, key: str, nbytes: int = 0) -> None:
@@ -98,9 +100,21 @@ class Probe:
 
         def read(name: str, real: Any) -> Any:
             def wrapped(*args: Any, **kwargs: Any) -> Any:
-                probe._note(f"read:{_area()}:{name}")
+                area = _area()
+                probe._note(f"read:{area}:{name}")
+                if area == "project" and threading.get_ident() == probe.thread and not probe._busy:
+                    probe.order.append("read")
                 return real(*args, **kwargs)
             return wrapped
+
+        real_step = torch.optim.AdamW.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == probe.thread:
+                probe.order.append("optimizer")
+            return real_step(*args, **kwargs)
+
+        torch.optim.AdamW.step = step
 
         for name in READS:
             setattr(torch.Tensor, name, read(name, getattr(torch.Tensor, name)))
@@ -108,8 +122,9 @@ class Probe:
         return self
 
     def beat(self, step: Any = None) -> None:
-        self.windows.append({"step": step, "counts": dict(self.current), "bytes": dict(self.bytes)})
-        self.current, self.bytes = Counter(), Counter()
+        self.windows.append({"step": step, "counts": dict(self.current), "bytes": dict(self.bytes),
+                             "order": self.order})
+        self.current, self.bytes, self.order = Counter(), Counter(), []
 
 
 def _worker(rank: int, world: int, cfgs: Dict[str, str], root: str) -> None:
@@ -129,7 +144,7 @@ def _worker(rank: int, world: int, cfgs: Dict[str, str], root: str) -> None:
             run_dir.mkdir(exist_ok=True)
             cfg = OmegaConf.merge(OmegaConf.structured(GPTRunConfig), OmegaConf.create(cfg_yaml))
             ctx = make_ctx(cfg, run_dir, rank=rank, world_size=world)
-            probe.windows, probe.current, probe.bytes = [], Counter(), Counter()
+            probe.windows, probe.current, probe.bytes, probe.order = [], Counter(), Counter(), []
             ctx.watch = probe
             try:
                 main(cfg, ctx)
@@ -156,9 +171,10 @@ def per_step(root: Path, name: str) -> Dict[str, Any]:
     steady = [w for w in windows if w["step"] in (3, 4)]  # the windows after step 2's and 3's heartbeats
     assert len(steady) == 2 and steady[0]["counts"] == steady[1]["counts"], windows
     counts, nbytes = steady[0]["counts"], steady[0]["bytes"]
+    print(f"\n[step probe] {name} order: {steady[0]['order']}")
     print(f"\n[step probe] {name}\n  " + "\n  ".join(
         f"{k}: {v}" + (f" ({nbytes[k]} B)" if nbytes.get(k) else "") for k, v in sorted(counts.items())))
-    return {"counts": counts, "bytes": nbytes}
+    return {"counts": counts, "bytes": nbytes, "order": steady[0]["order"]}
 
 
 def _sum(counts: Dict[str, int], prefix: str) -> int:
@@ -191,13 +207,31 @@ def probed(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_collective_and_one_host_read_per_step(probed, case):
     """Per steady step: the project's collectives are the loss (+ stop votes) all-reduce and the
-    engine's own gradient reductions, nothing for the stop; its host reads are the one read of the
-    step's stats (and the loop's timing synchronize, a no-op on the CPU)."""
+    engine's own gradient reductions, nothing for the stop; its host waits are the one read of the
+    step's stats and nothing else: no ``torch.cuda.synchronize`` (the loop times the step to that
+    read, megatron steps its optimizer before it)."""
     _, collectives = CASES[case]
-    got = per_step(probed, case)["counts"]
+    probe = per_step(probed, case)
+    got = probe["counts"]
+    assert probe["order"][-1:] == ["read"] and "optimizer" in probe["order"], probe["order"]  # the read waits
     assert _sum(got, "collective:project:") == collectives, got
     reads = {k: v for k, v in got.items() if k.startswith("read:project:")}
+    assert got.get("read:project:synchronize", 0) == 0, reads
     assert reads == {"read:project:tolist": 1}, reads
+
+
+STEP_PATH = ["recipes/gpt/train.py", "recipes/lm/train.py", "recipes/common/phases.py",
+             *sorted(str(p.relative_to(REPO)) for d in ("recipes/gpt/engines", "launcher/training/engines")
+                     for p in (REPO / d).glob("*.py"))]
+
+
+def test_the_step_path_never_synchronizes_the_device():
+    """What the CPU probe cannot see: a ``torch.cuda.synchronize`` behind a CUDA-only branch of the
+    loops, the phase timer or the engines (on a GPU a second host wait per step)."""
+    calls = [f"{name}:{i}" for name in STEP_PATH
+             for i, line in enumerate((REPO / name).read_text().splitlines(), 1)
+             if "cuda.synchronize(" in line.split("#")[0]]
+    assert not calls, calls
 
 
 PARAMS = 19_712  # the tiny GPT's parameters (tests/unit/test_gpt_recipe.py's TINY_MODEL)

@@ -281,14 +281,20 @@ class MegatronEngine(Engine):
         stats = self.stats.with_votes(torch.stack([loss_part, sq]))
         with self._phase("loss_sync"):
             dist.all_reduce(stats)
+        if self.scaler is None:  # clip on the device and step before the read: the step's one host wait
+            with self._phase("optimizer"):
+                self._clip(stats[1])
+                self._step_optimizer()
         loss_value, sq_value = self.stats.read(stats)
         grad_norm = (math.sqrt(sq_value) if math.isfinite(sq_value)
                      else float("nan") if math.isnan(sq_value) else float("inf"))
+        if self.scaler is None:
+            return loss_value, grad_norm
 
-        scale = self.scaler.scale if self.scaler is not None else 1.0
-        overflow = self.scaler is not None and not math.isfinite(grad_norm)
-        if self.scaler is not None:
-            self.scaler.update(overflow)  # an fp16 overflow skips the step on every rank
+        # fp16: whether the step overflowed is known on the host only after the read
+        scale = self.scaler.scale
+        overflow = not math.isfinite(grad_norm)
+        self.scaler.update(overflow)  # an fp16 overflow skips the step on every rank
         with self._phase("optimizer"):
             if not overflow:
                 grad_norm /= scale
@@ -301,6 +307,21 @@ class MegatronEngine(Engine):
             self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
             self.optimizer.zero_grad(set_to_none=True)
         return loss_value, grad_norm
+
+    def _clip(self, sq: torch.Tensor) -> None:
+        """Scale the gradients by min(1, grad_clip / (norm + 1e-6)) computed on the device from the
+        all-reduced squared norm ``sq``, in float64 like the host's arithmetic (the same fp32 factor,
+        so the same updates); a zero or NaN norm leaves them as they are."""
+        if self.grad_clip <= 0:
+            return
+        norm = sq.double().sqrt()
+        coef = torch.where(norm > 0, (self.grad_clip / (norm + 1e-6)).clamp(max=1.0), torch.ones_like(norm))
+        torch._foreach_mul_([p.grad for p in self.params], coef.to(self.params[0].grad.dtype))
+
+    def _step_optimizer(self) -> None:
+        self.optimizer.step()
+        self._last_grad_bytes = tensor_bytes(p.grad for p in self.params)
+        self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------------------ checkpoints
     #

@@ -96,7 +96,7 @@ class GPTStage(nn.Module):
             for block in self.blocks:
                 x = rng.checkpoint(block, x, tracker=self.rng) if full else block(x)
             if self.head is not None:
-                return self.head(self.final_norm(x)).float()  # vocab-sharded logits, fp32 for the loss
+                return self.head(self.final_norm(x))  # vocab-sharded logits, in the compute dtype (the loss upcasts)
         return x.to(self.act_dtype)
 
 
@@ -123,7 +123,7 @@ def build_schedule(stage_module: GPTStage, mesh: Any, n_microbatches: int, micro
         inputs = act
     if stage_module.is_last:
         outputs: Any = torch.empty((micro_batch, seq_len, stage_module.vocab_size // tp.size),
-                                   dtype=torch.float32, device=device, requires_grad=True)
+                                   dtype=stage_module.act_dtype, device=device, requires_grad=True)
     else:
         outputs = act
     stage = PipelineStage(stage_module, mesh.pp_rank, mesh.pp, device, input_args=inputs, output_args=outputs,

@@ -39,6 +39,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.training.engines import contract
+from launcher.training.engines.contract import cross_entropy
 from recipes.gpt import rng
 
 SEQ_DIM = 1
@@ -162,7 +164,7 @@ def leave_row(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Per-token cross entropy from vocab-sharded logits [N, V/tp]; the logits are never gathered
+    """Per-token cross entropy from vocab-sharded fp32 logits [N, V/tp]; the logits are never gathered
     (three all-reduces of [N] vectors: max, target logit, sum of exp)."""
 
     @staticmethod
@@ -198,14 +200,58 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
+class _ChunkedVocabParallelCrossEntropy(torch.autograd.Function):
+    """The same loss from 16-bit vocab-sharded logits, in fp32 a chunk of ``rows`` rows at a time (as
+    ``contract._ChunkedCrossEntropy``): no fp32 copy of the shard is made, and what the backward keeps
+    is the 16-bit logits and two fp32 numbers per row (the global max and sum of exp), not an fp32
+    softmax; the gradient is written chunk by chunk in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits, target, tp, vocab_start, rows):
+        vmax = logits.max(dim=-1).values.float()  # exact: the max of 16-bit values is one of them
+        if tp.size > 1:
+            dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=tp.group)
+        local_target = target - vocab_start
+        outside = (local_target < 0) | (local_target >= logits.shape[-1])
+        local_target = local_target.masked_fill(outside, 0)
+        picked = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).float()
+        target_logit = (picked - vmax).masked_fill(outside, 0.0)
+        sum_exp = torch.empty_like(vmax)
+        for i in range(0, logits.shape[0], rows):
+            sum_exp[i:i + rows] = (logits[i:i + rows].float() - vmax[i:i + rows, None]).exp().sum(dim=-1)
+        if tp.size > 1:
+            both = torch.stack([target_logit, sum_exp])
+            dist.all_reduce(both, group=tp.group)
+            target_logit, sum_exp = both[0], both[1]
+        ctx.rows = rows
+        ctx.save_for_backward(logits, local_target, outside, vmax, sum_exp)
+        return torch.log(sum_exp) - target_logit
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, local_target, outside, vmax, sum_exp = ctx.saved_tensors
+        rows, out = ctx.rows, torch.empty_like(logits)
+        hit = (~outside).float()  # 1 where this shard holds the row's target
+        for i in range(0, logits.shape[0], rows):
+            g = (logits[i:i + rows].float() - vmax[i:i + rows, None]).exp_().div_(sum_exp[i:i + rows, None])
+            g.scatter_add_(1, local_target[i:i + rows, None], -hit[i:i + rows, None])
+            out[i:i + rows] = g.mul_(grad_loss[i:i + rows, None].float())
+        return out, None, None, None, None
+
+
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp: TPContext,
                                  vocab_start: int) -> torch.Tensor:
-    """Mean cross entropy of vocab-sharded ``logits`` [..., V/tp] against global ``labels`` [...]."""
+    """Mean cross entropy of vocab-sharded ``logits`` [..., V/tp] against global ``labels`` [...].
+    fp32 logits: on the whole shard; 16-bit logits: in fp32 a chunk of rows at a time (no fp32 copy
+    of the shard). tp == 1: the model's own loss (``contract.cross_entropy``, chunked the same way)."""
     flat = logits.reshape(-1, logits.shape[-1])
     target = labels.reshape(-1)
     if tp.size == 1:
-        return F.cross_entropy(flat.float(), target)
-    return _VocabParallelCrossEntropy.apply(flat, target, tp, int(vocab_start)).mean()
+        return cross_entropy(flat, target)
+    if flat.dtype == torch.float32:
+        return _VocabParallelCrossEntropy.apply(flat, target, tp, int(vocab_start)).mean()
+    rows = max(1, contract.CHUNK_BYTES // (4 * flat.shape[-1]))
+    return _ChunkedVocabParallelCrossEntropy.apply(flat, target, tp, int(vocab_start), rows).mean()
 
 
 # --------------------------------------------------------------------------------- layers
