@@ -18,8 +18,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from launcher.backends.base import (NOTE_ENV, Backend, JobState, TaskPlace, env_int, limit_overrides, request_limits,
-                                    submitit_parameters)
+from launcher.backends.base import (
+    NOTE_ENV,
+    Backend,
+    JobState,
+    TaskPlace,
+    env_int,
+    limit_overrides,
+    request_limits,
+    submitit_parameters,
+)
 from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits

@@ -4,9 +4,9 @@ optimizer, ...), measured where each phase runs.
 On CUDA each span is a pair of CUDA events recorded on the stream, so measuring adds no
 synchronisation and a phase's time is the device's; ``take`` reads only the spans the device has
 finished (after the engine's one host read of the step, all of them) and leaves any other for the
-next step's take: it never waits. Elsewhere the wall clock (CPU ops run synchronously). A phase that runs several times in a step (per micro batch)
-is summed. Phases that overlap (DDP's gradient all-reduce runs inside backward) are not separable
-and are counted where they run."""
+next step's take: it never waits. Elsewhere the wall clock (CPU ops run synchronously). A phase
+that runs several times in a step (per micro batch) is summed. Phases that overlap (DDP's gradient
+all-reduce runs inside backward) are not separable and are counted where they run."""
 from __future__ import annotations
 
 import contextlib

@@ -48,7 +48,6 @@ def test_only_rank_0_asks_slurm_for_an_address_dns_lacks(tmp_path, monkeypatch):
     any other rank reads it there (never asking); SLURM_NODE_ALIASES and LAUNCHER_MASTER_ADDR need
     no question at all."""
     import socket
-    import types
 
     from launcher.backends import slurm
     from launcher.runtime import env
