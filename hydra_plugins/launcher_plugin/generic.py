@@ -408,6 +408,8 @@ class _HydraJob:
                 return self._ended(rd, config)
             n = restarts.begin_attempt(rd, _MAX_RESTARTS, a.denv.job_id) if a.denv.rank == 0 else 0
             a.running()
+            if a.denv.rank == 0:  # what the step's teardown decides by if no process records an outcome
+                restarts.leave_note(rd, n, None, a.denv.job_id, backend=backend.name, max_restarts=_MAX_RESTARTS)
             # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
             # the app's own relative paths) mean there what they meant at the command line
             os.chdir(str(config.hydra.runtime.cwd))
