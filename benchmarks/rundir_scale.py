@@ -7,7 +7,9 @@ The pure test (tests/unit/test_rundir_scale.py) holds the same counts flat up to
     .venv/bin/python benchmarks/rundir_scale.py [--sizes 8,64,512,4096] [--tree /path/to/checkout]
 
 ``--tree``: the launcher of another checkout (its launcher/ package), e.g. an older commit's, to
-count what it did (an older watch's look and hang wait are replayed at their cheapest).
+count what it did (an older watch's look and hang wait are replayed at their cheapest). The ranks are
+placed through a Slurm task's environment, read by the launcher's backends: a launcher that read
+submitit's JobEnvironment instead (before the backends owned the node side) cannot be counted.
 """
 from __future__ import annotations
 

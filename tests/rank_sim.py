@@ -29,7 +29,6 @@ import json
 import os
 import socket
 import sys
-import types
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,28 +256,22 @@ def simulate(root: Path, world: int, phases=PHASES) -> Counts:
     patch(slurm, "_run", scontrol)
     patch(topology, "gather", lambda: {"cpu": "simulated"})
     patch(attempt_mod, "process_start", lambda pid: 1)
-    real_submitit = sys.modules.get("submitit")
-    submitit = sys.modules["submitit"] = types.ModuleType("submitit")  # the job environment, per rank
     watches: Dict[int, Any] = {}
     try:
         with layer:
             for phase in phases:
                 layer.phase = phase
-                _PHASE[phase](rd, world, layer, watches, submitit, attempt_mod, watchdog)
+                _PHASE[phase](rd, world, layer, watches, attempt_mod, watchdog)
     finally:
         layer.rank = None
         for owner, name, old in reversed(restore):
             setattr(owner, name, old)
-        if real_submitit is not None:
-            sys.modules["submitit"] = real_submitit
-        else:
-            del sys.modules["submitit"]
         os.environ.clear()
         os.environ.update(saved_env)
     return layer.counts
 
 
-def _startup(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None:
+def _startup(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     def settings(rd):
         cluster = rd.config().get("cluster", {})
         return cluster.get("master_port"), cluster.get("env") or {}
@@ -292,7 +285,7 @@ def _startup(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None
         layer.rank = None
 
 
-def _watch(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None:
+def _watch(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     looks = getattr(watchdog, "STATUS_EVERY", 16)
     for rank in range(world):
         layer.rank = rank
@@ -313,7 +306,7 @@ def _look(w) -> Optional[str]:
     return "cancelled" if w.rd.status().state.value == "cancelled" else None
 
 
-def _failure(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None:
+def _failure(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     failing = world // 2 + 1
     layer.rank = failing
     rd.write_rank_error(failing, "Traceback (most recent call last):\nRuntimeError: simulated\n")
@@ -328,7 +321,7 @@ def _failure(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None
     layer.phase = kept
 
 
-def _checkpoint(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None:
+def _checkpoint(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     import torch
     from omegaconf import OmegaConf
 
@@ -346,7 +339,7 @@ def _checkpoint(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> N
     assert rd.latest_checkpoint() is not None, "the last rank's part did not commit the checkpoint"
 
 
-def _hang(rd, world, layer, watches, submitit, attempt_mod, watchdog) -> None:
+def _hang(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     if not hasattr(watchdog.Watch, "dump_stack"):
         return _old_hang(rd, world, layer, watches)
     gathers = {}
