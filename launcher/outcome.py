@@ -4,17 +4,19 @@ The job records its own outcome (RunDir.finish). Where it could not, status.json
 or running after the scheduler says the job ended; only the commands whose job is to settle runs
 record the outcome then (the wait at the end of a launch, `launcher status`/`retry`/`results`,
 preflight's rungs, `launcher cancel`). Listing and showing runs (`launcher runs`, `show`, `report`)
-never write a run dir: they show the scheduler's word next to the recorded status.
+never write a run dir: they show the scheduler's word next to the recorded status. The same commands
+seal a final run whose job left its seal due and has ended, where nothing after the job did.
 """
 from __future__ import annotations
 
 import sys
-from typing import Iterable, List
+import time
+from typing import Iterable, List, Optional
 
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
-from launcher.rundir import RunDir
-from launcher.status import Status
+from launcher.rundir import RunDir, parse_iso
+from launcher.status import RunStatus, Status
 
 
 def record_lost_outcome(rd: RunDir, state: JobState) -> Status:
@@ -34,14 +36,44 @@ def settle(rd: RunDir, ended: bool = False) -> Status:
     return settle_all([rd], ended=ended)[0]
 
 
+# a final run whose job the scheduler no longer knows is sealed once its outcome is this old: its ranks
+# wrote their last records within it (a scheduler that cannot be asked says nothing of any job)
+SEAL_UNKNOWN_AFTER_S = 600.0
+
+
+def seal_now(due: bool, st: RunStatus, state: Optional[JobState], ended: bool, now: float) -> bool:
+    """Whether the login side seals a run now (pure): its seal is due (the job left it: finish_in_job)
+    and its job has ended: the caller saw it end, the scheduler says so, or neither it knows the job
+    nor did the outcome come within SEAL_UNKNOWN_AFTER_S (a run never submitted: at once)."""
+    if not due:
+        return False
+    if ended or (state is not None and state.ended):
+        return True
+    if state is not None:  # queued or running still: its ranks may be writing their last records
+        return False
+    when = parse_iso(st.ended or st.updated)
+    return when is None or now - when >= SEAL_UNKNOWN_AFTER_S
+
+
 def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
-    """``settle`` for many runs, with one scheduler query per backend."""
+    """``settle`` for many runs, with one scheduler query per backend. A final run whose seal its job
+    left due is sealed here once the job has ended (seal_now): the fallback of the backend's seal
+    after the job (docs/archive.md, "The seal"), so no run stays unsealed."""
     rds = list(rds)
     records = [rd.status() for rd in rds]
-    jobs = [rd.job() if not st.is_final else None for rd, st in zip(rds, records)]
+    due = [st.is_final and rd.seal_due() for rd, st in zip(rds, records)]
+    jobs = [rd.job() if not st.is_final or d else None for rd, st, d in zip(rds, records, due)]
     states = job_states(j.to_json() for j in jobs if j is not None and j.job_id)
     out = []
-    for rd, st, job in zip(rds, records, jobs):
+    for rd, st, job, d in zip(rds, records, jobs, due):
+        if d:
+            state = states.get(job.job_id) if job is not None and job.job_id else None
+            if seal_now(True, st, state, ended or job is None or not job.job_id, time.time()):
+                try:
+                    rd.seal()
+                except OSError as e:
+                    print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
+                          file=sys.stderr)
         if st.is_final or job is None or not job.job_id:
             out.append(st.state)
             continue

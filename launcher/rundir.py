@@ -8,7 +8,8 @@ SweepDir does the same for the sweep directory that holds the runs.
 
 A run becomes final once (completed, failed, cancelled, timeout): ``finish`` records the outcome and
 seals the dir (manifest.json over every file, symlink, directory and checkpoint, then every file
-read-only); a later ``finish`` or ``set_status`` changes nothing.
+read-only); a later ``finish`` or ``set_status`` changes nothing. Inside a job, ``finish_in_job``
+records it and leaves the seal due, for after the job (docs/archive.md, "The seal").
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ RESTARTED_BY_USER = ("resume", "retry")
 
 def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def parse_iso(text: Optional[str]) -> Optional[float]:
+    """A time now_iso wrote, as seconds since the epoch (None: absent or not such a time)."""
+    try:
+        return _dt.datetime.fromisoformat(str(text)).timestamp() if text else None
+    except ValueError:
+        return None
 
 
 # (path, written by, what it holds): the run dir's files every recipe's run may hold (a recipe adds its
@@ -677,6 +686,23 @@ class RunDir:
             self.seal()
         return done
 
+    def finish_in_job(self, status: Status, **fields: Any) -> bool:
+        """``finish`` from inside the job (a rank, the step's teardown): the outcome recorded, the seal
+        left due (a mark beside the run says so) for when the job has ended, off its allocation: the
+        backend's ``seal_after_job``, the local controller, or the login side's next refresh
+        (launcher.outcome). Its ranks may still be writing their last records until then."""
+        done = self.finish(status, seal=False, **fields)
+        if done and not self.is_sealed():
+            atomic.write_json(self._seal_mark(), {"run_dir": str(self.path), "due": now_iso()})
+        return done
+
+    def seal_due(self) -> bool:
+        """A final run whose job left its seal for later (finish_in_job), not sealed yet."""
+        if self._p(self.MANIFEST).exists():
+            return False
+        found = atomic.read_json(self._seal_mark())
+        return isinstance(found, dict) and "due" in found and "manifest_sha256" not in found and self.is_final()
+
     # ---- seal ------------------------------------------------------------------------------------
     # The seal covers everything that can run or be resumed: every file (its sha256), symlink (as a
     # link: its target's text, never followed, wherever it points), directory (empty ones too) and
@@ -727,7 +753,7 @@ class RunDir:
         """The mark the run's seal left beside it (sealed, manifest_sha256), or None: never sealed
         (or reopened by ``launcher resume`` since)."""
         found = atomic.read_json(self._seal_mark())
-        return found if isinstance(found, dict) else None
+        return found if isinstance(found, dict) and "due" not in found else None
 
     def _snapshot_digest(self) -> Optional[Dict[str, Any]]:
         """The shared code snapshot this run executes (outside the run dir): one digest of its tree."""
@@ -802,12 +828,14 @@ class RunDir:
         changed, missing or added, ``latest`` re-pointed, the code snapshot changed or holding a
         symlink; the manifest missing for a finished run or one sealed before (its mark), or not the
         one sealed; status.json missing for a run that started. An unfinished, unsealed run is intact
-        by definition."""
+        by definition, and so is a finished one whose seal is due (seal_due: its job's end seals it)."""
         manifest = atomic.read_json(self._p(self.MANIFEST))
         mark = self.seal_mark()
         if not isinstance(manifest, dict) or not manifest:
             lost = self.lost_seal()
-            return [lost] if lost else [f"{self.MANIFEST} missing for a finished run"] if self.is_final() else []
+            if lost or not self.is_final():
+                return [lost] if lost else []
+            return [] if self.seal_due() else [f"{self.MANIFEST} missing for a finished run"]
         problems = []
         if mark is not None and mark.get("manifest_sha256") != file_sha256(self._p(self.MANIFEST)):
             problems.append(f"{self.MANIFEST} is not the manifest the run was sealed with {mark.get('sealed')}")

@@ -3,9 +3,9 @@
 A backend owns everything that differs between schedulers: its submitit executor and parameters,
 which points share one submission (its grouping key), the script it submitted, whether ``launch``
 waits for it by default, the state of its jobs (mapped onto ``launcher.status.Status``), cancel and
-log paths, and the node side of its jobs (``Backend.detect``, ``place``, ``node_name``, addresses).
-Nothing outside this package asks which scheduler a run uses: adding one is adding a module here
-(``cluster.backend`` names it).
+log paths, and the node side of its jobs (``Backend.detect``, ``place``, ``node_name``, addresses,
+the seal after a job). Nothing outside this package asks which scheduler a run uses: adding one is adding a
+module here (``cluster.backend`` names it).
 """
 from __future__ import annotations
 

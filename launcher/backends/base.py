@@ -210,6 +210,12 @@ class Backend:
         read its answer in the run dir); None: unknown."""
         return None
 
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """From the job's teardown: have ``run_dir`` (a final run) sealed once this job has ended, off its
+        allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
+        seals it, launcher.outcome). ``folder``: the job's submitit folder (logs)."""
+        return None
+
     # the scheduler's words in a job's logs, for `launcher doctor` (regular expressions; "" none):
     # a task killed by a signal (group ``task``: its rank), and a job the scheduler ended (group ``why``)
     killed_words: str = ""

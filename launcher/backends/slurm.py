@@ -117,6 +117,33 @@ def alias_addr(host: str, aliases: str) -> Optional[str]:
     return None
 
 
+SEAL_MODULE = "launcher.runtime.seal"  # what the job sealing a run off the allocation runs
+SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
+
+
+def seal_job_command(run_dir: Path, job_id: str, folder: Path, python: str,
+                     environ: Mapping[str, str]) -> List[str]:
+    """The sbatch line of the one-node, one-task job that seals ``run_dir`` once job ``job_id`` has
+    ended (whatever its end: afterany), in the job's partition, account and QOS (the job's own
+    environment names them), its log in the submitit ``folder``."""
+    cmd = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}", "--kill-on-invalid-dep=yes", "--no-requeue",
+           "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--time={SEAL_TIME_MIN}",
+           f"--job-name=seal-{Path(run_dir).parent.name}-{Path(run_dir).name}",
+           f"--output={Path(folder) / 'seal.%j.out'}"]
+    for flag, key in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
+                      ("qos", "SLURM_JOB_QOS")):
+        if environ.get(key):
+            cmd.append(f"--{flag}={environ[key]}")
+    return cmd + ["--wrap", " ".join(shlex.quote(w) for w in (python, "-m", SEAL_MODULE, str(run_dir)))]
+
+
+def submit_environment(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment sbatch runs in from inside a job: none of the job's own SLURM_/SBATCH_ variables
+    (sbatch would read the running job's settings as the new job's), SLURM_CONF kept."""
+    return {k: v for k, v in environ.items()
+            if not (k.startswith(("SLURM_", "SBATCH_")) and k != "SLURM_CONF")}
+
+
 def code_lines(code_dir: Optional[Path]) -> List[str]:
     """Jobs import the code snapshot first, so they run the code as it was at submission; they write
     no bytecode cache into it (runs are sealed with its digest; root's writes ignore its read-only mode)."""
@@ -732,6 +759,18 @@ class SlurmBackend(Backend):
         """Slurm's NodeAddr of ``host`` (``scontrol show node``: one RPC to slurmctld)."""
         m = re.search(r"\bNodeAddr=(\S+)", _run(["scontrol", "show", "node", host, "-o"]))
         return m.group(1) if m else None
+
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """A one-node, one-task job after this one (afterany) seals the run: the allocation is released
+        first, not held while one process hashes the run dir (seal_job_command)."""
+        if not job_id:
+            return None
+        cmd = seal_job_command(run_dir, job_id, folder, sys.executable, os.environ)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return (res.stdout.strip().split(";")[0] or None) if res.returncode == 0 else None
 
     # srun's line for a task a signal ended, and slurmstepd's for a job Slurm ended (launcher doctor)
     killed_words = r"task (?P<task>\d+): Killed"

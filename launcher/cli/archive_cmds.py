@@ -146,6 +146,9 @@ def cmd_reproduce(args) -> int:
     from launcher.submit.reproduce import data_problems, provenance_problems, reproduce
 
     rdir = resolve_run_dir(args._root, args.run)
+    from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
+
+    outcome.settle(RunDir(rdir))  # a run whose seal its job left due: sealed first, once the job has ended
     sealed = RunDir(rdir).verify()
     # the datasets it was launched with, every shard hashed against the archived manifests
     others = provenance_problems(rdir, [args._root, registry.default_root()]) + data_problems(

@@ -18,7 +18,8 @@ the job into one of:
   (restart_policy), the restart budget is spent, or the step exited 0 with no outcome recorded.
 
 ``settle`` carries it out through the backend (its requeue, whether the job was requeued already,
-its state now). No torch here.
+its state now). A final run's seal, left due by the ranks, is then handed to the backend
+(``arrange_seal``: Slurm seals it in a one-node job after this one, off the allocation). No torch here.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import os
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher import backends
@@ -128,7 +130,7 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
     """Carry out ``outcome`` (the backend's requeue); returns what was done (None: nothing)."""
     if outcome.action == "fail":
         extra = dict(outcome.stop)
-        rd.finish(Status.failed, exit_code=int(extra.pop("exit_code", 1) or 1), error=outcome.why, job_id=job_id,
+        rd.finish_in_job(Status.failed, exit_code=int(extra.pop("exit_code", 1) or 1), error=outcome.why, job_id=job_id,
                   **extra)
         return "failed"
     if outcome.action != "requeue":
@@ -140,10 +142,25 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
             backend.request_requeue(job_id)
     except Exception as e:
         why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
-        rd.finish(Status.failed, exit_code=1, error=f"requeue refused: {why} ({outcome.why})",
+        rd.finish_in_job(Status.failed, exit_code=1, error=f"requeue refused: {why} ({outcome.why})",
                   stop={**outcome.stop, "requeue_error": why})
         return "failed"
     return "requeued"
+
+
+def arrange_seal(rd: RunDir, backend: Any, job_id: Optional[str], folder: Path) -> Optional[str]:
+    """A final run whose seal is due (the ranks never seal, RunDir.finish_in_job): the backend seals it
+    once this job has ended, off the allocation (Slurm: a one-node job after this one); returns what
+    will seal it, or None: nothing due, or not arranged (the login side's next refresh seals it,
+    launcher.outcome)."""
+    if not rd.seal_due():
+        return None
+    try:
+        return backend.seal_after_job(rd.path, job_id, folder)
+    except Exception as e:  # the login side seals it; the job's end is not the place to fail
+        print(f"launcher: the seal of {rd.path} was not arranged ({type(e).__name__}: {e}); the next "
+              "`launcher status` seals it", file=sys.stderr, flush=True)
+        return None
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -158,14 +175,16 @@ def main(argv: Optional[list] = None) -> int:
         return 0
     rc = int(args[0]) if args and args[0].lstrip("-").isdigit() else 1
     rd = RunDir(note["run"])
-    if rd.is_final():  # the common end (a rank recorded the outcome): nothing to ask the scheduler
-        return 0
     backend = backends.get(str(note.get("backend") or "slurm"))
     job_id = note.get("job_id")
-    outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id)))
-    done = settle(rd, outcome, backend, job_id)
-    if done:
-        print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+    if not rd.is_final():  # the common end is final already (a rank recorded the outcome): nothing to ask
+        outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id)))
+        done = settle(rd, outcome, backend, job_id)
+        if done:
+            print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+    sealer = arrange_seal(rd, backend, job_id, Path(path).parent)
+    if sealer:
+        print(f"launcher: {rd.path} is sealed by job {sealer} once this job has ended", file=sys.stderr, flush=True)
     return 0
 
 

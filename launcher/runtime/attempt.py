@@ -100,7 +100,7 @@ class Attempt:
     def end(self, status: Status, error: str, **extra: Any) -> bool:
         """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal."""
         self.recorded = True
-        return self.rd.finish(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
+        return self.rd.finish_in_job(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
 
     def fail(self, error: str, **extra: Any) -> bool:
         """This rank failed (the first rank to fail holds the root cause: a later one changes nothing)."""
@@ -112,7 +112,7 @@ class Attempt:
         if self.denv.rank != 0 or self.rd.failed_ranks():
             return False
         summary = scrub_tree(summary, os.environ)  # a recipe may return what it was given (a secret too)
-        return self.rd.finish(Status.completed, exit_code=0, summary=summary, duration_s=self.duration_s,
+        return self.rd.finish_in_job(Status.completed, exit_code=0, summary=summary, duration_s=self.duration_s,
                               **{**self.job_ids, **extra})
 
     def stopped(self, **extra: Any) -> None:
@@ -136,7 +136,7 @@ def _early_failure(rd: RunDir, tb: str) -> None:
     print(tb, file=sys.stderr, flush=True)
     if not rd.is_final():
         rd.write_rank_error(rank, scrub(tb, os.environ))
-        rd.finish(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+        rd.finish_in_job(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
 
 
 @contextlib.contextmanager

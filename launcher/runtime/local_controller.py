@@ -5,8 +5,8 @@ again when one exits with the requeue status (144). A rank that dies with no wor
 segfault, NCCL's C++ teardown) makes no such request, and the run would stay ``running``. So this
 controller runs submitit's loop, and when the processes ended without a request it decides as the
 Slurm teardown does (launcher.runtime.after_step, from the job's note and the exit statuses): start
-them again within train.max_restarts, or record the honest failure. It is a process of its own, not
-a rank: ``python -m launcher.runtime.local_controller FOLDER`` (LocalBackend's executor starts it).
+them again within train.max_restarts, or record the honest failure. Once every process has ended it
+seals the run (its ranks leave the seal due: docs/archive.md). It is a process of its own, not a rank: ``python -m launcher.runtime.local_controller FOLDER`` (LocalBackend's executor starts it).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 from launcher.archive import atomic
 from launcher.rundir import RunDir
 from launcher.runtime import after_step
+from launcher.runtime.seal import seal_if_due
 
 REQUEUE_EXIT_CODE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 MAX_STARTS = 6  # submitit's local controller starts a job at most this often
@@ -56,6 +57,14 @@ def decide_after(note_path: Path, exit_codes: Sequence[Optional[int]]) -> Option
     return done
 
 
+def seal_after(note_path: Path) -> bool:
+    """Every process has ended: the run's seal, left due by its ranks, made here (this controller holds
+    no rank; on Slurm a one-node job after the job does it). True if this sealed it. A run whose rank 0
+    never left its note is sealed by the login side (the launch's wait, launcher.outcome)."""
+    note = atomic.read_json(note_path, default=None)
+    return bool(note and note.get("run")) and seal_if_due(RunDir(note["run"]))
+
+
 def run(folder: Path) -> None:
     from submitit.local.local import Controller  # submitit: only in the controller process
 
@@ -73,6 +82,7 @@ def run(folder: Path) -> None:
                 continue  # a rank asked: submitit's own restart
             if decide_after(note, codes) != "requeued":
                 break
+        seal_after(note)
     finally:
         try:
             note.unlink()

@@ -88,7 +88,7 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
         if rd.restarts_since_launch() > max_restarts:
             msg = (f"restart budget spent: {rd.restarts_since_launch()} restarts (train.max_restarts={max_restarts}); "
                    f"last stop: {stop.get('reason') or 'scheduler'} {stop.get('detail') or ''}".strip())
-            rd.finish(Status.failed, exit_code=1, error=msg, attempt=attempt)
+            rd.finish_in_job(Status.failed, exit_code=1, error=msg, attempt=attempt)
             raise RuntimeError(msg)
     rd.set_status(Status.running, attempt=attempt, stop=None, resumed=None)
     return attempt

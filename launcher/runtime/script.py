@@ -284,7 +284,7 @@ def _fail(rd: RunDir, denv: Any, result: Outcome, argv: List[str]) -> None:
     if not rd.is_final():
         rd.write_rank_error(denv.rank, f"{result.error}; why is in the script's output, this rank's log "
                             f"(`launcher logs RUN --rank {denv.rank} --err`); it ran: {' '.join(argv)}\n")
-        rd.finish(Status.failed, exit_code=result.exit_code, error=result.error, failed_rank=denv.rank,
+        rd.finish_in_job(Status.failed, exit_code=result.exit_code, error=result.error, failed_rank=denv.rank,
                   job_id=denv.job_id)
     raise SystemExit(result.exit_code)
 
