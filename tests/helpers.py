@@ -32,6 +32,13 @@ def runs_json(runs_root: Path) -> List[dict]:
     return json.loads(res.stdout)
 
 
+def seal_pending(rdir: Path) -> bool:
+    """A final run whose job left its seal due and whatever seals it has not yet (RunDir.seal_due)."""
+    from launcher.rundir import RunDir
+
+    return RunDir(rdir).seal_due()
+
+
 def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
     """Poll `launcher runs --json` until n runs exist and all are final. A run whose job ended without
     recording its outcome is settled by `launcher status SWEEP` (listing runs never records one)."""
@@ -39,7 +46,8 @@ def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
     runs: List[dict] = []
     while time.time() < deadline:
         runs = runs_json(runs_root)
-        if len(runs) >= n and all(r["status"] in FINAL for r in runs):
+        # final, and sealed unless its seal is still due (a job's end seals it: docs/archive.md)
+        if len(runs) >= n and all(r["status"] in FINAL and not seal_pending(Path(r["dir"])) for r in runs):
             return runs
         for sweep in sorted({r["sweep_id"] for r in runs if r.get("job_ended") and r["status"] not in FINAL}):
             run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(runs_root)], runs_root,

@@ -149,13 +149,20 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
 
 
 def arrange_seal(rd: RunDir, backend: Any, job_id: Optional[str], folder: Path) -> Optional[str]:
-    """A final run whose seal is due (the ranks never seal, RunDir.finish_in_job): the backend seals it
-    once this job has ended, off the allocation (Slurm: a one-node job after this one); returns what
+    """A final run whose seal is due (the ranks never seal, RunDir.finish_in_job): sealed here, after the
+    step, when the job holds one node; otherwise the backend seals it once this job has ended, off the
+    allocation (Slurm: a one-node job after this one); returns what
     will seal it, or None: nothing due, or not arranged (the login side's next refresh seals it,
     launcher.outcome)."""
     if not rd.seal_due():
         return None
     try:
+        if backend.place(os.environ).num_nodes <= 1:
+            # one node held: hashing it here holds what a seal job would take, without a trip
+            # through the queue (a 100-task array would submit 100 more jobs)
+            from launcher.runtime.seal import seal_if_due
+
+            return "this job's teardown" if seal_if_due(rd) else None
         return backend.seal_after_job(rd.path, job_id, folder)
     except Exception as e:  # the login side seals it; the job's end is not the place to fail
         print(f"launcher: the seal of {rd.path} was not arranged ({type(e).__name__}: {e}); the next "
@@ -184,7 +191,8 @@ def main(argv: Optional[list] = None) -> int:
             print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
     sealer = arrange_seal(rd, backend, job_id, Path(path).parent)
     if sealer:
-        print(f"launcher: {rd.path} is sealed by job {sealer} once this job has ended", file=sys.stderr, flush=True)
+        print(f"launcher: {rd.path} is sealed by {sealer}" if sealer.startswith("this") else
+              f"launcher: {rd.path} is sealed by job {sealer} once this job has ended", file=sys.stderr, flush=True)
     return 0
 
 

@@ -2,6 +2,7 @@
 the job the backend's seal job (Slurm: one node, one task, afterany), the local controller or the
 login side's next refresh seals it. Nothing here starts a process: sbatch is a fake."""
 import json
+from types import SimpleNamespace
 import time
 import types
 from pathlib import Path
@@ -85,8 +86,11 @@ def test_the_login_refresh_seals_a_due_run_whose_job_ended_and_no_other(tmp_path
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, answer="555", fail=False):
-        self.calls, self.answer, self.fail = [], answer, fail
+    def __init__(self, answer="555", fail=False, nodes=2):
+        self.calls, self.answer, self.fail, self.nodes = [], answer, fail, nodes
+
+    def place(self, environ):
+        return SimpleNamespace(num_nodes=self.nodes)
 
     def seal_after_job(self, run_dir, job_id, folder):
         self.calls.append((Path(run_dir), job_id, Path(folder)))
@@ -112,6 +116,14 @@ def test_the_teardown_hands_a_due_seal_to_the_backend(tmp_path, monkeypatch, cap
     other = ended_in_job(tmp_path / "runs", 1)
     assert after_step.arrange_seal(other, FakeBackend(fail=True), "71", note.parent) is None
     assert "next `launcher status` seals it" in capsys.readouterr().err and other.seal_due()
+
+
+def test_a_one_node_job_seals_in_its_own_teardown(tmp_path, monkeypatch, capsys):
+    """One node held: the teardown hashes it after the step, no job submitted (an array's tasks)."""
+    rd = ended_in_job(tmp_path / "runs")
+    fake = FakeBackend(nodes=1)
+    assert after_step.arrange_seal(rd, fake, "72", tmp_path) == "this job's teardown"
+    assert fake.calls == [] and rd.is_sealed() and rd.verify() == [] and not rd.seal_due()
 
 
 def test_the_local_controller_seals_once_the_processes_ended(tmp_path):
