@@ -167,6 +167,7 @@ def job_state(job_id: str, env: Dict[str, str]) -> str:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_whole
 @pytest.mark.timeout(900)
 def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_path):
     """A node set DOWN, a SIGSTOPped rank, a SIGKILLed rank whose peer aborts (no Python handler runs):
