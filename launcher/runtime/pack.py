@@ -91,8 +91,8 @@ def plan_starts(waiting: Sequence[Tuple[Any, Need]], free: List[NodeFree]) -> Li
         fit = [n for n in free if n.fits(need)]
         if len(fit) < need.nodes:
             continue
-        # the busiest nodes first: points gather on few nodes, leaving whole nodes for wide points
-        chosen = sorted(fit, key=lambda n: (n.cpus, n.gpu_slots))[:need.nodes]
+        # the least busy nodes first: equal points spread over the pack (stable: ties keep the nodes' order)
+        chosen = sorted(fit, key=lambda n: (-n.cpus, -n.gpu_slots))[:need.nodes]
         for n in chosen:
             n.take(need)
         out.append((key, [n.name for n in chosen]))
