@@ -274,10 +274,15 @@ class Runner:
                              error=f"the point's step ended ({after_step.describe(rc, 'srun')}) before its run "
                                    f"started; see {self._log(index, True).replace('%t', '0')}")
         st = rd.status()
+        reason = (st.stop or {}).get("reason")
+        if not rd.is_final() and reason == "preempted" and not self.stopping and self._job_runs():
+            # TERM to this step alone (scancel <job>.<step>) while the pack runs on: the point is cancelled
+            rd.finish_in_job(Status.cancelled, exit_code=rc or 1, job_id=e.step,
+                             error=f"its step {e.step} was ended by a signal while its pack ran on")
         if rd.is_final():
             seal_if_due(rd)  # the ranks leave it due; one process here, as a one-node job's teardown
             e.state = "done"
-        elif self.stopping or (st.stop or {}).get("reason") in ("time_limit", "preempted"):
+        elif self.stopping or reason in ("time_limit", "preempted"):
             # the pack is ending: this point resumes when the pack starts again
             e.state = "held"
             if not self.stopping:
@@ -335,6 +340,14 @@ class Runner:
             print(f"pack {self.job_id}: time limit: {len(held)} point(s) left; requeueing the pack", flush=True)
             backends.get("slurm").request_requeue(self.job_id)
         return {"job_id": self.job_id, "points": {e.run_id: e.state for e in self.queue.values()}}
+
+    def _job_runs(self) -> bool:
+        """Whether Slurm still runs the pack's job (not requeueing, preempting or cancelling it)."""
+        from launcher import backends
+        from launcher.runtime.after_step import STILL_RUNNING
+
+        word = backends.get("slurm").job_state_now(self.job_id)
+        return (word.split()[0].rstrip("+").upper() if word else "") in STILL_RUNNING
 
     def _refuse(self, p: PackPoint) -> None:
         from launcher.rundir import RunDir

@@ -78,3 +78,52 @@ def test_six_points_in_one_allocation_one_killed_then_retried(slurm, runs_root):
     assert rd.is_sealed() and rd.status().attempt == 2
     res = launcher(["results", sweep, "--csv"], runs_root, slurm)
     assert res.returncode == 0 and len(res.stdout.splitlines()) == 7 and res.stdout.count(",completed,") == 6
+
+
+def _status(rdir: Path) -> dict:
+    p = rdir / "status.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _last_step(rdir: Path) -> int:
+    p = rdir / "metrics.jsonl"
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return max((int(r.get("step", 0)) for r in rows), default=0)
+
+
+def _wait(what, cond, timeout):
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(600)
+def test_a_requeued_pack_runs_only_its_unfinished_points_from_their_checkpoints(slurm, runs_root):
+    """`scontrol requeue` of the pack once its short point completed and its long ones saved: the
+    pack starts again (same job id) and runs only the long points, each from its own checkpoint."""
+    over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1", "cluster.time_min=10",
+            "train.checkpoint.every=5", "train.steps=3,150,150"]
+    res = launch(["-m", *over], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep = next(p for p in runs_root.iterdir() if (p / "sweep.json").exists())
+    short, long1, long2 = (sweep / str(i) for i in range(3))
+    pack = json.loads((short / "job.json").read_text())["job_id"]
+    _wait("the short point", lambda: _status(short).get("status") == "completed", 300)
+    _wait("a checkpoint of each long point",
+          lambda: all(_last_step(d) >= 8 and _status(d).get("status") == "running" for d in (long1, long2)), 300)
+    subprocess.run(["scontrol", "requeue", pack], check=True, timeout=60, env={**__import__("os").environ, **slurm})
+    runs = wait_final(runs_root, 3, timeout=400)
+    assert all(r["status"] == "completed" for r in runs), [(r["run_id"], r["status"]) for r in runs]
+    assert _status(short)["attempt"] == 1 and not (short / "restarts.jsonl").exists()  # not run again
+    for d in (long1, long2):
+        st = _status(d)
+        assert st["attempt"] == 2 and st["job_id"].startswith(f"{pack}."), st
+        (row,) = [json.loads(line) for line in (d / "restarts.jsonl").read_text().splitlines()]
+        assert row["reason"] in ("preempted", "scheduler") and row["from_step"] >= 5, row
+        assert _last_step(d) == 150 and RunDir(d).is_sealed()
+    assert json.loads((long1 / "job.json").read_text())["job_id"] == pack  # the same job, requeued
