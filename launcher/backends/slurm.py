@@ -733,12 +733,31 @@ class SlurmBackend(Backend):
     def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
         """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
         of it writes into the run dir after the launcher seals it."""
+        if job.pack_index is not None:  # a packed point: its step alone; the pack's other points run on
+            return self._cancel_point(job, wait_s)
         subprocess.run(["scancel", job.job_id], check=False, timeout=60)
         deadline = time.time() + wait_s
         while time.time() < deadline:
             state = self.states([job.to_json()]).get(job.job_id)
             if state is None or state.ended:
                 return
+            time.sleep(1.0)
+
+    def _cancel_point(self, job: JobRecord, wait_s: float) -> None:
+        """scancel the step of a packed point (found by its name: launcher.runtime.pack.step_name), then
+        wait until it is gone. A point still queued has no step: its run, recorded cancelled first
+        (launcher cancel), is one its pack's runner never starts."""
+        prefix = f"pack{job.pack_index}-"
+
+        def steps() -> List[str]:
+            out = _run(["squeue", "-h", "-s", "-j", job.job_id, "-o", "%i|%j"])
+            return [i.strip() for i, _, name in (ln.partition("|") for ln in out.splitlines())
+                    if name.strip().startswith(prefix)]
+
+        for step in steps():
+            subprocess.run(["scancel", step], check=False, timeout=60)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and steps():
             time.sleep(1.0)
 
     def request_requeue(self, job_id: Optional[str]) -> None:

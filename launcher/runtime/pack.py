@@ -153,6 +153,12 @@ def queue_path(sweep_dir: Path, job_id: str) -> Path:
     return Path(sweep_dir) / f"pack-{job_id}.json"
 
 
+def step_name(index: int, run_id: str) -> str:
+    """A point's step's name (sacct, squeue -s): its place in the pack and its run (launcher cancel finds
+    the step of a point by it)."""
+    return f"pack{index}-{run_id}"
+
+
 def step_command(python: str, pkl: Path, need: Need, nodes: List[str], out: str, err: str, name: str,
                  shared_gpu: bool = False) -> List[str]:
     """The srun line of one point's step: exactly its nodes, ranks and CPUs (--exact: no more of the
@@ -232,7 +238,7 @@ class Runner:
         env["LAUNCHER_REQUEUE_NOTE"] = str(self._note(p.index))
         self._note(p.index).unlink(missing_ok=True)
         cmd = step_command(sys.executable, pkl, p.need, nodes, self._log(p.index, False), self._log(p.index, True),
-                           f"{p.run_id}", self.shared_gpu)
+                           step_name(p.index, p.run_id), self.shared_gpu)
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
         self.running[p.index] = (proc, nodes)
         e = self.queue[p.index]
@@ -317,6 +323,12 @@ class Runner:
             waiting = [(i, self.points[i].need) for i, e in sorted(self.queue.items()) if e.state == "queued"]
             if not self.stopping:
                 for i, nodes in plan_starts(waiting, self.free):
+                    if RunDir(self.points[i].run_dir).is_final():  # cancelled while queued (launcher cancel)
+                        for n in self.free:
+                            if n.name in nodes:
+                                n.take(self.points[i].need, sign=-1)
+                        self.queue[i].state = "done"
+                        continue
                     self.start(self.points[i], nodes)
                 if waiting or self.running:
                     self.write()

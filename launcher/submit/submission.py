@@ -258,7 +258,7 @@ def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]
     points = []
     for i, r in enumerate(arr.points):
         cl = r.cfg.cluster
-        plan = r.staged.plan() if hasattr(r.staged, "plan") else None
+        plan = r.staged.plan()
         points.append(PackPoint(i, r.run_id, str(r.rundir.path), r.task, Need(
             nodes=int(cl.nodes), tasks=int(cl.gpus_per_node), cpus_per_task=int(cl.cpus_per_task),
             gpus=bool(cl.use_gpus), mem_per_task=plan_memory(plan))))

@@ -170,3 +170,18 @@ def test_the_pack_job_asks_whole_nodes_and_runs_one_process(sinfo):
     assert params["job_name"] == "sweep-x"
     gpu = slurm.SlurmBackend().pack_parameters(_cfg("cluster.pack=true", "cluster.use_gpus=true"), None, None, 2, "/f")
     assert gpu["gpus_per_node"] == 2  # every GPU of the partition's nodes (sinfo)
+
+
+def test_cancelling_a_packed_point_ends_its_step_alone(monkeypatch):
+    listed = {"n": 0}
+
+    def fake_run(cmd):
+        assert cmd[:4] == ["squeue", "-h", "-s", "-j"] and cmd[4] == "420"
+        listed["n"] += 1
+        return "420.3|pack2-S-2\n420.4|pack12-S-12\n420.5|pack1-S-1\n" if listed["n"] == 1 else ""
+
+    cancelled = []
+    monkeypatch.setattr(slurm, "_run", fake_run)
+    monkeypatch.setattr(slurm.subprocess, "run", lambda cmd, **kw: cancelled.append(cmd))
+    slurm.SlurmBackend().cancel(JobRecord(backend="slurm", job_id="420", pack_index=1), wait_s=5)
+    assert cancelled == [["scancel", "420.5"]]  # not pack12's step, not the pack
