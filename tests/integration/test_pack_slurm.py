@@ -149,3 +149,46 @@ def test_launcher_cancel_of_a_packed_point_ends_it_alone(slurm, runs_root):
     assert got == {f"{sweep.name}-0": "cancelled", f"{sweep.name}-1": "completed", f"{sweep.name}-2": "cancelled"}
     assert _last_step(second) == 150 and _last_step(first) < 150 and _last_step(third) == 0  # never started
     assert all(RunDir(d).is_sealed() for d in (first, second, third))
+
+
+@pytest.mark.timeout(600)
+def test_the_time_limit_drains_the_pack_and_requeues_it(slurm, runs_root):
+    """USR2 to the pack's steps (Slurm's time-limit signal): each point saves and stops, the runner
+    requeues the pack once they have, and the pack's next start resumes both from their checkpoints."""
+    over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1",
+            "cluster.time_min=10", "train.max_restarts=2", "train.checkpoint.every=5", "train.steps=150",
+            "seed=1,2"]
+    res = launch(["-m", *over], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep = next(p for p in runs_root.iterdir() if (p / "sweep.json").exists())
+    points = [sweep / "0", sweep / "1"]
+    pack = json.loads((points[0] / "job.json").read_text())["job_id"]
+    _wait("both points past a checkpoint", lambda: all(_last_step(d) >= 8 for d in points), 300)
+    subprocess.run(["scancel", "--signal=USR2", pack], check=True, timeout=60,
+                   env={**__import__("os").environ, **slurm})
+    runs = wait_final(runs_root, 2, timeout=400)
+    assert all(r["status"] == "completed" for r in runs), [(r["run_id"], r["status"]) for r in runs]
+    for d in points:
+        (row,) = [json.loads(line) for line in (d / "restarts.jsonl").read_text().splitlines()]
+        assert row["reason"] == "time_limit" and row["from_step"] >= 8, row
+        assert _status(d)["attempt"] == 2 and _last_step(d) == 150
+    out = (Path(json.loads((points[0] / "job.json").read_text())["submitit_folder"]) / f"{pack}_0_log.out").read_text()
+    assert "time limit: 2 point(s) left; requeueing the pack" in out
+
+
+@pytest.mark.timeout(600)
+def test_two_node_points_share_the_packs_nodes_with_their_own_ports(slurm, runs_root):
+    """Two points of 2 nodes each in a 2-node pack run at once on the same two nodes: each forms its own
+    process group (its port from <job>.<step>), both complete."""
+    over = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "model=gpt_tiny", "train.steps=20",
+            "wandb.enabled=false", "train.log_interval=0", "cluster.pack=true", "cluster.pack_nodes=2",
+            "cluster.time_min=10", "seed=1,2"]
+    res = launch(["-m", *over], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = wait_final(runs_root, 2, timeout=400)
+    assert all(r["status"] == "completed" for r in runs), [(r["run_id"], r["status"]) for r in runs]
+    sts = [RunDir(Path(r["dir"])).status() for r in runs]
+    assert all(sorted(st.hosts) == sorted(sts[0].hosts) and len(st.hosts) == 2 for st in sts), [s.hosts for s in sts]
+    assert len({st.job_id for st in sts}) == 2 and len({st.job_id.split(".")[0] for st in sts}) == 1
+    started = [(st.started, st.ended) for st in sts]
+    assert max(s for s, _ in started) < min(e for _, e in started)  # side by side, not one after the other
