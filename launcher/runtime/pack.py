@@ -40,7 +40,8 @@ STEP_DROPPED = frozenset({"SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_
 class Need:
     """What one point asks of the allocation: ``nodes`` nodes, on each ``tasks`` ranks of
     ``cpus_per_task`` CPUs, a GPU each where ``gpus`` (True), ``mem_per_task`` bytes each (None:
-    unknown, not counted)."""
+    unknown, not counted): the planner's per-rank estimate is of the device a rank computes on, so it
+    counts against the node's memory for a CPU point and against a GPU's (gpu_slots) for a GPU point."""
 
     nodes: int = 1
     tasks: int = 1
@@ -62,14 +63,19 @@ class NodeFree:
     def fits(self, need: Need) -> bool:
         return (self.cpus >= need.tasks * need.cpus_per_task
                 and (not need.gpus or self.gpu_slots >= need.tasks)
-                and (self.mem is None or need.mem_per_task is None or self.mem >= need.tasks * need.mem_per_task))
+                and (self.mem is None or host_mem(need) is None or self.mem >= need.tasks * host_mem(need)))
 
     def take(self, need: Need, sign: int = 1) -> None:
         self.cpus -= sign * need.tasks * need.cpus_per_task
         if need.gpus:
             self.gpu_slots -= sign * need.tasks
-        if self.mem is not None and need.mem_per_task is not None:
-            self.mem -= sign * need.tasks * need.mem_per_task
+        if self.mem is not None and host_mem(need) is not None:
+            self.mem -= sign * need.tasks * host_mem(need)
+
+
+def host_mem(need: Need) -> Optional[int]:
+    """Host memory one rank of the point needs by the estimate (a GPU point's estimate is its GPU's)."""
+    return None if need.gpus else need.mem_per_task
 
 
 def gpu_slots(gpus: int, gpu_mem: Optional[int], mem_per_task: Optional[int]) -> int:
@@ -167,8 +173,9 @@ def step_command(python: str, pkl: Path, need: Need, nodes: List[str], out: str,
            f"--ntasks-per-node={need.tasks}", f"--cpus-per-task={need.cpus_per_task}",
            f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", f"--job-name={name}",
            f"--output={out}", f"--error={err}"]
-    if need.mem_per_task is not None:  # the planner's estimate, per node (where Slurm tracks memory)
-        cmd.append(f"--mem={max(1, (need.tasks * need.mem_per_task) >> 20)}M")
+    mem = host_mem(need)
+    if mem is not None:  # the planner's estimate, per node (where Slurm tracks memory)
+        cmd.append(f"--mem={max(1, (need.tasks * mem) >> 20)}M")
     if need.gpus:
         cmd.append(f"--gres=gpu:{need.tasks}")
         if shared_gpu:  # several points' ranks on one GPU: the step may overlap another's GRES

@@ -73,6 +73,8 @@ def test_gpus_are_shared_only_when_the_estimate_fits_a_gpus_memory():
     free = nodes(2, cpus=64, gpus=gpu_slots(2, 80 * GB, 30 * GB))
     got = plan_starts([(i, Need(tasks=2, gpus=True, mem_per_task=30 * GB)) for i in range(5)], free)
     assert len(got) == 4  # 2 GPUs x 2 slots per node, 2 ranks a point: 2 points per node
+    small_host = nodes(1, cpus=64, gpus=8, mem=1 * GB)  # the GPU estimate never counts against host memory
+    assert len(plan_starts([(i, Need(gpus=True, mem_per_task=30 * GB)) for i in range(8)], small_host)) == 8
 
 
 def test_slurm_cpu_counts_and_the_plan_estimate_are_read():
@@ -88,9 +90,13 @@ def test_a_steps_srun_line_asks_exactly_its_share():
                                                      mem_per_task=GB), ["node2"], "o", "e", "run-3")
     assert cmd[:2] == ["srun", "--exact"]
     for flag in ("--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=3", "--nodelist=node2",
-                 "--gres=gpu:2", "--mem=2048M", "--kill-on-bad-exit=1"):
+                 "--gres=gpu:2", "--kill-on-bad-exit=1"):
         assert flag in cmd, flag
     assert cmd[-4:] == ["-u", "-m", "launcher.runtime.pack", "/f/1_pack3.pkl"] and "--overlap" not in cmd
+    assert not any(c.startswith("--mem") for c in cmd)  # a GPU point's estimate is its GPU's, not the host's
+    cpu = step_command("/py", "p", Need(tasks=2, mem_per_task=GB), ["node1"], "o", "e", "n")
+    assert "--mem=2048M" in cpu and not any(c.startswith("--gres") for c in cpu)
+    assert "--overlap" in step_command("/py", "p", Need(gpus=True), ["node1"], "o", "e", "n", shared_gpu=True)
 
 
 def test_a_packed_points_place_is_its_steps_and_its_port_differs_per_step():
