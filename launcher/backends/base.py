@@ -152,6 +152,10 @@ class Backend:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
 
+    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+        """The most nodes a pack of ``cfg``'s points could get (its partition's nodes; None: unknown)."""
+        return None
+
     def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
                       nodes: int) -> Any:
         """An executor for one pack (cluster.pack): ``nodes`` whole nodes whose one batch process runs

@@ -592,6 +592,12 @@ class SlurmBackend(Backend):
         params.pop("array_parallelism", None)
         return params
 
+    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+        """The nodes of the pack's partition (sinfo, cached): a pack asks whole nodes."""
+        part = cfg.cluster.get("partition")
+        names = [n for n in cluster_nodes() if (n.partition == str(part) if part else n.default)]
+        return len(names) or None
+
     def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
                       nodes: int) -> Any:
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path

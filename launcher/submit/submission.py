@@ -62,12 +62,13 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
                             + "\n".join(f"  - {p}" for p in problems))
     out: List[Array[T]] = []
     packs = [g for g in grouped.values() if _packed(cfg(g[0]))]
-    problems = [p for g in packs for p in pack_problems([cfg(x) for x in g])]
+    sized = [(g, pack_size([cfg(x) for x in g])) for g in packs]
+    problems = [p for _, (_, probs) in sized for p in probs]
     if problems:
         raise Unschedulable("the scheduler could never run this; nothing was submitted:\n"
                             + "\n".join(f"  - {p}" for p in dict.fromkeys(problems)))
     # a pack is one job, whatever its points: one more job against the submit limits (sbatch judges)
-    out.extend(Array(g, len(g), pack_nodes=schema.pack_nodes(cfg(g[0]).cluster, len(g))) for g in packs)
+    out.extend(Array(g, len(g), pack_nodes=nodes) for g, (nodes, _) in sized)
     by_backend: Dict[str, List[List[T]]] = {}
     for (name, _, _), g in grouped.items():
         if not _packed(cfg(g[0])):
@@ -92,14 +93,24 @@ def _packed(c: Any) -> bool:
     return bool(cl is not None and hasattr(cl, "get") and cl.get("pack"))
 
 
-def pack_problems(cfgs: Sequence[Any]) -> List[str]:
-    """Why the points of one pack could never run in it (``key: why``): a point wider than the pack."""
-    nodes = schema.pack_nodes(cfgs[0].cluster, len(cfgs))
+def pack_size(cfgs: Sequence[Any]) -> Tuple[int, List[str]]:
+    """The nodes of one pack (schema.pack_nodes; when not given, no more than its partition has) and
+    why its points could never run in it (``key: why``): a point wider than the pack, a pack wider
+    than the partition."""
+    cl = cfgs[0].cluster
+    nodes = schema.pack_nodes(cl, len(cfgs))
+    limit = backends.of(cfgs[0]).pack_node_limit(cfgs[0])
     wide = max(int(c.cluster.nodes) for c in cfgs)
+    if limit is not None and not cl.get("pack_nodes"):
+        nodes = max(wide, min(nodes, limit))
+    problems = []
     if wide > nodes:
-        return [f"cluster.pack_nodes: is {nodes}; a point asks cluster.nodes={wide} (fix: cluster.pack_nodes="
-                f"{wide} or more, or null)"]
-    return []
+        problems.append(f"cluster.pack_nodes: is {nodes}; a point asks cluster.nodes={wide} (fix: "
+                        f"cluster.pack_nodes={wide} or more, or null)")
+    if limit is not None and nodes > limit:
+        problems.append(f"cluster.pack_nodes: asks {nodes} whole nodes; the partition has {limit} (sinfo; fix: "
+                        f"cluster.pack_nodes={limit} or fewer, or null)")
+    return nodes, problems
 
 
 @dataclass

@@ -142,7 +142,8 @@ def sinfo(monkeypatch):
 def test_a_pack_group_is_one_submission_of_its_nodes(sinfo):
     packed = [_cfg("cluster.pack=true", f"seed={i}") for i in range(32)]
     (arr,) = submission.arrays(packed, cfg=lambda c: c)
-    assert len(arr.points) == 32 and arr.pack_nodes == schema.PACK_NODES_DEFAULT  # no array limits asked
+    assert len(arr.points) == 32 and arr.pack_nodes == 4  # no more than the partition's 4 nodes (sinfo)
+    assert schema.pack_nodes(packed[0].cluster, 32) == schema.PACK_NODES_DEFAULT  # the cap without a partition
     (arr,) = submission.arrays(packed[:3], cfg=lambda c: c)
     assert arr.pack_nodes == 3  # never more nodes than the points can use at once
     given = [_cfg("cluster.pack=true", "cluster.pack_nodes=4", f"seed={i}") for i in range(6)]
@@ -160,6 +161,11 @@ def test_packed_and_plain_points_never_share_a_submission(sinfo):
 def test_a_point_wider_than_the_pack_is_refused_naming_the_key(sinfo):
     with pytest.raises(Unschedulable, match=r"cluster.pack_nodes: is 1; a point asks cluster.nodes=2"):
         submission.arrays([_cfg("cluster.pack=true", "cluster.pack_nodes=1", "cluster.nodes=2")], cfg=lambda c: c)
+
+
+def test_a_pack_wider_than_the_partition_is_refused_naming_the_key(sinfo):
+    with pytest.raises(Unschedulable, match=r"cluster.pack_nodes: asks 5 whole nodes; the partition has 4"):
+        submission.arrays([_cfg("cluster.pack=true", "cluster.pack_nodes=5")], cfg=lambda c: c)
 
 
 def test_cluster_local_refuses_a_pack_naming_the_key():
