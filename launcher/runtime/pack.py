@@ -328,6 +328,7 @@ class Runner:
         self.write()
         while True:
             waiting = [(i, self.points[i].need) for i, e in sorted(self.queue.items()) if e.state == "queued"]
+            started = False
             if not self.stopping:
                 for i, nodes in plan_starts(waiting, self.free):
                     if RunDir(self.points[i].run_dir).is_final():  # cancelled while queued (launcher cancel)
@@ -337,7 +338,8 @@ class Runner:
                         self.queue[i].state = "done"
                         continue
                     self.start(self.points[i], nodes)
-                if waiting or self.running:
+                    started = True
+                if started:  # the queue file changes only when a point starts or ends
                     self.write()
             if not self.running and (self.stopping or not any(e.state == "queued" for e in self.queue.values())):
                 break
