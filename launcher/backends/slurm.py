@@ -720,6 +720,27 @@ class SlurmBackend(Backend):
         if res.returncode:
             raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
 
+    def pause(self, job_id: Optional[str]) -> None:
+        """``scontrol requeuehold``: Slurm ends this job and keeps it pending, held (out of the array's
+        running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""
+        self._scontrol("requeuehold", job_id)
+
+    def resume_paused(self, job_id: Optional[str]) -> None:
+        """``scontrol release`` of the held job: it runs again, same job id, and resumes."""
+        self._scontrol("release", job_id)
+
+    def drop_paused(self, job_id: Optional[str]) -> None:
+        """``scancel`` of the held job."""
+        if job_id:
+            subprocess.run(["scancel", str(job_id)], check=False, timeout=60, capture_output=True)
+
+    def _scontrol(self, verb: str, job_id: Optional[str]) -> None:
+        if not job_id:
+            raise RuntimeError(f"no Slurm job id to {verb}")
+        res = subprocess.run(["scontrol", verb, str(job_id)], timeout=60, capture_output=True, text=True)
+        if res.returncode:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
+
     def requeued_since_start(self, job_id: Optional[str]) -> bool:
         """Whether this job was requeued since it started (its restart count went up): an earlier
         request went through, and a second one would fail ("Job is pending execution")."""
