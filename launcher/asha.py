@@ -83,6 +83,16 @@ def problems(sweep: Mapping[str, Any], steps: int) -> List[Tuple[str, str, str]]
     return out
 
 
+def objective_problem(objective: str, declared: Sequence[str]) -> Optional[str]:
+    """Why ``objective`` is no key a recipe that declares its metrics rows (``declared``: fnmatch
+    patterns; empty: undeclared, anything goes) reports; None: it is one."""
+    import fnmatch
+
+    if not declared or any(fnmatch.fnmatchcase(objective, d) for d in declared):
+        return None
+    return f"{objective!r} is no key of the recipe's metrics rows ({', '.join(declared)})"
+
+
 def keep(n: int, reduction: int) -> int:
     """How many of ``n`` points a rung promotes."""
     return max(1, n // max(1, int(reduction))) if n > 0 else 0
