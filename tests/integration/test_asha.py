@@ -1,0 +1,167 @@
+"""sweep=asha on real jobs: points pause at their rungs (checkpointed, their jobs ended), the rung's
+decision resumes the best from their checkpoints and prunes the rest, and the winner ends bit for bit
+where the same point run straight through ends.
+
+- cluster=local, a user's own function recipe on the public StepLoop: 4 points, reduction 2 (4 -> 2 -> 1);
+- cluster=local_slurm, the GPT recipe: 16 points (optim.lr x optim.warmup_steps), rungs [2, 4, 8],
+  reduction 3 (16 -> 5 -> 1), the paused array tasks held and released by Slurm.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+from test_fault_tolerance import QUICK
+
+from helpers import BIN, launch, read_metrics, run_cmd, runs_json, wait_final
+
+USER_TRAIN = '''"""A user's loop on the public API: an MLP, data seeded by (seed, step, rank), lr from its params."""
+import torch
+import torch.nn.functional as F
+
+from launcher.training import Checkpoint, StepLoop
+
+
+def batch(seed, step, rank):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1_009 + rank)
+    x = torch.randn(16, 8, generator=g)
+    return x, x[:, :4].sum(1, keepdim=True) - x[:, 4:].prod(1, keepdim=True)
+
+
+def main(cfg, ctx):
+    seed = int(cfg.seed)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.recipe.params.lr))
+    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {"model": model, "optimizer": opt}))
+    for step in loop:
+        x, y = batch(seed, step, ctx.rank)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loop.log(loss=loss.item())
+    return {"steps": loop.steps, "resumed_from": loop.start, "final_loss": loop.values("loss")[-1]}
+'''
+
+
+def user_package(where: Path) -> Path:
+    pkg = where / "asha_user"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(USER_TRAIN)
+    return where
+
+
+def status_json(root: Path, sweep: str, env=None) -> Dict:
+    res = run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(root)], root, timeout=120,
+                  extra_env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)
+
+
+def latest_state(run_dir: str) -> Dict[str, torch.Tensor]:
+    """The tensors of the run's latest checkpoint's shared state (weights, optimizer)."""
+    ckpts = Path(run_dir) / "checkpoints"
+    latest = (ckpts / "latest").resolve()
+    out = {}
+    for f in sorted(latest.glob("*.pt")):
+        if f.name.startswith("rng_"):
+            continue
+        out.update(_tensors(torch.load(f, map_location="cpu", weights_only=False), f.name))
+    return out
+
+
+def _tensors(obj, prefix) -> Dict[str, torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _tensors(val, f"{prefix}.{key}").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, val in enumerate(obj) for k, v in _tensors(val, f"{prefix}.{i}").items()}
+    return {}
+
+
+def check_rule(runs: List[dict], summ: Dict, rungs: List[int], reduction: int, steps: int) -> dict:
+    """The decisions, recomputed from each point's own metrics: at every pause rung the best
+    max(1, n // reduction) by loss went on; returns the winner's run row."""
+    by_index = {int(Path(r["dir"]).name): r for r in runs}
+    alive = sorted(by_index)
+    for i, step in enumerate(rungs):
+        row = summ["rungs"][i]
+        assert sorted(row["points"]) == alive, (i, row, alive)
+        if step >= steps:
+            break
+        loss = {p: next(m["loss"] for m in read_metrics(by_index[p]["dir"]) if m["step"] == step) for p in alive}
+        best = sorted(alive, key=lambda p: (loss[p], p))[:max(1, len(alive) // reduction)]
+        assert sorted(row["promoted"]) == sorted(best), (i, row, loss)
+        assert sorted(row["pruned"]) == sorted(set(alive) - set(best))
+        alive = sorted(best)
+    (winner,) = alive
+    for p, r in by_index.items():
+        assert r["status"] == ("completed" if p == winner else "pruned"), (p, r["status"])
+    return by_index[winner]
+
+
+@pytest.mark.timeout(600)
+def test_asha_on_local_with_a_users_steploop(tmp_path):
+    project = user_package(tmp_path / "project")
+    base = ["recipe._target_=asha_user.train.main", "cluster=local", "cluster.gpus_per_node=1", "train.steps=6",
+            *QUICK]
+    root = tmp_path / "runs"
+    res = launch(["-m", *base, "+recipe.params.lr=0.001,0.003,0.01,0.03", "sweep=asha", "sweep.rungs=[2,4]",
+                  "sweep.reduction=2"], root, timeout=500, cwd=project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = wait_final(root, 4, timeout=120)
+    summ = status_json(root, runs[0]["sweep_id"])["rungs"]
+    assert [r["reported"] for r in summ["rungs"]] == [4, 2]
+    winner = check_rule(runs, summ, [2, 4], 2, 6)
+    assert [m["step"] for m in read_metrics(winner["dir"])] == list(range(1, 7))
+    assert 0 < summ["spent_s"] < summ["grid_s"]
+    # the winner, run straight through with the same budget: the same losses and weights, bit for bit
+    from launcher.rundir import RunDir
+
+    lr = RunDir(winner["dir"]).config()["recipe"]["params"]["lr"]
+    ref_root = tmp_path / "ref"
+    res = launch([*base, f"+recipe.params.lr={lr}"], ref_root, timeout=300, cwd=project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (ref,) = runs_json(ref_root)
+    assert [m["loss"] for m in read_metrics(winner["dir"])] == [m["loss"] for m in read_metrics(ref["dir"])]
+    a, b = latest_state(winner["dir"]), latest_state(ref["dir"])
+    assert a.keys() == b.keys() and a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(1800)
+def test_asha_16_points_of_the_gpt_on_slurm(slurm, tmp_path):
+    base = ["model=gpt_tiny", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1",
+            "train.steps=8", "train.global_batch_size=4", "train.micro_batch_size=2", *QUICK]
+    root = tmp_path / "runs"
+    res = launch(["-m", *base, "optim.lr=1e-4,1e-3,3e-3,1e-2", "optim.warmup_steps=0,1,2,4", "sweep=asha",
+                  "sweep.rungs=[2,4,8]", "sweep.reduction=3", "cluster.array_parallelism=4"], root,
+                 extra_env=slurm, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = wait_final(root, 16, timeout=1500)
+    summ = status_json(root, runs[0]["sweep_id"], slurm)["rungs"]
+    print(json.dumps({k: v for k, v in summ.items() if k != "lines"}, indent=1))
+    print("\n".join(summ["lines"]))
+    assert [r["reported"] for r in summ["rungs"]] == [16, 5, 1]
+    winner = check_rule(runs, summ, [2, 4, 8], 3, 8)
+    assert 0 < summ["spent_s"] < summ["grid_s"]
+    from launcher.rundir import RunDir
+
+    cfg = RunDir(winner["dir"]).config()
+    ref_root = tmp_path / "ref"
+    res = launch([*base, f"optim.lr={cfg['optim']['lr']}", f"optim.warmup_steps={cfg['optim']['warmup_steps']}"],
+                 ref_root, extra_env=slurm, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (ref,) = wait_final(ref_root, 1, timeout=600)
+    assert ref["status"] == "completed"
+    assert [m["loss"] for m in read_metrics(winner["dir"])] == [m["loss"] for m in read_metrics(ref["dir"])]
+    a, b = latest_state(winner["dir"]), latest_state(ref["dir"])
+    assert a.keys() == b.keys() and a
+    assert all(torch.equal(a[k], b[k]) for k in a)
