@@ -725,9 +725,16 @@ class SlurmBackend(Backend):
         running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""
         self._scontrol("requeuehold", job_id)
 
-    def resume_paused(self, job_id: Optional[str]) -> None:
-        """``scontrol release`` of the held job: it runs again, same job id, and resumes."""
-        self._scontrol("release", job_id)
+    def resume_paused(self, job_id: Optional[str], tries: int = 5, wait_s: float = 2.0) -> None:
+        """``scontrol release`` of the held job: it runs again, same job id, and resumes. Asked again a
+        few times: a job paused a moment ago may still be completing its requeue."""
+        for i in range(tries):
+            try:
+                return self._scontrol("release", job_id)
+            except subprocess.CalledProcessError:
+                if i == tries - 1:
+                    raise
+                time.sleep(wait_s)
 
     def drop_paused(self, job_id: Optional[str]) -> None:
         """``scancel`` of the held job."""

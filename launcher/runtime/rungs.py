@@ -78,7 +78,10 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
             job_id = rd.status().job_id
             rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": d.rung, "step": step})
             try:
-                _backend(rd).drop_paused(job_id)
+                backend = _backend(rd)
+                backend.drop_paused(job_id)
+                # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
+                backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
             except Exception as e:
                 print(f"launcher: the paused job {job_id} of pruned point {p} was not dropped ({e})",
                       file=sys.stderr, flush=True)
