@@ -208,10 +208,6 @@ def counts(state: State, rungs: Sequence[int]) -> List[int]:
     return [len(state.reports.get(i, {})) for i, _ in enumerate(rungs)]
 
 
-def grid_seconds(per_point: Iterable[Tuple[float, int]], steps: int) -> float:
-    """The full grid's cost estimated from measured segments: each point's (seconds, steps) so far as its
-    seconds per step, times ``steps``."""
-    return sum(s / n * steps for s, n in per_point if n > 0)
 
 
 def state_from(rows: Iterable[Mapping[str, Any]], points: Sequence[int], ended: Iterable[int] = ()) -> State:
@@ -233,8 +229,9 @@ def state_from(rows: Iterable[Mapping[str, Any]], points: Sequence[int], ended: 
 
 def summary(rows: Sequence[Mapping[str, Any]], rule: Rule, points: Sequence[int]) -> Dict[str, Any]:
     """The rung table and the compute (pure): per rung its step, the points that reported, the promoted
-    and pruned ones and the best value; the process-seconds the points ran (measured segments) against
-    the full grid (each point's seconds per step x train.steps)."""
+    and pruned ones and the best value; the process-seconds the points ran (measured: each start from
+    its process's start to its first step, and the step loop's segments, x ranks) against the full
+    grid (each point started once: its start's cost + its seconds per step x train.steps)."""
     st = state_from(rows, points)
     table = []
     for i, step in enumerate(rule.rungs):
@@ -245,22 +242,29 @@ def summary(rows: Sequence[Mapping[str, Any]], rule: Rule, points: Sequence[int]
                       "promoted": list(d.promoted) if d else None, "pruned": list(d.pruned) if d else None,
                       "decided": bool(d and d.complete), "best_point": best,
                       "best_value": reports.get(best) if best is not None else None})
-    seconds: Dict[int, float] = {}
+    # each point: its loop seconds and steps, its starts' cost (process start to the first step)
+    loop_s: Dict[int, float] = {}
     steps: Dict[int, int] = {}
+    starts: Dict[int, List[float]] = {}
     for row in rows:
         if row.get("kind") in ("report", "end") and row.get("seconds") is not None:
-            p = int(row["point"])
-            seconds[p] = seconds.get(p, 0.0) + float(row["seconds"]) * int(row.get("world") or 1)
+            p, world = int(row["point"]), int(row.get("world") or 1)
+            loop_s[p] = loop_s.get(p, 0.0) + float(row["seconds"]) * world
             steps[p] = steps.get(p, 0) + int(row["step"]) - int(row.get("from_step") or 0)
-    spent = sum(seconds.values())
-    grid = grid_seconds(((seconds[p], steps[p]) for p in seconds), rule.steps)
+            if row.get("startup_s"):
+                starts.setdefault(p, []).append(float(row["startup_s"]) * world)
+    spent = sum(loop_s.values()) + sum(sum(v) for v in starts.values())
+    # the grid: every point started once and run train.steps at its measured seconds per step
+    per_point = {p: (min(starts[p]) if starts.get(p) else 0.0) + loop_s[p] / steps[p] * rule.steps
+                 for p in loop_s if steps[p] > 0}
+    grid = sum(per_point.values())
     # a point not measured at all (it never reached a rung) costs what the measured ones cost on average
-    measured = [p for p in seconds if steps[p] > 0]
-    missing = [p for p in points if p not in measured]
-    if measured and missing:
-        grid += grid / len(measured) * len(missing)
+    missing = [p for p in points if p not in per_point]
+    if per_point and missing:
+        grid += grid / len(per_point) * len(missing)
     return {"rungs": table, "spent_s": round(spent, 3), "grid_s": round(grid, 3),
-            "fraction": round(spent / grid, 4) if grid else None}
+            "fraction": round(spent / grid, 4) if grid else None,
+            "starts": sum(len(v) for v in starts.values()), "loop_s": round(sum(loop_s.values()), 3)}
 
 
 def describe(summ: Mapping[str, Any]) -> List[str]:

@@ -18,12 +18,28 @@ again with that point counted as the worst. No torch here.
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Any, Dict, List, Optional
 
 from launcher import asha, backends
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import Status
+
+
+def since_process_start() -> float:
+    """Seconds since this process started (its imports, the model's construction, the resume: what each
+    start of a paused point costs again); 0 where /proc does not say."""
+    from launcher.backends.local import process_start
+
+    try:
+        ticks = process_start(os.getpid())
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return max(0.0, time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK"))) if ticks is not None else 0.0
+    except (OSError, ValueError, StopIteration):
+        return 0.0
 
 
 def rule_of(rd: RunDir, cfg: Any = None) -> Optional[asha.Rule]:
@@ -88,7 +104,7 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
 
 
 def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, attempt: int, seconds: float,
-           from_step: int, world: int, job_id: Optional[str]) -> str:
+           from_step: int, world: int, job_id: Optional[str], startup_s: float = 0.0) -> str:
     """Rank 0 of a point at the rung at ``step``: its report recorded and the rungs decided; returns
     "promoted" (go on), "wait" (paused: the job ends) or "pruned" (final), or "end" (the last rung:
     train.steps, nothing to decide)."""
@@ -96,7 +112,8 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
     rung = rule.rungs.index(step)
     with sd.rungs_lock():
         sd.add_rung_rows([{"kind": "report", "point": me, "rung": rung, "step": step, "value": value,
-                           "attempt": attempt, "seconds": round(seconds, 3), "from_step": from_step, "world": world}])
+                           "attempt": attempt, "seconds": round(seconds, 3), "startup_s": round(startup_s, 3),
+                           "from_step": from_step, "world": world}])
         if step not in rule.pause_rungs:
             return "end"
         state = _state(sd)
@@ -124,14 +141,15 @@ def on_end(rd: RunDir) -> None:
         _carry_out(sd, rule, asha.decide_all(rule, state), None)
 
 
-def record_end(rd: RunDir, rule: asha.Rule, step: int, *, seconds: float, from_step: int, world: int) -> None:
+def record_end(rd: RunDir, rule: asha.Rule, step: int, *, seconds: float, from_step: int, world: int,
+               startup_s: float = 0.0) -> None:
     """The measured segment of a point that ran to train.steps past its last rung (the compute spent)."""
     if step in rule.rungs:
         return  # its report at that rung holds the segment
     sd = _sweep(rd)
     with sd.rungs_lock():
         sd.add_rung_rows([{"kind": "end", "point": _point(rd), "step": step, "seconds": round(seconds, 3),
-                           "from_step": from_step, "world": world}])
+                           "startup_s": round(startup_s, 3), "from_step": from_step, "world": world}])
 
 
 def summary(sd: SweepDir) -> Optional[Dict[str, Any]]:

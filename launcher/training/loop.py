@@ -49,6 +49,8 @@ class StepLoop:
         # sweep=asha: the rungs this run reports at (None: not a point of such a sweep)
         self._rule = rungs.rule_of(ctx.rundir, cfg) if _in_sweep(ctx) else None
         self._t0, self._from = time.time(), self.start  # the measured segment (the compute spent)
+        # and what this start cost before its first step (imports, construction, resume): once an attempt
+        self._startup = rungs.since_process_start() if self._rule is not None and ctx.is_main else 0.0
 
     @property
     def resumed(self) -> bool:
@@ -73,7 +75,7 @@ class StepLoop:
                 self.checkpoint.finish()
             if self._rule is not None and self.ctx.is_main and self._from < self.steps:
                 rungs.record_end(self.ctx.rundir, self._rule, self.steps, seconds=time.time() - self._t0,
-                                 from_step=self._from, world=int(self.ctx.world_size))
+                                 from_step=self._from, world=int(self.ctx.world_size), startup_s=self._startup)
         finally:
             self.close()
 
@@ -113,9 +115,10 @@ class StepLoop:
                       "as the worst at the rung", flush=True)
             verdict = rungs.report(self.ctx.rundir, rule, step, value, attempt=int(self.ctx.attempt),
                                    seconds=time.time() - self._t0, from_step=self._from,
-                                   world=int(self.ctx.world_size), job_id=self.ctx.rundir.status().job_id)
+                                   world=int(self.ctx.world_size), job_id=self.ctx.rundir.status().job_id,
+                                   startup_s=self._startup)
         verdict = _agree(self.ctx, verdict)
-        self._t0, self._from = time.time(), step
+        self._t0, self._from, self._startup = time.time(), step, 0.0
         if verdict in ("wait", "pruned"):
             raise AtRung(verdict, step)
 

@@ -129,6 +129,11 @@ def test_summary_counts_rungs_and_compute_against_the_grid():
     assert summ["rungs"][0]["promoted"] == [0] and summ["rungs"][0]["best_point"] == 0
     assert summ["spent_s"] == 14.0 and summ["grid_s"] == 32.0  # 4 points x 1 s/step x 8 steps
     assert "compute" in asha.describe(summ)[-1]
+    # each start's cost (process start to the first step) is spent again at every resume; the grid
+    # starts each point once
+    rows = [{**r, "startup_s": 10.0} if r["kind"] in ("report", "end") else r for r in rows]
+    summ = asha.summary(rows, asha.Rule((2, 8), 4, steps=8), [0, 1, 2, 3])
+    assert summ["spent_s"] == 14.0 + 50.0 and summ["grid_s"] == 32.0 + 40.0 and summ["starts"] == 5
 
 
 def test_paused_is_not_final_pruned_is():
