@@ -67,19 +67,24 @@ def seal_after(note_path: Path) -> bool:
     return bool(note and note.get("run")) and seal_if_due(RunDir(note["run"]))
 
 
-def wait_if_paused(note_path: Path, poll_s: float = 0.5) -> bool:
+def wait_if_paused(note_path: Path, seen: Optional[set] = None, poll_s: float = 0.5) -> bool:
     """sweep=asha: a run paused at a rung (its processes ended) waits here for the rung's decision
-    (launcher.runtime.rungs); True: promoted, start the processes again; False: not paused, or pruned."""
+    (launcher.runtime.rungs); True: promoted (maybe already, before its processes were seen to end),
+    start the processes again; False: not paused, or pruned. ``seen``: the attempts already started
+    again on a promotion (a promotion is acted on once)."""
     note = atomic.read_json(note_path, default=None)
     if not note or not note.get("run"):
         return False
     rd = RunDir(note["run"])
-    if rd.status().state is not Status.paused:
-        return False
     while rd.status().state is Status.paused:
         time.sleep(poll_s)
     st = rd.status()
-    return st.state is Status.requeued and (st.stop or {}).get("reason") == "promoted"
+    promoted = st.state is Status.requeued and (st.stop or {}).get("reason") == "promoted"
+    if not promoted or (seen is not None and st.attempt in seen):
+        return False
+    if seen is not None:
+        seen.add(st.attempt)
+    return True
 
 
 def ended(note_path: Path) -> None:
@@ -100,14 +105,14 @@ def run(folder: Path) -> None:
     note = folder / f"requeue.{controller.pid}.json"
     os.environ[after_step.ENV] = str(note)  # the ranks' note (the tasks inherit this environment)
     try:
-        starts = 0
+        starts, promoted = 0, set()
         while starts < MAX_STARTS:
             try:
                 controller.start_tasks()
                 codes: List[Optional[int]] = list(controller.wait())
             finally:
                 controller.kill_tasks()
-            if wait_if_paused(note):  # sweep=asha: promoted at its rung, so started again (not a restart)
+            if wait_if_paused(note, promoted):  # sweep=asha: promoted at its rung, so started again (not a restart)
                 continue
             starts += 1
             if any(c == REQUEUE_EXIT_CODE for c in codes):
