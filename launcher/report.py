@@ -589,7 +589,7 @@ def sweep_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
     body: List[Any] = [head, section(f"Points, best first by {sweeps.objective_key(objective)}", table(cols, cells)),
                        section("Plots", plots_block(plots))]
     if data.get("rungs"):
-        body.insert(1, _rungs_section(data["rungs"]))
+        body.insert(1, rungs_section(data["rungs"]))
     per_point = []
     for p in data["points"]:
         pairs = [("status", status_span(p["status"])), ("exit code", p["exit_code"]), ("run dir", p["dir"]),
@@ -605,7 +605,7 @@ def sweep_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
     return page(title, body)
 
 
-def _rungs_section(summ: Dict[str, Any]) -> Html:
+def rungs_section(summ: Dict[str, Any]) -> Html:
     """sweep=asha: each rung (points that reported, promoted, pruned, the best) and the compute spent."""
     rows = [[r["rung"], r["step"], r["reported"], "" if r["promoted"] is None else len(r["promoted"]),
              "" if r["pruned"] is None else len(r["pruned"]),

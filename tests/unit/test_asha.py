@@ -182,3 +182,13 @@ def test_a_good_schedule_passes_and_no_option_is_todays_behaviour():
     assert cfg.sweep.scheduler is None and asha.Rule.of(cfg) is None
     cfg = compose_cfg(BASE)
     assert asha.Rule.of(cfg).rungs == (5, 15, 45)  # the option's defaults (refused here: beyond train.steps)
+
+
+def test_the_report_shows_the_rungs_and_the_compute():
+    from launcher import report
+
+    rows = [{"kind": "report", "point": p, "rung": 0, "step": 2, "value": 3.0 - p, "seconds": 1.0, "startup_s": 4.0,
+             "from_step": 0, "world": 1} for p in range(3)]
+    rows.append({"kind": "decision", "rung": 0, "promoted": [2], "pruned": [0, 1]})
+    html = report.rungs_section(asha.summary(rows, asha.Rule((2, 4), 3, steps=4), [0, 1, 2]))
+    assert "Successive halving" in html and "compute spent" in html and "2: 1" in html
