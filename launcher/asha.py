@@ -258,13 +258,16 @@ def summary(rows: Sequence[Mapping[str, Any]], rule: Rule, points: Sequence[int]
     per_point = {p: (min(starts[p]) if starts.get(p) else 0.0) + loop_s[p] / steps[p] * rule.steps
                  for p in loop_s if steps[p] > 0}
     grid = sum(per_point.values())
+    grid_loop = sum(loop_s[p] / steps[p] * rule.steps for p in loop_s if steps[p] > 0)
     # a point not measured at all (it never reached a rung) costs what the measured ones cost on average
     missing = [p for p in points if p not in per_point]
     if per_point and missing:
         grid += grid / len(per_point) * len(missing)
+        grid_loop += grid_loop / len(per_point) * len(missing)
     return {"rungs": table, "spent_s": round(spent, 3), "grid_s": round(grid, 3),
             "fraction": round(spent / grid, 4) if grid else None,
-            "starts": sum(len(v) for v in starts.values()), "loop_s": round(sum(loop_s.values()), 3)}
+            "starts": sum(len(v) for v in starts.values()), "loop_s": round(sum(loop_s.values()), 3),
+            "grid_loop_s": round(grid_loop, 3), "steps": sum(steps.values()), "grid_steps": len(points) * rule.steps}
 
 
 def describe(summ: Mapping[str, Any]) -> List[str]:
@@ -277,6 +280,7 @@ def describe(summ: Mapping[str, Any]) -> List[str]:
             if r["best_value"] is not None else f"point {r['best_point']}"
         lines.append(f"{r['rung']:>4}  {r['step']:>4}  {r['reported']:>8}  {prom:>8}  {prun:>6}  {best}")
     if summ.get("grid_s"):
-        lines.append(f"compute: {summ['spent_s']:.1f} process-s spent, the full grid ~{summ['grid_s']:.1f} "
-                     f"process-s ({100 * summ['fraction']:.0f}%)")
+        lines.append(f"compute: {summ['spent_s']:.1f} process-s spent ({summ['starts']} starts), the full grid "
+                     f"~{summ['grid_s']:.1f} process-s ({100 * summ['fraction']:.0f}%); steps: {summ['steps']} of "
+                     f"{summ['grid_steps']}, {summ['loop_s']:.1f} of ~{summ['grid_loop_s']:.1f} process-s")
     return lines

@@ -611,8 +611,10 @@ def rungs_section(summ: Dict[str, Any]) -> Html:
              "" if r["pruned"] is None else len(r["pruned"]),
              "" if r["best_point"] is None else f"{r['best_point']}: {sweeps.fmt(r['best_value'])}"]
             for r in summ["rungs"]]
-    spent = kv_table([("compute spent", f"{summ['spent_s']:.1f} process-s"),
+    spent = kv_table([("compute spent", f"{summ['spent_s']:.1f} process-s ({summ['starts']} starts)"),
                       ("the full grid (estimated)", f"{summ['grid_s']:.1f} process-s"),
+                      ("steps run", f"{summ['steps']} of {summ['grid_steps']}: {summ['loop_s']:.1f} of "
+                                    f"~{summ['grid_loop_s']:.1f} process-s"),
                       ("fraction", "" if summ["fraction"] is None else f"{100 * summ['fraction']:.0f}%")])
     return section("Successive halving (sweep=asha)",
                    Html(table(["rung", "step", "reported", "promoted", "pruned", "best point"], rows) + spent))

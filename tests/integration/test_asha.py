@@ -97,7 +97,10 @@ def test_asha_on_local_with_a_users_steploop(tmp_path):
     assert [r["reported"] for r in summ["rungs"]] == [4, 2]
     winner = check_rule(runs, summ, [2, 4], 2, 6)
     assert [m["step"] for m in read_metrics(winner["dir"])] == list(range(1, 7))
-    assert 0 < summ["spent_s"] < summ["grid_s"]
+    # steps run: 4 x 2 + 2 x 2 + 1 x 2 of 4 x 6; each start's cost counted as measured (summ["spent_s"])
+    # starts: 4, and one per promotion but where the point that decided a rung went on itself
+    assert (summ["steps"], summ["grid_steps"]) == (14, 24) and 4 < summ["starts"] <= 4 + 2 + 1
+    assert 0 < summ["loop_s"] < summ["grid_loop_s"] and summ["spent_s"] > summ["loop_s"]
     # the winner, run straight through with the same budget: the same losses and weights, bit for bit
     from launcher.rundir import RunDir
 
@@ -125,7 +128,9 @@ def test_asha_16_points_of_the_gpt_on_slurm(slurm, tmp_path):
     print("\n".join(summ["lines"]))
     assert [r["reported"] for r in summ["rungs"]] == [16, 5, 1]
     winner = check_rule(runs, summ, [2, 4, 8], 3, 8)
-    assert 0 < summ["spent_s"] < summ["grid_s"]
+    # steps run: 16 x 2 + 5 x 2 + 1 x 4 of 16 x 8; starts: 16 + 5 + 1 less the deciders that went on
+    assert (summ["steps"], summ["grid_steps"]) == (46, 128) and 16 < summ["starts"] <= 22
+    assert 0 < summ["loop_s"] < summ["grid_loop_s"] and summ["spent_s"] > summ["loop_s"]
     from launcher.rundir import RunDir
 
     cfg = RunDir(winner["dir"]).config()
