@@ -189,7 +189,8 @@ def verdict(rule: Rule, state: State, point: int, rung: int) -> str:
 
 def decide_all(rule: Rule, state: State) -> List[Decision]:
     """Every pause rung decided on ``state`` in order, each decision added to it (a rung is decided
-    only after the one before); returns the new or changed ones."""
+    only after the one before; asynchronous: the next rung's entrants are the ones promoted so far);
+    returns the new or changed ones."""
     out: List[Decision] = []
     for i, _ in enumerate(rule.pause_rungs):
         d = decide(rule, state, i)
@@ -198,8 +199,6 @@ def decide_all(rule: Rule, state: State) -> List[Decision]:
         if state.decisions.get(i) != d:
             state.decisions[i] = d
             out.append(d)
-        if not d.complete:
-            break
     return out
 
 
