@@ -86,20 +86,23 @@ class StepLoop:
         self.ctx.heartbeat(step)
         stop = self.ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
         ck = self.checkpoint
+        # a rung first: a job stopped at its rung step resumes after it, and the rung must have its report
+        saved = self._rule is not None and step in self._rule.rungs and self._at_rung(step)
         if stop:
             if ck is not None:
-                ck.save(step, self.history, block=True)
+                if not saved:
+                    ck.save(step, self.history, block=True)
                 ck.finish()
             raise self.ctx.interrupted(stop, step)
-        if self._rule is not None and step in self._rule.rungs:
-            self._at_rung(step)
-        if ck is not None and ck.due(step):
+        if ck is not None and not saved and ck.due(step):
             ck.save(step, self.history)
 
-    def _at_rung(self, step: int) -> None:
-        """A rung: saved (where the run pauses), reported by rank 0, the verdict agreed by every rank."""
+    def _at_rung(self, step: int) -> bool:
+        """A rung: saved (where the run pauses), reported by rank 0, the verdict agreed by every rank;
+        raises AtRung unless the run goes on. True: this step is saved."""
         rule, ck = self._rule, self.checkpoint
-        if step in rule.pause_rungs and ck is not None:
+        saved = step in rule.pause_rungs and ck is not None
+        if saved:
             ck.save(step, self.history, block=True)
             ck.finish()  # committed before the report: a decision may resume it from here at once
         verdict = None
@@ -121,6 +124,7 @@ class StepLoop:
         self._t0, self._from, self._startup = time.time(), step, 0.0
         if verdict in ("wait", "pruned"):
             raise AtRung(verdict, step)
+        return saved
 
     def close(self) -> None:
         """End the wandb run (also when the body raised: call it, or use the loop as a context manager)."""
