@@ -231,6 +231,8 @@ def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
         return []
     steps = int(f.values.get("train.steps") or 0)
     out = [(k, p) for k, p, _ in asha.problems(sweep, steps) if k == key and k != "sweep.reduction"]
+    if key == "sweep.scheduler" and script_recipe.is_script(f.values.tree.get("recipe")):
+        out.append((key, "recipe=script runs a script the launcher cannot pause at a rung (no StepLoop)"))
     if key == "sweep.objective":
         declared = recipe_contract.of(f.values.get("recipe._target_"), strict=False).metrics
         why = asha.objective_problem(str(sweep.get("objective")), declared)
@@ -389,6 +391,8 @@ RULES: Tuple[Rule, ...] = (
     # sweep=asha (launcher.asha): the rungs against train.steps, the objective against what the recipe reports
     _each("sweep.rungs", lambda f: _sweep_problems(f, "sweep.rungs"),
           "list the rungs increasing, each a step <= train.steps (e.g. sweep.rungs=[5,15,45] train.steps=45)"),
+    _each("sweep.scheduler", lambda f: _sweep_problems(f, "sweep.scheduler"),
+          "drop sweep=asha for recipe=script (or port the script to launcher.training.StepLoop: docs/training-api.md)"),
     _each("sweep.objective", lambda f: _sweep_problems(f, "sweep.objective"),
           "set sweep.objective to a key of the recipe's metrics rows (e.g. loss)"),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),

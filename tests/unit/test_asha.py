@@ -176,6 +176,13 @@ def test_bad_schedules_are_refused_at_launch_naming_the_key(overrides, key, word
     assert "nothing was submitted" in text and key in text and words in text, text
 
 
+def test_a_script_recipe_is_refused_naming_the_scheduler():
+    over = ["recipe=script", "recipe.module=json.tool", "train.steps=8", "sweep=asha", "sweep.rungs=[2,4]"]
+    with pytest.raises(InvalidSweep) as ei:
+        check([Point(compose_cfg(over), over)])
+    assert "sweep.scheduler" in str(ei.value) and "cannot pause" in str(ei.value), str(ei.value)
+
+
 def test_a_good_schedule_passes_and_no_option_is_todays_behaviour():
     assert len(check([Point(compose_cfg([*BASE, "sweep.rungs=[2,4,8]"]), BASE)])) == 1
     cfg = compose_cfg(["model=gpt_tiny"])
