@@ -41,7 +41,8 @@ class Rule:
         mode = _get(sweep, "mode") or "min"
         return cls(rungs=tuple(int(r) for r in (_get(sweep, "rungs") or ())),
                    reduction=int(_get(sweep, "reduction") or 3), mode=str(getattr(mode, "value", mode)),
-                   asynchronous=bool(_get(sweep, "asynchronous")), steps=int(_get(_get(cfg, "train") or {}, "steps") or 0))
+                   asynchronous=bool(_get(sweep, "asynchronous")),
+                   steps=int(_get(_get(cfg, "train") or {}, "steps") or 0))
 
     @property
     def pause_rungs(self) -> Tuple[int, ...]:
@@ -221,8 +222,8 @@ def state_from(rows: Iterable[Mapping[str, Any]], points: Sequence[int], ended: 
             value = row.get("value")
             st.reports.setdefault(int(rung), {})[int(row["point"])] = None if value is None else float(value)
         elif kind == "decision":
-            st.decisions[int(rung)] = Decision(int(rung), tuple(row.get("promoted") or ()), tuple(row.get("pruned") or ()),
-                                               bool(row.get("complete", True)))
+            st.decisions[int(rung)] = Decision(int(rung), tuple(row.get("promoted") or ()),
+                                               tuple(row.get("pruned") or ()), bool(row.get("complete", True)))
     return st
 
 

@@ -3,6 +3,8 @@ the point that completes it, paused points resumed or pruned, a failed point dec
 the local controller's wait for the decision."""
 from __future__ import annotations
 
+import json
+
 from launcher.rundir import RunDir, SweepDir
 from launcher.runtime import local_controller, rungs
 from launcher.status import Status
@@ -71,7 +73,7 @@ def test_the_local_controller_waits_for_the_decision_and_acts_once(tmp_path):
     sd = sweep(tmp_path, 1)
     rd = sd.run(0)
     note = tmp_path / "note.json"
-    note.write_text('{"run": "%s"}' % rd.path)
+    note.write_text(json.dumps({"run": str(rd.path)}))
     assert local_controller.wait_if_paused(note, set()) is False  # running: not paused
     seen: set = set()
     # promoted before the controller saw its processes end: started again, once per attempt
