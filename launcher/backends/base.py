@@ -176,6 +176,9 @@ class Backend:
         raise NotImplementedError
 
     # ---- sweep=asha (launcher.runtime.rungs): a point paused at a rung, then resumed or dropped ----
+    # whether ``pause`` ends the job (its slot freed: Slurm); else a paused process may wait in place
+    pause_ends_job: bool = False
+
     def pause(self, job_id: Optional[str]) -> None:
         """From inside the job, its run recorded ``paused``: end this job, freeing its slot, kept so
         that ``resume_paused`` can start it again. Default: nothing (the processes exit; a controller

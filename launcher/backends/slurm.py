@@ -720,6 +720,8 @@ class SlurmBackend(Backend):
         if res.returncode:
             raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
 
+    pause_ends_job = True
+
     def pause(self, job_id: Optional[str]) -> None:
         """``scontrol requeuehold``: Slurm ends this job and keeps it pending, held (out of the array's
         running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""

@@ -53,6 +53,9 @@ class AtRung(Exception):
         super().__init__(f"{verdict} at rung step {step}")
         self.verdict, self.step = verdict, step
 
+    def __reduce__(self):  # pickled back as it was (a Hydra app's job returns it in its JobReturn)
+        return (AtRung, (self.verdict, self.step))
+
 
 class StopFlag:
     """Remembers the first stop signal; the step loop reads it at a boundary."""

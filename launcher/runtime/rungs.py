@@ -43,11 +43,51 @@ def since_process_start() -> float:
 
 
 def rule_of(rd: RunDir, cfg: Any = None) -> Optional[asha.Rule]:
-    """The run's scheduler (None: not in an asha sweep)."""
+    """The run's scheduler (None: not in an asha sweep): its config's sweep group, or for a Hydra app's
+    run the launcher's (hydra.launcher.sweep, archived in run.json; rungs only: no train.steps)."""
     try:
-        return asha.Rule.of(cfg if cfg is not None else rd.config())
+        if cfg is None:
+            meta = rd.run() or {}
+            if meta.get("kind") == "hydra_app":
+                return asha.Rule.of({"sweep": meta["sweep"], "train": {"steps": 0}}) if meta.get("sweep") else None
+            cfg = rd.config()
+        return asha.Rule.of(cfg)
     except (OSError, ValueError):
         return None
+
+
+# the run this process reports for through ``at_step`` (a Hydra app's job attaches it before the app runs)
+_attached: Dict[str, Any] = {}
+
+
+def attach(rd: RunDir, attempt: int, job_id: Optional[str], rank: int, world: int) -> None:
+    _attached.clear()
+    rule = rule_of(rd)
+    if rule is not None:
+        me = _point(rd)  # resumed: its segment starts at the last rung it reported
+        last = max((int(r["step"]) for r in _sweep(rd).rung_rows() if r.get("kind") == "report"
+                    and r.get("point") == me), default=0)
+        _attached.update(rd=rd, rule=rule, attempt=attempt, job_id=job_id, rank=rank, world=world,
+                         t0=time.time(), startup=since_process_start(), last=last)
+
+
+def at_step(step: int, value: Optional[float]) -> None:
+    """The public call of code that runs no StepLoop (a Hydra app on hydra/launcher=launcher_*): after
+    step ``step`` (its checkpoint saved: a decision may resume the point from it at once), report the
+    objective. At a rung where the point does not go on, raises ``AtRung`` (paused: the job ends and a
+    promotion starts the app again, which resumes from its own checkpoint; or pruned): let it propagate.
+    Elsewhere, and outside such a sweep, it does nothing. One process per point reports (rank 0)."""
+    from launcher.runtime.restarts import AtRung
+
+    a = _attached
+    if not a or step not in a["rule"].rungs or a["rank"] != 0:
+        return
+    verdict = report(a["rd"], a["rule"], int(step), None if value is None else float(value), attempt=int(a["attempt"]),
+                     seconds=time.time() - a["t0"], from_step=int(a["last"]), world=int(a["world"]),
+                     job_id=a["job_id"], startup_s=a["startup"])
+    a.update(t0=time.time(), startup=0.0, last=int(step))
+    if verdict in ("wait", "pruned"):
+        raise AtRung(verdict, int(step))
 
 
 def _point(rd: RunDir) -> int:
@@ -127,6 +167,16 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
             rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": rung, "step": step})
         _carry_out(sd, rule, new, me)
         return mine
+
+
+def wait_decision(rd: RunDir, poll_s: float = 0.5) -> str:
+    """A paused run's process that holds no queue slot (cluster=local): wait for its rung's decision;
+    "promoted" (go on: a new attempt) or what it became (pruned, cancelled...)."""
+    while rd.status().state is Status.paused:
+        time.sleep(poll_s)
+    st = rd.status()
+    promoted = st.state is Status.requeued and (st.stop or {}).get("reason") == "promoted"
+    return "promoted" if promoted else st.state.value
 
 
 def on_end(rd: RunDir) -> None:

@@ -141,3 +141,58 @@ def test_asha_16_points_of_the_gpt_on_slurm(slurm, tmp_path):
     (ref,) = wait_final(ref_root, 1, timeout=600)
     assert ref["status"] == "completed"
     assert_identical(Path(winner["dir"]), Path(ref["dir"]))  # every step's loss, weights, optimizer, RNG
+
+
+HYDRA_APP = '''"""A Hydra app of its own: gradient descent on w^2, its state in its output dir, the loss reported."""
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+from launcher.runtime.rungs import at_step
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg):
+    ckpt = Path(HydraConfig.get().runtime.output_dir) / "state.json"
+    state = json.loads(ckpt.read_text()) if ckpt.exists() else {"step": 0, "w": 5.0, "losses": []}
+    for step in range(state["step"] + 1, int(cfg.steps) + 1):
+        state["w"] -= float(cfg.lr) * 2 * state["w"]
+        state["losses"].append(state["w"] ** 2)
+        state["step"] = step
+        ckpt.write_text(json.dumps(state))  # saved before the report: a promotion resumes from here
+        at_step(step, state["losses"][-1])
+    return state["losses"][-1]
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.timeout(600)
+def test_asha_with_a_hydra_app_on_launcher_local(tmp_path):
+    import sys
+
+    project = tmp_path / "app"
+    (project / "conf").mkdir(parents=True)
+    (project / "conf" / "config.yaml").write_text("lr: 0.1\nsteps: 6\n")
+    (project / "app.py").write_text(HYDRA_APP)
+    root = tmp_path / "runs"
+    res = run_cmd([sys.executable, "app.py", "-m", "lr=0.3,0.01,0.1,0.05", "hydra/launcher=launcher_local",
+                   f"hydra.sweep.dir={tmp_path / 'out'}",
+                   "+hydra.launcher.sweep={scheduler: asha, rungs: [2, 4], reduction: 2}"], root, timeout=500,
+                  cwd=project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = runs_json(root)
+    summ = status_json(root, runs[0]["sweep_id"])["rungs"]
+    assert [r["reported"] for r in summ["rungs"]] == [4, 2]
+    # the loss falls fastest with lr 0.3, then 0.1 (points 0 and 2): they go on, then 0 alone
+    assert summ["rungs"][0]["promoted"] == [0, 2] and summ["rungs"][1]["promoted"] == [0]
+    assert {int(Path(r["dir"]).name): r["status"] for r in runs} == {0: "completed", 1: "pruned", 2: "pruned",
+                                                                      3: "pruned"}
+    from launcher.rundir import RunDir
+
+    w = 5.0 * (1 - 2 * 0.3) ** 6
+    assert RunDir(runs[0]["dir"]).status().summary["return_value"] == pytest.approx(w ** 2, rel=1e-12)
