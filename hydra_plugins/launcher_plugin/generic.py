@@ -424,8 +424,11 @@ class _HydraJob:
                         ret = run_job(hydra_context=hydra_context, task_function=task, config=config,
                                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
                 except requeue.Stopped as stop:
-                    self._record_environment(a)
-                    return self._stopped(stop, a, rd, backend, n, task, config)
+                    if rd.status().state.value != "paused":
+                        self._record_environment(a)
+                        return self._stopped(stop, a, rd, backend, n, task, config)
+                    # the TERM of its own pause (Slurm's requeuehold ends the job): paused, not stopped
+                    ret = _failed_return(config, restarts.AtRung("wait", int((rd.status().stop or {}).get("step") or 0)))
                 except KeyboardInterrupt:  # cancelled (submitit's local cancel): the attempt records it
                     raise
                 except BaseException as e:  # the task's own sys.exit (run_job catches its Exceptions) or Hydra's
@@ -443,8 +446,10 @@ class _HydraJob:
             self._record_environment(a)
             if at_rung is not None:  # paused at a rung (its job ends), or pruned (recorded)
                 a.at_rung(at_rung.verdict, at_rung.step)
-                if at_rung.verdict != "pruned":
-                    return ret  # the next attempt's result is the point's
+                if at_rung.verdict != "pruned":  # its job ends (Slurm holds it) and the next attempt's result
+                    sys.stdout.flush()  # is the point's: no result of this one, which would read as the
+                    sys.stderr.flush()  # point's end to whoever waits for the job (submitit's done())
+                    os._exit(0)
                 ret = JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, task_name=ret.task_name,
                                 status=JobStatus.COMPLETED, _return_value=None)  # pruned: no value
             ret = self._write_result(ret, config)  # before the outcome: a result that cannot go back fails
@@ -903,13 +908,32 @@ def _undo(sd: Any, indices: List[int], made: bool, runs_root: Path) -> None:
             interrupted.end(sd.path)
 
 
+def _job_done(job: Any) -> bool:
+    """A local job's processes have all ended (its controller too); a Slurm job: never said here (its
+    requeue-held attempts look ended to submitit), the run's status decides."""
+    process = getattr(job, "_process", None)
+    return process is not None and process.poll() is not None
+
+
 def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     """Wait for every job; each point's JobReturn in job-index order (a job that died without one, a
     FAILED JobReturn holding the error)."""
     from launcher.archive import registry
+    from launcher.rundir import RunDir
+    from launcher.runtime import rungs
+    from launcher.status import Status
 
     out = []
-    for cfg, job, run_id in zip(configs, submitted.jobs, submitted.run_ids):
+    for cfg, job, run_id, run_dir in zip(configs, submitted.jobs, submitted.run_ids, submitted.run_dirs):
+        rd = RunDir(run_dir)
+        if rungs.rule_of(rd) is not None:  # hydra.launcher.sweep: a paused point's job ends and starts again,
+            while not rd.is_final() and not _job_done(job):  # so its run says when the point has ended
+                time.sleep(1.0)
+            if rd.status().state is Status.pruned:  # pruned at a rung: no value (its held job was dropped)
+                out.append(JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,
+                                     task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED,
+                                     _return_value=None))
+                continue
         try:
             ret = job.results()[0]
         except Exception as e:  # killed, cancelled, node lost: no JobReturn came back

@@ -173,6 +173,10 @@ if __name__ == "__main__":
 
 @pytest.mark.timeout(600)
 def test_asha_with_a_hydra_app_on_launcher_local(tmp_path):
+    hydra_app_sweep(tmp_path, ["hydra/launcher=launcher_local"], None)
+
+
+def hydra_app_sweep(tmp_path, launcher, env):
     import sys
 
     project = tmp_path / "app"
@@ -180,13 +184,13 @@ def test_asha_with_a_hydra_app_on_launcher_local(tmp_path):
     (project / "conf" / "config.yaml").write_text("lr: 0.1\nsteps: 6\n")
     (project / "app.py").write_text(HYDRA_APP)
     root = tmp_path / "runs"
-    res = run_cmd([sys.executable, "app.py", "-m", "lr=0.3,0.01,0.1,0.05", "hydra/launcher=launcher_local",
+    res = run_cmd([sys.executable, "app.py", "-m", "lr=0.3,0.01,0.1,0.05", *launcher,
                    f"hydra.sweep.dir={tmp_path / 'out'}",
                    "+hydra.launcher.sweep={scheduler: asha, rungs: [2, 4], reduction: 2}"], root, timeout=500,
-                  cwd=project)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = runs_json(root)
-    summ = status_json(root, runs[0]["sweep_id"])["rungs"]
+                  cwd=project, extra_env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]  # the launcher waits for every point
+    runs = wait_final(root, 4, timeout=300)
+    summ = status_json(root, runs[0]["sweep_id"], env)["rungs"]
     assert [r["reported"] for r in summ["rungs"]] == [4, 2]
     # the loss falls fastest with lr 0.3, then 0.1 (points 0 and 2): they go on, then 0 alone
     assert summ["rungs"][0]["promoted"] == [0, 2] and summ["rungs"][1]["promoted"] == [0]
