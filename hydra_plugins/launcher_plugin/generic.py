@@ -428,7 +428,8 @@ class _HydraJob:
                         self._record_environment(a)
                         return self._stopped(stop, a, rd, backend, n, task, config)
                     # the TERM of its own pause (Slurm's requeuehold ends the job): paused, not stopped
-                    ret = _failed_return(config, restarts.AtRung("wait", int((rd.status().stop or {}).get("step") or 0)))
+                    paused_at = int((rd.status().stop or {}).get("step") or 0)
+                    ret = _failed_return(config, restarts.AtRung("wait", paused_at))
                 except KeyboardInterrupt:  # cancelled (submitit's local cancel): the attempt records it
                     raise
                 except BaseException as e:  # the task's own sys.exit (run_job catches its Exceptions) or Hydra's
