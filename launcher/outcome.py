@@ -74,7 +74,8 @@ def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
                 except OSError as e:
                     print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
                           file=sys.stderr)
-        if st.is_final or job is None or not job.job_id:
+        # paused at a sweep's rung (sweep=asha): its job ended (or is held) on purpose, a decision resumes it
+        if st.is_final or st.state is Status.paused or job is None or not job.job_id:
             out.append(st.state)
             continue
         state = states.get(job.job_id)

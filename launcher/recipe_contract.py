@@ -23,6 +23,7 @@ the cluster, submission, the bounds of the schema's keys) and is held to nothing
 - ``results``: run dir -> what the run measured, as its results file holds it (preflight's rungs);
 - ``link_check``: the recipe measures the link between nodes (``LinkCheck``): preflight's comm rung
   runs the recipe option whose contract has one;
+- ``metrics``: the keys of its metrics rows (sweep=asha's objective is checked against them);
 - ``steps_key``: the config key progress counts steps against (None: the recipe counts no steps);
 - ``named_by_model``: its runs are named after ``model.name`` (else after the contract's ``name`` or
   the recipe's package).
@@ -85,6 +86,9 @@ class RecipeSpec:
     report: Optional[Callable[[Path], Optional[ReportSection]]] = None
     results: Optional[Callable[[Path], Any]] = None  # run dir -> what the run measured (its results file)
     steps_key: Optional[str] = None
+    # the keys of its metrics rows (fnmatch patterns: ``time_*_s``); sweep=asha's sweep.objective must be
+    # one (empty: not declared, any key is taken)
+    metrics: Tuple[str, ...] = ()
     link_check: Optional[LinkCheck] = None
 
 

@@ -21,7 +21,7 @@ from launcher import recipe_contract, sweep_view, sweeps
 from launcher.archive import atomic
 from launcher.archive.compare import flatten
 from launcher.layout import Layout
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, SweepDir
 from launcher.schema import typed
 from launcher.status import RunStatus
 from launcher.sweep_view import draw_loss_curves, draw_objective, plain, pyplot
@@ -544,9 +544,12 @@ def read_sweep(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                        "step": progress.get(r["run_id"], {}).get("step"),
                        "steps": progress.get(r["run_id"], {}).get("steps")})
     sweep_dirs = sorted({str(Path(r["dir"]).parent) for r in runs})
+    from launcher.runtime import rungs  # sweep=asha's record in the sweep dir (reads files only)
+
+    schedule = rungs.summary(SweepDir(sweep_dirs[0])) if len(sweep_dirs) == 1 else None
     return {"sweep_ids": sorted({r["sweep_id"] for r in runs}), "sweep_dirs": sweep_dirs,
             "counts": sweep_view.counts(runs), "rows": rows, "keys": keys, "objective": objective,
-            "points": points}
+            "points": points, "rungs": schedule}
 
 
 def sweep_plots(data: Dict[str, Any]) -> List[Plot]:
@@ -585,6 +588,8 @@ def sweep_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
         cells.append(row + [_first_line(p["error"])])
     body: List[Any] = [head, section(f"Points, best first by {sweeps.objective_key(objective)}", table(cols, cells)),
                        section("Plots", plots_block(plots))]
+    if data.get("rungs"):
+        body.insert(1, rungs_section(data["rungs"]))
     per_point = []
     for p in data["points"]:
         pairs = [("status", status_span(p["status"])), ("exit code", p["exit_code"]), ("run dir", p["dir"]),
@@ -598,6 +603,21 @@ def sweep_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
         per_point.append(block)
     body.append(section("Each point", join(per_point)))
     return page(title, body)
+
+
+def rungs_section(summ: Dict[str, Any]) -> Html:
+    """sweep=asha: each rung (points that reported, promoted, pruned, the best) and the compute spent."""
+    rows = [[r["rung"], r["step"], r["reported"], "" if r["promoted"] is None else len(r["promoted"]),
+             "" if r["pruned"] is None else len(r["pruned"]),
+             "" if r["best_point"] is None else f"{r['best_point']}: {sweeps.fmt(r['best_value'])}"]
+            for r in summ["rungs"]]
+    spent = kv_table([("compute spent", f"{summ['spent_s']:.1f} process-s ({summ['starts']} starts)"),
+                      ("the full grid (estimated)", f"{summ['grid_s']:.1f} process-s"),
+                      ("steps run", f"{summ['steps']} of {summ['grid_steps']}: {summ['loop_s']:.1f} of "
+                                    f"~{summ['grid_loop_s']:.1f} process-s"),
+                      ("fraction", "" if summ["fraction"] is None else f"{100 * summ['fraction']:.0f}%")])
+    return section("Successive halving (sweep=asha)",
+                   Html(table(["rung", "step", "reported", "promoted", "pruned", "best point"], rows) + spent))
 
 
 def _first_line(text: Any) -> str:

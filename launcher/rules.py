@@ -222,6 +222,25 @@ def _backend_names() -> List[str]:
 
 
 # The rows every recipe is held to; a recipe adds its own (its contract's ``rules``: ``table``).
+def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
+    """(key, problem) of a scheduler's settings (sweep=asha only; reduction: its bound row)."""
+    from launcher import asha  # pure
+
+    sweep = f.values.tree.get("sweep") or {}
+    if not sweep.get("scheduler"):
+        return []
+    steps = int(f.values.get("train.steps") or 0)
+    out = [(k, p) for k, p, _ in asha.problems(sweep, steps) if k == key and k != "sweep.reduction"]
+    if key == "sweep.scheduler" and script_recipe.is_script(f.values.tree.get("recipe")):
+        out.append((key, "recipe=script runs a script the launcher cannot pause at a rung (no StepLoop)"))
+    if key == "sweep.objective":
+        declared = recipe_contract.of(f.values.get("recipe._target_"), strict=False).metrics
+        why = asha.objective_problem(str(sweep.get("objective")), declared)
+        if why:
+            out.append((key, why))
+    return out
+
+
 RULES: Tuple[Rule, ...] = (
     # sizes: the bounds launcher.schema declares for the keys the layout is built from
     *_bound_rows(VALUE),
@@ -369,6 +388,13 @@ RULES: Tuple[Rule, ...] = (
     _each("data.eval_every", data_checks.eval_problems,
           "set data.eval_every=0, or prepare the dataset with a validation split (`launcher data prepare "
           "--val-fraction 0.01 ...`)"),
+    # sweep=asha (launcher.asha): the rungs against train.steps, the objective against what the recipe reports
+    _each("sweep.rungs", lambda f: _sweep_problems(f, "sweep.rungs"),
+          "list the rungs increasing, each a step <= train.steps (e.g. sweep.rungs=[5,15,45] train.steps=45)"),
+    _each("sweep.scheduler", lambda f: _sweep_problems(f, "sweep.scheduler"),
+          "drop sweep=asha for recipe=script (or port the script to launcher.training.StepLoop: docs/training-api.md)"),
+    _each("sweep.objective", lambda f: _sweep_problems(f, "sweep.objective"),
+          "set sweep.objective to a key of the recipe's metrics rows (e.g. loss)"),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
     _each("(any key)", lambda f: f.values.unknown_keys,

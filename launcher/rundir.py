@@ -13,6 +13,7 @@ records it and leaves the seal due, for after the job (docs/archive.md, "The sea
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import functools
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 # restart reasons a user asked for (launcher resume / retry): the restart budget starts again there
 RESTARTED_BY_USER = ("resume", "retry")
+# restarts a sweep's scheduler asks for (sweep=asha: a paused point promoted at a rung): no failure,
+# so train.max_restarts does not count them
+RESTARTED_BY_SCHEDULE = ("promoted",)
 
 
 def now_iso() -> str:
@@ -344,6 +348,8 @@ class RunDir:
         """Automatic restarts since the run was launched, resumed or retried (what train.max_restarts bounds)."""
         n = 0
         for row in self.restarts():
+            if row.get("reason") in RESTARTED_BY_SCHEDULE:
+                continue
             n = 0 if row.get("reason") in RESTARTED_BY_USER else n + 1
         return n
 
@@ -1160,6 +1166,9 @@ class SweepDir:
 
     SWEEP, CODE, SUBMITIT, SHARED, POINTS = "sweep.json", "code", ".submitit", "shared", "points.json"
     SEALS = ".seals"  # <index>.json: each sealed run's mark (RunDir.seal_mark)
+    # sweep=asha: every point's reports at the rungs, the decisions and the measured segments, one a line
+    # (launcher.runtime.rungs), appended under the lock beside it
+    RUNGS, RUNGS_LOCK = "rungs.jsonl", ".rungs.lock"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -1226,6 +1235,33 @@ class SweepDir:
 
     def read(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self.path / self.SWEEP)
+
+    @contextlib.contextmanager
+    def rungs_lock(self) -> Iterator[None]:
+        """The sweep's scheduler lock (fcntl, on the shared file system): one writer decides a rung."""
+        import fcntl
+
+        fd = os.open(self.path / self.RUNGS_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def add_rung_rows(self, rows: List[Dict[str, Any]]) -> None:
+        """Rows of the scheduler's record (call under ``rungs_lock``), flushed to the disk."""
+        with open(self.path / self.RUNGS, "a") as f:
+            for row in rows:
+                f.write(json.dumps({"time": now_iso(), **row}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def rung_rows(self) -> List[Dict[str, Any]]:
+        p = self.path / self.RUNGS
+        return _object_lines(p) if p.exists() else []
 
     def runs(self) -> List[RunDir]:
         """Every archived run of the sweep (a dir counts once its run.json exists)."""

@@ -378,6 +378,32 @@ class SubmitConfig:
     objective: str = "final_loss"
 
 
+class SweepScheduler(str, Enum):
+    asha = "asha"
+
+
+class SweepMode(str, Enum):
+    min = "min"
+    max = "max"
+
+
+@dataclass
+class SweepConfig:
+    """The sweep's scheduler (``sweep=asha``: conf/sweep/asha.yaml; none: every point runs train.steps).
+    Successive halving (launcher/asha.py): at each rung (a step) the points still alive report
+    ``objective`` (a key of their metrics rows); the best 1/``reduction`` of them go on, the rest are
+    pruned (docs/sweeps.md, "Successive halving")."""
+
+    scheduler: Optional[SweepScheduler] = None
+    rungs: List[int] = field(default_factory=list)  # steps, increasing, each <= train.steps
+    reduction: int = num(3, ge=2, fix="set sweep.reduction to 2 or more (3 keeps a third at each rung)")
+    objective: str = "loss"  # the metrics row key the rungs compare
+    mode: SweepMode = SweepMode.min  # min: lower is better
+    # false: a rung is decided once every point that entered it reported or ended (synchronous);
+    # true: a point goes on as soon as it is in the top 1/reduction of >= reduction reports there
+    asynchronous: bool = False
+
+
 @dataclass
 class RunConfig:
     # the recipe's contract names the run (after its model, its own name, or its package)
@@ -394,6 +420,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     submit: SubmitConfig = field(default_factory=SubmitConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))

@@ -19,10 +19,13 @@ class Status(str, Enum):
     cancelled = "cancelled"
     timeout = "timeout"
     requeued = "requeued"
+    paused = "paused"  # sweep=asha: stopped at a rung, checkpointed, its job ended; waits for the rung's decision
+    pruned = "pruned"  # sweep=asha: not promoted at a rung (final: never retried)
 
 
 STATUSES = tuple(s.value for s in Status)
-FINAL = (Status.completed.value, Status.failed.value, Status.cancelled.value, Status.timeout.value)
+FINAL = (Status.completed.value, Status.failed.value, Status.cancelled.value, Status.timeout.value,
+         Status.pruned.value)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-FINAL = ("completed", "failed", "cancelled", "timeout")
+FINAL = ("completed", "failed", "cancelled", "timeout", "pruned")
 
 
 def run_cmd(args: List[str], runs_root: Path, timeout: float = 300, extra_env: Optional[Dict[str, str]] = None,

@@ -95,6 +95,10 @@ class BaseLauncherConf:
     reproduces: Optional[str] = None
     code_snapshot: Optional[str] = None
     work_dir: Optional[str] = None  # a reproduction's writable copy of code_snapshot: what its jobs run
+    # successive halving over the points ({}: none), as launch's sweep=asha (docs/sweeps.md):
+    # {scheduler: asha, rungs: [steps], reduction: 3, mode: min|max, asynchronous: false}; the app
+    # reports its objective with launcher.runtime.rungs.at_step(step, value) after saving its checkpoint
+    sweep: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -385,7 +389,7 @@ class _HydraJob:
         from hydra_plugins.launcher_plugin import requeue
         from launcher import backends
         from launcher.rundir import RunDir
-        from launcher.runtime import restarts
+        from launcher.runtime import restarts, rungs
         from launcher.runtime.attempt import attempt
 
         backend = backends.get(self.backend)
@@ -413,18 +417,42 @@ class _HydraJob:
             # Hydra's launchers run the job from the launch directory: a relative hydra.sweep.dir (and
             # the app's own relative paths) mean there what they meant at the command line
             os.chdir(str(config.hydra.runtime.cwd))
-            try:
-                with signals.running():
-                    ret = run_job(hydra_context=hydra_context, task_function=task, config=config,
-                                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-            except requeue.Stopped as stop:
-                self._record_environment(a)
-                return self._stopped(stop, a, rd, backend, n, task, config)
-            except KeyboardInterrupt:  # cancelled (submitit's local cancel): the attempt records it
-                raise
-            except BaseException as e:  # the task's own sys.exit (run_job catches its Exceptions) or Hydra's
-                ret = _failed_return(config, e)
+            while True:
+                rungs.attach(rd, n, a.denv.job_id, a.denv.rank, a.denv.world_size)  # what at_step reports as
+                try:
+                    with signals.running():
+                        ret = run_job(hydra_context=hydra_context, task_function=task, config=config,
+                                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+                except requeue.Stopped as stop:
+                    if rd.status().state.value != "paused":
+                        self._record_environment(a)
+                        return self._stopped(stop, a, rd, backend, n, task, config)
+                    # the TERM of its own pause (Slurm's requeuehold ends the job): paused, not stopped
+                    paused_at = int((rd.status().stop or {}).get("step") or 0)
+                    ret = _failed_return(config, restarts.AtRung("wait", paused_at))
+                except KeyboardInterrupt:  # cancelled (submitit's local cancel): the attempt records it
+                    raise
+                except BaseException as e:  # the task's own sys.exit (run_job catches its Exceptions) or Hydra's
+                    ret = _failed_return(config, e)
+                at_rung = ret._return_value if isinstance(ret._return_value, restarts.AtRung) else None
+                if at_rung is None or at_rung.verdict != "wait" or backend.pause_ends_job:
+                    break
+                # paused where the job holds no queue's slot (local): this process waits for the rung's decision
+                if rungs.wait_decision(rd) != "promoted":
+                    at_rung = restarts.AtRung("pruned", at_rung.step)
+                    break
+                n = restarts.begin_attempt(rd, _MAX_RESTARTS, a.denv.job_id)  # the app resumes from its checkpoint
+                a.running()
+                os.chdir(str(config.hydra.runtime.cwd))
             self._record_environment(a)
+            if at_rung is not None:  # paused at a rung (its job ends), or pruned (recorded)
+                a.at_rung(at_rung.verdict, at_rung.step)
+                if at_rung.verdict != "pruned":  # its job ends (Slurm holds it) and the next attempt's result
+                    sys.stdout.flush()  # is the point's: no result of this one, which would read as the
+                    sys.stderr.flush()  # point's end to whoever waits for the job (submitit's done())
+                    os._exit(0)
+                ret = JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, task_name=ret.task_name,
+                                status=JobStatus.COMPLETED, _return_value=None)  # pruned: no value
             ret = self._write_result(ret, config)  # before the outcome: a result that cannot go back fails
             if ret.status != JobStatus.COMPLETED:
                 err = ret._return_value
@@ -698,6 +726,24 @@ def _software() -> Tuple[Dict[str, Any], str]:
     return software.versions(), software.pip_freeze()
 
 
+def _schedule(params: Dict[str, Any]) -> Dict[str, Any]:
+    """hydra.launcher.sweep, checked as launch checks sweep=asha ({}: none); refused naming the key."""
+    from launcher import asha
+
+    raw = params.get("sweep") or {}
+    sweep = dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)
+    if not sweep:
+        return {}
+    if sweep.get("scheduler") != "asha":
+        raise ValueError(f"hydra.launcher.sweep.scheduler: {sweep.get('scheduler')!r} is no scheduler "
+                         "(fix: scheduler: asha)")
+    sweep.setdefault("reduction", 3)
+    rungs = [int(r) for r in sweep.get("rungs") or []]
+    for key, problem, fix in asha.problems(sweep, max(rungs, default=1)):
+        raise ValueError(f"hydra.launcher.{key}: {problem} (fix: {fix})")
+    return sweep
+
+
 def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_context: Any,
            configs: List[DictConfig], singleton_state: Dict[Any, Any], argv: Optional[List[str]] = None,
            into: Optional[Path] = None, first_index: int = 0,
@@ -726,6 +772,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
         planned = submission.arrays(indices, cfg=lambda i: shim)
     except Unschedulable as e:  # TooManyJobs among them
         raise ValueError(f"hydra.launcher: {e}") from None
+    schedule = _schedule(params)
 
     # hydra.launcher.setup as cluster.setup: a secret literal there travels in a LAUNCHER_SECRET_...
     # variable; the jobs' Hydra config (pickled, their .hydra/hydra.yaml) and run.json hold the reference
@@ -792,6 +839,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                     "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
                     "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
                     "kind": "hydra_app", "app": app_meta,
+                    **({"sweep": schedule} if schedule else {}),
                     "hydra": {"job_num": int(cfg.hydra.job.num),
                               "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
                               "subdir": str(cfg.hydra.sweep.subdir)},
@@ -861,13 +909,32 @@ def _undo(sd: Any, indices: List[int], made: bool, runs_root: Path) -> None:
             interrupted.end(sd.path)
 
 
+def _job_done(job: Any) -> bool:
+    """A local job's processes have all ended (its controller too); a Slurm job: never said here (its
+    requeue-held attempts look ended to submitit), the run's status decides."""
+    process = getattr(job, "_process", None)
+    return process is not None and process.poll() is not None
+
+
 def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     """Wait for every job; each point's JobReturn in job-index order (a job that died without one, a
     FAILED JobReturn holding the error)."""
     from launcher.archive import registry
+    from launcher.rundir import RunDir
+    from launcher.runtime import rungs
+    from launcher.status import Status
 
     out = []
-    for cfg, job, run_id in zip(configs, submitted.jobs, submitted.run_ids):
+    for cfg, job, run_id, run_dir in zip(configs, submitted.jobs, submitted.run_ids, submitted.run_dirs):
+        rd = RunDir(run_dir)
+        if rungs.rule_of(rd) is not None:  # hydra.launcher.sweep: a paused point's job ends and starts again,
+            while not rd.is_final() and not _job_done(job):  # so its run says when the point has ended
+                time.sleep(1.0)
+            if rd.status().state is Status.pruned:  # pruned at a rung: no value (its held job was dropped)
+                out.append(JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,
+                                     task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED,
+                                     _return_value=None))
+                continue
         try:
             ret = job.results()[0]
         except Exception as e:  # killed, cancelled, node lost: no JobReturn came back

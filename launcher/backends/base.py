@@ -189,6 +189,22 @@ class Backend:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
         raise NotImplementedError
 
+    # ---- sweep=asha (launcher.runtime.rungs): a point paused at a rung, then resumed or dropped ----
+    # whether ``pause`` ends the job (its slot freed: Slurm); else a paused process may wait in place
+    pause_ends_job: bool = False
+
+    def pause(self, job_id: Optional[str]) -> None:
+        """From inside the job, its run recorded ``paused``: end this job, freeing its slot, kept so
+        that ``resume_paused`` can start it again. Default: nothing (the processes exit; a controller
+        of the job waits for the decision)."""
+
+    def resume_paused(self, job_id: Optional[str]) -> None:
+        """Start a paused run's job again (its run is set ``requeued``; it resumes from its checkpoint).
+        Default: nothing (the job's controller reads the run's status)."""
+
+    def drop_paused(self, job_id: Optional[str]) -> None:
+        """A paused run was pruned (final): its job will never run again. Default: nothing."""
+
     # ---- the node side of a job's end (launcher.runtime.after_step runs these after the step) ----
     def requeued_since_start(self, job_id: Optional[str]) -> bool:
         """Whether this job was requeued since it started (a request already went through)."""

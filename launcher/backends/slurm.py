@@ -776,6 +776,36 @@ class SlurmBackend(Backend):
         if res.returncode:
             raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
 
+    pause_ends_job = True
+
+    def pause(self, job_id: Optional[str]) -> None:
+        """``scontrol requeuehold``: Slurm ends this job and keeps it pending, held (out of the array's
+        running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""
+        self._scontrol("requeuehold", job_id)
+
+    def resume_paused(self, job_id: Optional[str], tries: int = 5, wait_s: float = 2.0) -> None:
+        """``scontrol release`` of the held job: it runs again, same job id, and resumes. Asked again a
+        few times: a job paused a moment ago may still be completing its requeue."""
+        for i in range(tries):
+            try:
+                return self._scontrol("release", job_id)
+            except subprocess.CalledProcessError:
+                if i == tries - 1:
+                    raise
+                time.sleep(wait_s)
+
+    def drop_paused(self, job_id: Optional[str]) -> None:
+        """``scancel`` of the held job."""
+        if job_id:
+            subprocess.run(["scancel", str(job_id)], check=False, timeout=60, capture_output=True)
+
+    def _scontrol(self, verb: str, job_id: Optional[str]) -> None:
+        if not job_id:
+            raise RuntimeError(f"no Slurm job id to {verb}")
+        res = subprocess.run(["scontrol", verb, str(job_id)], timeout=60, capture_output=True, text=True)
+        if res.returncode:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
+
     def requeued_since_start(self, job_id: Optional[str]) -> bool:
         """Whether this job was requeued since it started (its restart count went up): an earlier
         request went through, and a second one would fail ("Job is pending execution")."""

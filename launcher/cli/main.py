@@ -109,7 +109,7 @@ def _status_cell(r) -> str:
     or status was removed after it was sealed or started is not pending: it reads as tampered."""
     if r["status"] not in FINAL and RunDir(r["dir"]).lost_seal():
         return "tampered (launcher show RUN)"
-    if r.get("job_ended") and r["status"] not in FINAL:
+    if r.get("job_ended") and r["status"] not in FINAL and r["status"] != "paused":  # paused: on purpose (sweep=asha)
         return f"{r['status']} (job ended: {r['job_state']})"
     return r["status"]
 

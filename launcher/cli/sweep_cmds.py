@@ -19,7 +19,7 @@ from rich.text import Text
 from launcher import sweeps
 from launcher.archive import registry
 from launcher.errors import ConfigErrors
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, SweepDir
 from launcher.status import FINAL
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
@@ -86,16 +86,40 @@ def _status_view(runs: List[Dict[str, Any]]):
     return Group(head, table)
 
 
+def rung_summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """sweep=asha: the sweep's rung table and compute spent against the full grid (None: no scheduler)."""
+    if not runs:
+        return None
+    from launcher import asha  # lazy: only the commands that show a sweep
+    from launcher.runtime import rungs
+
+    sweep = {r["sweep_id"] for r in runs}
+    if len(sweep) != 1:
+        return None
+    summ = rungs.summary(SweepDir(Path(runs[0]["dir"]).parent))
+    if summ is not None:
+        summ["lines"] = asha.describe(summ)
+    return summ
+
+
+def _print_rungs(console: Any, runs: List[Dict[str, Any]]) -> None:
+    summ = rung_summary(runs)
+    if summ is not None:
+        console.print(Text("successive halving (sweep=asha):\n" + "\n".join(summ["lines"])))
+
+
 def cmd_status(args) -> int:
     console = _console()
     if args.json:
         runs = sweep_runs(args._root, args.target)
         rows = [{k: v for k, v in r.items() if k != "_keys"} for r in point_rows(runs)]
         print(json.dumps({"counts": counts(runs), "swept": point_rows(runs)[0]["_keys"] if runs else [],
-                          "runs": rows}, indent=2))
+                          "runs": rows, "rungs": rung_summary(runs)}, indent=2))
         return 0
     if not args.watch:
-        console.print(_status_view(sweep_runs(args._root, args.target)))
+        runs = sweep_runs(args._root, args.target)
+        console.print(_status_view(runs))
+        _print_rungs(console, runs)
         return 0
     from rich.live import Live  # rich: only the command that prints loads it, not `launcher --help`
 
@@ -161,8 +185,8 @@ def cmd_results(args) -> int:
         return 0
     if args.json:
         print(json.dumps({"objective": objective, "higher_is_better": sweeps.higher_is_better(objective),
-                          "swept": keys, "rows": [{k: v for k, v in r.items() if k != "_dir"} for r in rows]},
-                         indent=2))
+                          "swept": keys, "rows": [{k: v for k, v in r.items() if k != "_dir"} for r in rows],
+                          "rungs": rung_summary(runs)}, indent=2))
         return 0
     from rich.table import Column, Table  # rich: only the command that prints loads it, not `launcher --help`
 
@@ -172,7 +196,9 @@ def cmd_results(args) -> int:
                         f"({direction} is better)")
     for r in rows:
         table.add_row(*(Text(sweeps.fmt(r.get(c))) for c in sweeps.columns(keys)))
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    _print_rungs(console, runs)
     return 0
 
 

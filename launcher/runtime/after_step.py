@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional
 from launcher import backends
 from launcher.archive import atomic
 from launcher.rundir import RunDir
-from launcher.runtime import restart_policy, restarts
+from launcher.runtime import restart_policy, restarts, rungs
 from launcher.runtime.restart_policy import Failure
 from launcher.status import RunStatus, Status
 
@@ -189,6 +189,11 @@ def main(argv: Optional[list] = None) -> int:
         done = settle(rd, outcome, backend, job_id)
         if done:
             print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+    try:  # sweep=asha: a point that ended short of its next rung must not hold the rung up
+        rungs.on_end(rd)
+    except Exception as e:
+        print(f"launcher: the rungs were not decided after this run ended ({type(e).__name__}: {e})",
+              file=sys.stderr, flush=True)
     sealer = arrange_seal(rd, backend, job_id, Path(path).parent)
     if sealer:
         print(f"launcher: {rd.path} is sealed by {sealer}" if sealer.startswith("this") else

@@ -120,6 +120,13 @@ class Attempt:
         self.recorded = True
         self.rd.set_status(Status.requeued, **extra)
 
+    def at_rung(self, verdict: str, step: int) -> None:
+        """sweep=asha: the run stopped at a rung, paused or pruned (rank 0 recorded which,
+        launcher.runtime.rungs); the job ends cleanly."""
+        self.recorded = True
+        if self.denv.rank == 0:
+            print(f"run {self.rd.path}: {'paused' if verdict == 'wait' else verdict} at rung step {step}", flush=True)
+
     def requeued(self) -> None:
         """The next attempt was asked for (launcher.runtime.restarts.request_requeue)."""
         self.recorded = True

@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from launcher.archive import atomic
 from launcher.rundir import RunDir
-from launcher.runtime import after_step
+from launcher.runtime import after_step, rungs
 from launcher.runtime.seal import seal_if_due
+from launcher.status import Status
 
 REQUEUE_EXIT_CODE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 MAX_STARTS = 6  # submitit's local controller starts a job at most this often
@@ -65,6 +67,37 @@ def seal_after(note_path: Path) -> bool:
     return bool(note and note.get("run")) and seal_if_due(RunDir(note["run"]))
 
 
+def wait_if_paused(note_path: Path, seen: Optional[set] = None, poll_s: float = 0.5) -> bool:
+    """sweep=asha: a run paused at a rung (its processes ended) waits here for the rung's decision
+    (launcher.runtime.rungs); True: promoted (maybe already, before its processes were seen to end),
+    start the processes again; False: not paused, or pruned. ``seen``: the attempts already started
+    again on a promotion (a promotion is acted on once)."""
+    note = atomic.read_json(note_path, default=None)
+    if not note or not note.get("run"):
+        return False
+    rd = RunDir(note["run"])
+    while rd.status().state is Status.paused:
+        time.sleep(poll_s)
+    st = rd.status()
+    promoted = st.state is Status.requeued and (st.stop or {}).get("reason") == "promoted"
+    if not promoted or (seen is not None and st.attempt in seen):
+        return False
+    if seen is not None:
+        seen.add(st.attempt)
+    return True
+
+
+def ended(note_path: Path) -> None:
+    """The run's job is over: a sweep's rungs it leaves are decided again (launcher.runtime.rungs.on_end)."""
+    note = atomic.read_json(note_path, default=None)
+    if note and note.get("run"):
+        try:
+            rungs.on_end(RunDir(note["run"]))
+        except Exception as e:  # the next point's end decides again
+            print(f"launcher: the rungs were not decided after this run ended ({type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
+
+
 def run(folder: Path) -> None:
     from submitit.local.local import Controller  # submitit: only in the controller process
 
@@ -72,16 +105,21 @@ def run(folder: Path) -> None:
     note = folder / f"requeue.{controller.pid}.json"
     os.environ[after_step.ENV] = str(note)  # the ranks' note (the tasks inherit this environment)
     try:
-        for _ in range(MAX_STARTS):
+        starts, promoted = 0, set()
+        while starts < MAX_STARTS:
             try:
                 controller.start_tasks()
                 codes: List[Optional[int]] = list(controller.wait())
             finally:
                 controller.kill_tasks()
+            if wait_if_paused(note, promoted):  # sweep=asha: promoted at its rung, so started again (not a restart)
+                continue
+            starts += 1
             if any(c == REQUEUE_EXIT_CODE for c in codes):
                 continue  # a rank asked: submitit's own restart
             if decide_after(note, codes) != "requeued":
                 break
+        ended(note)
         seal_after(note)
     finally:
         try:

@@ -44,6 +44,19 @@ class Interrupted(Exception):
         self.reason, self.step = reason, step
 
 
+class AtRung(Exception):
+    """Raised by the step loop at a rung of sweep=asha (launcher.runtime.rungs) where the run does not go
+    on: ``verdict`` "wait" (paused: checkpointed, its job ends, the rung's decision resumes it) or
+    "pruned" (final). Nothing is wrong: the job ends cleanly."""
+
+    def __init__(self, verdict: str, step: int) -> None:
+        super().__init__(f"{verdict} at rung step {step}")
+        self.verdict, self.step = verdict, step
+
+    def __reduce__(self):  # pickled back as it was (a Hydra app's job returns it in its JobReturn)
+        return (AtRung, (self.verdict, self.step))
+
+
 class StopFlag:
     """Remembers the first stop signal; the step loop reads it at a boundary."""
 

@@ -92,6 +92,10 @@ def run(rd: RunDir) -> Dict[str, Any]:
                 # the note the step's teardown decides by when no rank records an outcome (runtime.after_step)
                 restarts.leave_note(rd, n["n"], None, denv.job_id, backend=backend.name, max_restarts=max_restarts)
             summary = _run_recipe(rd, archived, denv, watch, stop_flag, n)
+        except restarts.AtRung as e:  # sweep=asha: paused or pruned at a rung (recorded by runtime.rungs)
+            watch.set()
+            a.at_rung(e.verdict, e.step)
+            return {}
         except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
             watch.set()
             detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
@@ -206,7 +210,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         summary = recipe(cfg, ctx) or {}
         dist.barrier()
     except Exception as e:
-        if ctx.abort_on_error and not isinstance(e, restarts.Interrupted):
+        if ctx.abort_on_error and not isinstance(e, (restarts.Interrupted, restarts.AtRung)):
             print(f"rank {denv.rank}: {type(e).__name__}: {e}: aborting (abort_on_error)", file=sys.stderr, flush=True)
             os.abort()  # as ProcessGroupNCCL's teardown: no handler runs, no outcome recorded
         raise

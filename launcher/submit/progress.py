@@ -66,7 +66,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     ok = True
     for r in runs:
         st = settle(r.rundir, ended=True).value
-        ok &= st == Status.completed
+        ok &= st in (Status.completed, Status.pruned)  # pruned: sweep=asha's decision, not a failure
         status = r.rundir.status()
         summary = status.summary or {}
         loss, first = summary.get("final_loss"), summary.get("first_loss")
@@ -74,7 +74,9 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         extra = ""
         if loss is not None and first is not None and tps:
             extra = f"loss {first:.4f} -> {loss:.4f} over {summary.get('steps')} steps, {tps:,.0f} tokens/s"
-        if st != "completed":
+        if st == "pruned":
+            extra = f"at {(status.stop or {}).get('step')} steps (sweep=asha)"
+        elif st != "completed":
             # a rank's ESC/OSC sequences shown, not obeyed
             extra = f"{printable(status.error or '')}  (logs: {log_of_failure(r)})"
         if quiet:

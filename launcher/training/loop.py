@@ -10,14 +10,20 @@ one step and gives its metrics row (``loop.log(loss=...)``); after the body the 
   the engines fold the stop votes into their loss all-reduce, ``engines.base.StepStats``, so this
   costs no collective of its own; else one tiny all-reduce); if so, saves blocking, waits for every
   rank's save and raises ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
-- saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step).
+- saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step),
+- at a rung of ``sweep=asha`` (launcher.asha, launcher.runtime.rungs): saves blocking, rank 0 reports
+  the row's ``sweep.objective`` into the sweep dir and learns the verdict (every rank gets it): go on,
+  or raise ``AtRung`` (paused: the job ends, a promotion resumes it from this checkpoint; or pruned).
 
 After the last step it waits until every save of every rank is committed.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, Iterator, List, Optional
 
+from launcher.runtime import rungs
+from launcher.runtime.restarts import AtRung
 from launcher.training.checkpoint import Checkpointer
 from launcher.training.metrics import MetricsSink
 
@@ -40,6 +46,11 @@ class StepLoop:
         self.step = self.start  # the step the body runs (the last one finished, after the loop)
         self._row: Optional[Dict[str, Any]] = None
         self._sink: Optional[MetricsSink] = None
+        # sweep=asha: the rungs this run reports at (None: not a point of such a sweep)
+        self._rule = rungs.rule_of(ctx.rundir, cfg) if _in_sweep(ctx) else None
+        self._t0, self._from = time.time(), self.start  # the measured segment (the compute spent)
+        # and what this start cost before its first step (imports, construction, resume): once an attempt
+        self._startup = rungs.since_process_start() if self._rule is not None and ctx.is_main else 0.0
 
     @property
     def resumed(self) -> bool:
@@ -62,6 +73,9 @@ class StepLoop:
                 self._end_step(step)
             if self.checkpoint is not None:
                 self.checkpoint.finish()
+            if self._rule is not None and self.ctx.is_main and self._from < self.steps:
+                rungs.record_end(self.ctx.rundir, self._rule, self.steps, seconds=time.time() - self._t0,
+                                 from_step=self._from, world=int(self.ctx.world_size), startup_s=self._startup)
         finally:
             self.close()
 
@@ -72,13 +86,45 @@ class StepLoop:
         self.ctx.heartbeat(step)
         stop = self.ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
         ck = self.checkpoint
+        # a rung first: a job stopped at its rung step resumes after it, and the rung must have its report
+        saved = self._rule is not None and step in self._rule.rungs and self._at_rung(step)
         if stop:
             if ck is not None:
-                ck.save(step, self.history, block=True)
+                if not saved:
+                    ck.save(step, self.history, block=True)
                 ck.finish()
             raise self.ctx.interrupted(stop, step)
-        if ck is not None and ck.due(step):
+        if ck is not None and not saved and ck.due(step):
             ck.save(step, self.history)
+
+    def _at_rung(self, step: int) -> bool:
+        """A rung: saved (where the run pauses), reported by rank 0, the verdict agreed by every rank;
+        raises AtRung unless the run goes on. True: this step is saved."""
+        rule, ck = self._rule, self.checkpoint
+        saved = step in rule.pause_rungs and ck is not None
+        if saved:
+            ck.save(step, self.history, block=True)
+            ck.finish()  # committed before the report: a decision may resume it from here at once
+        verdict = None
+        if self.ctx.is_main:
+            key = str(self.cfg.sweep.objective)
+            value = (self._row or {}).get(key)
+            try:
+                value = None if value is None else float(value)
+            except (TypeError, ValueError):
+                value = None
+            if value is None:
+                print(f"launcher: step {step} logged no number under sweep.objective={key!r}: this point counts "
+                      "as the worst at the rung", flush=True)
+            verdict = rungs.report(self.ctx.rundir, rule, step, value, attempt=int(self.ctx.attempt),
+                                   seconds=time.time() - self._t0, from_step=self._from,
+                                   world=int(self.ctx.world_size), job_id=self.ctx.rundir.status().job_id,
+                                   startup_s=self._startup)
+        verdict = _agree(self.ctx, verdict)
+        self._t0, self._from, self._startup = time.time(), step, 0.0
+        if verdict in ("wait", "pruned"):
+            raise AtRung(verdict, step)
+        return saved
 
     def close(self) -> None:
         """End the wandb run (also when the body raised: call it, or use the loop as a context manager)."""
@@ -91,3 +137,21 @@ class StepLoop:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _in_sweep(ctx: Any) -> bool:
+    rd = getattr(ctx, "rundir", None)
+    return rd is not None and rd.path.name.isdigit()
+
+
+def _agree(ctx: Any, verdict: Optional[str]) -> Optional[str]:
+    """Rank 0's verdict, on every rank (one broadcast where there are several)."""
+    if int(ctx.world_size) <= 1:
+        return verdict
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return verdict
+    box = [verdict]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

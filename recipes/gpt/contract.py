@@ -119,4 +119,6 @@ RECIPE = RecipeSpec(
     calibration=_calibration,
     fits=_fits,
     steps_key="train.steps",
+    metrics=("loss", "eval_loss", "tokens_per_s", "samples_per_s", "step_time_s", "lr", "grad_norm", "tflops", "mfu",
+             "activation_bytes", "peak_memory_bytes", "host_rss_bytes", "time_*_s"),
 )

@@ -1,0 +1,213 @@
+"""sweep=asha on the node: a point's report at a rung, the rung's decision, and carrying it out.
+
+No head process: the sweep dir holds every report and decision (``SweepDir.rung_rows``), written
+under the sweep's lock (``SweepDir.rungs_lock``). At a rung, rank 0 of a point (the step loop,
+launcher.training.loop) records its objective, then decides what the record allows
+(launcher.asha.decide_all) and carries out the new decisions: a promoted paused point is set
+``requeued`` (restart reason "promoted", which train.max_restarts does not count) and resumed through
+its backend (``Backend.resume_paused``: Slurm releases its held job; local: its controller, waiting,
+starts it again); a pruned paused point is finalised ``pruned`` and its job dropped
+(``Backend.drop_paused``). The reporting point itself goes on (promoted), ends ``pruned``, or pauses:
+status ``paused`` and ``Backend.pause`` (Slurm: ``scontrol requeuehold``, the job ends and frees its
+slot; local: the processes exit, the controller waits), done under the lock so that no decision can
+resume it before it is paused.
+
+A point that ends without reaching its next rung (failed, cancelled) must not block the rung: the
+step's teardown (launcher.runtime.after_step) and the local controller call ``on_end``, which decides
+again with that point counted as the worst. No torch here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from launcher import asha, backends
+from launcher.rundir import RunDir, SweepDir
+from launcher.status import Status
+
+
+def since_process_start() -> float:
+    """Seconds since this process started (its imports, the model's construction, the resume: what each
+    start of a paused point costs again); 0 where /proc does not say."""
+    from launcher.backends.local import process_start
+
+    try:
+        ticks = process_start(os.getpid())
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return max(0.0, time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK"))) if ticks is not None else 0.0
+    except (OSError, ValueError, StopIteration):
+        return 0.0
+
+
+def rule_of(rd: RunDir, cfg: Any = None) -> Optional[asha.Rule]:
+    """The run's scheduler (None: not in an asha sweep): its config's sweep group, or for a Hydra app's
+    run the launcher's (hydra.launcher.sweep, archived in run.json; rungs only: no train.steps)."""
+    try:
+        if cfg is None:
+            meta = rd.run() or {}
+            if meta.get("kind") == "hydra_app":
+                return asha.Rule.of({"sweep": meta["sweep"], "train": {"steps": 0}}) if meta.get("sweep") else None
+            cfg = rd.config()
+        return asha.Rule.of(cfg)
+    except (OSError, ValueError):
+        return None
+
+
+# the run this process reports for through ``at_step`` (a Hydra app's job attaches it before the app runs)
+_attached: Dict[str, Any] = {}
+
+
+def attach(rd: RunDir, attempt: int, job_id: Optional[str], rank: int, world: int) -> None:
+    _attached.clear()
+    rule = rule_of(rd)
+    if rule is not None:
+        me = _point(rd)  # resumed: its segment starts at the last rung it reported
+        last = max((int(r["step"]) for r in _sweep(rd).rung_rows() if r.get("kind") == "report"
+                    and r.get("point") == me), default=0)
+        _attached.update(rd=rd, rule=rule, attempt=attempt, job_id=job_id, rank=rank, world=world,
+                         t0=time.time(), startup=since_process_start(), last=last)
+
+
+def at_step(step: int, value: Optional[float]) -> None:
+    """The public call of code that runs no StepLoop (a Hydra app on hydra/launcher=launcher_*): after
+    step ``step`` (its checkpoint saved: a decision may resume the point from it at once), report the
+    objective. At a rung where the point does not go on, raises ``AtRung`` (paused: the job ends and a
+    promotion starts the app again, which resumes from its own checkpoint; or pruned): let it propagate.
+    Elsewhere, and outside such a sweep, it does nothing. One process per point reports (rank 0)."""
+    from launcher.runtime.restarts import AtRung
+
+    a = _attached
+    if not a or step not in a["rule"].rungs or a["rank"] != 0:
+        return
+    verdict = report(a["rd"], a["rule"], int(step), None if value is None else float(value), attempt=int(a["attempt"]),
+                     seconds=time.time() - a["t0"], from_step=int(a["last"]), world=int(a["world"]),
+                     job_id=a["job_id"], startup_s=a["startup"])
+    a.update(t0=time.time(), startup=0.0, last=int(step))
+    if verdict in ("wait", "pruned"):
+        raise AtRung(verdict, int(step))
+
+
+def _point(rd: RunDir) -> int:
+    return int(rd.path.name)
+
+
+def _sweep(rd: RunDir) -> SweepDir:
+    return SweepDir(rd.path.parent)
+
+
+def _state(sd: SweepDir) -> asha.State:
+    runs = sd.runs()
+    ended = [_point(r) for r in runs if r.status().is_final]
+    return asha.state_from(sd.rung_rows(), [_point(r) for r in runs], ended)
+
+
+def _backend(rd: RunDir) -> Any:
+    return backends.get(str((rd.config().get("cluster") or {}).get("backend") or "local"))
+
+
+def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Optional[int]) -> None:
+    """Record the new decisions and act on every paused point they name (not ``me``: the caller)."""
+    if not new:
+        return
+    sd.add_rung_rows([{"kind": "decision", **d.to_json(), "step": rule.pause_rungs[d.rung]} for d in new])
+    for d in new:
+        step = rule.pause_rungs[d.rung]
+        for p in d.promoted:
+            rd = sd.run(p)
+            if p == me or rd.status().state is not Status.paused:
+                continue
+            job_id = rd.status().job_id
+            rd.set_status(Status.requeued, stop={"reason": "promoted", "detail": f"promoted at rung {d.rung} "
+                                                 f"(step {step})", "rank": None, "step": step})
+            try:
+                _backend(rd).resume_paused(job_id)
+            except Exception as e:  # the point cannot go on: it ends, saying why
+                rd.finish_in_job(Status.failed, exit_code=1, error=f"promoted at rung {d.rung} but not resumed: "
+                                 f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip())
+        for p in d.pruned:
+            rd = sd.run(p)
+            if p == me or rd.status().state is not Status.paused:
+                continue
+            job_id = rd.status().job_id
+            rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": d.rung, "step": step})
+            try:
+                backend = _backend(rd)
+                backend.drop_paused(job_id)
+                # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
+                backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
+            except Exception as e:
+                print(f"launcher: the paused job {job_id} of pruned point {p} was not dropped ({e})",
+                      file=sys.stderr, flush=True)
+
+
+def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, attempt: int, seconds: float,
+           from_step: int, world: int, job_id: Optional[str], startup_s: float = 0.0) -> str:
+    """Rank 0 of a point at the rung at ``step``: its report recorded and the rungs decided; returns
+    "promoted" (go on), "wait" (paused: the job ends) or "pruned" (final), or "end" (the last rung:
+    train.steps, nothing to decide)."""
+    sd, me = _sweep(rd), _point(rd)
+    rung = rule.rungs.index(step)
+    with sd.rungs_lock():
+        sd.add_rung_rows([{"kind": "report", "point": me, "rung": rung, "step": step, "value": value,
+                           "attempt": attempt, "seconds": round(seconds, 3), "startup_s": round(startup_s, 3),
+                           "from_step": from_step, "world": world}])
+        if step not in rule.pause_rungs:
+            return "end"
+        state = _state(sd)
+        new = asha.decide_all(rule, state)
+        mine = asha.verdict(rule, state, me, rung)
+        if mine == "wait":
+            rd.set_status(Status.paused, stop={"reason": "rung", "detail": f"paused at rung {rung} (step {step})",
+                                               "rank": 0, "step": step})
+            _backend(rd).pause(job_id)
+        elif mine == "pruned":
+            rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": rung, "step": step})
+        _carry_out(sd, rule, new, me)
+        return mine
+
+
+def wait_decision(rd: RunDir, poll_s: float = 0.5) -> str:
+    """A paused run's process that holds no queue slot (cluster=local): wait for its rung's decision;
+    "promoted" (go on: a new attempt) or what it became (pruned, cancelled...)."""
+    while rd.status().state is Status.paused:
+        time.sleep(poll_s)
+    st = rd.status()
+    promoted = st.state is Status.requeued and (st.stop or {}).get("reason") == "promoted"
+    return "promoted" if promoted else st.state.value
+
+
+def on_end(rd: RunDir) -> None:
+    """A point's job ended: if its run is final without having reached its next rung, the rungs it
+    leaves are decided again (it counts as the worst)."""
+    rule = rule_of(rd)
+    if rule is None or not rd.status().is_final:
+        return
+    sd = _sweep(rd)
+    with sd.rungs_lock():
+        state = _state(sd)
+        _carry_out(sd, rule, asha.decide_all(rule, state), None)
+
+
+def record_end(rd: RunDir, rule: asha.Rule, step: int, *, seconds: float, from_step: int, world: int,
+               startup_s: float = 0.0) -> None:
+    """The measured segment of a point that ran to train.steps past its last rung (the compute spent)."""
+    if step in rule.rungs:
+        return  # its report at that rung holds the segment
+    sd = _sweep(rd)
+    with sd.rungs_lock():
+        sd.add_rung_rows([{"kind": "end", "point": _point(rd), "step": step, "seconds": round(seconds, 3),
+                           "startup_s": round(startup_s, 3), "from_step": from_step, "world": world}])
+
+
+def summary(sd: SweepDir) -> Optional[Dict[str, Any]]:
+    """The sweep's rung table and compute (None: no scheduler)."""
+    runs = sd.runs()
+    if not runs:
+        return None
+    rule = rule_of(runs[0])
+    if rule is None:
+        return None
+    return asha.summary(sd.rung_rows(), rule, [_point(r) for r in runs])

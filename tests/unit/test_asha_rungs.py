@@ -1,0 +1,85 @@
+"""sweep=asha's node side on real run dirs (no job): reports under the sweep's lock, the rung decided by
+the point that completes it, paused points resumed or pruned, a failed point deciding on its end, and
+the local controller's wait for the decision."""
+from __future__ import annotations
+
+import json
+
+from launcher.rundir import RunDir, SweepDir
+from launcher.runtime import local_controller, rungs
+from launcher.status import Status
+
+CFG = {"cluster": {"backend": "local"}, "train": {"steps": 6},
+       "sweep": {"scheduler": "asha", "rungs": [2, 4], "reduction": 2, "mode": "min", "objective": "loss"}}
+
+
+def sweep(tmp_path, n=4) -> SweepDir:
+    sd = SweepDir(tmp_path / "sweep")
+    for i in range(n):
+        rd = sd.run(i)
+        rd.path.mkdir(parents=True)
+        rd.write_config(CFG)
+        rd.write_run({"run_id": sd.run_id(i), "index": i})
+        rd.set_status(Status.running, attempt=1, job_id=str(1000 + i))
+    return sd
+
+
+def report(sd, p, step, value):
+    rd = sd.run(p)
+    return rungs.report(rd, rungs.rule_of(rd), step, value, attempt=int(rd.status().attempt or 1), seconds=1.0,
+                        from_step=0, world=1, job_id=rd.status().job_id, startup_s=2.0)
+
+
+def states(sd, n=4):
+    return [sd.run(i).status().state.value for i in range(n)]
+
+
+def test_the_point_that_completes_a_rung_decides_it(tmp_path):
+    sd = sweep(tmp_path)
+    assert [report(sd, p, 2, v) for p, v in [(0, 3.0), (1, 1.0), (2, 2.0)]] == ["wait"] * 3
+    assert states(sd) == ["paused"] * 3 + ["running"]
+    assert report(sd, 3, 2, 0.5) == "promoted"  # the best two: 3 (goes on) and 1 (resumed)
+    assert states(sd) == ["pruned", "requeued", "pruned", "running"]
+    st = sd.run(1).status()
+    assert st.stop["reason"] == "promoted" and st.stop["step"] == 2
+    assert sd.run(0).status().stop == {"rung": 0, "step": 2} and sd.run(0).seal_due()
+    summ = rungs.summary(sd)
+    assert summ["rungs"][0]["promoted"] == [1, 3] and summ["rungs"][0]["reported"] == 4
+    assert summ["steps"] == 8 and summ["starts"] == 4
+
+
+def test_a_point_that_fails_before_its_rung_is_decided_on_its_end(tmp_path):
+    sd = sweep(tmp_path)
+    for p, v in [(0, 3.0), (1, 1.0), (2, 2.0), (3, 0.5)]:
+        report(sd, p, 2, v)
+    sd.run(1).set_status(Status.running, attempt=2)  # resumed
+    assert report(sd, 1, 4, 0.9) == "wait"  # 3 has not reported at step 4 yet
+    sd.run(3).finish(Status.failed, seal=False, exit_code=1, error="boom")
+    rungs.on_end(sd.run(3))
+    assert states(sd) == ["pruned", "requeued", "pruned", "failed"]  # 1 goes on to train.steps
+    assert rungs.summary(sd)["rungs"][1]["promoted"] == [1]
+
+
+def test_a_promotion_is_not_a_restart_train_max_restarts_counts(tmp_path):
+    rd = RunDir(tmp_path / "0")
+    rd.path.mkdir()
+    rd.record_restart({"attempt": 2, "reason": "promoted"})
+    rd.record_restart({"attempt": 3, "reason": "failure"})
+    rd.record_restart({"attempt": 4, "reason": "promoted"})
+    assert rd.restarts_since_launch() == 1
+
+
+def test_the_local_controller_waits_for_the_decision_and_acts_once(tmp_path):
+    sd = sweep(tmp_path, 1)
+    rd = sd.run(0)
+    note = tmp_path / "note.json"
+    note.write_text(json.dumps({"run": str(rd.path)}))
+    assert local_controller.wait_if_paused(note, set()) is False  # running: not paused
+    seen: set = set()
+    # promoted before the controller saw its processes end: started again, once per attempt
+    rd.set_status(Status.requeued, stop={"reason": "promoted"})
+    assert local_controller.wait_if_paused(note, seen) is True
+    assert local_controller.wait_if_paused(note, seen) is False
+    rd.set_status(Status.running, attempt=2)
+    rd.finish(Status.pruned, seal=False, exit_code=0)
+    assert local_controller.wait_if_paused(note, seen) is False
