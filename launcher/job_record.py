@@ -21,6 +21,8 @@ class JobRecord:
     # local: when the job's process started (clock ticks after boot, /proc/<pid>/stat): with the pid
     # (job_id) its identity, so that a pid reused by another process is never taken for the job
     process_start: Optional[int] = None
+    # a packed point (cluster.pack): its place in its pack's queue; job_id is the pack's allocation
+    pack_index: Optional[int] = None
 
     @property
     def submission_id(self) -> str:
@@ -38,8 +40,9 @@ class JobRecord:
         out["earlier_job_ids"] = list(self.earlier_job_ids)
         if not out["earlier_job_ids"]:
             del out["earlier_job_ids"]
-        if out["process_start"] is None:
-            del out["process_start"]
+        for key in ("process_start", "pack_index"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod
@@ -53,7 +56,7 @@ class JobRecord:
                    stderr=str(data.get("stderr") or ""), num_tasks=None if tasks is None else int(tasks),
                    submitted=str(data.get("submitted") or ""),
                    earlier_job_ids=tuple(str(j) for j in data.get("earlier_job_ids") or () if j is not None),
-                   process_start=_ticks(data.get("process_start")))
+                   process_start=_ticks(data.get("process_start")), pack_index=_ticks(data.get("pack_index")))
 
 
 def _ticks(value: Any) -> Optional[int]:

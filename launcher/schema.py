@@ -222,6 +222,12 @@ class ClusterConfig:
     # `scontrol show config` (MaxArraySize, MaxSubmitJobs) when submitting
     max_array_size: Optional[int] = num(None, ge=1)
     max_submit_jobs: Optional[int] = num(None, ge=1)
+    # Slurm: the points of a sweep group go out as ONE job of cluster.pack_nodes nodes whose runner
+    # starts each point as a job step (srun --exact), several per node when they fit, backfilling as
+    # points end (launcher.runtime.pack; docs/sweeps.md "Packing small points")
+    pack: bool = False
+    # the pack's nodes; null: min(points x cluster.nodes, PACK_NODES_DEFAULT)
+    pack_nodes: Optional[int] = num(None, ge=1)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     intra_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
@@ -306,6 +312,19 @@ class TrainConfig:
 
 
 # the hang watch on several nodes when train.hang_timeout_s is null: half the collective timeout, at most this
+PACK_NODES_DEFAULT = 8  # cluster.pack_nodes=null: at most this many nodes, fewer when the points need fewer
+
+
+def pack_nodes(cluster: Any, points: int) -> int:
+    """The nodes of a pack of ``points`` points (cluster.pack_nodes, or as many as the points could use
+    at once, at most PACK_NODES_DEFAULT and never fewer than one point needs)."""
+    given = cluster.get("pack_nodes")
+    if given:
+        return int(given)
+    per_point = int(cluster.get("nodes") or 1)
+    return max(per_point, min(points * per_point, PACK_NODES_DEFAULT))
+
+
 MULTI_NODE_HANG_TIMEOUT_S = 300
 
 

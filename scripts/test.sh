@@ -40,7 +40,7 @@ fi
   >/tmp/launcher-cpu-adam-build.log 2>&1 &
 build_pid=$!
 status=0
-.venv/bin/python -m pytest -q -ra --durations=10 tests/unit || status=$?
+.venv/bin/python -m pytest -q -ra --durations=10 -n 2 tests/unit || status=$?
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
 # two workers (--dist loadgroup: tests/conftest.py puts every Slurm test in one group)

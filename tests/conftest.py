@@ -63,6 +63,33 @@ def slurm() -> Dict[str, str]:
     return {"SLURM_CONF": conf}
 
 
+@pytest.fixture(autouse=True)
+def _slurm_share(request: pytest.FixtureRequest):
+    """The local cluster is shared by the two workers' Slurm tests: each holds a shared lock on it, and
+    a ``slurm_whole`` test (a node set DOWN, a 100-task array) an exclusive one, so nothing of the other
+    worker runs beside it. A turnstile taken first keeps a waiting exclusive test from starving."""
+    if not request.node.get_closest_marker("slurm"):
+        yield
+        return
+    import fcntl
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(os.environ.get("SLURM_CONF", "").encode()).hexdigest()[:12]
+    base = Path(tempfile.gettempdir()) / f"launcher-tests-slurm-{key}"
+    whole = request.node.get_closest_marker("slurm_whole") is not None
+    with open(f"{base}.turnstile", "a+") as gate, open(f"{base}.lock", "a+") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def equivalence_reference(tmp_path_factory) -> Path:
     """The uninterrupted single-process reference of the engine-equivalence drills (helpers.EQUIV_BASE,
@@ -157,13 +184,22 @@ def tiers_of(item: pytest.Item) -> Set[str]:
     return found
 
 
+# The Slurm tests' modules in two groups of about equal time (CI's --durations), so the two workers
+# each wait on the scheduler beside the other; _slurm_share keeps a `slurm_whole` test alone.
+SLURM_SECOND_GROUP = frozenset({"test_fault_tolerance.py", "test_archive.py", "test_hydra_requeue.py",
+                                "test_script_recipe.py", "test_hydra_app.py", "test_sweep_results.py",
+                                # its module fixture submits outside any test: beside the whole-cluster tests
+                                "test_doctor_failures.py"})
+
+
 def xdist_group_of(item: pytest.Item, tiers: Set[str]) -> str:
     """Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) a group runs on one worker, in order:
-    every Slurm test in one group (they share the 4-node cluster, and one sets a node DOWN), every test
-    of the shared reference run in another (it is made once), and each other integration module in its
-    own (its module-scoped reference runs are made once). Pure tests go wherever a worker is free."""
+    the Slurm tests in two groups by module (they share the 4-node cluster; a test that needs it alone
+    is marked ``slurm_whole``), every test of the shared reference run in another (it is made once), and
+    each other integration module in its own (its module-scoped reference runs are made once). Pure
+    tests go wherever a worker is free."""
     if "slurm" in tiers:
-        return "slurm"
+        return "slurm-b" if Path(str(item.fspath)).name in SLURM_SECOND_GROUP else "slurm-a"
     if "equivalence_reference" in getattr(getattr(item, "_fixtureinfo", None), "names_closure", ()):
         return "equivalence"
     if "launch" in tiers:

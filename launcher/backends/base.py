@@ -97,7 +97,11 @@ class Backend:
         name and the throttle are the submission's, so points that differ only in name, model or
         hyper-parameters share one array."""
         params = self.parameters(cfg)
-        return self.name + ":" + repr(sorted((k, v) for k, v in params.items() if k not in self.submission_parameters))
+        key = self.name + ":" + repr(sorted((k, v) for k, v in params.items() if k not in self.submission_parameters))
+        cl = getattr(cfg, "cluster", None)
+        if cl is not None and hasattr(cl, "get") and cl.get("pack"):  # a pack is one job: its nodes are its own
+            key += f":pack:{cl.get('pack_nodes')}"
+        return key
 
     def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
         """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
@@ -147,6 +151,16 @@ class Backend:
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
+
+    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+        """The most nodes a pack of ``cfg``'s points could get (its partition's nodes; None: unknown)."""
+        return None
+
+    def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
+                      nodes: int) -> Any:
+        """An executor for one pack (cluster.pack): ``nodes`` whole nodes whose one batch process runs
+        launcher.runtime.pack's runner. Only a scheduler with job steps has one."""
+        raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
     def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
         """job.json of a job submitit submitted (its id read as this scheduler writes it)."""
@@ -241,6 +255,9 @@ class Backend:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
         from submitit.core.utils import JobPaths  # submitit: only to submit or read a job, not on the plan/--help path
 
+        if job.pack_index is not None:  # a packed point's step writes its own (launcher.runtime.pack)
+            folder = Path(job.submitit_folder.replace("%j", job.job_id))
+            return folder / f"{job.job_id}_pack{job.pack_index}_{rank}_log.{'err' if err else 'out'}"
         paths = JobPaths(job.submitit_folder, job_id=job.job_id, task_id=rank)
         return paths.stderr if err else paths.stdout
 

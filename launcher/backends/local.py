@@ -207,6 +207,17 @@ class LocalBackend(Backend):
             params["stderr_to_stdout"] = True
         return params
 
+    def request_problems(self, cfg: Any) -> List[str]:
+        """The shared bounds; and cluster.pack, which needs a scheduler's job steps: every local point is
+        already a process of this host, started as others end (cluster.array_parallelism at once)."""
+        out = super().request_problems(cfg)
+        cl = getattr(cfg, "cluster", None)
+        if cl is not None and hasattr(cl, "get") and cl.get("pack"):
+            out.append("cluster.pack: packing points into one allocation needs Slurm (cluster=slurm or a "
+                       "Slurm cluster config); cluster=local runs each point as its own processes already "
+                       "(fix: cluster.pack=false, or cluster.array_parallelism to bound how many run at once)")
+        return out
+
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)

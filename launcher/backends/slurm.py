@@ -32,6 +32,7 @@ from launcher.job_record import JobRecord
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
+PACK_STEP_ENV = "LAUNCHER_PACK_STEP"  # launcher.runtime.pack exports it into each point's step
 REQUEUE_NOTE_ENV = NOTE_ENV  # where the job's note for the step's teardown lives (runtime.after_step)
 
 # Slurm's job states -> the run's status
@@ -571,6 +572,40 @@ class SlurmBackend(Backend):
         ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism, folder))
         return ex
 
+    def pack_parameters(self, cfg: Any, code_dir: Optional[Path], job_name: Optional[str], nodes: int,
+                        folder: Path) -> Dict[str, Any]:
+        """The pack's job: ``nodes`` whole nodes (--exclusive: the runner shares them among its points'
+        steps), every GPU of them where the points use GPUs; one process (no srun: the runner starts the
+        steps), the points' setup lines and environment; no teardown (the runner decides each point's
+        end itself)."""
+        params = self.parameters(cfg, code_dir)
+        cl = cfg.cluster
+        params.update(nodes=int(nodes), ntasks_per_node=1, use_srun=False, exclusive=True, teardown=[])
+        params.pop("srun_args", None)
+        params.pop("mem", None)  # whole nodes: all their memory
+        if cl.use_gpus:
+            part = cl.get("partition")
+            sizes = [n.gpus for n in cluster_nodes() if (n.partition == str(part) if part else n.default)]
+            params["gpus_per_node"] = max(sizes + [int(cl.gpus_per_node)])
+        if job_name is not None:
+            params["job_name"] = str(job_name)
+        params.pop("array_parallelism", None)
+        return params
+
+    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+        """The nodes of the pack's partition (sinfo, cached): a pack asks whole nodes."""
+        part = cfg.cluster.get("partition")
+        names = [n for n in cluster_nodes() if (n.partition == str(part) if part else n.default)]
+        return len(names) or None
+
+    def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
+                      nodes: int) -> Any:
+        from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
+
+        ex = SlurmExecutor(folder=folder)
+        ex.update_parameters(**self.pack_parameters(cfg, code_dir, job_name, nodes, folder))
+        return ex
+
     def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
         """A runs root on a filesystem only this host has, for nodes that are other hosts: the job
         would wait 120 s for its run dir and fail. Unknown (no sinfo, no /proc/mounts): None."""
@@ -704,6 +739,8 @@ class SlurmBackend(Backend):
     def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
         """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
         of it writes into the run dir after the launcher seals it."""
+        if job.pack_index is not None:  # a packed point: its step alone; the pack's other points run on
+            return self._cancel_point(job, wait_s)
         subprocess.run(["scancel", job.job_id], check=False, timeout=60)
         deadline = time.time() + wait_s
         while time.time() < deadline:
@@ -712,8 +749,27 @@ class SlurmBackend(Backend):
                 return
             time.sleep(1.0)
 
+    def _cancel_point(self, job: JobRecord, wait_s: float) -> None:
+        """scancel the step of a packed point (found by its name: launcher.runtime.pack.step_name), then
+        wait until it is gone. A point still queued has no step: its run, recorded cancelled first
+        (launcher cancel), is one its pack's runner never starts."""
+        prefix = f"pack{job.pack_index}-"
+
+        def steps() -> List[str]:
+            out = _run(["squeue", "-h", "-s", "-j", job.job_id, "-o", "%i|%j"])
+            return [i.strip() for i, _, name in (ln.partition("|") for ln in out.splitlines())
+                    if name.strip().startswith(prefix)]
+
+        for step in steps():
+            subprocess.run(["scancel", step], check=False, timeout=60)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and steps():
+            time.sleep(1.0)
+
     def request_requeue(self, job_id: Optional[str]) -> None:
         """``scontrol requeue``: Slurm ends this job's processes and queues the same job id again."""
+        if os.environ.get(PACK_STEP_ENV):  # a packed point: its pack's runner starts it again, not Slurm
+            return
         if not job_id:
             raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
         res = subprocess.run(["scontrol", "requeue", str(job_id)], timeout=60, capture_output=True, text=True)
@@ -753,6 +809,8 @@ class SlurmBackend(Backend):
     def requeued_since_start(self, job_id: Optional[str]) -> bool:
         """Whether this job was requeued since it started (its restart count went up): an earlier
         request went through, and a second one would fail ("Job is pending execution")."""
+        if os.environ.get(PACK_STEP_ENV):
+            return False
         m = re.search(r"\bRestarts=(\d+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
         return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
@@ -771,6 +829,8 @@ class SlurmBackend(Backend):
 
     def place(self, environ: Mapping[str, str]) -> TaskPlace:
         raw = str(environ.get("SLURM_JOB_ID") or "")
+        if environ.get(PACK_STEP_ENV) and environ.get("SLURM_STEP_ID"):
+            return self._pack_place(environ, raw)
         array, task = environ.get("SLURM_ARRAY_JOB_ID") or None, environ.get("SLURM_ARRAY_TASK_ID") or None
         hosts = hostnames(environ.get("SLURM_JOB_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
         return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=env_int(environ, "SLURM_NTASKS", 1),
@@ -778,6 +838,19 @@ class SlurmBackend(Backend):
                          num_nodes=env_int(environ, "SLURM_JOB_NUM_NODES", 1), hostnames=tuple(hosts),
                          job_id=f"{array}_{task}" if array else raw, raw_job_id=raw,
                          array_job_id=array, array_task_id=task)
+
+    def _pack_place(self, environ: Mapping[str, str], raw: str) -> TaskPlace:
+        """A rank of a packed point (launcher.runtime.pack): its step's nodes, not the allocation's, and
+        ``<job>.<step>`` as its job id (the rendezvous port is derived from it: points differ)."""
+        step_id = f"{raw}.{environ['SLURM_STEP_ID']}"
+        hosts = hostnames(environ.get("SLURM_STEP_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
+        me = self.node_name(environ)
+        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=env_int(environ, "SLURM_STEP_NUM_TASKS",
+                                                                                      env_int(environ, "SLURM_NTASKS", 1)),
+                         local_rank=env_int(environ, "SLURM_LOCALID", 0),
+                         node_rank=hosts.index(me) if me in hosts else env_int(environ, "SLURM_NODEID", 0),
+                         num_nodes=env_int(environ, "SLURM_STEP_NUM_NODES", len(hosts)), hostnames=tuple(hosts),
+                         job_id=step_id, raw_job_id=step_id)
 
     def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
         return environ.get("SLURMD_NODENAME") or None

@@ -56,12 +56,20 @@ def ephemeral_start(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int
 RESERVED = range(29400, 29600)
 
 
+STEP_STRIDE = 7919  # a prime: the steps of one pack spread over the span, away from the job's neighbours
+
+
 def port_for_job(job_id: str, first_ephemeral: int = EPHEMERAL_START) -> int:
     """A rendezvous port derived from the job id ("1234", "1234_5" or a local pid), between
     PORT_BASE and the ephemeral range, so neither another job nor a client socket holds it, and
     outside RESERVED (a torchrun on the same node). Two jobs get the same port only when their ids
-    differ by a multiple of the span (~17,500 ids apart: not side by side on one node)."""
-    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    differ by a multiple of the span (~17,500 ids apart: not side by side on one node). A pack's point
+    ("<job>.<step>", launcher.runtime.pack) adds its step times STEP_STRIDE: the points of one pack on
+    one node never share a port."""
+    job, _, step = str(job_id).partition(".")  # a pack's point: <job>.<step> (two on one node differ)
+    digits = re.sub(r"\D", "", job) or "0"
+    if step.isdigit():
+        digits = str(int(digits) + (int(step) + 1) * STEP_STRIDE)
     span = max(1000, first_ephemeral - PORT_BASE - len(RESERVED))
     port = PORT_BASE + int(digits) % span
     return port + len(RESERVED) if port >= RESERVED.start else port

@@ -237,8 +237,15 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     for arr in planned:
         idxs = [c.index for c in arr.points]
         first = arr.points[0]
-        preview = first.backend.preview(first.point.cfg, sweep.submitit_folder, idxs, sweep.code_dir,
-                                        job_name=name, parallelism=arr.parallelism)
+        if arr.pack_nodes is not None:  # one job of pack_nodes nodes whose runner starts the points as steps
+            params = first.backend.pack_parameters(first.point.cfg, sweep.code_dir, name, arr.pack_nodes,
+                                                   sweep.submitit_folder)
+            preview = (f"# ---- pack of points {idxs}: ONE job of {arr.pack_nodes} node(s) "
+                       f"(cluster.pack=true); each point a job step (srun --exact)\n"
+                       + "\n".join(f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"))
+        else:
+            preview = first.backend.preview(first.point.cfg, sweep.submitit_folder, idxs, sweep.code_dir,
+                                            job_name=name, parallelism=arr.parallelism)
         print(secrets.scrub(preview, known), file=out)
     print(f"# dry run: nothing submitted ({len(checked)} point(s))", file=out)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=None, runs=[], job_ids=[], dry_run=True)
@@ -392,7 +399,7 @@ def runs_of(sweep: _Sweep, arr: Array[Checked]) -> Array[submission.Run]:
         run_id=sweep.dir.run_id(c.index), rundir=sweep.dir.run(c.index), stage=sweep.dir.staging(c.index),
         task=RunTask(str(sweep.dir.run(c.index).path)), cfg=c.point.cfg, code_dir=sweep.code_dir,
         folder=sweep.dir.submitit_folder, shared=sweep.dir.shared(), num_tasks=c.layout.world_size)
-        for c in arr.points], arr.parallelism)
+        for c in arr.points], arr.parallelism, pack_nodes=arr.pack_nodes)
 
 
 # ---- 5. publish ----------------------------------------------------------------------------------
@@ -505,7 +512,9 @@ def export_lifted(checked: List[Checked]) -> None:
 
 def _print_submitted(result: SweepResult, out) -> None:
     n = len(result.runs)
-    what = "job" if n == 1 else "array job" if len(result.job_ids) == 1 else f"{len(result.job_ids)} jobs"
+    packed = any(r.record is not None and r.record.pack_index is not None for r in result.runs)
+    what = ("job" if n == 1 else ("pack job" if packed else "array job") if len(result.job_ids) == 1
+            else f"{len(result.job_ids)} jobs")
     name = result.backend.name if result.backend else "?"
     print(f"sweep {result.sweep_id}: {n} run(s) submitted ({name}), {what} {', '.join(result.job_ids)}", file=out)
     for r in result.runs:

@@ -204,7 +204,8 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
         for root in dict.fromkeys(n.rd.path.parent.parent for n in nexts):
             registry.record(root, [n.rd.path for n in nexts if n.rd.path.parent.parent == root])
 
-    runs, job_ids = submission.submit([submission.Array([run_of(n) for n in arr.points], arr.parallelism)
+    runs, job_ids = submission.submit([submission.Array([run_of(n) for n in arr.points], arr.parallelism,
+                                                        pack_nodes=arr.pack_nodes)
                                        for arr in planned], known, publish=publish, job_name=name,
                                       refused=f"{reason} submission failed")
     for r in runs:

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
-from launcher import backends
+from launcher import backends, schema
 from launcher.archive import atomic, secrets
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
@@ -35,6 +35,7 @@ class Array(Generic[T]):
 
     points: List[T]
     parallelism: int
+    pack_nodes: Optional[int] = None  # cluster.pack: one job of this many nodes runs the points as job steps
 
 
 def arrays(items: Sequence[T], cfg: Callable[[T], Any],
@@ -59,10 +60,19 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
     if problems:
         raise Unschedulable("the scheduler could never run this; nothing was submitted:\n"
                             + "\n".join(f"  - {p}" for p in problems))
+    out: List[Array[T]] = []
+    packs = [g for g in grouped.values() if _packed(cfg(g[0]))]
+    sized = [(g, pack_size([cfg(x) for x in g])) for g in packs]
+    problems = [p for _, (_, probs) in sized for p in probs]
+    if problems:
+        raise Unschedulable("the scheduler could never run this; nothing was submitted:\n"
+                            + "\n".join(f"  - {p}" for p in dict.fromkeys(problems)))
+    # a pack is one job, whatever its points: one more job against the submit limits (sbatch judges)
+    out.extend(Array(g, len(g), pack_nodes=nodes) for g, (nodes, _) in sized)
     by_backend: Dict[str, List[List[T]]] = {}
     for (name, _, _), g in grouped.items():
-        by_backend.setdefault(name, []).append(g)
-    out: List[Array[T]] = []
+        if not _packed(cfg(g[0])):
+            by_backend.setdefault(name, []).append(g)
     for name, gs in by_backend.items():
         cfgs = [cfg(x) for g in gs for x in g]
         overrides = {"max_array_size": _smallest(cfgs, "max_array_size"),
@@ -76,6 +86,31 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
         chunks = plan_arrays([len(g) for g in gs], limits, throttle)
         out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)
     return out
+
+
+def _packed(c: Any) -> bool:
+    cl = getattr(c, "cluster", None)
+    return bool(cl is not None and hasattr(cl, "get") and cl.get("pack"))
+
+
+def pack_size(cfgs: Sequence[Any]) -> Tuple[int, List[str]]:
+    """The nodes of one pack (schema.pack_nodes; when not given, no more than its partition has) and
+    why its points could never run in it (``key: why``): a point wider than the pack, a pack wider
+    than the partition."""
+    cl = cfgs[0].cluster
+    nodes = schema.pack_nodes(cl, len(cfgs))
+    limit = backends.of(cfgs[0]).pack_node_limit(cfgs[0])
+    wide = max(int(c.cluster.nodes) for c in cfgs)
+    if limit is not None and not cl.get("pack_nodes"):
+        nodes = max(wide, min(nodes, limit))
+    problems = []
+    if wide > nodes:
+        problems.append(f"cluster.pack_nodes: is {nodes}; a point asks cluster.nodes={wide} (fix: "
+                        f"cluster.pack_nodes={wide} or more, or null)")
+    if limit is not None and nodes > limit:
+        problems.append(f"cluster.pack_nodes: asks {nodes} whole nodes; the partition has {limit} (sinfo; fix: "
+                        f"cluster.pack_nodes={limit} or fewer, or null)")
+    return nodes, problems
 
 
 @dataclass
@@ -192,6 +227,8 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
     job.json and script."""
     first = arr.points[0]
     backend = backends.of(first.cfg)
+    if arr.pack_nodes is not None:
+        return _submit_pack(arr, known, job_name, queued)
     with backend.environment(first.cfg, first.code_dir):
         ex = backend.executor(first.cfg, first.folder, first.code_dir, job_name=job_name, parallelism=arr.parallelism)
         try:
@@ -217,6 +254,51 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
     finally:  # each run holds its array's own; the next array writes a file of its own
         if script is not None:
             (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
+
+
+def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str],
+                 queued: Callable[[str, List[Run]], Any]) -> List[SubmittedRun]:
+    """One pack (cluster.pack): ONE job whose runner starts each run as a job step (launcher.runtime.pack);
+    each run's job.json names the pack's job and the run's place in its queue (its logs are its own)."""
+    from dataclasses import replace
+
+    from launcher.runtime.pack import Need, PackPoint, PackRunner, plan_memory  # lazy: only a pack needs it
+
+    first = arr.points[0]
+    backend = backends.of(first.cfg)
+    points = []
+    for i, r in enumerate(arr.points):
+        cl = r.cfg.cluster
+        plan = r.staged.plan()
+        points.append(PackPoint(i, r.run_id, str(r.rundir.path), r.task, Need(
+            nodes=int(cl.nodes), tasks=int(cl.gpus_per_node), cpus_per_task=int(cl.cpus_per_task),
+            gpus=bool(cl.use_gpus), mem_per_task=plan_memory(plan))))
+    gpu_mem = float(first.cfg.cluster.gpu.get("memory_gb") or 0) if first.cfg.cluster.get("gpu") else 0
+    with backend.environment(first.cfg, first.code_dir):
+        ex = backend.pack_executor(first.cfg, first.folder, first.code_dir, job_name, int(arr.pack_nodes or 1))
+        try:
+            job = ex.submit(PackRunner(points, str(first.folder), int(gpu_mem * (1 << 30)) or None))
+        finally:
+            secrets.scrub_files(Path(first.folder).glob("*.sh"), known)
+    record = backend.job_record(job)
+    queued(record.job_id, list(arr.points))
+    script = backend.submitted_script(job)
+    if script is not None:
+        first.shared.write_script(secrets.scrub(script, known))
+    out = []
+    try:
+        for i, r in enumerate(arr.points):
+            rec = replace(record, num_tasks=r.num_tasks, pack_index=i)
+            rec = replace(rec, stdout=str(backend.log_path(rec, 0)), stderr=str(backend.log_path(rec, 0, err=True)))
+            rec = rec.after(r.earlier)
+            if script is not None:
+                r.staged.archive_script(first.shared)
+            r.staged.write_job(rec)
+            out.append(SubmittedRun(run_id=r.run_id, rundir=r.rundir, job_id=rec.job_id, job=job, record=rec))
+    finally:
+        if script is not None:
+            (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
+    return out
 
 
 def in_threads(fn: Callable[[Any], Any], items: list) -> list:

@@ -240,6 +240,7 @@ with open(os.environ["LAUNCHER_METRICS_FILE"], "a") as f:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_whole
 @pytest.mark.timeout(1200)
 def test_hundred_task_array(slurm, runs_root, tmp_path):
     code = tmp_path / "code"

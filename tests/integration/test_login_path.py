@@ -65,3 +65,21 @@ def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
     assert "torch" not in imported and "deepspeed" not in imported
     job_id = res.stdout.split("array job ")[1].split()[0]
     subprocess.run(["scancel", job_id], env={"PATH": "/usr/bin:/bin", **slurm}, timeout=60)
+
+
+@pytest.mark.timeout(300)
+def test_real_slurm_pack_submission_imports_no_torch(tmp_path, slurm):
+    """cluster.pack=true: the pack's runner (launcher.runtime.pack) is pickled on the login node; torch
+    stays for its steps."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
+                          "cluster.nodes=1", "cluster.pack=true", "cluster.pack_nodes=1", "train.steps=6",
+                          "optim.lr=1e-3,2e-3", "wandb.enabled=false"],
+                         capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                         env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE, **slurm})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "2 run(s) submitted (slurm), pack job" in res.stdout
+    imported = _imported(res.stderr)
+    assert "launcher.runtime.pack" in imported and "submitit.slurm.slurm" in imported
+    assert "torch" not in imported and "deepspeed" not in imported
+    job_id = res.stdout.split("pack job ")[1].split()[0]
+    subprocess.run(["scancel", job_id], env={"PATH": "/usr/bin:/bin", **slurm}, timeout=60)
