@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -243,13 +242,11 @@ def summary(sd: SweepDir, rule: pbt.Rule) -> Dict[str, Any]:
     final = {int(r["point"]): r.get("value") for r in rows
              if r.get("kind") == "report" and r.get("step") == rule.steps}
     lineages = {_point(r): lineage(r) for r in runs}
-    out.update(scheduler="pbt", generations=[g.to_json() for g in gens.values()],
+    recorded = [{k: v for k, v in r.items() if k not in ("time", "kind")} for r in rows if r.get("kind") == "generation"]
+    out.update(scheduler="pbt", generations=recorded,
                lineages={str(p): v for p, v in lineages.items()},
                final={str(p): v for p, v in final.items()},
                lines=pbt.describe(gens, lineages, {p: (None if v is None else float(v)) for p, v in final.items()},
                                   rule.mode))
     return out
 
-
-def _warn(msg: str) -> None:
-    print(f"launcher: {msg}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from typing import Dict, List
 import pytest
 from test_fault_tolerance import QUICK, assert_identical
 
-from helpers import BIN, launch, read_metrics, run_cmd, runs_json, wait_final
+from helpers import BIN, launch, read_metrics, run_cmd, wait_final
 
 BASE = ["model=gpt_tiny", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=6",
         "train.global_batch_size=4", "train.micro_batch_size=2", "optim.warmup_steps=0", *QUICK]
