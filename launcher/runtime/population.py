@@ -242,11 +242,14 @@ def summary(sd: SweepDir, rule: pbt.Rule) -> Dict[str, Any]:
     final = {int(r["point"]): r.get("value") for r in rows
              if r.get("kind") == "report" and r.get("step") == rule.steps}
     lineages = {_point(r): lineage(r) for r in runs}
-    recorded = [{k: v for k, v in r.items() if k not in ("time", "kind")} for r in rows if r.get("kind") == "generation"]
+    recorded = [{k: v for k, v in r.items() if k not in ("time", "kind")} for r in rows
+                if r.get("kind") == "generation"]
     out.update(scheduler="pbt", generations=recorded,
                lineages={str(p): v for p, v in lineages.items()},
                final={str(p): v for p, v in final.items()},
                lines=pbt.describe(gens, lineages, {p: (None if v is None else float(v)) for p, v in final.items()},
-                                  rule.mode))
+                                  rule.mode)
+               + [f"compute: {out['spent_s']:.1f} process-s ({out['starts']} starts), {out['steps']} steps in "
+                  f"{out['loop_s']:.1f} process-s of step loops"])
     return out
 
