@@ -407,11 +407,11 @@ class SweepConfig:
     # sweep=pbt (conf/sweep/pbt.yaml, launcher/pbt.py): every ``interval`` steps the bottom ``quantile``
     # of the members copy a top member's checkpoint and train on with its ``explore`` keys' values,
     # each times one of ``factors``; the choices seeded by ``seed`` (None: the run's seed)
-    interval: int = 0
-    quantile: float = 0.25
+    interval: int = num(0, ge=0, fix="set sweep.interval to the steps between exploits (e.g. 2)")
+    quantile: float = num(0.25, gt=0, le=0.5, fix="set sweep.quantile in (0, 0.5] (e.g. 0.25)")
     explore: List[str] = field(default_factory=list)
     factors: List[float] = field(default_factory=lambda: [0.8, 1.25])
-    seed: Optional[int] = None
+    seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(a seed of Python's random: 0 <= seed < 2**63)")
     replay: Optional[str] = None  # a PBT sweep dir whose recorded decisions are followed (launcher reproduce)
 
 
