@@ -607,6 +607,8 @@ def sweep_page(data: Dict[str, Any], plots: Sequence[Plot]) -> str:
 
 def rungs_section(summ: Dict[str, Any]) -> Html:
     """sweep=asha: each rung (points that reported, promoted, pruned, the best) and the compute spent."""
+    if summ.get("scheduler") == "pbt":  # each generation's ranking and exploits, each member's lineage
+        return section("Population-based training (sweep=pbt)", Html(pre("\n".join(summ["lines"]))))
     rows = [[r["rung"], r["step"], r["reported"], "" if r["promoted"] is None else len(r["promoted"]),
              "" if r["pruned"] is None else len(r["pruned"]),
              "" if r["best_point"] is None else f"{r['best_point']}: {sweeps.fmt(r['best_value'])}"]

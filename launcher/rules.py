@@ -230,7 +230,13 @@ def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
     if not sweep.get("scheduler"):
         return []
     steps = int(f.values.get("train.steps") or 0)
-    out = [(k, p) for k, p, _ in asha.problems(sweep, steps) if k == key and k != "sweep.reduction"]
+    if str(getattr(sweep.get("scheduler"), "value", sweep.get("scheduler"))) == "pbt":
+        from launcher import pbt  # pure
+
+        found = pbt.problems(sweep, steps, f.values.tree)
+        out = [(k, p) for k, p, _ in found if k == key or (key == "sweep.explore" and not k.startswith("sweep."))]
+    else:
+        out = [(k, p) for k, p, _ in asha.problems(sweep, steps) if k == key and k != "sweep.reduction"]
     if key == "sweep.scheduler" and script_recipe.is_script(f.values.tree.get("recipe")):
         out.append((key, "recipe=script runs a script the launcher cannot pause at a rung (no StepLoop)"))
     if key == "sweep.objective":
@@ -395,6 +401,14 @@ RULES: Tuple[Rule, ...] = (
           "drop sweep=asha for recipe=script (or port the script to launcher.training.StepLoop: docs/training-api.md)"),
     _each("sweep.objective", lambda f: _sweep_problems(f, "sweep.objective"),
           "set sweep.objective to a key of the recipe's metrics rows (e.g. loss)"),
+    # sweep=pbt (launcher.pbt): the generation's length, the quantile, and every explored key in the config
+    _each("sweep.interval", lambda f: _sweep_problems(f, "sweep.interval"),
+          "set 0 < sweep.interval < train.steps (e.g. sweep.interval=2 train.steps=6)"),
+    _each("sweep.quantile", lambda f: _sweep_problems(f, "sweep.quantile"),
+          "set sweep.quantile in (0, 0.5] (e.g. 0.25)"),
+    _each("sweep.explore", lambda f: _sweep_problems(f, "sweep.explore"),
+          "name numeric keys of the config in sweep.explore (e.g. sweep.explore=[optim.lr])"),
+    _each("sweep.factors", lambda f: _sweep_problems(f, "sweep.factors"), "set sweep.factors=[0.8,1.25]"),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
     _each("(any key)", lambda f: f.values.unknown_keys,

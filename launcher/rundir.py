@@ -127,6 +127,11 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("checkpoint_fallbacks.jsonl", "recipe (rank 0)", "one object per resume that fell back past a checkpoint "
      "that failed verification: attempt, resumed_from, from_step, rejected (checkpoint -> the file and what is "
      "wrong), moved"),
+    ("lineage.jsonl", "job (rank 0 of the member deciding)", "sweep=pbt: one object per exploit of this member: "
+     "generation, step, donor (index and run id), the copied checkpoint and its checkpoint.json's sha256, the "
+     "explored values before and after, factors; `replayed_from` in a reproduction"),
+    ("pbt_values.json", "job (rank 0 of the member deciding)", "sweep=pbt: the member's explored values now "
+     "(key -> value), laid over config.yaml when an attempt starts"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
      "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
      "failure (the exception that ended the attempt before: type, message, place, step; restart_policy)"),

@@ -380,6 +380,7 @@ class SubmitConfig:
 
 class SweepScheduler(str, Enum):
     asha = "asha"
+    pbt = "pbt"
 
 
 class SweepMode(str, Enum):
@@ -389,7 +390,8 @@ class SweepMode(str, Enum):
 
 @dataclass
 class SweepConfig:
-    """The sweep's scheduler (``sweep=asha``: conf/sweep/asha.yaml; none: every point runs train.steps).
+    """The sweep's scheduler (``sweep=asha``: conf/sweep/asha.yaml; ``sweep=pbt``: conf/sweep/pbt.yaml;
+    none: every point runs train.steps).
     Successive halving (launcher/asha.py): at each rung (a step) the points still alive report
     ``objective`` (a key of their metrics rows); the best 1/``reduction`` of them go on, the rest are
     pruned (docs/sweeps.md, "Successive halving")."""
@@ -402,6 +404,15 @@ class SweepConfig:
     # false: a rung is decided once every point that entered it reported or ended (synchronous);
     # true: a point goes on as soon as it is in the top 1/reduction of >= reduction reports there
     asynchronous: bool = False
+    # sweep=pbt (conf/sweep/pbt.yaml, launcher/pbt.py): every ``interval`` steps the bottom ``quantile``
+    # of the members copy a top member's checkpoint and train on with its ``explore`` keys' values,
+    # each times one of ``factors``; the choices seeded by ``seed`` (None: the run's seed)
+    interval: int = num(0, ge=0, fix="set sweep.interval to the steps between exploits (e.g. 2)")
+    quantile: float = num(0.25, gt=0, le=0.5, fix="set sweep.quantile in (0, 0.5] (e.g. 0.25)")
+    explore: List[str] = field(default_factory=list)
+    factors: List[float] = field(default_factory=lambda: [0.8, 1.25])
+    seed: Optional[int] = num(None, ge=0, le=INT64_MAX, why="(a seed of Python's random: 0 <= seed < 2**63)")
+    replay: Optional[str] = None  # a PBT sweep dir whose recorded decisions are followed (launcher reproduce)
 
 
 @dataclass

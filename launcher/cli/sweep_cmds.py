@@ -97,7 +97,7 @@ def rung_summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if len(sweep) != 1:
         return None
     summ = rungs.summary(SweepDir(Path(runs[0]["dir"]).parent))
-    if summ is not None:
+    if summ is not None and summ.get("scheduler") != "pbt":  # (sweep=pbt's lines: its generations, lineages)
         summ["lines"] = asha.describe(summ)
     return summ
 
@@ -105,7 +105,9 @@ def rung_summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 def _print_rungs(console: Any, runs: List[Dict[str, Any]]) -> None:
     summ = rung_summary(runs)
     if summ is not None:
-        console.print(Text("successive halving (sweep=asha):\n" + "\n".join(summ["lines"])))
+        title = "population-based training (sweep=pbt)" if summ.get("scheduler") == "pbt" else \
+            "successive halving (sweep=asha)"
+        console.print(Text(f"{title}:\n" + "\n".join(summ["lines"])))
 
 
 def cmd_status(args) -> int:

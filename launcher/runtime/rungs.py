@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from launcher import asha, backends
+from launcher import asha, backends, pbt
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import Status
 
@@ -42,16 +42,17 @@ def since_process_start() -> float:
         return 0.0
 
 
-def rule_of(rd: RunDir, cfg: Any = None) -> Optional[asha.Rule]:
-    """The run's scheduler (None: not in an asha sweep): its config's sweep group, or for a Hydra app's
-    run the launcher's (hydra.launcher.sweep, archived in run.json; rungs only: no train.steps)."""
+def rule_of(rd: RunDir, cfg: Any = None) -> Optional[Any]:
+    """The run's scheduler (None: not in an asha or pbt sweep): its config's sweep group (an asha.Rule or
+    a pbt.Rule, which pause alike), or for a Hydra app's run the launcher's (hydra.launcher.sweep,
+    archived in run.json; asha only, rungs only: no train.steps)."""
     try:
         if cfg is None:
             meta = rd.run() or {}
             if meta.get("kind") == "hydra_app":
                 return asha.Rule.of({"sweep": meta["sweep"], "train": {"steps": 0}}) if meta.get("sweep") else None
             cfg = rd.config()
-        return asha.Rule.of(cfg)
+        return asha.Rule.of(cfg) or pbt.Rule.of(cfg)
     except (OSError, ValueError):
         return None
 
@@ -148,6 +149,11 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
     """Rank 0 of a point at the rung at ``step``: its report recorded and the rungs decided; returns
     "promoted" (go on), "wait" (paused: the job ends) or "pruned" (final), or "end" (the last rung:
     train.steps, nothing to decide)."""
+    if isinstance(rule, pbt.Rule):  # sweep=pbt: its own decision (launcher.runtime.population)
+        from launcher.runtime import population
+
+        return population.report(rd, rule, step, value, attempt=attempt, seconds=seconds, from_step=from_step,
+                                 world=world, job_id=job_id, startup_s=startup_s)
     sd, me = _sweep(rd), _point(rd)
     rung = rule.rungs.index(step)
     with sd.rungs_lock():
@@ -185,6 +191,10 @@ def on_end(rd: RunDir) -> None:
     rule = rule_of(rd)
     if rule is None or not rd.status().is_final:
         return
+    if isinstance(rule, pbt.Rule):
+        from launcher.runtime import population
+
+        return population.on_end(rd, rule)
     sd = _sweep(rd)
     with sd.rungs_lock():
         state = _state(sd)
@@ -210,4 +220,8 @@ def summary(sd: SweepDir) -> Optional[Dict[str, Any]]:
     rule = rule_of(runs[0])
     if rule is None:
         return None
+    if isinstance(rule, pbt.Rule):
+        from launcher.runtime import population
+
+        return population.summary(sd, rule)
     return asha.summary(sd.rung_rows(), rule, [_point(r) for r in runs])

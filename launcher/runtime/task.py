@@ -18,7 +18,7 @@ from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
 from launcher.rundir import RunDir
-from launcher.runtime import env as dist_env, restart_policy, restarts, script, watchdog
+from launcher.runtime import env as dist_env, population, restart_policy, restarts, script, watchdog
 from launcher.runtime.attempt import attempt
 from launcher.runtime.context import RunContext
 from launcher.schema import hang_timeout_s, typed
@@ -47,7 +47,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
     archived: Dict[str, Any] = {}
 
     def settings(rd: RunDir):
-        archived.update(rd.config())
+        archived.update(population.apply(rd, rd.config()))  # sweep=pbt: the member's explored values now
         cluster = archived.get("cluster", {})
         return cluster.get("master_port"), cluster.get("env") or {}
 

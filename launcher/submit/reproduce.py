@@ -125,6 +125,12 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
             raise ConfigErrors([ConfigError("--trust-unverified", "a Hydra app's run is reproduced only from an "
                                             "archive that verifies", "reproduce an intact run")])
         return reproduce_app(rd, snapshot, overrides, runs_root or rd.path.parent.parent, out)
+    from launcher.submit import replay  # sweep=pbt: a member is its whole lineage, replayed
+
+    if replay.is_member(rd):
+        extra_pbt: Dict[str, Any] = {**({"trusted_unverified": list(unverified)} if unverified else {})}
+        return replay.reproduce_population(rd, overrides, runs_root, out, snapshot, extra_pbt, archived_point,
+                                           topology_warnings)
     point = archived_point(run_dir, overrides, runs_root)
     for w in topology_warnings(run_dir, point.cfg):
         print(f"warning: {w}", file=sys.stderr)

@@ -14,6 +14,8 @@ one step and gives its metrics row (``loop.log(loss=...)``); after the body the 
 - at a rung of ``sweep=asha`` (launcher.asha, launcher.runtime.rungs): saves blocking, rank 0 reports
   the row's ``sweep.objective`` into the sweep dir and learns the verdict (every rank gets it): go on,
   or raise ``AtRung`` (paused: the job ends, a promotion resumes it from this checkpoint; or pruned).
+  A generation's boundary of ``sweep=pbt`` is such a rung (launcher.pbt, launcher.runtime.population):
+  the decision may resume the run from another member's checkpoint with other values.
 
 After the last step it waits until every save of every rank is committed.
 """
