@@ -90,7 +90,8 @@ def one(kind: str, args: argparse.Namespace, root: Path) -> Dict[str, object]:
         st = RunDir(d).status()
         seed = int(json.loads((d / "run.json").read_text()).get("seed", -1))
         losses[seed] = float((st.summary or {}).get("final_loss", float("nan")))
-    return {"kind": kind, "wall_s": t1 - t0, "queued_s": queued, "max_wait_s": max(waits, default=0.0), "jobs": len(allocations), "steps": len(steps),
+    return {"kind": kind, "wall_s": t1 - t0, "queued_s": queued, "max_wait_s": max(waits, default=0.0),
+            "jobs": len(allocations), "steps": len(steps),
             "runs": len(dirs), "completed": sum(RunDir(d).status().state.value == "completed" for d in dirs),
             "sealed": sum(RunDir(d).is_sealed() for d in dirs), "losses": losses,
             "layout": {int(d.name): layout(d) for d in dirs}, "owners": sorted(owners)}

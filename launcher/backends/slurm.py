@@ -845,8 +845,8 @@ class SlurmBackend(Backend):
         step_id = f"{raw}.{environ['SLURM_STEP_ID']}"
         hosts = hostnames(environ.get("SLURM_STEP_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
         me = self.node_name(environ)
-        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=env_int(environ, "SLURM_STEP_NUM_TASKS",
-                                                                                      env_int(environ, "SLURM_NTASKS", 1)),
+        world = env_int(environ, "SLURM_STEP_NUM_TASKS", env_int(environ, "SLURM_NTASKS", 1))
+        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=world,
                          local_rank=env_int(environ, "SLURM_LOCALID", 0),
                          node_rank=hosts.index(me) if me in hosts else env_int(environ, "SLURM_NODEID", 0),
                          num_nodes=env_int(environ, "SLURM_STEP_NUM_NODES", len(hosts)), hostnames=tuple(hosts),

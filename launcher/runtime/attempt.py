@@ -143,7 +143,8 @@ def _early_failure(rd: RunDir, tb: str) -> None:
     print(tb, file=sys.stderr, flush=True)
     if not rd.is_final():
         rd.write_rank_error(rank, scrub(tb, os.environ))
-        rd.finish_in_job(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ), failed_rank=rank)
+        rd.finish_in_job(Status.failed, exit_code=1, error=scrub(tb.strip().splitlines()[-1], os.environ),
+                         failed_rank=rank)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ segfault, NCCL's C++ teardown) makes no such request, and the run would stay ``r
 controller runs submitit's loop, and when the processes ended without a request it decides as the
 Slurm teardown does (launcher.runtime.after_step, from the job's note and the exit statuses): start
 them again within train.max_restarts, or record the honest failure. Once every process has ended it
-seals the run (its ranks leave the seal due: docs/archive.md). It is a process of its own, not a rank: ``python -m launcher.runtime.local_controller FOLDER`` (LocalBackend's executor starts it).
+seals the run (its ranks leave the seal due: docs/archive.md). It is a process of its own, not a
+rank: ``python -m launcher.runtime.local_controller FOLDER`` (LocalBackend's executor starts it).
 """
 from __future__ import annotations
 

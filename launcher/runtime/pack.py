@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # exported into each point's step: the Slurm backend reads its place (step nodes, step id in the job
 # id and the rendezvous port) and leaves its requeues to the runner
 from launcher.backends.slurm import PACK_STEP_ENV  # noqa: E402
+
 PROCESS_OVERHEAD_BYTES = 512 << 20  # per rank beyond the planner's estimate: the interpreter, torch, buffers
 POLL_S = 0.2
 STEP_DROPPED = frozenset({"SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS",

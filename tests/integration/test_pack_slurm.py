@@ -106,8 +106,8 @@ def _wait(what, cond, timeout):
 def test_a_requeued_pack_runs_only_its_unfinished_points_from_their_checkpoints(slurm, runs_root):
     """`scontrol requeue` of the pack once its short point completed and its long ones saved: the
     pack starts again (same job id) and runs only the long points, each from its own checkpoint."""
-    over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1", "cluster.time_min=10",
-            "train.checkpoint.every=5", "train.steps=3,150,150"]
+    over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1",
+            "cluster.time_min=10", "train.checkpoint.every=5", "train.steps=3,150,150"]
     res = launch(["-m", *over], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
     sweep = next(p for p in runs_root.iterdir() if (p / "sweep.json").exists())

@@ -12,7 +12,14 @@ from launcher.backends import local, slurm
 from launcher.job_record import JobRecord
 from launcher.runtime import env as dist_env
 from launcher.runtime.pack import (
-    PROCESS_OVERHEAD_BYTES, Need, NodeFree, cpus_per_node, gpu_slots, never_fits, plan_memory, plan_starts,
+    PROCESS_OVERHEAD_BYTES,
+    Need,
+    NodeFree,
+    cpus_per_node,
+    gpu_slots,
+    never_fits,
+    plan_memory,
+    plan_starts,
     step_command,
 )
 from launcher.submit import submission

@@ -2,10 +2,10 @@
 the job the backend's seal job (Slurm: one node, one task, afterany), the local controller or the
 login side's next refresh seals it. Nothing here starts a process: sbatch is a fake."""
 import json
-from types import SimpleNamespace
 import time
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
