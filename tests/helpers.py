@@ -40,8 +40,9 @@ def seal_pending(rdir: Path) -> bool:
 
 
 def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
-    """Poll `launcher runs --json` until n runs exist and all are final. A run whose job ended without
-    recording its outcome is settled by `launcher status SWEEP` (listing runs never records one)."""
+    """Poll `launcher runs --json` until n runs exist and all are final and sealed. A run whose job ended
+    without recording its outcome, or whose seal is still due, is settled by `launcher status SWEEP`
+    (listing runs never records or seals one)."""
     deadline = time.time() + timeout
     runs: List[dict] = []
     while time.time() < deadline:
@@ -49,7 +50,10 @@ def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
         # final, and sealed unless its seal is still due (a job's end seals it: docs/archive.md)
         if len(runs) >= n and all(r["status"] in FINAL and not seal_pending(Path(r["dir"])) for r in runs):
             return runs
-        for sweep in sorted({r["sweep_id"] for r in runs if r.get("job_ended") and r["status"] not in FINAL}):
+        # settled, and sealed where the job's end could not (a batch script killed at its time limit):
+        # the login side's refresh does both (launcher.outcome)
+        for sweep in sorted({r["sweep_id"] for r in runs if (r.get("job_ended") and r["status"] not in FINAL)
+                             or (r["status"] in FINAL and seal_pending(Path(r["dir"])))}):
             run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(runs_root)], runs_root,
                     timeout=120)
         time.sleep(1.0)
