@@ -175,7 +175,10 @@ MpiDefault=none
 SlurmdParameters=config_overrides
 ReturnToService=2
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+# A requeued job becomes eligible ~10 s after its requeue, which is no scheduling event: it waits for the
+# next scheduling pass (default every 60 s, backfill 30 s). A 4-node test cluster can afford a pass
+# every 2 s, so requeue drills wait on the product, not on the pass.
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 KillWait=2

@@ -781,7 +781,14 @@ class SlurmBackend(Backend):
     def pause(self, job_id: Optional[str]) -> None:
         """``scontrol requeuehold``: Slurm ends this job and keeps it pending, held (out of the array's
         running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""
-        self._scontrol("requeuehold", job_id)
+        try:
+            self._scontrol("requeuehold", job_id)
+        except subprocess.CalledProcessError as e:
+            if e.returncode >= 0:
+                raise
+            # scontrol runs inside the job: the requeue it asked for ends the job's processes and can kill
+            # scontrol before it exits. The request was taken; a hold makes sure of it (already held: no-op).
+            subprocess.run(["scontrol", "hold", str(job_id)], check=False, timeout=60, capture_output=True)
 
     def resume_paused(self, job_id: Optional[str], tries: int = 5, wait_s: float = 2.0) -> None:
         """``scontrol release`` of the held job: it runs again, same job id, and resumes. Asked again a
