@@ -24,12 +24,13 @@ stray write (a file next to ``__file__``, a bytecode cache) fails instead of bre
 from __future__ import annotations
 
 import ast
-import compileall
 import hashlib
 import importlib.util
 import os
+import py_compile
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
@@ -196,6 +197,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     held: Dict[str, List[str]] = {}
     links_out: Dict[str, str] = {}
     needed: Set[str] = set(imports)
+    scan_imports = Path(os.path.realpath(root)) != LAUNCHER_ROOT  # (the launcher's own repo holds BUNDLED)
 
     def copy(src: Path, rel: str) -> None:
         nonlocal copied
@@ -206,7 +208,8 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         if secrets.contains_secret(data, known):  # left out whole: the code the job runs is never rewritten
             held[rel] = _holders(data, known)
             return
-        needed.update(_imported(rel, data))
+        if scan_imports:
+            needed.update(_imported(rel, data))
         target = tmp / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -227,7 +230,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
             continue
         copy(root / rel, rel)
     bundled: Dict[str, Dict[str, object]] = {}
-    if Path(os.path.realpath(root)) != LAUNCHER_ROOT:  # (the launcher's own repo holds them already)
+    if scan_imports:
         for name in sorted(needed & set(BUNDLED)):
             pkg = _launcher_package(name)
             if pkg is None or (tmp / name).exists():  # the user's own package of that name wins
@@ -253,7 +256,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     atomic.write_json(tmp / ".snapshot.json", info)
     # its bytecode, once: jobs never write into a snapshot (PYTHONDONTWRITEBYTECODE, read-only), so
     # without it every rank of every attempt would compile the code it imports again (~1 s each)
-    compileall.compile_dir(str(tmp), ddir=str(dest), quiet=2, workers=1)
+    compile_tree(tmp, dest)
     os.replace(tmp, dest)  # visible only once complete
     make_read_only(dest)
     return info
@@ -287,3 +290,47 @@ def make_read_only(path: Path) -> None:
 
 def info(dest: Path) -> Optional[Dict[str, object]]:
     return atomic.read_json(dest / ".snapshot.json")
+
+
+def bytecode_cache() -> Optional[Path]:
+    """Where compiled snapshot files are kept by content (None: LAUNCHER_BYTECODE_CACHE=off). Each launch
+    snapshots the tree again; most files are unchanged, and compiling them all costs ~1 s a launch."""
+    where = os.environ.get("LAUNCHER_BYTECODE_CACHE", "")
+    if where.lower() in ("0", "off", "false", "no"):
+        return None
+    base = Path(where) if where else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "launcher"
+    return base / "bytecode" / sys.implementation.cache_tag
+
+
+def compile_tree(tmp: Path, dest: Path) -> int:
+    """Compile every .py under ``tmp`` (to be moved to ``dest``) into its __pycache__ as an unchecked-hash
+    pyc: the snapshot is read-only, so its sources never change under their bytecode. A pyc depends only on
+    the source bytes (the import fixes its file name to where it is loaded from), so it is taken from the
+    content-addressed cache when there. Returns the number compiled anew."""
+    cache = bytecode_cache()
+    fresh = 0
+    for py in sorted(tmp.rglob("*.py")):
+        rel = py.relative_to(tmp)
+        pyc = Path(importlib.util.cache_from_source(str(py)))
+        data = py.read_bytes()
+        key = hashlib.sha256(data).hexdigest()
+        cached = cache / key[:2] / f"{key}.pyc" if cache is not None else None
+        if cached is not None and cached.is_file():
+            pyc.parent.mkdir(exist_ok=True)
+            shutil.copyfile(cached, pyc)
+            continue
+        try:
+            py_compile.compile(str(py), cfile=str(pyc), dfile=str(dest / rel), doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        except (py_compile.PyCompileError, SyntaxError, ValueError):
+            continue  # the job reports it when it imports the file
+        fresh += 1
+        if cached is not None:
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                part = cached.with_name(f"{cached.name}.{os.getpid()}.part")
+                shutil.copyfile(pyc, part)
+                os.replace(part, cached)
+            except OSError:
+                pass  # a cache that cannot be written only costs the compile
+    return fresh
