@@ -484,6 +484,20 @@ class RunDir:
         except (TypeError, ValueError) as e:  # an unknown status, a field of another shape
             raise Unreadable(f"{self.STATUS} is not a status record ({e})", self._p(self.STATUS)) from None
 
+    def backend_name(self) -> str:
+        """The backend its job was submitted to: job.json's, else run.json's (a Hydra app's run has no
+        cluster group), else its config's cluster.backend; "local" when none says."""
+        job = self.job()
+        if job is not None and job.backend:
+            return str(job.backend)
+        meta = self.run() or {}
+        if meta.get("backend"):
+            return str(meta["backend"])
+        try:
+            return str((self.config().get("cluster") or {}).get("backend") or "local")
+        except (OSError, ValueError):
+            return "local"
+
     def job(self) -> Optional[JobRecord]:
         """job.json (None: the run was never submitted, or it is no job record)."""
         found = atomic.read_json(self._p(self.JOB))

@@ -734,6 +734,10 @@ def _schedule(params: Dict[str, Any]) -> Dict[str, Any]:
     sweep = dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)
     if not sweep:
         return {}
+    if sweep.get("scheduler") == "pbt":  # exploit loads another member's state into the app: its own format
+        raise ValueError("hydra.launcher.sweep.scheduler: 'pbt' is not offered to a Hydra app (exploiting copies "
+                         "another member's checkpoint and changes its config mid-run, which only the launcher's "
+                         "step loop can do) (fix: scheduler: asha, or train through launch -m ... sweep=pbt)")
     if sweep.get("scheduler") != "asha":
         raise ValueError(f"hydra.launcher.sweep.scheduler: {sweep.get('scheduler')!r} is no scheduler "
                          "(fix: scheduler: asha)")

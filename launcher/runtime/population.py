@@ -40,7 +40,7 @@ def _point(rd: RunDir) -> int:
 
 
 def _backend(rd: RunDir) -> Any:
-    return backends.get(str((rd.config().get("cluster") or {}).get("backend") or "local"))
+    return backends.get(rd.backend_name())
 
 
 # ---- the member's values ---------------------------------------------------------------------------

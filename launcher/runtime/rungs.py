@@ -106,7 +106,7 @@ def _state(sd: SweepDir) -> asha.State:
 
 
 def _backend(rd: RunDir) -> Any:
-    return backends.get(str((rd.config().get("cluster") or {}).get("backend") or "local"))
+    return backends.get(rd.backend_name())
 
 
 def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Optional[int]) -> None:

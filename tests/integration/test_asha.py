@@ -176,6 +176,14 @@ def test_asha_with_a_hydra_app_on_launcher_local(tmp_path):
     hydra_app_sweep(tmp_path, ["hydra/launcher=launcher_local"], None)
 
 
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_asha_with_a_hydra_app_on_launcher_slurm(slurm, tmp_path):
+    # a paused point's job is held (scontrol requeuehold: its array slot freed); a promoted one released
+    hydra_app_sweep(tmp_path, ["hydra/launcher=launcher_slurm", "hydra.launcher.partition=debug",
+                               "hydra.launcher.timeout_min=10"], dict(slurm))
+
+
 def hydra_app_sweep(tmp_path, launcher, env):
     import sys
 

@@ -83,3 +83,29 @@ def test_the_local_controller_waits_for_the_decision_and_acts_once(tmp_path):
     rd.set_status(Status.running, attempt=2)
     rd.finish(Status.pruned, seal=False, exit_code=0)
     assert local_controller.wait_if_paused(note, seen) is False
+
+
+def test_a_hydra_apps_point_pauses_through_the_backend_it_was_submitted_to(tmp_path, monkeypatch):
+    """A Hydra app's run has no cluster group: its backend is run.json's (Slurm: the job is held, not
+    left to a local controller that is not there)."""
+    from launcher import backends
+
+    paused = []
+
+    class Held:
+        pause_ends_job = True
+
+        def pause(self, job_id):
+            paused.append(job_id)
+
+    monkeypatch.setattr(backends, "get", lambda name: paused.append(name) or Held())
+    sd = SweepDir(tmp_path / "sweep")
+    for i in range(2):
+        rd = sd.run(i)
+        rd.path.mkdir(parents=True)
+        rd.write_config({"lr": 0.1})  # the app's own config
+        rd.write_run({"run_id": sd.run_id(i), "index": i, "kind": "hydra_app", "backend": "slurm",
+                      "sweep": {"scheduler": "asha", "rungs": [2, 4], "reduction": 2}})
+        rd.set_status(Status.running, attempt=1, job_id=f"9_{i}")
+    assert sd.run(0).backend_name() == "slurm"
+    assert report(sd, 0, 2, 1.0) == "wait" and paused == ["slurm", "9_0"]
