@@ -34,9 +34,8 @@ class Rule:
     @classmethod
     def of(cls, cfg: Any) -> Optional[Rule]:
         """The rule of a run config (plain dicts or OmegaConf); None: the sweep has no scheduler."""
-        sweep = _get(cfg, "sweep") or {}
-        scheduler = _get(sweep, "scheduler")
-        if not scheduler or str(getattr(scheduler, "value", scheduler)) != "asha":
+        sweep = scheduled(cfg, "asha")
+        if sweep is None:
             return None
         mode = _get(sweep, "mode") or "min"
         return cls(rungs=tuple(int(r) for r in (_get(sweep, "rungs") or ())),
@@ -52,6 +51,13 @@ class Rule:
     def rung_at(self, step: int) -> Optional[int]:
         """The index of the rung at ``step`` (None: no rung there)."""
         return self.rungs.index(step) if step in self.rungs else None
+
+
+def scheduled(cfg: Any, scheduler: str) -> Any:
+    """The config's sweep group when its sweep.scheduler is ``scheduler`` (None: another or none)."""
+    sweep = _get(cfg, "sweep") or {}
+    name = _get(sweep, "scheduler")
+    return sweep if name and str(getattr(name, "value", name)) == scheduler else None
 
 
 def _get(node: Any, key: str) -> Any:

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from launcher.asha import ranked
+from launcher.asha import _get, ranked, scheduled
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,8 @@ class Rule:
     @classmethod
     def of(cls, cfg: Any) -> Optional[Rule]:
         """The rule of a run config (plain dicts or OmegaConf); None: not a PBT sweep."""
-        sweep = _get(cfg, "sweep") or {}
-        scheduler = _get(sweep, "scheduler")
-        if not scheduler or str(getattr(scheduler, "value", scheduler)) != "pbt":
+        sweep = scheduled(cfg, "pbt")
+        if sweep is None:
             return None
         mode = _get(sweep, "mode") or "min"
         seed = _get(sweep, "seed")
@@ -61,14 +60,6 @@ class Rule:
     def rungs(self) -> Tuple[int, ...]:
         """The boundaries and train.steps (the last report: every member's end)."""
         return self.pause_rungs + ((self.steps,) if self.steps else ())
-
-
-def _get(node: Any, key: str) -> Any:
-    if node is None:
-        return None
-    if hasattr(node, "get"):
-        return node.get(key)
-    return getattr(node, key, None)
 
 
 def boundaries(interval: int, steps: int) -> Tuple[int, ...]:

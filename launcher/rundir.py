@@ -1278,6 +1278,13 @@ class SweepDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def add_report(self, point: int, rung: int, step: int, value: Optional[float], *, attempt: int, seconds: float,
+                   startup_s: float, from_step: int, world: int) -> None:
+        """A point's report at a rung (asha) or generation (pbt): its objective and the segment it measured."""
+        self.add_rung_rows([{"kind": "report", "point": point, "rung": rung, "step": step, "value": value,
+                             "attempt": attempt, "seconds": round(seconds, 3), "startup_s": round(startup_s, 3),
+                             "from_step": from_step, "world": world}])
+
     def rung_rows(self) -> List[Dict[str, Any]]:
         p = self.path / self.RUNGS
         return _object_lines(p) if p.exists() else []

@@ -195,9 +195,8 @@ def report(rd: RunDir, rule: pbt.Rule, step: int, value: Optional[float], *, att
     sd, me = SweepDir(rd.path.parent), _point(rd)
     gen = rule.rungs.index(step)
     with sd.rungs_lock():
-        sd.add_rung_rows([{"kind": "report", "point": me, "rung": gen, "step": step, "value": value,
-                           "attempt": attempt, "seconds": round(seconds, 3), "startup_s": round(startup_s, 3),
-                           "from_step": from_step, "world": world}])
+        sd.add_report(me, gen, step, value, attempt=attempt, seconds=seconds, startup_s=startup_s,
+                      from_step=from_step, world=world)
         if step not in rule.pause_rungs:
             return "end"
         values = _complete(sd, rule, gen)

@@ -157,9 +157,8 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
     sd, me = _sweep(rd), _point(rd)
     rung = rule.rungs.index(step)
     with sd.rungs_lock():
-        sd.add_rung_rows([{"kind": "report", "point": me, "rung": rung, "step": step, "value": value,
-                           "attempt": attempt, "seconds": round(seconds, 3), "startup_s": round(startup_s, 3),
-                           "from_step": from_step, "world": world}])
+        sd.add_report(me, rung, step, value, attempt=attempt, seconds=seconds, startup_s=startup_s,
+                      from_step=from_step, world=world)
         if step not in rule.pause_rungs:
             return "end"
         state = _state(sd)
