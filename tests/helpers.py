@@ -39,17 +39,25 @@ def seal_pending(rdir: Path) -> bool:
     return RunDir(rdir).seal_due()
 
 
+def listed(runs_root: Path) -> List[dict]:
+    """What `launcher runs --json` lists, read in this process: a poll once a second through the command
+    would start an interpreter each time, taking CPU from the jobs the test waits for."""
+    from launcher.archive import registry
+
+    return json.loads(json.dumps(registry.list_runs(Path(runs_root))))
+
+
 def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
-    """Poll `launcher runs --json` until n runs exist and all are final and sealed. A run whose job ended
-    without recording its outcome, or whose seal is still due, is settled by `launcher status SWEEP`
-    (listing runs never records or seals one)."""
+    """Poll the runs (``listed``) until n runs exist and all are final and sealed, then return what
+    `launcher runs --json` says of them. A run whose job ended without recording its outcome, or whose
+    seal is still due, is settled by `launcher status SWEEP` (listing runs never records or seals one)."""
     deadline = time.time() + timeout
     runs: List[dict] = []
     while time.time() < deadline:
-        runs = runs_json(runs_root)
+        runs = listed(runs_root)
         # final, and sealed unless its seal is still due (a job's end seals it: docs/archive.md)
         if len(runs) >= n and all(r["status"] in FINAL and not seal_pending(Path(r["dir"])) for r in runs):
-            return runs
+            return runs_json(runs_root)
         # settled, and sealed where the job's end could not (a batch script killed at its time limit):
         # the login side's refresh does both (launcher.outcome)
         for sweep in sorted({r["sweep_id"] for r in runs if (r.get("job_ended") and r["status"] not in FINAL)
