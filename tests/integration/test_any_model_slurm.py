@@ -1,6 +1,7 @@
 """Any model on every engine, on 2 real Slurm nodes (recipe=lm, docs/models.md): a user's nn.Module from a
-package written outside the tree, and hf_llama_tiny (transformers' LlamaForCausalLM from a LlamaConfig),
-each trained by DDP, FSDP2, ZeRO-2 and ZeRO-3 with one rank per node (fp32, dropout 0).
+package written outside the tree, trained by DDP, FSDP2, ZeRO-2 and ZeRO-3 with one rank per node (fp32,
+dropout 0). (hf_llama_tiny, transformers' LlamaForCausalLM, on the same engines with a bitwise resume:
+test_engines_any_model.py, on one host.)
 
 Per model ONE Slurm array holds every engine twice: a run preempted mid-step and an uninterrupted one
 (8 points, 2 nodes each). The preempted run is held at step 5 on attempt 1 (train.fail_mode=sleep on the
@@ -73,10 +74,10 @@ class Net(nn.Module):
         return self.head(x)
 '''
 
+# hf_llama_tiny on every engine, its resume bitwise: tests/integration/test_engines_any_model.py (one host)
 MODELS = {
     "user_module": ["model._target_=anymodel_user.net.Net", "+model.vocab=${lm.vocab_size}", "+model.hidden=32",
                     "lm.vocab_size=128"],
-    "hf_llama_tiny": ["model=hf_llama_tiny"],
 }
 
 

@@ -80,9 +80,9 @@ def only_run(runs_root: Path) -> Path:
 
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
 
+# DDP on 2 nodes: test_user_recipe.py's drill (the same public step loop, a user's DDP); ZeRO-2's requeue
+# on Slurm: test_any_model_slurm.py; here the engines whose state is sharded most
 ENGINES = {
-    "ddp_2nodes": ["cluster.nodes=2", "cluster.gpus_per_node=1", "train.global_batch_size=64"],
-    "zero2": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=2"],
     "zero3": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=3"],
     "megatron_tp2_pp2": ["cluster.nodes=1", "cluster.gpus_per_node=4", "parallelism.tp=2", "parallelism.pp=2"],
 }

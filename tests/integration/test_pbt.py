@@ -95,11 +95,12 @@ def test_pbt_4_members_3_generations_on_local_and_reproduce(tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.timeout(1800)
-def test_pbt_on_slurm_and_reproduce(slurm, tmp_path):
+def test_pbt_on_slurm(slurm, tmp_path):
+    # the same decisions as on cluster=local, paused members held and released by Slurm; the lineage's
+    # bitwise replay: the local test (launcher reproduce on Slurm: test_archive.py)
     root = tmp_path / "runs"
     res = launch(["-m", *BASE, "cluster=local_slurm", *PBT, "cluster.array_parallelism=4"], root,
                  extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = wait_final(root, 4, timeout=1200)
-    best = check_population(root, runs, slurm)
-    reproduce_and_compare(root, best, slurm, timeout=1200)
+    check_population(root, runs, slurm)
