@@ -118,3 +118,22 @@ def tensors(obj, prefix=""):
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             yield from tensors(v, f"{prefix}/{i}")
+
+
+def assert_state_bytes_exact(rdir: Path, procs: int) -> None:
+    """The planner's model-state bytes per rank (recipes.gpt.plan.memory) equal what each rank of the run
+    really held (ranks/state_<r>.json: parameters, gradients, optimizer states)."""
+    import yaml
+
+    from launcher.schema import typed
+    from recipes.gpt.plan.memory import model_state_bytes_per_rank
+
+    rdir = Path(rdir)
+    cfg = typed(yaml.safe_load((rdir / "config.yaml").read_text()))
+    for rank in range(procs):
+        held = json.loads((rdir / "ranks" / f"state_{rank}.json").read_text())
+        # megatron's ZeRO-1 (torch ZeroRedundancyOptimizer) shards whole tensors greedily, so each
+        # data-parallel rank holds a different share: the planner models that partition exactly
+        want = model_state_bytes_per_rank(cfg, stage=held["pp_stage"], dp_rank=held["dp_rank"])
+        got = {k: held[k] for k in ("params", "grads", "optimizer")}
+        assert got == {k: want[k] for k in got}, (rdir, rank, got, want)

@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import EQUIV_BASE, launch, read_metrics, runs_json
+from helpers import EQUIV_BASE, assert_state_bytes_exact, launch, read_metrics, runs_json
 from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.dist]
@@ -108,6 +108,8 @@ def test_fp32_zero_stage_matches_ddp(reference, tmp_path, stage):
     # keeps even in fp32 ((4 + 8) / 2 = 6); ZeRO-2 also shards the gradients, ZeRO-3 the parameters
     # (gpt_tiny's tensors all split evenly over 2 ranks: no padding)
     assert _held_per_param(run) == {0: (4, 4, 8), 1: (4, 4, 6), 2: (4, 2, 6), 3: (2, 2, 6)}[stage]
+    if stage:  # (ZeRO-0 holds what DDP holds: test_plan_exactness.py)
+        assert_state_bytes_exact(run["dir"], 2)  # the planner's bytes, exactly
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import launch, read_metrics, runs_json, train_losses, wait_final
+from helpers import assert_state_bytes_exact, launch, read_metrics, runs_json, train_losses, wait_final
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
 
@@ -78,6 +78,7 @@ def test_matches_single_process(name, reference, tmp_path):
     root = tmp_path / "runs"
     rows = _train(overrides, root, procs)
     _assert_equivalent(rows, reference)
+    assert_state_bytes_exact(Path(runs_json(root)[-1]["dir"]), procs)  # the planner's bytes, exactly
     summary = _summary(root)
     assert summary["params"] == 136_960  # the full model's count, whatever the sharding
     assert summary["world_size"] == procs
