@@ -37,11 +37,11 @@ class Rule:
         sweep = scheduled(cfg, "asha")
         if sweep is None:
             return None
-        mode = _get(sweep, "mode") or "min"
-        return cls(rungs=tuple(int(r) for r in (_get(sweep, "rungs") or ())),
-                   reduction=int(_get(sweep, "reduction") or 3), mode=str(getattr(mode, "value", mode)),
-                   asynchronous=bool(_get(sweep, "asynchronous")),
-                   steps=int(_get(_get(cfg, "train") or {}, "steps") or 0))
+        mode = value_of(sweep, "mode") or "min"
+        return cls(rungs=tuple(int(r) for r in (value_of(sweep, "rungs") or ())),
+                   reduction=int(value_of(sweep, "reduction") or 3), mode=str(getattr(mode, "value", mode)),
+                   asynchronous=bool(value_of(sweep, "asynchronous")),
+                   steps=int(value_of(value_of(cfg, "train") or {}, "steps") or 0))
 
     @property
     def pause_rungs(self) -> Tuple[int, ...]:
@@ -55,12 +55,13 @@ class Rule:
 
 def scheduled(cfg: Any, scheduler: str) -> Any:
     """The config's sweep group when its sweep.scheduler is ``scheduler`` (None: another or none)."""
-    sweep = _get(cfg, "sweep") or {}
-    name = _get(sweep, "scheduler")
+    sweep = value_of(cfg, "sweep") or {}
+    name = value_of(sweep, "scheduler")
     return sweep if name and str(getattr(name, "value", name)) == scheduler else None
 
 
-def _get(node: Any, key: str) -> Any:
+def value_of(node: Any, key: str) -> Any:
+    """``node[key]`` of a plain dict or an OmegaConf node, or an attribute of a record (None: absent)."""
     if node is None:
         return None
     if hasattr(node, "get"):

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from launcher.asha import _get, ranked, scheduled
+from launcher.asha import ranked, scheduled, value_of
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,15 @@ class Rule:
         sweep = scheduled(cfg, "pbt")
         if sweep is None:
             return None
-        mode = _get(sweep, "mode") or "min"
-        seed = _get(sweep, "seed")
-        return cls(interval=int(_get(sweep, "interval") or 0), quantile=float(_get(sweep, "quantile") or 0.25),
-                   explore=tuple(str(k) for k in (_get(sweep, "explore") or ())),
-                   factors=tuple(float(f) for f in (_get(sweep, "factors") or (0.8, 1.25))),
+        mode = value_of(sweep, "mode") or "min"
+        seed = value_of(sweep, "seed")
+        return cls(interval=int(value_of(sweep, "interval") or 0), quantile=float(value_of(sweep, "quantile") or 0.25),
+                   explore=tuple(str(k) for k in (value_of(sweep, "explore") or ())),
+                   factors=tuple(float(f) for f in (value_of(sweep, "factors") or (0.8, 1.25))),
                    mode=str(getattr(mode, "value", mode)),
-                   seed=int(seed if seed is not None else (_get(cfg, "seed") or 0)),
-                   steps=int(_get(_get(cfg, "train") or {}, "steps") or 0),
-                   replay=_get(sweep, "replay") or None)
+                   seed=int(seed if seed is not None else (value_of(cfg, "seed") or 0)),
+                   steps=int(value_of(value_of(cfg, "train") or {}, "steps") or 0),
+                   replay=value_of(sweep, "replay") or None)
 
     @property
     def pause_rungs(self) -> Tuple[int, ...]:
