@@ -49,7 +49,9 @@ def failed_run(overrides: List[str], root: Path, limit: Optional[int] = None) ->
                              env=env, cwd=str(root.parent),
                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert res.returncode != 0, res.stdout[-2000:]
-    (run,) = runs_json(root)
+    runs = runs_json(root)
+    assert len(runs) == 1, res.stdout[-3000:] + res.stderr[-3000:]  # (a launch that failed before its run)
+    (run,) = runs
     assert run["status"] == "failed", run
     return run
 

@@ -241,7 +241,7 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # (its setup may wait for a test that holds the whole cluster)
 def test_a_multi_node_launch_without_periodic_checkpoints_is_warned(slurm, tmp_path):
     res = launch([*DRILL, "train.checkpoint.every=0", "submit.dry_run=true"], tmp_path, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
