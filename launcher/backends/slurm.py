@@ -55,6 +55,18 @@ def state_of(raw: str) -> Optional[JobState]:
     return JobState(status, raw.strip()) if status is not None else None
 
 
+def parse_states(text: str) -> Dict[str, JobState]:
+    """``JOBID|STATE`` lines (sacct -P, squeue -o "%i|%T") -> job id -> JobState; the last line of an id
+    wins, unknown words are left out."""
+    out: Dict[str, JobState] = {}
+    for line in text.splitlines():
+        jid, _, raw = line.partition("|")
+        st = state_of(raw)
+        if st is not None and jid.strip():
+            out[jid.strip()] = st
+    return out
+
+
 def env_lines(env: Dict[str, Any]) -> List[str]:
     """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text. Secret-named
     variables are left out: they reach the job through the submitting environment instead."""
@@ -721,19 +733,14 @@ class SlurmBackend(Backend):
         ids = sorted({str(j["job_id"]) for j in jobs if j.get("job_id")})
         if not ids:
             return {}
-        out: Dict[str, JobState] = {}
-        for line in _run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)]).splitlines():
-            jid, _, raw = line.partition("|")
-            st = state_of(raw)
-            if st is not None:
-                out[jid.strip()] = st
-        missing = [i for i in ids if i not in out]
-        if missing:  # accounting lags submission: ask the controller
-            for line in _run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(missing)]).splitlines():
-                jid, _, raw = line.partition("|")
-                st = state_of(raw)
-                if st is not None and jid.strip() in missing:
-                    out[jid.strip()] = st
+        out = parse_states(_run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)]))
+        # accounting lags submission, and keeps REQUEUED for a job requeued held and then cancelled
+        # (a pruned point's): the controller's word for these, while it still knows the job (-t all:
+        # ended ones too, for MinJobAge)
+        ask = [i for i in ids if i not in out or out[i].status is Status.requeued]
+        if ask:
+            live = parse_states(_run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)]))
+            out.update({i: st for i, st in live.items() if i in ask})
         return out
 
     def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:

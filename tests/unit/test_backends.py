@@ -74,6 +74,13 @@ def test_slurm_states_map_to_run_statuses():
     assert slurm.state_of("SOMETHING_NEW") is None
 
 
+def test_state_lines_parse_with_the_last_word_of_an_id_winning():
+    text = "12_1|REQUEUED\n12_1|CANCELLED by 0\n12_2|SOMETHING_NEW\n|RUNNING\n13|TIMEOUT+\n"
+    out = slurm.parse_states(text)
+    assert set(out) == {"12_1", "13"}
+    assert out["12_1"].ended and out["12_1"].raw == "CANCELLED by 0" and out["13"].status.value == "timeout"
+
+
 def test_log_paths_are_submitits(tmp_path):
     job = JobRecord(backend="slurm", job_id="12_3", submitit_folder=str(tmp_path))
     assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"
