@@ -1,5 +1,5 @@
-"""The Slurm backend's sbatch text with hostile values, as sbatch itself parses it (the pure
-parts: tests/unit/test_backends.py)."""
+"""The Slurm backend against sbatch and the controller themselves: its sbatch text with hostile values as sbatch
+parses it, and the state of a job requeued held then cancelled (the pure parts: tests/unit/test_backends.py)."""
 import os
 import shlex
 import subprocess
@@ -8,7 +8,6 @@ import time
 import pytest
 
 from launcher.status import Status
-
 from unit.test_backends import SLURM, _cfg  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 
