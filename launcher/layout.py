@@ -224,3 +224,16 @@ class Layout:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+
+# the layout keys whose change moves training state between ranks: a new attempt that changes one loads
+# the checkpoint's layout-independent state (launcher.submit.reshard, launcher.training.universal)
+RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
+
+
+def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:
+    """key -> [saved, now] of the RESHARD_KEYS that differ between two layouts' to_json (pure); {}
+    for the same layout, or for a saved layout not recorded (a checkpoint written before layouts were)."""
+    if not saved:
+        return {}
+    return {k: [saved.get(k), now.get(k)] for k in RESHARD_KEYS if k in saved and saved.get(k) != now.get(k)}
+

@@ -134,7 +134,10 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "(key -> value), laid over config.yaml when an attempt starts"),
     ("restarts.jsonl", "job, launcher", "one object per restart: attempt, time, reason (failure, hang, preempted, "
      "time_limit, scheduler, resume, retry), detail, from_step (the checkpoint resumed from), nodes, job id, "
-     "failure (the exception that ended the attempt before: type, message, place, step; restart_policy)"),
+     "failure (the exception that ended the attempt before: type, message, place, step; restart_policy), layout "
+     "(a resume on another layout: from and to)"),
+    ("reshard.jsonl", "recipe (rank 0)", "one object per resume on another layout: step, checkpoint, from and to, "
+     "moved, load_s, verify (tensors and bytes gathered, mismatched and missing names), bitwise_equal, rng"),
     ("stacks/rank_<r>.txt", "job", "every thread's Python stack of each rank, dumped when the hang watchdog fires"),
     ("stacks/gatherer", "job", "the rank that gathers the stacks into hang.json (the first to dump; the others only "
      "dump)"),
@@ -172,6 +175,7 @@ class RunDir:
                                               "checkpoints/latest")
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
     RANK_ATTEMPTS, SCRIPT_CHECKPOINTS = "ranks/attempts.json", "checkpoints/script"
+    RESHARDS = "reshard.jsonl"  # each resume on another layout: what moved, the bitwise check (training.universal)
     FALLBACKS, CHECKPOINT_REJECTED = "checkpoint_fallbacks.jsonl", "checkpoints/rejected/step_<n>.attempt_<a>"
     WORK = "work"
     DS_CONFIG = "ds_config.json"
@@ -344,6 +348,19 @@ class RunDir:
         if not p.exists():
             return []
         return _object_lines(p)
+
+    def reshards(self) -> List[Dict[str, Any]]:
+        p = self._p(self.RESHARDS)
+        return _object_lines(p) if p.exists() else []
+
+    def record_reshard(self, row: Dict[str, Any]) -> None:
+        with open(self._p(self.RESHARDS), "a") as f:
+            f.write(json.dumps({"time": now_iso(), **row}) + "\n")
+
+    def set_layout(self, layout: Dict[str, Any]) -> None:
+        """run.json's layout, for a new attempt on another layout (what the job runs with)."""
+        meta = self.run() or {}
+        atomic.write_json(self._p(self.RUN), {**meta, "layout": layout})
 
     def record_restart(self, row: Dict[str, Any]) -> None:
         with open(self._p(self.RESTARTS), "a") as f:

@@ -283,6 +283,9 @@ class CheckpointConfig:
     keep: int = num(2, ge=1)  # complete checkpoints kept (the oldest are deleted)
     # write in a background thread (ddp, megatron engines); the step loop only waits for the copy
     async_save: bool = True
+    # also write universal/ (torch.distributed.checkpoint, each rank its own slices): lets `launcher resume RUN`
+    # change dp, ZeRO stage, engine (ddp, fsdp) or node count (docs/fault-tolerance.md)
+    universal: bool = True
 
 
 @dataclass

@@ -4,7 +4,9 @@ same run dirs (archived config, code snapshot, seeds), from each run's latest ch
 Every run is checked before anything changes: it must have ended, its sealed archive must be intact
 (a changed archive is refused), its latest checkpoint (or an earlier one) must match its
 checkpoint.json by name and size (launcher.checkpoint_manifest; the job checks every byte), and a
-change asked for (``--steps``, ``key=value``) must keep the archived layout. Then each run's
+change asked for (``--steps``, ``key=value``) must pass the rules, and one that moves state between
+ranks (dp, ZeRO stage, engine, node count) needs a layout-independent checkpoint and the same global
+batch (launcher.submit.reshard). Then each run's
 manifest is kept under ``attempts/<a>/``, the run reopens, ``restarts.jsonl`` records why
 (``resume`` or ``retry``, with the changes), and the runs go out together: runs that share
 resources as ONE submitit batch (one Slurm array, split under the scheduler's limits like a
@@ -34,7 +36,7 @@ from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
 from launcher.schema import typed
 from launcher.status import FINAL, Status
-from launcher.submit import submission
+from launcher.submit import reshard, submission
 from launcher.submit.pipeline import SweepResult
 from launcher.sweeps import Unschedulable, job_name
 
@@ -52,6 +54,7 @@ class _Next:
     done: int  # the step of the latest checkpoint (0: none)
     backend: backends.Backend
     code_dir: Path
+    layout: Optional[Dict[str, Any]] = None  # {"from", "to"}: resumed on another layout (launcher.submit.reshard)
 
 
 def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
@@ -69,9 +72,10 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
         cfg = OmegaConf.merge(typed(plain), OmegaConf.from_dotlist([c.lstrip("+") for c in changes]))
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")],
-                           f"({run_id})") from e
+        key = getattr(e, "full_key", None) or ", ".join(c.lstrip("+").split("=")[0] for c in changes)
+        raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config "
+                                        "(key=value: a config group such as parallelism=tp is chosen at launch; "
+                                        "set its keys instead, e.g. parallelism.tp=2)")], f"({run_id})") from e
 
 
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = ()) -> _Next:
@@ -137,19 +141,18 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
             lay = resolve(cfg).to_json()
         old = (rd.run() or {}).get("layout") or {}
-        moved = {k: (old.get(k), v) for k, v in lay.items() if k in old and old.get(k) != v}
-        if moved:
-            raise ConfigErrors([ConfigError(", ".join(sorted(changed)), f"changes the layout of {run_id} ("
-                                            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved.items()) + ")",
-                                            "a new attempt keeps its run's layout: `launcher reproduce RUN "
-                                            "key=value` starts a new run instead")])
-    return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir)
+        layout = {"from": old, "to": lay} if reshard.moved(old, lay) else None
+        if layout:  # state moves between ranks: allowed where the checkpoint can be resharded
+            reshard.check(run_id, old, lay, changed, point.path)
+    return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir, layout)
 
 
 def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     """Reopen the run for its next attempt and record why; returns the attempt that ended."""
     attempt = int(n.status.attempt or 1)
     n.rd.reopen(attempt)
+    if n.layout:  # the job runs with the run's layout (run.json): the new one
+        n.rd.set_layout(n.layout["to"])
     if n.changed:  # a change may name a secret (key=value): archived redacted, like a launch's config
         n.rd.write_config(secrets.redact_config(n.plain, known, raw=n.plain))
         os.environ.update(secrets.lifted_secrets(n.plain, n.plain))  # the new job inherits them
@@ -157,7 +160,8 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     n.rd.record_restart(secrets.scrub_tree({
         "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.state.value}"
         + (f"; {what}" if what else ""), "changes": {k: b for k, (a, b) in n.changed.items()}, "from_step": n.done,
-        "nodes": n.status.hosts, "job_id": n.status.job_id}, known))
+        "nodes": n.status.hosts, "job_id": n.status.job_id,
+        **({"layout": {k: reshard.summary(v) for k, v in n.layout.items()}} if n.layout else {})}, known))
     return attempt
 
 

@@ -59,6 +59,8 @@ import torch.distributed as dist
 from launcher import checkpoint_manifest
 from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.schema import enum_value
+from launcher.seeding import derive_seed
+from launcher.training import universal
 
 RNG_FILE = "rng_rank_{rank:05d}.pt"
 META_FILE = "meta.json"
@@ -81,6 +83,9 @@ class Engine(Protocol):
 
     def optimizers(self) -> List[Any]:
         """The optimizers whose step is the only change to the saved state (none: saves are synchronous)."""
+
+    # optional, for resuming on another layout (launcher.training.universal): ``universal_state()`` (its
+    # state by parameter name, as torch.distributed.checkpoint saves it) and ``load_universal(path)``
 
 
 def rng_state(tracker: Any = None) -> Dict[str, Any]:
@@ -112,6 +117,17 @@ def set_rng_state(state: Dict[str, Any], tracker: Any = None) -> None:
         import numpy as np
 
         np.random.set_state(state["numpy"])
+
+
+def reseed(seed: int) -> None:
+    """Seed torch (every device), Python's and NumPy's generators from ``seed``."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    np.random.seed(seed % 2**32)
 
 
 # Every CUDA call of this module goes through this name (a unit test puts a fake CUDA module here).
@@ -259,6 +275,10 @@ class Checkpointer:
         self.every = int(ck.every if every is None else every)
         self.keep = int(ck.keep if keep is None else keep)
         self.async_save = bool(ck.async_save if async_save is None else async_save)
+        self.seed = int(getattr(cfg, "seed", 0) or 0)
+        self.universal = bool(getattr(ck, "universal", True))  # also write universal/ (any layout loads it)
+        self._universal_files: List[str] = []  # the universal files this rank wrote in the save in flight
+        self.resharded: Optional[Dict[str, Any]] = None  # the reshard record, when resume loaded another layout's
         self.steps = int(cfg.train.steps)
         self.ctx, self.rd, self.engine = ctx, ctx.rundir, engine
         self.rank, self.world = int(ctx.rank), int(ctx.world_size)
@@ -297,13 +317,64 @@ class Checkpointer:
         step, rows = 0, []
         if latest is not None:
             meta = self._latest_meta or json.loads((latest / META_FILE).read_text())
-            self.engine.load_checkpoint(latest)
-            set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False), self._tracker())
+            moves = universal.moved(meta.get("layout"), self._layout())
+            if moves:
+                self._reshard(latest, int(meta["step"]), meta["layout"], moves)
+            else:
+                self.engine.load_checkpoint(latest)
+                set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False),
+                              self._tracker())
             self.ctx.heartbeat()
             step, rows = int(meta["step"]), list(meta["metrics"])
         if self.rank == 0 and (step or int(self.ctx.attempt) > 1):
             self.rd.rewrite_metrics(rows)  # before this attempt logs a row (ctx appends to the file)
         return step, rows
+
+    def _universal_state(self) -> Optional[Dict[str, Any]]:
+        """The engine's layout-independent state (None: it has none; an engine may omit the method)."""
+        get = getattr(self.engine, "universal_state", None)
+        return get() if get is not None else None
+
+    def _layout(self) -> Dict[str, Any]:
+        layout = getattr(self.ctx, "layout", None)
+        return layout.to_json() if layout is not None else {}
+
+    def _reshard(self, ckpt: Path, step: int, saved: Dict[str, Any], moves: Dict[str, List[Any]]) -> None:
+        """Resume from a checkpoint saved on another layout: every rank reads its own slices of the
+        universal state, the load is checked bit for bit against what was saved (gathered), the RNG
+        streams are re-derived for the new ranks (the saved ones belong to the old ranks), and rank 0
+        records it all (reshard.jsonl) and says so."""
+        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moves.items())
+        if not universal.present(ckpt):
+            raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}) and has no "
+                               f"layout-independent state ({universal.DIR}/: train.checkpoint.universal was off, or "
+                               "its engine writes none): resume it on its own layout")
+        if self._universal_state() is None:
+            raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}), and this "
+                               f"engine ({type(self.engine).__name__}) does not load layout-independent "
+                               "checkpoints: resume it on its own layout")
+        t0 = time.perf_counter()
+        self.engine.load_universal(ckpt / universal.DIR)
+        loaded_s = time.perf_counter() - t0
+        check = universal.verify(self._universal_state(), ckpt / universal.DIR, self.rank)
+        # the engine's dropout streams (its tracker) stay as its new layout seeded them
+        reseed(derive_seed(self.seed, "resharded", step, self.rank))
+        record = {"step": step, "checkpoint": ckpt.name, "from": saved, "to": self._layout(), "moved": moves,
+                  "load_s": round(loaded_s, 3), "verify": check, "rng": "torch, python and numpy generators "
+                  "re-derived per rank: derive_seed(seed, 'resharded', step, rank); the engine's dropout "
+                  "streams as its new layout seeds them", "bitwise_equal": not check["mismatched"]
+                  and not check["missing"]}
+        self.resharded = record
+        if self.rank == 0:
+            self.rd.record_reshard(record)
+            print(f"launcher: resharded the checkpoint of step {step} ({what}): {check['tensors']} tensors, "
+                  f"{check['bytes'] / 2**20:.1f} MiB gathered and "
+                  + ("bitwise equal to the saved state" if record["bitwise_equal"] else
+                     f"NOT equal to the saved state: {', '.join((check['mismatched'] + check['missing'])[:5])}"),
+                  flush=True)
+        if not record["bitwise_equal"]:
+            raise RuntimeError(f"the resharded state differs from the checkpoint of step {step}: "
+                               f"{', '.join((check['mismatched'] + check['missing'])[:5])} (reshard.jsonl)")
 
     def _verified_latest(self) -> Optional[Path]:
         """The checkpoint every rank resumes from: rank 0 verifies ``latest`` against its manifest
@@ -357,9 +428,13 @@ class Checkpointer:
         partial.mkdir(parents=True, exist_ok=True)
         self.engine.save_native(partial)  # collective, synchronous (DeepSpeed)
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
+        shared = self._universal_state() if self.universal else None
+        # collective and synchronous: each rank writes its own slices (no gather)
+        self._universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared else []
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
         if self.rank == 0:
-            small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics)}
+            small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics),
+                                "layout": self._layout(), "universal": bool(shared)}
         self._saves += 1
         if self.async_save and not block and self._hooked():
             started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
@@ -484,6 +559,8 @@ class Checkpointer:
             if i == 0 and step == self.kill_at:  # fault drill: die with the checkpoint half written
                 os.kill(os.getpid(), signal.SIGKILL)
             written[name] = checkpoint_manifest.digest(partial / name)  # in the writer thread when async
+        for rel in self._universal_files:
+            written[rel] = checkpoint_manifest.digest(partial / rel)
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
 

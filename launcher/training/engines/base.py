@@ -255,3 +255,14 @@ class Engine:
     def load_checkpoint(self, path: Path) -> None:
         """Restore this rank's state from the checkpoint directory ``path``."""
         raise NotImplementedError
+
+    # ---- resuming on another layout (launcher.training.universal) ---------------------------------
+    def universal_state(self) -> Optional[Dict[str, Any]]:
+        """This rank's model and optimizer state by parameter name, as torch.distributed.checkpoint
+        saves it (``universal.module_state`` for a module and a torch optimizer); None: this engine's
+        checkpoints load only on the layout they were saved on."""
+        return None
+
+    def load_universal(self, path: Path) -> None:
+        """Fill this rank's state, under this engine's layout, from the universal checkpoint ``path``."""
+        raise NotImplementedError(f"{type(self).__name__} does not load layout-independent checkpoints")

@@ -39,6 +39,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training import universal
 from launcher.training.engines.base import (
     DTYPES,
     Batch,
@@ -200,6 +201,12 @@ class FSDPEngine(Engine):
             "model": local(get_model_state_dict(self.model)),
             "optimizer": local(get_optimizer_state_dict(self.model, self.optimizer)),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
+
+    def universal_state(self) -> Dict[str, Any]:
+        return universal.module_state(self.model, self.optimizer)
+
+    def load_universal(self, path: Path) -> None:
+        universal.load_module_state(self.model, self.optimizer, path)
 
     def load_checkpoint(self, path: Path) -> None:
         state = torch.load(path / self.FILE.format(rank=self.rank), map_location="cpu", weights_only=True)

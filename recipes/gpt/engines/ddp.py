@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.training import universal
 from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.base import (
     Batch,
@@ -106,6 +107,12 @@ class DDPEngine(Engine):
             return {}
         return {self.FILE: {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                             "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
+
+    def universal_state(self) -> Dict[str, Any]:
+        return universal.module_state(self.model, self.optimizer)
+
+    def load_universal(self, path: Path) -> None:
+        universal.load_module_state(self.model, self.optimizer, path)
 
     def load_checkpoint(self, path: Path) -> None:
         # data-parallel rank 0 reads the file, the others receive it (bit for bit) from it

@@ -1,0 +1,61 @@
+"""Resuming a run on another layout, the login side (pure: no torch): which layout changes a new
+attempt may make, checked before anything queues. The node side (the load, the bitwise check, the
+record) is launcher.training.universal.
+
+A change of dp, ZeRO stage, engine or node count reshards: the job loads the checkpoint's
+``universal/`` state (every engine in ``RESHARDS`` writes it) under its own placement. The global
+batch stays what it was unless ``train.global_batch_size`` is changed on purpose (recorded), so the
+same samples make each step and the loss curve goes on as if nothing moved. Tensor and pipeline
+parallel changes are refused for now: the megatron engine's checkpoints are not layout-independent.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from launcher.errors import ConfigError, ConfigErrors
+from launcher.layout import RESHARD_KEYS, moved
+
+RESHARDS = ("ddp", "fsdp")  # engines whose checkpoints hold universal/ and that load one
+UNIVERSAL_INDEX = Path("universal") / ".metadata"
+SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
+           "global_batch_size")
+
+__all__ = ["RESHARDS", "RESHARD_KEYS", "check", "moved", "summary"]
+
+
+def summary(layout: Dict[str, Any]) -> Dict[str, Any]:
+    """What restarts.jsonl keeps of a layout."""
+    return {k: layout[k] for k in SUMMARY if k in layout}
+
+
+def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[str, Any],
+          checkpoint: Optional[Path]) -> None:
+    """Refuse (ConfigErrors naming the changed keys and the fix) a layout change this run cannot be
+    resumed with; ``checkpoint``: the one the job will load (None: it starts from step 0)."""
+    keys = ", ".join(sorted(changed)) or "layout"
+    what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved(old, new).items())
+    errs = []
+    for axis in ("tp", "pp"):
+        if old.get(axis) != new.get(axis):
+            errs.append(ConfigError(keys, f"changes {axis} of {run_id} ({old.get(axis)} -> {new.get(axis)}): "
+                                    "tensor and pipeline parallel checkpoints load only on their own degrees",
+                                    f"keep parallelism.{axis}={old.get(axis)} (dp, ZeRO stage, engine and node count "
+                                    "may change)"))
+    for side, engine in (("saved on", old.get("engine")), ("resumed on", new.get("engine"))):
+        if engine not in RESHARDS:
+            errs.append(ConfigError(keys, f"{run_id} would be {side} engine {engine}, whose checkpoints load only "
+                                    f"on their own layout ({what})", f"resharding runs between engines "
+                                    f"{', '.join(RESHARDS)}; keep the archived layout on {engine}"))
+    if old.get("global_batch_size") != new.get("global_batch_size") and "train.global_batch_size" not in changed:
+        errs.append(ConfigError(keys, f"changes the global batch of {run_id} ({old.get('global_batch_size')} -> "
+                                f"{new.get('global_batch_size')}): the steps after the checkpoint would not be "
+                                "the same training", f"keep train.global_batch_size={old.get('global_batch_size')} "
+                                "(gradient accumulation absorbs the new dp), or set train.global_batch_size "
+                                "explicitly to change it on purpose"))
+    if checkpoint is not None and not (checkpoint / UNIVERSAL_INDEX).is_file():
+        errs.append(ConfigError(keys, f"the checkpoint {checkpoint.name} of {run_id} has no layout-independent "
+                                f"state ({UNIVERSAL_INDEX.parent}/: saved with train.checkpoint.universal=false)",
+                                "resume it on its archived layout"))
+    if errs:
+        raise ConfigErrors(errs, f"({run_id} on another layout: {what})")

@@ -1,0 +1,142 @@
+"""Layout-independent checkpoints: what lets a run resume on another layout (docs/fault-tolerance.md,
+"Resuming on another layout").
+
+Beside its engine's own files, a checkpoint of an engine that offers ``universal_state()`` holds
+``universal/``, written by torch.distributed.checkpoint (DCP): every tensor of the model and of the
+optimizer under its parameter's name (``model.<fqn>``, ``optim.<fqn>.exp_avg``...), each rank writing
+only the slices it holds (a DTensor's shard; a tensor several ranks hold whole, as DDP's replicas do, is
+written once, DCP spreading such tensors over the ranks), and rank 0 the global index of every slice
+(``.metadata``). No rank gathers the model, so the save scales with the world as the engine's own does.
+
+A job whose layout differs from the one the checkpoint was saved on (its meta.json records it) loads
+this instead of the engine's files: each rank asks for its own slices under its own placement and DCP
+reads just those (no offline conversion). Then ``verify`` gathers every tensor once, after the load,
+and rank 0 compares it bit for bit with what was saved (reading the checkpoint a tensor batch at a
+time): the equivalence record of the reshard.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from launcher.layout import moved
+
+__all__ = ["DIR", "INDEX", "load_module_state", "module_state", "moved", "present", "save", "verify"]
+
+DIR = "universal"
+INDEX = ".metadata"  # DCP's global index (rank 0)
+# per rank, one file (single_file_per_rank, one writer thread): FileSystemWriter's name for it
+RANK_FILE = "__{rank}_0.distcp"
+VERIFY_BATCH_BYTES = 1 << 30  # what rank 0 reads of the saved checkpoint at a time while verifying
+
+
+def module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """A module and its optimizer as DCP saves them, by parameter name: plain tensors (a whole module,
+    DDP's replicas) or DTensors (FSDP2's shards, tensor-parallel slices). A fresh optimizer gets its
+    state created (zeros), so the same call gives the target a load fills."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optim": osd["state"]}
+
+
+def load_module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Fill ``model`` and ``optimizer`` from the universal checkpoint at ``path``, each rank reading
+    its own slices; the optimizer keeps its own param groups (learning rate and the rest come from the
+    run's config and schedule)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_state_dict
+
+    target = module_state(model, optimizer)
+    dcp.load(target, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    groups = get_optimizer_state_dict(model, optimizer)["param_groups"]
+    set_state_dict(model, optimizer, model_state_dict=target["model"],
+                   optim_state_dict={"state": target["optim"], "param_groups": groups})
+
+
+def save(state: Dict[str, Any], path: Path, rank: int) -> List[str]:
+    """Write ``state`` (every rank, collectively) into ``path``; the files this rank wrote, relative
+    to ``path``'s parent (its done mark lists them with their digests)."""
+    import torch.distributed.checkpoint as dcp
+
+    path.mkdir(parents=True, exist_ok=True)
+    writer = dcp.FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
+    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    mine = [RANK_FILE.format(rank=rank)] + ([INDEX] if rank == 0 else [])
+    return [f"{path.name}/{n}" for n in mine if (path / n).exists()]  # (a rank with nothing to write: none)
+
+
+def present(ckpt: Path) -> bool:
+    return (ckpt / DIR / INDEX).is_file()
+
+
+def _flat(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """DCP's names: nested keys joined with dots."""
+    out: Dict[str, Any] = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif torch.is_tensor(v):
+            out[key] = v
+    return out
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor (a DTensor gathered: collective over its mesh), on the host."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().cpu()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
+    """The equivalence check of a reshard (every rank calls it, with the engine's state after the
+    load): each tensor gathered whole and compared bit for bit on rank 0 with the saved one. Returns
+    (on every rank) {"tensors", "bytes", "mismatched": [names], "missing": [names]}."""
+    import torch.distributed.checkpoint as dcp
+
+    flat = _flat(state)
+    names = sorted(flat)
+    report: Dict[str, Any] = {"tensors": len(names), "bytes": 0, "mismatched": [], "missing": []}
+    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata if rank == 0 else {}
+    batch: Dict[str, torch.Tensor] = {}
+
+    def compare() -> None:
+        saved = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype) for k in batch}
+        dcp.load(saved, checkpoint_id=str(path), no_dist=True)
+        for k, now in batch.items():
+            report["bytes"] += now.numel() * now.element_size()
+            if now.shape != saved[k].shape or now.dtype != saved[k].dtype or not torch.equal(_bits(now),
+                                                                                               _bits(saved[k])):
+                report["mismatched"].append(k)
+        batch.clear()
+
+    held = 0
+    for name in names:
+        whole = _whole(flat[name])  # every rank: a DTensor's gather is collective
+        if rank != 0:
+            continue
+        if name not in meta or not hasattr(meta[name], "size"):
+            report["missing"].append(name)
+            continue
+        batch[name] = whole
+        held += whole.numel() * whole.element_size()
+        if held >= VERIFY_BATCH_BYTES:
+            compare()
+            held = 0
+    if rank == 0 and batch:
+        compare()
+    if dist.is_initialized():
+        box = [report]
+        dist.broadcast_object_list(box, src=0)
+        report = box[0]
+    return report

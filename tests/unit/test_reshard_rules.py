@@ -1,0 +1,69 @@
+"""Which layout changes a resumed run may make (launcher.submit.reshard, launcher.layout.moved): pure;
+the reshard itself is tests/integration/test_reshard.py."""
+import pytest
+
+from launcher.errors import ConfigErrors
+from launcher.layout import Layout, moved
+from launcher.submit import reshard
+
+
+def _lay(**kw):
+    return Layout(**{"dp": 2, "micro_batch_size": 2, "grad_accum": 4, "engine": "ddp", **kw}).to_json()
+
+
+def _universal(tmp_path):
+    ckpt = tmp_path / "step_00000004"
+    (ckpt / "universal").mkdir(parents=True)
+    (ckpt / "universal" / ".metadata").write_bytes(b"x")
+    return ckpt
+
+
+def test_moved_names_only_the_keys_that_move_state():
+    old = _lay()
+    assert moved(old, old) == {}
+    assert moved(old, _lay(dp=1, grad_accum=8)) == {"dp": [2, 1]}
+    assert moved(old, _lay(engine="fsdp", procs_per_node=1)) == {"engine": ["ddp", "fsdp"]}
+    assert moved(None, _lay(dp=4)) == {}  # a checkpoint that recorded no layout loads as it always did
+
+
+def test_dp_engine_and_node_changes_with_the_same_global_batch_pass(tmp_path):
+    ckpt = _universal(tmp_path)
+    reshard.check("r", _lay(), _lay(dp=1, grad_accum=8), {"cluster.gpus_per_node": (2, 1)}, ckpt)
+    reshard.check("r", _lay(), _lay(engine="fsdp", dp=4, grad_accum=2), {"parallelism.engine": ("ddp", "fsdp")},
+                  ckpt)
+    reshard.check("r", _lay(), _lay(dp=1, grad_accum=8), {}, None)  # no checkpoint yet: it starts from step 0 anyway
+
+
+def _refused(old, new, changed, ckpt):
+    with pytest.raises(ConfigErrors) as e:
+        reshard.check("r", old, new, changed, ckpt)
+    return e.value.errors
+
+
+def test_tp_and_pp_changes_are_refused_naming_the_key_and_the_fix(tmp_path):
+    errs = _refused(_lay(), _lay(engine="megatron", tp=2, dp=1, grad_accum=8), {"parallelism.tp": (1, 2)},
+                    _universal(tmp_path))
+    assert any("changes tp" in str(e) and "parallelism.tp=1" in e.fix for e in errs), errs
+    assert all(e.key == "parallelism.tp" for e in errs)
+    assert any("engine megatron" in str(e) for e in errs)
+
+
+def test_a_changed_global_batch_is_refused_unless_asked_for(tmp_path):
+    ckpt = _universal(tmp_path)
+    errs = _refused(_lay(), _lay(dp=1, grad_accum=4), {"cluster.gpus_per_node": (2, 1)}, ckpt)
+    assert [e.key for e in errs] == ["cluster.gpus_per_node"] and "global batch" in str(errs[0])
+    assert "train.global_batch_size=16" in errs[0].fix
+    reshard.check("r", _lay(), _lay(dp=1, grad_accum=4), {"train.global_batch_size": (16, 8)}, ckpt)
+
+
+def test_a_checkpoint_without_universal_state_is_refused(tmp_path):
+    ckpt = tmp_path / "step_00000004"
+    ckpt.mkdir()
+    errs = _refused(_lay(), _lay(dp=1, grad_accum=8), {"cluster.gpus_per_node": (2, 1)}, ckpt)
+    assert "no layout-independent state" in str(errs[0]) and "universal=false" in str(errs[0])
+
+
+def test_an_engine_without_universal_checkpoints_is_refused(tmp_path):
+    errs = _refused(_lay(), _lay(engine="deepspeed", zero=2), {"parallelism.zero_stage": (0, 2)},
+                    _universal(tmp_path))
+    assert any("engine deepspeed" in str(e) for e in errs)
