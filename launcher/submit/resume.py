@@ -137,7 +137,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     code_dir = Path(rd.snapshot().get("path", ""))
     if not code_dir.is_dir():
         raise FileNotFoundError(f"the code snapshot {code_dir} of {run_id} is gone: nothing to resume with")
-    if changed:  # the changed config must pass every rule and keep the layout the run dir was made for
+    layout = None
+    if changed:  # the changed config must pass every rule; a new layout, one its checkpoint can be resharded to
         with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
             lay = resolve(cfg).to_json()
         old = (rd.run() or {}).get("layout") or {}
