@@ -35,8 +35,14 @@ def test_retry_checks_every_change_before_anything_changes(tmp_path):
     n = resume.prepare(rd.path, changes=["train.fail_at_step=null", "optim.lr=0.01"])
     assert n.changed == {"optim.lr": (0.001, 0.01), "train.fail_at_step": (2, None)}
     assert n.plain["train"]["fail_at_step"] is None and rd.config()["train"]["fail_at_step"] == 2
-    with pytest.raises(ConfigErrors, match="changes the layout"):
-        resume.prepare(rd.path, changes=["cluster.gpus_per_node=1"])
+    # a layout change that moves state is checked (launcher.submit.reshard); one it cannot make is refused
+    lay = rd.run()["layout"]
+    assert lay["dp"] == 2  # cluster=local: 2 processes
+    moved = resume.prepare(rd.path, changes=["cluster.gpus_per_node=1"]).layout
+    assert moved["from"]["dp"] == 2 and moved["to"]["dp"] == 1
+    with pytest.raises(ConfigErrors, match="changes tp"):
+        resume.prepare(rd.path, changes=["parallelism.engine=megatron", "parallelism.tp=2",
+                                         f"cluster.gpus_per_node={2 * lay['world_size']}"])
     with pytest.raises(ConfigErrors, match="no_such_key"):
         resume.prepare(rd.path, changes=["train.no_such_key=1"])
     with pytest.raises(ConfigErrors, match="optim.lr"):
