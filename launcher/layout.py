@@ -228,6 +228,8 @@ class Layout:
 # the layout keys whose change moves training state between ranks: a new attempt that changes one loads
 # the checkpoint's layout-independent state (launcher.submit.reshard, launcher.training.universal)
 RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
+# the DeepSpeed ZeRO stages whose checkpoints hold the layout-independent state (optimizer not offloaded)
+RESHARD_DEEPSPEED_STAGES = (1, 2)
 
 
 def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:

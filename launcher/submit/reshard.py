@@ -6,7 +6,8 @@ A change of dp, ZeRO stage, engine or node count reshards: the job loads the che
 ``universal/`` state (every engine in ``RESHARDS`` writes it) under its own placement. The global
 batch stays what it was unless ``train.global_batch_size`` is changed on purpose (recorded), so the
 same samples make each step and the loss curve goes on as if nothing moved. Tensor and pipeline
-parallel changes are refused for now: the megatron engine's checkpoints are not layout-independent.
+parallel changes are refused for now: the megatron engine's checkpoints are not layout-independent,
+nor are DeepSpeed's at ZeRO-0 or 3 or with offload.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.layout import RESHARD_KEYS, moved
+from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, moved
 
-RESHARDS = ("ddp", "fsdp")  # engines whose checkpoints hold universal/ and that load one
+RESHARDS = ("ddp", "fsdp", "deepspeed")  # engines whose checkpoints hold universal/ and load one
 UNIVERSAL_INDEX = Path("universal") / ".metadata"
 SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
            "global_batch_size")
@@ -42,11 +43,19 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
                                     "tensor and pipeline parallel checkpoints load only on their own degrees",
                                     f"keep parallelism.{axis}={old.get(axis)} (dp, ZeRO stage, engine and node count "
                                     "may change)"))
-    for side, engine in (("saved on", old.get("engine")), ("resumed on", new.get("engine"))):
+    for side, lay in (("saved on", old), ("resumed on", new)):
+        engine = lay.get("engine")
         if engine not in RESHARDS:
             errs.append(ConfigError(keys, f"{run_id} would be {side} engine {engine}, whose checkpoints load only "
                                     f"on their own layout ({what})", f"resharding runs between engines "
                                     f"{', '.join(RESHARDS)}; keep the archived layout on {engine}"))
+        offload = bool(lay.get("offload_optimizer") or lay.get("offload_params"))
+        if engine == "deepspeed" and (lay.get("zero") not in RESHARD_DEEPSPEED_STAGES or offload):
+            errs.append(ConfigError(keys, f"{run_id} would be {side} DeepSpeed ZeRO-{lay.get('zero')}"
+                                    f"{' with offload' if offload else ''}, whose checkpoints load only on their "
+                                    f"own layout ({what})",
+                                    "DeepSpeed reshards at ZeRO stage "
+                                    f"{' or '.join(map(str, RESHARD_DEEPSPEED_STAGES))} without offload"))
     if old.get("global_batch_size") != new.get("global_batch_size") and "train.global_batch_size" not in changed:
         errs.append(ConfigError(keys, f"changes the global batch of {run_id} ({old.get('global_batch_size')} -> "
                                 f"{new.get('global_batch_size')}): the steps after the checkpoint would not be "

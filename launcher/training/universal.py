@@ -7,6 +7,8 @@ optimizer under its parameter's name (``model.<fqn>``, ``optim.<fqn>.exp_avg``..
 only the slices it holds (a DTensor's shard; a tensor several ranks hold whole, as DDP's replicas do, is
 written once, DCP spreading such tensors over the ranks), and rank 0 the global index of every slice
 (``.metadata``). No rank gathers the model, so the save scales with the world as the engine's own does.
+DeepSpeed ZeRO-1/2 (flat partitions) joins through ``deepspeed_state``: each tensor assembled whole once
+per save, one at a time, and each rank keeping its Shard(0) slice of it.
 
 A job whose layout differs from the one the checkpoint was saved on (its meta.json records it) loads
 this instead of the engine's files: each rank asks for its own slices under its own placement and DCP
@@ -16,15 +18,17 @@ time): the equivalence record of the reshard.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from launcher.layout import moved
+from launcher.layout import RESHARD_DEEPSPEED_STAGES, moved
 
-__all__ = ["DIR", "INDEX", "load_module_state", "module_state", "moved", "present", "save", "verify"]
+__all__ = ["DIR", "INDEX", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state", "moved",
+           "present", "save", "verify"]
 
 DIR = "universal"
 INDEX = ".metadata"  # DCP's global index (rank 0)
@@ -112,7 +116,9 @@ def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
 
     def compare() -> None:
         saved = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype) for k in batch}
-        dcp.load(saved, checkpoint_id=str(path), no_dist=True)
+        with warnings.catch_warnings():  # (rank 0 alone reads: DCP warns that it assumes one process)
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(saved, checkpoint_id=str(path), no_dist=True)
         for k, now in batch.items():
             report["bytes"] += now.numel() * now.element_size()
             if now.shape != saved[k].shape or now.dtype != saved[k].dtype or not torch.equal(_bits(now),
@@ -140,3 +146,113 @@ def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
         dist.broadcast_object_list(box, src=0)
         report = box[0]
     return report
+
+
+# ---- DeepSpeed ZeRO 1 and 2: its fp32 masters and Adam moments are flat partitions; each tensor is
+# assembled whole (DeepSpeed's safe_get_full_*: a collective per parameter, at save time one tensor at a
+# time) and kept as this rank's Shard(0) slice of it, so the files and the index are those of any
+# other engine ----------------------------------------------------------------------------------------
+DEEPSPEED_STAGES = RESHARD_DEEPSPEED_STAGES
+_MESHES: Dict[Any, Any] = {}
+
+
+def _world_mesh(device: torch.device) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device.type, dist.get_world_size())
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device.type, (dist.get_world_size(),))
+    return _MESHES[key]
+
+
+def _sharded(full: torch.Tensor, mesh: Any) -> Any:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if full.dim() == 0:
+        return full.detach().clone()
+    # every rank holds the whole: each keeps its slice, nothing is sent (src_data_rank=None)
+    return distribute_tensor(full.detach(), mesh, [Shard(0)], src_data_rank=None)
+
+
+def _adam_step(optimizer: Any) -> torch.Tensor:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for st in inner.state.values():
+        if "step" in st:
+            return torch.as_tensor(st["step"], dtype=torch.float32).detach().cpu().clone()
+    return torch.zeros((), dtype=torch.float32)
+
+
+def _adam_state(optimizer: Any) -> None:
+    """A ZeRO optimizer that has not stepped yet has no Adam state (torch creates it at the first step,
+    DeepSpeed links its per-parameter views to it after): created as AdamW's first step would (zeros),
+    and linked, so a load has somewhere to go."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    fresh = False
+    for group in inner.param_groups:
+        for p in group["params"]:
+            st = inner.state[p]
+            if not st:
+                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                          exp_avg_sq=torch.zeros_like(p))
+                fresh = True
+    link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)  # (a no-op once linked)
+    if link is not None:
+        link()
+    elif fresh:
+        raise RuntimeError(f"cannot create the Adam state of {type(optimizer).__name__} to load into")
+
+
+def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int) -> Optional[Dict[str, Any]]:
+    """A DeepSpeed ZeRO-1/2 engine's state as ``module_state`` names it (None for other stages: their
+    checkpoints load only on their own layout)."""
+    if stage not in DEEPSPEED_STAGES or not dist.is_initialized():
+        return None
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    _adam_state(optimizer)
+    device = next(module.parameters()).device
+    mesh = _world_mesh(device)
+    names = {id(p): n for n, p in module.named_parameters()}
+    model: Dict[str, Any] = {}
+    for key, v in module.state_dict(keep_vars=True).items():  # (a tied weight under each of its names)
+        full = safe_get_full_fp32_param(v) if isinstance(v, torch.nn.Parameter) else v.detach()
+        model[key] = _sharded(full, mesh)
+    step = _adam_step(optimizer)
+    optim: Dict[str, Any] = {}
+    for p in dict.fromkeys(module.parameters()):
+        optim[names[id(p)]] = {k: _sharded(safe_get_full_optimizer_state(p, k), mesh)
+                               for k in ("exp_avg", "exp_avg_sq")}
+        optim[names[id(p)]]["step"] = step.clone()
+    return {"model": model, "optim": optim}
+
+
+def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path) -> None:
+    """Fill a DeepSpeed ZeRO-1/2 engine from the universal checkpoint at ``path``: each rank reads its
+    slices, every tensor is assembled whole (a gather per tensor) and set into DeepSpeed's partitions
+    (safe_set_full_*), the module's weights from the fp32 masters."""
+    import torch.distributed.checkpoint as dcp
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    target = deepspeed_state(module, optimizer, stage)
+    if target is None:
+        raise RuntimeError(f"DeepSpeed ZeRO stage {stage} does not load layout-independent checkpoints "
+                           f"(stages {', '.join(map(str, DEEPSPEED_STAGES))} do)")
+    dcp.load(target, checkpoint_id=str(path))
+    live = module.state_dict(keep_vars=True)
+    names = {id(p): n for n, p in module.named_parameters()}
+    with torch.no_grad():
+        for key, v in target["model"].items():
+            full = _whole(v).to(live[key].device)
+            if isinstance(live[key], torch.nn.Parameter):
+                safe_set_full_fp32_param(live[key], full)
+            live[key].data.copy_(full.to(live[key].dtype))  # ZeRO 1/2: every rank holds the whole weight
+        for p in dict.fromkeys(module.parameters()):
+            for k in ("exp_avg", "exp_avg_sq"):
+                safe_set_full_optimizer_state(p, _whole(target["optim"][names[id(p)]][k]).to(p.device), k)
+        step = next(iter(target["optim"].values()))["step"] if target["optim"] else None
+        inner = getattr(optimizer, "optimizer", optimizer)
+        for st in inner.state.values():
+            if step is not None and "step" in st:
+                # a tensor of its own per state (torch steps each in place: a shared one would count twice)
+                st["step"] = step.to(st["step"].device, st["step"].dtype, copy=True) if torch.is_tensor(st["step"]) \
+                    else type(st["step"])(step.item())

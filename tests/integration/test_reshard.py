@@ -1,6 +1,6 @@
 """Resuming on another layout (launcher.submit.reshard, launcher.training.universal): the GPT
-(fp32, dropout 0) as DDP dp2 dies at step 6 (checkpoint every 4), is resumed as FSDP dp2, dies again
-at step 10 (checkpoint at 8), and is resumed as DDP in one process. Its per-step losses equal the
+(fp32, dropout 0) as DDP dp2 dies at step 6 (checkpoint every 4), is resumed as DeepSpeed ZeRO-2 dp2,
+dies again at step 10 (checkpoint at 8), and is resumed as FSDP in one process. Its per-step losses equal the
 uninterrupted single-process run's within the layout tests' tolerance, and each reshard's loaded state
 (weights, Adam's moments and steps, gathered) is bitwise what was saved. The refusals' rules:
 tests/unit/test_reshard_rules.py."""
@@ -24,7 +24,7 @@ def _lines(path: Path):
 
 @pytest.mark.dist
 @pytest.mark.timeout(600)
-def test_ddp_to_fsdp_to_one_process_trains_on_identically(equivalence_reference, tmp_path):
+def test_ddp_to_zero2_to_fsdp_in_one_process_trains_on_identically(equivalence_reference, tmp_path):
     root = tmp_path / "runs"
     res = launch([*EQUIV_BASE, "cluster.gpus_per_node=2", "parallelism.engine=ddp", "train.checkpoint.every=4",
                   "train.fail_at_step=6", "train.fail_rank=0", "train.fail_attempt=1", "train.max_restarts=0"],
@@ -39,23 +39,26 @@ def test_ddp_to_fsdp_to_one_process_trains_on_identically(equivalence_reference,
     assert res.returncode == 2 and "changes tp" in res.stderr and "parallelism.tp=1" in res.stderr, res.stderr
     assert json.loads((run / "run.json").read_text())["layout"]["engine"] == "ddp"  # nothing changed
 
-    res = _resume(run, root, "parallelism.engine=fsdp", "train.fail_at_step=10", "train.fail_attempt=2")
+    res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=2", "train.fail_at_step=10",
+                  "train.fail_attempt=2")
     assert "resuming" in res.stdout and "from step 4" in res.stdout, res.stdout + res.stderr
-    res = _resume(run, root, "parallelism.engine=ddp", "cluster.gpus_per_node=1", "train.fail_at_step=null")
+    res = _resume(run, root, "parallelism.engine=fsdp", "zero.stage=0", "cluster.gpus_per_node=1",
+                  "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 8" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
 
     rows, ref = read_metrics(run), read_metrics(equivalence_reference)
     assert [r["step"] for r in rows] == list(range(1, 11))
     dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, ref))
-    print(f"max |loss - single process| over ddp dp2 -> fsdp dp2 -> ddp 1: {dev:.2e}")
+    print(f"max |loss - single process| over ddp dp2 -> ZeRO-2 dp2 -> fsdp 1: {dev:.2e}")
     assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in ref])
 
     reshards = _lines(run / "reshard.jsonl")
-    assert [(r["step"], r["moved"]) for r in reshards] == [(4, {"engine": ["ddp", "fsdp"]}),
-                                                          (8, {"engine": ["fsdp", "ddp"], "dp": [2, 1]})]
+    assert [(r["step"], r["moved"]) for r in reshards] == [
+        (4, {"engine": ["ddp", "deepspeed"], "zero": [0, 2]}),
+        (8, {"engine": ["deepspeed", "fsdp"], "dp": [2, 1], "zero": [2, 0]})]
     for r in reshards:
         assert r["bitwise_equal"] and not r["verify"]["mismatched"] and r["verify"]["tensors"] > 100, r
     layouts = [r["layout"] for r in _lines(run / "restarts.jsonl")]
     assert [(x["from"]["engine"], x["from"]["dp"], x["to"]["engine"], x["to"]["dp"], x["to"]["grad_accum"])
-            for x in layouts] == [("ddp", 2, "fsdp", 2, 4), ("fsdp", 2, "ddp", 1, 8)]
+            for x in layouts] == [("ddp", 2, "deepspeed", 2, 4), ("deepspeed", 2, "fsdp", 1, 8)]
     assert json.loads((run / "status.json").read_text())["status"] == "completed"

@@ -63,7 +63,9 @@ def test_a_checkpoint_without_universal_state_is_refused(tmp_path):
     assert "no layout-independent state" in str(errs[0]) and "universal=false" in str(errs[0])
 
 
-def test_an_engine_without_universal_checkpoints_is_refused(tmp_path):
-    errs = _refused(_lay(), _lay(engine="deepspeed", zero=2), {"parallelism.zero_stage": (0, 2)},
-                    _universal(tmp_path))
-    assert any("engine deepspeed" in str(e) for e in errs)
+def test_deepspeed_reshards_at_zero_1_and_2_without_offload(tmp_path):
+    ckpt = _universal(tmp_path)
+    reshard.check("r", _lay(), _lay(engine="deepspeed", zero=2), {"parallelism.zero_stage": (0, 2)}, ckpt)
+    for bad in (_lay(engine="deepspeed", zero=3), _lay(engine="deepspeed", zero=2, offload_optimizer=True)):
+        errs = _refused(_lay(), bad, {"parallelism.zero_stage": (0, bad["zero"])}, ckpt)
+        assert any("DeepSpeed ZeRO" in str(e) and "stage 1 or 2 without offload" in e.fix for e in errs), errs

@@ -40,6 +40,7 @@ from torch import nn
 from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training import universal
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import (
@@ -319,6 +320,14 @@ class DeepSpeedEngine(Engine):
 
     def save_native(self, path: Path) -> None:
         self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+
+    def universal_state(self) -> Optional[Dict[str, Any]]:
+        if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
+            return None
+        return universal.deepspeed_state(self.module, self.optimizer, self.stage)
+
+    def load_universal(self, path: Path) -> None:
+        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path)
 
     def load_checkpoint(self, path: Path) -> None:
         loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
