@@ -93,7 +93,20 @@ def diff_runs(a: Path, b: Path) -> Dict[str, Any]:
         "topology": {k: list(v) for k, v in dict_diff(topology_summary(a), topology_summary(b)).items()},
         "code": {k: list(v) for k, v in dict_diff(code_summary(a), code_summary(b)).items()},
         "metrics": loss_comparison(losses(a), losses(b)),
+        "reshards": {"a": reshard_lines(a), "b": reshard_lines(b)},
     }
+
+
+def reshard_lines(rdir: Path) -> List[str]:
+    """Each resume of the run on another layout (reshard.jsonl), one line each: the step, what moved,
+    and whether the loaded state was bitwise what was saved."""
+    out = []
+    for r in RunDir(rdir).reshards():
+        moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in (r.get("moved") or {}).items())
+        check = r.get("verify") or {}
+        verdict = "bitwise equal" if r.get("bitwise_equal") else "NOT equal"
+        out.append(f"step {r.get('step')}: {moved} ({check.get('tensors', '?')} tensors {verdict})")
+    return out
 
 
 def to_json(obj: Any) -> str:

@@ -137,6 +137,9 @@ def cmd_diff(args) -> int:
     else:
         print(f"metrics: loss curves differ (steps {m['steps'][0]} vs {m['steps'][1]}, first different step "
               f"{m['first_different_step']}, max |diff| {m['max_abs_diff']})")
+    for side in ("a", "b"):  # a run resumed on another layout: what moved, and the bitwise check
+        for line in d["reshards"][side]:
+            print(f"resharded ({side}): {line}")
     return _report_tampering(problems, "diff")
 
 

@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=archive_cmds.cmd_show)
 
-    s = sub.add_parser("diff", help="config, seeds, topology, code and metrics differences of two runs",
+    s = sub.add_parser("diff", help="config, seeds, topology, code and metrics differences of two runs, and "
+                       "their resumes on another layout",
                        parents=[common])
     s.add_argument("run_a")
     s.add_argument("run_b")
@@ -199,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "as a new attempt of the same run", parents=[common])
     s.add_argument("run", help="run id or run dir")
     s.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="changes to the run's config for the next attempt (checked first, as retry's)")
+                   help="changes to the run's config for the next attempt (checked first, as retry's); dp, "
+                   "engine, ZeRO stage and node count may change (the checkpoint is resharded, same global batch)")
     s.add_argument("--steps", type=int, default=None, help="train this many steps in all (more than before)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--wait", dest="wait", action="store_true", default=None,

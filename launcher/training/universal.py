@@ -195,8 +195,11 @@ def _adam_state(optimizer: Any) -> None:
                 st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
                           exp_avg_sq=torch.zeros_like(p))
                 fresh = True
-    link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)  # (a no-op once linked)
+    link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:
+        # DeepSpeed links once, at its first step, possibly before torch created the state: link again now
+        if hasattr(optimizer, "_hp_optimizer_states_linked"):
+            optimizer._hp_optimizer_states_linked = False
         link()
     elif fresh:
         raise RuntimeError(f"cannot create the Adam state of {type(optimizer).__name__} to load into")

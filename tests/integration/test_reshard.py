@@ -62,3 +62,9 @@ def test_ddp_to_zero2_to_fsdp_in_one_process_trains_on_identically(equivalence_r
     assert [(x["from"]["engine"], x["from"]["dp"], x["to"]["engine"], x["to"]["dp"], x["to"]["grad_accum"])
             for x in layouts] == [("ddp", 2, "deepspeed", 2, 4), ("deepspeed", 2, "fsdp", 1, 8)]
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
+
+    # `launcher diff` against the uninterrupted run: the largest loss difference and each reshard
+    res = run_cmd([str(BIN / "launcher"), "diff", str(run), str(equivalence_reference)], root, timeout=120)
+    assert f"max |diff| {dev}" in res.stdout or dev == 0, res.stdout
+    assert "resharded (a): step 4: engine ddp -> deepspeed, zero 0 -> 2 (113 tensors bitwise equal)" in res.stdout
+    assert "resharded (a): step 8: engine deepspeed -> fsdp, dp 2 -> 1, zero 2 -> 0" in res.stdout, res.stdout
