@@ -98,7 +98,33 @@ def _tensors(entry: Any) -> List[torch.Tensor]:
     return []
 
 
-class DeepSpeedEngine(Engine):
+class DeepSpeedCheckpoints:
+    """The checkpoint methods of an engine over ``deepspeed.initialize`` (this module's and a recipe's):
+    DeepSpeed's own save and load (model, optimizer, ZeRO partitions, loss scaler; synchronous), and the
+    layout-independent state (launcher.training.universal; ZeRO 1 and 2, optimizer not offloaded). It
+    reads ``ds``, ``module``, ``optimizer``, ``stage``, ``offload_optimizer`` and ``offload_params``."""
+
+    DIR, TAG = "deepspeed", "state"
+
+    def save_native(self, path: Path) -> None:
+        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+
+    def load_checkpoint(self, path: Path) -> None:
+        loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
+
+    def universal_state(self) -> Optional[Dict[str, Any]]:
+        if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
+            return None
+        return universal.deepspeed_state(self.module, self.optimizer, self.stage)
+
+    def load_universal(self, path: Path) -> None:
+        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path)
+
+
+class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
     def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's rules hold
@@ -208,26 +234,6 @@ class DeepSpeedEngine(Engine):
                 total += self.contract.loss(self.ds, self._to_device(batch)).float()
         self.ds.train()
         return float(mean_over_ranks(total / max(1, len(batches)), self.world))
-
-    # ---- checkpoints: DeepSpeed's own -----------------------------------------------------------------
-    DIR, TAG = "deepspeed", "state"
-
-    def save_native(self, path: Path) -> None:
-        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
-
-    def universal_state(self) -> Optional[Dict[str, Any]]:
-        if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
-            return None
-        return universal.deepspeed_state(self.module, self.optimizer, self.stage)
-
-    def load_universal(self, path: Path) -> None:
-        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path)
-
-    def load_checkpoint(self, path: Path) -> None:
-        loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
-                                            load_lr_scheduler_states=False)
-        if loaded is None:
-            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
     # ---- what this rank holds -------------------------------------------------------------------------
     def _param_tensors(self) -> List[torch.Tensor]:

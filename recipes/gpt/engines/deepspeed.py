@@ -30,7 +30,6 @@ import contextlib
 import gc
 import os
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -40,7 +39,6 @@ from torch import nn
 from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
-from launcher.training import universal
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import (
@@ -52,7 +50,7 @@ from launcher.training.engines.base import (
     fused_kwargs,
     param_groups,
 )
-from launcher.training.engines.deepspeed import set_communication_dtype
+from launcher.training.engines.deepspeed import DeepSpeedCheckpoints, set_communication_dtype
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, mean_over
@@ -189,7 +187,7 @@ def _fill_partitions(model: nn.Module, seed: int, num_layers: int,
                 part[lo:hi].copy_(values.to(dtype=part.dtype))
 
 
-class DeepSpeedEngine(Engine):
+class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
     def __init__(self, cfg: Any, ctx: Any) -> None:
         layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's layout rules hold
         self.stage = int(layout.zero)
@@ -313,27 +311,6 @@ class DeepSpeedEngine(Engine):
             for tokens, labels in batches:
                 loss_sum += self.ds(tokens.to(self.device), labels.to(self.device)).float()
         return mean_over(loss_sum, len(batches), world=self.world)
-
-    # ---- checkpoints: DeepSpeed's own save/load (model, optimizer, ZeRO partitions, loss scaler) ----
-
-    DIR, TAG = "deepspeed", "state"
-
-    def save_native(self, path: Path) -> None:
-        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
-
-    def universal_state(self) -> Optional[Dict[str, Any]]:
-        if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
-            return None
-        return universal.deepspeed_state(self.module, self.optimizer, self.stage)
-
-    def load_universal(self, path: Path) -> None:
-        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path)
-
-    def load_checkpoint(self, path: Path) -> None:
-        loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,
-                                            load_lr_scheduler_states=False)
-        if loaded is None:
-            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
     def _grad_norm_before_step(self) -> Optional[torch.Tensor]:
         """ZeRO-0 with fp32 steps the client optimizer directly, which records no norm: compute it
