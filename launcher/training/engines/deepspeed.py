@@ -27,7 +27,7 @@ from torch import nn
 from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
-from launcher.training import universal
+from launcher.training import jit_ops, universal
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import (
@@ -160,9 +160,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         model.train()
         self.offload_optimizer, self.offload_params = bool(layout.offload_optimizer), bool(layout.offload_params)
         if self.offload_optimizer:
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            client = DeepSpeedCPUAdam(_groups(model, cfg.optim), adamw_mode=True, **adamw_kwargs(cfg.optim))
+            client = jit_ops.cpu_adam(_groups(model, cfg.optim), adamw_mode=True, **adamw_kwargs(cfg.optim))
         else:
             client = torch.optim.AdamW(_groups(model, cfg.optim), **adamw_kwargs(cfg.optim),  # DeepSpeed moves the
                                        **fused_kwargs(self.device.type == "cuda"))  # masters to the device

@@ -20,9 +20,10 @@ the mean over the micro batches, averaged over the ranks: the global-batch mean,
 The grad norm is DeepSpeed's pre-clipping global norm (``get_global_grad_norm``); ZeRO-0 in fp32
 records none, so it is computed from the all-reduced gradients.
 
-First use compiles C++ ops (gcc + ninja, cached in ~/.cache/torch_extensions): DeepSpeedCPUAdam
-for zero.offload_optimizer (~2-2.5 min on 2 CPU cores, 2.5 s to load once built). DeepSpeed's
-shared-memory comm op, which only inference uses, is not built (launcher.training.deepspeed).
+First use compiles C++ ops (gcc + ninja; in a node-local dir seeded from ~/.cache/torch_extensions:
+launcher.training.jit_ops): DeepSpeedCPUAdam for zero.offload_optimizer (~2-2.5 min on 2 CPU cores,
+2.5 s to load once built). DeepSpeed's shared-memory comm op, which only inference uses, is not built
+(launcher.training.deepspeed).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from torch import nn
 from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training import jit_ops
 from launcher.training.deepspeed import init_distributed
 from launcher.training.ds_config import build_ds_config
 from launcher.training.engines.base import (
@@ -117,10 +119,8 @@ def _num_params(model: nn.Module) -> int:
 
 def _cpu_adam(model: torch.nn.Module, optim: Any):
     """DeepSpeedCPUAdam in AdamW mode with the groups and hyper-parameters of the engines' adamw (JIT-compiles
-    DeepSpeed's cpu_adam op on first use, cached under ~/.cache/torch_extensions)."""
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    return DeepSpeedCPUAdam(_param_groups(model, optim), adamw_mode=True, **adamw_kwargs(optim))
+    DeepSpeed's cpu_adam op on first use, node-locally: launcher.training.jit_ops)."""
+    return jit_ops.cpu_adam(_param_groups(model, optim), adamw_mode=True, **adamw_kwargs(optim))
 
 
 # torch's default initialisers, which nn.Linear / nn.Embedding / nn.LayerNorm call from their constructors
