@@ -24,7 +24,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -144,7 +144,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("hang.json", "job", "the hang watchdog's finding: step, timeout, stuck ranks (not in a collective) and where, "
      "the collective each other rank waits in"),
     ("attempts/<a>/", "job, launcher", "what an earlier attempt left (errors/, stacks, hang.json, the "
-     "manifest of a resumed run), moved aside when the next attempt starts"),
+     "manifest of a resumed run, every mesh and state record, the rank and node records of ranks and nodes the "
+     "next attempt does not have), moved aside when the next attempt starts"),
     ("manifest.json", "launcher, job", "written when the run is sealed: the sha256 of every file, every "
      "symlink's target (never followed), every directory, each checkpoint's files (sha256 up to 1 MiB, size "
      "above), the checkpoints and what `latest` names, the code snapshot's digest"),
@@ -407,15 +408,31 @@ class RunDir:
     def attempt_dir(self, attempt: int) -> Path:
         return self._p(_name(self.ATTEMPT, a=attempt))
 
-    def move_aside(self, attempt: int) -> None:
+    def move_aside(self, attempt: int, world: Optional[int] = None, hosts: Optional[Sequence[str]] = None) -> None:
         """What attempt ``attempt`` left that would mislead the next one (errors/: its rank errors and
         cancel mark, which the watchdog reads as a peer's failure; its stacks, the gatherer's claim and
-        the hang finding) goes to attempts/<a>/."""
+        the hang finding; each rank's mesh and state record, written again by the recipe after this)
+        goes to attempts/<a>/. Given the next attempt's ``world`` and ``hosts``: also the records of
+        ranks and nodes it does not have (a smaller world, a node gone; rank 0 runs this while the
+        other ranks may be recording themselves, so a rank and a node it does have keep its record, the
+        new one or soon replaced by it). One listing of ranks/, topology/ and errors/, by one rank."""
         dest = self.attempt_dir(attempt)
         errors = self._p(self.RANK_ERROR).parent
         leftovers = ([errors / n for n in _names(errors)] + self._glob(self.OLD_RANK_ERROR, r="*")
                      + self._glob(self.STACK, r="*")
                      + [p for p in (self._p(self.HANG), self._p(self.STACK_GATHERER)) if p.exists()])
+        ranks = self._p(self.RANK).parent
+        for n in _names(ranks):
+            kind, _, r = n[:-len(".json")].rpartition("_") if n.endswith(".json") else ("", "", "")
+            if kind in ("mesh", "state") or (kind == "rank" and world is not None and r.isdigit() and int(r) >= world):
+                leftovers.append(ranks / n)
+        if hosts is not None:
+            topo = self._p(self.TOPOLOGY).parent
+            for n in _names(topo):
+                name, _, i = n[len("node_"):-len(".json")].rpartition("_")
+                if n.startswith("node_") and n.endswith(".json") and (
+                        name not in hosts or not i.isdigit() or int(i) >= len(hosts)):
+                    leftovers.append(topo / n)
         for p in leftovers:
             target = dest / p.relative_to(self.path)
             target.parent.mkdir(parents=True, exist_ok=True)

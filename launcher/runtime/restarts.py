@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
@@ -77,14 +77,17 @@ class StopFlag:
         return self
 
 
-def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str]) -> int:
+def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str], *, world: Optional[int] = None,
+                  hosts: Optional[Sequence[str]] = None) -> int:
     """Rank 0, before the others can read the run dir's state: the number of this attempt (1 = first
-    start). Records the restart that led here; raises RuntimeError once the restart budget is spent."""
+    start). Moves what the previous attempt left aside (``world``, ``hosts``: this attempt's, so that
+    the records of ranks and nodes it lacks go too: RunDir.move_aside). Records the restart that led
+    here; raises RuntimeError once the restart budget is spent."""
     st = rd.status()
     prev = int(st.attempt or 0)
     attempt = prev + 1
     if prev:
-        rd.move_aside(prev)
+        rd.move_aside(prev, world=world, hosts=hosts)
         stop = st.stop or {}
         latest = rd.latest_checkpoint()
         if not st.resumed:  # launcher resume recorded its own row

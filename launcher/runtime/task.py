@@ -87,7 +87,9 @@ def run(rd: RunDir) -> Dict[str, Any]:
         a.record_environment(topology.runtime_software())
         try:
             if denv.rank == 0:
-                n["n"] = restarts.begin_attempt(rd, max_restarts, denv.job_id)
+                n["n"] = restarts.begin_attempt(
+                    rd, max_restarts, denv.job_id, world=denv.world_size,
+                    hosts=denv.hostnames if len(denv.hostnames) == denv.num_nodes else None)
                 a.running()
                 # the note the step's teardown decides by when no rank records an outcome (runtime.after_step)
                 restarts.leave_note(rd, n["n"], None, denv.job_id, backend=backend.name, max_restarts=max_restarts)

@@ -88,6 +88,35 @@ class Recorder:
         self.calls.append(job_id)
 
 
+def test_an_attempt_on_fewer_ranks_and_other_nodes_moves_the_records_it_lacks_aside(tmp_path):
+    """Attempt 1 ran 4 ranks on nodes a and b; attempt 2 (a smaller layout, node b lost for c) starts:
+    the records of ranks 2-3, of nodes a/b and every mesh/state record go to attempts/1/; the records
+    of ranks 0-1 (written by attempt 2's ranks as it starts, or soon replaced) stay."""
+    rd = make_run(tmp_path)
+    assert restarts.begin_attempt(rd, max_restarts=3, job_id="7", world=4, hosts=["a", "b"]) == 1
+    for r in range(4):
+        rd.write_rank(r, {"rank": r, "attempt": 1})
+        rd.write_mesh(r, {"dp": r})
+        rd.write_state(r, {"params": 1})
+    rd.write_topology("a", 0, {"node": "a"})
+    rd.write_topology("b", 1, {"node": "b"})
+    rd.set_status(Status.requeued)
+    rd.write_rank(0, {"rank": 0, "attempt": 2})  # a rank of attempt 2 recorded itself before rank 0 began it
+    assert restarts.begin_attempt(rd, max_restarts=3, job_id="7", world=2, hosts=["a", "c"]) == 2
+    ranks = sorted(p.name for p in (rd.path / "ranks").iterdir())
+    assert ranks == ["rank_0.json", "rank_1.json"] and rd.rank(0)["attempt"] == 2
+    aside = rd.attempt_dir(1)
+    assert sorted(p.name for p in (aside / "ranks").iterdir()) == sorted(
+        [f"{k}_{r}.json" for k in ("mesh", "state") for r in range(4)] + ["rank_2.json", "rank_3.json"])
+    assert sorted(p.name for p in (rd.path / "topology").iterdir()) == ["node_a_0.json"]
+    assert sorted(p.name for p in (aside / "topology").iterdir()) == ["node_b_1.json"]
+    # without the new attempt's place (an older caller) only what it always moved goes
+    rd.write_rank(3, {"rank": 3})
+    rd.set_status(Status.requeued)
+    assert restarts.begin_attempt(rd, max_restarts=3, job_id="7") == 3
+    assert (rd.path / "ranks" / "rank_3.json").exists()
+
+
 def test_attempts_record_why_they_restarted_and_stop_at_the_budget(tmp_path):
     rd = make_run(tmp_path)
     backend = Recorder()
