@@ -178,8 +178,8 @@ def test_fp16_at_zero0_is_refused_before_deepspeed_starts():
 # offload: DeepSpeedCPUAdam steps the host copy; the trajectory is still the DDP one
 
 
-# first use JIT-compiles DeepSpeed's cpu_adam op (~2-2.5 min on 2 cores, then cached in
-# ~/.cache/torch_extensions)
+# first use JIT-compiles DeepSpeed's cpu_adam op (~2-2.5 min on 2 cores; scripts/test.sh builds it
+# beforehand into ~/.cache/torch_extensions, which each node's dir is seeded from: launcher.training.jit_ops)
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     "overrides",

@@ -62,6 +62,9 @@ def test_ddp_to_zero2_to_fsdp_in_one_process_trains_on_identically(equivalence_r
     assert [(x["from"]["engine"], x["from"]["dp"], x["to"]["engine"], x["to"]["dp"], x["to"]["grad_accum"])
             for x in layouts] == [("ddp", 2, "deepspeed", 2, 4), ("deepspeed", 2, "fsdp", 1, 8)]
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
+    # the one-process attempt's rank record is the run's; the second rank's is under attempt 2's
+    assert sorted(p.name for p in (run / "ranks").glob("rank_*.json")) == ["rank_0.json"]
+    assert (run / "attempts" / "2" / "ranks" / "rank_1.json").is_file()
 
     # `launcher diff` against the uninterrupted run: the largest loss difference and each reshard
     res = run_cmd([str(BIN / "launcher"), "diff", str(run), str(equivalence_reference)], root, timeout=120)
