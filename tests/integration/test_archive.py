@@ -231,8 +231,9 @@ def test_killed_launch_leaves_no_half_written_run(slurm, runs_root):
 
 
 # Forty tasks that each do next to nothing (the cluster's 16 CPUs run them in three waves): what is
-# measured is the archive under many concurrent writers (one array, every run sealed, the registry complete and never locked out), not
-# training; a script recipe that imports no torch keeps the array's cost to its tasks' start-up.
+# measured is the archive under many concurrent writers (one array, every run sealed, the registry
+# complete and never locked out), not training; a script recipe that imports no torch keeps the
+# array's cost to its tasks' start-up.
 TINY_SCRIPT = """import json, os
 with open(os.environ["LAUNCHER_METRICS_FILE"], "a") as f:
     f.write(json.dumps({"step": 1, "loss": float(os.environ["RANK"])}) + "\\n")
