@@ -229,7 +229,7 @@ class Layout:
 # the checkpoint's layout-independent state (launcher.submit.reshard, launcher.training.universal)
 RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
 # the DeepSpeed ZeRO stages whose checkpoints hold the layout-independent state (optimizer not offloaded)
-RESHARD_DEEPSPEED_STAGES = (1, 2)
+RESHARD_DEEPSPEED_STAGES = (1, 2, 3)
 
 
 def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:

@@ -55,7 +55,8 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
                                     f"{' with offload' if offload else ''}, whose checkpoints load only on their "
                                     f"own layout ({what})",
                                     "DeepSpeed reshards at ZeRO stage "
-                                    f"{' or '.join(map(str, RESHARD_DEEPSPEED_STAGES))} without offload"))
+                                    f"{', '.join(map(str, RESHARD_DEEPSPEED_STAGES[:-1]))} or "
+                                    f"{RESHARD_DEEPSPEED_STAGES[-1]} without offload"))
     if old.get("global_batch_size") != new.get("global_batch_size") and "train.global_batch_size" not in changed:
         errs.append(ConfigError(keys, f"changes the global batch of {run_id} ({old.get('global_batch_size')} -> "
                                 f"{new.get('global_batch_size')}): the steps after the checkpoint would not be "

@@ -66,13 +66,25 @@ def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
     return out
 
 
+def _refused_keys(plain: Dict[str, Any], changes: Sequence[str]) -> List[str]:
+    """The keys of the changes the archived config does not take, each tried alone (all, if none alone)."""
+    keys = [c.lstrip("+").split("=")[0] for c in changes]
+    bad = []
+    for key, change in zip(keys, changes):
+        try:
+            OmegaConf.merge(typed(plain), OmegaConf.from_dotlist([change.lstrip("+")]))
+        except OmegaConfBaseException:
+            bad.append(key)
+    return bad or keys
+
+
 def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[str, Any]:
     """The archived config with ``key=value`` changes (Hydra-style values, typed by the schema)."""
     try:
         cfg = OmegaConf.merge(typed(plain), OmegaConf.from_dotlist([c.lstrip("+") for c in changes]))
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or ", ".join(c.lstrip("+").split("=")[0] for c in changes)
+        key = getattr(e, "full_key", None) or ", ".join(_refused_keys(plain, changes))
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config "
                                         "(key=value: a config group such as parallelism=tp is chosen at launch; "
                                         "set its keys instead, e.g. parallelism.tp=2)")], f"({run_id})") from e

@@ -7,7 +7,7 @@ optimizer under its parameter's name (``model.<fqn>``, ``optim.<fqn>.exp_avg``..
 only the slices it holds (a DTensor's shard; a tensor several ranks hold whole, as DDP's replicas do, is
 written once, DCP spreading such tensors over the ranks), and rank 0 the global index of every slice
 (``.metadata``). No rank gathers the model, so the save scales with the world as the engine's own does.
-DeepSpeed ZeRO-1/2 (flat partitions) joins through ``deepspeed_state``: each tensor assembled whole once
+DeepSpeed ZeRO-1/2/3 (flat partitions) joins through ``deepspeed_state``: each tensor assembled whole once
 per save, one at a time, and each rank keeping its Shard(0) slice of it.
 
 A job whose layout differs from the one the checkpoint was saved on (its meta.json records it) loads
@@ -148,7 +148,7 @@ def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
     return report
 
 
-# ---- DeepSpeed ZeRO 1 and 2: its fp32 masters and Adam moments are flat partitions; each tensor is
+# ---- DeepSpeed ZeRO 1, 2 and 3: its fp32 masters and Adam moments are flat partitions; each tensor is
 # assembled whole (DeepSpeed's safe_get_full_*: a collective per parameter, at save time one tensor at a
 # time) and kept as this rank's Shard(0) slice of it, so the files and the index are those of any
 # other engine ----------------------------------------------------------------------------------------
@@ -188,11 +188,16 @@ def _adam_state(optimizer: Any) -> None:
     and linked, so a load has somewhere to go."""
     inner = getattr(optimizer, "optimizer", optimizer)
     fresh = False
-    for group in inner.param_groups:
+    # ZeRO-3 hands its flat fp32 partitions to the optimizer only for the step (its groups are empty now)
+    flat = getattr(optimizer, "fp32_partitioned_groups_flat", None)
+    groups = inner.param_groups if flat is None else [
+        {**inner.param_groups[optimizer.sub_group_to_group_id[i]], "params": [f]} for i, f in enumerate(flat)]
+    for group in groups:
         for p in group["params"]:
             st = inner.state[p]
             if not st:
-                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                on = p.device if group.get("fused") or group.get("capturable") else torch.device("cpu")
+                st.update(step=torch.zeros((), dtype=torch.float32, device=on), exp_avg=torch.zeros_like(p),
                           exp_avg_sq=torch.zeros_like(p))
                 fresh = True
     link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)
@@ -201,13 +206,14 @@ def _adam_state(optimizer: Any) -> None:
         if hasattr(optimizer, "_hp_optimizer_states_linked"):
             optimizer._hp_optimizer_states_linked = False
         link()
-    elif fresh:
+    elif fresh and not hasattr(optimizer, "fp32_partitioned_groups_flat"):  # (ZeRO-3 reads its state unlinked)
         raise RuntimeError(f"cannot create the Adam state of {type(optimizer).__name__} to load into")
 
 
 def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int) -> Optional[Dict[str, Any]]:
-    """A DeepSpeed ZeRO-1/2 engine's state as ``module_state`` names it (None for other stages: their
-    checkpoints load only on their own layout)."""
+    """A DeepSpeed ZeRO-1/2/3 engine's state as ``module_state`` names it (None for other stages: their
+    checkpoints load only on their own layout). ZeRO-3's weights are partitions too: each is assembled
+    from the fp32 masters like the others."""
     if stage not in DEEPSPEED_STAGES or not dist.is_initialized():
         return None
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -230,9 +236,9 @@ def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int) -> Opti
 
 
 def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path) -> None:
-    """Fill a DeepSpeed ZeRO-1/2 engine from the universal checkpoint at ``path``: each rank reads its
+    """Fill a DeepSpeed ZeRO-1/2/3 engine from the universal checkpoint at ``path``: each rank reads its
     slices, every tensor is assembled whole (a gather per tensor) and set into DeepSpeed's partitions
-    (safe_set_full_*), the module's weights from the fp32 masters."""
+    (safe_set_full_*), the module's weights from the fp32 masters (ZeRO-3: each rank its partition)."""
     import torch.distributed.checkpoint as dcp
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -248,7 +254,14 @@ def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, pa
             full = _whole(v).to(live[key].device)
             if isinstance(live[key], torch.nn.Parameter):
                 safe_set_full_fp32_param(live[key], full)
-            live[key].data.copy_(full.to(live[key].dtype))  # ZeRO 1/2: every rank holds the whole weight
+            if hasattr(live[key], "ds_tensor"):  # ZeRO-3: this rank's partition of the flat weight (padded)
+                part = live[key].ds_tensor
+                at = optimizer._get_param_partition_rank(live[key]) * part.numel()
+                flat = full.reshape(-1)[at:at + part.numel()]
+                part.data.zero_()
+                part.data[:flat.numel()].copy_(flat.to(part.dtype))
+            else:
+                live[key].data.copy_(full.to(live[key].dtype))  # ZeRO 1/2: every rank holds the whole weight
         for p in dict.fromkeys(module.parameters()):
             for k in ("exp_avg", "exp_avg_sq"):
                 safe_set_full_optimizer_state(p, _whole(target["optim"][names[id(p)]][k]).to(p.device), k)

@@ -71,3 +71,44 @@ def test_ddp_to_zero2_to_fsdp_in_one_process_trains_on_identically(equivalence_r
     assert f"max |diff| {dev}" in res.stdout or dev == 0, res.stdout
     assert "resharded (a): step 4: engine ddp -> deepspeed, zero 0 -> 2 (113 tensors bitwise equal)" in res.stdout
     assert "resharded (a): step 8: engine deepspeed -> fsdp, dp 2 -> 1, zero 2 -> 0" in res.stdout, res.stdout
+
+
+HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=8",
+      "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11", "train.log_interval=0",
+      "cluster=local", "wandb.enabled=false"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path):
+    """transformers' Llama (recipe=lm) as FSDP2 dp2 dies at step 6, resumes as DeepSpeed ZeRO-3 dp2 (its
+    weights partitioned too), dies at step 10, resumes as FSDP2 in one process: losses within the
+    layout tests' tolerance of its single-process run, both reshards bitwise."""
+    res = launch([*HF, "cluster.gpus_per_node=1"], tmp_path / "ref", timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (ref,) = runs_json(tmp_path / "ref")
+    root = tmp_path / "runs"
+    res = launch([*HF, "cluster.gpus_per_node=2", "parallelism=fsdp", "train.checkpoint.every=4",
+                  "train.fail_at_step=6", "train.fail_rank=0", "train.fail_attempt=1", "train.max_restarts=0"],
+                 root, timeout=300)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (row,) = runs_json(root)
+    run = Path(row["dir"])
+    res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=3", "train.fail_at_step=10",
+                  "train.fail_attempt=2")
+    assert "from step 4" in res.stdout, res.stdout + res.stderr
+    res = _resume(run, root, "parallelism.engine=fsdp", "zero.stage=0", "cluster.gpus_per_node=1",
+                  "train.fail_at_step=null")
+    assert res.returncode == 0 and "from step 8" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+
+    rows, want = read_metrics(run), read_metrics(Path(ref["dir"]))
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, want))
+    print(f"max |loss - single process| over fsdp dp2 -> ZeRO-3 dp2 -> fsdp 1 (Llama): {dev:.2e}")
+    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in want])
+    reshards = _lines(run / "reshard.jsonl")
+    assert [(r["step"], r["moved"]) for r in reshards] == [
+        (4, {"engine": ["fsdp", "deepspeed"], "zero": [0, 3]}),
+        (8, {"engine": ["deepspeed", "fsdp"], "dp": [2, 1], "zero": [3, 0]})]
+    for r in reshards:  # every weight and both Adam moments and the step of each parameter
+        assert r["bitwise_equal"] and not r["verify"]["mismatched"] and r["verify"]["tensors"] > 80, r

@@ -63,9 +63,31 @@ def test_a_checkpoint_without_universal_state_is_refused(tmp_path):
     assert "no layout-independent state" in str(errs[0]) and "universal=false" in str(errs[0])
 
 
-def test_deepspeed_reshards_at_zero_1_and_2_without_offload(tmp_path):
+def test_deepspeed_reshards_at_every_zero_stage_without_offload(tmp_path):
     ckpt = _universal(tmp_path)
-    reshard.check("r", _lay(), _lay(engine="deepspeed", zero=2), {"parallelism.zero_stage": (0, 2)}, ckpt)
-    for bad in (_lay(engine="deepspeed", zero=3), _lay(engine="deepspeed", zero=2, offload_optimizer=True)):
+    for stage in (1, 2, 3):
+        reshard.check("r", _lay(), _lay(engine="deepspeed", zero=stage), {"parallelism.zero_stage": (0, stage)}, ckpt)
+    for bad in (_lay(engine="deepspeed", zero=0), _lay(engine="deepspeed", zero=2, offload_optimizer=True),
+                _lay(engine="deepspeed", zero=3, offload_params=True)):
         errs = _refused(_lay(), bad, {"parallelism.zero_stage": (0, bad["zero"])}, ckpt)
-        assert any("DeepSpeed ZeRO" in str(e) and "stage 1 or 2 without offload" in e.fix for e in errs), errs
+        assert any("DeepSpeed ZeRO" in str(e) and "stage 1, 2 or 3 without offload" in e.fix for e in errs), errs
+
+
+def test_a_config_group_given_to_resume_is_refused_naming_it_alone():
+    """`launcher resume RUN parallelism=fsdp zero.stage=0` names parallelism (a group chosen at launch),
+    not the keys it came with; the keys alone are taken."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launcher.app import CONF_DIR, normalize_overrides
+    from launcher.submit import resume
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=normalize_overrides(["cluster.gpus_per_node=2"]))
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigErrors) as e:
+        resume._apply(plain, ["parallelism=fsdp", "zero.stage=0", "cluster.gpus_per_node=1"], "r")
+    (err,) = e.value.errors
+    assert err.key == "parallelism" and "parallelism.tp=2" in err.fix, err
+    out = resume._apply(plain, ["parallelism.engine=fsdp", "zero.stage=0", "cluster.gpus_per_node=1"], "r")
+    assert (out["parallelism"]["engine"], out["cluster"]["gpus_per_node"]) == ("fsdp", 1)

@@ -101,7 +101,7 @@ def _tensors(entry: Any) -> List[torch.Tensor]:
 class DeepSpeedCheckpoints:
     """The checkpoint methods of an engine over ``deepspeed.initialize`` (this module's and a recipe's):
     DeepSpeed's own save and load (model, optimizer, ZeRO partitions, loss scaler; synchronous), and the
-    layout-independent state (launcher.training.universal; ZeRO 1 and 2, optimizer not offloaded). It
+    layout-independent state (launcher.training.universal; ZeRO 1, 2 and 3, optimizer not offloaded). It
     reads ``ds``, ``module``, ``optimizer``, ``stage``, ``offload_optimizer`` and ``offload_params``."""
 
     DIR, TAG = "deepspeed", "state"
