@@ -25,9 +25,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, checkpoint_manifest, recipe_target
+from launcher import backends, checkpoint_manifest, recipe_contract, recipe_target
 from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
+from launcher.configview import ConfigView
 from launcher.data import archived as data_archive
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
@@ -153,6 +154,13 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     if changed:  # the changed config must pass every rule; a new layout, one its checkpoint can be resharded to
         with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
             lay = resolve(cfg).to_json()
+            # the recipe's planner too, as at launch: a new layout that would not fit is refused here
+            planner = recipe_contract.of(recipe_contract.tree_get(plain, "recipe._target_")).planner
+            planned = planner(ConfigView(plain)) if planner is not None else recipe_contract.CheckResult()
+        if planned.errors:
+            raise ConfigErrors(planned.errors, f"({run_id})")
+        for w in planned.warnings:
+            print(f"warning: {run_id}: {w}", file=sys.stderr)
         old = (rd.run() or {}).get("layout") or {}
         layout = {"from": old, "to": lay} if reshard.moved(old, lay) else None
         if layout:  # state moves between ranks: allowed where the checkpoint can be resharded

@@ -43,6 +43,13 @@ def test_retry_checks_every_change_before_anything_changes(tmp_path):
     with pytest.raises(ConfigErrors, match="changes tp"):
         resume.prepare(rd.path, changes=["parallelism.engine=megatron", "parallelism.tp=2",
                                          f"cluster.gpus_per_node={2 * lay['world_size']}"])
+    # a new layout that does not divide the batch, or would not fit: refused by the rule table, naming the key
+    with pytest.raises(ConfigErrors, match="train.global_batch_size: 16 is not a multiple of dp") as e:
+        resume.prepare(rd.path, changes=["cluster.gpus_per_node=3"])
+    print(e.value)
+    with pytest.raises(ConfigErrors, match="memory") as e:
+        resume.prepare(rd.path, changes=["cluster.gpus_per_node=1", "cluster.gpu.memory_gb=0.0001"])
+    print(e.value)
     with pytest.raises(ConfigErrors, match="no_such_key"):
         resume.prepare(rd.path, changes=["train.no_such_key=1"])
     with pytest.raises(ConfigErrors, match="optim.lr"):
