@@ -123,9 +123,15 @@ def _shipped_options():
 
 
 @pytest.mark.parametrize("group,option", _shipped_options(), ids=[f"{g}={o}" for g, o in _shipped_options()])
-def test_every_shipped_option_still_launches(group, option, tmp_path):
+def test_every_shipped_option_still_launches(group, option, tmp_path, monkeypatch):
     """Each option shipped in conf/ passes the name check; each the other rules accept for this host
-    goes through a dry run (a cluster template of 8 GPUs, a 175B model are refused for other reasons)."""
+    goes through a dry run (a cluster template of 8 GPUs, a 175B model are refused for other reasons).
+    The host's available memory is read once: the check and the launch judge the same number (other
+    processes' memory would otherwise move it between the two)."""
+    from recipes.gpt.plan import spec
+
+    avail = spec.host_available_bytes()
+    monkeypatch.setattr(spec, "host_available_bytes", lambda path="/proc/meminfo": avail)
     overrides = [f"{group}={option}", f"submit.runs_root={tmp_path}", "submit.dry_run=true"]
     resolved = schema.own_config(group_options_tree(overrides), overrides)
     assert group_options.problems(resolved, group_options.search_dirs()) == []
