@@ -2,12 +2,12 @@
 attempt may make, checked before anything queues. The node side (the load, the bitwise check, the
 record) is launcher.training.universal.
 
-A change of dp, ZeRO stage, engine or node count reshards: the job loads the checkpoint's
+A change of dp, tp, pp, ZeRO stage, engine or node count reshards: the job loads the checkpoint's
 ``universal/`` state (every engine in ``RESHARDS`` writes it) under its own placement. The global
 batch stays what it was unless ``train.global_batch_size`` is changed on purpose (recorded), so the
-same samples make each step and the loss curve goes on as if nothing moved. Tensor and pipeline
-parallel changes are refused for now: the megatron engine's checkpoints are not layout-independent,
-nor are DeepSpeed's at ZeRO-0 or 3 or with offload.
+same samples make each step and the loss curve goes on as if nothing moved. Refused: the megatron
+engine at ZeRO-1 (its optimizer partitions) and DeepSpeed at ZeRO-0 or with offload, whose
+checkpoints are not layout-independent.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, moved
 
-RESHARDS = ("ddp", "fsdp", "deepspeed")  # engines whose checkpoints hold universal/ and load one
+RESHARDS = ("ddp", "fsdp", "deepspeed", "megatron")  # engines whose checkpoints hold universal/ and load one
 UNIVERSAL_INDEX = Path("universal") / ".metadata"
 SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
            "global_batch_size")
@@ -37,18 +37,16 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
     keys = ", ".join(sorted(changed)) or "layout"
     what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved(old, new).items())
     errs = []
-    for axis in ("tp", "pp"):
-        if old.get(axis) != new.get(axis):
-            errs.append(ConfigError(keys, f"changes {axis} of {run_id} ({old.get(axis)} -> {new.get(axis)}): "
-                                    "tensor and pipeline parallel checkpoints load only on their own degrees",
-                                    f"keep parallelism.{axis}={old.get(axis)} (dp, ZeRO stage, engine and node count "
-                                    "may change)"))
     for side, lay in (("saved on", old), ("resumed on", new)):
         engine = lay.get("engine")
         if engine not in RESHARDS:
             errs.append(ConfigError(keys, f"{run_id} would be {side} engine {engine}, whose checkpoints load only "
                                     f"on their own layout ({what})", f"resharding runs between engines "
                                     f"{', '.join(RESHARDS)}; keep the archived layout on {engine}"))
+        if engine == "megatron" and lay.get("zero"):
+            errs.append(ConfigError(keys, f"{run_id} would be {side} the megatron engine at ZeRO-{lay.get('zero')}, "
+                                    f"whose optimizer partitions load only on their own layout ({what})",
+                                    "the megatron engine reshards at zero.stage=0"))
         offload = bool(lay.get("offload_optimizer") or lay.get("offload_params"))
         if engine == "deepspeed" and (lay.get("zero") not in RESHARD_DEEPSPEED_STAGES or offload):
             errs.append(ConfigError(keys, f"{run_id} would be {side} DeepSpeed ZeRO-{lay.get('zero')}"

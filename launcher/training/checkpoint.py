@@ -356,7 +356,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         self.engine.load_universal(ckpt / universal.DIR)
         loaded_s = time.perf_counter() - t0
-        check = universal.verify(self._universal_state(), ckpt / universal.DIR, self.rank)
+        check = universal.verify(self._universal_state(), ckpt / universal.DIR, self.rank,
+                                 owned=bool(getattr(self.engine, "universal_owned", False)))
         # the engine's dropout streams (its tracker) stay as its new layout seeded them
         reseed(derive_seed(self.seed, "resharded", step, self.rank))
         record = {"step": step, "checkpoint": ckpt.name, "from": saved, "to": self._layout(), "moved": moves,

@@ -102,16 +102,19 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
+def verify(state: Dict[str, Any], path: Path, rank: int, owned: bool = False) -> Dict[str, Any]:
     """The equivalence check of a reshard (every rank calls it, with the engine's state after the
     load): each tensor gathered whole and compared bit for bit on rank 0 with the saved one. Returns
-    (on every rank) {"tensors", "bytes", "mismatched": [names], "missing": [names]}."""
+    (on every rank) {"tensors", "bytes", "mismatched": [names], "missing": [names]}. ``owned``: each
+    rank's state holds whole tensors no other rank checks (the megatron engine's: each pipeline stage
+    assembles its own), so every rank compares its own and the reports are summed."""
     import torch.distributed.checkpoint as dcp
 
     flat = _flat(state)
     names = sorted(flat)
     report: Dict[str, Any] = {"tensors": len(names), "bytes": 0, "mismatched": [], "missing": []}
-    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata if rank == 0 else {}
+    checker = rank == 0 or owned
+    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata if checker else {}
     batch: Dict[str, torch.Tensor] = {}
 
     def compare() -> None:
@@ -129,7 +132,7 @@ def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
     held = 0
     for name in names:
         whole = _whole(flat[name])  # every rank: a DTensor's gather is collective
-        if rank != 0:
+        if not checker:
             continue
         if name not in meta or not hasattr(meta[name], "size"):
             report["missing"].append(name)
@@ -139,9 +142,15 @@ def verify(state: Dict[str, Any], path: Path, rank: int) -> Dict[str, Any]:
         if held >= VERIFY_BATCH_BYTES:
             compare()
             held = 0
-    if rank == 0 and batch:
+    if checker and batch:
         compare()
-    if dist.is_initialized():
+    if dist.is_initialized() and owned:
+        every: List[Dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(every, report)
+        report = {"tensors": sum(r["tensors"] for r in every), "bytes": sum(r["bytes"] for r in every),
+                  "mismatched": sorted({n for r in every for n in r["mismatched"]}),
+                  "missing": sorted({n for r in every for n in r["missing"]})}
+    elif dist.is_initialized():
         box = [report]
         dist.broadcast_object_list(box, src=0)
         report = box[0]

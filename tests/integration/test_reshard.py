@@ -34,9 +34,10 @@ def test_ddp_to_zero2_to_fsdp_in_one_process_trains_on_identically(equivalence_r
     run = Path(row["dir"])
     assert (run / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
 
-    # refused before anything queues, naming the key and the fix: tensor parallelism
-    res = _resume(run, root, "parallelism.tp=2", "parallelism.engine=megatron")
-    assert res.returncode == 2 and "changes tp" in res.stderr and "parallelism.tp=1" in res.stderr, res.stderr
+    # refused before anything queues, naming the key and the fix: megatron's ZeRO-1 optimizer partitions
+    res = _resume(run, root, "parallelism.tp=2", "parallelism.engine=megatron", "zero.stage=1")
+    assert res.returncode == 2 and "megatron engine at ZeRO-1" in res.stderr and "zero.stage=0" in res.stderr, \
+        res.stderr
     assert json.loads((run / "run.json").read_text())["layout"]["engine"] == "ddp"  # nothing changed
 
     res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=2", "train.fail_at_step=10",

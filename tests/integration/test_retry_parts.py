@@ -40,8 +40,10 @@ def test_retry_checks_every_change_before_anything_changes(tmp_path):
     assert lay["dp"] == 2  # cluster=local: 2 processes
     moved = resume.prepare(rd.path, changes=["cluster.gpus_per_node=1"]).layout
     assert moved["from"]["dp"] == 2 and moved["to"]["dp"] == 1
-    with pytest.raises(ConfigErrors, match="changes tp"):
-        resume.prepare(rd.path, changes=["parallelism.engine=megatron", "parallelism.tp=2",
+    assert resume.prepare(rd.path, changes=["parallelism.engine=megatron", "parallelism.tp=2",
+                                            f"cluster.gpus_per_node={2 * lay['world_size']}"]).layout["to"]["tp"] == 2
+    with pytest.raises(ConfigErrors, match="megatron engine at ZeRO-1"):
+        resume.prepare(rd.path, changes=["parallelism.engine=megatron", "parallelism.tp=2", "zero.stage=1",
                                          f"cluster.gpus_per_node={2 * lay['world_size']}"])
     # a new layout that does not divide the batch, or would not fit: refused by the rule table, naming the key
     with pytest.raises(ConfigErrors, match="train.global_batch_size: 16 is not a multiple of dp") as e:

@@ -40,12 +40,20 @@ def _refused(old, new, changed, ckpt):
     return e.value.errors
 
 
-def test_tp_and_pp_changes_are_refused_naming_the_key_and_the_fix(tmp_path):
-    errs = _refused(_lay(), _lay(engine="megatron", tp=2, dp=1, grad_accum=8), {"parallelism.tp": (1, 2)},
-                    _universal(tmp_path))
-    assert any("changes tp" in str(e) and "parallelism.tp=1" in e.fix for e in errs), errs
-    assert all(e.key == "parallelism.tp" for e in errs)
-    assert any("engine megatron" in str(e) for e in errs)
+def test_tp_and_pp_changes_pass_on_the_megatron_engine_at_zero_0(tmp_path):
+    ckpt = _universal(tmp_path)
+    three_d = _lay(engine="megatron", dp=2, tp=2, pp=2, grad_accum=4)
+    reshard.check("r", three_d, _lay(engine="deepspeed", zero=2, dp=4, grad_accum=2), {"parallelism.tp": (2, 1)}, ckpt)
+    reshard.check("r", three_d, _lay(engine="megatron", pp=4, dp=1, grad_accum=8), {"parallelism.pp": (2, 4)}, ckpt)
+    reshard.check("r", _lay(engine="megatron", pp=4, dp=1, grad_accum=8), _lay(dp=1, grad_accum=8),
+                  {"parallelism.pp": (4, 1)}, ckpt)
+
+
+def test_the_megatron_engine_at_zero_1_is_refused_naming_the_key_and_the_fix(tmp_path):
+    errs = _refused(_lay(), _lay(engine="megatron", zero=1, tp=2, dp=1, grad_accum=8),
+                    {"parallelism.tp": (1, 2), "zero.stage": (0, 1)}, _universal(tmp_path))
+    assert [e.key for e in errs] == ["parallelism.tp, zero.stage"], errs
+    assert "megatron engine at ZeRO-1" in str(errs[0]) and "zero.stage=0" in errs[0].fix
 
 
 def test_a_changed_global_batch_is_refused_unless_asked_for(tmp_path):

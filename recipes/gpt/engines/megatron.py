@@ -130,6 +130,10 @@ class MegatronEngine(Engine):
             full = GPT(cfg.model, recompute=self.recompute, seed=None)
         name_parameters(full)
         self.num_params = count_parameters(full)
+        # every state_dict name of each full parameter (a tied one has two): universal/ holds them all
+        self._aliases: Dict[str, List[str]] = {}
+        for key, v in full.state_dict(keep_vars=True).items():
+            self._aliases.setdefault(getattr(v, "global_name", key), []).append(key)
         self.autocast = autocast_for(cfg, self.device.type)
         act_dtype = DTYPES[dtype_name(cfg)]
         self.stage = GPTStage(full, self.tp_ctx, self.pp, self.mesh.pp_rank, self.recompute, self.autocast, act_dtype)
@@ -357,6 +361,105 @@ class MegatronEngine(Engine):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None:
             vars(self.scaler).update(state["scaler"])
+
+    # ------------------------------------------------------------------------------ any layout
+    #
+    # universal/ (launcher.training.universal) holds each full parameter and its Adam moments under the
+    # single-process model's names. Each pipeline stage assembles its own parameters whole on its
+    # (dp 0, tp 0) rank from the tensor-parallel shards (each shard's place in the full parameter is its
+    # ``init_spec``: rows, cols), so no rank holds more than its stage; the load reads each stage's
+    # tensors whole and cuts this rank's shards from them. ZeRO-1 (optimizer partitions) and fp16 (the
+    # loss scaler's state) write none.
+
+    universal_owned = True  # each owner rank checks its own stage's tensors (universal.verify)
+
+    def _unique_params(self) -> List[nn.Parameter]:
+        return list(dict.fromkeys(self.stage.parameters()))
+
+    def _tp_specs(self) -> List[List[Tuple[Any, Any]]]:
+        """Per parameter of this stage, every tp rank's (rows, cols) (one exchange, then kept)."""
+        if getattr(self, "_specs", None) is None:
+            mine = [tuple((getattr(p, "init_spec", None) or (None, None, None, None))[2:])
+                    for p in self._unique_params()]
+            every: List[Any] = [None] * self.tp
+            if self.tp > 1:
+                dist.all_gather_object(every, mine, group=self.mesh.tp_group)
+            else:
+                every = [mine]
+            self._specs = [[every[r][i] for r in range(self.tp)] for i in range(len(mine))]
+        return self._specs
+
+    def _whole(self, t: torch.Tensor, shape: Tuple[int, ...], specs: List[Tuple[Any, Any]]) -> torch.Tensor:
+        """The full tensor from every tp rank's shard ``t`` (a collective over tp): on tp rank 0."""
+        if self.tp == 1 or all(rows is None and cols is None for rows, cols in specs):
+            return t.detach().cpu()
+        parts = [torch.empty_like(t) for _ in range(self.tp)]
+        dist.all_gather(parts, t.detach().contiguous(), group=self.mesh.tp_group)
+        full = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        for (rows, cols), part in zip(specs, parts):
+            full[(slice(None) if rows is None else rows, *(() if cols is None else (cols,)))] = part
+        return full.cpu()
+
+    @staticmethod
+    def _cut(full: torch.Tensor, spec: Any) -> torch.Tensor:
+        rows, cols = (spec[2], spec[3]) if spec is not None else (None, None)
+        t = full if rows is None else full[rows]
+        return t if cols is None else t[:, cols]
+
+    def universal_state(self) -> Optional[Dict[str, Any]]:
+        if self.zero != 0 or self.scaler is not None:
+            return None
+        from recipes.gpt.parallel.tensor_parallel import source
+
+        owner = self.dp_rank == 0 and self.mesh.tp_rank == 0
+        model: Dict[str, Any] = {}
+        optim: Dict[str, Any] = {}
+        for p, specs in zip(self._unique_params(), self._tp_specs()):
+            name, shape = source(p)
+            st = self.optimizer.state.get(p) or {}
+            if p.requires_grad and "exp_avg" not in st:  # not stepped yet: the state AdamW starts from
+                st = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
+                      "exp_avg_sq": torch.zeros_like(p)}
+            weight = self._whole(p, shape, specs)
+            moments = ({k: self._whole(st[k], shape, specs) for k in ("exp_avg", "exp_avg_sq")}
+                       if p.requires_grad else {})
+            if not owner:
+                continue
+            for alias in self._aliases.get(name, [name]):
+                model[alias] = weight
+            if moments:
+                optim[name] = {**moments, "step": torch.as_tensor(st["step"], dtype=torch.float32).detach().cpu()}
+        return {"model": model, "optim": optim}
+
+    def load_universal(self, path: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        from recipes.gpt.parallel.tensor_parallel import source
+
+        if self.zero != 0 or self.scaler is not None:
+            raise RuntimeError("the megatron engine loads layout-independent checkpoints at ZeRO-0 without fp16")
+        params = self._unique_params()
+        target: Dict[str, Any] = {"model": {}, "optim": {}}
+        for p in params:  # every rank its stage's tensors, whole (DCP reads them from whatever ranks wrote them)
+            name, shape = source(p)
+            target["model"][name] = torch.empty(shape, dtype=torch.float32)
+            if p.requires_grad:
+                target["optim"][name] = {"exp_avg": torch.empty(shape, dtype=torch.float32),
+                                         "exp_avg_sq": torch.empty(shape, dtype=torch.float32),
+                                         "step": torch.empty((), dtype=torch.float32)}
+        dcp.load(target, checkpoint_id=str(path))
+        with torch.no_grad():
+            for p in params:
+                name, _ = source(p)
+                spec = getattr(p, "init_spec", None)
+                p.copy_(self._cut(target["model"][name], spec).to(p.device, p.dtype))
+                if p.requires_grad:
+                    saved = target["optim"][name]
+                    on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
+                    self.optimizer.state[p] = {
+                        "step": saved["step"].clone().to(p.device if on_device else "cpu"),
+                        "exp_avg": self._cut(saved["exp_avg"], spec).to(p.device, p.dtype).contiguous(),
+                        "exp_avg_sq": self._cut(saved["exp_avg_sq"], spec).to(p.device, p.dtype).contiguous()}
 
     # ------------------------------------------------------------------------------ reporting
 
