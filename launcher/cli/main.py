@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run", help="run id or run dir")
     s.add_argument("overrides", nargs="*", metavar="key=value",
                    help="changes to the run's config for the next attempt (checked first, as retry's); dp, "
-                   "engine, ZeRO stage and node count may change (the checkpoint is resharded, same global batch)")
+                   "tp, pp, engine, ZeRO stage and node count may change (the checkpoint is resharded, same "
+                   "global batch)")
     s.add_argument("--steps", type=int, default=None, help="train this many steps in all (more than before)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--wait", dest="wait", action="store_true", default=None,
