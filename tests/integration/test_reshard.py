@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, EQUIV_BASE, launch, read_metrics, run_cmd, runs_json
+from helpers import BIN, EQUIV_BASE, launch, read_metrics, run_cmd, runs_json, wait_final
 
 LOSS_ATOL = 5e-6  # the layout tests' tolerance (tests/integration/test_engine_megatron.py)
 
@@ -89,6 +89,53 @@ def test_3d_to_zero2_to_pipeline_to_ddp_trains_on_identically(equivalence_refere
     assert ("resharded (a): step 2: engine megatron -> deepspeed, dp 2 -> 4, tp 2 -> 1, pp 2 -> 1, zero 0 -> 2 "
             "(113 tensors bitwise equal)") in res.stdout, res.stdout
     assert "resharded (a): step 6: engine megatron -> ddp, dp 2 -> 1, pp 2 -> 1" in res.stdout, res.stdout
+
+
+# The issue's drill on the 4-node local Slurm cluster: gpt_tiny with 4 layers (so that pp=4 divides it)
+SLURM_BASE = [*EQUIV_BASE, "model.num_layers=4", "train.steps=16", "train.checkpoint.every=4",
+              "train.checkpoint.async_save=false"]
+
+
+@pytest.mark.timeout(1200)
+def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_path):
+    """dp2 x pp2 x tp2 on 4 nodes (2 processes each) killed at step 6, resumed as DeepSpeed ZeRO-2 dp4 on
+    2 nodes, killed at 10, as megatron pp4 on 4 nodes, killed at 14, as DDP on one node: every step's
+    loss within the layout tests' tolerance of one process (cluster=local), every reshard bitwise."""
+    res = launch([*SLURM_BASE[:-2], "cluster.gpus_per_node=1"], tmp_path / "ref", timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (ref,) = runs_json(tmp_path / "ref")
+    root = tmp_path / "runs"
+    res = launch([*SLURM_BASE, "cluster=local_slurm", "cluster.nodes=4", "cluster.gpus_per_node=2", "parallelism=3d",
+                  "parallelism.tp=2", "parallelism.pp=2", "train.fail_at_step=6", "train.fail_rank=0",
+                  "train.fail_attempt=1", "train.max_restarts=0"], root, extra_env=slurm, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (row,) = wait_final(root, 1, timeout=300)
+    assert row["status"] == "failed", row
+    run = Path(row["dir"])
+    hops = [(["parallelism.engine=deepspeed", "zero.stage=2", "parallelism.tp=1", "parallelism.pp=1",
+              "cluster.nodes=2", "train.fail_at_step=10", "train.fail_attempt=2"], 4, "failed"),
+            (["parallelism.engine=megatron", "zero.stage=0", "parallelism.pp=4", "cluster.nodes=4",
+              "cluster.gpus_per_node=1", "train.fail_at_step=14", "train.fail_attempt=3"], 8, "failed"),
+            (["parallelism.engine=ddp", "parallelism.pp=1", "cluster.nodes=1", "train.fail_at_step=null"], 12,
+             "completed")]
+    for changes, step, end in hops:
+        res = run_cmd([str(BIN / "launcher"), "resume", str(run), *changes, "--wait"], root, timeout=400,
+                      extra_env=slurm)
+        assert f"from step {step}" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+        (row,) = wait_final(root, 1, timeout=300)
+        assert row["status"] == end, (row, res.stdout[-2000:])
+
+    rows, want = read_metrics(run), read_metrics(Path(ref["dir"]))
+    assert [r["step"] for r in rows] == list(range(1, 17))
+    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, want))
+    print(f"max |loss - single process| over 3d on 4 nodes -> ZeRO-2 dp4 on 2 -> pp4 on 4 -> ddp on 1: {dev:.2e}")
+    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in want])
+    reshards = _lines(run / "reshard.jsonl")
+    assert [(r["step"], r["to"]["engine"], r["to"]["nodes"], r["to"]["dp"], r["to"]["tp"], r["to"]["pp"])
+            for r in reshards] == [(4, "deepspeed", 2, 4, 1, 1), (8, "megatron", 4, 1, 1, 4), (12, "ddp", 1, 1, 1, 1)]
+    for r in reshards:
+        assert r["bitwise_equal"] and not r["verify"]["mismatched"] and not r["verify"]["missing"], r
+    assert (reshards[0]["from"]["nodes"], reshards[0]["from"]["tp"], reshards[0]["from"]["pp"]) == (4, 2, 2)
 
 
 HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=8",

@@ -414,6 +414,8 @@ class MegatronEngine(Engine):
         owner = self.dp_rank == 0 and self.mesh.tp_rank == 0
         model: Dict[str, Any] = {}
         optim: Dict[str, Any] = {}
+        if self.dp_rank != 0:  # a data-parallel replica (its whole tp group with it): dp 0's copy is written
+            return {"model": model, "optim": optim}
         for p, specs in zip(self._unique_params(), self._tp_specs()):
             name, shape = source(p)
             st = self.optimizer.state.get(p) or {}
