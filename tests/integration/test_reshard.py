@@ -1,9 +1,9 @@
 """Resuming on another layout (launcher.submit.reshard, launcher.training.universal): the GPT
-(fp32, dropout 0) goes megatron 3d -> DeepSpeed ZeRO-2 -> megatron pipeline -> DDP in one process, a
-Hugging Face Llama FSDP2 -> ZeRO-3 -> FSDP2, each killed between hops. The per-step losses equal the
-uninterrupted single-process run's within the layout tests' tolerance, and each reshard's loaded state
-(weights, Adam's moments and steps, gathered) is bitwise what was saved. The refusals' rules:
-tests/unit/test_reshard_rules.py."""
+(fp32, dropout 0) goes megatron 3d on 4 Slurm nodes -> DeepSpeed ZeRO-2 on 2 -> megatron pp4 on 4 ->
+DDP on one node, a Hugging Face Llama FSDP2 -> ZeRO-3 -> FSDP2 (cluster=local), each killed between
+hops. The per-step losses equal the uninterrupted single-process run's within the layout tests'
+tolerance, and each reshard's loaded state (weights, Adam's moments and steps, gathered) is bitwise
+what was saved. The refusals' rules: tests/unit/test_reshard_rules.py."""
 import json
 from pathlib import Path
 
@@ -22,73 +22,15 @@ def _lines(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-# the checkpoint before each fault written synchronously (an async one still in flight when the next
-# step fails is lost with the process), so every hop resumes from the step before its fault
-HOP = ["train.checkpoint.every=2", "train.checkpoint.async_save=false"]
-
-
-@pytest.mark.dist
-@pytest.mark.timeout(900)
-def test_3d_to_zero2_to_pipeline_to_ddp_trains_on_identically(equivalence_reference, tmp_path):
-    """The GPT (fp32) as megatron dp2 x pp2 x tp2 (8 processes) dies at step 3, resumes as DeepSpeed
-    ZeRO-2 dp4, dies at 5, resumes as megatron dp2 x pp2, dies at 7, resumes as DDP in one process."""
-    root = tmp_path / "runs"
-    res = launch([*EQUIV_BASE, *HOP, "parallelism=3d", "cluster.gpus_per_node=8", "parallelism.tp=2",
-                  "parallelism.pp=2", "train.fail_at_step=3", "train.fail_rank=0", "train.fail_attempt=1",
-                  "train.max_restarts=0"], root, timeout=300)
-    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    (row,) = runs_json(root)
-    run = Path(row["dir"])
-    assert (run / "checkpoints" / "step_00000002" / "universal" / ".metadata").is_file()
-
-    # refused before anything queues, naming the key and the fix: megatron's ZeRO-1 optimizer
-    # partitions, and a pipeline that does not divide the model's 2 layers
-    res = _resume(run, root, "zero.stage=1")
-    assert res.returncode == 2 and "megatron engine at ZeRO-1" in res.stderr and "zero.stage=0" in res.stderr, \
-        res.stderr
-    res = _resume(run, root, "parallelism.pp=4", "parallelism.tp=1", "cluster.gpus_per_node=4")
-    assert res.returncode == 2 and "model.num_layers: 2 layers cannot be split evenly into pp=4" in res.stderr, \
-        res.stderr
-    assert json.loads((run / "run.json").read_text())["layout"]["tp"] == 2  # nothing changed
-
-    hops = [(["parallelism.engine=deepspeed", "zero.stage=2", "parallelism.tp=1", "parallelism.pp=1",
-              "cluster.gpus_per_node=4", "train.fail_at_step=5", "train.fail_attempt=2"], 2),
-            (["parallelism.engine=megatron", "zero.stage=0", "parallelism.pp=2", "train.fail_at_step=7",
-              "train.fail_attempt=3"], 4),
-            (["parallelism.engine=ddp", "parallelism.pp=1", "cluster.gpus_per_node=1", "train.fail_at_step=null"], 6)]
-    for changes, step in hops:
-        res = _resume(run, root, *changes)
-        assert f"from step {step}" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-
-    rows, ref = read_metrics(run), read_metrics(equivalence_reference)
-    assert [r["step"] for r in rows] == list(range(1, 11))
-    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, ref))
-    print(f"max |loss - single process| over 3d -> ZeRO-2 dp4 -> dp2 x pp2 -> ddp 1: {dev:.2e}")
-    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in ref])
-
-    reshards = _lines(run / "reshard.jsonl")
-    assert [(r["step"], r["moved"]) for r in reshards] == [
-        (2, {"engine": ["megatron", "deepspeed"], "dp": [2, 4], "tp": [2, 1], "pp": [2, 1], "zero": [0, 2]}),
-        (4, {"engine": ["deepspeed", "megatron"], "dp": [4, 2], "pp": [1, 2], "zero": [2, 0]}),
-        (6, {"engine": ["megatron", "ddp"], "dp": [2, 1], "pp": [2, 1]})]
-    for r in reshards:  # every weight, both Adam moments and the step of every parameter
-        assert r["bitwise_equal"] and not r["verify"]["mismatched"] and r["verify"]["tensors"] >= 113, r
-    layouts = [r["layout"] for r in _lines(run / "restarts.jsonl")]
-    assert [(x["to"]["engine"], x["to"]["dp"], x["to"]["tp"], x["to"]["pp"], x["to"]["grad_accum"])
-            for x in layouts] == [("deepspeed", 4, 1, 1, 2), ("megatron", 2, 1, 2, 4), ("ddp", 1, 1, 1, 8)]
-    assert json.loads((run / "status.json").read_text())["status"] == "completed"
-    # the one-process attempt's rank record is the run's; the others' are under the attempts that had them
-    assert sorted(p.name for p in (run / "ranks").glob("rank_*.json")) == ["rank_0.json"]
-    assert (run / "attempts" / "1" / "ranks" / "rank_7.json").is_file()
-    assert (run / "attempts" / "3" / "ranks" / "rank_3.json").is_file()
-
-    # `launcher diff` against the uninterrupted run: the largest loss difference and each reshard
-    res = run_cmd([str(BIN / "launcher"), "diff", str(run), str(equivalence_reference)], root, timeout=120)
-    assert f"max |diff| {dev}" in res.stdout or dev == 0, res.stdout
-    assert ("resharded (a): step 2: engine megatron -> deepspeed, dp 2 -> 4, tp 2 -> 1, pp 2 -> 1, zero 0 -> 2 "
-            "(113 tensors bitwise equal)") in res.stdout, res.stdout
-    assert "resharded (a): step 6: engine megatron -> ddp, dp 2 -> 1, pp 2 -> 1" in res.stdout, res.stdout
+def _losses_match(run: Path, ref: Path, steps: int, hops: str) -> float:
+    """Every step's loss of the resharded run within LOSS_ATOL of the single-process run's; the largest
+    difference."""
+    rows, want = read_metrics(run), read_metrics(ref)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, want))
+    print(f"max |loss - single process| over {hops}: {dev:.2e}")
+    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in want])
+    return dev
 
 
 # The issue's drill on the 4-node local Slurm cluster: gpt_tiny with 4 layers (so that pp=4 divides it)
@@ -112,6 +54,18 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
     (row,) = wait_final(root, 1, timeout=300)
     assert row["status"] == "failed", row
     run = Path(row["dir"])
+    assert (run / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
+
+    # refused before anything queues, naming the key and the fix: megatron's ZeRO-1 optimizer
+    # partitions, and a pipeline that does not divide the model's 4 layers
+    res = _resume(run, root, "zero.stage=1")
+    assert res.returncode == 2 and "megatron engine at ZeRO-1" in res.stderr and "zero.stage=0" in res.stderr, \
+        res.stderr
+    res = _resume(run, root, "parallelism.pp=3", "parallelism.tp=1", "cluster.nodes=3", "cluster.gpus_per_node=1")
+    assert res.returncode == 2 and "model.num_layers: 4 layers cannot be split evenly into pp=3" in res.stderr, \
+        res.stderr
+    assert json.loads((run / "run.json").read_text())["layout"]["tp"] == 2  # nothing changed
+
     hops = [(["parallelism.engine=deepspeed", "zero.stage=2", "parallelism.tp=1", "parallelism.pp=1",
               "cluster.nodes=2", "train.fail_at_step=10", "train.fail_attempt=2"], 4, "failed"),
             (["parallelism.engine=megatron", "zero.stage=0", "parallelism.pp=4", "cluster.nodes=4",
@@ -125,17 +79,29 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
         (row,) = wait_final(root, 1, timeout=300)
         assert row["status"] == end, (row, res.stdout[-2000:])
 
-    rows, want = read_metrics(run), read_metrics(Path(ref["dir"]))
-    assert [r["step"] for r in rows] == list(range(1, 17))
-    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, want))
-    print(f"max |loss - single process| over 3d on 4 nodes -> ZeRO-2 dp4 on 2 -> pp4 on 4 -> ddp on 1: {dev:.2e}")
-    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in want])
+    dev = _losses_match(run, Path(ref["dir"]), 16, "3d on 4 nodes -> ZeRO-2 dp4 on 2 -> pp4 on 4 -> ddp on 1")
     reshards = _lines(run / "reshard.jsonl")
     assert [(r["step"], r["to"]["engine"], r["to"]["nodes"], r["to"]["dp"], r["to"]["tp"], r["to"]["pp"])
             for r in reshards] == [(4, "deepspeed", 2, 4, 1, 1), (8, "megatron", 4, 1, 1, 4), (12, "ddp", 1, 1, 1, 1)]
     for r in reshards:
         assert r["bitwise_equal"] and not r["verify"]["mismatched"] and not r["verify"]["missing"], r
     assert (reshards[0]["from"]["nodes"], reshards[0]["from"]["tp"], reshards[0]["from"]["pp"]) == (4, 2, 2)
+    four = [f"node{i}" for i in range(1, 5)]  # each resume's row names the nodes of the attempt it ended
+    assert [r["nodes"] for r in _lines(run / "restarts.jsonl")] == [four, ["node1", "node2"], four]
+    assert json.loads((run / "status.json").read_text())["status"] == "completed"
+    # the one-process attempt's records are the run's; those of the ranks and nodes it lacks are under
+    # the attempts that had them
+    assert sorted(p.name for p in (run / "ranks").glob("rank_*.json")) == ["rank_0.json"]
+    assert (run / "attempts" / "1" / "ranks" / "rank_7.json").is_file()
+    assert (run / "attempts" / "3" / "ranks" / "rank_3.json").is_file()
+    assert len(list((run / "topology").glob("node_*.json"))) == 1
+
+    # `launcher diff` against the uninterrupted run: the largest loss difference and each reshard
+    res = run_cmd([str(BIN / "launcher"), "diff", str(run), ref["dir"]], root, timeout=120)
+    assert f"max |diff| {dev}" in res.stdout or dev == 0, res.stdout
+    assert ("resharded (a): step 4: engine megatron -> deepspeed, dp 2 -> 4, tp 2 -> 1, pp 2 -> 1, zero 0 -> 2 "
+            "(209 tensors bitwise equal)") in res.stdout, res.stdout
+    assert "resharded (a): step 12: engine megatron -> ddp, pp 4 -> 1" in res.stdout, res.stdout
 
 
 HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=8",
@@ -166,11 +132,7 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
                   "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 8" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
 
-    rows, want = read_metrics(run), read_metrics(Path(ref["dir"]))
-    assert [r["step"] for r in rows] == list(range(1, 11))
-    dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows, want))
-    print(f"max |loss - single process| over fsdp dp2 -> ZeRO-3 dp2 -> fsdp 1 (Llama): {dev:.2e}")
-    assert dev <= LOSS_ATOL, ([r["loss"] for r in rows], [r["loss"] for r in want])
+    _losses_match(run, Path(ref["dir"]), 10, "fsdp dp2 -> ZeRO-3 dp2 -> fsdp 1 (Llama)")
     reshards = _lines(run / "reshard.jsonl")
     assert [(r["step"], r["moved"]) for r in reshards] == [
         (4, {"engine": ["fsdp", "deepspeed"], "zero": [0, 3]}),
