@@ -215,7 +215,7 @@ def _adam_state(optimizer: Any) -> None:
         if hasattr(optimizer, "_hp_optimizer_states_linked"):
             optimizer._hp_optimizer_states_linked = False
         link()
-    elif fresh and not hasattr(optimizer, "fp32_partitioned_groups_flat"):  # (ZeRO-3 reads its state unlinked)
+    elif fresh and flat is None:  # (ZeRO-3 reads its state unlinked)
         raise RuntimeError(f"cannot create the Adam state of {type(optimizer).__name__} to load into")
 
 

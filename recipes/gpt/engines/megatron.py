@@ -400,22 +400,16 @@ class MegatronEngine(Engine):
             full[(slice(None) if rows is None else rows, *(() if cols is None else (cols,)))] = part
         return full.cpu()
 
-    @staticmethod
-    def _cut(full: torch.Tensor, spec: Any) -> torch.Tensor:
-        rows, cols = (spec[2], spec[3]) if spec is not None else (None, None)
-        t = full if rows is None else full[rows]
-        return t if cols is None else t[:, cols]
-
     def universal_state(self) -> Optional[Dict[str, Any]]:
         if self.zero != 0 or self.scaler is not None:
             return None
         from recipes.gpt.parallel.tensor_parallel import source
 
-        owner = self.dp_rank == 0 and self.mesh.tp_rank == 0
         model: Dict[str, Any] = {}
         optim: Dict[str, Any] = {}
         if self.dp_rank != 0:  # a data-parallel replica (its whole tp group with it): dp 0's copy is written
             return {"model": model, "optim": optim}
+        owner = self.mesh.tp_rank == 0
         for p, specs in zip(self._unique_params(), self._tp_specs()):
             name, shape = source(p)
             st = self.optimizer.state.get(p) or {}
@@ -436,7 +430,7 @@ class MegatronEngine(Engine):
     def load_universal(self, path: Any) -> None:
         import torch.distributed.checkpoint as dcp
 
-        from recipes.gpt.parallel.tensor_parallel import source
+        from recipes.gpt.parallel.tensor_parallel import cut, source
 
         if self.zero != 0 or self.scaler is not None:
             raise RuntimeError("the megatron engine loads layout-independent checkpoints at ZeRO-0 without fp16")
@@ -450,18 +444,19 @@ class MegatronEngine(Engine):
                                          "exp_avg_sq": torch.empty(shape, dtype=torch.float32),
                                          "step": torch.empty((), dtype=torch.float32)}
         dcp.load(target, checkpoint_id=str(path))
+        # AdamW keeps its step on the device where it is fused or capturable, on the host otherwise
+        step_on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
         with torch.no_grad():
             for p in params:
                 name, _ = source(p)
-                spec = getattr(p, "init_spec", None)
-                p.copy_(self._cut(target["model"][name], spec).to(p.device, p.dtype))
+                rows, cols = (p.init_spec[2], p.init_spec[3]) if hasattr(p, "init_spec") else (None, None)
+                p.copy_(cut(target["model"][name], rows, cols).to(p.device, p.dtype))
                 if p.requires_grad:
                     saved = target["optim"][name]
-                    on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
                     self.optimizer.state[p] = {
-                        "step": saved["step"].clone().to(p.device if on_device else "cpu"),
-                        "exp_avg": self._cut(saved["exp_avg"], spec).to(p.device, p.dtype).contiguous(),
-                        "exp_avg_sq": self._cut(saved["exp_avg_sq"], spec).to(p.device, p.dtype).contiguous()}
+                        "step": saved["step"].clone().to(p.device if step_on_device else "cpu"),
+                        "exp_avg": cut(saved["exp_avg"], rows, cols).to(p.device, p.dtype).contiguous(),
+                        "exp_avg_sq": cut(saved["exp_avg_sq"], rows, cols).to(p.device, p.dtype).contiguous()}
 
     # ------------------------------------------------------------------------------ reporting
 

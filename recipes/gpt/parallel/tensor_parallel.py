@@ -257,14 +257,17 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp:
 # --------------------------------------------------------------------------------- layers
 
 
+def cut(full: torch.Tensor, rows: Any = None, cols: Optional[slice] = None) -> torch.Tensor:
+    """``full[rows][:, cols]``: a shard's part of its full tensor (None: the whole of that dim)."""
+    t = full if rows is None else full[rows]
+    return t if cols is None else t[:, cols]
+
+
 def shard(full: nn.Parameter, rows: Any = None, cols: Optional[slice] = None, **attrs: bool) -> nn.Parameter:
     """A parameter holding ``full[rows][:, cols]``, remembering where it came from (``init_spec``:
     the full parameter's name and shape, rows, cols) so that a shard sliced from a meta-device model
     is initialised with exactly its part of the full values (``materialize``)."""
-    t = full if rows is None else full[rows]
-    if cols is not None:
-        t = t[:, cols]
-    p = nn.Parameter(t.detach().clone().contiguous())
+    p = nn.Parameter(cut(full, rows, cols).detach().clone().contiguous())
     if full.is_meta:
         p.init_spec = (*source(full), rows, cols)
     for k, v in attrs.items():
