@@ -15,17 +15,29 @@ from typing import Iterable, List, Optional
 
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
+from launcher.elastic import GROW
 from launcher.rundir import RunDir, parse_iso
 from launcher.status import RunStatus, Status
 
 
-def record_lost_outcome(rd: RunDir, state: JobState) -> Status:
+def record_lost_outcome(rd: RunDir, state: JobState, seen: Optional[RunStatus] = None) -> Status:
     """A job ended without recording its outcome: record the outcome its scheduler state implies (a
-    clean exit that recorded nothing is a failure), then seal the run. A recorded outcome is kept."""
-    status = state.status if state.status in (Status.cancelled, Status.timeout) else Status.failed
-    rd.finish(status, exit_code=None,
-              error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
-    return rd.status().state
+    clean exit that recorded nothing is a failure), then seal the run. A recorded outcome is kept, and
+    so is a run that moved on since ``seen`` was read (cluster.elastic's job reopened it for a new job:
+    both take the run's lock)."""
+    with rd.seal_lock():
+        now = rd.status()
+        if now.is_final or (seen is not None and (now.state, now.attempt, now.job_id)
+                            != (seen.state, seen.attempt, seen.job_id)):
+            return now.state
+        status = state.status if state.status in (Status.cancelled, Status.timeout) else Status.failed
+        rd.finish(status, exit_code=None,
+                  error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
+        return rd.status().state
+
+
+def _waits_on_purpose(st: RunStatus) -> bool:
+    return st.state is Status.paused or (st.state is Status.requeued and (st.stop or {}).get("reason") == GROW)
 
 
 def settle(rd: RunDir, ended: bool = False) -> Status:
@@ -74,14 +86,15 @@ def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
                 except OSError as e:
                     print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
                           file=sys.stderr)
-        # paused at a sweep's rung (sweep=asha): its job ended (or is held) on purpose, a decision resumes it
-        if st.is_final or st.state is Status.paused or job is None or not job.job_id:
+        # paused at a sweep's rung (sweep=asha), or ended at a checkpoint to grow (cluster.elastic): its job
+        # ended (or is held) on purpose, a decision resumes it (the rung's; the job queued after it)
+        if st.is_final or _waits_on_purpose(st) or job is None or not job.job_id:
             out.append(st.state)
             continue
         state = states.get(job.job_id)
         if ended or (state is not None and state.ended):
             try:
-                out.append(record_lost_outcome(rd, state or JobState(Status.failed, "")))
+                out.append(record_lost_outcome(rd, state or JobState(Status.failed, ""), seen=st))
             except OSError as e:  # a full disk, a read-only archive: the run stays as recorded, said once
                 print(f"launcher: cannot record the outcome of {rd.path} ({e.strerror or e}); it stays "
                       f"{st.state.value} until the outcome can be written", file=sys.stderr)

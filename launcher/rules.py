@@ -20,7 +20,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher import backends, recipe_contract, schema, script_recipe
+from launcher import backends, elastic, recipe_contract, schema, script_recipe
 from launcher.config_values import SBATCH_OPTION
 from launcher.data import checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
@@ -222,6 +222,15 @@ def _backend_names() -> List[str]:
 
 
 # The rows every recipe is held to; a recipe adds its own (its contract's ``rules``: ``table``).
+def _elastic_problems(f: Facts) -> List[Tuple[str, str]]:
+    if not f.values.get("cluster.elastic.enabled"):
+        return []
+    name = f.backend if f.backend in _backend_names() else ""
+    return elastic.problems(f.values, f.resolved_engine, f.zero, f.offload_optimizer or f.offload_params,
+                            bool(name) and backends.get(name).elastic, f.backend,
+                            script_recipe.is_script(f.values.tree.get("recipe")))
+
+
 def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
     """(key, problem) of a scheduler's settings (sweep=asha only; reduction: its bound row)."""
     from launcher import asha  # pure
@@ -409,6 +418,12 @@ RULES: Tuple[Rule, ...] = (
     _each("sweep.explore", lambda f: _sweep_problems(f, "sweep.explore"),
           "name numeric keys of the config in sweep.explore (e.g. sweep.explore=[optim.lr])"),
     _each("sweep.factors", lambda f: _sweep_problems(f, "sweep.factors"), "set sweep.factors=[0.8,1.25]"),
+    # cluster.elastic (launcher.elastic): a backend with nodes, and checkpoints another layout can load
+    _each("cluster.elastic.enabled", lambda f: _elastic_problems(f),
+          lambda f: ("set cluster.elastic.enabled=false, or: cluster=local_slurm (a Slurm cluster), "
+                     "train.checkpoint.every=N, train.checkpoint.universal=true, an engine that reshards "
+                     "(ddp, fsdp, deepspeed ZeRO 1-3 without offload, megatron at zero.stage=0), "
+                     "cluster.elastic.min_nodes <= cluster.nodes <= cluster.elastic.target_nodes")),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),
     _each("(any key)", lambda f: f.values.unknown_keys,

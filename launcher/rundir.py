@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 RESTARTED_BY_USER = ("resume", "retry")
 # restarts a sweep's scheduler asks for (sweep=asha: a paused point promoted at a rung): no failure,
 # so train.max_restarts does not count them
-RESTARTED_BY_SCHEDULE = ("promoted",)
+# and cluster.elastic's (launcher.elastic.SHRINK, GROW: a node lost, nodes back): no failure of the run's
+RESTARTED_BY_SCHEDULE = ("promoted", "shrink", "grow")
 
 
 def now_iso() -> str:
@@ -754,6 +755,23 @@ class RunDir:
         if done and not self.is_sealed():
             atomic.write_json(self._seal_mark(), {"run_dir": str(self.path), "due": now_iso()})
         return done
+
+    @contextlib.contextmanager
+    def seal_lock(self) -> Iterator[None]:
+        """The run's lock (fcntl, a file beside the run dir on the shared file system) for sealing it and
+        reopening it from a job: the seal job after a run's job and cluster.elastic's deciding job start
+        together (launcher.runtime.seal, launcher.runtime.elastic); one seals, the other finds it done."""
+        import fcntl
+
+        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def seal_due(self) -> bool:
         """A final run whose job left its seal for later (finish_in_job), not sealed yet."""

@@ -188,6 +188,21 @@ class CalibrationConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """cluster.elastic (Slurm; docs/fault-tolerance.md "Keep going when a node is lost"): a run whose job
+    ends for a lost node (NODE_FAIL) or a preemption that cancels, with no requeue to bring it back, goes
+    on from its latest checkpoint on the nodes it can have now, with the best layout for them (the same
+    global batch, more accumulation); it grows back at a later checkpoint when nodes return. A one-node
+    job the run queues for itself (--dependency=afternotok) decides: nothing runs on the login node."""
+
+    enabled: bool = False  # off: a lost node ends the run (or Slurm requeues it for the full node count)
+    min_nodes: int = num(1, ge=1)  # fewer usable nodes than this: the run ends as it does when off
+    grow: bool = True  # shrunk, grow back to target_nodes at a checkpoint once enough nodes are idle
+    # the node count to grow back to; null: cluster.nodes as launched (a shrink records it here)
+    target_nodes: Optional[int] = num(None, ge=1)
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
     backend: str = "local"  # a module of launcher/backends: local (processes here), slurm (sbatch)
@@ -215,7 +230,7 @@ class ClusterConfig:
     env: Dict[str, str] = field(default_factory=dict)
     # sbatch --exclusive: the job's nodes run no other job (all their CPUs, memory and NICs)
     exclusive: bool = False
-    # extra sbatch options, name -> value (e.g. {reservation: big})
+    # extra sbatch options, name -> value (e.g. {reservation: big}); true: a bare flag (e.g. {no-requeue: true})
     sbatch_extra: Dict[str, str] = field(default_factory=dict)
     array_parallelism: int = num(256, ge=1)
     # the most tasks one Slurm array may hold / jobs one user may have queued; null: read from
@@ -232,6 +247,7 @@ class ClusterConfig:
     intra_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 
 @dataclass

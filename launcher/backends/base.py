@@ -63,6 +63,7 @@ class Backend:
     shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
     max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
     max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
+    elastic: bool = False  # it can lose and regain nodes: cluster.elastic works (launcher.elastic)
 
     def host_has_gpus(self) -> bool:
         """Whether the jobs run on this host and it has NVIDIA GPUs they will use without being asked
@@ -245,6 +246,20 @@ class Backend:
         allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
         seals it, launcher.outcome). ``folder``: the job's submitit folder (logs)."""
         return None
+
+    # cluster.elastic (launcher.elastic, launcher.runtime.elastic): a backend with ``elastic`` True has these
+    def elastic_after_job(self, run_dir: Path, job_id: str, folder: Path, when: str = "afternotok",
+                          scope: Optional[Mapping[str, str]] = None) -> str:
+        """Queue the job that decides where run ``run_dir`` goes on after job ``job_id``; its id."""
+        raise NotImplementedError(f"the {self.name} backend has no cluster.elastic")
+
+    def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
+        """The nodes a job queued now could start on at once."""
+        raise NotImplementedError(f"the {self.name} backend has no cluster.elastic")
+
+    def ended_state(self, job_id: str) -> str:
+        """The scheduler's word for a job that has ended ("": unknown)."""
+        return ""
 
     # the scheduler's words in a job's logs, for `launcher doctor` (regular expressions; "" none):
     # a task killed by a signal (group ``task``: its rank), and a job the scheduler ended (group ``why``)

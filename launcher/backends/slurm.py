@@ -132,6 +132,28 @@ def alias_addr(host: str, aliases: str) -> Optional[str]:
 
 SEAL_MODULE = "launcher.runtime.seal"  # what the job sealing a run off the allocation runs
 SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
+ELASTIC_MODULE = "launcher.submit.elastic"  # what the job deciding a run's next nodes runs (cluster.elastic)
+ELASTIC_TIME_MIN = 10  # its time limit: a few scheduler questions and one submission
+SCOPE_ENV = (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
+
+
+def job_scope(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The partition, account and QOS a running job's environment names (a job it queues uses them)."""
+    return {flag: environ[key] for flag, key in SCOPE_ENV if environ.get(key)}
+
+
+def after_job_command(kind: str, module: str, run_dir: Path, dependency: str, folder: Path, python: str,
+                      scope: Mapping[str, str], time_min: int, args: Sequence[str] = ()) -> List[str]:
+    """The sbatch line of a one-node, one-task job of ``kind`` that runs ``python -m module run_dir
+    args...`` once ``dependency`` (sbatch's, e.g. ``afterany:123``) holds, never requeued, cancelled
+    when the dependency can no longer hold, in ``scope`` (partition, account, QOS), its log in the
+    submitit ``folder``."""
+    cmd = ["sbatch", "--parsable", f"--dependency={dependency}", "--kill-on-invalid-dep=yes", "--no-requeue",
+           "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--time={int(time_min)}",
+           f"--job-name={kind}-{Path(run_dir).parent.name}-{Path(run_dir).name}",
+           f"--output={Path(folder) / f'{kind}.%j.out'}"]
+    cmd += [f"--{flag}={scope[flag]}" for flag, _ in SCOPE_ENV if scope.get(flag)]
+    return cmd + ["--wrap", " ".join(shlex.quote(str(w)) for w in (python, "-m", module, str(run_dir), *args))]
 
 
 def seal_job_command(run_dir: Path, job_id: str, folder: Path, python: str,
@@ -139,15 +161,22 @@ def seal_job_command(run_dir: Path, job_id: str, folder: Path, python: str,
     """The sbatch line of the one-node, one-task job that seals ``run_dir`` once job ``job_id`` has
     ended (whatever its end: afterany), in the job's partition, account and QOS (the job's own
     environment names them), its log in the submitit ``folder``."""
-    cmd = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}", "--kill-on-invalid-dep=yes", "--no-requeue",
-           "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--time={SEAL_TIME_MIN}",
-           f"--job-name=seal-{Path(run_dir).parent.name}-{Path(run_dir).name}",
-           f"--output={Path(folder) / 'seal.%j.out'}"]
-    for flag, key in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
-                      ("qos", "SLURM_JOB_QOS")):
-        if environ.get(key):
-            cmd.append(f"--{flag}={environ[key]}")
-    return cmd + ["--wrap", " ".join(shlex.quote(w) for w in (python, "-m", SEAL_MODULE, str(run_dir)))]
+    return after_job_command("seal", SEAL_MODULE, run_dir, f"afterany:{job_id}", folder, python, job_scope(environ),
+                             SEAL_TIME_MIN)
+
+
+def node_states_from_sinfo(text: str, partition: Optional[str]) -> List[Tuple[str, str]]:
+    """(node, state) of ``partition``'s nodes (None: the default partition's) from
+    ``sinfo -h -N -o %N|%P|%T``."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3:
+            continue
+        name, part, state = parts[0], parts[1], parts[2]
+        if (part.rstrip("*") == partition) if partition else part.endswith("*"):
+            out.append((name, state))
+    return out
 
 
 def submit_environment(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -521,6 +550,7 @@ def _run(cmd: List[str]) -> str:
 class SlurmBackend(Backend):
     name = "slurm"
     waits = False
+    elastic = True
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
@@ -550,7 +580,8 @@ class SlurmBackend(Backend):
                 params[key] = str(value)
         if cl.mem_gb:
             params["mem"] = f"{int(cl.mem_gb)}GB"
-        extra = {str(k): v for k, v in cl.sbatch_extra.items()}
+        # a value true (its YAML typed as a string here) is a bare flag: --no-requeue, not --no-requeue=True
+        extra = {str(k): True if str(v).lower() == "true" else v for k, v in cl.sbatch_extra.items()}
         # submitit's own parameters as given (the Hydra launcher's hydra-submitit-launcher options:
         # comment, exclude, gres, ...; additional_parameters with their types, true a bare flag)
         raw = submitit_parameters(cl)
@@ -882,12 +913,39 @@ class SlurmBackend(Backend):
         first, not held while one process hashes the run dir (seal_job_command)."""
         if not job_id:
             return None
-        cmd = seal_job_command(run_dir, job_id, folder, sys.executable, os.environ)
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
-        except (OSError, subprocess.SubprocessError):
+            return self._sbatch(seal_job_command(run_dir, job_id, folder, sys.executable, os.environ))
+        except (OSError, subprocess.SubprocessError, RuntimeError):
             return None
-        return (res.stdout.strip().split(";")[0] or None) if res.returncode == 0 else None
+
+    def elastic_after_job(self, run_dir: Path, job_id: str, folder: Path, when: str = "afternotok",
+                          scope: Optional[Mapping[str, str]] = None) -> str:
+        """Queue the one-node job that decides where run ``run_dir`` goes on once job ``job_id`` ends
+        (``when``: afternotok, the cluster may have ended it; afterany, it ends to grow back), in
+        ``scope`` (partition, account, QOS; None: this job's); its id. Raises RuntimeError: refused."""
+        cmd = after_job_command("elastic", ELASTIC_MODULE, run_dir, f"{when}:{job_id}", folder, sys.executable,
+                                job_scope(os.environ) if scope is None else scope, ELASTIC_TIME_MIN, (str(job_id),))
+        return self._sbatch(cmd)
+
+    def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
+        """The nodes of ``partition`` (None: the default one) a job queued now could start on at once: the
+        idle ones, and ``own`` (launcher.elastic.usable)."""
+        from launcher import elastic  # the rule reads sinfo's words
+
+        rows = node_states_from_sinfo(_run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"]), partition)
+        return elastic.usable(rows, own)
+
+    def ended_state(self, job_id: str) -> str:
+        """The scheduler's word for a job that has ended (sacct, the controller's while accounting lags)."""
+        state = self.states([{"job_id": job_id}]).get(str(job_id))
+        return state.raw if state is not None else ""
+
+    @staticmethod
+    def _sbatch(cmd: List[str]) -> str:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
+        if res.returncode != 0 or not res.stdout.strip():
+            raise RuntimeError(f"sbatch refused: {(res.stderr or res.stdout).strip()}")
+        return res.stdout.strip().split(";")[0]
 
     # srun's line for a task a signal ended, and slurmstepd's for a job Slurm ended (launcher doctor)
     killed_words = r"task (?P<task>\d+): Killed"

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 from launcher.archive import secrets, topology
 from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
 from launcher.backends.local import process_start
+from launcher.elastic import GROW
 from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env
 from launcher.status import Status
@@ -126,6 +127,16 @@ class Attempt:
         self.recorded = True
         if self.denv.rank == 0:
             print(f"run {self.rd.path}: {'paused' if verdict == 'wait' else verdict} at rung step {step}", flush=True)
+
+    def ended_to_grow(self, step: int) -> None:
+        """cluster.elastic: nodes are back; every rank stopped at the checkpoint after ``step``; rank 0 records
+        the run requeued to grow, for the job queued after this one (launcher.submit.elastic); the job
+        ends cleanly."""
+        self.recorded = True
+        if self.denv.rank == 0:
+            self.rd.set_status(Status.requeued, stop={"reason": GROW, "rank": 0, "step": step, "detail": (
+                f"nodes back: the job ended at the checkpoint after step {step} to grow")})
+            print(f"run {self.rd.path}: ended at the checkpoint after step {step} to grow back", flush=True)
 
     def requeued(self) -> None:
         """The next attempt was asked for (launcher.runtime.restarts.request_requeue)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from launcher.elastic import GROW
 from launcher.layout import Layout
 from launcher.rundir import RunDir
 from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
@@ -96,6 +97,17 @@ class RunContext:
         for (time_limit outranks preempted) is what the next ``should_stop`` returns, on every rank."""
         voted = [code for code in range(1, STOP_VOTES + 1) if summed[code - 1] > 0]
         self._settled = (STOP_REASONS[max(voted, default=0)],)
+
+    def offer_grow(self) -> None:
+        """Rank 0, the step before a due save: a run cluster.elastic shrank votes to stop at that save when
+        enough nodes are back and the job that grows it is queued (launcher.runtime.elastic); the vote
+        rides on the next step's agreement, so every rank stops there together."""
+        if not self.is_main or self.stop_flag is None or self.stop_flag.reason is not None:
+            return
+        from launcher.runtime import elastic
+
+        if elastic.offer_grow(self.rundir, self.rundir.status().job_id):
+            self.stop_flag.reason = GROW
 
     def interrupted(self, reason: str, step: int):
         """The exception a recipe raises after saving, once ``should_stop`` said so."""

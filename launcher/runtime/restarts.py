@@ -32,7 +32,9 @@ from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
 SIGNAL_REASONS = {signal.SIGTERM: "preempted", signal.SIGUSR2: "time_limit"}
-STOP_CODES = {None: 0, "preempted": 1, "time_limit": 2}
+# ("grow": cluster.elastic's shrunk run ending its job at a checkpoint to grow back, launcher.runtime.elastic;
+# the lowest: a signal's reason outranks it, and the scheduler's end of the job decides what follows)
+STOP_CODES = {None: 0, "grow": 1, "preempted": 2, "time_limit": 3}
 STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
 
 

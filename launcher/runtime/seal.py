@@ -16,9 +16,10 @@ from launcher.rundir import RunDir
 
 def seal_if_due(rd: RunDir) -> bool:
     """Seal ``rd`` if its seal is due (a final run its job left unsealed); True if this sealed it."""
-    if not rd.seal_due():
-        return False
-    return bool(rd.seal())
+    with rd.seal_lock():  # cluster.elastic's deciding job may be reopening it (launcher.runtime.elastic)
+        if not rd.seal_due():
+            return False
+        return bool(rd.seal())
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -17,6 +17,7 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
+from launcher.elastic import GROW
 from launcher.rundir import RunDir
 from launcher.runtime import env as dist_env, population, restart_policy, restarts, script, watchdog
 from launcher.runtime.attempt import attempt
@@ -100,6 +101,9 @@ def run(rd: RunDir) -> Dict[str, Any]:
             return {}
         except restarts.Interrupted as e:  # signalled; the recipe saved a checkpoint at a step boundary
             watch.set()
+            if e.reason == GROW:  # cluster.elastic: nodes are back; the job queued after this one grows the run
+                a.ended_to_grow(e.step)
+                return {}
             detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):

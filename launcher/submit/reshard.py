@@ -12,7 +12,7 @@ checkpoints are not layout-independent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, moved
@@ -22,12 +22,28 @@ UNIVERSAL_INDEX = Path("universal") / ".metadata"
 SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
            "global_batch_size")
 
-__all__ = ["RESHARDS", "RESHARD_KEYS", "check", "moved", "summary"]
+__all__ = ["RESHARDS", "RESHARD_KEYS", "check", "engine_problem", "moved", "summary"]
 
 
 def summary(layout: Dict[str, Any]) -> Dict[str, Any]:
     """What restarts.jsonl keeps of a layout."""
     return {k: layout[k] for k in SUMMARY if k in layout}
+
+
+def engine_problem(engine: Optional[str], zero: int, offload: bool) -> Optional[Tuple[str, str]]:
+    """(what, fix) where a layout on ``engine`` writes or loads no layout-independent state; else None."""
+    if engine not in RESHARDS:
+        return (f"engine {engine}, whose checkpoints load only on their own layout",
+                f"resharding runs between engines {', '.join(RESHARDS)}; keep the archived layout on {engine}")
+    if engine == "megatron" and zero:
+        return (f"the megatron engine at ZeRO-{zero}, whose optimizer partitions load only on their own layout",
+                "the megatron engine reshards at zero.stage=0")
+    if engine == "deepspeed" and (zero not in RESHARD_DEEPSPEED_STAGES or offload):
+        return (f"DeepSpeed ZeRO-{zero}{' with offload' if offload else ''}, whose checkpoints load only on their "
+                "own layout", "DeepSpeed reshards at ZeRO stage "
+                f"{', '.join(map(str, RESHARD_DEEPSPEED_STAGES[:-1]))} or {RESHARD_DEEPSPEED_STAGES[-1]} "
+                "without offload")
+    return None
 
 
 def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[str, Any],
@@ -38,23 +54,10 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
     what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moved(old, new).items())
     errs = []
     for side, lay in (("saved on", old), ("resumed on", new)):
-        engine = lay.get("engine")
-        if engine not in RESHARDS:
-            errs.append(ConfigError(keys, f"{run_id} would be {side} engine {engine}, whose checkpoints load only "
-                                    f"on their own layout ({what})", f"resharding runs between engines "
-                                    f"{', '.join(RESHARDS)}; keep the archived layout on {engine}"))
-        if engine == "megatron" and lay.get("zero"):
-            errs.append(ConfigError(keys, f"{run_id} would be {side} the megatron engine at ZeRO-{lay.get('zero')}, "
-                                    f"whose optimizer partitions load only on their own layout ({what})",
-                                    "the megatron engine reshards at zero.stage=0"))
-        offload = bool(lay.get("offload_optimizer") or lay.get("offload_params"))
-        if engine == "deepspeed" and (lay.get("zero") not in RESHARD_DEEPSPEED_STAGES or offload):
-            errs.append(ConfigError(keys, f"{run_id} would be {side} DeepSpeed ZeRO-{lay.get('zero')}"
-                                    f"{' with offload' if offload else ''}, whose checkpoints load only on their "
-                                    f"own layout ({what})",
-                                    "DeepSpeed reshards at ZeRO stage "
-                                    f"{', '.join(map(str, RESHARD_DEEPSPEED_STAGES[:-1]))} or "
-                                    f"{RESHARD_DEEPSPEED_STAGES[-1]} without offload"))
+        found = engine_problem(lay.get("engine"), int(lay.get("zero") or 0),
+                               bool(lay.get("offload_optimizer") or lay.get("offload_params")))
+        if found:
+            errs.append(ConfigError(keys, f"{run_id} would be {side} {found[0]} ({what})", found[1]))
     if old.get("global_batch_size") != new.get("global_batch_size") and "train.global_batch_size" not in changed:
         errs.append(ConfigError(keys, f"changes the global batch of {run_id} ({old.get('global_batch_size')} -> "
                                 f"{new.get('global_batch_size')}): the steps after the checkpoint would not be "

@@ -30,6 +30,7 @@ from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.configview import ConfigView
 from launcher.data import archived as data_archive
+from launcher.elastic import GROW, SHRINK
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
@@ -91,9 +92,11 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
                                         "set its keys instead, e.g. parallelism.tp=2)")], f"({run_id})") from e
 
 
-def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = ()) -> _Next:
+def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = (), elastic: bool = False) -> _Next:
     """Check one ended run for its next attempt (nothing is written): ended, intact, and the changes
-    (``steps``: train.steps; ``changes``: key=value) valid and keeping the archived layout."""
+    (``steps``: train.steps; ``changes``: key=value) valid and on a layout its checkpoint loads on.
+    ``elastic``: cluster.elastic's deciding job asks (launcher.runtime.elastic), for which a run whose job
+    ended at a checkpoint to grow back (requeued, launcher.elastic.GROW) has ended too."""
     rd = RunDir(run_dir)
     if not rd.exists():
         raise FileNotFoundError(f"{run_dir} is not an archived run (no {RunDir.RUN})")
@@ -103,7 +106,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is a run of a Hydra app (hydra/launcher=launcher_*)",
                                         "run the app's sweep again")])
     st = rd.status()
-    if st.state not in FINAL:
+    grown = elastic and st.state is Status.requeued and (st.stop or {}).get("reason") == GROW
+    if st.state not in FINAL and not grown:
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.state.value}: its job may still be running or "
                                         "queued", "wait for it, or `launcher cancel` it first")])
     problems = rd.verify()
@@ -187,7 +191,7 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
 
 
 def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[int] = None,
-             changes: Sequence[str] = (), detail: Optional[str] = None, out=None):
+             changes: Sequence[str] = (), detail: Optional[str] = None, out=None, elastic: bool = False):
     """Submit the next attempt of each of ``run_dirs`` (ended runs, usually of one sweep): every run is
     checked first (nothing changes if one is refused), then reopened and recorded (``reason``), and
     the runs sharing resources go out as ONE submitit batch (one array; split under the scheduler's
@@ -196,7 +200,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     out = out or sys.stdout
     if not run_dirs:
         raise ValueError("no runs to resubmit")
-    nexts = [prepare(Path(d), steps, changes) for d in run_dirs]
+    nexts = [prepare(Path(d), steps, changes, elastic) for d in run_dirs]
     try:  # one submitit folder per sweep dir; one array per resource shape
         planned = submission.arrays(nexts, cfg=lambda n: n.cfg, key=lambda n: str(n.rd.path.parent))
     except Unschedulable as e:  # TooManyJobs among them
@@ -235,7 +239,7 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
                                       refused=f"{reason} submission failed")
     for r in runs:
         n = next(x for x in nexts if x.run_id == r.run_id)
-        verb = {"resume": "resuming", "retry": "retrying"}.get(reason, reason)
+        verb = {"resume": "resuming", "retry": "retrying", SHRINK: "shrinking", GROW: "growing"}.get(reason, reason)
         print(f"{verb} {r.run_id} from step {n.done} (attempt {attempts[r.run_id] + 1}), job {r.job_id}", file=out)
     sweep = SweepDir(nexts[0].rd.path.parent)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=sweep.path, runs=runs, job_ids=job_ids,

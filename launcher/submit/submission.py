@@ -11,12 +11,13 @@ job ids and submitted scripts are spelled here and in launcher/backends only.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
-from launcher import backends, schema
+from launcher import backends, elastic, schema
 from launcher.archive import atomic, secrets
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
@@ -250,10 +251,26 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
         return SubmittedRun(run_id=run.run_id, rundir=run.rundir, job_id=record.job_id, job=job, record=record)
 
     try:
-        return in_threads(one, list(zip(arr.points, jobs)))
+        submitted = in_threads(one, list(zip(arr.points, jobs)))
     finally:  # each run holds its array's own; the next array writes a file of its own
         if script is not None:
             (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
+    if elastic.settings(first.cfg)["enabled"]:
+        _queue_elastic(backend, arr.points, submitted)
+    return submitted
+
+
+def _queue_elastic(backend: Any, points: Sequence[Run], submitted: Sequence[SubmittedRun]) -> None:
+    """cluster.elastic: each run's deciding job, queued after its job (afternotok: it runs only where the
+    job did not end well, launcher.runtime.elastic); a refusal is said, the run goes on without it."""
+    cl = points[0].cfg.cluster
+    scope = {k: str(cl.get(k)) for k in SUBMIT_SCOPE if cl.get(k)}
+    for run, sub in zip(points, submitted):
+        try:
+            backend.elastic_after_job(run.rundir.path, sub.job_id, Path(run.folder), "afternotok", scope)
+        except Exception as e:
+            print(f"warning: {sub.run_id}: cluster.elastic's job was not queued ({e}): a lost node ends this run",
+                  file=sys.stderr)
 
 
 def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str],

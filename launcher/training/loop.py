@@ -10,7 +10,9 @@ one step and gives its metrics row (``loop.log(loss=...)``); after the body the 
   the engines fold the stop votes into their loss all-reduce, ``engines.base.StepStats``, so this
   costs no collective of its own; else one tiny all-reduce); if so, saves blocking, waits for every
   rank's save and raises ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
-- saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step),
+- saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step); the step before
+  a due save, a run that ``cluster.elastic`` shrank looks for its nodes (``ctx.offer_grow``): when they
+  are back, every rank stops at that save and the run grows back (launcher.runtime.elastic),
 - at a rung of ``sweep=asha`` (launcher.asha, launcher.runtime.rungs): saves blocking, rank 0 reports
   the row's ``sweep.objective`` into the sweep dir and learns the verdict (every rank gets it): go on,
   or raise ``AtRung`` (paused: the job ends, a promotion resumes it from this checkpoint; or pruned).
@@ -98,6 +100,9 @@ class StepLoop:
             raise self.ctx.interrupted(stop, step)
         if ck is not None and not saved and ck.due(step):
             ck.save(step, self.history)
+        if ck is not None and ck.due(step + 1) and step + 1 < self.steps:
+            # cluster.elastic, shrunk: the vote to stop at that checkpoint and grow back
+            getattr(self.ctx, "offer_grow", lambda: None)()
 
     def _at_rung(self, step: int) -> bool:
         """A rung: saved (where the run pauses), reported by rank 0, the verdict agreed by every rank;

@@ -85,3 +85,11 @@ def test_log_paths_are_submitits(tmp_path):
     job = JobRecord(backend="slurm", job_id="12_3", submitit_folder=str(tmp_path))
     assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"
     assert SLURM.log_path(job, 0, err=True) == tmp_path / "12_3_0_log.err"
+
+
+def test_an_sbatch_extra_of_true_is_a_bare_flag_and_other_values_stay_as_given(tmp_path):
+    """sbatch rejects --no-requeue=True; a YAML true (typed as a string in the mapping) is the flag alone."""
+    text = SLURM.script_text(_cfg("+cluster.sbatch_extra.no-requeue=true", "+cluster.sbatch_extra.reservation=big",
+                                  "+cluster.sbatch_extra.kill-on-invalid-dep=yes"), tmp_path, 1)
+    assert "#SBATCH --no-requeue\n" in text and "--no-requeue=" not in text
+    assert "#SBATCH --reservation=big\n" in text and "#SBATCH --kill-on-invalid-dep=yes\n" in text

@@ -1,0 +1,149 @@
+"""cluster.elastic's rule (launcher.elastic) and its login-side parts: which runs it takes, on how many
+nodes and with which changes a run goes on, when it grows back, and the job it queues for itself. The
+drill on the Slurm cluster: tests/integration/test_elastic.py."""
+import pytest
+from test_bad_input import compose_cfg
+
+from launcher import elastic
+from launcher.backends.slurm import after_job_command, node_states_from_sinfo, seal_job_command
+from launcher.rules import problems
+from launcher.rundir import RESTARTED_BY_SCHEDULE, RunDir
+from launcher.runtime.restarts import STOP_CODES
+from launcher.schema import typed
+from launcher.status import Status
+from launcher.submit import resume
+
+
+def _cfg(*overrides):
+    return compose_cfg(["model=gpt_tiny", "cluster=local_slurm", "cluster.nodes=4", "cluster.gpus_per_node=1",
+                        "train.global_batch_size=12", "train.micro_batch_size=1", "train.checkpoint.every=4",
+                        "cluster.elastic.enabled=true", *overrides])
+
+
+def _keys(cfg):
+    return {(e.key, e.problem) for e in problems(cfg)}
+
+
+def test_a_run_that_can_go_on_elsewhere_passes_and_each_thing_that_stops_it_is_named():
+    assert not _keys(_cfg()), _keys(_cfg())
+    assert not _keys(_cfg("cluster.elastic.enabled=false", "cluster=local", "cluster.nodes=1"))  # off: no rule
+    cases = {
+        ("cluster=local", "cluster.nodes=1"): "cluster.elastic.enabled",  # no nodes to lose
+        ("train.checkpoint.universal=false",): "train.checkpoint.universal",
+        ("train.checkpoint.every=0",): "train.checkpoint.every",
+        ("parallelism=3d", "parallelism.tp=2", "parallelism.pp=2", "zero.stage=1"): "cluster.elastic.enabled",
+        ("zero.stage=2", "zero.offload_optimizer=true"): "cluster.elastic.enabled",
+        ("cluster.elastic.min_nodes=5",): "cluster.elastic.min_nodes",
+        ("cluster.elastic.target_nodes=2",): "cluster.elastic.target_nodes",
+    }
+    for overrides, key in cases.items():
+        found = _keys(_cfg(*overrides))
+        assert key in {k for k, _ in found}, (overrides, found)
+    (problem,) = [p for k, p in _keys(_cfg("zero.stage=2", "zero.offload_optimizer=true")) if "offload" in p]
+    assert "DeepSpeed ZeRO-2 with offload" in problem
+
+
+def test_node_counts_go_from_the_most_usable_down_to_the_minimum():
+    assert elastic.node_counts(4, 3, 1) == [3, 2, 1]
+    assert elastic.node_counts(4, 9, 2) == [4, 3, 2]  # never more than the run was launched with
+    assert elastic.node_counts(4, 1, 2) == []  # fewer than min_nodes: the run ends as it does when off
+
+
+def test_the_changes_keep_everything_but_the_node_count_and_record_where_to_grow_back():
+    plain = typed(_cfg())
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(plain, resolve=True, enum_to_str=True)
+    assert elastic.changes(plain, 3) == ["cluster.nodes=3", "cluster.elastic.target_nodes=4"]
+    plain["parallelism"]["dp"], plain["parallelism"]["tp"] = 4, 1  # a dp the config names follows the nodes
+    plain["cluster"]["elastic"]["target_nodes"] = 4  # recorded by the first shrink: kept
+    assert elastic.changes(plain, 3) == ["cluster.nodes=3", "parallelism.dp=3"]
+    assert elastic.target(plain) == 4
+
+
+def test_usable_nodes_are_the_idle_ones_and_the_deciding_jobs_own():
+    text = "node1|debug*|mixed\nnode2|debug*|idle\nnode3|debug*|drained\nnode4|debug*|idle*\nnode5|gpu|idle\n"
+    rows = node_states_from_sinfo(text, None)  # the default partition's
+    assert [n for n, _ in rows] == ["node1", "node2", "node3", "node4"]
+    # node4 does not respond (*), node3 is drained: neither; node1 runs only the deciding job
+    assert elastic.usable(rows, own="node1") == ["node1", "node2"]
+    assert elastic.usable(rows) == ["node2"]
+    assert node_states_from_sinfo(text, "gpu") == [("node5", "idle")]
+
+
+def test_the_decision_acts_only_where_the_cluster_ended_the_job_or_the_run_ended_to_grow():
+    assert elastic.decision("failed", None, "NODE_FAIL") == elastic.SHRINK
+    assert elastic.decision("requeued", "preempted", "PREEMPTED") == elastic.SHRINK  # PreemptMode=CANCEL
+    assert elastic.decision("running", None, "NODE_FAIL") == elastic.SHRINK  # its ranks died with the node
+    assert elastic.decision("requeued", elastic.GROW, "COMPLETED") == elastic.GROW
+    for state, word in (("completed", "NODE_FAIL"), ("failed", "FAILED"), ("cancelled", "CANCELLED by 0"),
+                        ("timeout", "TIMEOUT"), ("failed", "")):
+        assert elastic.decision(state, None, word) is None, (state, word)
+
+
+def test_growing_back_needs_the_missing_nodes_idle_and_grow_on():
+    assert elastic.grow_due(3, 4, 1, True)
+    assert not elastic.grow_due(2, 4, 1, True)  # half the way back: wait for both
+    assert not elastic.grow_due(3, 4, 1, False)
+    assert not elastic.grow_due(4, 4, 3, True)  # not shrunk
+
+
+def test_the_layout_line_says_the_accumulation():
+    before = {"engine": "ddp", "dp": 4, "tp": 1, "pp": 1, "zero": 0, "nodes": 4, "micro_batch_size": 1,
+              "grad_accum": 3, "global_batch_size": 12}
+    after = {**before, "dp": 3, "nodes": 3, "grad_accum": 4}
+    line = elastic.summary_line(before, after, "job 7 ended by the cluster (NODE_FAIL)")
+    assert line == ("job 7 ended by the cluster (NODE_FAIL): now ddp dp3 x pp1 x tp1 on 3 node(s), micro batch 1 x "
+                    "grad accum 4 x dp3 = global batch 12 (was ddp dp4 x pp1 x tp1 on 4 node(s), micro batch 1 x "
+                    "grad accum 3 x dp4 = global batch 12)")
+
+
+def test_the_deciding_job_is_one_task_after_the_runs_job_in_its_scope(tmp_path):
+    cmd = after_job_command("elastic", "launcher.submit.elastic", tmp_path / "s" / "r0", "afternotok:12_3",
+                            tmp_path / "f", "/py", {"partition": "gpu", "qos": "high"}, 10, ("12_3",))
+    assert cmd[:4] == ["sbatch", "--parsable", "--dependency=afternotok:12_3", "--kill-on-invalid-dep=yes"]
+    assert "--no-requeue" in cmd and "--nodes=1" in cmd and "--ntasks=1" in cmd and "--time=10" in cmd
+    assert "--partition=gpu" in cmd and "--qos=high" in cmd and not any(c.startswith("--account") for c in cmd)
+    assert cmd[-1] == f"/py -m launcher.submit.elastic {tmp_path / 's' / 'r0'} 12_3"
+    assert f"--output={tmp_path / 'f' / 'elastic.%j.out'}" in cmd
+    seal = seal_job_command(tmp_path / "s" / "r0", "9", tmp_path / "f", "/py", {"SLURM_JOB_ACCOUNT": "a"})
+    assert "--dependency=afterany:9" in seal and "--account=a" in seal and "--job-name=seal-s-r0" in seal
+
+
+def test_growing_is_the_lowest_stop_and_no_restart_of_the_budget():
+    assert STOP_CODES[elastic.GROW] == 1 < STOP_CODES["preempted"] < STOP_CODES["time_limit"]
+    assert sorted(STOP_CODES.values()) == list(range(len(STOP_CODES)))  # one vote slot each, no gap
+    assert elastic.GROW in RESTARTED_BY_SCHEDULE and elastic.SHRINK in RESTARTED_BY_SCHEDULE
+
+
+def test_pick_takes_the_first_count_accepted_and_raises_the_last_refusal():
+    seen = []
+
+    def accept(n):
+        seen.append(n)
+        if n > 2:
+            raise ValueError(f"{n} does not divide")
+        return f"ok {n}"
+
+    assert elastic.pick([4, 3, 2, 1], accept) == (2, "ok 2") and seen == [4, 3, 2]
+    with pytest.raises(ValueError, match="3 does not divide"):  # every count refused: the last refusal
+        elastic.pick([4, 3], accept)
+    assert elastic.pick([], accept) is None
+
+
+def test_a_run_that_ended_its_job_to_grow_is_taken_only_by_the_deciding_job(tmp_path):
+    """A shrunk run whose job stopped at a checkpoint to grow is requeued (not final): `launcher resume`
+    refuses it as it does any run that may still have a job; the deciding job (elastic=True) gets past
+    that check to the next one (here: the run has no config archived)."""
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.write_run({"run_id": "x-0", "layout": {}})
+    rd.set_status(Status.requeued, attempt=2, stop={"reason": elastic.GROW, "step": 8})
+    with pytest.raises(ValueError, match="x-0 is requeued: its job may still be running"):
+        resume.prepare(rd.path)
+    with pytest.raises(Exception) as got:
+        resume.prepare(rd.path, elastic=True)
+    assert "may still be running" not in str(got.value)
+    rd.set_status(Status.requeued, attempt=2, stop={"reason": "preempted", "step": 8})  # not a grow: refused
+    with pytest.raises(ValueError, match="may still be running"):
+        resume.prepare(rd.path, elastic=True)
