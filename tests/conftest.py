@@ -66,7 +66,7 @@ def slurm() -> Dict[str, str]:
 @pytest.fixture(autouse=True)
 def _slurm_share(request: pytest.FixtureRequest):
     """The local cluster is shared by the two workers' Slurm tests: each holds a shared lock on it, and
-    a ``slurm_whole`` test (a node set DOWN, a 40-task array) an exclusive one, so nothing of the other
+    a ``slurm_whole`` test (a node set DOWN, a 20-task array) an exclusive one, so nothing of the other
     worker runs beside it. A turnstile taken first keeps a waiting exclusive test from starving."""
     if not request.node.get_closest_marker("slurm"):
         yield
