@@ -22,7 +22,13 @@ from launcher.submit import reshard
 ACTS_ON = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
 GROW = "grow"  # the stop reason of a shrunk run ending its job to grow back (restarts.STOP_CODES)
 SHRINK = "shrink"  # restarts.jsonl's reason of the attempt that goes on with fewer nodes
+RESUME = "resume"  # the deciding job's word for a run whose job ended asking for a restart
 IDLE_STATES = ("idle",)  # sinfo's node states a new job can start on at once
+# exported by the batch script of a cluster.elastic run: its restarts are new jobs the deciding job
+# submits (sbatch --no-requeue: Slurm requeues nothing, so a lost node ends the job and the deciding
+# job runs); a rank's requeue request then only records why (launcher.runtime.restarts)
+ENV = "LAUNCHER_ELASTIC"
+BY = "cluster.elastic"  # status.json's stop.by of such a request: the job queued after this one restarts it
 
 
 def settings(cfg: Any) -> Dict[str, Any]:
@@ -64,6 +70,9 @@ def problems(values: Any, engine: str, zero: int, offload: bool, backend_can: bo
     if not values.get("train.checkpoint.every"):
         out.append(("train.checkpoint.every", "cluster.elastic goes on from the latest checkpoint, and "
                     "train.checkpoint.every=0 saves none before the end (a lost node loses everything)"))
+    if values.get("cluster.pack"):
+        out.append(("cluster.pack", "a packed point is a job step of its pack's job, which its runner restarts: "
+                    "cluster.elastic restarts whole jobs"))
     nodes = int(values.get("cluster.nodes") or 1)
     if int(values.get("cluster.elastic.min_nodes") or 1) > nodes:
         out.append(("cluster.elastic.min_nodes", f"{values.get('cluster.elastic.min_nodes')} is more than "
@@ -121,16 +130,46 @@ def describe(layout: Dict[str, Any], nodes: Optional[int] = None) -> str:
             f"global batch {lay.get('global_batch_size')}")
 
 
-def decision(run_state: str, stop_reason: Optional[str], job_word: str) -> Optional[str]:
-    """What the deciding job does for a run (pure): GROW (its job ended at a checkpoint to grow back),
-    SHRINK (the cluster ended its job: a lost node, a cancelling preemption) or None (the run ended on
-    its own, or was cancelled: nothing to do)."""
-    if run_state == "requeued" and stop_reason == GROW:
-        return GROW
-    if run_state == "completed":
-        return None
+def decision(run_state: str, stop: Optional[Dict[str, Any]], job_word: str) -> Optional[str]:
+    """What the deciding job does for a run (pure), from the run's state and stop record and the
+    scheduler's word for its job: GROW (the job ended at a checkpoint to grow back), SHRINK (the cluster
+    ended the job: a lost node, a cancelling preemption; the run goes on with the nodes there are),
+    RESUME (a rank asked for a restart: a time limit, a failure worth one, a hang) or None (completed,
+    cancelled, or the run's own end: nothing to do)."""
     word = (job_word or "").split()[0].rstrip("+").upper() if job_word else ""
-    return SHRINK if word in ACTS_ON else None
+    stop = stop or {}
+    if run_state == "completed" or word == "CANCELLED":
+        return None
+    if run_state == "requeued" and stop.get("reason") == GROW:
+        return GROW
+    if word in ACTS_ON:
+        return SHRINK
+    if run_state == "requeued" and stop.get("by") == BY:
+        return RESUME
+    return None
+
+
+def restart_reason(what: str, nodes_now: int, nodes_next: int, stop: Optional[Dict[str, Any]]) -> str:
+    """restarts.jsonl's reason for the attempt the deciding job starts: shrink or grow where the node
+    count changes (neither spends train.max_restarts), else the stop's own (time_limit, failure, hang,
+    preempted: a restart like a requeue, counted)."""
+    if nodes_next < nodes_now:
+        return SHRINK
+    if nodes_next > nodes_now:
+        return GROW
+    return str((stop or {}).get("reason") or ("scheduler" if what == SHRINK else what))
+
+
+def waits_for_its_job(state: str, stop: Optional[Dict[str, Any]]) -> bool:
+    """A run whose job ended on purpose and that the job queued after it restarts (ended to grow, or
+    asked for a restart under cluster.elastic): nobody else records an outcome for it."""
+    stop = stop or {}
+    return state == "requeued" and (stop.get("reason") == GROW or stop.get("by") == BY)
+
+
+def mark(stop: Dict[str, Any], environ: Any) -> Dict[str, Any]:
+    """A requeue request's stop record, marked for the deciding job where the job is cluster.elastic's."""
+    return {**stop, "by": BY} if environ.get(ENV) == "1" else stop
 
 
 def summary_line(before: Dict[str, Any], after: Dict[str, Any], why: str) -> str:

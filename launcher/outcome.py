@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Iterable, List, Optional
 
+from launcher import elastic
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
-from launcher.elastic import GROW
 from launcher.rundir import RunDir, parse_iso
 from launcher.status import RunStatus, Status
 
@@ -37,7 +37,7 @@ def record_lost_outcome(rd: RunDir, state: JobState, seen: Optional[RunStatus] =
 
 
 def _waits_on_purpose(st: RunStatus) -> bool:
-    return st.state is Status.paused or (st.state is Status.requeued and (st.stop or {}).get("reason") == GROW)
+    return st.state is Status.paused or elastic.waits_for_its_job(st.state.value, st.stop)
 
 
 def settle(rd: RunDir, ended: bool = False) -> Status:
@@ -86,8 +86,8 @@ def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
                 except OSError as e:
                     print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
                           file=sys.stderr)
-        # paused at a sweep's rung (sweep=asha), or ended at a checkpoint to grow (cluster.elastic): its job
-        # ended (or is held) on purpose, a decision resumes it (the rung's; the job queued after it)
+        # paused at a sweep's rung (sweep=asha), or cluster.elastic's (ended to grow, or to be restarted): its
+        # job ended (or is held) on purpose, a decision resumes it (the rung's; the job queued after it)
         if st.is_final or _waits_on_purpose(st) or job is None or not job.job_id:
             out.append(st.state)
             continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from launcher import elastic
 from launcher.backends.base import (
     NOTE_ENV,
     Backend,
@@ -135,6 +136,12 @@ SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
 ELASTIC_MODULE = "launcher.submit.elastic"  # what the job deciding a run's next nodes runs (cluster.elastic)
 ELASTIC_TIME_MIN = 10  # its time limit: a few scheduler questions and one submission
 SCOPE_ENV = (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
+
+
+def elastic_on(cfg: Any) -> bool:
+    """cluster.elastic.enabled of a run config (a config without the key: off)."""
+    el = getattr(getattr(cfg, "cluster", None), "elastic", None)
+    return bool(el is not None and el.get("enabled"))
 
 
 def job_scope(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -570,6 +577,8 @@ class SlurmBackend(Backend):
             # bound to one CPU (data loading, CPU Adam and OMP threads all on one core)
             "srun_args": ["--kill-on-bad-exit=1", f"--cpus-per-task={int(cl.cpus_per_task)}"],
         }
+        if elastic_on(cfg):  # its restarts are new jobs the run's deciding job submits: Slurm requeues nothing
+            params["setup"] = params["setup"] + [f"export {elastic.ENV}=1"]
         if cl.get("exclusive"):
             params["exclusive"] = True  # sbatch --exclusive: no other job shares the nodes
         if cl.use_gpus:
@@ -587,6 +596,8 @@ class SlurmBackend(Backend):
         raw = submitit_parameters(cl)
         extra.update(raw.pop("additional_parameters", None) or {})
         params.update(raw)
+        if elastic_on(cfg):
+            extra["no-requeue"] = True
         if code_dir is not None:
             extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
         if extra:
@@ -808,6 +819,8 @@ class SlurmBackend(Backend):
         """``scontrol requeue``: Slurm ends this job's processes and queues the same job id again."""
         if os.environ.get(PACK_STEP_ENV):  # a packed point: its pack's runner starts it again, not Slurm
             return
+        if os.environ.get(elastic.ENV) == "1":  # cluster.elastic: the job queued after this one restarts the
+            return  # run, as a new job on the nodes there are then (launcher.submit.elastic)
         if not job_id:
             raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
         res = subprocess.run(["scontrol", "requeue", str(job_id)], timeout=60, capture_output=True, text=True)
@@ -930,8 +943,6 @@ class SlurmBackend(Backend):
     def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
         """The nodes of ``partition`` (None: the default one) a job queued now could start on at once: the
         idle ones, and ``own`` (launcher.elastic.usable)."""
-        from launcher import elastic  # the rule reads sinfo's words
-
         rows = node_states_from_sinfo(_run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"]), partition)
         return elastic.usable(rows, own)
 

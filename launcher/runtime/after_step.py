@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher import backends
+from launcher import backends, elastic
 from launcher.archive import atomic
 from launcher.rundir import RunDir
 from launcher.runtime import restart_policy, restarts, rungs
@@ -136,7 +136,7 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
     if outcome.action != "requeue":
         return None
     # recorded first: the scheduler's requeue ends this script too (KillWait after its TERM)
-    rd.set_status(Status.requeued, stop=outcome.stop)
+    rd.set_status(Status.requeued, stop=elastic.mark(outcome.stop, os.environ))
     try:
         if not backend.requeued_since_start(job_id):  # the rank's own request went through before the kill
             backend.request_requeue(job_id)

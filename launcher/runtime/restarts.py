@@ -25,6 +25,7 @@ import signal
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from launcher import elastic
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
 from launcher.rundir import RunDir
@@ -155,7 +156,7 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
     except FileExistsError:
         return True
     os.close(fd)
-    stop: Dict[str, Any] = {"reason": reason, "detail": detail, "rank": rank, "step": step}
+    stop: Dict[str, Any] = elastic.mark({"reason": reason, "detail": detail, "rank": rank, "step": step}, os.environ)
     if failure:
         stop["failure"] = failure
     noted = leave_note(rd, attempt, stop, job_id)

@@ -10,6 +10,9 @@ scheduler's word for the job, and
   outcome is recorded if its ranks could not, and it goes on from its latest checkpoint on the most
   nodes it can have now (idle, and this job's own) that a layout of the same global batch fits;
 - a shrunk job that ended to grow: the same, up to cluster.elastic.target_nodes;
+- a job that ended asking for a restart (a time limit, a failure worth a restart, a hang: under
+  cluster.elastic the batch script is --no-requeue, and a rank's request only records why): the same,
+  at the full node count where the nodes are there, on fewer where not;
 - anything else (completed, cancelled, the run's own failure): nothing.
 
 The new attempt goes through ``launcher resume``'s path (checked by the rules, the recipe's planner and
@@ -45,7 +48,7 @@ def decide(rd: RunDir, job_id: str, backend: Any, own_node: Optional[str] = None
         time.sleep(1.0)
     st = rd.status()
     word = backend.ended_state(job_id)
-    what = elastic.decision(st.state.value, (st.stop or {}).get("reason"), word)
+    what = elastic.decision(st.state.value, st.stop, word)
     if what is None:
         print(f"launcher elastic: run {rd.path.name} is {st.state.value} after job {job_id} ({word or '?'}): "
               "nothing to do", file=out, flush=True)
@@ -57,11 +60,13 @@ def decide(rd: RunDir, job_id: str, backend: Any, own_node: Optional[str] = None
     plain = rd.config()
     el = elastic.settings(plain)
     tgt = elastic.target(plain)
+    now_nodes = int((plain.get("cluster") or {}).get("nodes") or 1)
     part = (plain.get("cluster") or {}).get("partition")
     nodes = backend.usable_nodes(str(part) if part else None, own_node)
     counts = elastic.node_counts(tgt, len(nodes), el["min_nodes"])
-    why = (f"job {job_id} ended by the cluster ({word})" if what == elastic.SHRINK
-           else f"nodes back: growing toward {tgt} node(s)")
+    why = {elastic.SHRINK: f"job {job_id} ended by the cluster ({word})",
+           elastic.GROW: f"nodes back: growing toward {tgt} node(s)"}.get(
+        what, f"job {job_id} ended for a restart ({(st.stop or {}).get('reason')}: {(st.stop or {}).get('detail')})")
     if not counts:
         msg = (f"{why}; {len(nodes)} usable node(s) now, fewer than cluster.elastic.min_nodes={el['min_nodes']}: "
                "the run ends here (`launcher resume RUN` when nodes are back)")
@@ -82,7 +87,8 @@ def decide(rd: RunDir, job_id: str, backend: Any, own_node: Optional[str] = None
     after = nxt.layout["to"] if nxt.layout else before
     line = elastic.summary_line(before, after, why)
     print(f"launcher elastic: run {rd.path.name}: {line}", file=out, flush=True)
-    result = resume.resubmit([rd.path], reason=what, changes=elastic.changes(plain, n), detail=line, out=out,
+    reason = elastic.restart_reason(what, now_nodes, n, st.stop)
+    result = resume.resubmit([rd.path], reason=reason, changes=elastic.changes(plain, n), detail=line, out=out,
                              elastic=True)
     return result.runs[0].job_id if result.runs else None
 

@@ -30,7 +30,7 @@ from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.configview import ConfigView
 from launcher.data import archived as data_archive
-from launcher.elastic import GROW, SHRINK
+from launcher.elastic import GROW, SHRINK, waits_for_its_job
 from launcher.errors import ConfigError, ConfigErrors
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
@@ -95,8 +95,9 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = (), elastic: bool = False) -> _Next:
     """Check one ended run for its next attempt (nothing is written): ended, intact, and the changes
     (``steps``: train.steps; ``changes``: key=value) valid and on a layout its checkpoint loads on.
-    ``elastic``: cluster.elastic's deciding job asks (launcher.runtime.elastic), for which a run whose job
-    ended at a checkpoint to grow back (requeued, launcher.elastic.GROW) has ended too."""
+    ``elastic``: cluster.elastic's deciding job asks (launcher.submit.elastic), for which a run whose job
+    ended on purpose for it (to grow back, or asking for a restart: launcher.elastic.waits_for_its_job)
+    has ended too."""
     rd = RunDir(run_dir)
     if not rd.exists():
         raise FileNotFoundError(f"{run_dir} is not an archived run (no {RunDir.RUN})")
@@ -106,8 +107,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is a run of a Hydra app (hydra/launcher=launcher_*)",
                                         "run the app's sweep again")])
     st = rd.status()
-    grown = elastic and st.state is Status.requeued and (st.stop or {}).get("reason") == GROW
-    if st.state not in FINAL and not grown:
+    queued_after = elastic and waits_for_its_job(st.state.value, st.stop)
+    if st.state not in FINAL and not queued_after:
         raise ConfigErrors([ConfigError("RUN", f"{run_id} is {st.state.value}: its job may still be running or "
                                         "queued", "wait for it, or `launcher cancel` it first")])
     problems = rd.verify()
@@ -239,7 +240,8 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
                                       refused=f"{reason} submission failed")
     for r in runs:
         n = next(x for x in nexts if x.run_id == r.run_id)
-        verb = {"resume": "resuming", "retry": "retrying", SHRINK: "shrinking", GROW: "growing"}.get(reason, reason)
+        verb = {"resume": "resuming", "retry": "retrying", SHRINK: "shrinking", GROW: "growing"}.get(
+            reason, "restarting")
         print(f"{verb} {r.run_id} from step {n.done} (attempt {attempts[r.run_id] + 1}), job {r.job_id}", file=out)
     sweep = SweepDir(nexts[0].rd.path.parent)
     return SweepResult(sweep_id=sweep.sweep_id, sweep_dir=sweep.path, runs=runs, job_ids=job_ids,

@@ -1,8 +1,9 @@
 """cluster.elastic on the real Slurm cluster (launcher.elastic, launcher.submit.elastic): a node set DOWN
-mid-run where no requeue can bring the job back (--no-requeue), the run goes on by itself on the 3 nodes
+mid-run (a cluster.elastic job is --no-requeue: Slurm brings nothing back), the run goes on by itself on the 3 nodes
 left (the layout and accumulation printed by the job it queued for itself), grows back to 4 at a
 checkpoint once the node returns, and every step's loss equals the uninterrupted run's within the layout
-tests' tolerance. The rule's parts: tests/unit/test_elastic.py."""
+tests' tolerance; a failure after that is restarted by the same queued job (no Slurm requeue). The rule's
+parts: tests/unit/test_elastic.py."""
 import json
 import os
 import subprocess
@@ -36,7 +37,9 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     (ref,) = runs_json(tmp_path / "ref")
     root = tmp_path / "runs"
     res = launch([*BASE, "cluster=local_slurm", "cluster.nodes=4", "cluster.gpus_per_node=1",
-                  "parallelism.engine=ddp", "cluster.elastic.enabled=true", "+cluster.sbatch_extra.no-requeue=true"],
+                  "parallelism.engine=ddp", "cluster.elastic.enabled=true",
+                  # and, once grown back, a failure worth a restart: the job queued after it restarts the run
+                  "train.fail_at_step=22", "train.fail_rank=1", "train.fail_attempt=3", "train.max_restarts=1"],
                  root, extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (run,) = [Path(r["dir"]) for r in runs_json(root)]
@@ -51,7 +54,7 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
                 break
             time.sleep(0.3)
         # drained first (so that it stays out when its slurmd registers again), then down: Slurm ends the
-        # job NODE_FAIL, and --no-requeue leaves it ended
+        # job NODE_FAIL, and --no-requeue (cluster.elastic's) leaves it ended
         _scontrol(env, lost, "state=drain", "reason=elastic-test")
         _scontrol(env, lost, "state=down", "reason=elastic-test")
         while time.time() < deadline and not any(r.get("reason") == "shrink" for r in _lines(run / "restarts.jsonl")):
@@ -68,19 +71,21 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
                            text=True, env=env).stdout
     assert "NODE_FAIL" in sacct, sacct
     rows = _lines(run / "restarts.jsonl")
-    assert [r["reason"] for r in rows] == ["shrink", "grow"], rows
-    shrink, grow = rows
+    assert [r["reason"] for r in rows] == ["shrink", "grow", "failure"], rows
+    shrink, grow, failure = rows
     assert shrink["layout"]["from"]["nodes"] == 4 and shrink["layout"]["to"]["nodes"] == 3, shrink
     assert (shrink["layout"]["to"]["dp"], shrink["layout"]["to"]["grad_accum"]) == (3, 4), shrink
     assert grow["layout"]["to"]["nodes"] == 4 and grow["layout"]["to"]["grad_accum"] == 3, grow
     # from the latest checkpoint (every 4 steps, or the one its ranks saved when Slurm signalled them), grown
     # at a later checkpoint
     assert 4 <= shrink["from_step"] < grow["from_step"] and grow["from_step"] % 4 == 0, rows
+    assert failure["from_step"] == 20 and "layout" not in failure and "injected" in failure["detail"], failure
     # the job the run queued for itself said where it goes on, and how
     logs = "".join(p.read_text() for p in sorted((run.parent / ".submitit").glob("elastic.*.out")))
     assert f"job {job} ended by the cluster (NODE_FAIL): now ddp dp3 x pp1 x tp1 on 3 node(s), micro batch 1 x " \
            "grad accum 4 x dp3 = global batch 12" in logs, logs
     assert "nodes back: growing toward 4 node(s): now ddp dp4 x pp1 x tp1 on 4 node(s)" in logs, logs
+    assert "ended for a restart (failure: rank 1:" in logs, logs
     config = (run / "config.yaml").read_text()
     assert "target_nodes: 4" in config, config
 

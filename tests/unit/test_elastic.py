@@ -35,6 +35,7 @@ def test_a_run_that_can_go_on_elsewhere_passes_and_each_thing_that_stops_it_is_n
         ("zero.stage=2", "zero.offload_optimizer=true"): "cluster.elastic.enabled",
         ("cluster.elastic.min_nodes=5",): "cluster.elastic.min_nodes",
         ("cluster.elastic.target_nodes=2",): "cluster.elastic.target_nodes",
+        ("cluster.pack=true",): "cluster.pack",
     }
     for overrides, key in cases.items():
         found = _keys(_cfg(*overrides))
@@ -71,14 +72,49 @@ def test_usable_nodes_are_the_idle_ones_and_the_deciding_jobs_own():
     assert node_states_from_sinfo(text, "gpu") == [("node5", "idle")]
 
 
-def test_the_decision_acts_only_where_the_cluster_ended_the_job_or_the_run_ended_to_grow():
+def test_the_decision_acts_where_the_cluster_ended_the_job_or_the_run_asked_the_job_after_it():
+    by = {"reason": "time_limit", "by": elastic.BY}
     assert elastic.decision("failed", None, "NODE_FAIL") == elastic.SHRINK
-    assert elastic.decision("requeued", "preempted", "PREEMPTED") == elastic.SHRINK  # PreemptMode=CANCEL
+    assert elastic.decision("requeued", {"reason": "preempted"}, "PREEMPTED") == elastic.SHRINK  # PreemptMode=CANCEL
     assert elastic.decision("running", None, "NODE_FAIL") == elastic.SHRINK  # its ranks died with the node
-    assert elastic.decision("requeued", elastic.GROW, "COMPLETED") == elastic.GROW
-    for state, word in (("completed", "NODE_FAIL"), ("failed", "FAILED"), ("cancelled", "CANCELLED by 0"),
-                        ("timeout", "TIMEOUT"), ("failed", "")):
-        assert elastic.decision(state, None, word) is None, (state, word)
+    assert elastic.decision("requeued", by, "NODE_FAIL") == elastic.SHRINK  # a peer's request, the node's loss
+    assert elastic.decision("requeued", {"reason": elastic.GROW}, "COMPLETED") == elastic.GROW
+    assert elastic.decision("requeued", by, "FAILED") == elastic.RESUME  # a time limit, a failure, a hang
+    for state, stop, word in (("completed", None, "NODE_FAIL"), ("failed", None, "FAILED"),
+                              ("cancelled", None, "CANCELLED by 0"), ("timeout", None, "TIMEOUT"),
+                              ("failed", None, ""), ("requeued", by, "CANCELLED by 0"),  # the user's cancel wins
+                              ("requeued", {"reason": "time_limit"}, "FAILED")):  # not the deciding job's
+        assert elastic.decision(state, stop, word) is None, (state, stop, word)
+
+
+def test_the_restart_is_recorded_as_a_shrink_a_grow_or_the_requests_own_reason():
+    assert elastic.restart_reason(elastic.SHRINK, 4, 3, None) == elastic.SHRINK
+    assert elastic.restart_reason(elastic.GROW, 3, 4, {"reason": elastic.GROW}) == elastic.GROW
+    assert elastic.restart_reason(elastic.RESUME, 4, 4, {"reason": "time_limit"}) == "time_limit"  # counted
+    assert elastic.restart_reason(elastic.SHRINK, 4, 4, None) == "scheduler"  # a spare node: as Slurm's requeue
+    assert elastic.restart_reason(elastic.RESUME, 4, 2, {"reason": "hang"}) == elastic.SHRINK
+    assert elastic.mark({"reason": "hang"}, {elastic.ENV: "1"}) == {"reason": "hang", "by": elastic.BY}
+    assert elastic.mark({"reason": "hang"}, {}) == {"reason": "hang"}
+    assert elastic.waits_for_its_job("requeued", {"by": elastic.BY})
+    assert elastic.waits_for_its_job("requeued", {"reason": elastic.GROW})
+    assert not elastic.waits_for_its_job("requeued", {"reason": "time_limit"})  # Slurm's requeue: its own job
+
+
+def test_an_elastic_job_is_never_requeued_by_slurm_and_a_ranks_request_asks_nothing_of_it(tmp_path, monkeypatch):
+    from launcher import backends
+
+    slurm = backends.get("slurm")
+    text = slurm.script_text(_cfg(), tmp_path, 1)
+    assert "#SBATCH --no-requeue\n" in text and f"export {elastic.ENV}=1" in text
+    off = slurm.script_text(_cfg("cluster.elastic.enabled=false"), tmp_path, 1)
+    assert "--no-requeue" not in off and elastic.ENV not in off
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setenv(elastic.ENV, "1")
+    slurm.request_requeue("12")  # nothing asked of Slurm: the deciding job after this one restarts the run
+    assert calls == []
 
 
 def test_growing_back_needs_the_missing_nodes_idle_and_grow_on():
