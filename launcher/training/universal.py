@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from launcher.layout import RESHARD_DEEPSPEED_STAGES, moved
 
-__all__ = ["DIR", "INDEX", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state", "moved",
-           "present", "save", "verify"]
+__all__ = ["DIR", "INDEX", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state",
+           "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "verify", "with_scaler"]
 
 DIR = "universal"
 INDEX = ".metadata"  # DCP's global index (rank 0)
@@ -37,28 +37,111 @@ RANK_FILE = "__{rank}_0.distcp"
 VERIFY_BATCH_BYTES = 1 << 30  # what rank 0 reads of the saved checkpoint at a time while verifying
 
 
-def module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+def module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None) -> Dict[str, Any]:
     """A module and its optimizer as DCP saves them, by parameter name: plain tensors (a whole module,
-    DDP's replicas) or DTensors (FSDP2's shards, tensor-parallel slices). A fresh optimizer gets its
-    state created (zeros), so the same call gives the target a load fills."""
+    DDP's replicas) or DTensors (FSDP2's shards, tensor-parallel slices); with fp16, the loss scaler
+    (``scaler_state``). A fresh optimizer gets its state created (zeros), so the same call gives the
+    target a load fills."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optimizer)
-    return {"model": msd, "optim": osd["state"]}
+    return {"model": msd, "optim": osd["state"], **with_scaler(scaler)}
 
 
-def load_module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Fill ``model`` and ``optimizer`` from the universal checkpoint at ``path``, each rank reading
-    its own slices; the optimizer keeps its own param groups (learning rate and the rest come from the
-    run's config and schedule)."""
+def load_module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path,
+                      scaler: Any = None) -> None:
+    """Fill ``model`` and ``optimizer`` (and an fp16 ``scaler``) from the universal checkpoint at
+    ``path``, each rank reading its own slices; the optimizer keeps its own param groups (learning rate
+    and the rest come from the run's config and schedule)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_state_dict
 
-    target = module_state(model, optimizer)
+    target = module_state(model, optimizer, scaler)
+    loading_scaler = scaler_target(target, path)
     dcp.load(target, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     groups = get_optimizer_state_dict(model, optimizer)["param_groups"]
     set_state_dict(model, optimizer, model_state_dict=target["model"],
                    optim_state_dict={"state": target["optim"], "param_groups": groups})
+    if loading_scaler:
+        set_scaler(scaler, target[SCALER])
+
+
+# ---- the fp16 loss scaler: the same three numbers on every engine (torch's GradScaler, DeepSpeed's, the
+# GPT recipe's megatron scaler), so that a scale grown on one layout goes on from there on another:
+# the scale, the good steps since it last changed, and (a scaler with hysteresis: DeepSpeed's, the GPT's
+# megatron one; not torch's GradScaler, which halves at every overflow) the overflows left before the next
+# halving: a scaler without it loads none, one with it loaded from one without starts its count afresh --
+SCALER = "scaler"
+
+
+def scaler_block(scale: float, good_steps: int, overflows_left: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    block = {"scale": torch.tensor([float(scale)], dtype=torch.float64),
+             "good_steps": torch.tensor([int(good_steps)], dtype=torch.int64)}
+    if overflows_left is not None:
+        block["overflows_left"] = torch.tensor([int(overflows_left)], dtype=torch.int64)
+    return block
+
+
+def scaler_state(scaler: Any) -> Optional[Dict[str, torch.Tensor]]:
+    """``scaler``'s state as ``scaler_block`` names it (None: no scaler, or a disabled one). An object of
+    a recipe's own gives ``universal_values()`` -> (scale, good steps, overflows left)."""
+    if scaler is None:
+        return None
+    if hasattr(scaler, "universal_values"):
+        return scaler_block(*scaler.universal_values())
+    if isinstance(scaler, torch.amp.GradScaler):  # torch's (FSDP's ShardedGradScaler too): no hysteresis
+        st = scaler.state_dict()
+        return scaler_block(st["scale"], st["_growth_tracker"]) if st else None
+    if hasattr(scaler, "cur_scale"):  # DeepSpeed's: good steps counted from the last overflow
+        window = max(1, int(getattr(scaler, "scale_window", 1) or 1))
+        good = ((int(scaler.cur_iter) - int(scaler.last_overflow_iter) - 1) % window
+                if getattr(scaler, "dynamic", False) else 0)
+        return scaler_block(scaler.cur_scale, good, int(getattr(scaler, "cur_hysteresis", 1) or 1))
+    raise TypeError(f"no universal state for the loss scaler {type(scaler).__name__}")
+
+
+def set_scaler(scaler: Any, block: Dict[str, torch.Tensor]) -> None:
+    """Put ``block`` (loaded) into ``scaler``, whatever its kind (``scaler_state``'s inverse)."""
+    scale, good = float(block["scale"].item()), int(block["good_steps"].item())
+    left = int(block["overflows_left"].item()) if "overflows_left" in block else None
+    if hasattr(scaler, "set_universal_values"):
+        scaler.set_universal_values(scale, good, left)
+    elif isinstance(scaler, torch.amp.GradScaler):
+        scaler.load_state_dict({**scaler.state_dict(), "scale": scale, "_growth_tracker": good})
+    else:  # DeepSpeed's
+        scaler.cur_scale = scale
+        if getattr(scaler, "dynamic", False):
+            scaler.last_overflow_iter = int(scaler.cur_iter) - 1 - good
+            scaler.cur_hysteresis = left if left is not None else scaler.delayed_shift
+
+
+def with_scaler(scaler: Any) -> Dict[str, Any]:
+    """{SCALER: its state}, or nothing: to spread into a universal state."""
+    block = scaler_state(scaler)
+    return {SCALER: block} if block is not None else {}
+
+
+def scaler_target(target: Dict[str, Any], path: Path) -> bool:
+    """Whether the load fills the target's scaler (with what the checkpoint holds of it: a count it has
+    none of is dropped from the target): a checkpoint saved without one (another dtype) leaves the fresh
+    scaler as it is (dropped from the target, said)."""
+    if SCALER not in target:
+        return False
+    saved = saved_names(path)
+    if f"{SCALER}.scale" in saved:
+        target[SCALER] = {k: v for k, v in target[SCALER].items() if f"{SCALER}.{k}" in saved}
+        return True
+    del target[SCALER]
+    print("launcher: the checkpoint holds no fp16 loss scaler (saved in another precision): the scale "
+          "starts from precision.initial_scale_power", flush=True)
+    return False
+
+
+def saved_names(path: Path) -> set:
+    """The names of the tensors the universal checkpoint at ``path`` holds (its index)."""
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
 
 
 def save(state: Dict[str, Any], path: Path, rank: int) -> List[str]:
@@ -135,7 +218,8 @@ def verify(state: Dict[str, Any], path: Path, rank: int, owned: bool = False) ->
         if not checker:
             continue
         if name not in meta or not hasattr(meta[name], "size"):
-            report["missing"].append(name)
+            if not name.startswith(SCALER + "."):  # (a scaler the checkpoint had none of: scaler_target)
+                report["missing"].append(name)
             continue
         batch[name] = whole
         held += whole.numel() * whole.element_size()
@@ -219,10 +303,11 @@ def _adam_state(optimizer: Any) -> None:
         raise RuntimeError(f"cannot create the Adam state of {type(optimizer).__name__} to load into")
 
 
-def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int) -> Optional[Dict[str, Any]]:
+def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, scaler: Any = None
+                    ) -> Optional[Dict[str, Any]]:
     """A DeepSpeed ZeRO-1/2/3 engine's state as ``module_state`` names it (None for other stages: their
-    checkpoints load only on their own layout). ZeRO-3's weights are partitions too: each is assembled
-    from the fp32 masters like the others."""
+    checkpoints load only on their own layout), with fp16 its loss ``scaler``. ZeRO-3's weights are
+    partitions too: each is assembled from the fp32 masters like the others."""
     if stage not in DEEPSPEED_STAGES or not dist.is_initialized():
         return None
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -241,21 +326,25 @@ def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int) -> Opti
         optim[names[id(p)]] = {k: _sharded(safe_get_full_optimizer_state(p, k), mesh)
                                for k in ("exp_avg", "exp_avg_sq")}
         optim[names[id(p)]]["step"] = step.clone()
-    return {"model": model, "optim": optim}
+    return {"model": model, "optim": optim, **with_scaler(scaler)}
 
 
-def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path) -> None:
+def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path, scaler: Any = None
+                         ) -> None:
     """Fill a DeepSpeed ZeRO-1/2/3 engine from the universal checkpoint at ``path``: each rank reads its
     slices, every tensor is assembled whole (a gather per tensor) and set into DeepSpeed's partitions
     (safe_set_full_*), the module's weights from the fp32 masters (ZeRO-3: each rank its partition)."""
     import torch.distributed.checkpoint as dcp
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    target = deepspeed_state(module, optimizer, stage)
+    target = deepspeed_state(module, optimizer, stage, scaler)
     if target is None:
         raise RuntimeError(f"DeepSpeed ZeRO stage {stage} does not load layout-independent checkpoints "
                            f"(stages {', '.join(map(str, DEEPSPEED_STAGES))} do)")
+    loading_scaler = scaler_target(target, path)
     dcp.load(target, checkpoint_id=str(path))
+    if loading_scaler:
+        set_scaler(scaler, target[SCALER])
     live = module.state_dict(keep_vars=True)
     names = {id(p): n for n, p in module.named_parameters()}
     with torch.no_grad():

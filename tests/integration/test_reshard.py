@@ -139,3 +139,34 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
         (8, {"engine": ["deepspeed", "fsdp"], "dp": [2, 1], "zero": [3, 0]})]
     for r in reshards:  # every weight and both Adam moments and the step of each parameter
         assert r["bitwise_equal"] and not r["verify"]["mismatched"] and r["verify"]["tensors"] > 80, r
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_the_fp16_loss_scale_goes_on_from_where_it_grew_on_another_layout(tmp_path):
+    """The GPT in fp16 as megatron tp2 dies at step 6 after its scale grew (2**4, doubling every 2 good
+    steps), resumes as DDP in one process: the loaded scaler (scale, good steps, overflows left) is
+    bitwise the saved one, as every weight and moment is."""
+    root = tmp_path / "runs"
+    res = launch([*EQUIV_BASE, "precision=fp16", "precision.initial_scale_power=4", "precision.loss_scale_window=2",
+                  "train.steps=8", "train.checkpoint.every=4", "train.checkpoint.async_save=false",
+                  "cluster.gpus_per_node=2", "parallelism.tp=2", "train.fail_at_step=6", "train.fail_rank=0",
+                  "train.fail_attempt=1", "train.max_restarts=0"], root, timeout=300)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (row,) = runs_json(root)
+    run = Path(row["dir"])
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    saved = {"scaler": {k: torch.zeros(1, dtype=dt) for k, dt in (("scale", torch.float64),
+                                                                   ("good_steps", torch.int64),
+                                                                   ("overflows_left", torch.int64))}}
+    dcp.load(saved, checkpoint_id=str(run / "checkpoints" / "step_00000004" / "universal"), no_dist=True)
+    assert saved["scaler"]["scale"].item() > 2 ** 4, saved  # grown before the checkpoint
+    res = _resume(run, root, "parallelism.tp=1", "parallelism.engine=ddp", "cluster.gpus_per_node=1",
+                  "train.fail_at_step=null")
+    assert res.returncode == 0 and "from step 4" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    (reshard,) = _lines(run / "reshard.jsonl")
+    assert reshard["moved"]["engine"] == ["megatron", "ddp"] and reshard["bitwise_equal"], reshard
+    assert not reshard["verify"]["mismatched"] and not reshard["verify"]["missing"], reshard
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))

@@ -118,10 +118,14 @@ class DeepSpeedCheckpoints:
     def universal_state(self) -> Optional[Dict[str, Any]]:
         if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
             return None
-        return universal.deepspeed_state(self.module, self.optimizer, self.stage)
+        return universal.deepspeed_state(self.module, self.optimizer, self.stage, self._loss_scaler())
 
     def load_universal(self, path: Path) -> None:
-        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path)
+        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path, self._loss_scaler())
+
+    def _loss_scaler(self) -> Any:
+        """DeepSpeed's fp16 loss scaler (None in other precisions)."""
+        return getattr(self.optimizer, "loss_scaler", None) if self.ds.fp16_enabled() else None
 
 
 class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):

@@ -109,10 +109,10 @@ class DDPEngine(Engine):
                             "scaler": self.scaler.state_dict() if self.scaler is not None else None}}
 
     def universal_state(self) -> Dict[str, Any]:
-        return universal.module_state(self.model, self.optimizer)
+        return universal.module_state(self.model, self.optimizer, self.scaler)
 
     def load_universal(self, path: Path) -> None:
-        universal.load_module_state(self.model, self.optimizer, path)
+        universal.load_module_state(self.model, self.optimizer, path, self.scaler)
 
     def load_checkpoint(self, path: Path) -> None:
         # data-parallel rank 0 reads the file, the others receive it (bit for bit) from it

@@ -37,6 +37,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training import universal
 from launcher.training.engines.base import (
     DTYPES,
     Batch,
@@ -104,6 +105,15 @@ class LossScaler:
         if self._good % self.window == 0:
             self.scale *= 2.0
             self._left = self.hysteresis
+
+    def universal_values(self) -> Tuple[float, int, int]:
+        """(scale, good steps since it last changed, overflows left): launcher.training.universal's names."""
+        return self.scale, self._good % self.window, self._left
+
+    def set_universal_values(self, scale: float, good: int, left: Optional[int]) -> None:
+        """``left`` None: saved by a scaler without hysteresis (torch's): the count starts afresh."""
+        self.scale, self._good = float(scale), int(good)
+        self._left = int(left) if left is not None else self.hysteresis
 
 
 class MegatronEngine(Engine):
@@ -368,8 +378,8 @@ class MegatronEngine(Engine):
     # single-process model's names. Each pipeline stage assembles its own parameters whole on its
     # (dp 0, tp 0) rank from the tensor-parallel shards (each shard's place in the full parameter is its
     # ``init_spec``: rows, cols), so no rank holds more than its stage; the load reads each stage's
-    # tensors whole and cuts this rank's shards from them. ZeRO-1 (optimizer partitions) and fp16 (the
-    # loss scaler's state) write none.
+    # tensors whole and cuts this rank's shards from them; fp16's loss scaler as every engine names it.
+    # ZeRO-1 (optimizer partitions) writes none.
 
     universal_owned = True  # each owner rank checks its own stage's tensors (universal.verify)
 
@@ -401,14 +411,15 @@ class MegatronEngine(Engine):
         return full.cpu()
 
     def universal_state(self) -> Optional[Dict[str, Any]]:
-        if self.zero != 0 or self.scaler is not None:
+        if self.zero != 0:
             return None
+        scaler = universal.with_scaler(self.scaler)  # every rank holds the same: written once
         from recipes.gpt.parallel.tensor_parallel import source
 
         model: Dict[str, Any] = {}
         optim: Dict[str, Any] = {}
         if self.dp_rank != 0:  # a data-parallel replica (its whole tp group with it): dp 0's copy is written
-            return {"model": model, "optim": optim}
+            return {"model": model, "optim": optim, **scaler}
         owner = self.mesh.tp_rank == 0
         for p, specs in zip(self._unique_params(), self._tp_specs()):
             name, shape = source(p)
@@ -425,17 +436,18 @@ class MegatronEngine(Engine):
                 model[alias] = weight
             if moments:
                 optim[name] = {**moments, "step": torch.as_tensor(st["step"], dtype=torch.float32).detach().cpu()}
-        return {"model": model, "optim": optim}
+        return {"model": model, "optim": optim, **scaler}
 
     def load_universal(self, path: Any) -> None:
         import torch.distributed.checkpoint as dcp
 
         from recipes.gpt.parallel.tensor_parallel import cut, source
 
-        if self.zero != 0 or self.scaler is not None:
-            raise RuntimeError("the megatron engine loads layout-independent checkpoints at ZeRO-0 without fp16")
+        if self.zero != 0:
+            raise RuntimeError("the megatron engine loads layout-independent checkpoints at ZeRO-0")
         params = self._unique_params()
-        target: Dict[str, Any] = {"model": {}, "optim": {}}
+        target: Dict[str, Any] = {"model": {}, "optim": {}, **universal.with_scaler(self.scaler)}
+        loading_scaler = universal.scaler_target(target, path)
         for p in params:  # every rank its stage's tensors, whole (DCP reads them from whatever ranks wrote them)
             name, shape = source(p)
             target["model"][name] = torch.empty(shape, dtype=torch.float32)
@@ -444,6 +456,8 @@ class MegatronEngine(Engine):
                                          "exp_avg_sq": torch.empty(shape, dtype=torch.float32),
                                          "step": torch.empty((), dtype=torch.float32)}
         dcp.load(target, checkpoint_id=str(path))
+        if loading_scaler:
+            universal.set_scaler(self.scaler, target[universal.SCALER])
         # AdamW keeps its step on the device where it is fused or capturable, on the host otherwise
         step_on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
         with torch.no_grad():
