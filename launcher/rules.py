@@ -422,7 +422,7 @@ RULES: Tuple[Rule, ...] = (
     _each("cluster.elastic.enabled", lambda f: _elastic_problems(f),
           lambda f: ("set cluster.elastic.enabled=false, or: cluster=local_slurm (a Slurm cluster), "
                      "train.checkpoint.every=N, train.checkpoint.universal=true, an engine that reshards "
-                     "(ddp, fsdp, deepspeed ZeRO 1-3 without offload, megatron at zero.stage=0), "
+                     "(ddp, fsdp, deepspeed ZeRO 1-3 without offload, megatron), "
                      "cluster.elastic.min_nodes <= cluster.nodes <= cluster.elastic.target_nodes")),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),

@@ -300,7 +300,8 @@ class CheckpointConfig:
     # write in a background thread (ddp, megatron engines); the step loop only waits for the copy
     async_save: bool = True
     # also write universal/ (torch.distributed.checkpoint, each rank its own slices): lets `launcher resume RUN`
-    # change dp, ZeRO stage, engine (ddp, fsdp, deepspeed ZeRO 1-3) or node count (docs/fault-tolerance.md)
+    # change dp, tp, pp, ZeRO stage, engine (ddp, fsdp, megatron, deepspeed ZeRO 1-3) or node count
+    # (docs/fault-tolerance.md)
     universal: bool = True
 
 

@@ -5,9 +5,8 @@ record) is launcher.training.universal.
 A change of dp, tp, pp, ZeRO stage, engine or node count reshards: the job loads the checkpoint's
 ``universal/`` state (every engine in ``RESHARDS`` writes it) under its own placement. The global
 batch stays what it was unless ``train.global_batch_size`` is changed on purpose (recorded), so the
-same samples make each step and the loss curve goes on as if nothing moved. Refused: the megatron
-engine at ZeRO-1 (its optimizer partitions) and DeepSpeed at ZeRO-0 or with offload, whose
-checkpoints are not layout-independent.
+same samples make each step and the loss curve goes on as if nothing moved. Refused: DeepSpeed at
+ZeRO-0 or with offload, whose checkpoints are not layout-independent.
 """
 from __future__ import annotations
 
@@ -35,9 +34,6 @@ def engine_problem(engine: Optional[str], zero: int, offload: bool) -> Optional[
     if engine not in RESHARDS:
         return (f"engine {engine}, whose checkpoints load only on their own layout",
                 f"resharding runs between engines {', '.join(RESHARDS)}; keep the archived layout on {engine}")
-    if engine == "megatron" and zero:
-        return (f"the megatron engine at ZeRO-{zero}, whose optimizer partitions load only on their own layout",
-                "the megatron engine reshards at zero.stage=0")
     if engine == "deepspeed" and (zero not in RESHARD_DEEPSPEED_STAGES or offload):
         return (f"DeepSpeed ZeRO-{zero}{' with offload' if offload else ''}, whose checkpoints load only on their "
                 "own layout", "DeepSpeed reshards at ZeRO stage "

@@ -66,11 +66,11 @@ def load_module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
         set_scaler(scaler, target[SCALER])
 
 
-# ---- the fp16 loss scaler: the same three numbers on every engine (torch's GradScaler, DeepSpeed's, the
-# GPT recipe's megatron scaler), so that a scale grown on one layout goes on from there on another:
-# the scale, the good steps since it last changed, and (a scaler with hysteresis: DeepSpeed's, the GPT's
-# megatron one; not torch's GradScaler, which halves at every overflow) the overflows left before the next
-# halving: a scaler without it loads none, one with it loaded from one without starts its count afresh --
+# ---- the fp16 loss scaler: the same numbers on every engine (torch's GradScaler, DeepSpeed's, a recipe's
+# own with ``universal_values``), so that a scale grown on one layout goes on from there on another: the
+# scale, the good steps since it last changed, and (a scaler with hysteresis, not torch's GradScaler,
+# which halves at every overflow) the overflows left before the next halving. A scaler without that
+# count loads none; one with it, loaded from one without, starts its count afresh ----------------------
 SCALER = "scaler"
 
 

@@ -56,11 +56,12 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
     run = Path(row["dir"])
     assert (run / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
 
-    # refused before anything queues, naming the key and the fix: megatron's ZeRO-1 optimizer
-    # partitions, and a pipeline that does not divide the model's 4 layers
-    res = _resume(run, root, "zero.stage=1")
-    assert res.returncode == 2 and "megatron engine at ZeRO-1" in res.stderr and "zero.stage=0" in res.stderr, \
-        res.stderr
+    # refused before anything queues, naming the key and the fix: an offloaded DeepSpeed optimizer, and a
+    # pipeline that does not divide the model's 4 layers
+    res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=2", "zero.offload_optimizer=true",
+                  "parallelism.tp=1", "parallelism.pp=1", "cluster.nodes=2")
+    assert res.returncode == 2 and "DeepSpeed ZeRO-2 with offload" in res.stderr and "zero.offload_optimizer" in \
+        res.stderr, res.stderr
     res = _resume(run, root, "parallelism.pp=3", "parallelism.tp=1", "cluster.nodes=3", "cluster.gpus_per_node=1")
     assert res.returncode == 2 and "model.num_layers: 4 layers cannot be split evenly into pp=3" in res.stderr, \
         res.stderr
@@ -143,14 +144,16 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
 
 @pytest.mark.dist
 @pytest.mark.timeout(600)
-def test_the_fp16_loss_scale_goes_on_from_where_it_grew_on_another_layout(tmp_path):
-    """The GPT in fp16 as megatron tp2 dies at step 6 after its scale grew (2**4, doubling every 2 good
-    steps), resumes as DDP in one process: the loaded scaler (scale, good steps, overflows left) is
-    bitwise the saved one, as every weight and moment is."""
+def test_megatron_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown_loss_scale(tmp_path):
+    """The GPT in fp16 as megatron ZeRO-1 dp2 (each rank holds the moments of its partition) dies at step 6
+    after its scale grew (2**4, doubling every 2 good steps), resumes as DDP in one process: every weight,
+    every moment (from the rank that held it) and the scaler (scale, good steps, overflows left) bitwise
+    the saved ones."""
     root = tmp_path / "runs"
     res = launch([*EQUIV_BASE, "precision=fp16", "precision.initial_scale_power=4", "precision.loss_scale_window=2",
                   "train.steps=8", "train.checkpoint.every=4", "train.checkpoint.async_save=false",
-                  "cluster.gpus_per_node=2", "parallelism.tp=2", "train.fail_at_step=6", "train.fail_rank=0",
+                  "cluster.gpus_per_node=2", "parallelism.engine=megatron", "zero.stage=1", "train.fail_at_step=6",
+                  "train.fail_rank=0",
                   "train.fail_attempt=1", "train.max_restarts=0"], root, timeout=300)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (row,) = runs_json(root)
@@ -163,10 +166,11 @@ def test_the_fp16_loss_scale_goes_on_from_where_it_grew_on_another_layout(tmp_pa
                                                                    ("overflows_left", torch.int64))}}
     dcp.load(saved, checkpoint_id=str(run / "checkpoints" / "step_00000004" / "universal"), no_dist=True)
     assert saved["scaler"]["scale"].item() > 2 ** 4, saved  # grown before the checkpoint
-    res = _resume(run, root, "parallelism.tp=1", "parallelism.engine=ddp", "cluster.gpus_per_node=1",
+    res = _resume(run, root, "zero.stage=0", "parallelism.engine=ddp", "cluster.gpus_per_node=1",
                   "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 4" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     (reshard,) = _lines(run / "reshard.jsonl")
     assert reshard["moved"]["engine"] == ["megatron", "ddp"] and reshard["bitwise_equal"], reshard
     assert not reshard["verify"]["mismatched"] and not reshard["verify"]["missing"], reshard
+    assert reshard["from"]["zero"] == 1 and reshard["verify"]["tensors"] > 100, reshard  # moments and scaler too
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))

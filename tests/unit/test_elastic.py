@@ -31,7 +31,7 @@ def test_a_run_that_can_go_on_elsewhere_passes_and_each_thing_that_stops_it_is_n
         ("cluster=local", "cluster.nodes=1"): "cluster.elastic.enabled",  # no nodes to lose
         ("train.checkpoint.universal=false",): "train.checkpoint.universal",
         ("train.checkpoint.every=0",): "train.checkpoint.every",
-        ("parallelism=3d", "parallelism.tp=2", "parallelism.pp=2", "zero.stage=1"): "cluster.elastic.enabled",
+        ("parallelism.engine=deepspeed", "zero.stage=0"): "cluster.elastic.enabled",
         ("zero.stage=2", "zero.offload_optimizer=true"): "cluster.elastic.enabled",
         ("cluster.elastic.min_nodes=5",): "cluster.elastic.min_nodes",
         ("cluster.elastic.target_nodes=2",): "cluster.elastic.target_nodes",

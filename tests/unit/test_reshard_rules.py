@@ -49,11 +49,19 @@ def test_tp_and_pp_changes_pass_on_the_megatron_engine_at_zero_0(tmp_path):
                   {"parallelism.pp": (4, 1)}, ckpt)
 
 
-def test_the_megatron_engine_at_zero_1_is_refused_naming_the_key_and_the_fix(tmp_path):
-    errs = _refused(_lay(), _lay(engine="megatron", zero=1, tp=2, dp=1, grad_accum=8),
-                    {"parallelism.tp": (1, 2), "zero.stage": (0, 1)}, _universal(tmp_path))
-    assert [e.key for e in errs] == ["parallelism.tp, zero.stage"], errs
-    assert "megatron engine at ZeRO-1" in str(errs[0]) and "zero.stage=0" in errs[0].fix
+def test_the_megatron_engine_reshards_at_zero_1_too(tmp_path):
+    ckpt = _universal(tmp_path)
+    reshard.check("r", _lay(), _lay(engine="megatron", zero=1, tp=2, dp=1, grad_accum=8),
+                  {"parallelism.tp": (1, 2), "zero.stage": (0, 1)}, ckpt)
+    reshard.check("r", _lay(engine="megatron", zero=1, dp=2), _lay(dp=1, grad_accum=8), {"zero.stage": (1, 0)}, ckpt)
+
+
+def test_an_offloaded_optimizer_is_refused_naming_the_key_and_the_fix(tmp_path):
+    errs = _refused(_lay(), _lay(engine="deepspeed", zero=2, offload_optimizer=True),
+                    {"parallelism.engine": ("ddp", "deepspeed"), "zero.offload_optimizer": (False, True)},
+                    _universal(tmp_path))
+    assert [e.key for e in errs] == ["parallelism.engine, zero.offload_optimizer"], errs
+    assert "DeepSpeed ZeRO-2 with offload" in str(errs[0]) and "without offload" in errs[0].fix
 
 
 def test_a_changed_global_batch_is_refused_unless_asked_for(tmp_path):

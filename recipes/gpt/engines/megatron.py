@@ -28,7 +28,7 @@ than one process's memory can start.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -379,7 +379,7 @@ class MegatronEngine(Engine):
     # (dp 0, tp 0) rank from the tensor-parallel shards (each shard's place in the full parameter is its
     # ``init_spec``: rows, cols), so no rank holds more than its stage; the load reads each stage's
     # tensors whole and cuts this rank's shards from them; fp16's loss scaler as every engine names it.
-    # ZeRO-1 (optimizer partitions) writes none.
+    # ZeRO-1: each parameter's moments from the data-parallel rank its partition gave them to.
 
     universal_owned = True  # each owner rank checks its own stage's tensors (universal.verify)
 
@@ -410,32 +410,41 @@ class MegatronEngine(Engine):
             full[(slice(None) if rows is None else rows, *(() if cols is None else (cols,)))] = part
         return full.cpu()
 
+    def _holds_moments(self) -> Callable[[nn.Parameter], bool]:
+        """Whether this rank's tp group holds a parameter's Adam moments: ZeRO-0, data-parallel rank 0's
+        (the replicas hold the same); ZeRO-1, the data-parallel rank its partition gave it to (the same
+        partition on every tp rank: their shards are the same sizes)."""
+        if self.zero == 1:
+            owner = self.optimizer._param_to_rank
+            return lambda p: p.requires_grad and owner.get(p) == self.dp_rank
+        return lambda p: p.requires_grad and self.dp_rank == 0
+
+    def _adam(self) -> torch.optim.Optimizer:
+        return self.optimizer.optim if self.zero == 1 else self.optimizer  # ZeRO-1: its partition's AdamW
+
     def universal_state(self) -> Optional[Dict[str, Any]]:
-        if self.zero != 0:
-            return None
-        scaler = universal.with_scaler(self.scaler)  # every rank holds the same: written once
         from recipes.gpt.parallel.tensor_parallel import source
 
+        scaler = universal.with_scaler(self.scaler)  # every rank holds the same: written once
         model: Dict[str, Any] = {}
         optim: Dict[str, Any] = {}
-        if self.dp_rank != 0:  # a data-parallel replica (its whole tp group with it): dp 0's copy is written
-            return {"model": model, "optim": optim, **scaler}
-        owner = self.mesh.tp_rank == 0
+        holds, adam = self._holds_moments(), self._adam()
+        owner = self.mesh.tp_rank == 0  # of what its tp group gathers
         for p, specs in zip(self._unique_params(), self._tp_specs()):
             name, shape = source(p)
-            st = self.optimizer.state.get(p) or {}
-            if p.requires_grad and "exp_avg" not in st:  # not stepped yet: the state AdamW starts from
-                st = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
-                      "exp_avg_sq": torch.zeros_like(p)}
-            weight = self._whole(p, shape, specs)
-            moments = ({k: self._whole(st[k], shape, specs) for k in ("exp_avg", "exp_avg_sq")}
-                       if p.requires_grad else {})
-            if not owner:
-                continue
-            for alias in self._aliases.get(name, [name]):
-                model[alias] = weight
-            if moments:
-                optim[name] = {**moments, "step": torch.as_tensor(st["step"], dtype=torch.float32).detach().cpu()}
+            if self.dp_rank == 0:  # the weights: data-parallel rank 0's (the replicas hold the same)
+                weight = self._whole(p, shape, specs)
+                for alias in self._aliases.get(name, [name]) if owner else ():
+                    model[alias] = weight
+            if holds(p):
+                st = adam.state.get(p) or {}
+                if "exp_avg" not in st:  # not stepped yet: the state AdamW starts from
+                    st = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
+                          "exp_avg_sq": torch.zeros_like(p)}
+                moments = {k: self._whole(st[k], shape, specs) for k in ("exp_avg", "exp_avg_sq")}
+                if owner:
+                    optim[name] = {**moments,
+                                   "step": torch.as_tensor(st["step"], dtype=torch.float32).detach().cpu()}
         return {"model": model, "optim": optim, **scaler}
 
     def load_universal(self, path: Any) -> None:
@@ -443,15 +452,13 @@ class MegatronEngine(Engine):
 
         from recipes.gpt.parallel.tensor_parallel import cut, source
 
-        if self.zero != 0:
-            raise RuntimeError("the megatron engine loads layout-independent checkpoints at ZeRO-0")
-        params = self._unique_params()
+        params, holds, adam = self._unique_params(), self._holds_moments(), self._adam()
         target: Dict[str, Any] = {"model": {}, "optim": {}, **universal.with_scaler(self.scaler)}
         loading_scaler = universal.scaler_target(target, path)
         for p in params:  # every rank its stage's tensors, whole (DCP reads them from whatever ranks wrote them)
             name, shape = source(p)
             target["model"][name] = torch.empty(shape, dtype=torch.float32)
-            if p.requires_grad:
+            if holds(p):
                 target["optim"][name] = {"exp_avg": torch.empty(shape, dtype=torch.float32),
                                          "exp_avg_sq": torch.empty(shape, dtype=torch.float32),
                                          "step": torch.empty((), dtype=torch.float32)}
@@ -459,15 +466,15 @@ class MegatronEngine(Engine):
         if loading_scaler:
             universal.set_scaler(self.scaler, target[universal.SCALER])
         # AdamW keeps its step on the device where it is fused or capturable, on the host otherwise
-        step_on_device = any(g.get("fused") or g.get("capturable") for g in self.optimizer.param_groups)
+        step_on_device = any(g.get("fused") or g.get("capturable") for g in adam.param_groups)
         with torch.no_grad():
             for p in params:
                 name, _ = source(p)
                 rows, cols = (p.init_spec[2], p.init_spec[3]) if hasattr(p, "init_spec") else (None, None)
                 p.copy_(cut(target["model"][name], rows, cols).to(p.device, p.dtype))
-                if p.requires_grad:
+                if holds(p):
                     saved = target["optim"][name]
-                    self.optimizer.state[p] = {
+                    adam.state[p] = {
                         "step": saved["step"].clone().to(p.device if step_on_device else "cpu"),
                         "exp_avg": cut(saved["exp_avg"], rows, cols).to(p.device, p.dtype).contiguous(),
                         "exp_avg_sq": cut(saved["exp_avg_sq"], rows, cols).to(p.device, p.dtype).contiguous()}
