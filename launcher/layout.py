@@ -230,6 +230,8 @@ class Layout:
 RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
 # the DeepSpeed ZeRO stages whose checkpoints hold the layout-independent state (optimizer not offloaded)
 RESHARD_DEEPSPEED_STAGES = (1, 2, 3)
+# where a checkpoint keeps it: a dir of torch.distributed.checkpoint files and their global index
+UNIVERSAL_DIR, UNIVERSAL_INDEX = "universal", ".metadata"
 
 
 def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher.errors import ConfigError, ConfigErrors
-from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, moved
+from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
 RESHARDS = ("ddp", "fsdp", "deepspeed", "megatron")  # engines whose checkpoints hold universal/ and load one
-UNIVERSAL_INDEX = Path("universal") / ".metadata"
+INDEX = Path(UNIVERSAL_DIR) / UNIVERSAL_INDEX  # what a checkpoint with layout-independent state holds
 SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
            "global_batch_size")
 
@@ -60,9 +60,9 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
                                 "the same training", f"keep train.global_batch_size={old.get('global_batch_size')} "
                                 "(gradient accumulation absorbs the new dp), or set train.global_batch_size "
                                 "explicitly to change it on purpose"))
-    if checkpoint is not None and not (checkpoint / UNIVERSAL_INDEX).is_file():
+    if checkpoint is not None and not (checkpoint / INDEX).is_file():
         errs.append(ConfigError(keys, f"the checkpoint {checkpoint.name} of {run_id} has no layout-independent "
-                                f"state ({UNIVERSAL_INDEX.parent}/: saved with train.checkpoint.universal=false)",
+                                f"state ({UNIVERSAL_DIR}/: saved with train.checkpoint.universal=false)",
                                 "resume it on its archived layout"))
     if errs:
         raise ConfigErrors(errs, f"({run_id} on another layout: {what})")

@@ -349,7 +349,8 @@ class Checkpointer:
             raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}) and has no "
                                f"layout-independent state ({universal.DIR}/: train.checkpoint.universal was off, or "
                                "its engine writes none): resume it on its own layout")
-        if self._universal_state() is None:
+        ok = getattr(self.engine, "universal_ok", None)  # asked without building the state (a gather)
+        if not (ok() if ok is not None else self._universal_state() is not None):
             raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}), and this "
                                f"engine ({type(self.engine).__name__}) does not load layout-independent "
                                "checkpoints: resume it on its own layout")

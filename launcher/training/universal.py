@@ -25,13 +25,12 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from launcher.layout import RESHARD_DEEPSPEED_STAGES, moved
+from launcher.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
 __all__ = ["DIR", "INDEX", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state",
            "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "verify", "with_scaler"]
 
-DIR = "universal"
-INDEX = ".metadata"  # DCP's global index (rank 0)
+DIR, INDEX = UNIVERSAL_DIR, UNIVERSAL_INDEX  # DCP's files, and its global index (rank 0)
 # per rank, one file (single_file_per_rank, one writer thread): FileSystemWriter's name for it
 RANK_FILE = "__{rank}_0.distcp"
 VERIFY_BATCH_BYTES = 1 << 30  # what rank 0 reads of the saved checkpoint at a time while verifying

@@ -263,6 +263,11 @@ class Engine:
         checkpoints load only on the layout they were saved on."""
         return None
 
+    def universal_ok(self) -> bool:
+        """Whether ``universal_state`` gives a state on this layout, asked without building it (a build
+        may gather every tensor): an engine that overrides it does, unless it says otherwise here."""
+        return type(self).universal_state is not Engine.universal_state
+
     def load_universal(self, path: Path) -> None:
         """Fill this rank's state, under this engine's layout, from the universal checkpoint ``path``."""
         raise NotImplementedError(f"{type(self).__name__} does not load layout-independent checkpoints")

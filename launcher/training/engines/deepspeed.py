@@ -115,8 +115,12 @@ class DeepSpeedCheckpoints:
         if loaded is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
+    def universal_ok(self) -> bool:
+        # (CPU Adam keeps its step count its own way; ZeRO-0's optimizer is not partitioned)
+        return not (self.offload_optimizer or self.offload_params) and self.stage in universal.DEEPSPEED_STAGES
+
     def universal_state(self) -> Optional[Dict[str, Any]]:
-        if self.offload_optimizer or self.offload_params:  # (CPU Adam keeps its step count its own way)
+        if not self.universal_ok():
             return None
         return universal.deepspeed_state(self.module, self.optimizer, self.stage, self._loss_scaler())
 
