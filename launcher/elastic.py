@@ -49,7 +49,7 @@ def target(cfg: Any) -> int:
     return int(t) if t else nodes
 
 
-def problems(values: Any, engine: str, zero: int, offload: bool, backend_can: bool, backend: str,
+def problems(values: Any, engine: str, zero: int, backend_can: bool, backend: str,
              script: bool) -> List[Tuple[str, str]]:
     """(key, problem) of a config whose cluster.elastic cannot work (the rule table's row)."""
     if not values.get("cluster.elastic.enabled"):
@@ -61,7 +61,7 @@ def problems(values: Any, engine: str, zero: int, offload: bool, backend_can: bo
     if script:
         out.append(("cluster.elastic.enabled", "recipe=script saves its own checkpoints, which the launcher "
                     "cannot load on another layout"))
-    found = reshard.engine_problem(engine, zero, offload)
+    found = reshard.engine_problem(engine, zero)
     if found:
         out.append(("cluster.elastic.enabled", f"the run is on {found[0]} ({found[1]})"))
     if not values.get("train.checkpoint.universal"):

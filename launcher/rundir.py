@@ -44,6 +44,23 @@ RESTARTED_BY_USER = ("resume", "retry")
 RESTARTED_BY_SCHEDULE = ("promoted", "shrink", "grow")
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive fcntl lock on ``path`` (made if absent), held for the block: one writer at a time across
+    the nodes that share the file system."""
+    import fcntl
+
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
 def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -761,17 +778,8 @@ class RunDir:
         """The run's lock (fcntl, a file beside the run dir on the shared file system) for sealing it and
         reopening it from a job: the seal job after a run's job and cluster.elastic's deciding job start
         together (launcher.runtime.seal, launcher.runtime.elastic); one seals, the other finds it done."""
-        import fcntl
-
-        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+        with file_lock(self.path.parent / f".{self.path.name}.lock"):
             yield
-        finally:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
 
     def seal_due(self) -> bool:
         """A final run whose job left its seal for later (finish_in_job), not sealed yet."""
@@ -1310,17 +1318,8 @@ class SweepDir:
     @contextlib.contextmanager
     def rungs_lock(self) -> Iterator[None]:
         """The sweep's scheduler lock (fcntl, on the shared file system): one writer decides a rung."""
-        import fcntl
-
-        fd = os.open(self.path / self.RUNGS_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+        with file_lock(self.path / self.RUNGS_LOCK):
             yield
-        finally:
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
 
     def add_rung_rows(self, rows: List[Dict[str, Any]]) -> None:
         """Rows of the scheduler's record (call under ``rungs_lock``), flushed to the disk."""

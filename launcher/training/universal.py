@@ -279,6 +279,7 @@ def _adam_state(optimizer: Any) -> None:
     DeepSpeed links its per-parameter views to it after): created as AdamW's first step would (zeros),
     and linked, so a load has somewhere to go."""
     inner = getattr(optimizer, "optimizer", optimizer)
+    host_adam = any(c.__name__ == "DeepSpeedCPUAdam" for c in type(inner).__mro__)  # offload: its step an int
     fresh = False
     # ZeRO-3 hands its flat fp32 partitions to the optimizer only for the step (its groups are empty now)
     flat = getattr(optimizer, "fp32_partitioned_groups_flat", None)
@@ -289,8 +290,8 @@ def _adam_state(optimizer: Any) -> None:
             st = inner.state[p]
             if not st:
                 on = p.device if group.get("fused") or group.get("capturable") else torch.device("cpu")
-                st.update(step=torch.zeros((), dtype=torch.float32, device=on), exp_avg=torch.zeros_like(p),
-                          exp_avg_sq=torch.zeros_like(p))
+                st.update(step=0 if host_adam else torch.zeros((), dtype=torch.float32, device=on),
+                          exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 fresh = True
     link = getattr(optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:

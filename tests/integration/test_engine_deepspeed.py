@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import EQUIV_BASE, assert_state_bytes_exact, launch, read_metrics, runs_json
+from helpers import BIN, EQUIV_BASE, assert_state_bytes_exact, launch, read_metrics, run_cmd, runs_json
 from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.dist]
@@ -189,7 +189,7 @@ def test_fp16_at_zero0_is_refused_before_deepspeed_starts():
     ],
     ids=["zero2-offload-optimizer", "zero3-offload-optimizer-params"],
 )
-def test_offload_matches_ddp(reference, tmp_path, overrides):
+def test_offload_matches_ddp_and_reshards_into_one_process(reference, tmp_path, overrides):
     run = _run(overrides, tmp_path / "runs", 2, timeout=840)
     dev = _max_rel(run["loss"], reference["loss"])
     print(f"{' '.join(overrides)} fp32: max rel deviation loss {dev:.2e}")
@@ -200,3 +200,12 @@ def test_offload_matches_ddp(reference, tmp_path, overrides):
     # offloaded state lives in host memory and counts 0 device bytes: ZeRO-2 keeps only the full
     # fp32 parameters on the device (gradient partitions go to the host too), ZeRO-3 nothing
     assert _held_per_param(run) == {2: (4, 0, 0), 3: (0, 0, 0)}[ds["zero_optimization"]["stage"]]
+    # its last checkpoint (universal/: the host copies, CPU Adam's own step) goes on as DDP in one process,
+    # every weight and moment bitwise what was saved
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run["dir"]), "--steps", "11", "parallelism.engine=ddp",
+                   "zero.stage=0", "zero.offload_optimizer=false", "zero.offload_params=false",
+                   "cluster.gpus_per_node=1"], tmp_path / "runs", timeout=300)
+    assert res.returncode == 0 and "from step 10" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    (reshard,) = [json.loads(x) for x in (run["dir"] / "reshard.jsonl").read_text().splitlines()]
+    assert reshard["bitwise_equal"] and reshard["from"]["offload_optimizer"] and reshard["verify"]["tensors"] > 80, \
+        reshard

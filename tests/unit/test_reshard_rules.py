@@ -56,12 +56,11 @@ def test_the_megatron_engine_reshards_at_zero_1_too(tmp_path):
     reshard.check("r", _lay(engine="megatron", zero=1, dp=2), _lay(dp=1, grad_accum=8), {"zero.stage": (1, 0)}, ckpt)
 
 
-def test_an_offloaded_optimizer_is_refused_naming_the_key_and_the_fix(tmp_path):
-    errs = _refused(_lay(), _lay(engine="deepspeed", zero=2, offload_optimizer=True),
-                    {"parallelism.engine": ("ddp", "deepspeed"), "zero.offload_optimizer": (False, True)},
-                    _universal(tmp_path))
-    assert [e.key for e in errs] == ["parallelism.engine, zero.offload_optimizer"], errs
-    assert "DeepSpeed ZeRO-2 with offload" in str(errs[0]) and "without offload" in errs[0].fix
+def test_deepspeed_at_zero_0_is_refused_naming_the_key_and_the_fix(tmp_path):
+    errs = _refused(_lay(), _lay(engine="deepspeed", zero=0),
+                    {"parallelism.engine": ("ddp", "deepspeed"), "zero.stage": (1, 0)}, _universal(tmp_path))
+    assert [e.key for e in errs] == ["parallelism.engine, zero.stage"], errs
+    assert "DeepSpeed ZeRO-0" in str(errs[0]) and "set zero.stage" in errs[0].fix
 
 
 def test_a_changed_global_batch_is_refused_unless_asked_for(tmp_path):
@@ -79,14 +78,14 @@ def test_a_checkpoint_without_universal_state_is_refused(tmp_path):
     assert "no layout-independent state" in str(errs[0]) and "universal=false" in str(errs[0])
 
 
-def test_deepspeed_reshards_at_every_zero_stage_without_offload(tmp_path):
+def test_deepspeed_reshards_at_every_partitioned_zero_stage_offloaded_or_not(tmp_path):
     ckpt = _universal(tmp_path)
-    for stage in (1, 2, 3):
-        reshard.check("r", _lay(), _lay(engine="deepspeed", zero=stage), {"parallelism.zero_stage": (0, stage)}, ckpt)
-    for bad in (_lay(engine="deepspeed", zero=0), _lay(engine="deepspeed", zero=2, offload_optimizer=True),
-                _lay(engine="deepspeed", zero=3, offload_params=True)):
-        errs = _refused(_lay(), bad, {"parallelism.zero_stage": (0, bad["zero"])}, ckpt)
-        assert any("DeepSpeed ZeRO" in str(e) and "stage 1, 2 or 3 without offload" in e.fix for e in errs), errs
+    for new in (*(_lay(engine="deepspeed", zero=stage) for stage in (1, 2, 3)),
+                _lay(engine="deepspeed", zero=2, offload_optimizer=True),
+                _lay(engine="deepspeed", zero=3, offload_optimizer=True, offload_params=True)):
+        reshard.check("r", _lay(), new, {"zero.stage": (0, new["zero"])}, ckpt)
+    errs = _refused(_lay(engine="deepspeed", zero=0), _lay(), {"zero.stage": (0, 1)}, ckpt)
+    assert any("saved on DeepSpeed ZeRO-0" in str(e) and "stage 1, 2 or 3" in e.fix for e in errs), errs
 
 
 def test_a_config_group_given_to_resume_is_refused_naming_it_alone():

@@ -101,7 +101,7 @@ def _tensors(entry: Any) -> List[torch.Tensor]:
 class DeepSpeedCheckpoints:
     """The checkpoint methods of an engine over ``deepspeed.initialize`` (this module's and a recipe's):
     DeepSpeed's own save and load (model, optimizer, ZeRO partitions, loss scaler; synchronous), and the
-    layout-independent state (launcher.training.universal; ZeRO 1, 2 and 3, optimizer not offloaded). It
+    layout-independent state (launcher.training.universal; ZeRO 1, 2 and 3, offloaded or not). It
     reads ``ds``, ``module``, ``optimizer``, ``stage``, ``offload_optimizer`` and ``offload_params``."""
 
     DIR, TAG = "deepspeed", "state"
@@ -116,8 +116,7 @@ class DeepSpeedCheckpoints:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
     def universal_ok(self) -> bool:
-        # (CPU Adam keeps its step count its own way; ZeRO-0's optimizer is not partitioned)
-        return not (self.offload_optimizer or self.offload_params) and self.stage in universal.DEEPSPEED_STAGES
+        return self.stage in universal.DEEPSPEED_STAGES  # (ZeRO-0's optimizer is not partitioned)
 
     def universal_state(self) -> Optional[Dict[str, Any]]:
         if not self.universal_ok():
