@@ -219,8 +219,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line, with a command's ``key=value`` changes taken before and after its options alike
+    (``launcher resume RUN --steps 80 cluster.nodes=2``: argparse alone stops the list at the option)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     args._root = _root(args) if hasattr(args, "root") else None
     registry.new_command()
     from launcher.cli.scrubbed import errors_scrubbed  # lazy: `launcher --help` never loads the secret rules

@@ -87,7 +87,8 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
         assert r["bitwise_equal"] and not r["verify"]["mismatched"] and not r["verify"]["missing"], r
     assert (reshards[0]["from"]["nodes"], reshards[0]["from"]["tp"], reshards[0]["from"]["pp"]) == (4, 2, 2)
     four = [f"node{i}" for i in range(1, 5)]  # each resume's row names the nodes of the attempt it ended
-    assert [r["nodes"] for r in _lines(run / "restarts.jsonl")] == [four, ["node1", "node2"], four]
+    nodes = [r["nodes"] for r in _lines(run / "restarts.jsonl")]
+    assert (nodes[0], len(nodes[1]), nodes[2]) == (four, 2, four) and set(nodes[1]) < set(four), nodes
     assert json.loads((run / "status.json").read_text())["status"] == "completed"
     # the one-process attempt's records are the run's; those of the ranks and nodes it lacks are under
     # the attempts that had them

@@ -202,3 +202,17 @@ def test_a_lost_outcome_is_not_recorded_over_a_run_that_moved_on_since_it_was_re
     # unchanged since read: recorded as before
     seen = rd.status()
     assert record_lost_outcome(rd, JobState(Status.failed, "FAILED"), seen=seen) is Status.failed
+
+
+def test_a_commands_changes_are_taken_after_its_options_too():
+    """`launcher resume RUN --steps 80 cluster.nodes=3` (the changes after an option) as `... cluster.nodes=3
+    --steps 80`; anything else left over is still refused."""
+    from launcher.cli.main import parse
+
+    args = parse(["resume", "r", "parallelism.dp=2", "--steps", "80", "cluster.nodes=3", "--no-wait"])
+    assert (args.run, args.steps, args.overrides, args.wait) == ("r", 80, ["parallelism.dp=2", "cluster.nodes=3"],
+                                                                 False)
+    with pytest.raises(SystemExit):
+        parse(["resume", "r", "--steps", "80", "--bogus"])
+    with pytest.raises(SystemExit):
+        parse(["show", "r", "stray"])
