@@ -50,7 +50,7 @@ def target(cfg: Any) -> int:
 
 
 def problems(values: Any, engine: str, zero: int, backend_can: bool, backend: str,
-             script: bool) -> List[Tuple[str, str]]:
+             script: bool, dtype: Optional[str] = None) -> List[Tuple[str, str]]:
     """(key, problem) of a config whose cluster.elastic cannot work (the rule table's row)."""
     if not values.get("cluster.elastic.enabled"):
         return []
@@ -61,7 +61,7 @@ def problems(values: Any, engine: str, zero: int, backend_can: bool, backend: st
     if script:
         out.append(("cluster.elastic.enabled", "recipe=script saves its own checkpoints, which the launcher "
                     "cannot load on another layout"))
-    found = reshard.engine_problem(engine, zero)
+    found = reshard.engine_problem(engine, zero, dtype)
     if found:
         out.append(("cluster.elastic.enabled", f"the run is on {found[0]} ({found[1]})"))
     if not values.get("train.checkpoint.universal"):

@@ -228,7 +228,8 @@ class Layout:
 # the layout keys whose change moves training state between ranks: a new attempt that changes one loads
 # the checkpoint's layout-independent state (launcher.submit.reshard, launcher.training.universal)
 RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
-# the DeepSpeed ZeRO stages whose checkpoints hold the layout-independent state (offloaded or not)
+# the DeepSpeed ZeRO stages whose checkpoints hold the layout-independent state (offloaded or not; ZeRO-0
+# too in fp32: launcher.submit.reshard.engine_problem)
 RESHARD_DEEPSPEED_STAGES = (1, 2, 3)
 # where a checkpoint keeps it: a dir of torch.distributed.checkpoint files and their global index
 UNIVERSAL_DIR, UNIVERSAL_INDEX = "universal", ".metadata"

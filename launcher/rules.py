@@ -227,7 +227,7 @@ def _elastic_problems(f: Facts) -> List[Tuple[str, str]]:
         return []
     name = f.backend if f.backend in _backend_names() else ""
     return elastic.problems(f.values, f.resolved_engine, f.zero, bool(name) and backends.get(name).elastic, f.backend,
-                            script_recipe.is_script(f.values.tree.get("recipe")))
+                            script_recipe.is_script(f.values.tree.get("recipe")), f.dtype)
 
 
 def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
@@ -421,7 +421,7 @@ RULES: Tuple[Rule, ...] = (
     _each("cluster.elastic.enabled", lambda f: _elastic_problems(f),
           lambda f: ("set cluster.elastic.enabled=false, or: cluster=local_slurm (a Slurm cluster), "
                      "train.checkpoint.every=N, train.checkpoint.universal=true, an engine that reshards "
-                     "(ddp, fsdp, megatron, deepspeed at ZeRO 1-3), "
+                     "(ddp, fsdp, megatron, deepspeed at ZeRO 1-3, or ZeRO-0 in fp32), "
                      "cluster.elastic.min_nodes <= cluster.nodes <= cluster.elastic.target_nodes")),
     _each("cluster.env", _env_names, "rename the variable (e.g. MY_VAR)"),
     _each("cluster.sbatch_extra", _sbatch_names, "use the sbatch long option name without '--', e.g. reservation"),

@@ -169,7 +169,8 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
         old = (rd.run() or {}).get("layout") or {}
         layout = {"from": old, "to": lay} if reshard.moved(old, lay) else None
         if layout:  # state moves between ranks: allowed where the checkpoint can be resharded
-            reshard.check(run_id, old, lay, changed, point.path)
+            reshard.check(run_id, old, lay, changed, point.path,
+                          (was.get("precision.dtype"), now.get("precision.dtype")))
     return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir, layout)
 
 

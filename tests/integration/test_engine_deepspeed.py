@@ -102,6 +102,8 @@ def test_fp32_zero_stage_matches_ddp(reference, tmp_path, stage):
     assert norm_dev <= FP32_NORM_RTOL, (run["grad_norm"], reference["grad_norm"])
     assert run["loss"][-1] < run["loss"][0] - 0.2
     _check_archived_config(run, stage, "fp32")
+    if stage == 0:  # DeepSpeed's torch optimizer over replicated fp32 weights: resharded as any module's
+        _reshards_into_one_process(run, tmp_path / "runs")
 
     # device bytes per parameter on each rank (fp32, dp = 2): ZeRO-0 is DDP's 4 + 4 + 8 (Adam m, v);
     # ZeRO-1 shards the optimizer state, which at ZeRO >= 1 includes an fp32 master copy DeepSpeed
@@ -200,12 +202,17 @@ def test_offload_matches_ddp_and_reshards_into_one_process(reference, tmp_path, 
     # offloaded state lives in host memory and counts 0 device bytes: ZeRO-2 keeps only the full
     # fp32 parameters on the device (gradient partitions go to the host too), ZeRO-3 nothing
     assert _held_per_param(run) == {2: (4, 0, 0), 3: (0, 0, 0)}[ds["zero_optimization"]["stage"]]
-    # its last checkpoint (universal/: the host copies, CPU Adam's own step) goes on as DDP in one process,
-    # every weight and moment bitwise what was saved
+    # its last checkpoint (universal/: the host copies, CPU Adam's own step) goes on as DDP in one process
+    assert _reshards_into_one_process(run, tmp_path / "runs")["from"]["offload_optimizer"]
+
+
+def _reshards_into_one_process(run: Dict, root: Path) -> Dict:
+    """The run's last checkpoint resumed as DDP in one process for one more step: every weight and moment
+    bitwise what was saved (reshard.jsonl's record, returned)."""
     res = run_cmd([str(BIN / "launcher"), "resume", str(run["dir"]), "--steps", "11", "parallelism.engine=ddp",
                    "zero.stage=0", "zero.offload_optimizer=false", "zero.offload_params=false",
-                   "cluster.gpus_per_node=1"], tmp_path / "runs", timeout=300)
+                   "cluster.gpus_per_node=1"], root, timeout=300)
     assert res.returncode == 0 and "from step 10" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     (reshard,) = [json.loads(x) for x in (run["dir"] / "reshard.jsonl").read_text().splitlines()]
-    assert reshard["bitwise_equal"] and reshard["from"]["offload_optimizer"] and reshard["verify"]["tensors"] > 80, \
-        reshard
+    assert reshard["bitwise_equal"] and reshard["verify"]["tensors"] > 80, reshard
+    return reshard

@@ -184,8 +184,11 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
     def submit(name: str) -> None:
         launched[name] = launch([*DRILL, *DRILLS[name]], tmp_path / name, extra_env=slurm)
 
-    # launched side by side (a launch takes seconds of CPU), watched while the others are launched
-    threads = [threading.Thread(target=submit, args=(name,)) for name in DRILLS]
+    # "down" first and alone, so that it is watched from its first step (its 20 steps take seconds on a
+    # fast machine: launched among the others it could end before anyone looked); the others side by
+    # side (a launch takes seconds of CPU), watched while they are launched
+    submit("down")
+    threads = [threading.Thread(target=submit, args=(name,)) for name in DRILLS if name != "down"]
     for t in threads:
         t.start()
     runs: Dict[str, Path] = {}

@@ -56,11 +56,12 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
     run = Path(row["dir"])
     assert (run / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
 
-    # refused before anything queues, naming the key and the fix: DeepSpeed's unpartitioned ZeRO-0, and a
-    # pipeline that does not divide the model's 4 layers
-    res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=0", "parallelism.tp=1", "parallelism.pp=1",
-                  "cluster.nodes=2")
-    assert res.returncode == 2 and "DeepSpeed ZeRO-0" in res.stderr and "set zero.stage" in res.stderr, res.stderr
+    # refused before anything queues, naming the key and the fix: DeepSpeed's ZeRO-0 in bf16 (its own
+    # unpartitioned master copy), and a pipeline that does not divide the model's 4 layers
+    res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=0", "precision.dtype=bf16",
+                  "parallelism.tp=1", "parallelism.pp=1", "cluster.nodes=2")
+    assert res.returncode == 2 and "DeepSpeed ZeRO-0 in bf16" in res.stderr and "set zero.stage" in res.stderr, \
+        res.stderr
     res = _resume(run, root, "parallelism.pp=3", "parallelism.tp=1", "cluster.nodes=3", "cluster.gpus_per_node=1")
     assert res.returncode == 2 and "model.num_layers: 4 layers cannot be split evenly into pp=3" in res.stderr, \
         res.stderr

@@ -31,7 +31,7 @@ def test_a_run_that_can_go_on_elsewhere_passes_and_each_thing_that_stops_it_is_n
         ("cluster=local", "cluster.nodes=1"): "cluster.elastic.enabled",  # no nodes to lose
         ("train.checkpoint.universal=false",): "train.checkpoint.universal",
         ("train.checkpoint.every=0",): "train.checkpoint.every",
-        ("parallelism.engine=deepspeed", "zero.stage=0"): "cluster.elastic.enabled",
+        ("parallelism.engine=deepspeed", "zero.stage=0", "precision=bf16"): "cluster.elastic.enabled",
         ("cluster.elastic.min_nodes=5",): "cluster.elastic.min_nodes",
         ("cluster.elastic.target_nodes=2",): "cluster.elastic.target_nodes",
         ("cluster.pack=true",): "cluster.pack",
@@ -39,8 +39,10 @@ def test_a_run_that_can_go_on_elsewhere_passes_and_each_thing_that_stops_it_is_n
     for overrides, key in cases.items():
         found = _keys(_cfg(*overrides))
         assert key in {k for k, _ in found}, (overrides, found)
-    (problem,) = [p for k, p in _keys(_cfg("parallelism.engine=deepspeed", "zero.stage=0")) if "ZeRO" in p]
-    assert "DeepSpeed ZeRO-0" in problem and "set zero.stage" in problem
+    (problem,) = [p for k, p in _keys(_cfg("parallelism.engine=deepspeed", "zero.stage=0", "precision=bf16"))
+                  if "ZeRO" in p]
+    assert "DeepSpeed ZeRO-0 in bf16" in problem and "set zero.stage" in problem
+    assert not _keys(_cfg("parallelism.engine=deepspeed", "zero.stage=0"))  # fp32: any module's state
     assert not _keys(_cfg("zero.stage=2", "zero.offload_optimizer=true"))  # offloaded ZeRO reshards
 
 

@@ -86,6 +86,11 @@ def test_deepspeed_reshards_at_every_partitioned_zero_stage_offloaded_or_not(tmp
         reshard.check("r", _lay(), new, {"zero.stage": (0, new["zero"])}, ckpt)
     errs = _refused(_lay(engine="deepspeed", zero=0), _lay(), {"zero.stage": (0, 1)}, ckpt)
     assert any("saved on DeepSpeed ZeRO-0" in str(e) and "stage 1, 2 or 3" in e.fix for e in errs), errs
+    # ZeRO-0 in fp32 is any module's state (DeepSpeed steps the torch optimizer as given); in bf16, not
+    reshard.check("r", _lay(engine="deepspeed", zero=0), _lay(), {"zero.stage": (0, 1)}, ckpt, ("fp32", "fp32"))
+    with pytest.raises(ConfigErrors, match="DeepSpeed ZeRO-0 in bf16"):
+        reshard.check("r", _lay(), _lay(engine="deepspeed", zero=0), {"precision.dtype": ("fp32", "bf16")}, ckpt,
+                      ("fp32", "bf16"))
 
 
 def test_a_config_group_given_to_resume_is_refused_naming_it_alone():

@@ -101,7 +101,8 @@ def _tensors(entry: Any) -> List[torch.Tensor]:
 class DeepSpeedCheckpoints:
     """The checkpoint methods of an engine over ``deepspeed.initialize`` (this module's and a recipe's):
     DeepSpeed's own save and load (model, optimizer, ZeRO partitions, loss scaler; synchronous), and the
-    layout-independent state (launcher.training.universal; ZeRO 1, 2 and 3, offloaded or not). It
+    layout-independent state (launcher.training.universal; ZeRO 1, 2 and 3, offloaded or not; ZeRO-0 in
+    fp32). It
     reads ``ds``, ``module``, ``optimizer``, ``stage``, ``offload_optimizer`` and ``offload_params``."""
 
     DIR, TAG = "deepspeed", "state"
@@ -115,16 +116,27 @@ class DeepSpeedCheckpoints:
         if loaded is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {path / self.DIR}")
 
+    def _plain(self) -> bool:
+        """ZeRO-0 in fp32: DeepSpeed steps the torch optimizer as it was given, over the module's own fp32
+        weights (replicated, as DDP's): its state is any module's. (In bf16 DeepSpeed wraps the weights in
+        an fp32 master copy of its own: not resharded.)"""
+        return self.stage == 0 and not (self.ds.bfloat16_enabled() or self.ds.fp16_enabled())
+
     def universal_ok(self) -> bool:
-        return self.stage in universal.DEEPSPEED_STAGES  # (ZeRO-0's optimizer is not partitioned)
+        return self.stage in universal.DEEPSPEED_STAGES or self._plain()
 
     def universal_state(self) -> Optional[Dict[str, Any]]:
+        if self._plain():
+            return universal.module_state(self.module, self.optimizer)
         if not self.universal_ok():
             return None
         return universal.deepspeed_state(self.module, self.optimizer, self.stage, self._loss_scaler())
 
     def load_universal(self, path: Path) -> None:
-        universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path, self._loss_scaler())
+        if self._plain():
+            universal.load_module_state(self.module, self.optimizer, path)
+        else:
+            universal.load_deepspeed_state(self.module, self.optimizer, self.stage, path, self._loss_scaler())
 
     def _loss_scaler(self) -> Any:
         """DeepSpeed's fp16 loss scaler (None in other precisions)."""
