@@ -106,7 +106,7 @@ class RunContext:
             return
         from launcher.runtime import elastic
 
-        if elastic.offer_grow(self.rundir, self.rundir.status().job_id):
+        if elastic.offer_grow(self.rundir):
             self.stop_flag.reason = GROW
 
     def interrupted(self, reason: str, step: int):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from launcher import backends, elastic
 from launcher.rundir import RunDir, SweepDir
@@ -27,11 +27,15 @@ def _settings(run_dir: str) -> Dict[str, Any]:
             "partition": cluster.get("partition"), "backend": str(cluster.get("backend") or "local")}
 
 
-def offer_grow(rd: RunDir, job_id: Optional[str]) -> bool:
+def offer_grow(rd: RunDir) -> bool:
     """Rank 0 of a shrunk run, before a checkpoint: True when enough nodes are idle to grow back and the
-    job that grows the run after this one is queued (the caller then votes to stop at the checkpoint)."""
+    job that grows the run after this one is queued (the caller then votes to stop at the checkpoint).
+    Any other run returns at once (its config read once per process)."""
     s = _settings(str(rd.path))
-    if not (s["enabled"] and s["grow"] and job_id) or s["target"] <= s["nodes"]:
+    if not (s["enabled"] and s["grow"]) or s["target"] <= s["nodes"]:
+        return False
+    job_id = rd.status().job_id
+    if not job_id:
         return False
     backend = backends.get(s["backend"])
     try:
