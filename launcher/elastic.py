@@ -120,10 +120,10 @@ def grow_due(nodes: int, target_nodes: int, idle: int, grow: bool) -> bool:
     return bool(grow) and int(target_nodes) > int(nodes) and int(idle) >= int(target_nodes) - int(nodes)
 
 
-def describe(layout: Dict[str, Any], nodes: Optional[int] = None) -> str:
+def describe(layout: Dict[str, Any]) -> str:
     """A layout in one line: engine, dp x pp x tp, ZeRO, nodes, micro batch x accumulation = global batch."""
     lay = layout or {}
-    n = nodes if nodes is not None else lay.get("nodes")
+    n = lay.get("nodes")
     zero = f" ZeRO-{lay.get('zero')}" if lay.get("zero") else ""
     return (f"{lay.get('engine')}{zero} dp{lay.get('dp')} x pp{lay.get('pp')} x tp{lay.get('tp')} on {n} node(s), "
             f"micro batch {lay.get('micro_batch_size')} x grad accum {lay.get('grad_accum')} x dp{lay.get('dp')} = "

@@ -138,12 +138,6 @@ ELASTIC_TIME_MIN = 10  # its time limit: a few scheduler questions and one submi
 SCOPE_ENV = (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
 
 
-def elastic_on(cfg: Any) -> bool:
-    """cluster.elastic.enabled of a run config (a config without the key: off)."""
-    el = getattr(getattr(cfg, "cluster", None), "elastic", None)
-    return bool(el is not None and el.get("enabled"))
-
-
 def job_scope(environ: Mapping[str, str]) -> Dict[str, str]:
     """The partition, account and QOS a running job's environment names (a job it queues uses them)."""
     return {flag: environ[key] for flag, key in SCOPE_ENV if environ.get(key)}
@@ -577,7 +571,8 @@ class SlurmBackend(Backend):
             # bound to one CPU (data loading, CPU Adam and OMP threads all on one core)
             "srun_args": ["--kill-on-bad-exit=1", f"--cpus-per-task={int(cl.cpus_per_task)}"],
         }
-        if elastic_on(cfg):  # its restarts are new jobs the run's deciding job submits: Slurm requeues nothing
+        # cluster.elastic: its restarts are new jobs the run's deciding job submits; Slurm requeues nothing
+        if elastic.settings(cfg)["enabled"]:
             params["setup"] = params["setup"] + [f"export {elastic.ENV}=1"]
         if cl.get("exclusive"):
             params["exclusive"] = True  # sbatch --exclusive: no other job shares the nodes
@@ -596,7 +591,7 @@ class SlurmBackend(Backend):
         raw = submitit_parameters(cl)
         extra.update(raw.pop("additional_parameters", None) or {})
         params.update(raw)
-        if elastic_on(cfg):
+        if elastic.settings(cfg)["enabled"]:
             extra["no-requeue"] = True
         if code_dir is not None:
             extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path

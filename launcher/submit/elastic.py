@@ -88,8 +88,7 @@ def decide(rd: RunDir, job_id: str, backend: Any, own_node: Optional[str] = None
     line = elastic.summary_line(before, after, why)
     print(f"launcher elastic: run {rd.path.name}: {line}", file=out, flush=True)
     reason = elastic.restart_reason(what, now_nodes, n, st.stop)
-    result = resume.resubmit([rd.path], reason=reason, changes=elastic.changes(plain, n), detail=line, out=out,
-                             elastic=True)
+    result = resume.resubmit([rd.path], reason=reason, detail=line, out=out, prepared=[nxt])
     return result.runs[0].job_id if result.runs else None
 
 

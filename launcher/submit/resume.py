@@ -193,7 +193,8 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
 
 
 def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[int] = None,
-             changes: Sequence[str] = (), detail: Optional[str] = None, out=None, elastic: bool = False):
+             changes: Sequence[str] = (), detail: Optional[str] = None, out=None, elastic: bool = False,
+             prepared: Sequence[_Next] = ()):
     """Submit the next attempt of each of ``run_dirs`` (ended runs, usually of one sweep): every run is
     checked first (nothing changes if one is refused), then reopened and recorded (``reason``), and
     the runs sharing resources go out as ONE submitit batch (one array; split under the scheduler's
@@ -202,7 +203,8 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     out = out or sys.stdout
     if not run_dirs:
         raise ValueError("no runs to resubmit")
-    nexts = [prepare(Path(d), steps, changes, elastic) for d in run_dirs]
+    # (``prepared``: the runs' checks done already, as cluster.elastic's job does while it picks a node count)
+    nexts = list(prepared) or [prepare(Path(d), steps, changes, elastic) for d in run_dirs]
     try:  # one submitit folder per sweep dir; one array per resource shape
         planned = submission.arrays(nexts, cfg=lambda n: n.cfg, key=lambda n: str(n.rd.path.parent))
     except Unschedulable as e:  # TooManyJobs among them
