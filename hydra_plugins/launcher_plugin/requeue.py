@@ -65,6 +65,9 @@ class StopSignals:
     def install(self) -> "StopSignals":
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handler)
+        from launcher.runtime import job_start
+
+        job_start.replay()  # what arrived while the job started: held, as any before the task starts
         return self
 
     def _handler(self, signum: int, frame: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
 from launcher.job_record import JobRecord
+from launcher.runtime import job_start
 from launcher.status import Status
 
 
@@ -221,7 +222,7 @@ class LocalBackend(Backend):
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)
-        ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder)
+        ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder, python=job_start.python_command())
         ex.update_parameters(**params)
         return ex
 

@@ -30,6 +30,7 @@ from launcher.backends.base import (
     submitit_parameters,
 )
 from launcher.job_record import JobRecord
+from launcher.runtime import job_start
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
@@ -617,7 +618,7 @@ class SlurmBackend(Backend):
                  parallelism: Optional[int] = None) -> Any:
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
-        ex = SlurmExecutor(folder=folder)
+        ex = SlurmExecutor(folder=folder, python=job_start.python_command())  # stop signals held from the start
         ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism, folder))
         return ex
 
@@ -651,7 +652,7 @@ class SlurmBackend(Backend):
                       nodes: int) -> Any:
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
-        ex = SlurmExecutor(folder=folder)
+        ex = SlurmExecutor(folder=folder, python=job_start.python_command())  # stop signals held from the start
         ex.update_parameters(**self.pack_parameters(cfg, code_dir, job_name, nodes, folder))
         return ex
 

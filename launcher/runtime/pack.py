@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # exported into each point's step: the Slurm backend reads its place (step nodes, step id in the job
 # id and the rendezvous port) and leaves its requeues to the runner
 from launcher.backends.slurm import PACK_STEP_ENV  # noqa: E402
+from launcher.runtime import job_start  # noqa: E402
 
 PROCESS_OVERHEAD_BYTES = 512 << 20  # per rank beyond the planner's estimate: the interpreter, torch, buffers
 POLL_S = 0.2
@@ -315,6 +316,7 @@ class Runner:
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGUSR2, on_term)
+        job_start.replay()  # what arrived while the job started (launcher.runtime.job_start)
         self.folder.mkdir(parents=True, exist_ok=True)
         for p in self.points.values():
             final = RunDir(p.run_dir).is_final()

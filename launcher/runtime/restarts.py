@@ -29,6 +29,7 @@ from launcher import elastic
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
 from launcher.rundir import RunDir
+from launcher.runtime import job_start
 from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
@@ -77,6 +78,7 @@ class StopFlag:
                     prev(signum, frame)
 
             signal.signal(sig, handler)
+        job_start.replay()  # what arrived while the job started (launcher.runtime.job_start)
         return self
 
 

@@ -1,0 +1,64 @@
+"""A stop signal that reaches a job process before its handlers exist (launcher.runtime.job_start).
+
+submitit's real job entry waits for its pickle, then unpickles the job, and only then installs any
+signal handler: a USR2 in that window (the time-limit warning of a short or loaded job) ended the
+process at Python's default action. Here the window is made wide the way it is in a job array (the
+pickle written after the process started): the bare entry dies of the signal; started the way the
+backends start it, the process lives, and the job's own StopFlag receives the held signal.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+from launcher.runtime import job_start
+
+JOB_ID = "4242"
+
+
+def _stop_reason() -> str:
+    """The job: installs the run's stop flag (which replays what was held) and returns what it saw."""
+    from launcher.runtime import restarts
+
+    flag = restarts.StopFlag().install()
+    return str(flag.reason)
+
+
+def _start(python: str, folder: Path) -> subprocess.Popen:
+    env = dict(os.environ, SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_JOB_ID=JOB_ID, SUBMITIT_LOCAL_NTASKS="1",
+               SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_GLOBALID="0",
+               SUBMITIT_LOCAL_LOCALID="0", PYTHONPATH=os.pathsep.join(sys.path))
+    words = shlex.split(python) + ["-u", "-m", "submitit.core._submit", str(folder)]
+    return subprocess.Popen(words, env=env, cwd=str(Path(__file__).parent), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _signal_while_it_waits_for_its_pickle(python: str, folder: Path) -> subprocess.Popen:
+    folder.mkdir()
+    proc = _start(python, folder)
+    time.sleep(2.0)  # the interpreter is up and submitit waits for the pickle (it polls once a second)
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.send_signal(signal.SIGUSR2)
+    submitit.helpers.DelayedSubmission(_stop_reason).dump(folder / f"{JOB_ID}_submitted.pkl")
+    proc.wait(timeout=60)
+    return proc
+
+
+@pytest.mark.timeout(120)
+def test_a_usr2_before_any_handler_is_held_for_the_job(tmp_path):
+    bare = _signal_while_it_waits_for_its_pickle(shlex.quote(sys.executable), tmp_path / "bare")
+    assert bare.returncode == -signal.SIGUSR2, bare.communicate()[0]  # what happened before
+
+    held = _signal_while_it_waits_for_its_pickle(job_start.python_command(), tmp_path / "held")
+    out = held.communicate()[0]
+    assert held.returncode == 0, out
+    result = submitit.core.utils.pickle_load(tmp_path / "held" / f"{JOB_ID}_0_result.pkl")
+    assert result == ("success", "time_limit"), (result, out)
