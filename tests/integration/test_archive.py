@@ -70,18 +70,35 @@ def _check_reproduction(original, runs_root, worktree, extra_env=None, n_before=
     return repro
 
 
+def _check_registry(runs, runs_root):
+    """The registry's filters (a config key, a tag, a status) over the two points of a sweep, and the
+    index rebuilt from the run dirs alone, in the same order."""
+    base = [str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)]
+    one = json.loads(run_cmd(base + ["seed=2"], runs_root).stdout)
+    assert [r["config"]["seed"] for r in one] == [2]
+    assert len(json.loads(run_cmd(base + ["--tag", "a"], runs_root).stdout)) == 2
+    assert json.loads(run_cmd(base + ["--tag", "b"], runs_root).stdout) == []
+    assert len(json.loads(run_cmd(base + ["--status", "completed"], runs_root).stdout)) == 2
+    db = runs_root / "registry.sqlite"
+    db.unlink()
+    res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
+    assert [r["run_id"] for r in json.loads(res.stdout)] == [r["run_id"] for r in runs]
+
+
 def test_reproduce_local_run_bitwise_after_conf_and_code_change(runs_root, worktree):
     """A point of a local sweep (the second of two seeds: the reproduction takes that point's own config
     and seed) reproduced bit for bit after conf/ and the training code changed; the changed tree, launched
     fresh, trains differently; a reproduction on another world size warns that it cannot be bitwise.
-    (One test: each of the three made its own clone and original runs.)"""
-    res = launch(["-m", *FAST, "seed=1,2"], runs_root, extra_env=_env(worktree), cwd=worktree)
+    The registry's filters and its reindex are checked on the same sweep's two points before anything
+    else runs (the reproduction then reads the rebuilt index). (One test: each made its own runs.)"""
+    res = launch(["-m", *FAST, "seed=1,2", "tags=[a]"], runs_root, extra_env=_env(worktree), cwd=worktree)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = wait_final(runs_root, 2)
     assert runs[0]["sweep_id"] == runs[1]["sweep_id"]
     snaps = [json.loads((Path(r["dir"]) / "code" / "snapshot.json").read_text()) for r in runs]
     assert len({s["path"] for s in snaps}) == 1  # one snapshot per launch, shared by the sweep's points
     assert Path(snaps[0]["path"]).is_dir() and snaps[0]["files"] > 10
+    _check_registry(runs, runs_root)
     original = runs[1]
     assert RunDir(original["dir"]).config()["seed"] == 2
     _check_reproduction(original, runs_root, worktree, n_before=2)
@@ -131,7 +148,9 @@ def _all_files(*dirs):
                 yield p
 
 
-def test_secrets_never_reach_archive_or_logs(runs_root, tmp_path):
+def test_bundle_is_sealed_verifiable_and_holds_no_secret(runs_root):
+    """One run checked both ways (each was its own launch): no secret value handed to the launch
+    reaches any file under runs_root or the output, and its bundle is sealed and verifies."""
     extra = dict(SECRETS, NCCL_DEBUG="INFO", OMP_NUM_THREADS="1")
     # and the same values under keys that are not secret-named (tags, cluster.setup): found by value
     res = launch(["train.steps=6", f"+cluster.env.API_TOKEN={CFG_TOKEN}", f"tags=[{SECRETS['HF_TOKEN']},plain]",
@@ -142,20 +161,7 @@ def test_secrets_never_reach_archive_or_logs(runs_root, tmp_path):
     assert json.loads((rdir / "run.json").read_text())["tags"] == ["<redacted>", "plain"]
     env = json.loads((rdir / "env" / "training-env.json").read_text())
     assert env.get("NCCL_DEBUG") == "INFO"  # training environment is archived...
-    values = list(SECRETS.values()) + [CFG_TOKEN]
-    leaks = []
-    for p in _all_files(runs_root):  # the run dir, its sweep's logs and code snapshot, the index
-        data = p.read_bytes()
-        leaks += [(str(p), v) for v in values if v.encode() in data]
-    assert not leaks, leaks  # ...but no secret value, anywhere
-    assert all(v not in res.stdout + res.stderr for v in values)
-
-
-def test_bundle_is_sealed_and_verifiable(runs_root):
-    res = launch(["train.steps=6"], runs_root)
-    assert res.returncode == 0, res.stderr
-    (run,) = runs_json(runs_root)
-    rdir = Path(run["dir"])
+    # the bundle: every record in its manifest, read-only, verified by `launcher show`
     manifest = json.loads((rdir / "manifest.json").read_text())
     for name in ("config.yaml", "overrides.yaml", "seeds.json", "run.json", "status.json", "metrics.jsonl",
                  "code/git.json", "code/patch.diff", "code/snapshot.json", "env/pip-freeze.txt",
@@ -170,22 +176,13 @@ def test_bundle_is_sealed_and_verifiable(runs_root):
     seeds = info["seeds"]
     assert seeds["seed"] == 1234 and set(seeds["dropout"]["per_dp_rank"]) == {"0", "1"}
     assert info["topology"]["world_size"] == 2
-
-
-def test_registry_filters_and_reindex(runs_root):
-    res = launch(["-m", "train.steps=6", "seed=1,2", "tags=[a]"], runs_root, timeout=400)
-    assert res.returncode == 0, res.stdout + res.stderr
-    runs = wait_final(runs_root, 2)
-    base = [str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)]
-    one = json.loads(run_cmd(base + ["seed=2"], runs_root).stdout)
-    assert [r["config"]["seed"] for r in one] == [2]
-    assert len(json.loads(run_cmd(base + ["--tag", "a"], runs_root).stdout)) == 2
-    assert json.loads(run_cmd(base + ["--tag", "b"], runs_root).stdout) == []
-    assert len(json.loads(run_cmd(base + ["--status", "completed"], runs_root).stdout)) == 2
-    db = runs_root / "registry.sqlite"
-    db.unlink()
-    res = run_cmd([str(BIN / "launcher"), "runs", "--reindex", "--json", "--root", str(runs_root)], runs_root)
-    assert [r["run_id"] for r in json.loads(res.stdout)] == [r["run_id"] for r in runs]
+    values = list(SECRETS.values()) + [CFG_TOKEN]
+    leaks = []
+    for p in _all_files(runs_root):  # the run dir, its sweep's logs and code snapshot, the index
+        data = p.read_bytes()
+        leaks += [(str(p), v) for v in values if v.encode() in data]
+    assert not leaks, leaks  # ...but no secret value, anywhere
+    assert all(v not in res.stdout + res.stderr + show.stdout for v in values)
 
 
 @pytest.mark.slurm
