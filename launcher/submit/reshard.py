@@ -64,7 +64,9 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
                                 "explicitly to change it on purpose"))
     if checkpoint is not None and not (checkpoint / INDEX).is_file():
         errs.append(ConfigError(keys, f"the checkpoint {checkpoint.name} of {run_id} has no layout-independent "
-                                f"state ({UNIVERSAL_DIR}/: saved with train.checkpoint.universal=false)",
+                                f"state ({UNIVERSAL_DIR}/: saved with train.checkpoint.universal=false, or by a loop's "
+                                "Checkpoint whose objects are not one module and its optimizer, or hold "
+                                "per_rank ones)",
                                 "resume it on its archived layout"))
     if errs:
         raise ConfigErrors(errs, f"({run_id} on another layout: {what})")

@@ -638,6 +638,35 @@ class Objects:
                 for name, obj in objs.items():
                     obj.load_state_dict(state[name])
 
+    # ---- another layout (launcher.training.universal): the loop's one module and its one optimizer by
+    # parameter name, as the engines write them; the other shared objects (a scheduler, a loss scaler:
+    # the same on every rank) come from rank 0's file as they are. A rank's own objects (a sampler's
+    # position) belong to a rank of the old layout: a loop with any cannot move to another one.
+    def _module_and_optimizer(self) -> Optional[Tuple[Any, Any]]:
+        mods = [o for o in self.shared.values() if isinstance(o, torch.nn.Module)]
+        opts = [o for o in self.shared.values() if isinstance(o, torch.optim.Optimizer)]
+        return (mods[0], opts[0]) if len(mods) == 1 and len(opts) == 1 and not self.per_rank else None
+
+    def universal_ok(self) -> bool:
+        return self._module_and_optimizer() is not None
+
+    def universal_state(self) -> Optional[Dict[str, Any]]:
+        pair = self._module_and_optimizer()
+        return universal.module_state(*pair) if pair is not None else None
+
+    def load_universal(self, path: Path) -> None:
+        """The module and the optimizer's moments by name; the optimizer's hyperparameters (a loop's
+        scheduler changes its learning rate) and the other shared objects from rank 0's file."""
+        model, optimizer = self._module_and_optimizer() or (None, None)
+        universal.load_module_state(model, optimizer, path)
+        state = torch.load(path.parent / STATE_FILE, map_location=self.device, weights_only=False)
+        for name, obj in self.shared.items():
+            if obj is optimizer:
+                for group, saved in zip(obj.param_groups, state[name]["param_groups"]):
+                    group.update({k: v for k, v in saved.items() if k != "params"})
+            elif obj is not model:
+                obj.load_state_dict(state[name])
+
 
 def _live_state(obj: Any) -> Any:
     """The state an asynchronous save may copy later: an optimizer's and a module's parameters change

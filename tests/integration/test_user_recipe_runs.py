@@ -125,6 +125,55 @@ def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp
     assert any(line.startswith("not restarted: no checkpoint to resume from is intact") for line in d["detail"]), d
 
 
+DDP_LOOP = (
+    "import torch\n"
+    "from torch.nn.parallel import DistributedDataParallel\n\n"
+    "from launcher.training import Checkpoint, StepLoop\n\n\n"
+    "def main(cfg, ctx):\n"
+    "    torch.manual_seed(0)\n"
+    "    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),\n"
+    "                                                        torch.nn.Linear(8, 1)))\n"
+    "    opt = torch.optim.AdamW(model.parameters(), lr=0.01)\n"
+    "    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)\n"
+    "    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {'model': model, 'optimizer': opt, 'sched': sched}))\n"
+    "    for step in loop:\n"
+    "        g = torch.Generator().manual_seed(step * 100 + ctx.rank)\n"
+    "        loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+    "        sched.step()\n"
+    "        loop.log(loss=loss.item(), lr=sched.get_last_lr()[0])\n"
+    "    return {'steps': loop.steps, 'resumed_from': loop.start}\n")
+
+
+@pytest.mark.timeout(400)
+def test_a_users_ddp_loop_resumes_on_another_layout_bitwise(tmp_path):
+    """A user's DDP loop (its model, optimizer and scheduler in a Checkpoint) run on 2 processes goes on
+    from its last checkpoint on 1 (`launcher resume ... cluster.gpus_per_node=1`): the model and Adam
+    moments load by parameter name from the layout-independent state, each tensor gathered after the
+    load bitwise equal to what was saved; the scheduler goes on from where it was (the learning rate
+    keeps halving every 2 steps)."""
+    proj = user_package(tmp_path / "proj", {"ddp": DDP_LOOP})
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "recipe._target_=upkg.ddp.main", "train.steps=4", "train.checkpoint.every=2"], root,
+                 timeout=240, cwd=proj)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    run_dir = Path(run["dir"])
+    assert (run_dir / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
+    res = run_cmd([str(BIN / "launcher"), "resume", str(run_dir), "--steps", "6", "cluster.gpus_per_node=1"], root,
+                  timeout=240, cwd=proj)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    st = summary_of(run_dir)
+    assert st["status"] == "completed" and st["summary"]["resumed_from"] == 4, st
+    (row,) = [json.loads(x) for x in (run_dir / "reshard.jsonl").read_text().splitlines()]
+    assert row["bitwise_equal"] and row["from"]["dp"] == 2 and row["to"]["dp"] == 1, row
+    assert row["verify"]["tensors"] >= 12 and not row["verify"]["mismatched"], row  # 4 weights, 8 moments (+ steps)
+    lrs = [r["lr"] for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())]
+    assert lrs == [0.01, 0.005, 0.005, 0.0025, 0.0025, 0.00125], lrs
+
+
 # ---- resume and reproduce from any directory; the launcher's recipes in the snapshot; provenance ------
 COUNTING = (
     "import recipes.common.phases as phases\n\n\n"

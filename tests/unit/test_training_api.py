@@ -280,3 +280,20 @@ def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="EIO"):
         ck._verified_latest()
     assert rd.fallbacks() == [] and rd.checkpoint_dir(8).is_dir()  # only rank 0 records and moves
+
+
+def test_a_loops_checkpoint_is_layout_independent_with_one_module_its_optimizer_and_no_rank_objects():
+    """Objects offers universal state (launcher resume on another layout) for one module and its
+    optimizer beside any other shared objects; not with per-rank objects, two modules or no optimizer."""
+    from launcher.training.checkpoint import Objects
+
+    m = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(m.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    ok = Objects({"model": m, "optimizer": opt, "sched": sched}, {}, 0, "cpu")
+    assert ok.universal_ok()
+    assert set(ok.universal_state()["model"]) == {"weight", "bias"}
+    assert not Objects({"model": m, "optimizer": opt}, {"sampler": sched}, 0, "cpu").universal_ok()
+    assert not Objects({"a": m, "b": torch.nn.Linear(1, 1), "optimizer": opt}, {}, 0, "cpu").universal_ok()
+    assert not Objects({"model": m}, {}, 0, "cpu").universal_ok()
+    assert Objects({"model": m}, {}, 0, "cpu").universal_state() is None
