@@ -188,14 +188,16 @@ def test_every_checkpoint_names_each_of_its_files_with_size_and_sha256(tmp_path)
     assert [RunDir.checkpoint_step(p) for p in rd.checkpoints()] == [3, 6, 8]
     for ckpt in rd.checkpoints():
         manifest = json.loads((ckpt / "checkpoint.json").read_text())
-        on_disk = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.name != "checkpoint.json")
+        on_disk = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")
+                         if p.is_file() and p.name != "checkpoint.json")
         assert sorted(manifest["files"]) == on_disk and "state.pt" in on_disk and "meta.json" in on_disk
         assert manifest["step"] == RunDir.checkpoint_step(ckpt)
         assert all(manifest["files"][f] == cm.digest(ckpt / f) for f in on_disk)
         assert cm.problems(ckpt) == []
     # the rank's done mark carried its files' digests (the committing rank reused them)
     mark = json.loads((rd.checkpoint_dir(8) / "done_rank_00000").read_text())
-    assert set(mark["files"]) == {"state.pt", "rng_rank_00000.pt", "meta.json"}
+    assert set(mark["files"]) == {"state.pt", "rng_rank_00000.pt", "meta.json",  # and the model and its optimizer
+                                  "universal/__0_0.distcp", "universal/.metadata"}  # by parameter name
 
 
 @pytest.mark.parametrize("way", list(CORRUPTIONS))
