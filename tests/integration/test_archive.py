@@ -90,8 +90,12 @@ def test_reproduce_local_run_bitwise_after_conf_and_code_change(runs_root, workt
     and seed) reproduced bit for bit after conf/ and the training code changed; the changed tree, launched
     fresh, trains differently; a reproduction on another world size warns that it cannot be bitwise.
     The registry's filters and its reindex are checked on the same sweep's two points before anything
-    else runs (the reproduction then reads the rebuilt index). (One test: each made its own runs.)"""
-    res = launch(["-m", *FAST, "seed=1,2", "tags=[a]"], runs_root, extra_env=_env(worktree), cwd=worktree)
+    else runs (the reproduction then reads the rebuilt index). (One test: each made its own runs.)
+    One process a run: the reproduction must take the archived world size (1), not the default (2); a
+    2-rank run reproduced bitwise is test_reproduce_two_node_slurm_run's."""
+    one_rank = "cluster.gpus_per_node=1"
+    res = launch(["-m", *FAST, one_rank, "seed=1,2", "tags=[a]"], runs_root, extra_env=_env(worktree),
+                 cwd=worktree)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = wait_final(runs_root, 2)
     assert runs[0]["sweep_id"] == runs[1]["sweep_id"]
@@ -103,7 +107,7 @@ def test_reproduce_local_run_bitwise_after_conf_and_code_change(runs_root, workt
     assert RunDir(original["dir"]).config()["seed"] == 2
     _check_reproduction(original, runs_root, worktree, n_before=2)
     # and the changed tree, launched fresh, does train differently (the change was real)
-    res = launch([*FAST, "seed=2"], runs_root, extra_env=_env(worktree), cwd=worktree)
+    res = launch([*FAST, one_rank, "seed=2"], runs_root, extra_env=_env(worktree), cwd=worktree)
     assert res.returncode == 0, res.stderr
     fresh = runs_json(runs_root)[-1]
     assert fresh["run_id"] not in {r["run_id"] for r in runs}
@@ -111,10 +115,10 @@ def test_reproduce_local_run_bitwise_after_conf_and_code_change(runs_root, workt
     # another topology: warned before anything is queued (a dry run: the warning is the reproduction's
     # own check of the archived topology, made before it launches)
     n = len(runs_json(runs_root))
-    res = run_cmd([str(BIN / "launcher"), "reproduce", original["run_id"], "cluster.gpus_per_node=1",
+    res = run_cmd([str(BIN / "launcher"), "reproduce", original["run_id"], "cluster.gpus_per_node=2",
                    "submit.dry_run=true", "--root", str(runs_root)], runs_root, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert "world size 1 differs from the original 2" in res.stderr
+    assert "world size 2 differs from the original 1" in res.stderr
     assert len(runs_json(runs_root)) == n  # the dry run queued nothing
 
 
