@@ -102,31 +102,49 @@ def _wait(what, cond, timeout):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.timeout(600)
-def test_a_requeued_pack_runs_only_its_unfinished_points_from_their_checkpoints(slurm, runs_root):
-    """`scontrol requeue` of the pack once its short point completed and its long ones saved: the
-    pack starts again (same job id) and runs only the long points, each from its own checkpoint."""
+def _restarts(rdir: Path) -> list:
+    p = rdir / "restarts.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+@pytest.mark.timeout(900)
+def test_a_requeued_pack_then_its_time_limit_run_only_the_unfinished_points_from_their_checkpoints(slurm, runs_root):
+    """`scontrol requeue` of the pack once its short point completed and its long ones saved: the pack
+    starts again (same job id) and runs only the long points, each from its own checkpoint. Then USR2 to
+    the pack's steps (Slurm's time-limit signal): each point saves and stops, the runner requeues the pack
+    once they have, and its next start resumes both from those checkpoints. (One pack for both: each
+    started its own.)"""
     over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1",
-            "cluster.time_min=10", "train.checkpoint.every=5", "train.steps=3,150,150"]
+            "cluster.time_min=10", "train.max_restarts=2", "train.checkpoint.every=5", "train.steps=3,150,150"]
     res = launch(["-m", *over], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
     sweep = next(p for p in runs_root.iterdir() if (p / "sweep.json").exists())
     short, long1, long2 = (sweep / str(i) for i in range(3))
+    longs = (long1, long2)
     pack = json.loads((short / "job.json").read_text())["job_id"]
+    env = {**__import__("os").environ, **slurm}
     _wait("the short point", lambda: _status(short).get("status") == "completed", 300)
     _wait("a checkpoint of each long point",
-          lambda: all(_last_step(d) >= 8 and _status(d).get("status") == "running" for d in (long1, long2)), 300)
-    subprocess.run(["scontrol", "requeue", pack], check=True, timeout=60, env={**__import__("os").environ, **slurm})
+          lambda: all(_last_step(d) >= 8 and _status(d).get("status") == "running" for d in longs), 300)
+    subprocess.run(["scontrol", "requeue", pack], check=True, timeout=60, env=env)
+    # the second start: each long point past a checkpoint of its own again (3 steps after its resume)
+    _wait("the long points' second start, 3 steps in",
+          lambda: all(_status(d).get("attempt") == 2 and _status(d).get("status") == "running" and _restarts(d)
+                      and _last_step(d) >= _restarts(d)[0]["from_step"] + 3 for d in longs), 400)
+    subprocess.run(["scancel", "--signal=USR2", pack], check=True, timeout=60, env=env)
     runs = wait_final(runs_root, 3, timeout=400)
     assert all(r["status"] == "completed" for r in runs), [(r["run_id"], r["status"]) for r in runs]
     assert _status(short)["attempt"] == 1 and not (short / "restarts.jsonl").exists()  # not run again
-    for d in (long1, long2):
+    for d in longs:
         st = _status(d)
-        assert st["attempt"] == 2 and st["job_id"].startswith(f"{pack}."), st
-        (row,) = [json.loads(line) for line in (d / "restarts.jsonl").read_text().splitlines()]
-        assert row["reason"] in ("preempted", "scheduler") and row["from_step"] >= 5, row
+        assert st["attempt"] == 3 and st["job_id"].startswith(f"{pack}."), st
+        requeued, timed_out = _restarts(d)
+        assert requeued["reason"] in ("preempted", "scheduler") and requeued["from_step"] >= 5, requeued
+        assert timed_out["reason"] == "time_limit" and timed_out["from_step"] >= requeued["from_step"] + 3, timed_out
         assert _last_step(d) == 150 and RunDir(d).is_sealed()
-    assert json.loads((long1 / "job.json").read_text())["job_id"] == pack  # the same job, requeued
+    assert json.loads((long1 / "job.json").read_text())["job_id"] == pack  # the same job, requeued twice
+    out = (Path(json.loads((long1 / "job.json").read_text())["submitit_folder"]) / f"{pack}_0_log.out").read_text()
+    assert "time limit: 2 point(s) left; requeueing the pack" in out
 
 
 @pytest.mark.timeout(600)
@@ -150,31 +168,6 @@ def test_launcher_cancel_of_a_packed_point_ends_it_alone(slurm, runs_root):
     assert got == {f"{sweep.name}-0": "cancelled", f"{sweep.name}-1": "completed", f"{sweep.name}-2": "cancelled"}
     assert _last_step(second) == 150 and _last_step(first) < 100000 and _last_step(third) == 0  # never started
     assert all(RunDir(d).is_sealed() for d in (first, second, third))
-
-
-@pytest.mark.timeout(600)
-def test_the_time_limit_drains_the_pack_and_requeues_it(slurm, runs_root):
-    """USR2 to the pack's steps (Slurm's time-limit signal): each point saves and stops, the runner
-    requeues the pack once they have, and the pack's next start resumes both from their checkpoints."""
-    over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1",
-            "cluster.time_min=10", "train.max_restarts=2", "train.checkpoint.every=5", "train.steps=150",
-            "seed=1,2"]
-    res = launch(["-m", *over], runs_root, extra_env=slurm)
-    assert res.returncode == 0, res.stdout + res.stderr
-    sweep = next(p for p in runs_root.iterdir() if (p / "sweep.json").exists())
-    points = [sweep / "0", sweep / "1"]
-    pack = json.loads((points[0] / "job.json").read_text())["job_id"]
-    _wait("both points past a checkpoint", lambda: all(_last_step(d) >= 8 for d in points), 300)
-    subprocess.run(["scancel", "--signal=USR2", pack], check=True, timeout=60,
-                   env={**__import__("os").environ, **slurm})
-    runs = wait_final(runs_root, 2, timeout=400)
-    assert all(r["status"] == "completed" for r in runs), [(r["run_id"], r["status"]) for r in runs]
-    for d in points:
-        (row,) = [json.loads(line) for line in (d / "restarts.jsonl").read_text().splitlines()]
-        assert row["reason"] == "time_limit" and row["from_step"] >= 8, row
-        assert _status(d)["attempt"] == 2 and _last_step(d) == 150
-    out = (Path(json.loads((points[0] / "job.json").read_text())["submitit_folder"]) / f"{pack}_0_log.out").read_text()
-    assert "time limit: 2 point(s) left; requeueing the pack" in out
 
 
 @pytest.mark.timeout(600)
