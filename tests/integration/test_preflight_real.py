@@ -1,13 +1,16 @@
 """`launcher preflight` on the 2-node local Slurm cluster: a good config climbs every rung (queued at
 once as dependent jobs); a config broken on purpose for one rung stops there, with that rung's
-diagnosis, and the rungs above it never run."""
+diagnosis, and the rungs above it never run. The config broken for the last rung (tuned) is judged
+on the good ladder's runs wherever its rungs compose to the same config (smoke, node, full), with
+its own comm and tuned runs made beside the good ladder (no second climb)."""
 import json
 import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from helpers import BIN, run_cmd
+from helpers import BIN, launch, run_cmd, wait_final
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slurm, pytest.mark.dist]
 
@@ -36,7 +39,39 @@ def rows(stdout):
     return out
 
 
+# fp16 with a loss scale that overflows every step: broken for the tuned rung alone (the training rungs
+# below it run fp32)
+TUNED_BROKEN = ["precision=fp16", "precision.loss_scale=1e30"]
+
+
+def _but_the_loss_scale(point) -> dict:
+    """A rung's composed config without precision.loss_scale (an fp32 run never reads it)."""
+    cfg = OmegaConf.to_container(point.cfg, resolve=True)
+    cfg["precision"].pop("loss_scale")
+    return cfg
+
+
 def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
+    from launcher.submit.preflight import prepare, rung_lines
+
+    # the config broken for the tuned rung (TUNED_BROKEN) climbs on top of this ladder: a rung of its
+    # ladder that composes to the same config as the good one's (but for precision.loss_scale) is the
+    # good ladder's run; the others (the comm rung benchmarks in the config's fp16, the tuned rung
+    # trains in it) are run here, beside the good ladder
+    broken_cfg = [*GOOD, *TUNED_BROKEN]
+    good, broken = prepare(GOOD, int(STEPS)), prepare(broken_cfg, int(STEPS))
+    assert [r.name for r in good.rungs] == [r.name for r in broken.rungs] == ["smoke", "node", "comm", "full", "tuned"]
+    assert not any(r.skip for r in (*good.rungs, *broken.rungs))
+    same = [g.name for g, b in zip(good.rungs, broken.rungs) if g.overrides == b.overrides
+            and _but_the_loss_scale(good.points[g.name]) == _but_the_loss_scale(broken.points[b.name])]
+    assert same == ["smoke", "node", "full"], same
+    own_roots = {}
+    for rung in broken.rungs:
+        if rung.name not in same:
+            own_roots[rung.name] = runs_root.parent / f"fp16-{rung.name}"
+            queued = launch(rung_lines(broken_cfg, rung), own_roots[rung.name], timeout=300, extra_env=slurm)
+            assert queued.returncode == 0, queued.stdout[-3000:] + queued.stderr[-3000:]
+
     res, record = preflight([], runs_root, slurm)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert rows(res.stdout) == {r: "go" for r in ("smoke", "node", "comm", "full", "tuned")}, res.stdout
@@ -60,6 +95,24 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
                     runs_root, timeout=120, extra_env={**slurm, "COLUMNS": "250"})
     assert again.returncode == 0 and rows(again.stdout) == rows(res.stdout), again.stdout + again.stderr
 
+    # the broken config's ladder, the good one's runs where they compose the same and its own elsewhere,
+    # judged by `launcher preflight --show`: no-go at tuned with the overflow's diagnosis
+    entries = []
+    for entry, rung in zip(rungs, broken.rungs):
+        if rung.name in own_roots:
+            (own,) = wait_final(own_roots[rung.name], 1, timeout=300)
+            assert own["status"] == "completed", own  # the tuned run trains every step: its no-go is the judge's
+            entry = {**entry, "title": rung.title, "overrides": list(rung.overrides), "notes": list(rung.notes),
+                     "run_id": own["run_id"], "run_dir": own["dir"], "job_id": own["job_id"]}
+        entries.append(entry)
+    fp16 = {**record, "id": record["id"] + "-fp16", "overrides": broken_cfg, "rungs": entries}
+    (runs_root / "preflight" / f"{fp16['id']}.json").write_text(json.dumps(fp16))
+    res = run_cmd([str(BIN / "launcher"), "preflight", "--show", fp16["id"], "--root", str(runs_root)], runs_root,
+                  timeout=120, extra_env={**slurm, "COLUMNS": "250"})
+    assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
+    assert rows(res.stdout) == {"smoke": "go", "node": "go", "comm": "go", "full": "go", "tuned": "no-go"}, res.stdout
+    assert "no-go at rung tuned" in res.stdout and "non-finite gradient norm" in res.stdout, res.stdout
+
 
 BROKEN = [
     # a model that runs out of memory in its first step: the smoke rung, out of memory in the step
@@ -68,10 +121,11 @@ BROKEN = [
     ("node", ["train.fail_at_step=2", "train.fail_rank=1", "train.fail_mode=exception"], "doctor: exception"),
     # a cluster config that promises an interconnect the nodes do not have: the comm rung
     ("comm", ["cluster.inter_node_bandwidth=10000"], "cluster.inter_node_bandwidth=10000"),
-    # a hang after the short rungs' last step: the full rung, found by the hang watchdog
-    ("full", ["train.fail_at_step=5", "train.fail_mode=sleep", "train.hang_timeout_s=20"], "doctor: hang"),
-    # fp16 with a loss scale that overflows every step: the tuned rung (the full rung runs in fp32)
-    ("tuned", ["precision=fp16", "precision.loss_scale=1e30"], "non-finite gradient norm"),
+    # a hang after the short rungs' last step: the full rung, found by the hang watchdog (armed by a rank's
+    # first step, so the start-up does not count: 6 s is 30 of gpt_tiny's steps)
+    ("full", ["train.fail_at_step=5", "train.fail_mode=sleep", "train.hang_timeout_s=6"], "doctor: hang"),
+    # the tuned rung (TUNED_BROKEN): judged in test_a_good_config_climbs_every_rung_as_dependent_jobs, on the
+    # good ladder's runs where its rungs compose the same
 ]
 
 
