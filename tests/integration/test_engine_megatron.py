@@ -25,7 +25,7 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import assert_state_bytes_exact, launch, read_metrics, runs_json, train_losses, wait_final
+from helpers import EQUIV_BASE, assert_state_bytes_exact, launch, read_metrics, runs_json, train_losses, wait_final
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
 
@@ -92,13 +92,6 @@ def test_matches_single_process(name, reference, tmp_path):
         assert state["optimizer"] == 2 * state["params"]
 
 
-def test_bf16_3d_trains(tmp_path):
-    rows = _train(["parallelism=3d", "precision=bf16", "parallelism.sequence_parallel=true"], tmp_path / "runs", 4)
-    losses = [r["loss"] for r in rows]
-    assert all(math.isfinite(x) for x in losses)
-    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
-
-
 def test_fp16_loss_scaling_trains(tmp_path):
     rows = _train(["parallelism=pp", "precision=fp16"], tmp_path / "runs", 2)
     losses = [r["loss"] for r in rows]
@@ -107,11 +100,13 @@ def test_fp16_loss_scaling_trains(tmp_path):
 
 
 @pytest.mark.slurm
-def test_placement_on_two_nodes(slurm, runs_root):
-    """tp=2 x pp=2 on 2 nodes x 2 tasks: every TP group inside one node, the stages on different nodes."""
-    res = launch(["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism=3d",
-                  "train.steps=3", "optim.warmup_steps=1", "train.global_batch_size=8", "train.micro_batch_size=2"],
-                 runs_root, extra_env=slurm)
+def test_placement_on_two_nodes_bf16_3d_trains(slurm, runs_root):
+    """tp=2 x pp=2 on 2 nodes x 2 tasks: every TP group inside one node, the stages on different nodes.
+    The same run is the bf16 drill of this 1 x 2 x 2 layout (with sequence parallelism): it trains
+    (10 steps of EQUIV_BASE). One 4-process run for both: the local bf16 run it replaces had the same layout."""
+    base = [o for o in EQUIV_BASE if o != "cluster=local"]
+    res = launch([*base, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism=3d",
+                  "precision=bf16", "parallelism.sequence_parallel=true"], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
     (run,) = wait_final(runs_root, 1, timeout=600)
     assert run["status"] == "completed", run
@@ -128,4 +123,6 @@ def test_placement_on_two_nodes(slurm, runs_root):
     assert len(tp_nodes) == 2 and all(len(nodes) == 1 for nodes in tp_nodes.values()), tp_nodes
     assert stage_nodes[0].isdisjoint(stage_nodes[1]), stage_nodes
     rows = read_metrics(rdir)
-    assert len(rows) == 3 and all(math.isfinite(r["loss"]) for r in rows)
+    losses = [r["loss"] for r in rows]
+    assert [r["step"] for r in rows] == list(range(1, 11)) and all(math.isfinite(x) for x in losses), rows
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses  # bf16 over pp x tp x sp trains
