@@ -207,6 +207,22 @@ def xdist_group_of(item: pytest.Item, tiers: Set[str]) -> str:
     return ""
 
 
+def _group_in_id(item: pytest.Item) -> None:
+    """``--dist loadgroup`` keeps a group on one worker by the ``@group`` suffix of each test's id.
+    pytest 9.2 keeps that id structured (``Item._id``) and pytest-xdist 3.8 still writes the string
+    field older pytests read, which nothing reads now: every test would be scheduled on its own, each
+    module's reference runs made once per worker (pytest-xdist#1386). The suffix is put where pytest
+    reads it; with an older pytest (no ``_pytest.nodeid``) xdist's own works and this does nothing."""
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:
+        return
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if names and "@" not in item.nodeid.rpartition("]")[2].rpartition("::")[2]:
+        item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
     misplaced = []
     for item in items:
@@ -217,6 +233,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
         group = xdist_group_of(item, tiers)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False):  # set by xdist's --dist loadgroup
+            _group_in_id(item)
         if tiers and UNIT_DIR in Path(str(item.fspath)).resolve().parents:
             misplaced.append(f"{item.nodeid} ({', '.join(sorted(tiers))})")
     if misplaced:

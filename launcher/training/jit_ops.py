@@ -7,7 +7,8 @@ node build in the same dir at once, and a builder killed mid-build (a preempted 
 OOM) leaves its lock behind: torch's ``FileBaton`` then waits on it forever, in every later job of
 every node. So, unless the user set ``TORCH_EXTENSIONS_DIR`` (kept as it is):
 
-- the ranks build and load in a node-local dir (``$TMPDIR/launcher-torch-extensions-<uid>``);
+- the ranks build and load in a node-local dir (``$TMPDIR/launcher-torch-extensions-<uid>/<install>``, one per
+  Python install: a build holds its install's absolute paths, and ninja rebuilds another's);
 - that dir is seeded with a finished build from the shared cache (its ``<op>.so``, no lock), copied
   whole under another name and renamed into place, so a node loads in seconds what another built;
 - what a node built is published to the shared cache the same way (copy, then rename) for later jobs;
@@ -45,8 +46,18 @@ def shared_root() -> Path:
     return Path(get_default_build_root()) / build_folder()
 
 
+def install_key() -> str:
+    """The Python install a build belongs to: torch writes the install's absolute include and source
+    paths into a build (build.ninja, .ninja_deps), so ninja rebuilds another install's build when it
+    loads it; two venvs on one node would each rebuild over the other's."""
+    import hashlib
+
+    return hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
+
+
 def local_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"launcher-torch-extensions-{os.getuid()}" / build_folder()
+    return (Path(tempfile.gettempdir()) / f"launcher-torch-extensions-{os.getuid()}" / install_key()
+            / build_folder())
 
 
 def built(op_dir: Path, name: str) -> bool:
