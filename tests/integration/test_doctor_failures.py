@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from helpers import BIN, launch, run_cmd, runs_json, wait_final
+from helpers import BIN, launch, listed, run_cmd, runs_json, wait_final
 from launcher.doctor import FIXES
 from launcher.rundir import RunDir
 
@@ -49,7 +49,7 @@ def failed_run(overrides: List[str], root: Path, limit: Optional[int] = None) ->
                              env=env, cwd=str(root.parent),
                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert res.returncode != 0, res.stdout[-2000:]
-    runs = runs_json(root)
+    runs = listed(root)  # read in this process: `launcher runs --json` is checked once, in the exception test
     assert len(runs) == 1, res.stdout[-3000:] + res.stderr[-3000:]  # (a launch that failed before its run)
     (run,) = runs
     assert run["status"] == "failed", run
@@ -193,9 +193,10 @@ def test_killed_rank_is_named(runs_root):
 
 
 def test_hang_names_the_stuck_rank_and_where(runs_root):
-    # the hang watchdog also counts the start-up (imports, rendezvous, model): 10 s leaves room for it
+    # the hang watchdog is armed by a rank's first step (launcher/runtime/watchdog.py), so the start-up does
+    # not count: 5 s is dozens of gpt_tiny's steps
     run = failed_run(["train.steps=6", "train.fail_mode=sleep", "train.fail_at_step=2", "train.fail_rank=1",
-                      "train.hang_timeout_s=10"], runs_root)
+                      "train.hang_timeout_s=5"], runs_root)
     d = doctor(run, runs_root)
     expect(d, "hang", 1, "rank 1 stuck in recipes/common/faults.py:", "inject_fault", "after step 1")
     assert "train.hang_timeout_s" in d["fix"]
