@@ -15,6 +15,17 @@ from launcher.outcome import settle
 from launcher.printable import printable
 from launcher.status import Status
 
+# How often the scheduler is asked whether a job ended: submitit's watcher asks 2, 4, 8 ... 128 s after a
+# submission, so a job that leaves no result file (a killed or failed rank, a hang) would be seen
+# ended up to minutes late; one query refreshes every job of the watcher.
+ASK_S = 10.0
+ASK_FINAL_S = 1.0  # a run whose outcome is already recorded: its job is about to end
+
+
+def _ask_scheduler(runs: List[Any], pending: set, last: float, now: float) -> bool:
+    due = ASK_FINAL_S if any(runs[i].rundir.is_final() for i in pending) else ASK_S
+    return now - last >= due
+
 
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,
                     compact: bool = False, quiet: bool = False) -> bool:
@@ -38,7 +49,11 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
             tasks = [progress.add_task(r.run_id, total=t, info="pending") for r, t in zip(runs, totals)]
         pending = set(range(len(runs)))
         done_steps = [0] * len(runs)
+        asked = time.time()
         while pending:
+            force = _ask_scheduler(runs, pending, asked, time.time())
+            if force:
+                asked = time.time()
             for i in list(pending):
                 r = runs[i]
                 rows = r.rundir.metrics()
@@ -49,7 +64,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
                         info = (f"loss {rows[-1].get('loss', float('nan')):.4f}  "
                                 f"{rows[-1].get('tokens_per_s', 0):,.0f} tok/s")
                     progress.update(tasks[i], completed=len(rows), info=info)
-                if r.job.done():
+                if r.job.done(force_check=force):
                     pending.discard(i)
                     if compact:
                         done_steps[i] = totals[i] if totals[i] is not None else len(rows)
