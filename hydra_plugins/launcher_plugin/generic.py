@@ -927,6 +927,7 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     from launcher.rundir import RunDir
     from launcher.runtime import rungs
     from launcher.status import Status
+    from launcher.submit import progress
 
     out = []
     for cfg, job, run_id, run_dir in zip(configs, submitted.jobs, submitted.run_ids, submitted.run_dirs):
@@ -940,6 +941,7 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
                                      _return_value=None))
                 continue
         try:
+            progress.wait_done(job, rd.is_final)  # a job that left no result: seen ended in seconds
             ret = job.results()[0]
         except Exception as e:  # killed, cancelled, node lost: no JobReturn came back
             ret = JobReturn(overrides=_task(cfg), cfg=_app_of(cfg), hydra_cfg=cfg,

@@ -27,6 +27,19 @@ def _ask_scheduler(runs: List[Any], pending: set, last: float, now: float) -> bo
     return now - last >= due
 
 
+def wait_done(job: Any, final: Any, poll_s: float = 0.5) -> None:
+    """Until submitit's ``job`` has ended, the scheduler asked as ``wait_and_report`` asks it (``final``:
+    whether the job's run has recorded its outcome); submitit's own ``wait`` backs off to minutes."""
+    asked = time.time()
+    while True:
+        force = time.time() - asked >= (ASK_FINAL_S if final() else ASK_S)
+        if force:
+            asked = time.time()
+        if job.done(force_check=force):
+            return
+        time.sleep(poll_s)
+
+
 def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: float = 0.5,
                     compact: bool = False, quiet: bool = False) -> bool:
     """Block until every run's job ends, showing steps done; True if all completed. ``compact``: one

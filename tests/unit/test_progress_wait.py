@@ -58,3 +58,12 @@ def test_the_scheduler_is_asked_every_few_seconds_and_every_second_once_a_run_is
     assert not progress._ask_scheduler([going], {0}, last=100.0, now=100.0 + progress.ASK_S - 1)
     assert progress._ask_scheduler([going], {0}, last=100.0, now=100.0 + progress.ASK_S)
     assert progress._ask_scheduler([going, final], {0, 1}, last=100.0, now=100.0 + progress.ASK_FINAL_S)
+
+
+def test_wait_done_asks_the_scheduler_once_the_run_is_final():
+    """A Hydra point's job that left no result (its collect waits with this): ended within a second or
+    two of its run's outcome, not after submitit's back-off."""
+    t0 = time.time()
+    job = Job(ends_at=t0 + 0.2)
+    progress.wait_done(job, lambda: time.time() >= t0 + 0.3, poll_s=0.05)
+    assert time.time() - t0 < progress.ASK_FINAL_S + 1.0 and job.forced
