@@ -146,8 +146,10 @@ DRILL = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "t
 # loaded machine, and the restart would rightly begin at 0): the drills resume from step 4 every time
 FAULT = ["train.fail_at_step=6", "train.fail_rank=1", "train.fail_attempt=1", "train.checkpoint.async_save=false"]
 DRILLS = {
-    # a node Slurm loses (set DOWN under the job): its own nodes (exclusive), so no other drill is hit
-    "down": ["cluster.exclusive=true"],
+    # a node Slurm loses (set DOWN under the job): its own nodes (exclusive), so no other drill is hit;
+    # held in step 6 on attempt 1 (rank 1 sleeps there, its peer waits in the collective), so the node goes
+    # DOWN under a training job however fast the machine (its 20 steps took 2 s on one: it had ended before)
+    "down": ["cluster.exclusive=true", *FAULT, "train.fail_mode=sleep"],
     # a wedged rank: stopped, its sockets open, its peer blocked in the collective; no setting but the
     # multi-node default hang watch (half of train.dist_timeout_s) ends it
     "stop": [*FAULT, "train.fail_mode=stop"],
@@ -209,10 +211,10 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
                 if name not in took and status(run).get("status") in ("completed", "failed", "cancelled", "timeout"):
                     took[name] = round(time.time() - t0[name], 1)
             down = runs.get("down")
-            # down as soon as it trains (its 20 steps take seconds on a fast machine): it restarts from the
-            # checkpoint it has then, or from the start, and must end bitwise the same either way
+            # down once it is held in step 6 (its checkpoint after step 4 committed): it restarts from there
+            # and must end bitwise the same; the hang watch (30 s) would come long after
             nodes = (slurm_nodes(jobs["down"], env) if down and lost is None and status(down).get("attempt") == 1
-                     and last_step(down) >= 1 else [])
+                     and last_step(down) >= 5 else [])
             if nodes:  # (squeue may list no node for a moment: asked again next round)
                 lost = nodes[-1]
                 subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down",
@@ -232,7 +234,7 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
         assert status(runs[name])["status"] == "completed", (name, status(runs[name]))
 
     (row,) = restarts(runs["down"])  # Slurm requeued the job itself (NODE_FAIL; its TERM may be caught)
-    assert row["reason"] in ("preempted", "scheduler") and lost in row["nodes"], row
+    assert row["reason"] in ("preempted", "scheduler") and lost in row["nodes"] and row["from_step"] == 4, row
     (row,) = restarts(runs["stop"])  # the multi-node default hang watch of the rank still running
     assert row["reason"] == "hang" and row["from_step"] == 4 and "rank 1 stuck" in row["detail"], row
     (row,) = restarts(runs["kill_abort"])  # nobody recorded a word: the batch script's teardown decided
