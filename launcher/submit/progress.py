@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Callable, List
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,17 +22,19 @@ ASK_S = 10.0
 ASK_FINAL_S = 1.0  # a run whose outcome is already recorded: its job is about to end
 
 
-def _ask_scheduler(runs: List[Any], pending: set, last: float, now: float) -> bool:
-    due = ASK_FINAL_S if any(runs[i].rundir.is_final() for i in pending) else ASK_S
-    return now - last >= due
+def _ask_scheduler(final: Callable[[], bool], last: float, now: float) -> bool:
+    """Whether to ask now, ``last`` the time of the last question; ``final()`` (whether a run waited on has
+    recorded its outcome: status files read) only where the answer turns on it."""
+    waited = now - last
+    return waited >= ASK_S or (waited >= ASK_FINAL_S and final())
 
 
-def wait_done(job: Any, final: Any, poll_s: float = 0.5) -> None:
+def wait_done(job: Any, final: Callable[[], bool], poll_s: float = 0.5) -> None:
     """Until submitit's ``job`` has ended, the scheduler asked as ``wait_and_report`` asks it (``final``:
     whether the job's run has recorded its outcome); submitit's own ``wait`` backs off to minutes."""
     asked = time.time()
     while True:
-        force = time.time() - asked >= (ASK_FINAL_S if final() else ASK_S)
+        force = _ask_scheduler(final, asked, time.time())
         if force:
             asked = time.time()
         if job.done(force_check=force):
@@ -64,7 +66,7 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
         done_steps = [0] * len(runs)
         asked = time.time()
         while pending:
-            force = _ask_scheduler(runs, pending, asked, time.time())
+            force = _ask_scheduler(lambda: any(runs[i].rundir.is_final() for i in pending), asked, time.time())
             if force:
                 asked = time.time()
             for i in list(pending):

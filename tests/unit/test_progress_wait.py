@@ -53,11 +53,16 @@ def test_a_job_with_no_result_file_is_seen_ended_soon_after_its_run_is(monkeypat
 
 
 def test_the_scheduler_is_asked_every_few_seconds_and_every_second_once_a_run_is_final():
-    going = SimpleNamespace(rundir=SimpleNamespace(is_final=lambda: False))
-    final = SimpleNamespace(rundir=SimpleNamespace(is_final=lambda: True))
-    assert not progress._ask_scheduler([going], {0}, last=100.0, now=100.0 + progress.ASK_S - 1)
-    assert progress._ask_scheduler([going], {0}, last=100.0, now=100.0 + progress.ASK_S)
-    assert progress._ask_scheduler([going, final], {0, 1}, last=100.0, now=100.0 + progress.ASK_FINAL_S)
+    def going():
+        return False
+
+    def final():
+        return True
+
+    assert not progress._ask_scheduler(going, last=100.0, now=100.0 + progress.ASK_S - 1)
+    assert progress._ask_scheduler(going, last=100.0, now=100.0 + progress.ASK_S)
+    assert progress._ask_scheduler(final, last=100.0, now=100.0 + progress.ASK_FINAL_S)
+    assert not progress._ask_scheduler(final, last=100.0, now=100.0 + progress.ASK_FINAL_S - 0.5)
 
 
 def test_wait_done_asks_the_scheduler_once_the_run_is_final():
