@@ -211,6 +211,14 @@ class Backend:
         """Whether this job was requeued since it started (a request already went through)."""
         return False
 
+    def job_ending(self, job_id: Optional[str]) -> Optional[str]:
+        """From inside the job, after a TERM: what the scheduler is doing with it. "requeued" (it starts
+        again: a preemption that requeues, ``scontrol requeue``), "cancelled" (it ends for good:
+        ``scancel``, an administrator, a preemption that cancels), "timeout" (its time limit); None:
+        unknown, or the job is not ending (a TERM from elsewhere). A signal alone cannot tell a cancel
+        from a preemption; the scheduler can."""
+        return None
+
     def job_state_now(self, job_id: Optional[str]) -> str:
         """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
         "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""

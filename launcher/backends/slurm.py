@@ -542,6 +542,38 @@ def accounting_limits(user: str) -> Optional[Tuple[List[Association], Dict[str, 
     return assocs, qos
 
 
+def _seconds(text: str) -> Optional[int]:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; None: UNLIMITED, Unknown or unreadable."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text or "")
+    if not m:
+        return None
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def job_ending_of(show_job: str, restart_count: int) -> Optional[str]:
+    """What ``scontrol show job -o`` says of a job whose processes got a TERM (pure). slurmctld counts
+    a requeue (Restarts) and sets the end time of a job it ends before it signals the job's processes:
+    Restarts above the job's own SLURM_RESTART_COUNT is "requeued" (it starts again); an end time set,
+    or an ended state, is "timeout" (its run time reached the limit) or "cancelled"; a job still running
+    with no end time: None (the TERM did not come from the scheduler's end of the job)."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", show_job))
+    if "JobState" not in fields or "Restarts" not in fields or not fields["Restarts"].isdigit():
+        return None
+    if int(fields["Restarts"]) > restart_count:
+        return "requeued"
+    state = fields["JobState"].upper()
+    if state in ("TIMEOUT", "DEADLINE"):
+        return "timeout"
+    ended = state in ("CANCELLED", "PREEMPTED", "FAILED", "COMPLETED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY")
+    if not ended and fields.get("EndTime", "Unknown") in ("", "Unknown", "None"):
+        return None
+    run, limit = _seconds(fields.get("RunTime", "")), _seconds(fields.get("TimeLimit", ""))
+    if run is not None and limit is not None and run >= limit:
+        return "timeout"
+    return "cancelled"
+
+
 def _run(cmd: List[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
@@ -867,6 +899,14 @@ class SlurmBackend(Backend):
             return False
         m = re.search(r"\bRestarts=(\d+)", _run(["scontrol", "show", "job", "-o", str(job_id)]))
         return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def job_ending(self, job_id: Optional[str]) -> Optional[str]:
+        """``scontrol show job`` read at the TERM (slurmctld's word, before accounting's): see
+        ``job_ending_of``. A packed point's step: None (the pack runner decides for its points)."""
+        if not job_id or os.environ.get(PACK_STEP_ENV):
+            return None
+        return job_ending_of(_run(["scontrol", "show", "job", "-o", str(job_id)]),
+                             int(os.environ.get("SLURM_RESTART_COUNT") or 0))
 
     def job_state_now(self, job_id: Optional[str]) -> str:
         """``scontrol show job``'s JobState (slurmctld's word, without accounting's lag); "": unknown."""

@@ -148,6 +148,20 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
     return "requeued"
 
 
+def drop_requeued_job(rd: RunDir, backend: Any, job_id: Optional[str]) -> bool:
+    """A run that is final while its job was requeued since it started (a point that ended at its
+    ASHA pause's ``requeuehold``, a cancel racing a requeue): nothing will run in that job again, so it
+    leaves the queue now instead of waiting there, held, for ever. True: it was dropped."""
+    try:
+        if rd.is_final() and job_id and backend.requeued_since_start(job_id):
+            backend.drop_paused(job_id)
+            return True
+    except Exception as e:
+        print(f"launcher: the requeued job {job_id} of ended run {rd.path} was not dropped ({type(e).__name__}: "
+              f"{e})", file=sys.stderr, flush=True)
+    return False
+
+
 def arrange_seal(rd: RunDir, backend: Any, job_id: Optional[str], folder: Path) -> Optional[str]:
     """A final run whose seal is due (the ranks never seal, RunDir.finish_in_job): sealed here, after the
     step, when the job holds one node; otherwise the backend seals it once this job has ended, off the
@@ -189,6 +203,7 @@ def main(argv: Optional[list] = None) -> int:
         done = settle(rd, outcome, backend, job_id)
         if done:
             print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+    drop_requeued_job(rd, backend, job_id)
     try:  # sweep=asha: a point that ended short of its next rung must not hold the rung up
         rungs.on_end(rd)
     except Exception as e:

@@ -121,6 +121,20 @@ class Attempt:
         self.recorded = True
         self.rd.set_status(Status.requeued, **extra)
 
+    def after_term(self, ending: Optional[str], stop: Dict[str, Any]) -> None:
+        """A TERM ended this rank's work (``stop``: its reason, step, detail). The scheduler, not the
+        signal, tells what it was (``ending``: ``job_ending``'s answer): a job ending for good
+        (scancel, an administrator, a preemption that cancels) ends the run ``cancelled`` (its time
+        limit: ``timeout``) and nothing requeues it; a requeued job, or one the scheduler cannot
+        answer for, is left ``requeued`` for the next attempt to resume."""
+        if ending in ("cancelled", "timeout"):
+            why = ("the scheduler ended the job for good (scancel, an administrator or a preemption that "
+                   "does not requeue)" if ending == "cancelled" else "the job reached its time limit")
+            self.end(Status.cancelled if ending == "cancelled" else Status.timeout,
+                     f"{why}; stopped after step {stop.get('step')}", stop={**stop, "scheduler": ending})
+        else:
+            self.stopped(stop=stop)
+
     def at_rung(self, verdict: str, step: int) -> None:
         """sweep=asha: the run stopped at a rung, paused or pruned (rank 0 recorded which,
         launcher.runtime.rungs); the job ends cleanly."""
@@ -141,6 +155,14 @@ class Attempt:
     def requeued(self) -> None:
         """The next attempt was asked for (launcher.runtime.restarts.request_requeue)."""
         self.recorded = True
+
+
+def job_ending(backend: Any, job_id: Optional[str]) -> Optional[str]:
+    """``Backend.job_ending``: what the scheduler does with this job after its TERM (None: unknown)."""
+    try:
+        return backend.job_ending(job_id)
+    except Exception:  # the scheduler did not answer: its own end of the job decides
+        return None
 
 
 def _early_failure(rd: RunDir, tb: str) -> None:

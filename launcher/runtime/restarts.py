@@ -149,7 +149,7 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
     """Ask the backend to start the job again (False: the budget is spent, the run should fail).
     The first rank of an attempt to ask does it; later ones only learn that it was done. ``failure``:
     the exception's record (launcher.runtime.restart_policy), kept for the next attempt."""
-    if not budget_left(rd, max_restarts):
+    if not budget_left(rd, max_restarts) or rd.is_final():  # a cancelled run is never started again
         return False
     marker = rd.attempt_dir(attempt) / "requeue"
     marker.parent.mkdir(parents=True, exist_ok=True)

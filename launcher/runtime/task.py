@@ -19,8 +19,8 @@ from launcher.archive import topology
 from launcher.archive.secrets import scrub
 from launcher.elastic import GROW
 from launcher.rundir import RunDir
-from launcher.runtime import env as dist_env, population, restart_policy, restarts, script, watchdog
-from launcher.runtime.attempt import attempt
+from launcher.runtime import env as dist_env, population, restart_policy, restarts, script, teardown, watchdog
+from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
 from launcher.schema import hang_timeout_s, typed
 from launcher.script_recipe import is_script
@@ -56,7 +56,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
         if a.ended:  # the scheduler started a job whose run has ended (e.g. requeued after a cancel)
             return rd.status().summary or {}
         # the run's own working dir: relative paths of every point of a sweep would otherwise land in
-        # the sweep's shared code snapshot (the job's start dir), overwriting each other
+        # the sweep's shared code snapshot (the job's start dir), overwriting each other (recipe=script's
+        # script starts in its launch dir in the run's mirror of the snapshot: runtime.script.work_dir)
         rd.work_dir.mkdir(exist_ok=True)
         os.chdir(rd.work_dir)
         denv, cluster, train = a.denv, archived.get("cluster", {}), archived.get("train", {})
@@ -104,19 +105,27 @@ def run(rd: RunDir) -> Dict[str, Any]:
             if e.reason == GROW:  # cluster.elastic: nodes are back; the job queued after this one grows the run
                 a.ended_to_grow(e.step)
                 return {}
-            detail = f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
+            detail = script.stop_detail(e.reason, e.step) if is_script(archived.get("recipe")) else \
+                f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):
                     raise SystemExit(backend.requeue_exit_code) from None
                 a.end(Status.timeout, detail + "; restart budget spent")
-            else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): it decides what follows
-                a.stopped(stop={"reason": e.reason, "detail": detail, "rank": denv.rank, "step": e.step})
+            else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): asked which
+                a.after_term(job_ending(backend, denv.job_id),
+                             {"reason": e.reason, "detail": detail, "rank": None, "step": e.step})  # no rank failed
             raise SystemExit(1) from None
         except BaseException as e:  # record, then re-raise so the task exits non-zero
             watch.set()
             a.rank_error(traceback.format_exc())
             error = scrub(f"{type(e).__name__}: {e}", os.environ)
             refused: Dict[str, Any] = {}
+            ending = (job_ending(backend, denv.job_id)
+                      if stop_flag.reason == "preempted" and not isinstance(e, SystemExit) else None)
+            if ending is not None:  # the job's TERM came first: this error is its echo (a peer gone
+                a.after_term(ending, {"reason": "preempted", "rank": denv.rank, "step": watch.step,  # with it)
+                                      "detail": f"preempted signal, then {error}"})
+                raise
             if not isinstance(e, (KeyboardInterrupt, SystemExit)):
                 # a failure the next attempt would repeat ends the run now (launcher.runtime.restart_policy)
                 failure, decision = restart_policy.judge(rd, e, error, attempt=n["n"] or int(rd.status().attempt or 1),
@@ -221,7 +230,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
             os.abort()  # as ProcessGroupNCCL's teardown: no handler runs, no outcome recorded
         raise
     finally:
-        ctx.close()
+        teardown.step(ctx.close, "closing the run context")
         if dist.is_initialized():
-            dist.destroy_process_group()
+            teardown.step(dist.destroy_process_group, "destroying the process group")
     return summary

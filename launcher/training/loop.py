@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-from launcher.runtime import rungs
+from launcher.runtime import rungs, teardown
 from launcher.runtime.restarts import AtRung
 from launcher.training.checkpoint import Checkpointer
 from launcher.training.metrics import MetricsSink
@@ -69,7 +69,7 @@ class StepLoop:
         return [r[key] for r in self.history if key in r]
 
     def __iter__(self) -> Iterator[int]:
-        self._sink = MetricsSink(self.cfg, self.ctx)
+        self._sink = MetricsSink(self.cfg, self.ctx, self.history)
         try:
             for step in range(self.start + 1, self.steps + 1):
                 self.step, self._row = step, None
@@ -81,7 +81,7 @@ class StepLoop:
                 rungs.record_end(self.ctx.rundir, self._rule, self.steps, seconds=time.time() - self._t0,
                                  from_step=self._from, world=int(self.ctx.world_size), startup_s=self._startup)
         finally:
-            self.close()
+            teardown.step(self.close, "closing the metrics sink")
 
     def _end_step(self, step: int) -> None:
         if self._row is not None:

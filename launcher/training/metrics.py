@@ -2,8 +2,7 @@
 wandb (``wandb.enabled``; offline by default, under ``ctx.rundir.wandb_dir``)."""
 from __future__ import annotations
 
-import os
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 
 def _config(cfg: Any, ctx: Any) -> Dict[str, Any]:
@@ -20,29 +19,31 @@ def _config(cfg: Any, ctx: Any) -> Dict[str, Any]:
 
 
 class MetricsSink:
-    """Rows go to the run's metrics file (rank 0, through ctx.log_metrics) and, when enabled, to wandb."""
+    """Rows go to the run's metrics file (rank 0, through ctx.log_metrics) and, when enabled, to the
+    run's one wandb run (launcher.training.wandb_stream: resumed on each attempt, never able to fail
+    the training or replace its stop). ``history``: the rows of the steps resumed from a checkpoint."""
 
-    def __init__(self, cfg: Any, ctx: Any) -> None:
+    def __init__(self, cfg: Any, ctx: Any, history: Optional[List[Dict[str, Any]]] = None) -> None:
         self.ctx = ctx
-        self.run = None
+        self.stream = None
         wb = cfg.get("wandb") if hasattr(cfg, "get") else None
         if ctx.is_main and wb is not None and bool(wb.enabled):
-            os.environ.setdefault("WANDB_MODE", str(wb.mode))
-            os.environ.setdefault("WANDB_SILENT", "true")
-            import wandb
+            from launcher.training.wandb_stream import WandbStream
 
-            self.run = wandb.init(project=str(wb.project), dir=str(ctx.rundir.wandb_dir), mode=str(wb.mode),
-                                  name=ctx.rundir.run_id, config=_config(cfg, ctx))
+            self.stream = WandbStream(wb, ctx.rundir, _config(cfg, ctx), list(history or []))
+
+    @property
+    def run(self) -> Any:
+        """The wandb run this attempt logs to (None: wandb off, or lost for this attempt)."""
+        return None if self.stream is None or self.stream.lost else self.stream.run
 
     def log(self, step: int, row: Dict[str, Any]) -> None:
         self.ctx.log_metrics(step, **row)
-        if self.run is not None:
-            self.run.log(row, step=step)
+        if self.stream is not None:
+            self.stream.log(step, row)
 
     def close(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
-            import wandb
-
-            wandb.teardown()  # stop wandb's service now, so it writes nothing after the run is sealed
+        """Never raises: the wandb run's end is no outcome of the training (launcher.training.wandb_stream)."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
