@@ -79,7 +79,7 @@ def read_metrics(run_dir: str) -> List[dict]:
 # step in one process, so every layout up to 8 ranks (and pp=2 with >= 4 micro-batches) divides it.
 EQUIV_BASE = ["model=gpt_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=16",
               "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11",
-              "train.log_interval=0", "cluster=local", "wandb.enabled=false"]
+              "train.log_interval=0", "cluster=local"]
 
 
 def train_losses(overrides: List[str], runs_root: Path, procs: int, timeout: float = 300) -> List[float]:
@@ -137,3 +137,46 @@ def assert_state_bytes_exact(rdir: Path, procs: int) -> None:
         want = model_state_bytes_per_rank(cfg, stage=held["pp_stage"], dp_rank=held["dp_rank"])
         got = {k: held[k] for k in ("params", "grads", "optimizer")}
         assert got == {k: want[k] for k in got}, (rdir, rank, got, want)
+
+
+def wandb_offline_steps(run_dir: Path) -> Dict[str, List[int]]:
+    """The history steps each offline wandb run of a run dir holds, by its dir name. Read from wandb's
+    own ``.wandb`` files (a LevelDB-style log of ``Record`` protobufs, after a 7-byte header)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out: Dict[str, List[int]] = {}
+    for f in sorted(Path(run_dir).glob("wandb/offline-run-*/*.wandb")):
+        data, pos, block, buf, steps = f.read_bytes(), 7, 32768, b"", []
+        while pos + 7 <= len(data):
+            left = block - pos % block
+            if left < 7:
+                pos += left
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 0 and length == 0:
+                break
+            buf += chunk
+            if kind in (1, 4):  # a whole record, or the last part of one
+                rec = pb.Record()
+                rec.ParseFromString(buf)
+                buf = b""
+                if rec.WhichOneof("record_type") == "history":
+                    steps += [int(i.value_json) for i in rec.history.item
+                              if i.key == "_step" or list(i.nested_key) == ["_step"]]
+        out[f.parent.name] = steps
+    return out
+
+
+def assert_one_wandb_run(run_dir: Path, steps: int) -> None:
+    """wandb on (the default) through every attempt: one wandb id (the run's), its offline dirs in the
+    run dir, every step 1..steps logged in them."""
+    run_dir = Path(run_dir)
+    record = json.loads((run_dir / "wandb" / "stream.json").read_text())
+    held = wandb_offline_steps(run_dir)
+    assert held, f"no offline wandb run in {run_dir}/wandb"
+    assert all(name.endswith("-" + record["id"]) for name in held), (record, list(held))
+    assert sorted(set(s for got in held.values() for s in got)) == list(range(1, steps + 1)), held
+    assert record["durable_through"] == steps, record

@@ -1,7 +1,8 @@
 """Any model on every engine, on 2 real Slurm nodes (recipe=lm, docs/models.md): a user's nn.Module from a
 package written outside the tree, trained by DDP, FSDP2, ZeRO-2 and ZeRO-3 with one rank per node (fp32,
-dropout 0). (hf_llama_tiny, transformers' LlamaForCausalLM, on the same engines with a bitwise resume:
-test_engines_any_model.py, on one host.)
+dropout 0), and hf_llama_tiny (transformers' LlamaForCausalLM from its config) on FSDP2, all with the
+shipped defaults (wandb on: one wandb run across the requeue, every step in its offline files).
+(hf_llama_tiny on every engine with a bitwise resume: test_engines_any_model.py, on one host.)
 
 Per model ONE Slurm array holds every engine twice: a run preempted mid-step and an uninterrupted one
 (8 points, 2 nodes each). The preempted run is held at step 5 on attempt 1 (train.fail_mode=sleep on the
@@ -26,13 +27,13 @@ from typing import Dict, List
 import pytest
 from test_fault_tolerance import assert_identical, last_step, restarts, status, wait_for
 
-from helpers import FINAL, launch, read_metrics, runs_json
+from helpers import FINAL, assert_one_wandb_run, launch, read_metrics, runs_json
 
 FP32_LOSS_RTOL = 1e-6  # tests/integration/test_engine_deepspeed.py: ~2 float32 ulp of the loss
 STEPS, EVERY, HELD_AT = 8, 3, 5
 BASE = ["recipe=lm", "precision=fp32", f"train.steps={STEPS}", "train.global_batch_size=16",
         "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11", "lm.seq_len=32",
-        f"train.checkpoint.every={EVERY}", "train.log_interval=0", "wandb.enabled=false"]
+        f"train.checkpoint.every={EVERY}", "train.log_interval=0"]
 # the drill, on attempt 1 only; `train.fail_at_step=null,5` sweeps it on and off
 DRILL = ["train.fail_mode=sleep", "train.fail_rank=1", "train.fail_attempt=1"]
 # one point per engine: options of a config group the test adds (`--config-dir`), so that one array
@@ -78,7 +79,10 @@ class Net(nn.Module):
 MODELS = {
     "user_module": ["model._target_=anymodel_user.net.Net", "+model.vocab=${lm.vocab_size}", "+model.hidden=32",
                     "lm.vocab_size=128"],
+    # a Hugging Face model (transformers.LlamaForCausalLM from its config) preempted on FSDP2 across nodes
+    "hf_llama_tiny": ["model=hf_llama_tiny", "lm.vocab_size=128"],
 }
+ENGINES_OF = {"user_module": list(ENGINES), "hf_llama_tiny": ["fsdp"]}
 
 
 def project(where: Path) -> Path:
@@ -130,7 +134,7 @@ def test_every_engine_on_two_nodes_matches_one_process_and_survives_preemption(s
     proj = project(tmp_path / "project")
     sweep_root, single_root = tmp_path / "slurm", tmp_path / "single"
     res = launch(["-m", "--config-dir", str(proj / "conf"), *BASE, *MODELS[model], *DRILL, "cluster=local_slurm",
-                  "cluster.nodes=2", "cluster.gpus_per_node=1", f"+lm_engine={','.join(ENGINES)}",
+                  "cluster.nodes=2", "cluster.gpus_per_node=1", f"+lm_engine={','.join(ENGINES_OF[model])}",
                   f"train.fail_at_step=null,{HELD_AT}"], sweep_root, extra_env=slurm, cwd=proj)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # the single-process curve, made while the array runs
@@ -142,8 +146,8 @@ def test_every_engine_on_two_nodes_matches_one_process_and_survives_preemption(s
     reference = losses(Path(single["dir"]))
 
     runs: Dict[tuple, Path] = {point(Path(r["dir"])): Path(r["dir"]) for r in runs_json(sweep_root)}
-    assert sorted(runs) == sorted((e, p) for e in ENGINES for p in (False, True))
-    for engine in ENGINES:  # each preempted run: held in step 5, its checkpoint after step 3 committed
+    assert sorted(runs) == sorted((e, p) for e in ENGINES_OF[model] for p in (False, True))
+    for engine in ENGINES_OF[model]:  # each preempted run: held in step 5, its checkpoint after step 3 committed
         run = runs[engine, True]
         wait_for(f"{engine} held in step {HELD_AT}", lambda run=run: held(run), 240)
         job_id = json.loads((run / "job.json").read_text())["job_id"]
@@ -153,13 +157,14 @@ def test_every_engine_on_two_nodes_matches_one_process_and_survives_preemption(s
     assert all(status(r)["status"] == "completed" for r in runs.values()), {k: status(r) for k, r in runs.items()}
 
     deviation = {}
-    for engine in ENGINES:
+    for engine in ENGINES_OF[model]:
         run, ref = runs[engine, True], runs[engine, False]
         assert [(r["attempt"], r["from_step"]) for r in restarts(run)] == [(2, EVERY)], restarts(run)
         assert restarts(run)[0]["reason"] in ("preempted", "scheduler"), restarts(run)
         assert status(ref).get("attempt", 1) == 1 and not restarts(ref)
         deviation[engine] = max(max_rel(losses(run), reference), max_rel(losses(ref), reference))
         assert_identical(run, ref)  # every step's loss and every tensor of the final checkpoint, bitwise
+        assert_one_wandb_run(run, STEPS)  # wandb on (the default): one wandb run across the requeue
     print(f"{model}: max |loss - single| / single over {STEPS} steps: "
           + ", ".join(f"{e} {d:.1e}" for e, d in deviation.items()))
     assert all(d <= FP32_LOSS_RTOL for d in deviation.values()), deviation

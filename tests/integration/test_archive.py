@@ -247,7 +247,7 @@ def test_twenty_task_array(slurm, runs_root, tmp_path):
     code.mkdir()
     (code / "tiny.py").write_text(TINY_SCRIPT)
     res = launch(["-m", "recipe=script", "recipe.script=tiny.py", "cluster=local_slurm", "cluster.nodes=1",
-                  "cluster.gpus_per_node=1", "wandb.enabled=false", "seed=range(0,20)"], runs_root,
+                  "cluster.gpus_per_node=1", "seed=range(0,20)"], runs_root,
                  extra_env=slurm, timeout=600, cwd=code)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     runs = wait_final(runs_root, 20, timeout=1100)

@@ -3,21 +3,24 @@ decision resumes the best from their checkpoints and prunes the rest, and the wi
 where the same point run straight through ends.
 
 - cluster=local, a user's own function recipe on the public StepLoop: 4 points, reduction 2 (4 -> 2 -> 1);
-- cluster=local_slurm, the GPT recipe: 8 points (optim.lr x optim.warmup_steps), rungs [2, 4, 8],
-  reduction 3 (8 -> 2 -> 1: the last cut is the max(1, n // reduction) floor), twice as many points as
-  array slots (cluster.array_parallelism=4): the paused array tasks held (their slots freed for the
-  pending ones) and released by Slurm. (It was 16 points, 16 -> 5 -> 1: the same paths, 22 starts against 10.)
+- cluster=local_slurm, the GPT recipe with the shipped defaults (wandb on): 9 points (optim.lr x
+  optim.warmup_steps), rungs [2, 4, 8], reduction 3 (9 -> 3 -> 1), more points than array slots
+  (cluster.array_parallelism=4): the paused array tasks held (their slots freed for the pending ones)
+  and released by Slurm; no point fails at its pause, no job is left in the queue, and the winner's one
+  wandb run holds every step.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from test_fault_tolerance import QUICK, assert_identical
 
-from helpers import BIN, launch, read_metrics, run_cmd, runs_json, wait_final
+from helpers import BIN, assert_one_wandb_run, launch, read_metrics, run_cmd, runs_json, wait_final
 
 USER_TRAIN = '''"""A user's loop on the public API: an MLP, data seeded by (seed, step, rank), lr from its params."""
 import torch
@@ -120,18 +123,24 @@ def test_asha_8_points_of_the_gpt_on_slurm(slurm, tmp_path):
     base = ["model=gpt_tiny", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1",
             "train.steps=8", "train.global_batch_size=4", "train.micro_batch_size=2", *QUICK]
     root = tmp_path / "runs"
-    res = launch(["-m", *base, "optim.lr=1e-4,1e-3,3e-3,1e-2", "optim.warmup_steps=0,2", "sweep=asha",
+    res = launch(["-m", *base, "optim.lr=1e-4,1e-3,1e-2", "optim.warmup_steps=0,1,2", "sweep=asha",
                   "sweep.rungs=[2,4,8]", "sweep.reduction=3", "cluster.array_parallelism=4"], root,
                  extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = wait_final(root, 8, timeout=1500)
+    runs = wait_final(root, 9, timeout=1500)
     summ = status_json(root, runs[0]["sweep_id"], slurm)["rungs"]
     print(json.dumps({k: v for k, v in summ.items() if k != "lines"}, indent=1))
     print("\n".join(summ["lines"]))
-    assert [r["reported"] for r in summ["rungs"]] == [8, 2, 1]
+    # wandb on (the default): every pause (the job's TERM reaches wandb's service) ends cleanly
+    assert sorted(r["status"] for r in runs) == ["completed"] + ["pruned"] * 8, [r["status"] for r in runs]
+    assert [r["reported"] for r in summ["rungs"]] == [9, 3, 1]
     winner = check_rule(runs, summ, [2, 4, 8], 3, 8)
-    # steps run: 8 x 2 + 2 x 2 + 1 x 4 of 8 x 8; starts: 8 + 2 + 1 less the deciders that went on
-    assert (summ["steps"], summ["grid_steps"]) == (24, 64) and 8 < summ["starts"] <= 11
+    # steps run: 9 x 2 + 3 x 2 + 1 x 4 of 9 x 8; starts: 9 + 3 + 1 less the deciders that went on
+    assert (summ["steps"], summ["grid_steps"]) == (28, 72) and 9 < summ["starts"] <= 13
+    queued = subprocess.run(["squeue", "-h", "-j", ",".join(sorted({str(r["job_id"]).split("_")[0] for r in runs}))],
+                            capture_output=True, text=True, env={**os.environ, **slurm}).stdout
+    assert queued.strip() == "", queued  # no paused or pruned point's job left in the queue
+    assert_one_wandb_run(Path(winner["dir"]), 8)  # one wandb run across its pauses, every step in it
     assert 0 < summ["loop_s"] < summ["grid_loop_s"] and summ["spent_s"] > summ["loop_s"]
     from launcher.rundir import RunDir
 
@@ -147,6 +156,8 @@ def test_asha_8_points_of_the_gpt_on_slurm(slurm, tmp_path):
 
 HYDRA_APP = '''"""A Hydra app of its own: gradient descent on w^2, its state in its output dir, the loss reported."""
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import hydra

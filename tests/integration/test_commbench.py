@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.dist]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
 SIZES = [1024 << i for i in range(9)]  # 1 KiB .. 256 KiB
 # small and quick: a few iterations per size, no wandb
-SMALL = ["recipe=commbench", "wandb.enabled=false", "recipe.params.min_bytes=1024",
+SMALL = ["recipe=commbench", "recipe.params.min_bytes=1024",
          "recipe.params.max_bytes=262144", "recipe.params.warmup_iters=2",
          "recipe.params.iters=5", "recipe.params.dtype=fp32"]
 FACTORS = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "sendrecv": 1.0}  # n = 2

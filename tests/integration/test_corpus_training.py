@@ -16,7 +16,7 @@ from helpers import BIN, launch, read_metrics, runs_json
 
 PACKAGES = ("json", "email", "http")
 COMMON = ["cluster=local", "cluster.gpus_per_node=1", "data=tokens", "data.eval_every=50", "data.eval_batches=2",
-          "train.global_batch_size=16", "train.micro_batch_size=16", "train.log_interval=0", "wandb.enabled=false"]
+          "train.global_batch_size=16", "train.micro_batch_size=16", "train.log_interval=0"]
 # measured on this corpus (2 cores, seed 0; entropy 5.35 nats): gpt_tiny 200 steps at 3e-3 ends at
 # 4.25 train / 4.34 eval, hf_llama_tiny 100 steps at 6e-3 at 3.97 / 4.03 (37 s for the file)
 RUNS = {"gpt_tiny": (["model=gpt_tiny", "train.steps=200", "optim.lr=3e-3"], 0.75),

@@ -20,8 +20,8 @@ def test_reproduce_refuses_a_run_whose_shard_changed(tmp_path):
                   vocab_size=512, eos_id=0)
     root = tmp_path / "runs"
     res = launch(["model=gpt_tiny", "cluster=local", "cluster.gpus_per_node=1", "data=tokens", f"data.path={ds}",
-                  "train.steps=3", "train.global_batch_size=2", "train.micro_batch_size=2", "train.log_interval=0",
-                  "wandb.enabled=false"], root, timeout=240)
+                  "train.steps=3", "train.global_batch_size=2", "train.micro_batch_size=2", "train.log_interval=0"],
+                 root, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = runs_json(root)
     assert run["status"] == "completed", run

@@ -14,7 +14,7 @@ from helpers import launch, read_metrics, runs_json
 STEPS = 6
 BASE = ["model=gpt_tiny", "precision=fp32", "cluster=local", "data=tokens", "data.log_samples=true",
         "data.eval_every=3", f"train.steps={STEPS}", "train.global_batch_size=8", "train.micro_batch_size=2",
-        "train.checkpoint.every=2", "train.log_interval=0", "wandb.enabled=false", "seed=5"]
+        "train.checkpoint.every=2", "train.log_interval=0", "seed=5"]
 
 
 @pytest.fixture(scope="module")

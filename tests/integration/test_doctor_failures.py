@@ -26,7 +26,8 @@ from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.dist]
 
-BASE = ["model=gpt_tiny", "wandb.enabled=false", "train.max_restarts=0", "train.log_interval=0",
+# no restart: each drill's failure is the outcome doctor explains
+BASE = ["model=gpt_tiny", "train.max_restarts=0", "train.log_interval=0",
         "optim.warmup_steps=0", "cluster.gpus_per_node=2"]
 MB = 1024 * 1024
 
@@ -213,6 +214,7 @@ def test_collective_timeout_names_the_rank_waited_for(runs_root):
 
 def test_restarted_then_completed_says_why(runs_root):
     res = launch([*BASE, "train.steps=6", "train.fail_at_step=3", "train.fail_rank=1", "train.fail_attempt=1",
+                  # one restart: the run restarted once, then completed
                   "train.max_restarts=1", "train.checkpoint.every=2"], runs_root, timeout=200)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (run,) = runs_json(runs_root)

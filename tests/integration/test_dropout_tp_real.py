@@ -28,7 +28,7 @@ from helpers import launch, read_metrics, runs_json, tensors
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 BASE = ["model=gpt_tiny", "precision=fp32", "cluster=local", "cluster.gpus_per_node=2", "parallelism=tp",
-        "model.dropout=0.1", "seed=23", "wandb.enabled=false", "train.log_interval=0"]
+        "model.dropout=0.1", "seed=23", "train.log_interval=0"]
 RESIDUAL = ("embedding.dropout", "blocks.0.attn.resid_dropout", "blocks.0.mlp.dropout",
             "blocks.1.attn.resid_dropout", "blocks.1.mlp.dropout")
 ATTN = ("attn.0", "attn.1")

@@ -17,6 +17,7 @@ from helpers import BIN, EQUIV_BASE, launch, read_metrics, run_cmd, runs_json, w
 LOSS_ATOL = 5e-6  # the layout tests' tolerance (tests/integration/test_reshard.py)
 # 12 samples a step: dp4 x 3 micro-batches on 4 nodes, dp3 x 4 on 3
 BASE = [*EQUIV_BASE, "train.global_batch_size=12", "train.micro_batch_size=1", "train.steps=24",
+        # blocking saves: the lost node must find every due checkpoint committed
         "train.checkpoint.every=4", "train.checkpoint.async_save=false"]
 
 

@@ -13,9 +13,9 @@ from typing import Dict, List
 
 import pytest
 
-from helpers import BIN, launch, read_metrics, run_cmd, runs_json, tensors
+from helpers import BIN, assert_one_wandb_run, launch, read_metrics, run_cmd, runs_json, tensors
 
-QUICK = ["wandb.enabled=false", "train.log_interval=0"]
+QUICK = ["train.log_interval=0"]
 
 
 def final_state(run_dir: Path) -> Dict[str, "object"]:
@@ -83,7 +83,7 @@ def only_run(runs_root: Path) -> Path:
 # DDP on 2 nodes: test_user_recipe.py's drill (the same public step loop, a user's DDP); ZeRO-2's requeue
 # on Slurm: test_any_model_slurm.py; here the engines whose state is sharded most
 ENGINES = {
-    "zero3": ["cluster.nodes=1", "cluster.gpus_per_node=2", "zero=3"],
+    "zero3": ["cluster.nodes=2", "cluster.gpus_per_node=1", "zero=3"],  # the GPT on 2 nodes
     "megatron_tp2_pp2": ["cluster.nodes=1", "cluster.gpus_per_node=4", "parallelism.tp=2", "parallelism.pp=2"],
 }
 
@@ -135,6 +135,54 @@ def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], rng: ra
     assert rows[0]["reason"] in ("preempted", "scheduler") and rows[1]["reason"] == "time_limit", rows
     assert rows[1]["from_step"] == rows[1]["failed_step"] >= k2  # saved at the boundary after the signal
     assert all(r["nodes"] and r["job_id"] == job_id for r in rows)
+    # wandb on (the default) through both stops: one wandb run, every step in its offline files
+    assert_one_wandb_run(run, len(read_metrics(ref)))
+
+
+def slurm_job(job_id: str, env: Dict[str, str]) -> Dict[str, str]:
+    """slurmctld's record of a job (``scontrol show job -o``), as fields; {}: it has none."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                         env={**os.environ, **env}).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_a_cancel_ends_the_run_cancelled_and_requeues_nothing(slurm, tmp_path):
+    """``scancel JOB`` of a running GPT on 2 nodes, and ``launcher cancel RUN`` of another, with the
+    defaults on (wandb included): a cancel is not a preemption. Each run ends ``cancelled`` at attempt 1
+    with nothing restarted, and slurmctld holds its job CANCELLED (final: Slurm never starts it again),
+    none of it in the queue."""
+    cfg = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "train.steps=100000",
+           "train.checkpoint.every=5", *QUICK]
+    roots = {k: tmp_path / k for k in ("scancel", "launcher_cancel")}
+    for root in roots.values():  # both queue at once and run side by side (2 + 2 nodes)
+        res = launch(cfg, root, extra_env=slurm)
+        assert res.returncode == 0, res.stdout + res.stderr
+    runs = {k: only_run(root) for k, root in roots.items()}
+    for run in runs.values():
+        wait_for(f"step 3 of {run}", lambda run=run: last_step(run) >= 3, 300)
+    jobs = {k: json.loads((run / "job.json").read_text())["job_id"] for k, run in runs.items()}
+    subprocess.run(["scancel", jobs["scancel"]], check=True, env={**os.environ, **slurm})
+    mine = runs["launcher_cancel"]
+    res = run_cmd([str(BIN / "launcher"), "cancel", f"{mine.parent.name}-{mine.name}", "--root",
+                   str(roots["launcher_cancel"])], roots["launcher_cancel"], extra_env=slurm)
+    assert res.returncode == 0 and "cancelled 1 run(s)" in res.stdout, res.stdout + res.stderr
+    for k, run in runs.items():
+        wait_for(f"{k}'s end", lambda run=run: status(run)["status"] in ("completed", "failed", "cancelled"), 240)
+        st = status(run)
+        assert st["status"] == "cancelled" and st["attempt"] == 1, st
+        assert restarts(run) == [], restarts(run)
+        # the job has ended in slurmctld's own record, as CANCELLED, and nothing of it is queued
+        wait_for(f"{k}'s job ended", lambda k=k: slurm_job(jobs[k], slurm).get("JobState") in ("CANCELLED", None)
+                 or not slurm_job(jobs[k], slurm), 120)
+        job = slurm_job(jobs[k], slurm)
+        assert not job or (job["JobState"] == "CANCELLED" and job["Restarts"] == "0"), job
+        queued = subprocess.run(["squeue", "-h", "-j", jobs[k]], capture_output=True, text=True,
+                                env={**os.environ, **slurm}).stdout
+        assert queued.strip() == "", queued
+    st = status(runs["scancel"])  # the rank's word, asked of the scheduler: a cancel, after a saved step
+    assert st["stop"]["scheduler"] == "cancelled" and "scancel" in st["error"], st
 
 
 # ---- real Slurm: failures the way NCCL makes them, decided outside the ranks ---------------------
@@ -296,7 +344,7 @@ def test_restart_budget_ends_a_run_that_always_fails(runs_root):
     # one process: the budget is counted by the job's controller per attempt, whatever the world size
     # (a peer's part in a failure: the killed-rank and hang drills above and below)
     res = launch([*LOCAL, "cluster.gpus_per_node=1", "train.fail_at_step=2", "train.fail_rank=0",
-                  "train.max_restarts=2"], runs_root, timeout=300)
+                  "train.max_restarts=2"], runs_root, timeout=300)  # a budget of 2: the drill spends it
     assert res.returncode == 1
     run = only_run(runs_root)
     st = status(run)
@@ -310,6 +358,7 @@ def test_restart_budget_ends_a_run_that_always_fails(runs_root):
 def test_hang_watchdog_names_the_sleeping_rank(runs_root):
     t0 = time.time()
     res = launch([*LOCAL, "train.fail_at_step=5", "train.fail_rank=1", "train.fail_mode=sleep",
+                  # no restart: the hang's report is the outcome
                   "train.hang_timeout_s=6", "train.dist_timeout_s=120", "train.max_restarts=0"], runs_root,
                  timeout=300)
     elapsed = time.time() - t0
@@ -337,6 +386,7 @@ def test_resume_continues_a_failed_run_identically(runs_root, reference):
     cleared, and the run ends bitwise where the uninterrupted one does. (The killed-rank drill above
     restarts inside the job; here the next attempt is the user's.)"""
     res = launch([*LOCAL, "train.fail_at_step=9", "train.fail_rank=1", "train.fail_mode=kill_in_save",
+                  # no restart: the next attempt is the user's launcher resume
                   "train.max_restarts=0", "train.fail_attempt=1"], runs_root, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     run = only_run(runs_root)

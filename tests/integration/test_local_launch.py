@@ -48,6 +48,7 @@ def test_local_run_trains_and_archives(runs_root):
 
 
 def test_local_failure_is_failed_with_traceback(runs_root):
+    # no restart: the failure is the outcome
     res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1", "train.max_restarts=0"], runs_root)
     assert res.returncode != 0
     (run,) = runs_json(runs_root)
@@ -116,7 +117,7 @@ def test_each_run_writes_relative_paths_into_its_own_work_dir(tmp_path):
         "        f.write(str(cfg.seed))\n"
         "    return {'cwd': os.getcwd()}\n")
     runs_root = tmp_path / "runs"
-    res = launch(["-m", "seed=1,2", "recipe._target_=relpkg.train.main", "cluster=local", "wandb.enabled=false"],
+    res = launch(["-m", "seed=1,2", "recipe._target_=relpkg.train.main", "cluster=local"],
                  runs_root, timeout=240, cwd=pkg.parent)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     runs = runs_json(runs_root)

@@ -42,7 +42,7 @@ def test_real_local_submission_imports_no_torch(tmp_path):
     """The whole launch of a local run: check, stage, submit, wait for the job, report. The job's
     processes import torch; the launching process does not."""
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "train.steps=4",
-                          "optim.warmup_steps=0", "wandb.enabled=false", "cluster.gpus_per_node=1"],
+                          "optim.warmup_steps=0", "cluster.gpus_per_node=1"],
                          capture_output=True, text=True, timeout=280, cwd=tmp_path,
                          env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -55,7 +55,7 @@ def test_real_local_submission_imports_no_torch(tmp_path):
 @pytest.mark.timeout(300)
 def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
-                          "train.steps=6", "optim.lr=1e-3,2e-3", "wandb.enabled=false"],
+                          "train.steps=6", "optim.lr=1e-3,2e-3"],
                          capture_output=True, text=True, timeout=280, cwd=tmp_path,
                          env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE, **slurm})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -73,7 +73,7 @@ def test_real_slurm_pack_submission_imports_no_torch(tmp_path, slurm):
     stays for its steps."""
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
                           "cluster.nodes=1", "cluster.pack=true", "cluster.pack_nodes=1", "train.steps=6",
-                          "optim.lr=1e-3,2e-3", "wandb.enabled=false"],
+                          "optim.lr=1e-3,2e-3"],
                          capture_output=True, text=True, timeout=280, cwd=tmp_path,
                          env={"LAUNCHER_RUNS": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", **_CODE, **slurm})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slurm]
 # one point of six has its rank killed at step 2 of its first attempt (the others' fault is for an
 # attempt 2 they never reach)
 PACK = ["cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "model=gpt_tiny", "train.steps=3",
-        "wandb.enabled=false", "train.log_interval=0", "cluster.pack=true", "cluster.pack_nodes=2",
+        "train.log_interval=0", "cluster.pack=true", "cluster.pack_nodes=2",
+        # no restart: retry_points, not the budget, restarts the points
         "train.max_restarts=0", "train.fail_at_step=2", "train.fail_mode=kill", "train.fail_attempt=1,2,2,2,2,2",
         "cluster.time_min=10"]
 
@@ -115,6 +116,7 @@ def test_a_requeued_pack_then_its_time_limit_run_only_the_unfinished_points_from
     once they have, and its next start resumes both from those checkpoints. (One pack for both: each
     started its own.)"""
     over = [*(o for o in PACK[:7] if not o.startswith("train.steps=")), "cluster.pack=true", "cluster.pack_nodes=1",
+            # a budget of 2: a requeue and a time limit
             "cluster.time_min=10", "train.max_restarts=2", "train.checkpoint.every=5", "train.steps=3,150,150"]
     res = launch(["-m", *over], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -175,7 +177,7 @@ def test_two_node_points_share_the_packs_nodes_with_their_own_ports(slurm, runs_
     """Two points of 2 nodes each in a 2-node pack run at once on the same two nodes: each forms its own
     process group (its port from <job>.<step>), both complete."""
     over = ["cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=1", "model=gpt_tiny", "train.steps=20",
-            "wandb.enabled=false", "train.log_interval=0", "cluster.pack=true", "cluster.pack_nodes=2",
+            "train.log_interval=0", "cluster.pack=true", "cluster.pack_nodes=2",
             "cluster.time_min=10", "seed=1,2"]
     res = launch(["-m", *over], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr

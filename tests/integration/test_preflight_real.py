@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slurm, pytest.mark.dist]
 # tp=2 x pp=2 over 2 nodes of 2 processes: every rung has something to do
 GOOD = ["model=gpt_tiny", "precision=fp32", "parallelism=3d", "cluster=local_slurm", "cluster.nodes=2",
         "cluster.gpus_per_node=2", "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=0",
-        "wandb.enabled=false", "seed=5"]
+        "seed=5"]
 STEPS = "6"
 
 

@@ -17,7 +17,7 @@ from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 
-SMALL = ["train.steps=6", "wandb.enabled=false"]
+SMALL = ["train.steps=6"]
 IMG = re.compile(r'<img src="data:image/png;base64,[A-Za-z0-9+/]+=*" alt="([^"]*)">')
 
 

@@ -35,6 +35,7 @@ def _losses_match(run: Path, ref: Path, steps: int, hops: str) -> float:
 
 # The issue's drill on the 4-node local Slurm cluster: gpt_tiny with 4 layers (so that pp=4 divides it)
 SLURM_BASE = [*EQUIV_BASE, "model.num_layers=4", "train.steps=16", "train.checkpoint.every=4",
+              # blocking saves: each resharded start needs the failed attempt's last save
               "train.checkpoint.async_save=false"]
 
 
@@ -49,6 +50,7 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
     root = tmp_path / "runs"
     res = launch([*SLURM_BASE, "cluster=local_slurm", "cluster.nodes=4", "cluster.gpus_per_node=2", "parallelism=3d",
                   "parallelism.tp=2", "parallelism.pp=2", "train.fail_at_step=6", "train.fail_rank=0",
+                  # no restart: the next attempt is launcher resume on another layout
                   "train.fail_attempt=1", "train.max_restarts=0"], root, extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (row,) = wait_final(root, 1, timeout=300)
@@ -108,7 +110,7 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
 
 HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "train.global_batch_size=8",
       "train.micro_batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=2", "seed=11", "train.log_interval=0",
-      "cluster=local", "wandb.enabled=false"]
+      "cluster=local"]
 
 
 @pytest.mark.dist
@@ -122,6 +124,7 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
     (ref,) = runs_json(tmp_path / "ref")
     root = tmp_path / "runs"
     res = launch([*HF, "cluster.gpus_per_node=2", "parallelism=fsdp", "train.checkpoint.every=4",
+                  # no restart: the next attempt is launcher resume on another layout
                   "train.fail_at_step=6", "train.fail_rank=0", "train.fail_attempt=1", "train.max_restarts=0"],
                  root, timeout=300)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
@@ -152,9 +155,11 @@ def test_megatron_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown
     the saved ones."""
     root = tmp_path / "runs"
     res = launch([*EQUIV_BASE, "precision=fp16", "precision.initial_scale_power=4", "precision.loss_scale_window=2",
+                  # blocking saves: the resharded start needs the last save
                   "train.steps=8", "train.checkpoint.every=4", "train.checkpoint.async_save=false",
                   "cluster.gpus_per_node=2", "parallelism.engine=megatron", "zero.stage=1", "train.fail_at_step=6",
                   "train.fail_rank=0",
+                  # no restart: the next attempt is launcher resume on another layout
                   "train.fail_attempt=1", "train.max_restarts=0"], root, timeout=300)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (row,) = runs_json(root)

@@ -17,7 +17,7 @@ def _ended_run(tmp_path, *overrides):
     """A staged, never submitted run (local backend), recorded failed and sealed."""
     from launcher.submit import pipeline
 
-    cfg = _cfg("cluster=local", "model=gpt_tiny", "train.steps=3", "wandb.enabled=false", *overrides)
+    cfg = _cfg("cluster=local", "model=gpt_tiny", "train.steps=3", *overrides)
     checked = pipeline.validate([pipeline.Point(cfg, list(overrides))])
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)

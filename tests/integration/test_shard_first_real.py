@@ -26,7 +26,7 @@ from helpers import REPO, launch, read_metrics, runs_json
 sys.path.insert(0, str(REPO))  # benchmarks/ is not an installed package
 from benchmarks.construction_memory import TARGET, gather_weights  # noqa: E402
 
-TINY = ["model=gpt_tiny", "precision=fp32", "seed=11", "cluster=local", "wandb.enabled=false",
+TINY = ["model=gpt_tiny", "precision=fp32", "seed=11", "cluster=local",
         "train.log_interval=0"]
 
 LAYOUTS = {

@@ -79,7 +79,7 @@ def test_sweep_is_one_array_job(slurm, runs_root):
 
 def test_failing_task_is_failed_with_traceback(slurm, runs_root):
     res = launch(["cluster=local_slurm", "cluster.nodes=1", "train.steps=10", "train.fail_at_step=2",
-                  "train.max_restarts=0"], runs_root, extra_env=slurm)
+                  "train.max_restarts=0"], runs_root, extra_env=slurm)  # no restart: the failure is the outcome
     assert res.returncode == 0, res.stderr
     (run,) = wait_final(runs_root, 1, timeout=300)
     assert run["status"] == "failed", run

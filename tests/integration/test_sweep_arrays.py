@@ -14,7 +14,7 @@ from launcher.rundir import RunDir
 pytestmark = [pytest.mark.slurm]
 
 TINY = ["cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "model=gpt_tiny", "train.steps=3",
-        "wandb.enabled=false", "train.log_interval=0"]
+        "train.log_interval=0"]
 
 
 def launcher(args, runs_root, slurm, timeout=300):
@@ -149,7 +149,7 @@ def test_a_refused_sbatch_is_recorded_not_submitted(slurm, runs_root):
     cannot know it) leaves its points failed ("submission failed"), the later arrays' points failed
     "not submitted" without trying them, and the launch exits 1."""
     res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.partition=nonexistent",
-                  "cluster.max_array_size=2", "train.steps=2", "wandb.enabled=false", "seed=0,1,2,3"],
+                  "cluster.max_array_size=2", "train.steps=2", "seed=0,1,2,3"],
                  runs_root, extra_env=slurm, timeout=240)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "invalid partition" in res.stderr.lower(), res.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_a_launch_is_queued_whole_or_not_at_all(slurm, runs_root):
     import subprocess
 
     res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "cluster.partition=debug,nonexistent",
-                  "+cluster.sbatch_extra.begin=now+10hours", "train.steps=2", "wandb.enabled=false", "seed=0,1"],
+                  "+cluster.sbatch_extra.begin=now+10hours", "train.steps=2", "seed=0,1"],
                  runs_root, extra_env=slurm, timeout=200)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "were cancelled" in res.stderr, res.stderr[-2000:]
@@ -196,6 +196,7 @@ def test_retried_and_resumed_runs_archive_their_new_script_and_scrub_submitits_f
 
     secret = "v-" + secrets.token_hex(12)  # made at test time (a literal would sit in the code snapshot)
     env = dict(slurm, MY_SERVICE_SECRET=secret)
+    # no restart: the failed point is the outcome
     res = launch(["-m", *TINY, "train.max_restarts=0", "train.fail_at_step=null,2"], runs_root, extra_env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = wait_final(runs_root, 2, timeout=300)

@@ -14,8 +14,8 @@ from helpers import BIN, launch, run_cmd, runs_json
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 
-TINY = ["model=gpt_tiny", "cluster=local", "cluster.gpus_per_node=1", "wandb.enabled=false", "train.steps=4",
-        "train.log_interval=0", "train.max_restarts=0"]
+TINY = ["model=gpt_tiny", "cluster=local", "cluster.gpus_per_node=1", "train.steps=4",
+        "train.log_interval=0", "train.max_restarts=0"]  # no restart: a failing point is the outcome
 
 # TPE (seeded: its first trials are random draws) over the learning rate and over which attempt the
 # injected fault fires on: attempt 1 fails the run at step 2; attempt 2 never comes (no restarts),
@@ -115,7 +115,7 @@ def test_optuna_on_slurm_over_a_numeric_group(slurm, tmp_path):
     res = launch(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2",
                   "hydra.sweeper.sampler.seed=6", "optim.lr=interval(0.001,0.01)", "zero=choice(0,1)",
                   "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1", "train.steps=4",
-                  "wandb.enabled=false", "train.log_interval=0"], root, timeout=560)
+                  "train.log_interval=0"], root, timeout=560)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     trials = _trials(res.stdout)
     assert len(trials) == 3 and all(t[2].startswith("final_loss = ") for t in trials), res.stdout

@@ -11,7 +11,7 @@ from helpers import BIN, launch, run_cmd, runs_json
 pytestmark = [pytest.mark.timeout(300), pytest.mark.dist]
 
 # 3 processes x micro batch 4 = 12 does not divide the global batch 16: the GPT recipe is refused
-THREE = ["cluster=local", "cluster.gpus_per_node=3", "wandb.enabled=false"]
+THREE = ["cluster=local", "cluster.gpus_per_node=3"]
 
 
 def test_a_user_recipe_on_three_processes_is_not_held_to_gpt_rules(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import launcher
 from helpers import BIN, REPO, launch, run_cmd, runs_json
 
-QUICK = ["cluster=local", "wandb.enabled=false", "train.steps=5", "train.max_restarts=3"]
+QUICK = ["cluster=local", "train.steps=5", "train.max_restarts=3"]
 
 
 def user_package(root: Path, files: Dict[str, str], name: str = "upkg") -> Path:

@@ -289,8 +289,7 @@ def test_a_file_the_edit_would_break_is_refused():
 # ---- `launcher plan --calibrate` on run dirs ---------------------------------------------------------------
 
 TRUE = Calibration(compute_scale=3000.0, comm_scale=40.0, step_overhead_s=0.02, activation_scale=0.9)
-BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2", "cluster=local",
-        "wandb.enabled=false"]
+BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2", "cluster=local"]
 RUNS = {"single": ["cluster.gpus_per_node=1"], "dp2": ["cluster.gpus_per_node=2"],
         "tp2": ["cluster.gpus_per_node=2", "parallelism=tp"], "pp2": ["cluster.gpus_per_node=2", "parallelism=pp"]}
 

@@ -80,7 +80,7 @@ def test_the_launch_refuses_them_before_writing_anything(tmp_path, monkeypatch):
                "submit.job_name": ["submit.job_name=" + "n" * 5000],
                "cluster.mem_gb": ["cluster.mem_gb=4096"]}
     for key, overrides in attacks.items():
-        cfg = _cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0", "wandb.enabled=false",
+        cfg = _cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0",
                    f"submit.runs_root={runs}", *overrides)
         t0 = time.time()
         with pytest.raises(pipeline.InvalidSweep, match=key.replace(".", r"\.")) as got:
@@ -248,7 +248,7 @@ def test_the_launch_is_refused_before_writing_anything(monkeypatch, tmp_path):
     monkeypatch.setattr(slurm, "cluster_nodes", lambda: NODES)
     monkeypatch.setattr(slurm.SlurmBackend, "runs_root_problem", lambda self, root, cfg=None: None)
     runs = tmp_path / "runs"
-    points = [pipeline.Point(_cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0", "wandb.enabled=false",
+    points = [pipeline.Point(_cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0",
                                   f"submit.runs_root={runs}", "cluster.qos=long", f"seed={s}"), [f"seed={s}"])
               for s in range(2)]
     with pytest.raises(pipeline.InvalidSweep, match=r"MaxSubmitJobsPerUser of QOS long.*0 can be submitted now"):

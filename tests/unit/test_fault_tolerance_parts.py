@@ -741,5 +741,6 @@ def test_the_local_controller_starts_a_silent_death_again_and_records_why(tmp_pa
     assert local_controller.decide_after(note, [-11, 0]) == "failed"
     st = rd.status()
     assert st.state is Status.failed and st.exit_code == 139, st
+    # the budget's message names the key
     assert "(SIGSEGV); restart budget spent" in st.error and "train.max_restarts=1" in st.error, st.error
     assert local_controller.decide_after(note, [-9, 0]) is None  # the run has its outcome

@@ -22,10 +22,16 @@ def keys(cfg):
 
 
 def test_default_layout_is_valid_and_derived():
+    from launcher.backends.local import host_gpus
+
     lay = rules.resolve(cfg_with())
-    assert (lay.world_size, lay.dp, lay.tp, lay.pp) == (2, 2, 1, 1)
-    # global 16 = dp 2 * micro 4 * accum 2
-    assert lay.grad_accum == 2
+    # cluster=local: 2 processes on a host without GPUs, else one per GPU, as many as the 4 micro-batches
+    # of the default batch split over (the host as tests/unit/conftest.py fixes it)
+    gpus = host_gpus()
+    dp = 2 if not gpus else max(k for k in (1, 2, 4) if k <= gpus)
+    assert (lay.world_size, lay.dp, lay.tp, lay.pp) == (dp, dp, 1, 1)
+    # global 16 = dp * micro 4 * accum
+    assert lay.grad_accum == 16 // (4 * dp)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +173,7 @@ def test_added_mapping_entries_are_known_keys():
 
 
 def test_local_backend_runs_one_node():
-    (err,) = rules.problems(cfg_with("cluster=local", "cluster.nodes=2"))
+    (err,) = rules.problems(cfg_with("cluster=local", "cluster.nodes=2", "cluster.gpus_per_node=2"))
     assert err.key == "cluster.nodes" and err.fix.startswith("set cluster.nodes=1 or use a Slurm cluster")
     assert keys(cfg_with("cluster=local_slurm", "cluster.nodes=2")) == []
 

@@ -171,7 +171,8 @@ def test_the_loop_trains_a_users_module_in_one_process_with_eval(user_net, tmp_p
     from recipes.lm.train import main
 
     composed = _cfg("recipe=lm", f"model._target_={user_net}", "+model.vocab=${lm.vocab_size}", "lm.vocab_size=64",
-                    "lm.seq_len=16", "train.steps=6", "data.eval_every=4", "optim.lr=1e-2", "wandb.enabled=false",
+                    "lm.seq_len=16", "train.steps=6", "data.eval_every=4", "optim.lr=1e-2",
+                    "wandb.enabled=false",  # default off: the pure tier starts no process (wandb's service is one)
                     "train.log_interval=0", "cluster.gpus_per_node=1")
     cfg = schema.typed(OmegaConf.to_container(composed, resolve=True))
     run = tmp_path / "run"

@@ -8,8 +8,7 @@ from launcher import ladder
 from launcher.submit.pipeline import validate as check
 from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 
-BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2",
-        "wandb.enabled=false"]
+BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2"]
 SLURM_3D = [*BASE, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism=3d"]
 
 
@@ -61,7 +60,7 @@ def test_one_node_skips_the_comm_rung_and_one_process_per_node_the_node_rung():
 def test_a_model_too_large_for_one_gpu_is_cut_to_the_layers_that_fit():
     big = ["model=gpt_1b3", "precision=bf16", "cluster=a100_80g", "cluster.nodes=2", "cluster.gpu.memory_gb=8",
            "parallelism=tp", "parallelism.tp=8", "train.global_batch_size=64", "train.micro_batch_size=8",
-           "train.recompute=full", "wandb.enabled=false"]
+           "train.recompute=full"]
     cfg = compose_point(big).cfg
     rungs = _ladder(big)
     layers = int(_values(rungs["smoke"])["model.num_layers"])

@@ -126,7 +126,7 @@ def test_dry_run_previews_one_script_per_array(tmp_path):
     from launcher.submit import pipeline
 
     points = [pipeline.Point(_cfg(f"seed={s}", "cluster.max_array_size=2", "cluster.max_submit_jobs=100",
-                                  f"submit.runs_root={tmp_path}", "submit.dry_run=true", "wandb.enabled=false",
+                                  f"submit.runs_root={tmp_path}", "submit.dry_run=true",
                                   "model=gpt_tiny"), [f"seed={s}"]) for s in range(5)]
     out = io.StringIO()
     pipeline.launch(points, argv=["launch"], out=out)
