@@ -4,10 +4,12 @@ the code as it was at submission, and a reproduction runs the original run's cod
 
 What it holds (one rule): in a git repo, the files git tracks plus the untracked files git does not
 ignore (never an ignored file); outside one, every .py/.yaml/.yml/.cfg/.toml file. From those it
-leaves out the launcher's own output dirs (SKIP_DIRS), Hydra's output dirs of earlier runs (a dir
-holding ``.hydra/`` or ``multirun.yaml``: every override of that run is in there), files over
-MAX_FILE_BYTES (``skipped_large``), symlinks pointing out of the tree (``links_out``: link -> target,
-said at launch by ``left_out_warnings``), and REFUSES secret-looking files (.env, .env.*, *.pem, *.key,
+leaves out what is not code (launcher.archive.tree, the rule the git patch follows too): the
+launcher's own output dirs (SKIP_DIRS), the runs root and any other runs root or sweep dir of the
+launcher found by its files, Hydra's output dirs of earlier runs (``.hydra/``, ``multirun.yaml``, a dir
+holding either: every override of that run is in there), files over MAX_FILE_BYTES
+(``skipped_large``), symlinks pointing out of the tree (``links_out``: link -> target, said at launch
+by ``left_out_warnings``), and REFUSES secret-looking files (.env, .env.*, *.pem, *.key,
 id_rsa*, *credentials*, .netrc, .pypirc, *.p12, anything under .ssh/, .gnupg/, .aws/, .docker/ ...:
 ``secrets.is_secret_file``) and symlinks into them wherever they point (listed in ``refused``). A
 snapshot holds no symlink: a link inside the tree is copied as the file it names. The code is never rewritten:
@@ -35,11 +37,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
 from launcher.archive import atomic, code, secrets
+from launcher.archive.tree import INFO_FILE, MAX_FILE_BYTES, SKIP_DIRS, is_output_dir, not_code
 
 PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
-MAX_FILE_BYTES = 5 * 1024 * 1024  # data files and checkpoints are not code
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".slurm-local", "runs", "outputs", "multirun", "wandb",
-             ".submitit"}  # (submitit's folder: pickled jobs hold the app's config)
 
 
 def source_files(root: Path) -> List[str]:
@@ -55,35 +55,17 @@ def source_files(root: Path) -> List[str]:
         pass
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not is_hydra_output(Path(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if not is_output_dir(Path(dirpath, d))]
         for f in filenames:
             if f.endswith((".py", ".yaml", ".yml", ".cfg", ".toml")):
                 files.append(str(Path(dirpath, f).relative_to(root)))
     return sorted(files)
 
 
-HYDRA_MARKS = (".hydra", "multirun.yaml")  # what Hydra writes into a run's / a multirun's output dir
-
-
-def is_hydra_output(path: Path) -> bool:
-    """A directory Hydra wrote as a run's or a sweep's output dir (any hydra.run.dir / sweep.dir):
-    it holds the composed config and every override of that run, not code."""
-    return any((path / mark).exists() for mark in HYDRA_MARKS)
-
-
-def _tree_files(root: Path) -> List[str]:
-    """``source_files`` minus the output dirs: SKIP_DIRS and Hydra's (below root, never root itself)."""
-    outputs: Dict[Path, bool] = {}
-
-    def in_output(rel: Path) -> bool:
-        for parent in list(rel.parents)[:-1]:  # (the last is ".", root itself)
-            if parent not in outputs:
-                outputs[parent] = parent.name in SKIP_DIRS or is_hydra_output(root / parent)
-            if outputs[parent]:
-                return True
-        return False
-
-    return [rel for rel in source_files(root) if Path(rel).name not in SKIP_DIRS and not in_output(Path(rel))]
+def _tree_files(root: Path, exclude: Iterable[Path] = ()) -> List[str]:
+    """``source_files`` minus what is not code (``not_code``: output dirs, ``exclude``)."""
+    left_out = not_code(root, exclude)
+    return [rel for rel in source_files(root) if not left_out(rel)]
 
 
 def _secret_looking(root: Path, rel: str) -> bool:
@@ -188,7 +170,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     ``imports``: top-level modules the run names (its recipe._target_), besides those its code imports."""
     root = Path(root)
     known = {**(secrets.known_secrets() if known is None else known), **tree_secrets(root)}
-    skip_under = [Path(os.path.realpath(d)) for d in (*exclude, dest.parent)]
+    exclude = [*exclude, dest.parent]  # the runs root, and the sweep dir this snapshot goes to
     tmp = dest.with_name(dest.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -217,10 +199,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         digest.update(rel.encode() + b"\0" + data)
         copied += 1
 
-    for rel in _tree_files(root):
-        real = Path(os.path.realpath(root / rel))
-        if any(d == real or d in real.parents for d in skip_under):
-            continue
+    for rel in _tree_files(root, exclude):
         if _secret_looking(root, rel):
             refused.append(rel)
             continue
@@ -245,7 +224,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
             bundled[name] = {"source": str(pkg), "files": copied - before}
     tmp.mkdir(parents=True, exist_ok=True)
 
-    git = code.git_state(root, known)
+    git = code.git_state(root, known, exclude=exclude)
     patch = secrets.scrub(str(git.pop("patch", "") or ""), known)
     refused = sorted(set(refused) | set(git.pop("patch_excluded", None) or []))
     atomic.write_text(tmp / PATCH_FILE, patch)
@@ -253,7 +232,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
             "held_secret": held, "links_out": links_out, "bundled": bundled, "sha256": digest.hexdigest(),
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)
-    atomic.write_json(tmp / ".snapshot.json", info)
+    atomic.write_json(tmp / INFO_FILE, info)
     # its bytecode, once: jobs never write into a snapshot (PYTHONDONTWRITEBYTECODE, read-only), so
     # without it every rank of every attempt would compile the code it imports again (~1 s each)
     compile_tree(tmp, dest)
@@ -289,7 +268,7 @@ def make_read_only(path: Path) -> None:
 
 
 def info(dest: Path) -> Optional[Dict[str, object]]:
-    return atomic.read_json(dest / ".snapshot.json")
+    return atomic.read_json(dest / INFO_FILE)
 
 
 def bytecode_cache() -> Optional[Path]:
