@@ -235,6 +235,10 @@ def main() -> None:
     from launcher.submit import signals  # SIGTERM/SIGHUP stop the launch as Ctrl-C does
 
     signals.install()
+    if any("args=[" in a for a in sys.argv[1:]):  # `'recipe.args=[--device=cpu]'` as typed: quoted for Hydra
+        from launcher.script_recipe import quote_args
+
+        sys.argv[1:] = quote_args(sys.argv[1:])
     try:
         with hydra_scrubbed(sys.argv[1:]):  # whatever Hydra prints (its errors, --cfg) holds no secret
             _run()

@@ -527,7 +527,8 @@ def advice(resolved: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     cluster, train = resolved.get("cluster") or {}, resolved.get("train") or {}
     nodes, every = int(cluster.get("nodes") or 1), (train.get("checkpoint") or {}).get("every")
-    if nodes > 1 and every is not None and int(every) == 0:
+    # (recipe=script saves its own checkpoints: train.checkpoint.every is not its setting)
+    if nodes > 1 and every is not None and int(every) == 0 and not script_recipe.is_script(resolved.get("recipe")):
         out.append(f"cluster.nodes={nodes} with train.checkpoint.every=0: no periodic checkpoint, so a failure "
                    "that no signal announces (a killed rank, a lost node, an NCCL error) restarts from step 0; "
                    "set train.checkpoint.every (e.g. every 30 minutes' worth of steps)")

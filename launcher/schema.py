@@ -368,11 +368,13 @@ class RecipeConfig:
     # the recipe's own settings (message sizes, iterations, ...), read by the recipe; any keys
     # (`launch recipe.params.max_bytes=1048576`); its contract's ``check`` may check them
     params: Dict[str, Any] = field(default_factory=dict)
-    # recipe=script (docs/scripts.md): a torchrun-style script, unchanged; one of script (its path in
-    # the code snapshot) or module (`python -m`), with its command-line args
+    # recipe=script (docs/scripts.md): a torchrun-style script, unchanged; one of script (its path from
+    # the launch dir) or module (`python -m`), with its command-line args, and the args added from the
+    # second attempt on (the script resumes: e.g. [--init_from=resume])
     script: Optional[str] = None
     module: Optional[str] = None
     args: List[str] = field(default_factory=list)
+    resume_args: List[str] = field(default_factory=list)
 
 
 @dataclass

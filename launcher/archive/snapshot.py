@@ -228,7 +228,11 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     patch = secrets.scrub(str(git.pop("patch", "") or ""), known)
     refused = sorted(set(refused) | set(git.pop("patch_excluded", None) or []))
     atomic.write_text(tmp / PATCH_FILE, patch)
-    info = {"source": str(root), "files": copied, "skipped_large": skipped, "refused": refused,
+    # where the launch ran, inside the tree (None: outside it): recipe=script's ranks start there
+    # (launcher.runtime.script.work_dir), as a script under torchrun starts in the dir it was launched from
+    launch_dir = _inside(root, Path(os.path.realpath(os.getcwd())))
+    info = {"source": str(root), "launch_dir": launch_dir.as_posix() if launch_dir is not None else None,
+            "files": copied, "skipped_large": skipped, "refused": refused,
             "held_secret": held, "links_out": links_out, "bundled": bundled, "sha256": digest.hexdigest(),
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)

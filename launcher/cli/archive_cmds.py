@@ -71,10 +71,13 @@ def cmd_show(args) -> int:
         _row(t, "hydra", f"output {st.output_dir or hy.get('sweep_dir')}")
         if "return_value" in s:
             _row(t, "returned", repr(s["return_value"]))
+    elif meta.get("not_used_by_recipe"):  # recipe=script: the script parallelises, batches and seeds itself
+        _row(t, "layout", f"not used by this recipe (the script's own)  processes {layout.get('world_size')}  "
+                            f"nodes {layout.get('nodes')}  per node {layout.get('procs_per_node')}")
     else:
         _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
                             f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
-    _row(t, "seed", str(meta.get("seed")))
+    _row(t, "seed", str(meta.get("seed")))  # (recipe=script: run.json says it is not used)
     for line in data_archive.describe(summary["data"]):
         _row(t, "data", line)
     code = summary["code"]

@@ -5,6 +5,11 @@ docs/scripts.md is the user's view; launcher.script_recipe the login side. No to
 - The attempt: rank 0 began it (restarts.begin_attempt) before the script starts; the other ranks,
   which share no process group with it, learn its number from ``ranks/attempts.json``, where rank 0
   names the start (host, pid) of each rank it has seen (``announce`` / ``learn_attempt``).
+- The working dir (``work_dir``): the script starts where it was launched, in the run's own mirror of
+  the code snapshot (``<run>/work/`` mirrors the snapshot's root; the script starts in its launch dir
+  there): its directories and data files are the run's, its code links to the snapshot's. A relative
+  read finds the user's file; a relative write lands in the run dir (the snapshot is read-only and
+  shared by a sweep).
 - Signals: TERM and USR2 are recorded (restarts.StopFlag) and forwarded to the script.
 - The outcome (``outcome``): exit 0 completes the run; after a forwarded stop signal, whatever the
   exit, the run is interrupted (time limit: requeued; TERM: left to the scheduler), at the step the
@@ -15,14 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Dict, List, Optional
+from pathlib import Path, PurePosixPath
+from typing import Any, Dict, List, Optional, Tuple
 
 from launcher import script_recipe
 from launcher.archive import snapshot
@@ -116,6 +122,107 @@ def snapshot_dir(rd: RunDir) -> Path:
         if snapshot.info(Path(entry)) is not None:
             return Path(entry)
     raise RuntimeError(f"{rd.path}: no code snapshot on the job's import path: nowhere to find the script")
+
+
+# The run's mirror of the snapshot (``work_dir``): its directories are made in the run, its files copied
+# (a script may rewrite them: the copy is the run's) or linked (code, and what the budgets leave out);
+# past MIRROR_ENTRIES a directory is linked whole. Bounded: a run costs a few thousand entries and a
+# few MB, whatever the tree.
+MIRROR_ENTRIES = 2000
+COPY_FILE_BYTES = 1 << 20  # a larger file is linked (read through the link)
+COPY_BYTES = 16 << 20  # copied in all, per run
+_SNAPSHOT_OWN = frozenset({".snapshot.json", snapshot.PATCH_FILE})  # the launcher's records, not the user's
+
+
+def launch_dir(code_dir: Path) -> Optional[str]:
+    """Where in the snapshot its launch ran (``.``: its root; None: outside it, or a snapshot taken
+    before launchers recorded it)."""
+    found = (snapshot.info(code_dir) or {}).get("launch_dir")
+    return str(found) if found else None
+
+
+def _linked(name: str) -> bool:
+    """Code, linked to the snapshot's (its bytecode beside it, and the provenance: the run ran the
+    snapshot's file), never copied."""
+    return name.endswith(".py") or name == "__pycache__"
+
+
+def work_dir(rd: RunDir, code_dir: Path, launch: Optional[str], entries: int = MIRROR_ENTRIES,
+             copy_bytes: int = COPY_BYTES) -> Path:
+    """The script's working dir, made (idempotently: a later attempt finds it made and keeps what the
+    script wrote): ``<run>/work/`` mirrors the code snapshot's root, and the script starts in its launch
+    dir there, as under torchrun.
+
+    Breadth first, the launch dir's tree, then the rest of the snapshot (``../data`` reads): each
+    directory is made in the run while ``entries`` last (then linked whole), each ``.py`` file linked
+    to the snapshot's, each other file copied (up to COPY_FILE_BYTES each, ``copy_bytes`` in all; then
+    linked). So a relative read finds the user's file, and a relative write (a new file or directory,
+    a rewrite of a copied file) lands in the run dir; a write through a link into the snapshot fails
+    (it is read-only), so the code every point of a sweep runs stays as it was archived. ``launch``
+    None: the empty ``<run>/work/``, as before snapshots recorded their launch dir."""
+    root = rd.work_dir
+    parts: Tuple[str, ...] = () if launch in (None, ".") else PurePosixPath(str(launch)).parts
+    cwd = root.joinpath(*parts)
+    cwd.mkdir(parents=True, exist_ok=True)
+    if launch is None:
+        return cwd
+    code_real, root_real = Path(os.path.realpath(code_dir)), Path(os.path.realpath(root))
+    left = {"entries": entries, "bytes": copy_bytes}
+    queue: List[PurePosixPath] = []
+
+    def listing(rel: PurePosixPath) -> List[str]:
+        try:
+            names = sorted(os.listdir(code_real.joinpath(*rel.parts)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [n for n in names if rel.parts or n not in _SNAPSHOT_OWN]
+
+    def place(rel: PurePosixPath) -> None:
+        src, at = code_real.joinpath(*rel.parts), root_real.joinpath(*rel.parts)
+        if src.is_dir() and not _linked(rel.name):
+            inside = len(listing(rel))
+            if (at.is_dir() and not at.is_symlink()) or inside <= left["entries"]:  # (or made by an earlier attempt)
+                left["entries"] -= inside
+                at.mkdir(exist_ok=True)
+                queue.append(rel)
+                return
+        if os.path.lexists(at):  # made by an earlier attempt, or the script's own since
+            return
+        size = src.stat().st_size if src.is_file() else 0
+        if src.is_file() and not _linked(rel.name) and size <= COPY_FILE_BYTES and size <= left["bytes"]:
+            left["bytes"] -= size
+            part = root_real.parent / f".work-copy.{os.getpid()}.part"
+            shutil.copyfile(src, part)
+            os.chmod(part, 0o644)  # the run's own copy: writable, whatever the snapshot's mode
+            os.replace(part, at)
+            return
+        try:
+            os.symlink(os.path.relpath(src, at.parent), at)
+        except FileExistsError:
+            pass
+
+    def drain() -> None:
+        while queue:
+            rel = queue.pop(0)
+            for name in listing(rel):
+                place(rel / name)
+
+    queue.append(PurePosixPath(*parts))
+    drain()
+    for i, part in enumerate(parts):  # the dirs above the launch dir: their other entries
+        above = PurePosixPath(*parts[:i])
+        for name in listing(above):
+            if name != part:
+                place(above / name)
+        drain()
+    return cwd
+
+
+def stop_detail(reason: str, step: Optional[int]) -> str:
+    """restarts.jsonl's detail of a stop signal forwarded to the script (it saves its own checkpoint,
+    which the launcher never reads: the step is the last one its metrics named, if any)."""
+    return (f"{reason.replace('_', ' ')} signal, forwarded to the script (its own checkpoint, if it saved one"
+            + (f"; its metrics' last step {step})" if step is not None else ")"))
 
 
 def _identity(rank_record: Dict[str, Any]) -> List[Any]:
@@ -229,21 +336,26 @@ def run(rd: RunDir, cfg: Dict[str, Any], denv: Any, watch: Any, stop_flag: Any,
     returns the summary, or raises what launcher.runtime.task.run records."""
     recipe, train = cfg["recipe"], cfg.get("train") or {}
     code_dir = snapshot_dir(rd)
+    launch = launch_dir(code_dir)
     stop_announcing = threading.Event()
     if denv.rank == 0:
         n = int(attempt.get("n") or 1)
+        cwd = work_dir(rd, code_dir, launch)  # before the other ranks learn the attempt: then they find it
         if denv.world_size > 1:
             threading.Thread(target=announce, args=(rd, n, stop_announcing), name="attempt-announce",
                              daemon=True).start()
     else:
         n = learn_attempt(rd, denv.rank, float(train.get("dist_timeout_s") or 600))
+        cwd = rd.work_dir.joinpath(*(() if launch in (None, ".") else PurePosixPath(launch).parts))
     attempt["n"] = n
     rd.script_checkpoint_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **torchrun_env(denv, n, int(train.get("max_restarts") or 0), rd)}
-    argv = script_recipe.command(recipe, code_dir, sys.executable)
+    # the script through the run's mirror (a write beside __file__ lands in the run too; its imports
+    # come from the snapshot: Python puts the script's real dir first on sys.path)
+    argv = script_recipe.command(recipe, code_dir if launch is None else rd.work_dir, sys.executable, n, launch)
     tail = MetricsTail(rd.metrics_path)
-    print(f"[launcher] rank {denv.rank}: {' '.join(argv)} (attempt {n})", flush=True)
-    child = subprocess.Popen([sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *argv], env=env)
+    print(f"[launcher] rank {denv.rank}: {' '.join(argv)} (attempt {n}, in {cwd})", flush=True)
+    child = subprocess.Popen([sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *argv], env=env, cwd=cwd)
     forwarder = Forwarder(child).install(stop_flag.reason if stop_flag is not None else None)
     try:
         while True:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, group_options, recipe_contract, recipe_target, rules, schema
+from launcher import backends, group_options, recipe_contract, recipe_target, rules, schema, script_recipe
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.configview import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
@@ -349,7 +349,9 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     # seeds and overrides of every point in one file; each run writes its own seeds.json and
     # overrides.yaml from it when it starts (RunDir.adopt_shared): two files fewer per point at launch
     sweep.dir.add_points({str(c.index): {
-        "seeds": clean(seed_plan(c.resolved["seed"], c.resolved["data"].get("seed"), c.layout.dp)),
+        "seeds": {"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
+        if script_recipe.is_script(c.resolved.get("recipe")) else
+        clean(seed_plan(c.resolved["seed"], c.resolved["data"].get("seed"), c.layout.dp)),
         "overrides": {"overrides": clean(list(c.point.overrides)), "choices": clean(dict(c.point.choices))},
     } for c in checked})
     # most points of a sweep share their plan: each distinct one written once, linked into its runs
@@ -381,6 +383,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
             "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
             "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
             "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
+            **script_recipe.archived(r, c.layout.to_json()),  # recipe=script: what the script never read
         }))
         return rd
 

@@ -1,8 +1,9 @@
-"""recipe=script: an unchanged torchrun-style script (it reads torchrun's variables, makes and
-destroys its own process group, saves to and resumes from the checkpoint dir it is given) runs on
-cluster=local and on 2 Slurm nodes, resumes after a USR2 requeue, fails with its own exit code, and
-gives the losses plain `torchrun --nproc_per_node=2` gives. Also the checks and the signal forwarding
-that need a process of their own."""
+"""recipe=script: an unchanged torchrun-style script, written nanoGPT's way (it reads its sibling files
+relatively, takes `--key=value` arguments through its own configurator.py, writes `out/` relatively and
+resumes from there only when told `--init_from=resume`), in its own directory of the user's git repo and
+launched from there, runs on cluster=local and on 2 Slurm nodes, resumes after a preemption (`scontrol
+requeue`) and a USR2 requeue, fails with its own exit code, and gives the losses plain `torchrun
+--nproc_per_node=2` gives. Also the checks and the signal forwarding that need a process of their own."""
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_fault_tolerance import last_step, only_run, restarts, status, wait_for
+from test_fault_tolerance import only_run, restarts, status, wait_for
 
 from helpers import BIN, launch, read_metrics, run_cmd, runs_json
 from launcher import script_recipe
@@ -20,10 +21,23 @@ from launcher.rundir import RunDir
 from launcher.runtime.script import Forwarder
 
 STEPS = 30
-# the script as a user writes it for torchrun: nothing in it knows the launcher (the LAUNCHER_* paths
-# are read where set, as a script reads any optional environment)
+PROJECT = "nano"  # the script's own directory in the user's repo: launched from there
+# nanoGPT's configurator: `--key=value` arguments override the script's globals
+CONFIGURATOR = """import sys
+from ast import literal_eval
+for arg in sys.argv[1:]:
+    assert arg.startswith("--") and "=" in arg, f"arguments are --key=value: {arg}"
+    key, val = arg[2:].split("=", 1)
+    assert key in globals(), f"unknown config key: {key}"
+    try:
+        val = literal_eval(val)
+    except (SyntaxError, ValueError):
+        pass
+    globals()[key] = val
+"""
+# the script as a user writes it for torchrun from its directory: nothing in it knows the launcher (the
+# metrics file is read from LAUNCHER_METRICS_FILE where set, as a script reads any optional environment)
 SCRIPT = r'''"""An ordinary torchrun-style training script: it knows nothing of the launcher."""
-import argparse
 import json
 import os
 import signal
@@ -35,23 +49,27 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=12)
-parser.add_argument("--ckpt-dir", default="ckpt")
-parser.add_argument("--metrics", default="metrics.jsonl")
-parser.add_argument("--exit-code", type=int, default=0)
-parser.add_argument("--step-sleep", type=float, default=0.0)  # seconds after each step of the first attempt
-parser.add_argument("--save-every", type=int, default=0)
-parser.add_argument("--kill-step", type=int, default=0)  # rank 1 dies (SIGKILL) there, in its first attempt
-args = parser.parse_args()
+steps = 12
+out_dir = "out"
+metrics = ""  # default: LAUNCHER_METRICS_FILE where set, else <out_dir>/metrics.jsonl
+init_from = "scratch"  # "resume": from <out_dir>/ckpt.pt
+exit_code = 0
+step_sleep = 0.0  # seconds after each step
+save_every = 0
+kill_step = 0  # rank 1 dies (SIGKILL) there, in its first attempt
+exec(open("configurator.py").read())  # overrides from the command line, nanoGPT's way
+with open(os.path.join("data", "scale.txt")) as f:  # the user's data, beside the script
+    scale = float(f.read())
 
 rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + 1
 names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
          "TORCHELASTIC_RESTART_COUNT", "LAUNCHER_ATTEMPT", "LAUNCHER_RUN_DIR", "LAUNCHER_CHECKPOINT_DIR",
          "LAUNCHER_METRICS_FILE")
-with open(f"env_rank{rank}_attempt{attempt}.json", "w") as f:
-    json.dump({"env": {k: os.environ.get(k) for k in names}, "cwd": os.getcwd(), "argv": sys.argv}, f)
+os.makedirs(out_dir, exist_ok=True)
+with open(os.path.join(out_dir, f"env_rank{rank}_attempt{attempt}.json"), "w") as f:
+    json.dump({"env": {k: os.environ.get(k) for k in names}, "cwd": os.getcwd(), "argv": sys.argv,
+               "file": os.path.realpath(__file__)}, f)
 
 stop = {"flag": 0}
 signal.signal(signal.SIGUSR2, lambda *a: stop.update(flag=1))
@@ -62,12 +80,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 ddp = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-ckpt_dir = os.environ.get("LAUNCHER_CHECKPOINT_DIR") or args.ckpt_dir
-metrics = os.environ.get("LAUNCHER_METRICS_FILE") or args.metrics
-os.makedirs(ckpt_dir, exist_ok=True)
-path = os.path.join(ckpt_dir, "ckpt.pt")
+metrics = metrics or os.environ.get("LAUNCHER_METRICS_FILE") or os.path.join(out_dir, "metrics.jsonl")
+path = os.path.join(out_dir, "ckpt.pt")
 start = 0
-if os.path.exists(path):
+if init_from == "resume":
     state = torch.load(path)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
@@ -82,10 +98,10 @@ def save(step):
     dist.barrier()
 
 
-for step in range(start + 1, args.steps + 1):
+for step in range(start + 1, steps + 1):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(16, 8, generator=g)
-    loss = F.mse_loss(ddp(x), x.sum(1, keepdim=True).sin())
+    loss = F.mse_loss(ddp(x), scale * x.sum(1, keepdim=True).sin())
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -94,11 +110,10 @@ for step in range(start + 1, args.steps + 1):
     if rank == 0:
         with open(metrics, "a") as f:
             f.write(json.dumps({"step": step, "loss": mean.item() / world}) + "\n")
-    if attempt == 1:
-        time.sleep(args.step_sleep)
-    if args.save_every and step % args.save_every == 0:
+    time.sleep(step_sleep)
+    if save_every and step % save_every == 0:
         save(step)
-    if step == args.kill_step and rank == 1 and attempt == 1:
+    if step == kill_step and rank == 1 and attempt == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     flag = torch.tensor([stop["flag"]])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -107,32 +122,52 @@ for step in range(start + 1, args.steps + 1):
         print(f"rank {rank}: signalled, saved at step {step}", flush=True)
         dist.destroy_process_group()
         sys.exit(0)
-save(args.steps)
+save(steps)
 dist.destroy_process_group()
-sys.exit(args.exit_code)
+sys.exit(exit_code)
 '''
-RUN = ["recipe=script", "recipe.script=train.py", "wandb.enabled=false", "train.log_interval=0"]
+# `--key=value` elements as a user types them in the shell ('recipe.args=[--steps=30]'): no Hydra quoting
+RUN = ["recipe=script", "recipe.script=train.py", "recipe.resume_args=[--init_from=resume]",
+       "train.log_interval=0"]
 
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=u", "-c", "user.email=u@example.com", *args],
+                   check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
-def code(tmp_path_factory) -> Path:
-    """The user's project: one script, not in git (the snapshot is the launch dir)."""
-    d = tmp_path_factory.mktemp("project")
-    (d / "train.py").write_text(SCRIPT)
-    (d / "mypkg").mkdir()
-    (d / "mypkg" / "__init__.py").write_text("")
-    (d / "mypkg" / "train.py").write_text(SCRIPT)  # the same script, for `python -m mypkg.train`
+def repo(tmp_path_factory) -> Path:
+    """The user's git repo, the script in a directory of its own (nano/: train.py beside its
+    configurator.py and data/, as nanoGPT's), committed; out/ ignored, as a user ignores outputs."""
+    d = tmp_path_factory.mktemp("userrepo")
+    _git(d, "init", "-q")
+    files = {".gitignore": "out/\n__pycache__/\n", "README.md": "a user's repo\n",
+             f"{PROJECT}/train.py": SCRIPT, f"{PROJECT}/configurator.py": CONFIGURATOR,
+             f"{PROJECT}/data/scale.txt": "0.5\n", f"{PROJECT}/mypkg/__init__.py": "",
+             f"{PROJECT}/mypkg/train.py": SCRIPT}  # the same script, for `python -m mypkg.train`
+    for rel, text in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    _git(d, "add", "-A")
+    _git(d, "commit", "-q", "-m", "the user's script")
     return d
 
 
+@pytest.fixture(scope="module")
+def code(repo) -> Path:
+    """The script's directory: where the user runs torchrun, and launch."""
+    return repo / PROJECT
+
+
 def args(*extra: str) -> str:
-    return "recipe.args=[" + ",".join(["--steps", str(STEPS), *extra]) + "]"
+    return "recipe.args=[" + ",".join([f"--steps={STEPS}", *extra]) + "]"
 
 
 def envs(run: Path, attempt: int):
-    """What each rank's script saw (it writes it to its working dir)."""
-    return [json.loads((run / "work" / f"env_rank{r}_attempt{attempt}.json").read_text()) for r in range(2)]
+    """What each rank's script saw (it writes it to out/, under its working dir)."""
+    return [json.loads((run / "work" / PROJECT / "out" / f"env_rank{r}_attempt{attempt}.json").read_text())
+            for r in range(2)]
 
 
 def losses(rows):
@@ -162,16 +197,18 @@ def test_an_unchanged_script_runs_on_cluster_local(local_run):
             "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
             "TORCHELASTIC_RESTART_COUNT": "0", "LAUNCHER_ATTEMPT": "1"}
         assert env["MASTER_ADDR"] and env["MASTER_PORT"].isdigit()
-        assert Path(e["cwd"]) == local_run / "work"  # the run's own working dir
-        assert Path(e["argv"][0]) == local_run.parent / "code" / "train.py"  # the code snapshot's copy
+        # its launch dir, in the run's mirror of the snapshot; the script the snapshot's copy
+        assert Path(e["cwd"]) == local_run / "work" / PROJECT
+        assert Path(e["file"]) == Path(os.path.realpath(local_run.parent / "code" / PROJECT / "train.py"))
+        assert e["argv"][1:] == [f"--steps={STEPS}"]  # as typed; no resume argument on the first attempt
         assert env["LAUNCHER_CHECKPOINT_DIR"] == str(local_run / "checkpoints" / "script")
     assert seen[0]["env"]["MASTER_PORT"] == seen[1]["env"]["MASTER_PORT"]
-    assert (local_run / "checkpoints" / "script" / "ckpt.pt").is_file()
+    assert (local_run / "work" / PROJECT / "out" / "ckpt.pt").is_file()
 
 
 @pytest.mark.timeout(600)
 def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
-    res = launch([*RUN, "recipe.args=[--steps,3,--exit-code,3]", "cluster=local", "cluster.gpus_per_node=2",
+    res = launch([*RUN, "recipe.args=[--steps=3,--exit_code=3]", "cluster=local", "cluster.gpus_per_node=2",
                   "train.max_restarts=2"], runs_root, timeout=400, cwd=code)
     assert res.returncode != 0, res.stdout[-2000:]
     run = only_run(runs_root)
@@ -192,21 +229,25 @@ def test_a_reproduction_runs_the_snapshots_script_from_any_dir(local_run, tmp_pa
     (copy,) = [Path(r["dir"]) for r in runs_json(root) if Path(r["dir"]) != local_run]
     assert status(copy)["status"] == "completed", status(copy)
     assert losses(read_metrics(copy)) == losses(read_metrics(local_run))
+    assert Path(envs(copy, 1)[0]["cwd"]) == copy / "work" / PROJECT  # the original's launch dir, from anywhere
 
 
 @pytest.mark.timeout(600)
 def test_a_killed_script_is_requeued_and_resumes_in_the_module_form(code, local_run, runs_root):
-    """`python -m mypkg.train` (recipe.module: the snapshot's copy of the package) with rank 1 SIGKILLed at
-    step 8 of its first attempt: requeued, it resumes from the script's own checkpoint (step 5), and
-    both attempts give the losses of the uninterrupted recipe.script run. (One run for the module form
-    and the kill: each made its own.)"""
-    res = launch(["recipe=script", "recipe.module=mypkg.train", args("--save-every", "5", "--kill-step", "8"),
-                  "wandb.enabled=false", "train.log_interval=0", "cluster=local", "cluster.gpus_per_node=2",
-                  "train.max_restarts=1"], runs_root, timeout=400, cwd=code)
+    """`python -m mypkg.train` (recipe.module: the snapshot's copy of the package, found from the launch
+    dir as `python -m` finds it there) with rank 1 SIGKILLed at step 8 of its first attempt: requeued, it
+    resumes (recipe.resume_args) from its own checkpoint (step 5), and both attempts give the losses of
+    the uninterrupted recipe.script run. (One run for the module form and the kill: each made its own.)"""
+    res = launch(["recipe=script", "recipe.module=mypkg.train", "recipe.resume_args=[--init_from=resume]",
+                  args("--save_every=5", "--kill_step=8"), "train.log_interval=0", "cluster=local",
+                  "cluster.gpus_per_node=2", "train.max_restarts=1"], runs_root, timeout=400, cwd=code)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = only_run(runs_root)
     for attempt in (1, 2):  # the module from the code snapshot, not from the launch dir
-        assert Path(envs(run, attempt)[0]["argv"][0]) == run.parent / "code" / "mypkg" / "train.py"
+        assert Path(envs(run, attempt)[0]["file"]) == \
+            Path(os.path.realpath(run.parent / "code" / PROJECT / "mypkg" / "train.py"))
+    assert envs(run, 2)[0]["argv"][1:] == [f"--steps={STEPS}", "--save_every=5", "--kill_step=8",
+                                           "--init_from=resume"]
     st = status(run)
     assert st["status"] == "completed" and st["attempt"] == 2, st
     (row,) = restarts(run)
@@ -230,39 +271,72 @@ def test_plain_torchrun_gives_the_same_losses(code, local_run, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")}
     env.update(OMP_NUM_THREADS="1")
     res = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_free_port()}",
-                          str(code / "train.py"), "--steps", str(STEPS), "--metrics", str(tmp_path / "m.jsonl"),
-                          "--ckpt-dir", str(tmp_path / "ckpt")], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=400)
+                          "train.py", f"--steps={STEPS}", f"--out_dir={tmp_path / 'out'}"], cwd=code, env=env,
+                         capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert losses(rows) == losses(read_metrics(local_run))
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
-def test_a_usr2_drill_on_two_slurm_nodes_requeues_and_resumes(slurm, code, local_run, runs_root):
-    res = launch([*RUN, args("--step-sleep", "0.4"), "cluster=local_slurm", "cluster.nodes=2",
+def test_a_preemption_and_a_usr2_drill_on_two_slurm_nodes_resume_from_the_scripts_out_dir(
+        slurm, repo, code, local_run, runs_root):
+    """The script launched unchanged from its directory, with the shipped defaults, on 2 Slurm nodes:
+    `scontrol requeue` once it wrote its first checkpoint (out/ckpt.pt, relative: in the run dir), then
+    a USR2 time-limit requeue; each attempt after the first gets --init_from=resume and resumes from its
+    out/; the run completes with the uninterrupted run's losses; out/ lies in the run, not in the
+    snapshot; the archive and `launcher show` say the layout and the seed were not the script's."""
+    res = launch([*RUN, args("--step_sleep=0.4", "--save_every=4"), "cluster=local_slurm", "cluster.nodes=2",
                   "cluster.gpus_per_node=1"], runs_root, timeout=300, cwd=code, extra_env=slurm)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "train.checkpoint.every=0" not in res.stderr  # the script's checkpoints are its own
     run = only_run(runs_root)
+    out = run / "work" / PROJECT / "out"
     job_id = json.loads((run / "job.json").read_text())["job_id"]
-    wait_for("step 4", lambda: last_step(run) >= 4, 400)
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env={**os.environ, **slurm}, timeout=60)
+    env = {**os.environ, **slurm}
+    wait_for("the script's first checkpoint", lambda: (out / "ckpt.pt").is_file(), 400, poll=0.2)
+    subprocess.run(["scontrol", "requeue", job_id], check=True, env=env, timeout=60)
+    wait_for("a step of attempt 2", lambda: _stepped_after_resume(run), 400, poll=0.2)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=env, timeout=60)
     wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout", "cancelled"), 600,
              poll=1)
     st = status(run)
-    assert st["status"] == "completed" and st["attempt"] == 2, st
-    (row,) = restarts(run)
-    assert row["reason"] == "time_limit" and row["attempt"] == 2 and row["job_id"] == job_id, row
-    saved = row["failed_step"]
-    assert 4 <= saved < STEPS, row
+    assert st["status"] == "completed" and st["attempt"] == 3, st
+    preempted, timed = restarts(run)
+    assert (preempted["reason"], preempted["attempt"], preempted["job_id"]) == ("preempted", 2, job_id), preempted
+    assert preempted["failed_rank"] is None and "checkpoint saved after step" not in preempted["detail"], preempted
+    assert "forwarded to the script" in preempted["detail"], preempted
+    assert (timed["reason"], timed["attempt"]) == ("time_limit", 3), timed
+    assert 4 <= preempted["failed_step"] < timed["failed_step"] < STEPS, (preempted, timed)
     rows = read_metrics(run)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # resumed after the step it saved, once
-    assert losses(rows) == losses(read_metrics(local_run))  # from its own checkpoint: the same losses
-    first, second = envs(run, 1), envs(run, 2)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # resumed after the step it saved, each time
+    assert losses(rows) == losses(read_metrics(local_run))  # from its own out/: the same losses
+    assert st["summary"]["final_loss"] == read_metrics(local_run)[-1]["loss"]
+    first, second, third = envs(run, 1), envs(run, 2), envs(run, 3)
     assert {e["env"]["GROUP_RANK"] for e in first} == {"0", "1"}  # one rank on each node
-    assert [e["env"]["TORCHELASTIC_RESTART_COUNT"] for e in second] == ["1", "1"]
-    assert [e["env"]["LAUNCHER_ATTEMPT"] for e in second] == ["2", "2"]
+    assert [e["argv"][-1] for e in first] == ["--save_every=4"] * 2  # no resume argument on the first
+    assert [e["argv"][-1] for e in second + third] == ["--init_from=resume"] * 4
+    assert [e["env"]["TORCHELASTIC_RESTART_COUNT"] for e in third] == ["2", "2"]
+    assert {Path(e["cwd"]) for e in first + third} == {run / "work" / PROJECT}
+    # the outputs are the run's: never in the shared snapshot, nor in the user's repo
+    assert (out / "ckpt.pt").is_file() and not (out / "ckpt.pt").is_symlink()
+    assert not (run.parent / "code" / PROJECT / "out").exists() and not (code / "out").exists()
+    assert subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True,
+                          timeout=60).stdout == ""
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["seed"] == "not used by this recipe" and "layout.grad_accum" in meta["not_used_by_recipe"], meta
+    show = run_cmd([str(BIN / "launcher"), "show", str(run)], runs_root, timeout=120)
+    assert show.returncode == 0, show.stdout + show.stderr
+    assert "grad accum" not in show.stdout and show.stdout.count("not used by this recipe") == 2, show.stdout
+
+
+def _stepped_after_resume(run: Path) -> bool:
+    """The second attempt began (restarts.jsonl names the preemption and the step the metrics had
+    reached) and has written a step after it."""
+    saved = [r["failed_step"] for r in restarts(run) if r["reason"] == "preempted"]
+    rows = read_metrics(run)
+    return bool(saved) and saved[0] is not None and bool(rows) and rows[-1]["step"] > saved[0]
 
 
 # ---- the parts that need a process of their own ---------------------------------------------------
@@ -277,25 +351,19 @@ def problem(recipe):
 
 
 @pytest.mark.timeout(120)
-def _git(root, *args):
-    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, timeout=60)
-
-
-def test_paths_are_relative_to_the_repo_root_the_snapshot_is_taken_from(tmp_path, monkeypatch):
+def test_paths_are_taken_from_the_launch_dir_as_torchrun_takes_them(tmp_path, monkeypatch):
     _git(tmp_path, "init", "-q")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "train.py").write_text("print('hi')\n")
     (tmp_path / ".gitignore").write_text("ignored.py\n")
     (tmp_path / "ignored.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path / "sub")
-    found = problem(dict(script="train.py"))  # from sub/: the job finds it as sub/train.py
-    assert found[0] == "recipe.script" and "recipe.script=sub/train.py" in found[2], found
-    assert problem(dict(script="sub/train.py")) is None
-    found = problem(dict(script="ignored.py"))
+    assert problem(dict(script="train.py")) is None  # from sub/, as `torchrun train.py` there
+    assert problem(dict(script="sub/train.py")) is None  # the path from the repo's root, as before
+    found = problem(dict(script="../ignored.py"))
     assert "not in the code snapshot" in found[1], found
     found = problem(dict(script=str(tmp_path / "sub" / "train.py")))
-    assert "absolute" in found[1] and "recipe.script=sub/train.py" in found[2], found
-
+    assert "absolute" in found[1] and "recipe.script=train.py" in found[2], found
 
 
 @pytest.mark.timeout(120)

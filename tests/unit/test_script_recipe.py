@@ -1,5 +1,6 @@
 """recipe=script's pure parts: the launch-time checks, the command, the environment a rank's script
 gets, what its exit means for the run, and how the ranks agree on their attempt."""
+import os
 import threading
 from types import SimpleNamespace
 
@@ -67,6 +68,84 @@ def test_the_command_of_each_form(tmp_path):
     assert script_recipe.command({"script": "a/train.py", "args": ["--lr", 1]}, tmp_path, "py") == \
         ["py", str(tmp_path / "a" / "train.py"), "--lr", "1"]
     assert script_recipe.command({"module": "pkg.train", "args": []}, tmp_path, "py") == ["py", "-m", "pkg.train"]
+
+
+def test_resume_args_come_after_args_from_the_second_attempt_on(tmp_path):
+    recipe = {"script": "train.py", "args": ["--device=cpu"], "resume_args": ["--init_from=resume"]}
+    assert script_recipe.command(recipe, tmp_path, "py", attempt=1)[2:] == ["--device=cpu"]
+    assert script_recipe.command(recipe, tmp_path, "py", attempt=2)[2:] == ["--device=cpu", "--init_from=resume"]
+    assert script_recipe.command({**recipe, "script": None, "module": "m"}, tmp_path, "py", attempt=3) == \
+        ["py", "-m", "m", "--device=cpu", "--init_from=resume"]
+
+
+def test_the_script_is_found_from_the_launch_dir_as_torchrun_takes_it(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text("")
+    (tmp_path / "tools.py").write_text("")
+    assert script_recipe.script_in(tmp_path, "sub", "train.py") == "sub/train.py"
+    assert script_recipe.script_in(tmp_path, "sub", "../tools.py") == "tools.py"
+    assert script_recipe.script_in(tmp_path, "sub", "sub/train.py") == "sub/train.py"  # from the root: as before
+    assert script_recipe.script_in(tmp_path, ".", "sub/train.py") == "sub/train.py"
+    assert script_recipe.script_in(tmp_path, None, "train.py") == "train.py"  # nowhere: the job says so
+
+
+def test_a_script_from_a_subdir_of_the_repo_passes_as_typed_there(tmp_path, monkeypatch):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "tool.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path / "proj")
+    assert problem(tree(script="train.py")) is None
+    assert problem(tree(script="../tool.py")) is None
+    assert problem(tree(script="proj/train.py")) is None  # the repo-root form still finds it
+    found = problem(tree(script=str(tmp_path / "proj" / "train.py")))
+    assert "absolute" in found[1] and "recipe.script=train.py" in found[2], found
+
+
+def test_resume_args_without_the_script_recipe_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    found = problem({"recipe": {"_target_": "recipes.gpt.train.main", "resume_args": ["--resume"]}})
+    assert found[0] == "recipe.resume_args" and "recipe=script" in found[2], found
+
+
+@pytest.mark.parametrize("typed,value", [
+    ("recipe.args=[--device=cpu,--compile=False]", ["--device=cpu", "--compile=False"]),
+    ("recipe.resume_args=[--init_from=resume]", ["--init_from=resume"]),
+    ("recipe.args=[--lr,3e-4,--epochs,2]", ["--lr", 3e-4, "--epochs", 2]),  # Hydra's own, as before
+    ("recipe.args=[--a=1, --flag,'--b=x,y',\"--c=1\"]", ["--a=1", "--flag", "--b=x,y", "--c=1"]),
+    ("recipe.args=[--tags=[a,b],--home=${oc.env:HOME}]", ["--tags=[a,b]", "--home=${oc.env:HOME}"]),
+    ("++recipe.args=[--path=C:\\dir\\,--q=say \"hi\"]", ["--path=C:\\dir\\", '--q=say "hi"']),
+    ("recipe.args=[]", []),
+])
+def test_k_equals_v_elements_are_taken_as_typed(typed, value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (line,) = script_recipe.quote_args([typed])
+    assert OverridesParser.create().parse_override(line).value() == value, line
+
+
+def test_lines_quote_args_cannot_fix_are_left_to_hydras_error():
+    for line in ("recipe.args=[--a=1", "train.steps=3", "recipe.args=[--x='open]", "other.args=[--a=1]"):
+        assert script_recipe.quote_args([line]) == [line]
+
+
+def test_the_archive_says_what_a_script_never_used():
+    layout = {"engine": "ddp", "dp": 2, "tp": 1, "pp": 1, "grad_accum": 2, "world_size": 2, "procs_per_node": 1}
+    got = script_recipe.archived({"recipe": {"_target_": TARGET}}, layout)
+    assert got["seed"] == "not used by this recipe"
+    assert {"seed", "layout.engine", "layout.dp", "layout.grad_accum"} <= set(got["not_used_by_recipe"])
+    assert "layout.world_size" not in got["not_used_by_recipe"]  # the processes it ran as: the job's shape
+    assert script_recipe.archived({"recipe": {"_target_": "recipes.gpt.train.main"}}, layout) == {}
+
+
+def test_no_checkpoint_every_advice_for_a_script():
+    from launcher import rules
+
+    cfg = {"cluster": {"nodes": 2}, "train": {"checkpoint": {"every": 0}}}
+    assert rules.advice({**cfg, "recipe": {"_target_": "recipes.gpt.train.main"}})
+    assert rules.advice({**cfg, "recipe": {"_target_": TARGET}}) == []
 
 
 # ---- the node side --------------------------------------------------------------------------------
@@ -151,3 +230,72 @@ def test_a_resume_or_reproduction_looks_in_its_snapshot_whatever_the_cwd(tmp_pat
         found = problem(tree(script="other.py"))
     assert found[0] == "recipe.script" and f"the code snapshot {snap}" in found[1], found
     assert problem(tree(script="train.py")) is not None  # a launch from elsewhere: not there
+
+
+# ---- the script's working dir: the run's mirror of the snapshot ----------------------------------
+
+
+def _snapshot(tmp_path):
+    from launcher.archive.snapshot import make_read_only
+
+    code = tmp_path / "code"
+    for rel, text in {"train.py": "", "configurator.py": "x = 1\n", "data/vocab.txt": "a b\n",
+                      "data/deep/more.txt": "", "proj/train.py": "", "proj/cfg.txt": "1\n", "top.txt": "top\n",
+                      ".snapshot.json": "{}", ".patch.diff": ""}.items():
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_text(text)
+    make_read_only(code)
+    return code
+
+
+def test_the_work_dir_mirrors_the_launch_dir_reads_go_to_the_snapshot_writes_to_the_run(tmp_path):
+    code = _snapshot(tmp_path)
+    rd = RunDir(tmp_path / "run")
+    cwd = script.work_dir(rd, code, ".")
+    assert cwd == rd.work_dir
+    assert (cwd / "configurator.py").read_text() == "x = 1\n" and (cwd / "data" / "vocab.txt").read_text() == "a b\n"
+    assert (cwd / "data").is_dir() and not (cwd / "data").is_symlink()  # a dir of the run: writes land here
+    assert not (cwd / ".snapshot.json").exists() and not (cwd / ".patch.diff").exists()  # the launcher's own
+    (cwd / "out").mkdir()
+    (cwd / "out" / "ckpt.pt").write_text("w")
+    (cwd / "data" / "train.bin").write_text("w")
+    assert not (code / "out").exists() and not (code / "data" / "train.bin").exists()
+    (cwd / "data" / "vocab.txt").write_text("rewritten")  # a copy of the run's: rewritten there
+    assert (code / "data" / "vocab.txt").read_text() == "a b\n"
+    assert (cwd / "configurator.py").is_symlink() and (cwd / "train.py").is_symlink()  # code: the snapshot's
+    again = script.work_dir(rd, code, ".")  # the next attempt: made already, the run's files kept
+    assert again == cwd and (cwd / "out" / "ckpt.pt").read_text() == "w"
+    assert (cwd / "data" / "vocab.txt").read_text() == "rewritten"
+
+
+def test_the_work_dir_of_a_launch_from_a_subdir_starts_there_and_sees_its_parent(tmp_path):
+    code = _snapshot(tmp_path)
+    rd = RunDir(tmp_path / "run")
+    cwd = script.work_dir(rd, code, "proj")
+    assert cwd == rd.work_dir / "proj"
+    assert (cwd / "cfg.txt").read_text() == "1\n" and (cwd / ".." / "top.txt").read_text() == "top\n"
+    assert (cwd / ".." / "data" / "vocab.txt").read_text() == "a b\n"  # above the launch dir: mirrored too
+    (cwd / ".." / "data" / "new.txt").write_text("w")
+    assert not (code / "data" / "new.txt").exists()
+    assert os.path.realpath(cwd / "train.py") == str(os.path.realpath(code / "proj" / "train.py"))
+
+
+def test_past_its_budget_the_mirror_links_a_directory_whole(tmp_path):
+    code = _snapshot(tmp_path)
+    rd = RunDir(tmp_path / "run")
+    cwd = script.work_dir(rd, code, ".", entries=0, copy_bytes=0)
+    assert (cwd / "data").is_symlink() and (cwd / "data" / "vocab.txt").read_text() == "a b\n"
+    assert (cwd / "top.txt").is_symlink() and (cwd / "top.txt").read_text() == "top\n"
+
+
+def test_a_snapshot_without_a_launch_dir_runs_in_the_empty_work_dir(tmp_path):
+    code = _snapshot(tmp_path)
+    rd = RunDir(tmp_path / "run")
+    assert script.work_dir(rd, code, None) == rd.work_dir and list(rd.work_dir.iterdir()) == []
+
+
+def test_a_stop_of_a_script_claims_no_checkpoint_of_the_launchers():
+    assert script.stop_detail("preempted", None) == \
+        "preempted signal, forwarded to the script (its own checkpoint, if it saved one)"
+    assert "its metrics' last step 7" in script.stop_detail("time_limit", 7)
+    assert "checkpoint saved after step" not in script.stop_detail("preempted", 7)
