@@ -209,6 +209,7 @@ def test_an_unchanged_script_runs_on_cluster_local(local_run):
 @pytest.mark.timeout(600)
 def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
     res = launch([*RUN, "recipe.args=[--steps=3,--exit_code=3]", "cluster=local", "cluster.gpus_per_node=2",
+                  # a budget left to spend: the script's own exit code is still not retried
                   "train.max_restarts=2"], runs_root, timeout=400, cwd=code)
     assert res.returncode != 0, res.stdout[-2000:]
     run = only_run(runs_root)
@@ -240,6 +241,7 @@ def test_a_killed_script_is_requeued_and_resumes_in_the_module_form(code, local_
     the uninterrupted recipe.script run. (One run for the module form and the kill: each made its own.)"""
     res = launch(["recipe=script", "recipe.module=mypkg.train", "recipe.resume_args=[--init_from=resume]",
                   args("--save_every=5", "--kill_step=8"), "train.log_interval=0", "cluster=local",
+                  # one restart is all the killed rank needs: a second would be a bug, not a retry
                   "cluster.gpus_per_node=2", "train.max_restarts=1"], runs_root, timeout=400, cwd=code)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = only_run(runs_root)
