@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher import script_recipe
 from launcher.app import finish
 from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
@@ -112,6 +113,7 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
     """``unverified``: what did not verify about the archive, reproduced anyway (--trust-unverified):
     recorded in the reproduction's run.json (``trusted_unverified``)."""
     out = out or sys.stdout
+    overrides = script_recipe.quote_args(list(overrides))  # `'recipe.args=[--lr=1e-3]'` as typed
     run_dir = Path(run_dir)
     rd = RunDir(run_dir)
     meta = rd.run()

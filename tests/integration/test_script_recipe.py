@@ -224,8 +224,8 @@ def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
 @pytest.mark.timeout(600)
 def test_a_reproduction_runs_the_snapshots_script_from_any_dir(local_run, tmp_path):
     root = local_run.parent.parent
-    res = run_cmd([str(BIN / "launcher"), "reproduce", RunDir(local_run).run_id, "--root", str(root)], root,
-                  timeout=400, cwd=tmp_path)
+    res = run_cmd([str(BIN / "launcher"), "reproduce", RunDir(local_run).run_id, "--root", str(root),
+                   args()], root, timeout=400, cwd=tmp_path)  # a `--k=v` list as typed, the same values
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (copy,) = [Path(r["dir"]) for r in runs_json(root) if Path(r["dir"]) != local_run]
     assert status(copy)["status"] == "completed", status(copy)
