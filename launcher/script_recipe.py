@@ -113,7 +113,7 @@ def _quoted_list(line: str) -> str:
 
 def _split(text: str) -> Optional[List[str]]:
     """The elements of a list's inside at its top-level commas (quotes and brackets kept whole), or
-    None where a quote or bracket is left open."""
+    None where a quote or bracket is left open or closes one never opened."""
     items, start, depth, quote, i = [], 0, 0, None, 0
     while i < len(text):
         ch = text[i]
@@ -128,6 +128,8 @@ def _split(text: str) -> Optional[List[str]]:
             depth += 1
         elif ch in "]})":
             depth -= 1
+            if depth < 0:  # `[a],[b]`: a sweep over lists, not one list
+                return None
         elif ch == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1

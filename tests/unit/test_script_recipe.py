@@ -127,7 +127,8 @@ def test_k_equals_v_elements_are_taken_as_typed(typed, value):
 
 
 def test_lines_quote_args_cannot_fix_are_left_to_hydras_error():
-    for line in ("recipe.args=[--a=1", "train.steps=3", "recipe.args=[--x='open]", "other.args=[--a=1]"):
+    for line in ("recipe.args=[--a=1", "train.steps=3", "recipe.args=[--x='open]", "other.args=[--a=1]",
+                 "recipe.args=[--a=1],[--a=2]"):  # (a sweep over lists: quoted by hand)
         assert script_recipe.quote_args([line]) == [line]
 
 
