@@ -99,9 +99,17 @@ class Attempt:
         return text
 
     def end(self, status: Status, error: str, **extra: Any) -> bool:
-        """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal."""
+        """A final outcome this rank saw (failed, cancelled, timeout), with the error; the seal. A job
+        requeued since it started (its ASHA pause's requeuehold, a requeue racing the end) is dropped
+        from the queue: nothing will run in it again."""
         self.recorded = True
-        return self.rd.finish_in_job(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
+        done = self.rd.finish_in_job(status, exit_code=1, error=scrub(error, os.environ), **{**self.job_ids, **extra})
+        if done:
+            from launcher import backends
+            from launcher.runtime.after_step import drop_requeued_job
+
+            drop_requeued_job(self.rd, backends.get(self.rd.backend_name()), self.denv.job_id)
+        return done
 
     def fail(self, error: str, **extra: Any) -> bool:
         """This rank failed (the first rank to fail holds the root cause: a later one changes nothing)."""

@@ -15,7 +15,7 @@ def step(fn: Callable[[], object], what: str) -> None:
     unwinding = sys.exc_info()[1]
     try:
         fn()
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # SystemExit: a library's sys.exit inside its own teardown
         if unwinding is None:
             raise
         print(f"launcher: {what} failed while the rank ended ({type(unwinding).__name__}: {unwinding}): "

@@ -30,6 +30,9 @@ from typing import Any, Dict, List, Optional
 from launcher.archive import atomic
 
 RECORD = "stream.json"
+# what a wandb call raises when its service is gone: its socket's errors, and SystemExit (wandb.teardown
+# exits with the killed service's status)
+WANDB_ERRORS = (Exception, SystemExit)
 
 
 def wandb_id(run_id: str) -> str:
@@ -65,7 +68,7 @@ class WandbStream:
         try:
             self.run = wandb.init(project=str(wb.project), dir=str(self.dir), mode=str(wb.mode), id=self.id,
                                   resume="allow", name=rundir.run_id, config=config)
-        except Exception as e:
+        except WANDB_ERRORS as e:
             self._lose(f"wandb.init failed ({type(e).__name__}: {e})")
             return
         atomic.write_json(self.path, {**rec, "id": self.id, "durable_through": self.durable_through})
@@ -84,7 +87,7 @@ class WandbStream:
         try:
             self.run.log(row, step=step)
             self.last_step = step
-        except Exception as e:  # its service was ended with the job's step (a preemption, a pause, a cancel)
+        except WANDB_ERRORS as e:  # its service was ended with the job's step (a preemption, a pause, a cancel)
             self._lose(f"{type(e).__name__}: {e}")
 
     def close(self) -> None:
@@ -97,14 +100,14 @@ class WandbStream:
         if not self.lost:
             try:
                 run.finish()
-            except Exception as e:
+            except WANDB_ERRORS as e:
                 self._lose(f"finish: {type(e).__name__}: {e}")
         try:
             import wandb
 
             wandb.teardown()  # stop wandb's service now, so it writes nothing after the run is sealed
-        except Exception:
-            pass  # a service already gone
+        except WANDB_ERRORS:
+            pass  # a service already gone (wandb then calls sys.exit with the service's exit status)
         if self.lost:
             if sync_dir is not None and sync_dir.parent == self.path.parent:
                 shutil.rmtree(sync_dir, ignore_errors=True)
