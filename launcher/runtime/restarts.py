@@ -101,7 +101,9 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str], *, world
                 "attempt": attempt, "reason": reason,
                 "detail": stop.get("detail") or ("the scheduler restarted the job (preemption, node failure or "
                                                  "scontrol requeue) without a request from the run"),
-                "failed_step": stop.get("step"), "failed_rank": stop.get("rank"),
+                # a stop signal or a pause is no rank's failure: it names no failed rank
+                "failed_step": stop.get("step"),
+                "failed_rank": None if reason in SIGNAL_REASONS.values() or reason == "grow" else stop.get("rank"),
                 "from_step": RunDir.checkpoint_step(latest) if latest else 0,
                 "nodes": st.hosts, "job_id": job_id,
                 **({"failure": stop["failure"]} if stop.get("failure") else {}),  # restart_policy reads it
