@@ -8,11 +8,12 @@ integration test's node id is checked with that test only, and only with ``--int
 
 The old text must occur exactly once in its file: the code changes under this list, and a mutant
 that silently stopped applying would report nothing. Drift is printed as DRIFT and makes the exit
-status 1, as does a mutant that survives.
+status 1, as does a mutant that survives. The pure tier runs the same drift check in-process
+(tests/unit/test_mutants_list.py), so a drifted mutant fails ``./scripts/test.sh --fast``.
 
     python scripts/mutants.py --list               # the table and any DRIFT, nothing run
     python scripts/mutants.py --only X4,X6         # run those
-    python scripts/mutants.py --quick              # only each mutant's named unit files (fast)
+    python scripts/mutants.py --quick              # only each mutant's named unit tests (fast)
     python scripts/mutants.py --integration        # also the mutants killed by an integration test
 
 Stdlib only.
@@ -32,6 +33,10 @@ from typing import List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = "fast"
+# the pure test of this list (its drift check): in a mutated copy it would fail on the mutant's own
+# edit and report every mutant killed, so a mutant run leaves it out
+LIST_TEST = "tests/unit/test_mutants_list.py"
+MUTANT_ENV = "LAUNCHER_MUTANT"  # set to the mutant's id in its run (the list's check skips itself there too)
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class Mutant:
     new: str
     killer: str  # "fast" (the unit tier) or the node id of an integration test
     what: str
-    quick: Tuple[str, ...] = field(default=())  # the unit files that should kill it (--quick runs only these)
+    quick: Tuple[str, ...] = field(default=())  # the unit files or node ids that kill it (--quick runs only these)
 
 
 M = Mutant
@@ -80,7 +85,7 @@ MUTANTS: List[Mutant] = [
       "the seal leaves files writable", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X11", "recipes/gpt/plan/search.py", "RULE_KINDS = (VALUE, SHAPE, LAYOUT)", "RULE_KINDS = (VALUE, SHAPE)", FAST,
       "the search ignores the layout rules", ("tests/unit/test_plan_estimators.py",)),
-    M("X12", "launcher/submit/resume.py", "    if st.state not in FINAL:\n        raise ConfigErrors",
+    M("X12", "launcher/submit/resume.py", "    if st.state not in FINAL and not queued_after:\n        raise ConfigErrors",
       "    if False:\n        raise ConfigErrors", FAST,
       "resume/retry accept a run that may still be running", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("X13", "launcher/rundir.py", "fresh = since is None or p.stat().st_mtime >= since",
@@ -106,8 +111,8 @@ MUTANTS: List[Mutant] = [
     M("M19", "launcher/runtime/context.py", "dist.all_reduce(flag, op=dist.ReduceOp.MAX)",
       "dist.all_reduce(flag, op=dist.ReduceOp.MIN)", "tests/integration/test_multirank_parts.py::test_all_ranks_agree_on_a_stop_one_rank_saw",
       "ranks disagree on a stop only one of them was signalled"),
-    M("M20", "launcher/runtime/restarts.py", 'STOP_CODES = {None: 0, "preempted": 1, "time_limit": 2}',
-      'STOP_CODES = {None: 0, "preempted": 2, "time_limit": 1}', FAST,
+    M("M20", "launcher/runtime/restarts.py", 'STOP_CODES = {None: 0, "grow": 1, "preempted": 2, "time_limit": 3}',
+      'STOP_CODES = {None: 0, "grow": 1, "preempted": 3, "time_limit": 2}', FAST,
       "preempted outranks the time limit", ("tests/unit/test_fault_tolerance_parts.py",)),
     M("M21", "launcher/training/checkpoint.py", "        for old in self.rd.checkpoints()[:-self.keep]:",
       "        for old in self.rd.checkpoints()[:-self.keep - 1]:", FAST,
@@ -152,6 +157,60 @@ MUTANTS: List[Mutant] = [
       "        state = torch.load(path / self.FILE, map_location=self.device, weights_only=True)",
       "tests/integration/test_multirank_parts.py::test_ddp_resume_reads_the_model_file_on_one_rank_only",
       "every ddp rank reads the whole model file on resume"),
+    # sweep=asha (launcher/asha.py: the rule alone)
+    M("M32", "launcher/asha.py", "    return max(1, n // max(1, int(reduction))) if n > 0 else 0",
+      "    return max(1, -(-n // max(1, int(reduction)))) if n > 0 else 0", FAST,
+      "a rung promotes ceil(n / reduction) points, one too many (16 -> 6, not 5)",
+      ("tests/unit/test_asha.py::test_16_points_three_rungs_reduction_3_give_16_5_1",)),
+    M("M33", "launcher/asha.py", "    if not rule.asynchronous:\n        if not complete:\n            return None",
+      "    if not rule.asynchronous:\n        if False:\n            return None", FAST,
+      "a synchronous rung is decided before every entrant reported or ended",
+      ("tests/unit/test_asha.py::test_a_rung_waits_for_every_entrant_then_is_decided_once",)),
+    # sweep=pbt (launcher/pbt.py)
+    M("M34", "launcher/pbt.py", "after = {key: _times(current[donor][key], f) for key, f in factors.items()}",
+      "after = {key: _times(current[m][key], f) for key, f in factors.items()}", FAST,
+      "explore perturbs the member's own values, not the donor's it exploits",
+      ("tests/unit/test_pbt.py::test_the_bottom_quantile_exploits_the_top_with_perturbed_values",)),
+    M("M35", "launcher/pbt.py", "bottom = [p for p in order[len(order) - k:] if p in can] if k else []",
+      "bottom = [p for p in order[len(order) - k:]] if k else []", FAST,
+      "a member that ended (not alive) still exploits a donor",
+      ("tests/unit/test_pbt.py::test_max_mode_nan_a_missing_report_and_ints",)),
+    # cluster.elastic (launcher/elastic.py)
+    M("M36", "launcher/elastic.py", "range(min(int(usable_nodes), int(target_nodes)), max(1, int(min_nodes)) - 1, -1)",
+      "range(int(usable_nodes), max(1, int(min_nodes)) - 1, -1)", FAST,
+      "an elastic run goes on on more nodes than it was launched with",
+      ("tests/unit/test_elastic.py::test_node_counts_go_from_the_most_usable_down_to_the_minimum",)),
+    M("M37", "launcher/elastic.py", '    if run_state == "completed" or word == "CANCELLED":\n        return None',
+      '    if run_state == "completed":\n        return None', FAST,
+      "the deciding job resumes an elastic run the user cancelled",
+      ("tests/unit/test_elastic.py::test_the_decision_acts_where_the_cluster_ended_the_job_or_the_run_asked_the_job_after_it",)),
+    # resharding (launcher/submit/reshard.py: what a resume on another layout may change)
+    M("M38", "launcher/submit/reshard.py",
+      'if old.get("global_batch_size") != new.get("global_batch_size") and "train.global_batch_size" not in changed:',
+      'if False and "train.global_batch_size" not in changed:', FAST,
+      "a resume on another layout silently changes the global batch",
+      ("tests/unit/test_reshard_rules.py::test_a_changed_global_batch_is_refused_unless_asked_for",)),
+    M("M39", "launcher/submit/reshard.py", "if checkpoint is not None and not (checkpoint / INDEX).is_file():",
+      "if False:", FAST, "a checkpoint with no universal/ state is accepted for another layout",
+      ("tests/unit/test_reshard_rules.py::test_a_checkpoint_without_universal_state_is_refused",)),
+    # cluster.pack (launcher/runtime/pack.py: which points start on the pack's free nodes)
+    M("M40", "launcher/runtime/pack.py", "        if len(fit) < need.nodes:\n            continue",
+      "        if len(fit) < need.nodes:\n            break", FAST,
+      "no backfill: a point that does not fit now holds back the smaller ones after it",
+      ("tests/unit/test_pack.py::test_a_point_that_does_not_fit_now_lets_a_later_smaller_one_start",)),
+    M("M41", "launcher/runtime/pack.py",
+      "                and (self.mem is None or host_mem(need) is None or self.mem >= need.tasks * host_mem(need)))",
+      "                and True)", FAST,
+      "the planner's memory estimate does not bound the points per node",
+      ("tests/unit/test_pack.py::test_the_planners_memory_estimate_bounds_points_per_node",)),
+    # tokenized data (launcher/data/)
+    M("M42", "launcher/data/tokens.py", "if self._doc_starts is not None else window * self.seq_len",
+      "if self._doc_starts is not None else window * (self.seq_len + 1)", FAST,
+      "packed windows do not share their boundary token (one token per window is never a label)",
+      ("tests/unit/test_data_tokens.py::test_packing_cuts_the_stream_into_windows_that_share_one_token",)),
+    M("M43", "launcher/data/manifest.py", "            if digest != sha:\n", "            if False:\n", FAST,
+      "a prepared dataset's shard with a flipped byte passes its check (sha256 not compared)",
+      ("tests/unit/test_data_manifest.py::test_flipped_byte_truncated_and_missing_shard_each_named",)),
 ]
 
 
@@ -208,6 +267,11 @@ def _failed(output: str) -> str:
     return output.strip().splitlines()[-1] if output.strip() else "?"
 
 
+def pytest_command(python: str, targets: List[str]) -> List[str]:
+    """The pytest run of a mutated copy: stops at the first failure; never the list's own check."""
+    return [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"--ignore={LIST_TEST}", *targets]
+
+
 def run_one(m: Mutant, args: argparse.Namespace) -> Tuple[str, str]:
     """(verdict, detail): killed / survived / DRIFT / skipped."""
     if m.killer != FAST and not args.integration:
@@ -224,8 +288,8 @@ def run_one(m: Mutant, args: argparse.Namespace) -> Tuple[str, str]:
             targets = list(m.quick)
         else:
             targets = ["tests/unit"]
-        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
-        cmd = [args.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *targets]
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1", **{MUTANT_ENV: m.id})
+        cmd = pytest_command(args.python, targets)
         try:
             res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -243,7 +307,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the mutants and their expected killers; run nothing")
     ap.add_argument("--only", default="", help="comma-separated ids (X4,X6)")
     ap.add_argument("--integration", action="store_true", help="also run the mutants an integration test kills")
-    ap.add_argument("--quick", action="store_true", help="run only each mutant's named unit files, not all of tests/unit")
+    ap.add_argument("--quick", action="store_true", help="run only each mutant's named unit tests, not all of tests/unit")
     ap.add_argument("--python", default=sys.executable, help="the interpreter with pytest and the project installed")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
     args = ap.parse_args(argv)

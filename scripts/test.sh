@@ -2,6 +2,8 @@
 # Fresh machine -> set up, start the real local Slurm cluster, run the whole test suite.
 #   ./scripts/test.sh            the whole suite (what CI runs): the pure tier, then the integration tier
 #   ./scripts/test.sh --fast     the pure tier only (tests/unit: nothing launched, no Slurm or browser set up)
+#   ./scripts/test.sh --fast ARGS  pytest ARGS, no Slurm or browser set up: options alone keep tests/unit
+#                                (--fast -x, --fast -k asha); a path among them is run instead of it
 #   ./scripts/test.sh ARGS...    pytest ARGS with everything set up (e.g. tests/integration/test_truth.py -x)
 # docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
@@ -10,7 +12,22 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--fast" ]; then
   shift
-  exec .venv/bin/python -m pytest -q -ra "${@:-tests/unit}"
+  # a path is an argument that is no option and no option's value, and names a file or directory
+  # (tests/unit/test_x.py::test_y included); without one, tests/unit is what runs
+  path=0 value=0
+  for a in "$@"; do
+    if [ "$value" = 1 ]; then value=0; continue; fi
+    case "$a" in
+      -k|-m|-p|-o|-c|-n|-W|-r|--tb|--deselect|--ignore|--ignore-glob|--junitxml|--junit-xml|--junit-prefix|\
+      --rootdir|--basetemp|--confcutdir|--durations|--durations-min|--maxfail|--dist|--timeout|--log-file|\
+      --log-level|--log-cli-level|--override-ini|--pythonwarnings|--numprocesses|--maxprocesses|--import-mode|\
+      --capture|--color|--cov|--cov-report) value=1 ;;
+      -*) ;;
+      *) if [ -e "${a%%::*}" ]; then path=1; fi ;;
+    esac
+  done
+  [ "$path" = 1 ] || set -- "$@" tests/unit
+  exec .venv/bin/python -m pytest -q -ra "$@"
 fi
 
 started_slurm=0
