@@ -54,8 +54,8 @@ def prepare(out: Path, vocab: int, runs: Path) -> Manifest:
 
 def train(name: str, ds: Path, m: Manifest, steps: int, lr: float, batch: int, eval_every: int,
           runs: Path) -> Dict:
-    vocab = (f"lm.vocab_size={m.vocab_size}" if name == "hf_llama_tiny" else f"model.vocab_size={m.vocab_size}")
-    cmd = [str(BIN / "launch"), *MODELS[name], vocab, "cluster=local", "cluster.gpus_per_node=1", "data=tokens",
+    # the vocabulary is the dataset's (m.vocab_size): the model options take it from the manifest
+    cmd = [str(BIN / "launch"), *MODELS[name], "cluster=local", "cluster.gpus_per_node=1", "data=tokens",
            f"data.path={ds}", f"data.eval_every={eval_every}", "data.eval_batches=4", f"train.steps={steps}",
            f"train.global_batch_size={batch}", f"train.micro_batch_size={batch}", f"optim.lr={lr}",
            "train.log_interval=0", "wandb.enabled=false", f"name=corpus-{name}"]

@@ -76,8 +76,56 @@ accept_numeric_group_choices()
 
 
 def normalize_overrides(args):
-    """Kept for callers: numeric group choices need no rewriting any more (accept_numeric_group_choices)."""
-    return list(args)
+    """The overrides as Hydra is to compose them: a model option that is a module selects its recipe
+    (``recipe_for_model``). Numeric group choices need no rewriting (accept_numeric_group_choices)."""
+    return recipe_for_model(list(args))[0]
+
+
+# ---- a model option that needs a recipe selects it -----------------------------------------------
+# A recipe option brings the `model` group with a default option of its own (conf/recipe/<option>.yaml);
+# one whose defaults list leaves it open (`- /model: null`) trains any module the option names by its
+# `_target_` (docs/models.md). Hydra cannot switch the recipe from inside the model option (the recipe's
+# defaults list chose the model), so `model=<an option naming a _target_>` with no recipe named gets
+# that recipe (`recipe=<it>`, the one such option) before Hydra composes, recorded so in the overrides.
+
+
+def _yaml(path):
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def module_recipe():
+    """The recipe option whose model group is open to any module (its defaults: ``/model: null``),
+    where exactly one is; else None."""
+    found = []
+    for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
+        doc = _yaml(path)
+        entries = doc.get("defaults") if isinstance(doc, dict) else None
+        if any(isinstance(e, dict) and "/model" in e and e["/model"] is None for e in entries or []):
+            found.append(path.stem)
+    return found[0] if len(found) == 1 else None
+
+
+def recipe_for_model(args):
+    """(the overrides, the line added or None): ``recipe=<module_recipe>`` put first where a plain
+    ``model=<option>`` names an option with a ``_target_`` and no override names the recipe
+    (``recipe=...``, ``recipe._target_=...``)."""
+    args = list(args)
+    if any(str(a).lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "recipe" for a in args):
+        return args, None
+    for a in args:
+        key, _, value = str(a).partition("=")
+        if key != "model" or not value or any(c in value for c in ",()[]$"):
+            continue
+        option = _yaml(CONF_DIR / "model" / f"{value}.yaml")
+        recipe = module_recipe() if isinstance(option, dict) and "_target_" in option else None
+        if recipe is not None:
+            return [f"recipe={recipe}", *args], f"recipe={recipe}"
+    return args, None
 
 
 # Hydra's output-dir settings: `launch` archives every run in <submit.runs_root>/<sweep>/<index>/ and
@@ -239,6 +287,10 @@ def main() -> None:
         from launcher.script_recipe import quote_args
 
         sys.argv[1:] = quote_args(sys.argv[1:])
+    sys.argv[1:], added = recipe_for_model(sys.argv[1:])
+    if added:
+        print(f"launch: {added} added: the model option is a module, trained by that recipe (docs/models.md)",
+              file=sys.stderr)
     try:
         with hydra_scrubbed(sys.argv[1:]):  # whatever Hydra prints (its errors, --cfg) holds no secret
             _run()

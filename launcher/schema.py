@@ -662,6 +662,27 @@ def _recipe_run_name(target: Any, model_name: Any = "") -> str:
 OmegaConf.register_new_resolver("recipe_run_name", _recipe_run_name, replace=True)
 
 
+def _host_gpus_or(without_gpus: Any = 2, global_batch: Any = None, micro_batch: Any = None) -> int:
+    from launcher import host  # the local backend's view of this host (LAUNCHER_HOST_GPUS fixes it)
+
+    return host.default_processes(int(without_gpus), global_batch, micro_batch)
+
+
+def _data_vocab_or(default: Any, multiple: Any = 1, *, _root_: Any) -> int:
+    from launcher.data import checks  # a data=tokens run's vocabulary, from its datasets' manifests
+
+    return checks.vocab_or(default, multiple, _root_=_root_)
+
+
+# a model option's vocab_size: the dataset's (data=tokens) unless the user sets one
+OmegaConf.register_new_resolver("data_vocab_or", _data_vocab_or, replace=True)
+
+
+# conf/cluster/local.yaml's default process count: this host's GPUs (as many as the batch splits over),
+# or N processes where it has none
+OmegaConf.register_new_resolver("host_gpus_or", _host_gpus_or, replace=True)
+
+
 def enum_value(x: Any) -> str:
     """An Enum member or a plain string -> the string (configs loaded untyped hold strings)."""
     return str(getattr(x, "value", x))

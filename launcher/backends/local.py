@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from launcher import host
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
+from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the host: launcher/host.py)
 from launcher.job_record import JobRecord
 from launcher.runtime import job_start
 from launcher.status import Status
@@ -99,29 +101,6 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
     return frozenset()
 
 
-def nvidia_gpu_count(dev: str = "/dev") -> int:
-    """NVIDIA GPUs this process may use: the ids in CUDA_VISIBLE_DEVICES where it is set, else the
-    device files /dev/nvidia0, ... (0 where none, or CUDA_VISIBLE_DEVICES hides them)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", None)
-    if visible is not None:
-        return len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"])
-    try:
-        return sum(1 for n in os.listdir(dev) if n.startswith("nvidia") and n[len("nvidia"):].isdigit())
-    except OSError:
-        return 0
-
-
-def has_nvidia_gpus(dev: str = "/dev") -> bool:
-    """Whether this host shows NVIDIA GPUs (device files /dev/nvidia0, ...) that CUDA_VISIBLE_DEVICES
-    does not hide: the local processes then compute on them (torch.cuda.is_available on the node)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    try:
-        return any(n[len("nvidia"):].isdigit() for n in os.listdir(dev) if n.startswith("nvidia"))
-    except OSError:
-        return False
-
-
 VISIBLE_KEY = "cuda_visible_devices"  # a parameter of ours, not submitit's: GPUs named by UUID
 
 
@@ -191,27 +170,36 @@ class LocalBackend(Backend):
     max_restarts = 5  # submitit's local controller starts a job at most 6 times
 
     def host_cpu_flags(self) -> Optional[frozenset]:
-        return None if has_nvidia_gpus() else cpu_flags()
+        return None if host.host_gpus() else cpu_flags()
 
     def host_has_gpus(self) -> bool:
-        return has_nvidia_gpus()
+        return host.host_gpus() > 0
 
     def host_gpu_count(self) -> Optional[int]:
-        return nvidia_gpu_count() if has_nvidia_gpus() else None
+        return host.host_gpus() or None
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
         params = {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
                   "signal_delay_s": int(cl.signal_delay_s)}
-        params.update(gpu_parameters(int(cl.gpus_per_node), has_nvidia_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        params.update(gpu_parameters(int(cl.gpus_per_node), self.host_has_gpus(),
+                                     os.environ.get("CUDA_VISIBLE_DEVICES")))
         if submitit_parameters(cl).get("stderr_to_stdout"):  # the one the local executor takes
             params["stderr_to_stdout"] = True
         return params
 
     def request_problems(self, cfg: Any) -> List[str]:
-        """The shared bounds; and cluster.pack, which needs a scheduler's job steps: every local point is
-        already a process of this host, started as others end (cluster.array_parallelism at once)."""
+        """The shared bounds; a run while LAUNCHER_HOST_GPUS names more GPUs than the host has; and
+        cluster.pack, which needs a scheduler's job steps: every local point is already a process of
+        this host, started as others end (cluster.array_parallelism at once)."""
         out = super().request_problems(cfg)
+        submit = getattr(cfg, "submit", None)
+        simulated, real = host.simulated_gpus(), host.detected_gpus()
+        if simulated is not None and simulated > real and not (submit is not None and hasattr(submit, "get")
+                                                                and submit.get("dry_run")):
+            out.append(f"{host.HOST_GPUS_ENV}={simulated} takes this host to have GPUs it has not ({real}): for "
+                       "checks, dry runs and `launcher plan` only, local processes need GPUs that are there "
+                       f"(fix: unset {host.HOST_GPUS_ENV}, or add submit.dry_run=true)")
         cl = getattr(cfg, "cluster", None)
         if cl is not None and hasattr(cl, "get") and cl.get("pack"):
             out.append("cluster.pack: packing points into one allocation needs Slurm (cluster=slurm or a "

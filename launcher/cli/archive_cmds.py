@@ -184,12 +184,13 @@ def cmd_reproduce(args) -> int:
 def cmd_resume(args) -> int:
     # lazy: only this subcommand pays for it, not `launcher --help`
     from launcher.submit.progress import wait_and_report
-    from launcher.submit.resume import resume
+    from launcher.submit.resume import loaded_line, resume
 
     rdir = resolve_run_dir(args._root, args.run)
     from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
     outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
+    attempt = int(RunDir(rdir).status().attempt or 1) + 1  # the one this resume starts
     try:
         result = resume(rdir, steps=args.steps, changes=args.overrides)
     except (ConfigErrors, FileNotFoundError) as e:
@@ -200,4 +201,8 @@ def cmd_resume(args) -> int:
         print(f"watch: launcher runs --sweep {result.sweep_id}" + (f" --root {args.root}" if args.root else ""))
         return 0
     point = type("P", (), {"cfg": OmegaConf.create(RunDir(rdir).config())})()
-    return 0 if wait_and_report(result, [point], sys.stdout) else 1
+    ok = wait_and_report(result, [point], sys.stdout)  # with the checkpoints a node rejected, and the step it loaded
+    loaded = loaded_line(RunDir(rdir), attempt)
+    if loaded:
+        print(loaded)
+    return 0 if ok else 1

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import yaml
-from rich.text import Text
 
 from launcher import backends
 from launcher.archive import registry
@@ -87,19 +86,23 @@ def cmd_runs(args) -> int:
         print(f"no runs under {_root(args)}" + (" matching the filters" if args.filters or args.sweep or args.status
                                                 or args.tag else ""), file=sys.stderr)
         return 0
-    # rich: only the command that prints loads it, not `launcher --help`
-    from rich.console import Console
-    from rich.table import Column, Table
+    from launcher.cli import tables  # rich: only the command that prints loads it, not `launcher --help`
 
-    # ids are what users copy into show/diff/reproduce: never cut; a long dir folds instead
-    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), Column("class", no_wrap=True),
-                  Column("job", no_wrap=True), "loss/result", "tokens/s", Column("dir", overflow="fold"))
+    rows = []
     for r in runs:
         loss = f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else _result(r.get("return_value"))
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else ""
-        table.add_row(*(Text(str(v)) for v in (r["run_id"], _status_cell(r), r["class"] or "", r.get("job_id") or "",
-                                                loss, tps, r["dir"])))
-    Console().print(table)
+        rows.append((r["run_id"], _status_cell(r), r["class"] or "", r.get("job_id") or "", loss, tps, r["dir"]))
+    # one line per run: in a narrow terminal the dir goes first (`launcher show RUN` names it), then class,
+    # tokens/s and job; piped (COLUMNS unset), every column whole
+    console = tables.console()
+    table, dropped = tables.one_line_table(("run_id", "status", "class", "job", "loss/result", "tokens/s", "dir"),
+                                           rows, console.width, optional=("dir", "class", "tokens/s", "job"),
+                                           right=("loss/result", "tokens/s"))
+    console.print(table)
+    note = tables.left_out_line(dropped, console.width, "launcher show RUN, --json")
+    if note is not None:
+        console.print(note)
     return 0
 
 

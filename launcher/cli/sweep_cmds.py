@@ -27,10 +27,11 @@ RETRYABLE = ("failed", "cancelled", "timeout")
 
 
 def _console():
-    """Rich's console; wide when the output is not a terminal (a pipe or a file keeps every column)."""
-    from rich.console import Console  # rich: only the command that prints loads it, not `launcher --help`
+    """Rich's console: the terminal's width (or COLUMNS'); no limit where the output is piped (every column
+    kept): launcher.cli.tables."""
+    from launcher.cli import tables
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return tables.console()
 
 
 def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
@@ -67,23 +68,28 @@ def _chosen(runs: List[Dict[str, Any]], root: Path, ident: Optional[str]) -> Lis
 # ---- status --------------------------------------------------------------------------------------
 
 
-def _status_view(runs: List[Dict[str, Any]]):
+def _status_view(runs: List[Dict[str, Any]], width: int):
     # rich: only the command that prints loads it, not `launcher --help`
     from rich.console import Group
-    from rich.table import Column, Table
+
+    from launcher.cli import tables
 
     rows = point_rows(runs)
     keys = rows[0]["_keys"] if rows else []
     sweep_ids = sorted({r["sweep_id"] for r in runs})
     head = Text(f"sweep {', '.join(sweep_ids)}: {len(runs)} run(s)  " +
                 "  ".join(f"{k} {v}" for k, v in counts(runs).items()))
-    table = Table(Column("run_id", no_wrap=True), Column("status", no_wrap=True), "attempt", "restarts",
-                  Column("step", justify="right"), "loss", *keys, Column("job", no_wrap=True))
+    cells = []
     for r in rows:
         step = f"{r['step']}/{r['steps']}" if r["steps"] else str(r["step"])
-        table.add_row(*(Text(str(v)) for v in (r["run_id"], r["status"], r["attempt"] or "", r["restarts"], step,
-                                                sweeps.fmt(r["loss"]), *(r[k] for k in keys), r["job_id"] or "")))
-    return Group(head, table)
+        cells.append((r["run_id"], r["status"], r["attempt"] or "", r["restarts"], step, sweeps.fmt(r["loss"]),
+                      *(r[k] for k in keys), r["job_id"] or ""))
+    # one line per point: in a narrow terminal job, restarts and attempt go first (--json has them), then
+    # the widest cells are cut
+    table, dropped = tables.one_line_table(("run_id", "status", "attempt", "restarts", "step", "loss", *keys, "job"),
+                                           cells, width, optional=("job", "restarts", "attempt"), right=("step",))
+    note = tables.left_out_line(dropped, width, "--json")
+    return Group(head, table, *([note] if note is not None else []))
 
 
 def rung_summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -120,18 +126,18 @@ def cmd_status(args) -> int:
         return 0
     if not args.watch:
         runs = sweep_runs(args._root, args.target)
-        console.print(_status_view(runs))
+        console.print(_status_view(runs, console.width))
         _print_rungs(console, runs)
         return 0
     from rich.live import Live  # rich: only the command that prints loads it, not `launcher --help`
 
     runs = sweep_runs(args._root, args.target)
-    with Live(_status_view(runs), console=console, refresh_per_second=4) as live:
+    with Live(_status_view(runs, console.width), console=console, refresh_per_second=4) as live:
         try:
             while not all(r["status"] in FINAL for r in runs):
                 time.sleep(args.interval)
                 runs = sweep_runs(args._root, args.target)
-                live.update(_status_view(runs))
+                live.update(_status_view(runs, console.width))
         except KeyboardInterrupt:
             pass
     return 0

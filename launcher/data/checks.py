@@ -255,6 +255,25 @@ def eval_problems(f: Any) -> List[Tuple[str, str]]:
     return out
 
 
+def vocab_or(default: Any, multiple: Any = 1, *, _root_: Any = None) -> int:
+    """A model option's vocabulary (``${data_vocab_or:512,${oc.select:parallelism.tp,1}}``): a data=tokens
+    run's, from its datasets' manifests (the largest tokenizer among them), rounded up to a multiple of
+    ``multiple`` (a vocab-parallel embedding splits it over tp); ``default`` for other data, or
+    where no dataset loads (path_problems name it). A value the user sets replaces it; one smaller than
+    the tokenizer's is refused (the recipes' vocab_size rows)."""
+    from omegaconf import OmegaConf
+
+    data = _root_.get("data") if _root_ is not None and hasattr(_root_, "get") else None
+    if data is None:
+        return int(default)
+    tree = {"data": OmegaConf.to_container(data, resolve=True) if OmegaConf.is_config(data) else data}
+    found = tokenizer_vocab(tree)
+    if found is None:
+        return int(default)
+    step = max(1, int(multiple or 1))
+    return -(-int(found[0]) // step) * step
+
+
 def tokenizer_vocab(tree: Any) -> Optional[Tuple[int, str]]:
     """The largest tokenizer vocabulary among the config's datasets, and the dataset that has it."""
     found = [(d.manifest.vocab_size, d.path) for _, d in _loaded(tree)]

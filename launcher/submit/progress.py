@@ -49,6 +49,8 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
     a sweeper's batches and large sweeps. ``quiet``: no outcome lines (the caller reports them)."""
     console = Console(file=out, force_terminal=None)
     runs = result.runs
+    # the checkpoint fallbacks recorded before this wait (an earlier attempt's): not reported again
+    fell_back = {r.run_id: len(_fallbacks(r.rundir)) for r in runs}
     # the steps a run counts to, where its recipe counts steps (its contract's steps_key); else None
     totals = [recipe_contract.steps(p.cfg.recipe._target_, lambda key, p=p: _value(p.cfg, key)) for p in points]
     t0 = time.time()
@@ -111,11 +113,33 @@ def wait_and_report(result, points: List[Any], out, timeout_s: int = 0, poll_s: 
             extra = f"{printable(status.error or '')}  (logs: {log_of_failure(r)})"
         if quiet:
             continue
+        rejected = "".join(f"\n  {line}" for line in fallback_lines(_fallbacks(r.rundir)[fell_back[r.run_id]:]))
+        # soft_wrap: a long line is the terminal's to fold (piped, it stays whole: a path can be copied)
         if compact:
-            console.print(Text(f"{r.run_id}: {st}  {extra}  [{r.run_dir}]"))
+            console.print(Text(f"{r.run_id}: {st}  {extra}  [{r.run_dir}]{rejected}"), soft_wrap=True)
         else:
-            console.print(Text(f"{r.run_id}: {st}  {extra}\n  archived in {r.run_dir}"))
+            console.print(Text(f"{r.run_id}: {st}  {extra}{rejected}\n  archived in {r.run_dir}"), soft_wrap=True)
     return ok
+
+
+def _fallbacks(rd: Any) -> List[dict]:
+    try:
+        return rd.fallbacks()
+    except (OSError, ValueError):  # a row being written: none reported rather than the wait failing
+        return []
+
+
+def fallback_lines(rows: List[dict]) -> List[str]:
+    """One line per checkpoint a node rejected when it resumed (checkpoint_fallbacks.jsonl rows): which,
+    why (the files that failed verification), and the step the attempt loaded instead."""
+    out = []
+    for row in rows:
+        for name, problems in (row.get("rejected") or {}).items():
+            # "checkpoints/step_00000012/model.pt changed (...)" -> "model.pt changed (...)"
+            why = "; ".join(printable(str(p)).replace(f"checkpoints/{name}/", "") for p in problems or ["?"])
+            out.append(f"checkpoint {name} rejected ({why}): attempt {row.get('attempt')} resumed from step "
+                       f"{row.get('from_step')} ({row.get('resumed_from')})")
+    return out
 
 
 def log_of_failure(run) -> Path:

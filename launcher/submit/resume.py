@@ -251,6 +251,25 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
                        backend=nexts[0].backend)
 
 
+def loaded_line(rd: RunDir, attempt: int) -> Optional[str]:
+    """After a resume's wait: the checkpoint ``attempt`` loaded, where it began, trained past it and no
+    node rejected one (a rejection is the wait's own line: progress.fallback_lines, naming the step
+    loaded instead); None where the attempt did not get that far, or started from step 0."""
+    try:
+        if any(f.get("attempt") == attempt for f in rd.fallbacks()):
+            return None
+        st = rd.status()
+        row = next((r for r in reversed(rd.restarts()) if r.get("attempt") == attempt), None)
+        done = max((int(m.get("step") or 0) for m in rd.metrics()), default=0)
+    except (OSError, ValueError):
+        return None
+    step = int((row or {}).get("from_step") or 0)
+    if int(st.attempt or 0) < attempt or not step or (done <= step and st.state != Status.completed):
+        return None
+    return (f"{rd.run_id}: attempt {attempt} resumed from step {step} ({rd.checkpoint_dir(step).name}, verified "
+            "before it was loaded)")
+
+
 def resume(run_dir: Path, steps: Optional[int] = None, out=None, changes: Sequence[str] = ()):
     """Submit one run's next attempt (``launcher resume``), with ``key=value`` changes checked as
     retry's are; returns the pipeline's SweepResult."""

@@ -322,14 +322,15 @@ def test_readme_examples_pass_the_check(overrides, tmp_path, monkeypatch):
 
             docs = {"train": [list(range(1, 300))] * 4, "val": [list(range(1, 200))]}
             write_dataset(tmp_path / w.split("=", 1)[1], docs, vocab_size=512, eos_id=0)
-    from launcher.backends.local import host_gpus
+    from launcher.host import host_gpus
 
     asked = [int(w.split("=", 1)[1]) for w in overrides if w.startswith("cluster.gpus_per_node=")]
     local = not any(w.startswith("cluster=") and w != "cluster=local" for w in overrides)
     if local and asked and 0 < host_gpus() < asked[0]:
-        # more processes than this host's GPUs (the host as tests/unit/conftest.py fixes it): refused, naming the fix
+        # more processes than this host's GPUs (the host as tests/unit/conftest.py fixes it): refused, with the fix
+        n = host_gpus()
         with pytest.raises(InvalidSweep, match=rf"cluster.gpus_per_node={asked[0]} processes, but this host has "
-                                               rf"{host_gpus()} GPU\(s\)[\s\S]*fix: set cluster.gpus_per_node={host_gpus()}"):
+                                               rf"{n} GPU\(s\)[\s\S]*fix: set cluster.gpus_per_node={n}"):
             check([Point(compose_cfg(overrides), overrides)])
         return
     assert len(check([Point(compose_cfg(overrides), overrides)])) == 1

@@ -125,12 +125,22 @@ def test_seq_len_longer_than_every_document_with_packing_off_names_the_longest(t
     ok(tokens(ds, "model.seq_len=64"))  # packed: the documents are one stream
 
 
-def test_the_models_vocabulary_smaller_than_the_tokenizers_is_refused(tmp_path):
+def test_the_models_vocabulary_is_the_datasets_unless_set_and_a_smaller_one_set_is_refused(tmp_path):
     ds = dataset(tmp_path, vocab=1000)
-    text = refused(tokens(ds))  # gpt_tiny: model.vocab_size=512
+    text = refused(tokens(ds, "model.vocab_size=512"))
     assert "model.vocab_size: 512 is smaller than the tokenizer's vocabulary of 1000" in text
     assert "set model.vocab_size=1000 or more" in text
-    ok(tokens(ds, "model.vocab_size=1024"))
+    assert ok(tokens(ds, "model.vocab_size=1024")).resolved["model"]["vocab_size"] == 1024  # set: kept
+    # unset (gpt_tiny says 512): the manifest's, a multiple of tp for the vocab-parallel embedding
+    assert ok(tokens(ds)).resolved["model"]["vocab_size"] == 1000
+    tp4 = ["parallelism=tp", "parallelism.tp=4", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=4",
+           "train.global_batch_size=4", "train.micro_batch_size=4"]
+    assert ok(tokens(ds, *tp4)).resolved["model"]["vocab_size"] == 1000
+    assert ok(tokens(dataset(tmp_path, "ds2", vocab=1001), *tp4)).resolved["model"]["vocab_size"] == 1004
+    # a blend: the largest tokenizer among its datasets; other data: the option's own number
+    blend = f"data.blend=[{{path: {ds}, weight: 1}}, {{path: {dataset(tmp_path, 'ds3', vocab=1200)}, weight: 1}}]"
+    assert ok(["data=tokens", blend, "model.seq_len=32"]).resolved["model"]["vocab_size"] == 1200
+    assert ok([]).resolved["model"]["vocab_size"] == 512
 
 
 def test_eval_of_an_empty_val_split_is_refused(tmp_path):
@@ -148,7 +158,7 @@ def test_a_dataset_given_to_the_synthetic_data_is_refused(tmp_path):
 
 def test_every_problem_is_listed_at_once(tmp_path):
     ds = dataset(tmp_path, val=(), vocab=1000)
-    text = refused(tokens(ds, "data.packing=false", "model.seq_len=64", "data.eval_every=5"))
+    text = refused(tokens(ds, "data.packing=false", "model.seq_len=64", "data.eval_every=5", "model.vocab_size=512"))
     assert all(k in text for k in ("model.seq_len:", "model.vocab_size:", "data.eval_every:"))
 
 

@@ -13,6 +13,7 @@ def cfg_with(*overrides):
         return compose(config_name="config", overrides=normalize_overrides(list(overrides)))
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_fsdp_group_resolves_to_the_fsdp_engine():
     cfg = cfg_with("parallelism=fsdp", "parallelism.cpu_offload=true", "parallelism.reshard_after_forward=false")
     lay = rules.resolve(cfg)
@@ -26,6 +27,7 @@ def test_fsdp_group_resolves_to_the_fsdp_engine():
     (["cluster.gpus_per_node=4", "parallelism.tp=2"], "parallelism.tp", "no TP plan"),  # the GPT's own row
     (["zero.offload_optimizer=true"], "zero.offload_optimizer", "parallelism.cpu_offload=true"),
 ])
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_fsdp_refuses_what_it_does_not_run(overrides, key, needle):
     errs = rules.problems(cfg_with("parallelism=fsdp", *overrides))
     assert [e.key for e in errs] == [key], errs

@@ -205,6 +205,7 @@ def test_sampler_indices_layout():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_sampler_same_global_samples_for_any_dp():
     args = dict(data_seed=11, vocab_size=128, seq_len=32, branching=3)
     layouts = {dp: resolve(make_cfg(train={"global_batch_size": 16, "micro_batch_size": 4},

@@ -176,12 +176,14 @@ def test_a_runs_root_the_nodes_cannot_mount_is_refused_before_submitting():
 def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
     from omegaconf import OmegaConf
 
+    from launcher import host
     from launcher.backends import local
     from launcher.configview import ConfigView
     from launcher.errors import ConfigErrors
     from launcher.rules import resolve
 
-    monkeypatch.setattr(local, "has_nvidia_gpus", lambda dev="/dev": True)  # a host with two GPUs given
+    monkeypatch.delenv(host.HOST_GPUS_ENV)  # the detection itself, not the pure tier's fixed view
+    monkeypatch.setattr(host, "has_nvidia_gpus", lambda dev="/dev": True)  # a host with two GPUs given
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert local.BACKEND.host_gpu_count() == 2
     cfg = compose_point(["cluster=local", "cluster.gpus_per_node=4", "train.global_batch_size=16"]).cfg
@@ -192,3 +194,65 @@ def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
     ok = compose_point(["cluster=local", "cluster.gpus_per_node=2", "train.global_batch_size=16"]).cfg
     resolved = OmegaConf.to_container(ok, resolve=True)
     resolve(ConfigView(resolved), resolved)
+
+
+@pytest.mark.parametrize("gpus,batch,expected", [(0, None, 2), (1, None, 1), (2, None, 2), (8, None, 4),
+                                                 (8, 64, 8), (8, 48, 6), (3, 16, 2)])
+def test_the_local_default_takes_the_gpus_this_host_has(gpus, batch, expected, monkeypatch, capsys):
+    """cluster=local without cluster.gpus_per_node: one process per GPU, as many as the global batch's
+    micro-batches split over (said in one line where that is fewer); 2 processes on a host without GPUs.
+    Each default passes the checks."""
+    from omegaconf import OmegaConf
+
+    from launcher.backends import local
+    from launcher.configview import ConfigView
+    from launcher.rules import resolve
+
+    monkeypatch.setenv(local.HOST_GPUS_ENV, str(gpus))
+    monkeypatch.setattr("launcher.host._SAID", set())
+    cfg = compose_point(["cluster=local", *([f"train.global_batch_size={batch}"] if batch else [])]).cfg
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["cluster"]["gpus_per_node"] == expected
+    assert resolve(ConfigView(resolved), resolved).world_size == expected
+    said = capsys.readouterr().err
+    if 0 < expected < gpus:
+        assert said.count(f"cluster=local: {expected} of this host's {gpus} GPUs") == 1, said
+    else:
+        assert "cluster=local:" not in said
+    assert local.BACKEND.host_gpu_count() == (gpus or None) and local.BACKEND.host_has_gpus() == (gpus > 0)
+
+
+def test_the_default_is_the_value_given_where_the_user_gives_one(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from launcher.backends import local
+
+    monkeypatch.setenv(local.HOST_GPUS_ENV, "8")
+    resolved = OmegaConf.to_container(compose_point(["cluster=local", "cluster.gpus_per_node=2"]).cfg, resolve=True)
+    assert resolved["cluster"]["gpus_per_node"] == 2
+
+
+def test_a_simulated_host_is_checked_and_dry_run_but_never_run_on_gpus_it_lacks(monkeypatch):
+    """LAUNCHER_HOST_GPUS stands in for the host's GPUs in the checks and dry runs; a run on more GPUs than
+    the host has is refused in one line naming it (its processes would find no such GPUs). 0, or fewer
+    than there are, is a real choice."""
+    from launcher import host
+    from launcher.backends import local
+
+    monkeypatch.setattr(host, "detected_gpus", lambda: 0)  # this host: no GPU
+    monkeypatch.setenv(host.HOST_GPUS_ENV, "1")
+    run = compose_point(["cluster=local"]).cfg
+    (problem,) = local.BACKEND.request_problems(run)
+    assert problem.startswith("LAUNCHER_HOST_GPUS=1 takes this host to have GPUs it has not (0)")
+    assert "submit.dry_run=true" in problem
+    assert local.BACKEND.request_problems(compose_point(["cluster=local", "submit.dry_run=true"]).cfg) == []
+    monkeypatch.setattr(host, "detected_gpus", lambda: 8)  # a host with 8: 1 of them is a real run
+    assert local.BACKEND.request_problems(run) == []
+    monkeypatch.setattr(host, "detected_gpus", lambda: 0)
+    monkeypatch.setenv(host.HOST_GPUS_ENV, "0")  # no GPU: the CPU, a real run
+    assert local.BACKEND.request_problems(run) == []
+    monkeypatch.delenv(host.HOST_GPUS_ENV)
+    assert local.BACKEND.request_problems(run) == []
+    monkeypatch.setenv(host.HOST_GPUS_ENV, "two")
+    with pytest.raises(ValueError, match="LAUNCHER_HOST_GPUS='two'"):
+        host.host_gpus()

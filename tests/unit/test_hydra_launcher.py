@@ -447,6 +447,7 @@ def _hydra_point(tmp_path, i):
                   "launcher": {"setup": [f"export HF_TOKEN={SETUP_SECRET}"]}}})
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c(tmp_path, monkeypatch):
     """The plugin's submission keeps ``.launch.json`` as ``launch`` does (`launcher runs` repairs a
     killed one at once); SIGTERM during it: what was queued is published, the journal removed, the

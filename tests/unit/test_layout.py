@@ -22,7 +22,7 @@ def keys(cfg):
 
 
 def test_default_layout_is_valid_and_derived():
-    from launcher.backends.local import host_gpus
+    from launcher.host import host_gpus
 
     lay = rules.resolve(cfg_with())
     # cluster=local: 2 processes on a host without GPUs, else one per GPU, as many as the 4 micro-batches
@@ -173,7 +173,7 @@ def test_added_mapping_entries_are_known_keys():
 
 
 def test_local_backend_runs_one_node():
-    (err,) = rules.problems(cfg_with("cluster=local", "cluster.nodes=2", "cluster.gpus_per_node=2"))
+    (err,) = rules.problems(cfg_with("cluster=local", "cluster.nodes=2", "cluster.gpus_per_node=1"))
     assert err.key == "cluster.nodes" and err.fix.startswith("set cluster.nodes=1 or use a Slurm cluster")
     assert keys(cfg_with("cluster=local_slurm", "cluster.nodes=2")) == []
 

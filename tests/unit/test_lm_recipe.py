@@ -58,6 +58,7 @@ def _refused(*overrides) -> str:
 
 @pytest.mark.parametrize("engine,picked", [("parallelism=fsdp", "fsdp"), ("zero=3", "deepspeed"),
                                            ("parallelism=dp", "ddp")])
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_hf_llama_tiny_dry_run_is_named_after_it_and_never_imports_transformers(engine, picked):
     sys.modules.pop("recipes.lm.hf", None)
     c = _validate("recipe=lm", "model=hf_llama_tiny", engine, "cluster.gpus_per_node=2")
@@ -132,12 +133,26 @@ def test_the_batch_and_data_rules_hold_for_any_module():
                                                                          "lm.seq_len=0")
 
 
-@pytest.mark.parametrize("model", ["model=hf_llama_tiny", "model._target_=mypkg.net.Net"])
+@pytest.mark.parametrize("model", [("recipe=gpt", "model=hf_llama_tiny"), ("model._target_=mypkg.net.Net",)])
 def test_a_model_for_recipe_lm_under_the_gpt_recipe_names_recipe_lm(model):
-    text = _refused(model)
+    text = _refused(*model)
     assert "- model._target_:" in text and "any other module trains with recipe=lm" in text
     assert "add recipe=lm" in text
     assert "num_layers" not in text  # the GPT's shape rows say nothing of a model that is not a GPT
+
+
+def test_a_model_option_that_is_a_module_selects_recipe_lm():
+    """`model=hf_llama_tiny` alone is `recipe=lm model=hf_llama_tiny` (the option names a _target_; the
+    GPT's options do not): added before Hydra composes, so the overrides record it."""
+    from launcher.app import recipe_for_model
+
+    assert recipe_for_model(["model=hf_llama_tiny", "parallelism=fsdp"]) == (
+        ["recipe=lm", "model=hf_llama_tiny", "parallelism=fsdp"], "recipe=lm")
+    for kept in (["model=gpt_125m"], ["recipe=gpt", "model=hf_llama_tiny"], ["model=gpt_tiny,hf_llama_tiny"],
+                 ["recipe._target_=mypkg.train.main", "model=hf_llama_tiny"], ["model=no_such_option"], []):
+        assert recipe_for_model(kept) == (kept, None)
+    c = _validate("model=hf_llama_tiny")
+    assert c.resolved["recipe"]["_target_"] == "recipes.lm.train.main" and c.resolved["name"] == "hf_llama_tiny"
 
 
 def test_a_tokenized_dataset_is_checked_against_the_data_shape_lm(tmp_path):
@@ -147,12 +162,14 @@ def test_a_tokenized_dataset_is_checked_against_the_data_shape_lm(tmp_path):
     write_dataset(ds, {"train": [[(i * 7 + j) % 900 + 1 for j in range(40)] for i in range(30)], "val": [[5, 6, 7]]},
                   vocab_size=1000, eos_id=0, tokenizer_json='{"model": {"vocab": {}}}')
     lm = ["recipe=lm", "model=hf_llama_tiny", "data=tokens", f"data.path={ds}"]
-    text = _refused(*lm, "data.packing=false")  # lm.vocab_size=512, lm.seq_len=64: documents of 41 tokens
+    text = _refused(*lm, "data.packing=false", "lm.vocab_size=512")  # lm.seq_len=64: documents of 41 tokens
     assert "- lm.vocab_size: 512 is smaller than the tokenizer's vocabulary of 1000 tokens" in text
     assert "set lm.vocab_size=1000 or more" in text
     assert "- lm.seq_len: 64 needs documents of seq_len+1 = 65 tokens" in text
     c = _validate(*lm, "lm.vocab_size=1024", "lm.seq_len=32")
     assert c.resolved["model"]["config"]["vocab_size"] == 1024  # the model's embedding follows the data's shape
+    c = _validate(*lm, "lm.seq_len=32")  # unset: the dataset's vocabulary
+    assert c.resolved["lm"]["vocab_size"] == c.resolved["model"]["config"]["vocab_size"] == 1000
 
 
 @pytest.mark.timeout(120)

@@ -175,6 +175,7 @@ def test_a_pack_wider_than_the_partition_is_refused_naming_the_key(sinfo):
         submission.arrays([_cfg("cluster.pack=true", "cluster.pack_nodes=5")], cfg=lambda c: c)
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_cluster_local_refuses_a_pack_naming_the_key():
     cfg = SimpleNamespace(cluster={"pack": True}, submit=None)
     (problem,) = local.LocalBackend().request_problems(cfg)

@@ -31,6 +31,9 @@ class RunDir:
     def metrics(self):
         return []
 
+    def fallbacks(self):  # checkpoint_fallbacks.jsonl: none
+        return []
+
     def is_final(self) -> bool:
         return time.time() >= self.final_at
 
@@ -72,3 +75,37 @@ def test_wait_done_asks_the_scheduler_once_the_run_is_final():
     job = Job(ends_at=t0 + 0.2)
     progress.wait_done(job, lambda: time.time() >= t0 + 0.3, poll_s=0.05)
     assert time.time() - t0 < progress.ASK_FINAL_S + 1.0 and job.forced
+
+
+def test_the_outcome_names_each_checkpoint_a_node_rejected_during_the_wait_and_the_step_it_loaded(monkeypatch):
+    """checkpoint_fallbacks.jsonl rows written while the wait ran are said under the run's outcome line, one
+    line per rejected checkpoint with the files and why; the rows of earlier attempts are not."""
+    monkeypatch.setattr(progress, "settle", lambda rd, ended=False: Status.completed)
+    earlier = {"attempt": 1, "resumed_from": "step_00000004", "from_step": 4,
+               "rejected": {"step_00000006": ["checkpoints/step_00000006/meta.json missing"]}}
+    now = {"attempt": 2, "resumed_from": "step_00000008", "from_step": 8,
+           "rejected": {"step_00000012": ["checkpoints/step_00000012/model.pt changed (sha256 differs from "
+                                          "checkpoint.json)"]}}
+
+    class Resumed(RunDir):
+        rows = [earlier]
+
+        def fallbacks(self):
+            return list(self.rows)
+
+        def status(self):
+            return SimpleNamespace(state=Status.completed, summary={}, error=None, stop=None)
+
+    rd = Resumed(final_at=0)
+    job = SimpleNamespace(done=lambda force_check=False: rd.rows.append(now) or True)  # the node wrote it meanwhile
+    run = SimpleNamespace(run_id="r", rundir=rd, job=job, run_dir="d")
+    point = SimpleNamespace(cfg=OmegaConf.create({"recipe": {"_target_": "my.fn"}}))
+    out = io.StringIO()
+    assert progress.wait_and_report(SimpleNamespace(runs=[run]), [point], out, poll_s=0.01)
+    text = out.getvalue()
+    assert ("  checkpoint step_00000012 rejected (model.pt changed (sha256 differs from checkpoint.json)): "
+            "attempt 2 resumed from step 8 (step_00000008)\n") in text, text
+    assert "step_00000006" not in text
+    assert progress.fallback_lines([{"attempt": 3, "from_step": 0, "resumed_from": None,
+                                     "rejected": {"step_00000002": []}}]) == [
+        "checkpoint step_00000002 rejected (?): attempt 3 resumed from step 0 (None)"]

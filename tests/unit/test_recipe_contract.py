@@ -39,6 +39,7 @@ def _validate(*overrides):
     return validate([Point(_cfg(*overrides), list(overrides))])
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_a_user_recipe_is_not_held_to_the_gpt_rules(user_recipe):
     with pytest.raises(InvalidSweep, match="train.global_batch_size: 16 is not a multiple of dp"):
         _validate(*THREE)  # the GPT recipe (the default) on the same processes: refused
@@ -117,6 +118,7 @@ def test_a_broken_contract_is_a_config_error(user_recipe, tmp_path):
         _validate(f"recipe._target_={user_recipe}", *THREE)
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatch):
     """A project's recipe with a contract, run from the project's dir (not on sys.path, as `launch`
     finds it): its rows, name and steps are the launcher's for its runs."""
@@ -142,6 +144,7 @@ def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatc
             sys.modules.pop(m)
 
 
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_the_model_group_is_the_gpt_recipes_own(user_recipe):
     """The GPT's schema (recipes/gpt/schema.py) is composed only for it: a user's recipe has no `model`
     section (neither picked over the default option nor when typed from its archive); the GPT's keys

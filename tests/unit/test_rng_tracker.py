@@ -268,6 +268,7 @@ def _cfg(*overrides):
 
 
 @pytest.mark.parametrize("extra", [[], ["parallelism.sequence_parallel=true"]])
+@pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_layout_accepts_dropout_with_tensor_parallelism(extra):
     errors = rules.problems(_cfg("parallelism=tp", "model.dropout=0.1", *extra))
     assert not errors, [str(e) for e in errors]
