@@ -26,7 +26,7 @@ if [ -x .venv/bin/python ] && [ "$(cat .venv/.launcher-stamp 2>/dev/null)" = "$s
   exit 0
 fi
 
-echo "setup: creating .venv and installing the project (the first time takes ~5 min on 2 cores: torch, DeepSpeed and their dependencies)"
+echo "setup: creating .venv and installing the project (the first time takes 2-5 min on 2 cores: torch, DeepSpeed and their dependencies)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # DeepSpeed's C++ ops are built on first use (JIT), never at install time.
 DS_BUILD_OPS=0 .venv/bin/python -m pip install -q ${INDEX[@]+"${INDEX[@]}"} "$TORCH_SPEC" -e ".[test]"
