@@ -3,9 +3,10 @@
 A leaf (nothing of the launcher imported): the local backend (launcher/backends/local.py) and the
 config's resolver for conf/cluster/local.yaml (launcher/schema.py: ``host_gpus_or``) both read it.
 ``LAUNCHER_HOST_GPUS=N`` fixes the view at N GPUs (0: none), whatever /dev shows: the pure tests pin
-it (tests/unit/conftest.py), and a host that is not this one is checked, planned and dry-run with it;
-a run is refused while it names more GPUs than the host has (LocalBackend.request_problems). Set to 0
-or fewer GPUs than there are, it is a real choice: the processes use that many (none: the CPU).
+it (tests/unit/conftest.py), and a host that is not this one is checked, planned, dry-run and run
+with it: its default process count, and its processes on the CPU where the GPUs it names are not
+there (said in one line at submission: LocalBackend.parameters). Set to 0 or fewer GPUs than there
+are, the processes use that many (none: the CPU).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def default_processes(without_gpus: int, global_batch: Optional[int] = None,
         micro_batches = int(global_batch) // int(micro_batch)
         n = max(k for k in range(1, gpus + 1) if micro_batches % k == 0)
     if n < gpus:
-        _say_once(f"cluster=local: {n} of this host's {gpus} GPUs, one process each (train.global_batch_size="
+        say_once(f"cluster=local: {n} of this host's {gpus} GPUs, one process each (train.global_batch_size="
                   f"{global_batch} is {micro_batches} micro-batches of {micro_batch}); to use all {gpus}: "
                   f"cluster.gpus_per_node={gpus} and a batch that is a multiple of {gpus * int(micro_batch)}")
     return n
@@ -85,7 +86,7 @@ def default_processes(without_gpus: int, global_batch: Optional[int] = None,
 _SAID: set = set()  # the lines said by this process (a config is resolved many times)
 
 
-def _say_once(line: str) -> None:
+def say_once(line: str) -> None:
     if line not in _SAID:
         _SAID.add(line)
         print(line, file=sys.stderr)

@@ -173,13 +173,21 @@ class LocalBackend(Backend):
         return None if host.host_gpus() else cpu_flags()
 
     def host_has_gpus(self) -> bool:
-        return host.host_gpus() > 0
+        """Whether the processes compute on GPUs: GPUs that are there (LAUNCHER_HOST_GPUS=0 leaves them
+        unused; a view of GPUs this host lacks runs its processes on the CPU: ``parameters``)."""
+        simulated = host.simulated_gpus()
+        return host.detected_gpus() > 0 and (simulated is None or simulated > 0)
 
     def host_gpu_count(self) -> Optional[int]:
         return host.host_gpus() or None
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
+        simulated, real = host.simulated_gpus(), host.detected_gpus()
+        if simulated is not None and simulated > real:  # a view of another host, run here for real
+            host.say_once(f"{host.HOST_GPUS_ENV}={simulated} takes this host to have {simulated} GPU(s) and it has "
+                          f"{real}: the {int(cl.gpus_per_node)} process(es) run on "
+                          f"{'the CPU (gloo)' if not real else 'the GPUs it has'}")
         params = {"timeout_min": int(cl.time_min), "tasks_per_node": int(cl.gpus_per_node), "nodes": 1,
                   "signal_delay_s": int(cl.signal_delay_s)}
         params.update(gpu_parameters(int(cl.gpus_per_node), self.host_has_gpus(),
@@ -189,17 +197,9 @@ class LocalBackend(Backend):
         return params
 
     def request_problems(self, cfg: Any) -> List[str]:
-        """The shared bounds; a run while LAUNCHER_HOST_GPUS names more GPUs than the host has; and
-        cluster.pack, which needs a scheduler's job steps: every local point is already a process of
-        this host, started as others end (cluster.array_parallelism at once)."""
+        """The shared bounds; and cluster.pack, which needs a scheduler's job steps: every local point is
+        already a process of this host, started as others end (cluster.array_parallelism at once)."""
         out = super().request_problems(cfg)
-        submit = getattr(cfg, "submit", None)
-        simulated, real = host.simulated_gpus(), host.detected_gpus()
-        if simulated is not None and simulated > real and not (submit is not None and hasattr(submit, "get")
-                                                                and submit.get("dry_run")):
-            out.append(f"{host.HOST_GPUS_ENV}={simulated} takes this host to have GPUs it has not ({real}): for "
-                       "checks, dry runs and `launcher plan` only, local processes need GPUs that are there "
-                       f"(fix: unset {host.HOST_GPUS_ENV}, or add submit.dry_run=true)")
         cl = getattr(cfg, "cluster", None)
         if cl is not None and hasattr(cl, "get") and cl.get("pack"):
             out.append("cluster.pack: packing points into one allocation needs Slurm (cluster=slurm or a "

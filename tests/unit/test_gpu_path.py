@@ -219,7 +219,8 @@ def test_the_local_default_takes_the_gpus_this_host_has(gpus, batch, expected, m
         assert said.count(f"cluster=local: {expected} of this host's {gpus} GPUs") == 1, said
     else:
         assert "cluster=local:" not in said
-    assert local.BACKEND.host_gpu_count() == (gpus or None) and local.BACKEND.host_has_gpus() == (gpus > 0)
+    # the view's count decides the processes; the GPUs they compute on are the ones that are there
+    assert local.BACKEND.host_gpu_count() == (gpus or None) and not local.BACKEND.host_has_gpus()
 
 
 def test_the_default_is_the_value_given_where_the_user_gives_one(monkeypatch):
@@ -232,27 +233,28 @@ def test_the_default_is_the_value_given_where_the_user_gives_one(monkeypatch):
     assert resolved["cluster"]["gpus_per_node"] == 2
 
 
-def test_a_simulated_host_is_checked_and_dry_run_but_never_run_on_gpus_it_lacks(monkeypatch):
-    """LAUNCHER_HOST_GPUS stands in for the host's GPUs in the checks and dry runs; a run on more GPUs than
-    the host has is refused in one line naming it (its processes would find no such GPUs). 0, or fewer
-    than there are, is a real choice."""
+def test_a_simulated_host_runs_its_processes_on_the_gpus_that_are_there(monkeypatch, capsys):
+    """LAUNCHER_HOST_GPUS stands in for the host's GPUs: the default process count is the view's, and
+    where the host lacks those GPUs the processes run on the CPU, said in one line at submission; 0 on a
+    GPU host is the CPU too. Nothing is refused for it."""
     from launcher import host
     from launcher.backends import local
 
     monkeypatch.setattr(host, "detected_gpus", lambda: 0)  # this host: no GPU
     monkeypatch.setenv(host.HOST_GPUS_ENV, "1")
     run = compose_point(["cluster=local"]).cfg
-    (problem,) = local.BACKEND.request_problems(run)
-    assert problem.startswith("LAUNCHER_HOST_GPUS=1 takes this host to have GPUs it has not (0)")
-    assert "submit.dry_run=true" in problem
-    assert local.BACKEND.request_problems(compose_point(["cluster=local", "submit.dry_run=true"]).cfg) == []
-    monkeypatch.setattr(host, "detected_gpus", lambda: 8)  # a host with 8: 1 of them is a real run
     assert local.BACKEND.request_problems(run) == []
-    monkeypatch.setattr(host, "detected_gpus", lambda: 0)
-    monkeypatch.setenv(host.HOST_GPUS_ENV, "0")  # no GPU: the CPU, a real run
-    assert local.BACKEND.request_problems(run) == []
+    assert not local.BACKEND.host_has_gpus() and local.BACKEND.host_gpu_count() == 1
+    params = local.BACKEND.parameters(run)
+    assert params["tasks_per_node"] == 1 and "gpus_per_node" not in params  # no GPU asked of submitit
+    assert "LAUNCHER_HOST_GPUS=1 takes this host to have 1 GPU(s) and it has 0: the 1 process(es) run on " \
+           "the CPU (gloo)" in capsys.readouterr().err
+    monkeypatch.setattr(host, "detected_gpus", lambda: 8)  # a host with 8: 1 of them
+    assert local.BACKEND.host_has_gpus() and local.BACKEND.parameters(run)["gpus_per_node"] == 1
+    monkeypatch.setenv(host.HOST_GPUS_ENV, "0")  # GPUs there, none used: the CPU
+    assert not local.BACKEND.host_has_gpus()
     monkeypatch.delenv(host.HOST_GPUS_ENV)
-    assert local.BACKEND.request_problems(run) == []
+    assert local.BACKEND.host_has_gpus() and local.BACKEND.host_gpu_count() == 8
     monkeypatch.setenv(host.HOST_GPUS_ENV, "two")
     with pytest.raises(ValueError, match="LAUNCHER_HOST_GPUS='two'"):
         host.host_gpus()
