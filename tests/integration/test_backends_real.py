@@ -33,9 +33,10 @@ def test_a_job_requeued_held_then_cancelled_has_ended(slurm, tmp_path):
     from launcher.backends.slurm import SlurmBackend
 
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\ntrap '' TERM\nsleep 60\n")
+    # a job that ends only when it is ended (its 2-minute limit bounds it, should the test die first)
+    script.write_text("#!/bin/bash\ntrap '' TERM\nsleep infinity\n")
     env = dict(os.environ, **slurm)
-    jid = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", str(script)], env=env,
+    jid = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-t", "2", "-o", "/dev/null", str(script)], env=env,
                          capture_output=True, text=True, check=True, timeout=60).stdout.strip().split(";")[0]
     backend = SlurmBackend()
     deadline = time.time() + 60

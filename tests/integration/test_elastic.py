@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_fault_tolerance import last_step, wait_for
 
 from helpers import BIN, EQUIV_BASE, launch, read_metrics, run_cmd, runs_json, wait_final
 
@@ -49,17 +50,16 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     lost, back = "node4", False
     deadline = time.time() + 600
     try:
-        while time.time() < deadline:  # down after step 5 (the checkpoint of step 4 written)
-            rows = read_metrics(run) if (run / "metrics.jsonl").exists() else []
-            if rows and rows[-1]["step"] >= 5:
-                break
-            time.sleep(0.3)
+        # down after step 5 (the checkpoint of step 4 written). No hold keeps the 24 steps from ending
+        # first: the run's one fault (train.fail_*) is attempt 3's failure
+        wait_for("step 5 on 4 nodes", lambda: last_step(run) >= 5, max(10, deadline - time.time()), poll=0.3)
         # drained first (so that it stays out when its slurmd registers again), then down: Slurm ends the
         # job NODE_FAIL, and --no-requeue (cluster.elastic's) leaves it ended
         _scontrol(env, lost, "state=drain", "reason=elastic-test")
         _scontrol(env, lost, "state=down", "reason=elastic-test")
-        while time.time() < deadline and not any(r.get("reason") == "shrink" for r in _lines(run / "restarts.jsonl")):
-            time.sleep(0.5)
+        wait_for("the shrink to 3 nodes in restarts.jsonl",
+                 lambda: any(r.get("reason") == "shrink" for r in _lines(run / "restarts.jsonl")),
+                 max(10, deadline - time.time()))
         _scontrol(env, lost, "state=resume")  # the node returns while the run trains on 3
         back = True
         (row,) = wait_final(root, 1, timeout=max(10, deadline - time.time()))

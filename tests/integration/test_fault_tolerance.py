@@ -5,11 +5,12 @@ written, a hang, a resume)."""
 import json
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
@@ -78,6 +79,42 @@ def only_run(runs_root: Path) -> Path:
     return Path(run["dir"])
 
 
+def _proc_status(pid: int) -> Dict[str, str]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def stopped_rank(run: Path, rank: int = 1) -> Optional[int]:
+    """The pid of the run's rank ``rank`` (this attempt's record) while it is stopped (train.fail_mode=stop
+    has SIGSTOPped it: the local cluster's nodes are processes of this host), else None."""
+    from launcher.rundir import RunDir
+
+    for row in RunDir(run).ranks():
+        if row.get("rank") == rank and _proc_status(int(row["pid"])).get("State", "").startswith("T"):
+            return int(row["pid"])
+    return None
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """``signum`` waits for the (stopped) process: delivered once it continues."""
+    st = _proc_status(pid)
+    mask = int(st.get("ShdPnd", "0"), 16) | int(st.get("SigPnd", "0"), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+def continue_rank_once_signalled(run: Path) -> None:
+    """Release the hold of train.fail_mode=stop once the time-limit signal waits for the stopped rank: it
+    then reaches the rank with its step, which ends at a boundary that saves."""
+    pid = stopped_rank(run)
+    assert pid is not None, f"rank 1 of {run} is not stopped"
+    wait_for(f"USR2 pending on the stopped rank 1 (pid {pid})", lambda: signal_pending(pid, signal.SIGUSR2), 60,
+             poll=0.1)
+    os.kill(pid, signal.SIGCONT)
+
+
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
 
 # DDP on 2 nodes: test_user_recipe.py's drill (the same public step loop, a user's DDP); ZeRO-2's requeue
@@ -95,35 +132,41 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     seed = int(os.environ.get("FT_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     print(f"FT_SEED={seed}")
-    # 60 steps, the second signal by step 22: 38 steps or more (0.1-0.2 s each on a fast machine) between
-    # the signal and the end, so polling and scancel latency cannot let the run finish first. A periodic
-    # checkpoint every 10 steps (each signal saves at its own step boundary; the periodic ones only serve a
-    # TERM the requeue's KillWait cut short): half the sharded saves of every 5, in both runs
+    # the requeue at a random step k1 of attempt 1 (by step 14); attempt 2 held in step k2 + 1 (rank 1
+    # stopped there: train.fail_mode=stop on attempt 2) until the time-limit signal reaches it, so that
+    # signal finds the job running however fast the machine. Attempt 1 has no hold of its own (one fault
+    # a run): 60 steps, so 46 or more between its requeue and its end, and k2 36 or more past k1. A
+    # periodic checkpoint every 10 steps (each signal saves at its own step boundary; the periodic ones
+    # only serve a TERM the requeue's KillWait cut short): half the sharded saves of every 5, in both runs
+    k1 = rng.randint(3, 14)
+    k2 = rng.randint(50, 56)
     cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=60", "train.checkpoint.every=10", *QUICK]
+    hold = ["train.fail_mode=stop", "train.fail_rank=1", "train.fail_attempt=2", f"train.fail_at_step={k2 + 1}"]
     roots = {k: tmp_path / k for k in ("interrupted", "reference")}
-    for root in roots.values():  # both jobs queue at once; Slurm runs them side by side
-        res = launch(cfg, root, extra_env=slurm)
+    for name, root in roots.items():  # both jobs queue at once; Slurm runs them side by side
+        res = launch([*cfg, *(hold if name == "interrupted" else [])], root, extra_env=slurm)
         assert res.returncode == 0, res.stdout + res.stderr
     run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
-    preempt_twice_and_check(run, ref, slurm, rng)
+    preempt_twice_and_check(run, ref, slurm, k1, k2, held=lambda run: stopped_rank(run) is not None,
+                            release=continue_rank_once_signalled)
     assert_identical(run, ref)
 
 
-def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], rng: random.Random) -> None:
-    """``scontrol requeue`` at a random step of attempt 1 (by step 14), the time-limit signal (USR2) at
-    a random step of attempt 2 (within 8 of its start: by step 22); both runs completed, the restarts
-    recorded (a run of 60 steps: 38 steps or more between the second signal and the end)."""
+def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], k1: int, k2: int,
+                            held: Callable[[Path], bool] = lambda run: True,
+                            release: Callable[[Path], None] = lambda run: None) -> None:
+    """``scontrol requeue`` once attempt 1 logged step k1, the time-limit signal (USR2) once attempt 2,
+    resumed before k2, logged step k2 and is held in the next (``held``: the hold is in place;
+    ``release``: what the hold needs after the signal); both runs completed, the restarts recorded."""
     job_id = json.loads((run / "job.json").read_text())["job_id"]
-    k1 = rng.randint(3, 14)
-    wait_for(f"step {k1}", lambda: last_step(run) >= k1, 300)
+    wait_for(f"step {k1} of attempt 1", lambda: last_step(run) >= k1, 300)
     subprocess.run(["scontrol", "requeue", job_id], check=True, env={**os.environ, **slurm})
     wait_for("attempt 2", lambda: status(run).get("attempt") == 2 and status(run)["status"] == "running", 240)
     resumed = restarts(run)[0]["from_step"]
-    # a step attempt 2 itself reaches, within 8 of its start: at 0.1-0.2 s a step on a fast machine, the
-    # signal must still find the job running (a margin of 60 - 22 = 38 steps at least)
-    k2 = rng.randint(resumed + 2, min(max(resumed + 2, 34), resumed + 8))
-    wait_for(f"step {k2} of attempt 2", lambda: last_step(run) >= k2, 300)
+    assert resumed <= k2, f"attempt 2 resumed after step {resumed}, past its hold in step {k2 + 1}: {restarts(run)}"
+    wait_for(f"attempt 2 held in step {k2 + 1}", lambda: last_step(run) >= k2 and held(run), 300)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env={**os.environ, **slurm})
+    release(run)
     wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout"), 400, poll=1)
     wait_for("the reference", lambda: status(ref)["status"] in ("completed", "failed"), 300, poll=1)
 

@@ -27,7 +27,10 @@ def quadratic(x: float, y: float) -> float:
 # counts to cfg.steps, one step per cfg.step_s. mode=file: the count so far in count.json of its
 # output dir, read back when it starts again; mode=hook: a submitit Checkpointable (its own state
 # travels through submitit's checkpoint hook; the class lives in a package module, as Hydra needs
-# for a callable object as the task function: it finds the app's name and configs from its module)
+# for a callable object as the task function: it finds the app's name and configs from its module).
+# A count in cfg.hold_at, once reached, holds the task there until a signal stops it (the plugin
+# raises in the task): the drill's signal finds it running however fast the machine counts; a start
+# that resumes at that count goes past it.
 COUNTER = '''
 import json, os, time
 from pathlib import Path
@@ -44,6 +47,9 @@ def write(path, obj):  # whole or not at all: a signal may stop the task anywher
 
 def progress(cfg, done, start):
     write(Path(HydraConfig.get().runtime.output_dir) / "progress.json", {"done": done})
+    if done in cfg.get("hold_at", ()):
+        while True:
+            time.sleep(0.1)
 
 
 def count_in_file(cfg):
@@ -163,11 +169,13 @@ def test_preempted_twice_with_its_checkpoint_file(slurm, runs_root, tmp_path):
     resumes from that file each time, in the same output dir, and returns the full count."""
     app = write_app(tmp_path, "file")
     sweep = tmp_path / "sweep"
-    proc = start(["-m", "ckapp.main", "-m", "+x=7", "+steps=12", "+step_s=1", "hydra/launcher=launcher_slurm",
+    proc = start(["-m", "ckapp.main", "-m", "+x=7", "+steps=12", "+step_s=1", "+hold_at=[4,7]",
+                  "hydra/launcher=launcher_slurm",
                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", "hydra.job.name=hyreq2",
                   f"hydra.sweep.dir={sweep}"], runs_root, app, slurm)
     for k in (1, 2):
-        wait_for("progress", lambda k=k: progressed(sweep, 1, 3 * k + 1) and running_jobs("hyreq2"), 180)
+        wait_for(f"the count held at {3 * k + 1}", lambda k=k: progressed(sweep, 1, 3 * k + 1)
+                 and running_jobs("hyreq2"), 180)
         subprocess.run(["scontrol", "requeue", running_jobs("hyreq2")[0]], check=True, timeout=30)
         wait_for("the job's end", lambda: not running_jobs("hyreq2"), 60, poll=0.2)  # the requeue ended the job
     finish(proc)
@@ -186,9 +194,10 @@ def test_checkpoint_hook_carries_the_tasks_state(runs_root, tmp_path):
     next attempt runs the callable it returned, with its state (the count so far and its starts)."""
     app = write_app(tmp_path, "hook")
     sweep = tmp_path / "sweep"
-    proc = start(["-m", "ckapp.main", "-m", "+x=5", "+steps=10", "+step_s=0.5", "hydra/launcher=launcher_local",
+    proc = start(["-m", "ckapp.main", "-m", "+x=5", "+steps=10", "+step_s=0.5", "+hold_at=[3]",
+                  "hydra/launcher=launcher_local",
                   "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"], runs_root, app)
-    wait_for("progress", lambda: progressed(sweep, 1, 3), 180)
+    wait_for("the count held at 3", lambda: progressed(sweep, 1, 3), 180)
     pids = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep}"], capture_output=True, text=True).stdout
     assert pids.split(), "no task process"
     for pid in pids.split():

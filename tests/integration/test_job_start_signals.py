@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 import submitit
@@ -32,33 +33,39 @@ def _stop_reason() -> str:
     return str(flag.reason)
 
 
-def _start(python: str, folder: Path) -> subprocess.Popen:
+def _start(python: str, folder: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_JOB_ID=JOB_ID, SUBMITIT_LOCAL_NTASKS="1",
                SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_GLOBALID="0",
                SUBMITIT_LOCAL_LOCALID="0", PYTHONPATH=os.pathsep.join(sys.path))
     words = shlex.split(python) + ["-u", "-m", "submitit.core._submit", str(folder)]
-    return subprocess.Popen(words, env=env, cwd=str(Path(__file__).parent), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    with open(log, "w") as out:  # a file, read while it runs (a pipe would need a reader of its own)
+        return subprocess.Popen(words, env=env, cwd=str(Path(__file__).parent), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
 
 
-def _signal_while_it_waits_for_its_pickle(python: str, folder: Path) -> subprocess.Popen:
+def _signal_while_it_waits_for_its_pickle(python: str, folder: Path) -> Tuple[subprocess.Popen, str]:
+    """The process's exit and its output, USR2 sent once it says it waits for its pickle."""
     folder.mkdir()
-    proc = _start(python, folder)
-    time.sleep(2.0)  # the interpreter is up and submitit waits for the pickle (it polls once a second)
-    assert proc.poll() is None, proc.communicate()[0]
+    log = folder.parent / f"{folder.name}.log"
+    proc = _start(python, folder, log)
+    # submitit logs this line, then polls for the pickle once a second (the bootstrap, if any, ran before it)
+    deadline = time.time() + 120
+    while "Loading pickle:" not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, f"submitit's entry never said it waits for its pickle: {log.read_text()}"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGUSR2)
     submitit.helpers.DelayedSubmission(_stop_reason).dump(folder / f"{JOB_ID}_submitted.pkl")
     proc.wait(timeout=60)
-    return proc
+    return proc, log.read_text()
 
 
 @pytest.mark.timeout(120)
 def test_a_usr2_before_any_handler_is_held_for_the_job(tmp_path):
-    bare = _signal_while_it_waits_for_its_pickle(shlex.quote(sys.executable), tmp_path / "bare")
-    assert bare.returncode == -signal.SIGUSR2, bare.communicate()[0]  # what happened before
+    bare, out = _signal_while_it_waits_for_its_pickle(shlex.quote(sys.executable), tmp_path / "bare")
+    assert bare.returncode == -signal.SIGUSR2, out  # what happened before
 
-    held = _signal_while_it_waits_for_its_pickle(job_start.python_command(), tmp_path / "held")
-    out = held.communicate()[0]
+    held, out = _signal_while_it_waits_for_its_pickle(job_start.python_command(), tmp_path / "held")
     assert held.returncode == 0, out
     result = submitit.core.utils.pickle_load(tmp_path / "held" / f"{JOB_ID}_0_result.pkl")
     assert result == ("success", "time_limit"), (result, out)

@@ -6,6 +6,7 @@ requeue`) and a USR2 requeue, fails with its own exit code, and gives the losses
 --nproc_per_node=2` gives. Also the checks and the signal forwarding that need a process of their own."""
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -54,8 +55,8 @@ out_dir = "out"
 metrics = ""  # default: LAUNCHER_METRICS_FILE where set, else <out_dir>/metrics.jsonl
 init_from = "scratch"  # "resume": from <out_dir>/ckpt.pt
 exit_code = 0
-step_sleep = 0.0  # seconds after each step
 save_every = 0
+held_attempts = 0  # attempts 1..this wait after their first save until the job is signalled (a drill's hold)
 kill_step = 0  # rank 1 dies (SIGKILL) there, in its first attempt
 exec(open("configurator.py").read())  # overrides from the command line, nanoGPT's way
 with open(os.path.join("data", "scale.txt")) as f:  # the user's data, beside the script
@@ -72,6 +73,7 @@ with open(os.path.join(out_dir, f"env_rank{rank}_attempt{attempt}.json"), "w") a
                "file": os.path.realpath(__file__)}, f)
 
 stop = {"flag": 0}
+holding = attempt <= held_attempts
 signal.signal(signal.SIGUSR2, lambda *a: stop.update(flag=1))
 signal.signal(signal.SIGTERM, lambda *a: stop.update(flag=1))
 
@@ -110,9 +112,13 @@ for step in range(start + 1, steps + 1):
     if rank == 0:
         with open(metrics, "a") as f:
             f.write(json.dumps({"step": step, "loss": mean.item() / world}) + "\n")
-    time.sleep(step_sleep)
     if save_every and step % save_every == 0:
         save(step)
+        while holding:  # every rank together, until a signal reached one of them
+            time.sleep(0.05)
+            held = torch.tensor([stop["flag"]])
+            dist.all_reduce(held, op=dist.ReduceOp.MAX)
+            holding = not held.item()
     if step == kill_step and rank == 1 and attempt == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     flag = torch.tensor([stop["flag"]])
@@ -286,10 +292,12 @@ def test_a_preemption_and_a_usr2_drill_on_two_slurm_nodes_resume_from_the_script
         slurm, repo, code, local_run, runs_root):
     """The script launched unchanged from its directory, with the shipped defaults, on 2 Slurm nodes:
     `scontrol requeue` once it wrote its first checkpoint (out/ckpt.pt, relative: in the run dir), then
-    a USR2 time-limit requeue; each attempt after the first gets --init_from=resume and resumes from its
-    out/; the run completes with the uninterrupted run's losses; out/ lies in the run, not in the
-    snapshot; the archive and `launcher show` say the layout and the seed were not the script's."""
-    res = launch([*RUN, args("--step_sleep=0.4", "--save_every=4"), "cluster=local_slurm", "cluster.nodes=2",
+    a USR2 time-limit requeue (the first two attempts wait after their first save until signalled: each
+    signal finds the script running, however fast); each attempt after the first gets --init_from=resume
+    and resumes from its out/; the run completes with the uninterrupted run's losses; out/ lies in the
+    run, not in the snapshot; the archive and `launcher show` say the layout and the seed were not the
+    script's."""
+    res = launch([*RUN, args("--held_attempts=2", "--save_every=4"), "cluster=local_slurm", "cluster.nodes=2",
                   "cluster.gpus_per_node=1"], runs_root, timeout=300, cwd=code, extra_env=slurm)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "train.checkpoint.every=0" not in res.stderr  # the script's checkpoints are its own
@@ -297,6 +305,7 @@ def test_a_preemption_and_a_usr2_drill_on_two_slurm_nodes_resume_from_the_script
     out = run / "work" / PROJECT / "out"
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     env = {**os.environ, **slurm}
+    # attempt 1 waits after this save (step 4), attempt 2 after its own (step 8), until signalled
     wait_for("the script's first checkpoint", lambda: (out / "ckpt.pt").is_file(), 400, poll=0.2)
     subprocess.run(["scontrol", "requeue", job_id], check=True, env=env, timeout=60)
     wait_for("a step of attempt 2", lambda: _stepped_after_resume(run), 400, poll=0.2)
@@ -372,10 +381,12 @@ def test_paths_are_taken_from_the_launch_dir_as_torchrun_takes_them(tmp_path, mo
 def test_stop_signals_are_forwarded_to_the_script():
     child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
                               "signal.signal(signal.SIGUSR2, lambda *a: sys.exit(7))\n"
-                              "print('ready', flush=True)\ntime.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+                              "print('ready', flush=True)\nwhile True:\n    time.sleep(1)\n"],  # until signalled
+                             stdout=subprocess.PIPE, text=True)
     seen = []
     prev = signal.signal(signal.SIGUSR2, lambda *a: seen.append("recorded"))
     try:
+        assert select.select([child.stdout], [], [], 60)[0], "the child never said it was ready (60 s)"
         assert child.stdout.readline().strip() == "ready"
         fwd = Forwarder(child).install(None)
         try:

@@ -26,7 +26,7 @@ def sacct(job_id: str, n: int = 1) -> list:
         if len(rows) >= n and not any(r[1].split()[0] in ACTIVE for r in rows):
             return rows
         time.sleep(1)
-    return rows
+    raise AssertionError(f"sacct never listed {n} ended allocation(s) of job {job_id} (60 tries): {rows}")
 
 
 def test_two_node_training(slurm, runs_root):

@@ -37,7 +37,12 @@ def main(cfg, ctx):
     torch.manual_seed(seed + 1 + ctx.rank)  # each rank's own dropout masks
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {"model": model, "optimizer": opt}))
+    # a drill's moment (recipe.params.hold_<attempt>=k): held at the start of step k + 1 until the job is
+    # signalled, every rank together; the step then runs and the loop stops at its boundary
+    hold = int(cfg.recipe.params.get(f"hold_{ctx.attempt}", -1)) + 1
     for step in loop:
+        while step == hold and ctx.should_stop() is None:
+            time.sleep(0.05)
         x, y = batch(seed, step, ctx.rank)
         loss = F.mse_loss(model(x), y)
         opt.zero_grad()
@@ -67,16 +72,21 @@ def test_a_users_ddp_loop_preempted_twice_on_slurm_ends_bitwise_identical(slurm,
     rng = random.Random(seed)
     print(f"FT_SEED={seed}")
     project = user_package(tmp_path / "project")
-    # 60 steps of ~0.5 s: as the GPT drill, ~13 s between the second signal and the end
-    cfg = ["recipe._target_=mlp_user.train.main", "+recipe.params.step_s=0.5", "cluster=local_slurm",
+    # the requeue once attempt 1 logged a random step k1 (by step 14), the time-limit signal once attempt 2
+    # logged k2 (within 8 of k1): each attempt held in the step after until its signal, so every signal
+    # finds the job running however fast the machine
+    k1 = rng.randint(3, 14)
+    k2 = rng.randint(k1 + 2, k1 + 8)
+    cfg = ["recipe._target_=mlp_user.train.main", "+recipe.params.step_s=0.05", "cluster=local_slurm",
            "cluster.nodes=2", "cluster.gpus_per_node=1", "train.global_batch_size=64", "train.steps=60",
            "train.checkpoint.every=5", *QUICK]
+    hold = [f"+recipe.params.hold_1={k1}", f"+recipe.params.hold_2={k2}"]
     roots = {k: tmp_path / k for k in ("interrupted", "reference")}
-    for root in roots.values():  # both jobs queue at once; Slurm runs them side by side
-        res = launch(cfg, root, extra_env=slurm, cwd=project)
+    for name, root in roots.items():  # both jobs queue at once; Slurm runs them side by side
+        res = launch([*cfg, *(hold if name == "interrupted" else [])], root, extra_env=slurm, cwd=project)
         assert res.returncode == 0, res.stdout + res.stderr
     run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
-    preempt_twice_and_check(run, ref, slurm, rng)
+    preempt_twice_and_check(run, ref, slurm, k1, k2)
     assert [r["step"] for r in read_metrics(ref)] == list(range(1, 61))
     assert_identical(run, ref)  # one row per step 1..60, equal losses, every tensor of the last checkpoint
     assert (run / "checkpoints" / "latest").read_text().strip().endswith("60")

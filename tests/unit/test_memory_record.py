@@ -57,7 +57,10 @@ def test_without_a_resettable_high_water_mark_the_peak_is_sampled(monkeypatch):
     monkeypatch.setattr(memory, "reset_host_peak", lambda: False)
     with BuildMeter("cpu") as meter:
         t = _touch(128 * MB)
-        time.sleep(0.05)  # a few samples while it is resident
+        deadline = time.time() + 30  # resident until a sample saw it (the sampler looks every 2 ms)
+        while meter._sampler.peak - meter._before < 110 * MB:
+            assert time.time() < deadline, "no sample of the sampler saw the 128 MB resident in 30 s"
+            time.sleep(0.002)
         del t
     rec = meter.record()
     assert rec["host_peak_source"] == "sampled"
