@@ -553,20 +553,24 @@ def _seconds(text: str) -> Optional[int]:
 
 def job_ending_of(show_job: str, restart_count: int) -> Optional[str]:
     """What ``scontrol show job -o`` says of a job whose processes got a TERM (pure). slurmctld counts
-    a requeue (Restarts) and sets the end time of a job it ends before it signals the job's processes:
-    Restarts above the job's own SLURM_RESTART_COUNT is "requeued" (it starts again); an end time set,
-    or an ended state, is "timeout" (its run time reached the limit) or "cancelled"; a job still running
-    with no end time: None (the TERM did not come from the scheduler's end of the job)."""
+    a requeue (Restarts) before it signals the job's processes: Restarts above the job's own
+    SLURM_RESTART_COUNT is "requeued" (it starts again). A job it is ending shows CANCELLED, TIMEOUT or
+    COMPLETING (which hides the base state: its Reason tells a time limit, a lost node...): "cancelled"
+    where nothing else ends it (no reason given, its run time short of its limit), "timeout" at its
+    limit. Anything else is None: a job still RUNNING got a TERM that is not the scheduler's end of it
+    (srun ending a step whose other task failed, a user's kill), and a lost node or a failure is left
+    to the step's teardown and cluster.elastic."""
     fields = dict(re.findall(r"(\w+)=(\S*)", show_job))
     if "JobState" not in fields or "Restarts" not in fields or not fields["Restarts"].isdigit():
         return None
     if int(fields["Restarts"]) > restart_count:
         return "requeued"
-    state = fields["JobState"].upper()
-    if state in ("TIMEOUT", "DEADLINE"):
+    state, reason = fields["JobState"].upper(), fields.get("Reason", "None")
+    if state in ("TIMEOUT", "DEADLINE") or (state == "COMPLETING" and reason == "TimeLimit"):
         return "timeout"
-    ended = state in ("CANCELLED", "PREEMPTED", "FAILED", "COMPLETED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY")
-    if not ended and fields.get("EndTime", "Unknown") in ("", "Unknown", "None"):
+    if state == "CANCELLED":
+        return "cancelled"
+    if state != "COMPLETING" or reason not in ("None", ""):
         return None
     run, limit = _seconds(fields.get("RunTime", "")), _seconds(fields.get("TimeLimit", ""))
     if run is not None and limit is not None and run >= limit:

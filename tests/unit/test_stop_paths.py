@@ -39,7 +39,17 @@ def test_a_time_limit_is_not_a_cancel():
 def test_a_term_while_the_job_runs_on_or_no_answer_is_unknown():
     running = CANCELLED.replace("COMPLETING", "RUNNING").replace("EndTime=2026-12-05T10:21:33", "EndTime=Unknown")
     assert job_ending_of(running, restart_count=0) is None  # not the scheduler's end of the job
+    # a running job with a time limit shows its expected end: srun ending the step of a failed task
+    limited = CANCELLED.replace("COMPLETING", "RUNNING").replace("TimeLimit=UNLIMITED", "TimeLimit=01:00:00")
+    assert job_ending_of(limited, restart_count=0) is None
     assert job_ending_of("", restart_count=0) is None  # scontrol failed or the job is gone
+
+
+def test_a_lost_node_or_a_failure_is_not_a_cancel():
+    assert job_ending_of(CANCELLED.replace("Reason=None", "Reason=NodeDown"), restart_count=0) is None
+    for state in ("NODE_FAIL", "FAILED", "PREEMPTED", "COMPLETED"):
+        assert job_ending_of(CANCELLED.replace("COMPLETING", state), restart_count=0) is None, state
+    assert job_ending_of(CANCELLED.replace("Reason=None", "Reason=TimeLimit"), restart_count=0) == "timeout"
 
 
 def test_a_teardown_error_never_replaces_the_stop_in_flight(capsys):
