@@ -169,7 +169,7 @@ def test_preempted_twice_with_its_checkpoint_file(slurm, runs_root, tmp_path):
     resumes from that file each time, in the same output dir, and returns the full count."""
     app = write_app(tmp_path, "file")
     sweep = tmp_path / "sweep"
-    proc = start(["-m", "ckapp.main", "-m", "+x=7", "+steps=12", "+step_s=1", "+hold_at=[4,7]",
+    proc = start(["-m", "ckapp.main", "-m", "+x=7", "+steps=12", "+step_s=0.1", "+hold_at=[4,7]",
                   "hydra/launcher=launcher_slurm",
                   "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10", "hydra.job.name=hyreq2",
                   f"hydra.sweep.dir={sweep}"], runs_root, app, slurm)
@@ -194,7 +194,7 @@ def test_checkpoint_hook_carries_the_tasks_state(runs_root, tmp_path):
     next attempt runs the callable it returned, with its state (the count so far and its starts)."""
     app = write_app(tmp_path, "hook")
     sweep = tmp_path / "sweep"
-    proc = start(["-m", "ckapp.main", "-m", "+x=5", "+steps=10", "+step_s=0.5", "+hold_at=[3]",
+    proc = start(["-m", "ckapp.main", "-m", "+x=5", "+steps=10", "+step_s=0.1", "+hold_at=[3]",
                   "hydra/launcher=launcher_local",
                   "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"], runs_root, app)
     wait_for("the count held at 3", lambda: progressed(sweep, 1, 3), 180)
