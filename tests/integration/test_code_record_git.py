@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from test_user_recipe_runs import CHECKPOINTED
 
 from helpers import BIN
 from launcher.archive import code, index, snapshot, tree
@@ -136,21 +137,7 @@ def launch_here(repo: Path, overrides: List[str], timeout: float) -> subprocess.
                           env={**env, "PYTHONUNBUFFERED": "1"}, cwd=str(repo))
 
 
-TRAIN = (
-    "import torch\n\n"
-    "from launcher.training import Checkpoint, StepLoop\n\n\n"
-    "def main(cfg, ctx):\n"
-    "    torch.manual_seed(0)\n"
-    "    model = torch.nn.Linear(4, 1)\n"
-    "    opt = torch.optim.AdamW(model.parameters(), lr=0.1)\n"
-    "    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {'model': model, 'optimizer': opt}))\n"
-    "    for step in loop:\n"
-    "        loss = model(torch.randn(8, 4)).pow(2).mean()\n"
-    "        opt.zero_grad()\n"
-    "        loss.backward()\n"
-    "        opt.step()\n"
-    "        loop.log(loss=loss.item())\n"
-    "    return {'steps': loop.steps}\n")
+TRAIN = CHECKPOINTED  # the user's function recipe on the public training API
 
 
 @pytest.mark.timeout(400)
