@@ -127,7 +127,8 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "evaluates"),
     ("samples/rank_<r>.jsonl", "recipe", "data.log_samples: one object per step: step, samples (the [dataset, "
      "epoch, window] of every sample the rank loaded, recipes.common.data), rewound on resume like metrics.jsonl"),
-    ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled)"),
+    ("wandb/", "recipe (rank 0)", "wandb's offline run files (wandb.enabled): one wandb run over the attempts; "
+     "stream.json: its id, the last step it holds"),
     ("work/", "job", "the recipe's working directory: files it writes to relative paths, one dir per run (the "
                      "code snapshot is only on the import path)"),
     ("checkpoints/step_<n>/", "recipe", "a complete checkpoint after step <n>: each engine's state (model, optimizer, "
