@@ -203,7 +203,8 @@ def main(argv: Optional[list] = None) -> int:
         done = settle(rd, outcome, backend, job_id)
         if done:
             print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
-    drop_requeued_job(rd, backend, job_id)
+        if done == "failed":  # ended here (a rank that records an outcome drops its job itself: Attempt.end)
+            drop_requeued_job(rd, backend, job_id)
     try:  # sweep=asha: a point that ended short of its next rung must not hold the rung up
         rungs.on_end(rd)
     except Exception as e:
