@@ -47,11 +47,10 @@ def backfill(history: List[Dict[str, Any]], durable_through: int) -> List[Dict[s
 
 
 class WandbStream:
-    """This attempt's part of the run's wandb run: opened (resumed), logged to, finished; never raises
-    past ``open``'s import."""
+    """This attempt's part of the run's wandb run: opened (resumed), logged to, finished; raises nothing
+    but wandb's import."""
 
     def __init__(self, wb: Any, rundir: Any, config: Dict[str, Any], history: List[Dict[str, Any]]) -> None:
-        self.rundir = rundir
         self.dir = Path(rundir.wandb_dir)  # wandb.init(dir=...): wandb writes into its wandb/ there
         self.path = self.dir / "wandb" / RECORD
         rec = atomic.read_json(self.path, default=None) or {}
@@ -71,7 +70,6 @@ class WandbStream:
         except WANDB_ERRORS as e:
             self._lose(f"wandb.init failed ({type(e).__name__}: {e})")
             return
-        atomic.write_json(self.path, {**rec, "id": self.id, "durable_through": self.durable_through})
         for row in backfill(history, self.durable_through):
             self.log(int(row["step"]), {k: v for k, v in row.items() if k != "step"})
 
