@@ -12,6 +12,13 @@ median / max of its time, the flaky ones (passed some runs, not all) first.
     python scripts/flakes.py -n 2 --workers 0 tests/integration/test_lint.py tests/integration/test_bad_input_cli.py
     python scripts/flakes.py -n 5 -k "asha or pbt"             # a -k selection of the integration tier
     python scripts/flakes.py -n 3 tests/integration/test_elastic.py -- --maxfail=1   # after --: pytest's
+    python scripts/flakes.py --from a/integration.xml b/integration.xml c/integration.xml   # runs made already
+    python scripts/flakes.py --from a/integration.xml --by-module      # the time per module (the budget)
+
+``--from`` reads the JUnit XML of runs made already, one file per run (``LAUNCHER_TEST_REPORTS=DIR
+./scripts/test.sh`` writes DIR/unit.xml and DIR/integration.xml: three fresh-clone ``.ci/run`` runs are
+three runs of the integration tier); nothing is run. ``--by-module`` adds each module's test time (the
+median over the runs, summed over its tests, both workers together) and each run's slowest tests.
 
 Exit status 0 when every test passed (or was skipped) in every run, 1 otherwise (a flaky or failing
 test, a run with no report). Keeps each run's XML and output in ``--out`` (default a new dir in /tmp).
@@ -200,8 +207,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=3 * 3600.0, help="seconds one run may take (then stopped)")
     ap.add_argument("--out", default="", help="where the runs' XML and output go (default: a new dir in /tmp)")
     ap.add_argument("--json", default="", help="also write the table as JSON to this file")
+    ap.add_argument("--from", dest="reports", nargs="+", default=[], metavar="XML",
+                    help="report over these JUnit XML files, one per run (nothing is run)")
+    ap.add_argument("--by-module", action="store_true", help="also print the test time per module")
     args = ap.parse_args(argv)
     args.pytest_args = extra
+    if args.reports:
+        return report_only([Path(x) for x in args.reports], args)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="flakes-"))
@@ -222,15 +234,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"run {run}/{args.runs}: exit {rc}, {wall:.1f} s, {n} test(s) reported: {summary}", flush=True)
 
     rows = rows_of(results, args.runs)
+    return summarize(rows, runs_info, args, selection, no_report, out)
+
+
+def by_module(rows: Sequence[dict]) -> List[str]:
+    """Each module's test time (the sum of its tests' median times) and test count, largest first."""
+    total: Dict[str, float] = {}
+    count: Dict[str, int] = {}
+    for r in rows:
+        module = r["test"].split("::")[0]
+        total[module] = total.get(module, 0.0) + (r["median_s"] or 0.0)
+        count[module] = count.get(module, 0) + 1
+    width = max([len("module")] + [len(m) for m in total])
+    out = [f"{'module':<{width}}  {'tests':>5}  {'test s':>7}", "-" * (width + 16)]
+    out += [f"{m:<{width}}  {count[m]:>5}  {t:>7.1f}" for m, t in sorted(total.items(), key=lambda kv: -kv[1])]
+    out.append(f"{'(all)':<{width}}  {sum(count.values()):>5}  {sum(total.values()):>7.1f}")
+    return out
+
+
+def report_only(paths: Sequence[Path], args: argparse.Namespace) -> int:
+    """The table over runs made already: one JUnit XML per run."""
+    results: Dict[str, Result] = {}
+    runs_info = []
+    no_report = 0
+    for run, path in enumerate(paths, 1):
+        n = read_junit(path, run, results) if path.is_file() else 0
+        no_report += n == 0
+        runs_info.append({"run": run, "exit": None, "wall_s": None, "tests": n, "summary": str(path)})
+        print(f"run {run}/{len(paths)}: {path}: {n} test(s) reported", flush=True)
+    rows = rows_of(results, len(paths))
+    return summarize(rows, runs_info, args, " ".join(map(str, paths)), no_report, None)
+
+
+def summarize(rows: List[dict], runs_info: List[dict], args: argparse.Namespace, selection: str,
+              no_report: int, out: Optional[Path]) -> int:
+    """Print the table (and the modules' times), write the JSON; the exit status."""
     print()
     for line in table(rows):
         print(line)
+    if args.by_module:
+        print()
+        for line in by_module(rows):
+            print(line)
     flaky = sum(r["verdict"] == "FLAKY" for r in rows)
     failing = sum(r["verdict"] == "FAILS" for r in rows)
-    walls = [i["wall_s"] for i in runs_info]
-    print(f"\n{len(rows)} test(s) x {args.runs} run(s): {len(rows) - flaky - failing} passed every run, "
-          f"{flaky} flaky, {failing} failed every run; run wall time {min(walls):.1f}-{max(walls):.1f} s"
-          + (f"; {no_report} run(s) left no report (see {out})" if no_report else ""))
+    walls = [i["wall_s"] for i in runs_info if i["wall_s"] is not None]
+    print(f"\n{len(rows)} test(s) x {len(runs_info)} run(s): {len(rows) - flaky - failing} passed every run, "
+          f"{flaky} flaky, {failing} failed every run"
+          + (f"; run wall time {min(walls):.1f}-{max(walls):.1f} s" if walls else "")
+          + (f"; {no_report} run(s) left no report" + (f" (see {out})" if out else "") if no_report else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"selection": selection, "runs": runs_info, "tests": rows}, indent=1))
     return 0 if rows and not flaky and not failing and not no_report else 1

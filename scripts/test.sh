@@ -5,6 +5,8 @@
 #   ./scripts/test.sh --fast ARGS  pytest ARGS, no Slurm or browser set up: options alone keep tests/unit
 #                                (--fast -x, --fast -k asha); a path among them is run instead of it
 #   ./scripts/test.sh ARGS...    pytest ARGS with everything set up (e.g. tests/integration/test_truth.py -x)
+#   LAUNCHER_TEST_REPORTS=DIR ./scripts/test.sh   also write each tier's JUnit XML (DIR/unit.xml,
+#                                DIR/integration.xml): scripts/flakes.py --from reads them
 # docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,9 +59,16 @@ fi
   >/tmp/launcher-cpu-adam-build.log 2>&1 &
 build_pid=$!
 status=0
-.venv/bin/python -m pytest -q -ra --durations=10 -n 2 tests/unit || status=$?
+unit_report=() integration_report=()
+if [ -n "${LAUNCHER_TEST_REPORTS:-}" ]; then
+  mkdir -p "$LAUNCHER_TEST_REPORTS"
+  unit_report=(-o junit_family=xunit1 "--junitxml=$LAUNCHER_TEST_REPORTS/unit.xml")
+  integration_report=(-o junit_family=xunit1 "--junitxml=$LAUNCHER_TEST_REPORTS/integration.xml")
+fi
+.venv/bin/python -m pytest -q -ra --durations=10 -n 2 ${unit_report[@]+"${unit_report[@]}"} tests/unit || status=$?
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
 # two workers (--dist loadgroup: tests/conftest.py puts every Slurm test in one group)
-.venv/bin/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup tests/integration || status=$?
+.venv/bin/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup \
+  ${integration_report[@]+"${integration_report[@]}"} tests/integration || status=$?
 exit "$status"
