@@ -33,10 +33,21 @@ BOOTSTRAP = (  # double quotes only: shlex.quote leaves it as it reads
 )
 
 
+# Before the interpreter runs the bootstrap's first instruction (tens of ms, more on a loaded node) a
+# stop signal still meets its default action: Slurm sends ``--signal`` up to 60 s before the time it
+# was asked for, so a short job can be signalled as its step starts (measured: a 1-minute Hydra job's
+# USR2 killed its task 0.1 s into the step). The shell ignores both before it execs the interpreter
+# (an ignored signal stays ignored across exec), and the bootstrap replaces that with its holders:
+# what comes in the shell's first instructions is lost rather than fatal, and the window is a
+# shell's start, not an interpreter's.
+IGNORE_THEN_EXEC = 'trap "" USR2 TERM; exec "$0" "$@"'
+
+
 def python_command(executable: Optional[str] = None) -> str:
     """submitit's ``python`` option (a shell word list: Slurm's batch script and the local controller's
     shlex both read it)."""
-    return f"{shlex.quote(executable or sys.executable)} -u -c {shlex.quote(BOOTSTRAP)}"
+    python = shlex.quote(executable or sys.executable)
+    return f"/bin/sh -c {shlex.quote(IGNORE_THEN_EXEC)} {python} -u -c {shlex.quote(BOOTSTRAP)}"
 
 
 def held() -> List[int]:

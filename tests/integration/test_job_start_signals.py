@@ -69,3 +69,16 @@ def test_a_usr2_before_any_handler_is_held_for_the_job(tmp_path):
     assert held.returncode == 0, out
     result = submitit.core.utils.pickle_load(tmp_path / "held" / f"{JOB_ID}_0_result.pkl")
     assert result == ("success", "time_limit"), (result, out)
+
+
+@pytest.mark.timeout(60)
+def test_the_stop_signals_cannot_kill_the_interpreter_before_its_first_instruction():
+    """Slurm may send --signal up to 60 s early, so at a short job's step start: started the way the
+    backends start it, the interpreter is already deaf to USR2 and TERM when it runs its first line
+    (the bootstrap then holds them instead)."""
+    words = shlex.split(job_start.python_command())
+    at = words.index("-c", words.index("-u"))  # the interpreter's own -c: the bootstrap replaced by a probe
+    probe = [*words[:at], "-c", "print(open('/proc/self/status').read())"]
+    out = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=True).stdout
+    ignored = int(next(line.split()[1] for line in out.splitlines() if line.startswith("SigIgn:")), 16)
+    assert ignored >> (signal.SIGUSR2 - 1) & 1 and ignored >> (signal.SIGTERM - 1) & 1, out
