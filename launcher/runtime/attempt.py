@@ -31,7 +31,7 @@ from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scr
 from launcher.backends.local import process_start
 from launcher.elastic import GROW
 from launcher.rundir import RunDir, now_iso
-from launcher.runtime import env as dist_env
+from launcher.runtime import env as dist_env, warm_start
 from launcher.status import Status
 
 # what a job reads from its run dir before it knows its place: (master port, environment variables)
@@ -208,6 +208,7 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
         v = from_env_reference(v, os.environ)  # a secret: a reference to the variable that carries it
         if v is not None and not is_redacted(v):  # (the submitting environment), never the archive
             os.environ.setdefault(str(k), str(v))  # before torch loads (OMP_NUM_THREADS etc.)
+    warm_start.apply_thread_settings(os.environ)  # or after, in a process forked with torch loaded
     a = Attempt(rd, denv)
     if a.ended:
         print(f"run {rd.path} already ended ({rd.status().state.value}): nothing to do", flush=True)

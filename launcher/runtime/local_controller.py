@@ -99,10 +99,44 @@ def ended(note_path: Path) -> None:
                   file=sys.stderr, flush=True)
 
 
-def run(folder: Path) -> None:
+def controller_of(folder: Path):
+    """submitit's local controller, whose processes are forked from this one once it has imported
+    what they all import (launcher.runtime.warm_start), where the backend named those modules."""
+    from submitit.core import utils
     from submitit.local.local import Controller  # submitit: only in the controller process
 
-    controller = Controller(folder)
+    from launcher.runtime import warm_start
+
+    modules = warm_start.preload_modules()
+
+    class WarmController(Controller):
+        def start_tasks(self) -> None:
+            argv = warm_start.child_argv(self.command) if modules and self.ntasks > 1 else None
+            if argv is not None:
+                try:
+                    warm_start.preload(modules)  # once: a restart finds them imported
+                except Exception as e:  # an environment that cannot import them here: new interpreters
+                    print(f"launcher: {warm_start.PRELOAD_ENV}: {e!r}: each process starts its own interpreter",
+                          file=sys.stderr, flush=True)
+                    argv = None
+            if argv is None:
+                return super().start_tasks()
+            # submitit's start_tasks, each process forked instead of a new interpreter
+            self.folder.mkdir(exist_ok=True)
+            paths = [utils.JobPaths(self.folder, self.pid, k) for k in range(self.ntasks)]
+            self.stdouts = [p.stdout.open("a") for p in paths]
+            self.stderrs = self.stdouts if self.stderr_to_stdout else [p.stderr.open("a") for p in paths]
+            for k in range(self.ntasks):
+                env = dict(os.environ)
+                env.update(SUBMITIT_LOCAL_LOCALID=str(k), SUBMITIT_LOCAL_GLOBALID=str(k),
+                           SUBMITIT_LOCAL_JOB_ID=self.pid)
+                self.tasks.append(warm_start.fork_process(argv, env, self.stdouts[k], self.stderrs[k]))
+
+    return WarmController(folder)
+
+
+def run(folder: Path) -> None:
+    controller = controller_of(folder)
     note = folder / f"requeue.{controller.pid}.json"
     os.environ[after_step.ENV] = str(note)  # the ranks' note (the tasks inherit this environment)
     try:

@@ -234,7 +234,7 @@ def test_every_numeric_key_out_of_bounds_is_refused(key, value):
     assert "fix:" in text
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed(base):
     return compose_cfg(list(base))
 
