@@ -68,7 +68,7 @@ fi
 .venv/bin/python -m pytest -q -ra --durations=10 -n 2 ${unit_report[@]+"${unit_report[@]}"} tests/unit || status=$?
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
-# two workers (--dist loadgroup: tests/conftest.py puts every Slurm test in one group)
+# two workers (--dist loadgroup: tests/conftest.py puts the Slurm tests in two groups, each module's in one)
 .venv/bin/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup \
   ${integration_report[@]+"${integration_report[@]}"} tests/integration || status=$?
 exit "$status"

@@ -195,11 +195,16 @@ SLURM_SECOND_GROUP = frozenset({"test_fault_tolerance.py", "test_archive.py", "t
 
 def xdist_group_of(item: pytest.Item, tiers: Set[str]) -> str:
     """Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) a group runs on one worker, in order:
-    the Slurm tests in two groups by module (they share the 4-node cluster; a test that needs it alone
-    is marked ``slurm_whole``), every test of the shared reference run in another (it is made once), and
+    the Slurm tests in two groups by module (they share the 4-node cluster), those that need it alone
+    (marked ``slurm_whole``) in a third, every test of the shared reference run in another (it is made once), and
     each other integration module in its own (its module-scoped reference runs are made once). Pure
     tests go wherever a worker is free."""
     if "slurm" in tiers:
+        if item.get_closest_marker("slurm_whole") is not None:
+            # a group of their own: xdist hands out the groups with the most tests first, so these few
+            # come late, beside the local modules (which take no lock), not beside another Slurm test
+            # whose end they would wait for, the other worker idle while they run
+            return "slurm-whole"
         return "slurm-b" if Path(str(item.fspath)).name in SLURM_SECOND_GROUP else "slurm-a"
     if "equivalence_reference" in getattr(getattr(item, "_fixtureinfo", None), "names_closure", ()):
         return "equivalence"

@@ -197,9 +197,12 @@ def attempt(rd: RunDir, settings: Optional[Settings] = None) -> Iterator[Attempt
     wait_for(rd)
     try:
         port, env = settings(rd) if settings is not None else (None, {})
-        denv = dist_env.detect(master_port=port, addr_file=rd.master_addr_path)
-        if denv.rank == 0:  # the sweep's code and software records, the point's seeds and overrides, once:
-            rd.adopt_shared()  # until then the other ranks read the sweep's own (RunDir._shared_p, overrides)
+        # a job started for a run that ended (cancelled while queued, then started before the
+        # scheduler dropped it) writes nothing into its sealed dir: no address file, no records
+        ended = rd.is_final()
+        denv = dist_env.detect(master_port=port, addr_file=None if ended else rd.master_addr_path)
+        if denv.rank == 0 and not ended:  # the sweep's code and software records, the point's seeds and
+            rd.adopt_shared()  # overrides, once: until then the other ranks read the sweep's own
     except BaseException:  # before any watch starts: recorded, so that the other ranks' watches end them
         _early_failure(rd, traceback.format_exc())  # (instead of their waiting in the rendezvous)
         raise

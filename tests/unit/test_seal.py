@@ -379,3 +379,30 @@ def test_the_seal_takes_a_checkpoint_files_digest_from_its_checkpoint_json(tmp_p
     os.chmod(ck / "rng_rank_00001.pt", 0o644)
     (ck / "rng_rank_00001.pt").write_bytes(b"rngX")  # same size, another byte
     assert rd.verify() == ["checkpoints/step_00000002/rng_rank_00001.pt changed"]
+
+
+def test_a_job_started_for_an_ended_run_writes_nothing_into_it(tmp_path, monkeypatch):
+    """A point cancelled while queued is sealed at once; its job can still start before the scheduler
+    drops it (the README's sweep, `launcher cancel` then `launcher retry --failed`: retry refused the
+    point as tampered, its ranks/master_addr.json written after the seal). Such a job reads and leaves."""
+    from unittest import mock
+
+    from launcher.runtime import attempt as attempt_mod
+
+    rd = sealed_run(tmp_path / "runs")
+    asked = {}
+    detect = attempt_mod.dist_env.detect
+
+    def recording_detect(**kw):
+        asked.update(kw)
+        return detect(**kw)
+
+    monkeypatch.setattr(attempt_mod.dist_env, "detect", recording_detect)
+    job = dict(SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_JOB_ID="4242", SUBMITIT_LOCAL_NTASKS="1",
+               SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_GLOBALID="0",
+               SUBMITIT_LOCAL_LOCALID="0")  # rank 0 of a local job
+    with mock.patch.dict(os.environ, job):  # (the attempt exports RANK, WORLD_SIZE, ... into this process)
+        with attempt_mod.attempt(rd) as a:
+            assert a.ended
+    assert asked["addr_file"] is None  # rank 0 leaves no address for the others in the sealed dir
+    assert rd.verify() == []
