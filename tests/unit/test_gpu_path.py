@@ -241,6 +241,7 @@ def test_a_simulated_host_runs_its_processes_on_the_gpus_that_are_there(monkeypa
     from launcher.backends import local
 
     monkeypatch.setattr(host, "detected_gpus", lambda: 0)  # this host: no GPU
+    monkeypatch.setattr(host, "_SAID", set())  # said once a process: an earlier test may have said it
     monkeypatch.setenv(host.HOST_GPUS_ENV, "1")
     run = compose_point(["cluster=local"]).cfg
     assert local.BACKEND.request_problems(run) == []
