@@ -7,7 +7,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from launcher import host
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
@@ -127,12 +127,12 @@ def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optiona
 CONTROLLER = "launcher.runtime.local_controller"
 
 
-def _executor_class(visible: Optional[str] = None, preload: Sequence[str] = ()) -> Any:
+def _executor_class(visible: Optional[str] = None) -> Any:
     """submitit's LocalExecutor whose job controller is CONTROLLER (submitit's own started the same
     way: the environment it reads, the process whose pid is the job id). ``visible``: the
     CUDA_VISIBLE_DEVICES its processes get, verbatim (GPU-/MIG- UUIDs: submitit's visible_gpus
-    takes integers only). ``preload``: the modules its controller imports once and forks the processes
-    from (launcher.runtime.warm_start)."""
+    takes integers only). Its controller imports warm_start.PRELOAD once and forks the processes from
+    itself (launcher.runtime.warm_start)."""
     import subprocess
     import sys
 
@@ -156,7 +156,7 @@ def _executor_class(visible: Optional[str] = None, preload: Sequence[str] = ()) 
                 CUDA_VISIBLE_DEVICES=visible if visible is not None else ",".join(str(k) for k in gpus),
                 SUBMITIT_LOCAL_WITH_SHELL="",
             )
-            env[warm_start.PRELOAD_ENV] = ",".join(preload)
+            env[warm_start.PRELOAD_ENV] = ",".join(warm_start.PRELOAD)
             # it outlives the launching process; the job (its pid) is polled and ended through LocalJob
             process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
@@ -212,8 +212,7 @@ class LocalBackend(Backend):
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)
-        ex = _executor_class(params.pop(VISIBLE_KEY, None), warm_start.PRELOAD)(
-            folder=folder, python=job_start.python_command())
+        ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder, python=job_start.python_command())
         ex.update_parameters(**params)
         return ex
 

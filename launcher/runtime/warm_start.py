@@ -10,7 +10,7 @@ Forking before any CUDA call is what torch's own fork start method does (no CUDA
 
 The backend names the modules (LocalBackend: ``PRELOAD_ENV``); an empty list, a single process or a
 command of another shape starts interpreters as submitit does. ``LAUNCHER_LOCAL_FORK=0`` turns it
-off (docs/backends.md).
+off (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def preload_modules(environ: Optional[Dict[str, str]] = None) -> List[str]:
     env = os.environ if environ is None else environ
     if env.get(OFF_ENV, "1").strip() == "0":
         return []
-    return [m for m in env.get(PRELOAD_ENV, "").split(",") if m.strip()]
+    return [m.strip() for m in env.get(PRELOAD_ENV, "").split(",") if m.strip()]
 
 
 def child_argv(command: Sequence[str]) -> Optional[List[str]]:
@@ -71,8 +71,8 @@ def apply_thread_settings(environ: Dict[str, str]) -> None:
 
 
 class ForkedProcess:
-    """What submitit's controller uses of a ``subprocess.Popen``: ``pid``, ``poll()``, ``send_signal()``,
-    ``wait()`` and ``returncode`` (a signal's death as minus its number, as Popen reports it)."""
+    """What submitit's controller uses of a ``subprocess.Popen``: ``pid``, ``poll()``, ``send_signal()``
+    and ``returncode`` (a signal's death as minus its number, as Popen reports it)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -86,12 +86,6 @@ class ForkedProcess:
                 return self.returncode
             if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:

@@ -203,9 +203,11 @@ ENUMS = [leaf.key for leaf in LEAVES if isinstance(leaf.type, type) and issubcla
 STRINGS = [leaf for leaf in LEAVES if leaf.type is str or (leaf.type in (list, dict) and leaf.item is str)]
 
 
-def _refused(overrides, key, base=()):
+def _refused(overrides, key, base=(), cfg=None):
+    """The check's refusal of ``overrides`` (on ``base``), naming ``key``; ``cfg``: the config they
+    compose to, where the caller made it."""
     with pytest.raises(InvalidSweep) as ei:
-        check([Point(compose_cfg([*base, *overrides]), list(overrides))])
+        check([Point(compose_cfg([*base, *overrides]) if cfg is None else cfg, list(overrides))])
     text = str(ei.value)
     assert "nothing was submitted" in text and re.search(rf"- {re.escape(key)}:", text), text
     return text
@@ -226,11 +228,7 @@ def test_every_numeric_key_out_of_bounds_is_refused(key, value):
     base = SLURM if key.startswith("cluster.") else []
     cfg = copy.deepcopy(_composed(tuple(base)))
     OmegaConf.update(cfg, key, value, merge=False)
-    overrides = [*base, f"{key}={_literal(value)}"]
-    with pytest.raises(InvalidSweep) as ei:
-        check([Point(cfg, overrides)])
-    text = str(ei.value)
-    assert "nothing was submitted" in text and re.search(rf"- {re.escape(key)}:", text), text
+    text = _refused([f"{key}={_literal(value)}"], key, base, cfg=cfg)
     assert "fix:" in text
 
 
