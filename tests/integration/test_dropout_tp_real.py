@@ -97,7 +97,10 @@ def test_trains_and_resumes_bitwise(tmp_path):
     runs = {}
     for name, extra in (("reference", []),
                         ("killed", ["train.fail_at_step=8", "train.fail_rank=1", "train.fail_mode=kill",
-                                    "train.fail_attempt=1"])):
+                                    "train.fail_attempt=1",
+                                    # step 6's checkpoint committed before step 8's kill (async, it may
+                                    # still be in flight)
+                                    "train.checkpoint.async_save=false"])):
         root = tmp_path / name
         res = launch([*TRAIN, *extra], root, timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
