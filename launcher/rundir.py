@@ -91,7 +91,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("code/patch.diff", "launcher", "patch of uncommitted changes including untracked files"),
     ("code/snapshot.json", "launcher", "where the code snapshot this run executes lies, its file count and sha256"),
     ("env/software.json", "launcher", "python, torch, deepspeed, hydra, submitit versions"),
-    ("env/pip-freeze.txt", "launcher", "full `pip freeze`"),
+    ("env/pip-freeze.txt", "launcher", "every installed distribution, as `pip freeze --all` lists them"),
     ("job.json", "launcher", "backend, job id (`<array>_<task>` in a sweep), submitit folder, log paths"),
     ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
     ("status.json", "launcher, job", "launcher.status.RunStatus: status (pending, running, completed, failed, "

@@ -616,9 +616,6 @@ class _GenericLauncher(Launcher):
         # Hydra's sweeper composes every point to validate the batch; composed once per combination of
         # group choices with the point's values merged on, and kept for launch() to take
         self.composer = SweepComposer.install(hydra_context.config_loader, fast=False)
-        from launcher.archive import software
-
-        software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra.core.singleton import Singleton

@@ -116,10 +116,8 @@ class LauncherPlugin(Launcher):
     # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        from launcher.archive import software
         from launcher.compose import SweepComposer
 
-        software.prefetch_pip_freeze()  # archived with every run; ready by the time the points are
         self.hydra_context = hydra_context
         self.config = config
         # the sweeper holds this same config object and reads hydra.sweep.dir after setup

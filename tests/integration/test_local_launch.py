@@ -1,5 +1,7 @@
 """cluster=local end to end: real processes, real gloo training, a complete first archive."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,10 @@ def test_local_run_trains_and_archives(runs_root):
     git = json.loads((rdir / "code" / "git.json").read_text())
     assert git["commit"] and len(git["commit"]) == 40
     assert (rdir / "code" / "patch.diff").exists()
-    assert "torch==" in (rdir / "env" / "pip-freeze.txt").read_text()
+    # every installed distribution, as pip itself lists them (read from their metadata, no pip process)
+    pip = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True)
+    freeze = (rdir / "env" / "pip-freeze.txt").read_text()
+    assert "torch==" in freeze and freeze.splitlines() == [x for x in pip.stdout.splitlines() if not x.startswith("#")]
     ranks = [json.loads((rdir / "ranks" / f"rank_{r}.json").read_text()) for r in range(2)]
     assert {r["rank"] for r in ranks} == {0, 1} and all(r["hostname"] for r in ranks)
     assert ranks[0]["master_port"] == ranks[1]["master_port"] != 29500
