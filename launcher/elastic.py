@@ -49,15 +49,12 @@ def target(cfg: Any) -> int:
     return int(t) if t else nodes
 
 
-def problems(values: Any, engine: str, zero: int, backend_can: bool, backend: str,
-             script: bool, dtype: Optional[str] = None) -> List[Tuple[str, str]]:
-    """(key, problem) of a config whose cluster.elastic cannot work (the rule table's row)."""
+def problems(values: Any, engine: str, zero: int, script: bool, dtype: Optional[str] = None) -> List[Tuple[str, str]]:
+    """(key, problem) of a config whose cluster.elastic cannot work (the rule table's row; a backend
+    without nodes to lose: the capabilities' row, launcher.backends.base.CAPABILITIES)."""
     if not values.get("cluster.elastic.enabled"):
         return []
     out: List[Tuple[str, str]] = []
-    if not backend_can:
-        out.append(("cluster.elastic.enabled", f"the {backend} backend has no nodes to lose or regain (its "
-                    "processes run on this host)"))
     if script:
         out.append(("cluster.elastic.enabled", "recipe=script saves its own checkpoints, which the launcher "
                     "cannot load on another layout"))

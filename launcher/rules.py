@@ -44,7 +44,8 @@ class Rule:
     kind: str = LAYOUT
     # a row over many keys (unknown keys, control characters): (key, problem) of each offender; the
     # row's own ``key`` then only describes it
-    each: Optional[Callable[[Facts], List[Tuple[str, str]]]] = None
+    # (a third item, where given, is that offender's own fix)
+    each: Optional[Callable[[Facts], List[Tuple[str, ...]]]] = None
 
     def error(self, f: Facts) -> ConfigError:
         text = lambda t: t(f) if callable(t) else t  # noqa: E731
@@ -54,10 +55,10 @@ class Rule:
         if self.each is None:
             return [self.error(f)]
         fix = self.fix(f) if callable(self.fix) else self.fix
-        return [ConfigError(key, problem, fix) for key, problem in self.each(f)]
+        return [ConfigError(key, problem, *(own or [fix])) for key, problem, *own in self.each(f)]
 
 
-def _each(key: str, find: Callable[[Facts], List[Tuple[str, str]]], fix: Text) -> Rule:
+def _each(key: str, find: Callable[[Facts], List[Tuple[str, ...]]], fix: Text) -> Rule:
     return Rule(key, lambda f: bool(find(f)), "", fix, RUN, each=find)
 
 
@@ -225,9 +226,13 @@ def _backend_names() -> List[str]:
 def _elastic_problems(f: Facts) -> List[Tuple[str, str]]:
     if not f.values.get("cluster.elastic.enabled"):
         return []
-    name = f.backend if f.backend in _backend_names() else ""
-    return elastic.problems(f.values, f.resolved_engine, f.zero, bool(name) and backends.get(name).elastic, f.backend,
-                            script_recipe.is_script(f.values.tree.get("recipe")), f.dtype)
+    return elastic.problems(f.values, f.resolved_engine, f.zero, script_recipe.is_script(f.values.tree.get("recipe")),
+                            f.dtype)
+
+
+def _capability_problems(f: Facts) -> List[Tuple[str, str, str]]:
+    """(key, problem, fix) of each setting that needs what the chosen backend cannot do."""
+    return backends.get(f.backend).lacks(f.values.get) if f.backend in _backend_names() else []
 
 
 def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
@@ -418,8 +423,11 @@ RULES: Tuple[Rule, ...] = (
           "name numeric keys of the config in sweep.explore (e.g. sweep.explore=[optim.lr])"),
     _each("sweep.factors", lambda f: _sweep_problems(f, "sweep.factors"), "set sweep.factors=[0.8,1.25]"),
     # cluster.elastic (launcher.elastic): a backend with nodes, and checkpoints another layout can load
+    # what the chosen backend cannot do (its capabilities, launcher.backends.base.CAPABILITIES): each
+    # setting that asks for one names its own key and fix
+    _each("cluster.backend", _capability_problems, ""),
     _each("cluster.elastic.enabled", lambda f: _elastic_problems(f),
-          lambda f: ("set cluster.elastic.enabled=false, or: cluster=local_slurm (a Slurm cluster), "
+          lambda f: ("set cluster.elastic.enabled=false, or: "
                      "train.checkpoint.every=N, train.checkpoint.universal=true, an engine that reshards "
                      "(ddp, fsdp, megatron, deepspeed at ZeRO 1-3, or ZeRO-0 in fp32), "
                      "cluster.elastic.min_nodes <= cluster.nodes <= cluster.elastic.target_nodes")),

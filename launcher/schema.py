@@ -205,7 +205,7 @@ class ElasticConfig:
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    backend: str = "local"  # a module of launcher/backends: local (processes here), slurm (sbatch)
+    backend: str = "local"  # launcher.backends: local (processes here), slurm (sbatch), or a registered one
     nodes: int = num(1, ge=1)
     gpus_per_node: int = num(1, ge=1)  # processes per node (one task per GPU; on CPU, processes)
     cpus_per_task: int = num(1, ge=1)

@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from launcher.job_record import JobRecord
 from launcher.rundir import now_iso
@@ -57,13 +57,53 @@ def env_int(environ: Mapping[str, str], key: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
+@dataclass(frozen=True)
+class Capability:
+    """Something a scheduler may not be able to do, and the setting that asks for it."""
+    flag: str  # the Backend attribute that declares it
+    key: str  # the config key that asks for it
+    asked: Callable[[Callable[[str], Any]], bool]  # from the config's values by dotted key
+    needs: str  # what the setting needs of the scheduler, in words
+    fix: str
+
+
+CAPABILITIES: Tuple[Capability, ...] = (
+    Capability("packs", "cluster.pack", lambda get: bool(get("cluster.pack")),
+               "job steps inside one allocation, to pack points onto its nodes (launcher.runtime.pack)",
+               "set cluster.pack=false (each point its own job; cluster.array_parallelism bounds how many at once)"),
+    Capability("elastic", "cluster.elastic.enabled", lambda get: bool(get("cluster.elastic.enabled")),
+               "nodes to lose and regain, and a job queued after the run's job ends (launcher.elastic)",
+               "set cluster.elastic.enabled=false, or choose a backend that has it (e.g. cluster=local_slurm)"),
+    Capability("pauses", "sweep.scheduler", lambda get: bool(get("sweep.scheduler")),
+               "a point's job paused at a rung and started again (sweep=asha, sweep=pbt)",
+               "drop the sweep option (every point runs train.steps), or choose a backend that pauses"),
+)
+
+
 class Backend:
     name: str = ""
     waits: bool = False  # `launch` waits for the jobs unless submit.wait says otherwise
     shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
     max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
     max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
-    elastic: bool = False  # it can lose and regain nodes: cluster.elastic works (launcher.elastic)
+    # what it can do (CAPABILITIES): a setting that needs what the backend lacks is refused, naming its
+    # key, before anything is queued (launcher.rules)
+    packs: bool = False  # cluster.pack: ``pack_parameters``, ``pack_executor``, ``pack_preview``
+    elastic: bool = False  # cluster.elastic: ``elastic_after_job``, ``usable_nodes``
+    pauses: bool = False  # sweep=asha|pbt: ``pause``, ``resume_paused``, ``drop_paused``
+    # a job queued to start once another has ended well (``after``): `launcher preflight` queues its
+    # rungs at once; without it they run one after another, each started when the one before passed
+    dependencies: bool = False
+
+    def lacks(self, get: Callable[[str], Any]) -> List[Tuple[str, str, str]]:
+        """(key, problem, fix) of each setting of a config (its values by dotted key) that needs a
+        capability this backend does not have."""
+        return [(c.key, f"the {self.name} backend cannot do this: it needs {c.needs}", c.fix)
+                for c in CAPABILITIES if c.asked(get) and not getattr(self, c.flag)]
+
+    def after(self, job_id: str) -> List[str]:
+        """The overrides that make a run's job start only once job ``job_id`` ended well (``dependencies``)."""
+        raise NotImplementedError(f"the {self.name} backend queues no job after another")
 
     def host_has_gpus(self) -> bool:
         """Whether the jobs run on this host and it has NVIDIA GPUs they will use without being asked
@@ -152,6 +192,11 @@ class Backend:
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
+
+    def pack_preview(self, cfg: Any, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
+                     job_name: Optional[str] = None) -> str:
+        """What a dry run prints for one pack (cluster.pack) of the points ``points`` on ``nodes`` nodes."""
+        raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
     def pack_node_limit(self, cfg: Any) -> Optional[int]:
         """The most nodes a pack of ``cfg``'s points could get (its partition's nodes; None: unknown)."""

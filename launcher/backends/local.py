@@ -170,6 +170,10 @@ class LocalBackend(Backend):
     shares_host_memory = True
     max_nodes = 1  # every process runs on this host
     max_restarts = 5  # submitit's local controller starts a job at most 6 times
+    # a paused point's processes exit and its job's controller waits for the rung's decision; no packs
+    # (every point is already processes of this host, cluster.array_parallelism at once), no nodes to
+    # lose, no queue to wait in
+    pauses = True
 
     def host_cpu_flags(self) -> Optional[frozenset]:
         return None if host.host_gpus() else cpu_flags()
@@ -197,17 +201,6 @@ class LocalBackend(Backend):
         if submitit_parameters(cl).get("stderr_to_stdout"):  # the one the local executor takes
             params["stderr_to_stdout"] = True
         return params
-
-    def request_problems(self, cfg: Any) -> List[str]:
-        """The shared bounds; and cluster.pack, which needs a scheduler's job steps: every local point is
-        already a process of this host, started as others end (cluster.array_parallelism at once)."""
-        out = super().request_problems(cfg)
-        cl = getattr(cfg, "cluster", None)
-        if cl is not None and hasattr(cl, "get") and cl.get("pack"):
-            out.append("cluster.pack: packing points into one allocation needs Slurm (cluster=slurm or a "
-                       "Slurm cluster config); cluster=local runs each point as its own processes already "
-                       "(fix: cluster.pack=false, or cluster.array_parallelism to bound how many run at once)")
-        return out
 
     def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:

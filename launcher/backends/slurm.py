@@ -588,7 +588,7 @@ def _run(cmd: List[str]) -> str:
 class SlurmBackend(Backend):
     name = "slurm"
     waits = False
-    elastic = True
+    packs = elastic = pauses = dependencies = True
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
@@ -677,6 +677,17 @@ class SlurmBackend(Backend):
             params["job_name"] = str(job_name)
         params.pop("array_parallelism", None)
         return params
+
+    def pack_preview(self, cfg: Any, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
+                     job_name: Optional[str] = None) -> str:
+        params = self.pack_parameters(cfg, code_dir, job_name, nodes, folder)
+        lines = [f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"]
+        return "\n".join([f"# ---- pack of points {points}: ONE job of {nodes} node(s) (cluster.pack=true); "
+                          "each point a job step (srun --exact)", *lines])
+
+    def after(self, job_id: str) -> List[str]:
+        # --kill-on-invalid-dep: a rung whose predecessor failed leaves the queue instead of waiting for ever
+        return [f"++cluster.sbatch_extra.dependency=afterok:{job_id}", "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
 
     def pack_node_limit(self, cfg: Any) -> Optional[int]:
         """The nodes of the pack's partition (sinfo, cached): a pack asks whole nodes."""

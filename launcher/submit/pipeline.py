@@ -238,11 +238,8 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
         idxs = [c.index for c in arr.points]
         first = arr.points[0]
         if arr.pack_nodes is not None:  # one job of pack_nodes nodes whose runner starts the points as steps
-            params = first.backend.pack_parameters(first.point.cfg, sweep.code_dir, name, arr.pack_nodes,
-                                                   sweep.submitit_folder)
-            preview = (f"# ---- pack of points {idxs}: ONE job of {arr.pack_nodes} node(s) "
-                       f"(cluster.pack=true); each point a job step (srun --exact)\n"
-                       + "\n".join(f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"))
+            preview = first.backend.pack_preview(first.point.cfg, sweep.submitit_folder, idxs, arr.pack_nodes,
+                                                 sweep.code_dir, job_name=name)
         else:
             preview = first.backend.preview(first.point.cfg, sweep.submitit_folder, idxs, sweep.code_dir,
                                             job_name=name, parallelism=arr.parallelism)

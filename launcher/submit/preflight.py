@@ -1,9 +1,10 @@
 """`launcher preflight`: the ladder (launcher.ladder) composed, checked, submitted and judged.
 
 Every rung is composed and checked before anything is submitted (a rung the launch checks refuse
-names itself and nothing is queued). On a Slurm cluster the rungs go out at once as dependent jobs
-(``--dependency=afterok:<previous rung>``, ``--kill-on-invalid-dep=yes``): the ladder climbs in the
-queue without this process. Locally each rung starts when the one before it has passed. Waiting,
+names itself and nothing is queued). On a backend with dependencies (``Backend.after``: Slurm's
+dependency on the previous rung ending well) the rungs go out at once as dependent jobs: the ladder
+climbs in the queue without this process. Elsewhere (local) each rung starts when the one before it
+has passed. Waiting,
 the rungs are judged in order; at the first no-go the rungs above it are cancelled and the failing
 rung's diagnosis (launcher doctor) is printed. The ladder is recorded in
 ``<runs_root>/preflight/<id>.json``: `launcher preflight --show ID` judges it again from its runs.
@@ -110,11 +111,10 @@ def record_path(runs_root: Path, pid: str) -> Path:
 
 
 def _submit(prep: Prepared, rung: ladder.Rung, overrides: List[str], pid: str, after: Optional[str]) -> Any:
-    """Launch one rung (one run); ``after``: the job it depends on (Slurm)."""
+    """Launch one rung (one run); ``after``: the job it waits for in the queue (a backend with dependencies)."""
     extra = rung_lines(overrides, rung)
     if after:
-        extra += [f"++cluster.sbatch_extra.dependency=afterok:{after}",
-                  "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
+        extra += backends.get(str(prep.base.cluster.backend)).after(after)
     point = compose_point(extra) if after else prep.points[rung.name]
     said = io.StringIO()  # the pipeline's listing: the ladder prints its own
     result = launch([point], argv=["launcher", "preflight", *overrides], out=said,
@@ -141,7 +141,7 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
               "rungs": [_rung_entry(r) for r in prep.rungs]}
     atomic.write_json(path, record)
 
-    queued = not backends.get(str(prep.base.cluster.backend)).waits  # Slurm: every rung queued now
+    queued = backends.get(str(prep.base.cluster.backend)).dependencies  # every rung queued now, each after the last
     wait = wait or not queued  # local rungs start one after another: someone has to wait
     print(f"preflight {pid}: {sum(1 for r in prep.rungs if not r.skip)} rung(s), "
           f"{'queued as dependent jobs' if queued else 'run one after another'}  ({path})", file=out, flush=True)

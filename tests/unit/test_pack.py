@@ -1,14 +1,14 @@
 """cluster.pack's pure parts: which points start given the pack's free nodes, CPUs, GPUs and memory
 (backfill), the allocation's sizes read from Slurm's variables, the planner's estimate per rank, a
 packed point's place and port, and the submission's grouping (one pack per group, bad input named)."""
-from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from test_bad_input import _refused
 
 from launcher import schema
 from launcher.app import CONF_DIR
-from launcher.backends import local, slurm
+from launcher.backends import slurm
 from launcher.job_record import JobRecord
 from launcher.runtime import env as dist_env
 from launcher.runtime.pack import (
@@ -177,10 +177,9 @@ def test_a_pack_wider_than_the_partition_is_refused_naming_the_key(sinfo):
 
 @pytest.mark.usefixtures("cpu_host")  # its premise: local processes on the CPU
 def test_cluster_local_refuses_a_pack_naming_the_key():
-    cfg = SimpleNamespace(cluster={"pack": True}, submit=None)
-    (problem,) = local.LocalBackend().request_problems(cfg)
-    assert problem.startswith("cluster.pack: ") and "needs Slurm" in problem
-    assert local.LocalBackend().request_problems(SimpleNamespace(cluster={"pack": False}, submit=None)) == []
+    text = _refused(["cluster=local", "cluster.pack=true"], "cluster.pack")
+    assert "the local backend cannot do this: it needs job steps inside one allocation" in text
+    assert "fix: set cluster.pack=false" in text
 
 
 def test_the_pack_job_asks_whole_nodes_and_runs_one_process(sinfo):
