@@ -99,13 +99,14 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "attempt, restarts, stop, resumed, no_restart (why a failure was not restarted, the fix), hosts, world_size, "
      "job ids, a Hydra app's output/working dir, earlier (the outcomes before a resume)"),
     ("env/runtime.json", "job", "torch, CUDA, NCCL, cuDNN as seen on the node"),
-    ("env/training-env.json", "job", "NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_* ... of rank 0, secrets redacted"),
+    ("env/training-env.json", "job", "the variables that shape training (NCCL, CUDA, OMP, TORCH, the scheduler's ...) "
+     "of rank 0, secrets redacted"),
     ("topology/node_<name>_<n>.json", "job", "per node: hostname, Slurm node name, CPU model and cores, memory, GPUs "
      "(model, memory, driver), `nvidia-smi topo -m`, InfiniBand devices"),
     ("ranks/rank_<r>.json", "job", "hostname, SLURMD_NODENAME, pid, job and array ids, MASTER_ADDR/PORT of each rank "
      "(replaced whole, not flushed: a rank record costs one create and one rename)"),
     ("ranks/master_addr.json", "job (rank 0)", "the rendezvous host's address where DNS does not know the node name: "
-     "rank 0 asks Slurm (scontrol) once, the other ranks read it here"),
+     "rank 0 asks the scheduler once, the other ranks read it here"),
     ("errors/rank_<r>.error", "job", "traceback of a rank that raised (a directory of its own: the peer watch of "
      "every rank lists it, and it holds only the ranks that failed)"),
     ("errors/cancelled", "launcher, job", "the run was recorded cancelled: what ends every rank's peer watch"),

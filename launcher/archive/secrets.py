@@ -26,7 +26,7 @@ import functools
 import os
 import re
 from pathlib import Path, PurePath
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Union
 
 import yaml
 
@@ -38,9 +38,9 @@ REDACTED = "<redacted>"
 SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "pwd", "credential", "credentials",
                           "apikey", "accesskey", "secretkey", "authtoken", "accesstoken"})
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-# environment that shapes training and is worth archiving
-TRAINING_ENV = re.compile(r"^(NCCL_|SLURM_|CUDA_|OMP_|TORCH_|MKL_|GLOO_|MASTER_|WORLD_SIZE$|RANK$|LOCAL_RANK$|"
-                          r"PYTHONHASHSEED$|CUBLAS_|NVIDIA_|DS_|WANDB_|HYDRA_|SUBMITIT_)")
+# environment that shapes training and is worth archiving (and each backend's own: Backend.env_prefixes)
+TRAINING_ENV = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "MKL_", "GLOO_", "MASTER_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                "PYTHONHASHSEED", "CUBLAS_", "NVIDIA_", "DS_", "WANDB_", "HYDRA_", "SUBMITIT_")
 # A value shorter than this is never scrubbed from free text: "1", "yes", "gpu" would be replaced
 # everywhere they occur. Secret-NAMED keys are redacted whatever their length (redact_config).
 MIN_SECRET_LEN = 4
@@ -91,11 +91,13 @@ def redact_env(env: Mapping[str, Any]) -> Dict[str, str]:
     return {str(k): (REDACTED if is_secret(k) else scrub(str(v), env)) for k, v in env.items()}
 
 
-def training_env(env: Mapping[str, str]) -> Dict[str, str]:
-    """The variables that shape training (NCCL_*, SLURM_*, CUDA_*, OMP_*, TORCH_*, ...), redacted:
-    secret-named ones, and any value containing the value of a secret-named variable of ``env`` or a
-    URL password (WANDB_BASE_URL=https://user:PASSWORD@host)."""
-    kept = {k: v for k, v in sorted(env.items()) if TRAINING_ENV.match(k)}
+def training_env(env: Mapping[str, str], scheduler: Sequence[str] = ()) -> Dict[str, str]:
+    """The variables that shape training (NCCL_*, CUDA_*, OMP_*, TORCH_*, ...: TRAINING_ENV, and
+    ``scheduler``: the prefixes of the job's backend, ``Backend.env_prefixes``), redacted: secret-named
+    ones, and any value containing the value of a secret-named variable of ``env`` or a URL password
+    (WANDB_BASE_URL=https://user:PASSWORD@host). A name without a trailing _ is matched whole."""
+    names = (*TRAINING_ENV, *scheduler)
+    kept = {k: v for k, v in sorted(env.items()) if any(k.startswith(n) if n.endswith("_") else k == n for n in names)}
     known = {k: v for k, v in env.items() if is_secret(k)}
     known.update((f"{k}:url_password[{j}]", pw) for k, v in kept.items() for j, pw in enumerate(url_passwords(v)))
     return {k: (REDACTED if is_secret(k) else scrub(str(v), known)) for k, v in kept.items()}

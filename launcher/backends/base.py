@@ -58,6 +58,17 @@ def env_int(environ: Mapping[str, str], key: str, default: int) -> int:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """What a job holds, read inside it (a pack's runner plans its points' steps on it): its id, its
+    nodes, the CPUs of each, the GPUs of a node, a node's memory in bytes (None: not tracked)."""
+    job_id: str
+    hosts: List[str]
+    cpus: List[int]
+    gpus: int = 0
+    mem_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Capability:
     """Something a scheduler may not be able to do, and the setting that asks for it."""
     flag: str  # the Backend attribute that declares it
@@ -198,6 +209,22 @@ class Backend:
         """What a dry run prints for one pack (cluster.pack) of the points ``points`` on ``nodes`` nodes."""
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
+    # a pack's job (launcher.runtime.pack) on its first node: what it holds, and how it starts one
+    # point's processes on some of its nodes as a step of its own
+    def allocation(self, environ: Mapping[str, str]) -> Allocation:
+        raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
+
+    def step_command(self, command: List[str], need: Any, nodes: List[str], out: str, err: str, name: str,
+                     host_mem: Optional[int] = None, shared_gpu: bool = False) -> List[str]:
+        """The command that runs ``command`` as one point's step: ``need`` (launcher.runtime.pack.Need)
+        ranks on exactly ``nodes``, its output in ``out``/``err``, ``host_mem`` bytes of a node's memory
+        per rank where known; ``shared_gpu``: its ranks may share a GPU with another point's."""
+        raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
+
+    def step_environment(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        """The environment a point's step starts with, from the pack job's own."""
+        return dict(environ)
+
     def pack_node_limit(self, cfg: Any) -> Optional[int]:
         """The most nodes a pack of ``cfg``'s points could get (its partition's nodes; None: unknown)."""
         return None
@@ -224,6 +251,12 @@ class Backend:
 
     def cancel(self, job: JobRecord) -> None:
         raise NotImplementedError
+
+    # the scheduler's word for a run's processes, whose exit status a teardown puts in words
+    step_word: str = "the step"
+    # prefixes of the variables it sets in a job that shape its training, archived with the run's
+    # (env/training-env.json: launcher.archive.secrets.training_env)
+    env_prefixes: Tuple[str, ...] = ()
 
     # the exit status of a process whose job should start again (after request_requeue)
     requeue_exit_code: int = 1

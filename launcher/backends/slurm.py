@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 from launcher import elastic
 from launcher.backends.base import (
     NOTE_ENV,
+    Allocation,
     Backend,
     JobState,
     TaskPlace,
@@ -121,6 +122,22 @@ def hostnames(nodelist: str) -> List[str]:
             names = [n + p for n in names for p in parts]
         out += [n for n in names if n]
     return out
+
+
+def cpus_per_node(text: str, count: int) -> List[int]:
+    """SLURM_JOB_CPUS_PER_NODE (``4(x2),2``) -> one count per node."""
+    out: List[int] = []
+    for item in (text or "").split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if m:
+            out += [int(m.group(1))] * int(m.group(2) or 1)
+    return (out + [out[-1] if out else 1] * count)[:count]
+
+
+# a pack job's own sizes, which its points' steps must not inherit (srun's defaults would be the job's:
+# SLURM_MEM_PER_NODE the whole node's memory)
+STEP_DROPPED = frozenset({"SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS",
+                          "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
 
 
 def alias_addr(host: str, aliases: str) -> Optional[str]:
@@ -589,6 +606,8 @@ class SlurmBackend(Backend):
     name = "slurm"
     waits = False
     packs = elastic = pauses = dependencies = True
+    step_word = "srun"
+    env_prefixes = ("SLURM_",)
 
     def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
@@ -684,6 +703,33 @@ class SlurmBackend(Backend):
         lines = [f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"]
         return "\n".join([f"# ---- pack of points {points}: ONE job of {nodes} node(s) (cluster.pack=true); "
                           "each point a job step (srun --exact)", *lines])
+
+    def allocation(self, environ: Mapping[str, str]) -> Allocation:
+        hosts = hostnames(str(environ.get("SLURM_JOB_NODELIST") or "")) or ["localhost"]
+        mem_mb = str(environ.get("SLURM_MEM_PER_NODE") or "")
+        return Allocation(job_id=str(environ.get("SLURM_JOB_ID") or "0"), hosts=hosts,
+                          cpus=cpus_per_node(str(environ.get("SLURM_JOB_CPUS_PER_NODE") or ""), len(hosts)),
+                          gpus=int(str(environ.get("SLURM_GPUS_ON_NODE") or "0").split("(")[0] or 0),
+                          mem_bytes=int(mem_mb) << 20 if mem_mb.isdigit() and int(mem_mb) > 0 else None)
+
+    def step_command(self, command: List[str], need: Any, nodes: List[str], out: str, err: str, name: str,
+                     host_mem: Optional[int] = None, shared_gpu: bool = False) -> List[str]:
+        """srun exactly the point's nodes, ranks and CPUs (--exact: no more of the allocation than asked,
+        so other points run beside it)."""
+        cmd = ["srun", "--exact", f"--nodes={need.nodes}", f"--ntasks={need.nodes * need.tasks}",
+               f"--ntasks-per-node={need.tasks}", f"--cpus-per-task={need.cpus_per_task}",
+               f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", f"--job-name={name}",
+               f"--output={out}", f"--error={err}"]
+        if host_mem is not None:  # the planner's estimate, per node (where Slurm tracks memory)
+            cmd.append(f"--mem={max(1, (need.tasks * host_mem) >> 20)}M")
+        if need.gpus:
+            cmd.append(f"--gres=gpu:{need.tasks}")
+            if shared_gpu:  # several points' ranks on one GPU: the step may overlap another's GRES
+                cmd.append("--overlap")
+        return cmd + list(command)
+
+    def step_environment(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        return {k: v for k, v in environ.items() if k not in STEP_DROPPED}
 
     def after(self, job_id: str) -> List[str]:
         # --kill-on-invalid-dep: a rung whose predecessor failed leaves the queue instead of waiting for ever

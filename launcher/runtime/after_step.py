@@ -51,9 +51,9 @@ leave = restarts.leave_note
 class StepEnd:
     """What the teardown knows about the step that just ended."""
 
-    rc: int  # srun's exit status (a signal N as 128+N)
+    rc: int  # the step's exit status (a signal N as 128+N)
     scheduler_state: str = ""  # the scheduler's word for the job now ("": unknown)
-    source: str = "srun"  # whose exit status it is, in words
+    source: str = "the step"  # whose exit status it is, in words (the backend's step_word)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Outcome:
         return asdict(self)
 
 
-def describe(rc: int, source: str = "srun") -> str:
+def describe(rc: int, source: str = "the step") -> str:
     """An exit status in words: the signal that ended a task where it says one."""
     if rc > 128:
         try:
@@ -196,13 +196,17 @@ def main(argv: Optional[list] = None) -> int:
         return 0
     rc = int(args[0]) if args and args[0].lstrip("-").isdigit() else 1
     rd = RunDir(note["run"])
-    backend = backends.get(str(note.get("backend") or "slurm"))
+    backend = backends.get(str(note["backend"])) if note.get("backend") else backends.running()
+    if backend is None:  # a note from no job of any backend's: nobody to ask about its state
+        print(f"launcher: after the step: {path} names no backend and this is no backend's job", file=sys.stderr)
+        return 0
     job_id = note.get("job_id")
     if not rd.is_final():  # the common end is final already (a rank recorded the outcome): nothing to ask
-        outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id)))
+        outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id), source=backend.step_word))
         done = settle(rd, outcome, backend, job_id)
         if done:
-            print(f"launcher: after the step (srun exit {rc}): {done}: {outcome.why}", file=sys.stderr, flush=True)
+            said = describe(rc, backend.step_word)
+            print(f"launcher: after the step ({said}): {done}: {outcome.why}", file=sys.stderr, flush=True)
         if done == "failed":  # ended here (a rank that records an outcome drops its job itself: Attempt.end)
             drop_requeued_job(rd, backend, job_id)
     try:  # sweep=asha: a point that ended short of its next rung must not hold the rung up

@@ -81,7 +81,9 @@ class Attempt:
     def record_environment(self, runtime: Dict[str, Any]) -> None:
         """The training environment (secrets redacted) and the runtime software, once (rank 0)."""
         if self.denv.rank == 0:
-            self.rd.write_environment(secrets.training_env(os.environ), runtime)
+            backend = dist_env.scheduler()  # its own variables too (Slurm's SLURM_*)
+            prefixes = backend.env_prefixes if backend is not None else ()
+            self.rd.write_environment(secrets.training_env(os.environ, prefixes), runtime)
 
     def running(self, **extra: Any) -> None:
         if self.denv.rank == 0:

@@ -18,7 +18,6 @@ checkpoint). No torch here.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,8 +33,6 @@ from launcher.runtime import job_start  # noqa: E402
 
 PROCESS_OVERHEAD_BYTES = 512 << 20  # per rank beyond the planner's estimate: the interpreter, torch, buffers
 POLL_S = 0.2
-STEP_DROPPED = frozenset({"SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_NTASKS",
-                          "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
 
 
 @dataclass(frozen=True)
@@ -112,16 +109,6 @@ def never_fits(need: Need, whole: Sequence[NodeFree]) -> bool:
     return len([n for n in whole if n.fits(need)]) < need.nodes
 
 
-def cpus_per_node(text: str, count: int) -> List[int]:
-    """SLURM_JOB_CPUS_PER_NODE (``4(x2),2``) -> one count per node."""
-    out: List[int] = []
-    for item in (text or "").split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
-        if m:
-            out += [int(m.group(1))] * int(m.group(2) or 1)
-    return (out + [out[-1] if out else 1] * count)[:count]
-
-
 def plan_memory(plan: Optional[Dict[str, Any]]) -> Optional[int]:
     """Bytes one rank needs by the planner's estimate (plan.json's chosen layout), with the process's
     own overhead; None: no estimate."""
@@ -167,53 +154,33 @@ def step_name(index: int, run_id: str) -> str:
     return f"pack{index}-{run_id}"
 
 
-def step_command(python: str, pkl: Path, need: Need, nodes: List[str], out: str, err: str, name: str,
-                 shared_gpu: bool = False) -> List[str]:
-    """The srun line of one point's step: exactly its nodes, ranks and CPUs (--exact: no more of the
-    allocation than asked, so other points run beside it)."""
-    cmd = ["srun", "--exact", f"--nodes={need.nodes}", f"--ntasks={need.nodes * need.tasks}",
-           f"--ntasks-per-node={need.tasks}", f"--cpus-per-task={need.cpus_per_task}",
-           f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", f"--job-name={name}",
-           f"--output={out}", f"--error={err}"]
-    mem = host_mem(need)
-    if mem is not None:  # the planner's estimate, per node (where Slurm tracks memory)
-        cmd.append(f"--mem={max(1, (need.tasks * mem) >> 20)}M")
-    if need.gpus:
-        cmd.append(f"--gres=gpu:{need.tasks}")
-        if shared_gpu:  # several points' ranks on one GPU: the step may overlap another's GRES
-            cmd.append("--overlap")
-    return cmd + [python, "-u", "-m", "launcher.runtime.pack", str(pkl)]
-
-
 class PackRunner:
-    """What the pack's job runs (pickled by submitit): the queue of its points."""
+    """What the pack's job runs (pickled by submitit): the queue of its points, on the allocation of
+    ``backend`` (the one that packed them: it reads what the job holds and starts each point's step)."""
 
-    def __init__(self, points: List[PackPoint], folder: str, gpu_mem: Optional[int] = None):
-        self.points, self.folder, self.gpu_mem = points, str(folder), gpu_mem
+    def __init__(self, points: List[PackPoint], folder: str, gpu_mem: Optional[int] = None, backend: str = "slurm"):
+        self.points, self.folder, self.gpu_mem, self.backend = points, str(folder), gpu_mem, backend
 
     def __call__(self) -> Dict[str, Any]:
-        return Runner(self.points, Path(self.folder), os.environ, self.gpu_mem).run()
+        from launcher import backends
+
+        return Runner(self.points, Path(self.folder), os.environ, self.gpu_mem, backends.get(self.backend)).run()
 
     def __repr__(self) -> str:
         return f"PackRunner({len(self.points)} points)"
 
 
 class Runner:
-    def __init__(self, points: List[PackPoint], folder: Path, environ: Any, gpu_mem: Optional[int] = None):
-        from launcher.backends.slurm import hostnames
-
+    def __init__(self, points: List[PackPoint], folder: Path, environ: Any, gpu_mem: Optional[int], backend: Any):
         self.points = {p.index: p for p in points}
-        self.job_id = str(environ.get("SLURM_JOB_ID") or "0")
+        self.backend = backend
+        held = backend.allocation(environ)
+        self.job_id = held.job_id
         self.folder = Path(str(folder).replace("%j", self.job_id))
-        hosts = hostnames(str(environ.get("SLURM_JOB_NODELIST") or "")) or ["localhost"]
-        cpus = cpus_per_node(str(environ.get("SLURM_JOB_CPUS_PER_NODE") or ""), len(hosts))
-        gpus = int(str(environ.get("SLURM_GPUS_ON_NODE") or "0").split("(")[0] or 0)
-        mem_mb = str(environ.get("SLURM_MEM_PER_NODE") or "")
-        mem = int(mem_mb) << 20 if mem_mb.isdigit() and int(mem_mb) > 0 else None
         per_task = next((p.need.mem_per_task for p in points if p.need.gpus), None)
-        slots = gpu_slots(gpus, gpu_mem, per_task)
-        self.shared_gpu = slots > gpus
-        self.whole = [NodeFree(h, c, slots, mem) for h, c in zip(hosts, cpus)]
+        slots = gpu_slots(held.gpus, gpu_mem, per_task)
+        self.shared_gpu = slots > held.gpus
+        self.whole = [NodeFree(h, c, slots, held.mem_bytes) for h, c in zip(held.hosts, held.cpus)]
         self.free = [replace(n) for n in self.whole]
         self.sweep_dir = Path(points[0].run_dir).parent if points else self.folder
         self.queue: Dict[int, QueueEntry] = {}
@@ -241,13 +208,13 @@ class Runner:
         pkl = self.folder / f"{self.job_id}_pack{p.index}.pkl"
         with open(pkl, "wb") as f:
             cloudpickle.dump(p.task, f)
-        # the pack job's own sizes would be srun's defaults (SLURM_MEM_PER_NODE: the whole node's memory)
-        env = {k: v for k, v in os.environ.items() if k not in STEP_DROPPED}
+        env = self.backend.step_environment(os.environ)  # without the pack job's own sizes
         env[PACK_STEP_ENV] = str(p.index)
         env["LAUNCHER_REQUEUE_NOTE"] = str(self._note(p.index))
         self._note(p.index).unlink(missing_ok=True)
-        cmd = step_command(sys.executable, pkl, p.need, nodes, self._log(p.index, False), self._log(p.index, True),
-                           step_name(p.index, p.run_id), self.shared_gpu)
+        cmd = self.backend.step_command([sys.executable, "-u", "-m", "launcher.runtime.pack", str(pkl)], p.need, nodes,
+                                        self._log(p.index, False), self._log(p.index, True),
+                                        step_name(p.index, p.run_id), host_mem(p.need), self.shared_gpu)
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
         self.running[p.index] = (proc, nodes)
         e = self.queue[p.index]
@@ -285,9 +252,10 @@ class Runner:
                 rd.set_status(Status.requeued, stop=outcome.stop)
             why = outcome.why
         elif not rd.is_final() and st.state is not Status.requeued:  # no rank began an attempt
+            ended = after_step.describe(rc, self.backend.step_word)
             rd.finish_in_job(Status.failed, exit_code=rc or 1, job_id=e.step,
-                             error=f"the point's step ended ({after_step.describe(rc, 'srun')}) before its run "
-                                   f"started; see {self._log(index, True).replace('%t', '0')}")
+                             error=f"the point's step ended ({ended}) before its run started; see "
+                                   f"{self._log(index, True).replace('%t', '0')}")
         st = rd.status()
         reason = (st.stop or {}).get("reason")
         if not rd.is_final() and reason == "preempted" and not self.stopping and self._job_runs():

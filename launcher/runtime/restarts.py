@@ -99,8 +99,8 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str], *, world
             reason = stop.get("reason") or "scheduler"
             rd.record_restart({
                 "attempt": attempt, "reason": reason,
-                "detail": stop.get("detail") or ("the scheduler restarted the job (preemption, node failure or "
-                                                 "scontrol requeue) without a request from the run"),
+                "detail": stop.get("detail") or ("the scheduler restarted the job (a preemption, a node failure "
+                                                 "or a requeue) without a request from the run"),
                 # a stop signal or a pause is no rank's failure: it names no failed rank
                 "failed_step": stop.get("step"),
                 "failed_rank": None if reason in SIGNAL_REASONS.values() or reason == "grow" else stop.get("rank"),

@@ -294,7 +294,7 @@ def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]
     with backend.environment(first.cfg, first.code_dir):
         ex = backend.pack_executor(first.cfg, first.folder, first.code_dir, job_name, int(arr.pack_nodes or 1))
         try:
-            job = ex.submit(PackRunner(points, str(first.folder), int(gpu_mem * (1 << 30)) or None))
+            job = ex.submit(PackRunner(points, str(first.folder), int(gpu_mem * (1 << 30)) or None, backend.name))
         finally:
             secrets.scrub_files(Path(first.folder).glob("*.sh"), known)
     record = backend.job_record(job)

@@ -29,10 +29,11 @@ BACKEND = Toy()
 
 def test_a_backend_from_another_package_dry_runs_and_refuses_what_it_cannot_do(tmp_path):
     site = tmp_path / "site"
-    (site / "toy_backend-0.1.dist-info").mkdir(parents=True)
+    info = site / "toy_backend-0.1.dist-info"
+    info.mkdir(parents=True)
     (site / "toy_backend.py").write_text(TOY)
-    (site / "toy_backend-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
-    (site / "toy_backend-0.1.dist-info" / "entry_points.txt").write_text("[launcher.backends]\ntoy = toy_backend:BACKEND\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[launcher.backends]\ntoy = toy_backend:BACKEND\n")
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     runs = tmp_path / "runs"
 

@@ -218,6 +218,8 @@ def test_slurm_sweep_archives_no_secret(slurm, runs_root, leaky_repo):
     given = f"{SETUP}https://bob:{URL_PW}@git.example/x".encode()
     assert (runs_root / "setup.sha256").read_text().split()[0] == hashlib.sha256(given).hexdigest()
     _check_snapshot(rdir.parent / "code")
+    job_env = json.loads((rdir / "env" / "training-env.json").read_text())
+    assert job_env.get("SLURM_JOB_ID") and job_env.get("OMP_NUM_THREADS") == "1"  # the backend's variables too
     assert not _leaks(runs_root, out), _leaks(runs_root, out)
 
 

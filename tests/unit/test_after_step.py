@@ -9,7 +9,7 @@ from launcher.schema import hang_timeout_s
 from launcher.status import RunStatus, Status
 
 NOTE = {"run": "/runs/x/0", "attempt": 2, "job_id": "9", "max_restarts": 3}
-RUNNING = StepEnd(rc=137, scheduler_state="RUNNING")
+RUNNING = StepEnd(rc=137, scheduler_state="RUNNING", source="srun")  # as the Slurm backend's teardown says it
 
 
 def status(state: Status, attempt: int = 2, **fields) -> RunStatus:
@@ -83,14 +83,15 @@ def test_the_same_silent_death_before_any_new_step_fails_at_once():
     # past its checkpoint, the attempt made progress: worth another try
     assert outcome(status(Status.running), previous=prev, step=6, from_step=4).action == "requeue"
     # another death (another signal) is not a repeat
-    assert outcome(status(Status.running), previous=prev, end=StepEnd(134, "RUNNING"), from_step=4).action == "requeue"
+    assert outcome(status(Status.running), previous=prev, end=StepEnd(134, "RUNNING", source="srun"),
+                   from_step=4).action == "requeue"
 
 
 def test_exit_statuses_in_words():
-    assert describe(137) == "srun exit 137 (SIGKILL)"
-    assert describe(134) == "srun exit 134 (SIGABRT)"
-    assert describe(1) == "srun exit 1"
-    assert describe(250) == "srun exit 250"
+    assert describe(137, "srun") == "srun exit 137 (SIGKILL)"
+    assert describe(134, "srun") == "srun exit 134 (SIGABRT)"
+    assert describe(1) == "the step exit 1"  # a backend that names its steps no other way
+    assert describe(250, "srun") == "srun exit 250"
 
 
 def test_the_hang_watch_is_on_by_default_for_several_nodes_only():

@@ -15,12 +15,11 @@ from launcher.runtime.pack import (
     PROCESS_OVERHEAD_BYTES,
     Need,
     NodeFree,
-    cpus_per_node,
     gpu_slots,
+    host_mem,
     never_fits,
     plan_memory,
     plan_starts,
-    step_command,
 )
 from launcher.submit import submission
 from launcher.sweeps import Unschedulable
@@ -85,11 +84,26 @@ def test_gpus_are_shared_only_when_the_estimate_fits_a_gpus_memory():
 
 
 def test_slurm_cpu_counts_and_the_plan_estimate_are_read():
-    assert cpus_per_node("4(x2),2", 3) == [4, 4, 2]
-    assert cpus_per_node("8", 2) == [8, 8] and cpus_per_node("", 2) == [1, 1]
+    assert slurm.cpus_per_node("4(x2),2", 3) == [4, 4, 2]
+    assert slurm.cpus_per_node("8", 2) == [8, 8] and slurm.cpus_per_node("", 2) == [1, 1]
+    held = slurm.SlurmBackend().allocation({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]",
+                                            "SLURM_JOB_CPUS_PER_NODE": "4(x2),2", "SLURM_GPUS_ON_NODE": "8",
+                                            "SLURM_MEM_PER_NODE": "1024"})
+    assert (held.job_id, held.hosts, held.cpus, held.gpus, held.mem_bytes) == (
+        "77", ["node1", "node2", "node3"], [4, 4, 2], 8, 1 << 30)
+    # a point's step starts without the pack job's own sizes (srun would take them as its defaults)
+    env = slurm.SlurmBackend().step_environment({"SLURM_MEM_PER_NODE": "1024", "SLURM_NTASKS": "1",
+                                                 "SLURM_JOB_ID": "77"})
+    assert env == {"SLURM_JOB_ID": "77"}
     plan = {"layouts": [{"memory_bytes": {"total": 5_476_352}}]}
     assert plan_memory(plan) == 5_476_352 + PROCESS_OVERHEAD_BYTES
     assert plan_memory(None) is None and plan_memory({"layouts": []}) is None
+
+
+def step_command(python, pkl, need, nodes, out, err, name, shared_gpu=False):
+    """The Slurm backend's command for one point's step, as the pack's runner asks it."""
+    return slurm.SlurmBackend().step_command([python, "-u", "-m", "launcher.runtime.pack", str(pkl)], need, nodes,
+                                             out, err, name, host_mem(need), shared_gpu)
 
 
 def test_a_steps_srun_line_asks_exactly_its_share():

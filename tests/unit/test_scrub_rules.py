@@ -4,6 +4,7 @@ import secrets as _random
 
 import pytest
 
+from launcher import backends
 from launcher.archive import secrets
 
 
@@ -42,4 +43,9 @@ def test_scrub_rules():
         assert not secrets.is_secret_file(name), name
     assert secrets.training_env({"NCCL_DEBUG": "INFO", "WANDB_NOTES": f"x{CLI}", "HF_TOKEN": CLI}) == \
         {"NCCL_DEBUG": "INFO", "WANDB_NOTES": f"x{secrets.REDACTED}"}
+    # a scheduler's own variables come from its backend (Slurm's env_prefixes); names without _ are whole
+    env = {"SLURM_JOB_ID": "7", "RANK": "1", "RANKS": "x", "WORLD_SIZE": "2", "HOME": "/h"}
+    assert secrets.training_env(env, backends.get("slurm").env_prefixes) == \
+        {"RANK": "1", "SLURM_JOB_ID": "7", "WORLD_SIZE": "2"}
+    assert "SLURM_JOB_ID" not in secrets.training_env(env, backends.get("local").env_prefixes)
     assert secrets.is_redacted(secrets.REDACTED) and not secrets.is_redacted("1")

@@ -60,6 +60,34 @@ def test_no_scheduler_name_branch_outside_backends():
 
 
 
+SCHEDULER_WORDS = re.compile(r"SLURM_|afterok|srun|scontrol|sbatch_extra\.dependency")
+
+
+def _docstrings(tree: ast.AST) -> set:
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def test_scheduler_words_live_in_backends():
+    """Outside launcher/backends/ the launcher's code names no scheduler's variables, options or commands
+    (its comments and docstrings may): what differs between schedulers is a backend's (capabilities,
+    allocation, step command, step word, env prefixes)."""
+    bad = []
+    for path, tree in _modules("launcher"):
+        if "backends" in path.relative_to(REPO).parts:
+            continue
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and SCHEDULER_WORDS.search(node.value):
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+            elif isinstance(node, (ast.Name, ast.Attribute)) and SCHEDULER_WORDS.search(
+                    node.id if isinstance(node, ast.Name) else node.attr):
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, bad
+
+
 def test_run_dir_file_names_live_in_rundir():
     names = "|".join(re.escape(Path(n).name) for n in
                      ("run.json", "config.yaml", "overrides.yaml", "seeds.json",
