@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Iterable, List, Optional
 
-from launcher import elastic
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
+from launcher.features.elastic import resize as elastic
 from launcher.rundir import RunDir, parse_iso
 from launcher.status import RunStatus, Status
 

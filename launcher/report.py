@@ -544,7 +544,7 @@ def read_sweep(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                        "step": progress.get(r["run_id"], {}).get("step"),
                        "steps": progress.get(r["run_id"], {}).get("steps")})
     sweep_dirs = sorted({str(Path(r["dir"]).parent) for r in runs})
-    from launcher.runtime import rungs  # sweep=asha's record in the sweep dir (reads files only)
+    from launcher.features.asha import rungs  # sweep=asha's record in the sweep dir (reads files only)
 
     schedule = rungs.summary(SweepDir(sweep_dirs[0])) if len(sweep_dirs) == 1 else None
     return {"sweep_ids": sorted({r["sweep_id"] for r in runs}), "sweep_dirs": sweep_dirs,

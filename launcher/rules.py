@@ -20,10 +20,11 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher import backends, elastic, recipe_contract, schema, script_recipe
+from launcher import backends, recipe_contract, schema, script_recipe
 from launcher.config_values import SBATCH_OPTION
 from launcher.data import checks as data_checks
 from launcher.errors import ConfigError, ConfigErrors
+from launcher.features.elastic import resize as elastic
 from launcher.layout import Facts, Layout
 from launcher.recipe_target import target_problem
 
@@ -237,14 +238,14 @@ def _capability_problems(f: Facts) -> List[Tuple[str, str, str]]:
 
 def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
     """(key, problem) of a scheduler's settings (sweep=asha only; reduction: its bound row)."""
-    from launcher import asha  # pure
+    from launcher.features.asha import schedule as asha  # pure
 
     sweep = f.values.tree.get("sweep") or {}
     if not sweep.get("scheduler"):
         return []
     steps = int(f.values.get("train.steps") or 0)
     if str(getattr(sweep.get("scheduler"), "value", sweep.get("scheduler"))) == "pbt":
-        from launcher import pbt  # pure
+        from launcher.features.pbt import generations as pbt  # pure
 
         found = pbt.problems(sweep, steps, f.values.tree)
         out = [(k, p) for k, p, _ in found if k == key or (key == "sweep.explore" and not k.startswith("sweep."))]
@@ -407,14 +408,16 @@ RULES: Tuple[Rule, ...] = (
     _each("data.eval_every", data_checks.eval_problems,
           "set data.eval_every=0, or prepare the dataset with a validation split (`launcher data prepare "
           "--val-fraction 0.01 ...`)"),
-    # sweep=asha (launcher.asha): the rungs against train.steps, the objective against what the recipe reports
+    # sweep=asha (launcher.features.asha.schedule): the rungs against train.steps, the objective against the
+    # recipe's metrics
     _each("sweep.rungs", lambda f: _sweep_problems(f, "sweep.rungs"),
           "list the rungs increasing, each a step <= train.steps (e.g. sweep.rungs=[5,15,45] train.steps=45)"),
     _each("sweep.scheduler", lambda f: _sweep_problems(f, "sweep.scheduler"),
           "drop sweep=asha for recipe=script (or port the script to launcher.training.StepLoop: docs/training-api.md)"),
     _each("sweep.objective", lambda f: _sweep_problems(f, "sweep.objective"),
           "set sweep.objective to a key of the recipe's metrics rows (e.g. loss)"),
-    # sweep=pbt (launcher.pbt): the generation's length, the quantile, and every explored key in the config
+    # sweep=pbt (launcher.features.pbt.generations): the generation's length, the quantile, and every explored key in
+    # the config
     _each("sweep.interval", lambda f: _sweep_problems(f, "sweep.interval"),
           "set 0 < sweep.interval < train.steps (e.g. sweep.interval=2 train.steps=6)"),
     _each("sweep.quantile", lambda f: _sweep_problems(f, "sweep.quantile"),
@@ -422,7 +425,7 @@ RULES: Tuple[Rule, ...] = (
     _each("sweep.explore", lambda f: _sweep_problems(f, "sweep.explore"),
           "name numeric keys of the config in sweep.explore (e.g. sweep.explore=[optim.lr])"),
     _each("sweep.factors", lambda f: _sweep_problems(f, "sweep.factors"), "set sweep.factors=[0.8,1.25]"),
-    # cluster.elastic (launcher.elastic): a backend with nodes, and checkpoints another layout can load
+    # cluster.elastic (launcher.features.elastic.resize): a backend with nodes, and checkpoints another layout can load
     # what the chosen backend cannot do (its capabilities, launcher.backends.base.CAPABILITIES): each
     # setting that asks for one names its own key and fix
     _each("cluster.backend", _capability_problems, ""),

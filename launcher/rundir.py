@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 RESTARTED_BY_USER = ("resume", "retry")
 # restarts a sweep's scheduler asks for (sweep=asha: a paused point promoted at a rung): no failure,
 # so train.max_restarts does not count them
-# and cluster.elastic's (launcher.elastic.SHRINK, GROW: a node lost, nodes back): no failure of the run's
+# and cluster.elastic's (launcher.features.elastic.resize.SHRINK, GROW: a node lost, nodes back): no failure
+# of the run's
 RESTARTED_BY_SCHEDULE = ("promoted", "shrink", "grow")
 
 
@@ -779,7 +780,7 @@ class RunDir:
     def seal_lock(self) -> Iterator[None]:
         """The run's lock (fcntl, a file beside the run dir on the shared file system) for sealing it and
         reopening it from a job: the seal job after a run's job and cluster.elastic's deciding job start
-        together (launcher.runtime.seal, launcher.runtime.elastic); one seals, the other finds it done."""
+        together (launcher.runtime.seal, launcher.features.elastic.regrow); one seals, the other finds it done."""
         with file_lock(self.path.parent / f".{self.path.name}.lock"):
             yield
 
@@ -1248,7 +1249,7 @@ class SweepDir:
     SWEEP, CODE, SUBMITIT, SHARED, POINTS = "sweep.json", "code", ".submitit", "shared", "points.json"
     SEALS = ".seals"  # <index>.json: each sealed run's mark (RunDir.seal_mark)
     # sweep=asha: every point's reports at the rungs, the decisions and the measured segments, one a line
-    # (launcher.runtime.rungs), appended under the lock beside it
+    # (launcher.features.asha.rungs), appended under the lock beside it
     RUNGS, RUNGS_LOCK = "rungs.jsonl", ".rungs.lock"
 
     def __init__(self, path: Union[str, Path]) -> None:

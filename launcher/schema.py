@@ -239,7 +239,7 @@ class ClusterConfig:
     max_submit_jobs: Optional[int] = num(None, ge=1)
     # Slurm: the points of a sweep group go out as ONE job of cluster.pack_nodes nodes whose runner
     # starts each point as a job step (srun --exact), several per node when they fit, backfilling as
-    # points end (launcher.runtime.pack; docs/sweeps.md "Packing small points")
+    # points end (launcher.features.pack.runner; docs/sweeps.md "Packing small points")
     pack: bool = False
     # the pack's nodes; null: min(points x cluster.nodes, PACK_NODES_DEFAULT)
     pack_nodes: Optional[int] = num(None, ge=1)
@@ -414,7 +414,7 @@ class SweepMode(str, Enum):
 class SweepConfig:
     """The sweep's scheduler (``sweep=asha``: conf/sweep/asha.yaml; ``sweep=pbt``: conf/sweep/pbt.yaml;
     none: every point runs train.steps).
-    Successive halving (launcher/asha.py): at each rung (a step) the points still alive report
+    Successive halving (launcher/features/asha/schedule.py): at each rung (a step) the points still alive report
     ``objective`` (a key of their metrics rows); the best 1/``reduction`` of them go on, the rest are
     pruned (docs/sweeps.md, "Successive halving")."""
 
@@ -426,8 +426,8 @@ class SweepConfig:
     # false: a rung is decided once every point that entered it reported or ended (synchronous);
     # true: a point goes on as soon as it is in the top 1/reduction of >= reduction reports there
     asynchronous: bool = False
-    # sweep=pbt (conf/sweep/pbt.yaml, launcher/pbt.py): every ``interval`` steps the bottom ``quantile``
-    # of the members copy a top member's checkpoint and train on with its ``explore`` keys' values,
+    # sweep=pbt (conf/sweep/pbt.yaml, launcher/features/pbt/generations.py): every ``interval`` steps the
+    # bottom ``quantile`` of the members copy a top member's checkpoint and train on with its ``explore`` keys' values,
     # each times one of ``factors``; the choices seeded by ``seed`` (None: the run's seed)
     interval: int = num(0, ge=0, fix="set sweep.interval to the steps between exploits (e.g. 2)")
     quantile: float = num(0.25, gt=0, le=0.5, fix="set sweep.quantile in (0, 0.5] (e.g. 0.25)")

@@ -97,7 +97,7 @@ class BaseLauncherConf:
     work_dir: Optional[str] = None  # a reproduction's writable copy of code_snapshot: what its jobs run
     # successive halving over the points ({}: none), as launch's sweep=asha (docs/sweeps.md):
     # {scheduler: asha, rungs: [steps], reduction: 3, mode: min|max, asynchronous: false}; the app
-    # reports its objective with launcher.runtime.rungs.at_step(step, value) after saving its checkpoint
+    # reports its objective with launcher.features.asha.rungs.at_step(step, value) after saving its checkpoint
     sweep: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -388,8 +388,9 @@ class _HydraJob:
 
         from hydra_plugins.launcher_plugin import requeue
         from launcher import backends
+        from launcher.features.asha import rungs
         from launcher.rundir import RunDir
-        from launcher.runtime import restarts, rungs
+        from launcher.runtime import restarts
         from launcher.runtime.attempt import attempt
 
         backend = backends.get(self.backend)
@@ -725,7 +726,7 @@ def _software() -> Tuple[Dict[str, Any], str]:
 
 def _schedule(params: Dict[str, Any]) -> Dict[str, Any]:
     """hydra.launcher.sweep, checked as launch checks sweep=asha ({}: none); refused naming the key."""
-    from launcher import asha
+    from launcher.features.asha import schedule as asha
 
     raw = params.get("sweep") or {}
     sweep = dict(OmegaConf.to_container(raw, resolve=True)) if OmegaConf.is_config(raw) else dict(raw)
@@ -921,8 +922,8 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     """Wait for every job; each point's JobReturn in job-index order (a job that died without one, a
     FAILED JobReturn holding the error)."""
     from launcher.archive import registry
+    from launcher.features.asha import rungs
     from launcher.rundir import RunDir
-    from launcher.runtime import rungs
     from launcher.status import Status
     from launcher.submit import progress
 

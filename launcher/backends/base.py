@@ -80,10 +80,10 @@ class Capability:
 
 CAPABILITIES: Tuple[Capability, ...] = (
     Capability("packs", "cluster.pack", lambda get: bool(get("cluster.pack")),
-               "job steps inside one allocation, to pack points onto its nodes (launcher.runtime.pack)",
+               "job steps inside one allocation, to pack points onto its nodes (launcher.features.pack.runner)",
                "set cluster.pack=false (each point its own job; cluster.array_parallelism bounds how many at once)"),
     Capability("elastic", "cluster.elastic.enabled", lambda get: bool(get("cluster.elastic.enabled")),
-               "nodes to lose and regain, and a job queued after the run's job ends (launcher.elastic)",
+               "nodes to lose and regain, and a job queued after the run's job ends (launcher.features.elastic.resize)",
                "set cluster.elastic.enabled=false, or choose a backend that has it (e.g. cluster=local_slurm)"),
     Capability("pauses", "sweep.scheduler", lambda get: bool(get("sweep.scheduler")),
                "a point's job paused at a rung and started again (sweep=asha, sweep=pbt)",
@@ -209,14 +209,14 @@ class Backend:
         """What a dry run prints for one pack (cluster.pack) of the points ``points`` on ``nodes`` nodes."""
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
-    # a pack's job (launcher.runtime.pack) on its first node: what it holds, and how it starts one
+    # a pack's job (launcher.features.pack.runner) on its first node: what it holds, and how it starts one
     # point's processes on some of its nodes as a step of its own
     def allocation(self, environ: Mapping[str, str]) -> Allocation:
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
     def step_command(self, command: List[str], need: Any, nodes: List[str], out: str, err: str, name: str,
                      host_mem: Optional[int] = None, shared_gpu: bool = False) -> List[str]:
-        """The command that runs ``command`` as one point's step: ``need`` (launcher.runtime.pack.Need)
+        """The command that runs ``command`` as one point's step: ``need`` (launcher.features.pack.runner.Need)
         ranks on exactly ``nodes``, its output in ``out``/``err``, ``host_mem`` bytes of a node's memory
         per rank where known; ``shared_gpu``: its ranks may share a GPU with another point's."""
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
@@ -232,7 +232,7 @@ class Backend:
     def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
                       nodes: int) -> Any:
         """An executor for one pack (cluster.pack): ``nodes`` whole nodes whose one batch process runs
-        launcher.runtime.pack's runner. Only a scheduler with job steps has one."""
+        launcher.features.pack.runner's runner. Only a scheduler with job steps has one."""
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
 
     def job_record(self, job: Any, num_tasks: Optional[int] = None) -> JobRecord:
@@ -268,7 +268,7 @@ class Backend:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
         raise NotImplementedError
 
-    # ---- sweep=asha (launcher.runtime.rungs): a point paused at a rung, then resumed or dropped ----
+    # ---- sweep=asha (launcher.features.asha.rungs): a point paused at a rung, then resumed or dropped ----
     # whether ``pause`` ends the job (its slot freed: Slurm); else a paused process may wait in place
     pause_ends_job: bool = False
 
@@ -333,7 +333,7 @@ class Backend:
         seals it, launcher.outcome). ``folder``: the job's submitit folder (logs)."""
         return None
 
-    # cluster.elastic (launcher.elastic, launcher.runtime.elastic): a backend with ``elastic`` True has these
+    # cluster.elastic (launcher.features.elastic): a backend with ``elastic`` True has these
     def elastic_after_job(self, run_dir: Path, job_id: str, folder: Path, when: str = "afternotok",
                           scope: Optional[Mapping[str, str]] = None) -> str:
         """Queue the job that decides where run ``run_dir`` goes on after job ``job_id``; its id."""
@@ -356,7 +356,7 @@ class Backend:
         """Where rank ``rank`` of a job writes its stdout (or stderr): submitit's naming."""
         from submitit.core.utils import JobPaths  # submitit: only to submit or read a job, not on the plan/--help path
 
-        if job.pack_index is not None:  # a packed point's step writes its own (launcher.runtime.pack)
+        if job.pack_index is not None:  # a packed point's step writes its own (launcher.features.pack.runner)
             folder = Path(job.submitit_folder.replace("%j", job.job_id))
             return folder / f"{job.job_id}_pack{job.pack_index}_{rank}_log.{'err' if err else 'out'}"
         paths = JobPaths(job.submitit_folder, job_id=job.job_id, task_id=rank)

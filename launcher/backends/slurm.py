@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from launcher import elastic
 from launcher.backends.base import (
     NOTE_ENV,
     Allocation,
@@ -30,12 +29,13 @@ from launcher.backends.base import (
     request_limits,
     submitit_parameters,
 )
+from launcher.features.elastic import resize as elastic
 from launcher.job_record import JobRecord
 from launcher.runtime import job_start
 from launcher.status import Status
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
-PACK_STEP_ENV = "LAUNCHER_PACK_STEP"  # launcher.runtime.pack exports it into each point's step
+PACK_STEP_ENV = "LAUNCHER_PACK_STEP"  # launcher.features.pack.runner exports it into each point's step
 REQUEUE_NOTE_ENV = NOTE_ENV  # where the job's note for the step's teardown lives (runtime.after_step)
 
 # Slurm's job states -> the run's status
@@ -151,7 +151,7 @@ def alias_addr(host: str, aliases: str) -> Optional[str]:
 
 SEAL_MODULE = "launcher.runtime.seal"  # what the job sealing a run off the allocation runs
 SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
-ELASTIC_MODULE = "launcher.submit.elastic"  # what the job deciding a run's next nodes runs (cluster.elastic)
+ELASTIC_MODULE = "launcher.features.elastic.decide"  # what the job deciding a run's next nodes runs (cluster.elastic)
 ELASTIC_TIME_MIN = 10  # its time limit: a few scheduler questions and one submission
 SCOPE_ENV = (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
 
@@ -888,7 +888,7 @@ class SlurmBackend(Backend):
             time.sleep(1.0)
 
     def _cancel_point(self, job: JobRecord, wait_s: float) -> None:
-        """scancel the step of a packed point (found by its name: launcher.runtime.pack.step_name), then
+        """scancel the step of a packed point (found by its name: launcher.features.pack.runner.step_name), then
         wait until it is gone. A point still queued has no step: its run, recorded cancelled first
         (launcher cancel), is one its pack's runner never starts."""
         prefix = f"pack{job.pack_index}-"
@@ -909,7 +909,7 @@ class SlurmBackend(Backend):
         if os.environ.get(PACK_STEP_ENV):  # a packed point: its pack's runner starts it again, not Slurm
             return
         if os.environ.get(elastic.ENV) == "1":  # cluster.elastic: the job queued after this one restarts the
-            return  # run, as a new job on the nodes there are then (launcher.submit.elastic)
+            return  # run, as a new job on the nodes there are then (launcher.features.elastic.decide)
         if not job_id:
             raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
         res = subprocess.run(["scontrol", "requeue", str(job_id)], timeout=60, capture_output=True, text=True)
@@ -995,7 +995,7 @@ class SlurmBackend(Backend):
                          array_job_id=array, array_task_id=task)
 
     def _pack_place(self, environ: Mapping[str, str], raw: str) -> TaskPlace:
-        """A rank of a packed point (launcher.runtime.pack): its step's nodes, not the allocation's, and
+        """A rank of a packed point (launcher.features.pack.runner): its step's nodes, not the allocation's, and
         ``<job>.<step>`` as its job id (the rendezvous port is derived from it: points differ)."""
         step_id = f"{raw}.{environ['SLURM_STEP_ID']}"
         hosts = hostnames(environ.get("SLURM_STEP_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
@@ -1039,7 +1039,7 @@ class SlurmBackend(Backend):
 
     def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
         """The nodes of ``partition`` (None: the default one) a job queued now could start on at once: the
-        idle ones, and ``own`` (launcher.elastic.usable)."""
+        idle ones, and ``own`` (launcher.features.elastic.resize.usable)."""
         rows = node_states_from_sinfo(_run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"]), partition)
         return elastic.usable(rows, own)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from launcher.ladder import DEFAULT_STEPS
+from launcher.features.preflight.ladder import DEFAULT_STEPS
 
 
 def add_parser(sub, parents: List[Any]) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub, parents: List[Any]) -> None:
 
 
 def cmd_preflight(args) -> int:
-    from launcher.submit import preflight  # lazy: only this subcommand pays for it, not `launcher --help`
+    from launcher.features.preflight import climb as preflight  # lazy: only this subcommand, not `launcher --help`
 
     if args.show:
         if args.overrides:

@@ -96,8 +96,7 @@ def rung_summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """sweep=asha: the sweep's rung table and compute spent against the full grid (None: no scheduler)."""
     if not runs:
         return None
-    from launcher import asha  # lazy: only the commands that show a sweep
-    from launcher.runtime import rungs
+    from launcher.features.asha import rungs, schedule as asha  # lazy: only the commands that show a sweep
 
     sweep = {r["sweep_id"] for r in runs}
     if len(sweep) != 1:

@@ -30,10 +30,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher import backends, elastic
+from launcher import backends
 from launcher.archive import atomic
+from launcher.features.asha import rungs
+from launcher.features.elastic import resize as elastic
 from launcher.rundir import RunDir
-from launcher.runtime import restart_policy, restarts, rungs
+from launcher.runtime import restart_policy, restarts
 from launcher.runtime.restart_policy import Failure
 from launcher.status import RunStatus, Status
 

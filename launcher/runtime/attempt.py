@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 from launcher.archive import secrets, topology
 from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
 from launcher.backends.local import process_start
-from launcher.elastic import GROW
+from launcher.features.elastic.resize import GROW
 from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env, warm_start
 from launcher.status import Status
@@ -147,14 +147,14 @@ class Attempt:
 
     def at_rung(self, verdict: str, step: int) -> None:
         """sweep=asha: the run stopped at a rung, paused or pruned (rank 0 recorded which,
-        launcher.runtime.rungs); the job ends cleanly."""
+        launcher.features.asha.rungs); the job ends cleanly."""
         self.recorded = True
         if self.denv.rank == 0:
             print(f"run {self.rd.path}: {'paused' if verdict == 'wait' else verdict} at rung step {step}", flush=True)
 
     def ended_to_grow(self, step: int) -> None:
         """cluster.elastic: nodes are back; every rank stopped at the checkpoint after ``step``; rank 0 records
-        the run requeued to grow, for the job queued after this one (launcher.submit.elastic); the job
+        the run requeued to grow, for the job queued after this one (launcher.features.elastic.decide); the job
         ends cleanly."""
         self.recorded = True
         if self.denv.rank == 0:

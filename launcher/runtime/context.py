@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from launcher.elastic import GROW
+from launcher.features.elastic.resize import GROW
 from launcher.layout import Layout
 from launcher.rundir import RunDir
 from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
@@ -100,11 +100,11 @@ class RunContext:
 
     def offer_grow(self) -> None:
         """Rank 0, the step before a due save: a run cluster.elastic shrank votes to stop at that save when
-        enough nodes are back and the job that grows it is queued (launcher.runtime.elastic); the vote
+        enough nodes are back and the job that grows it is queued (launcher.features.elastic.regrow); the vote
         rides on the next step's agreement, so every rank stops there together."""
         if not self.is_main or self.stop_flag is None or self.stop_flag.reason is not None:
             return
-        from launcher.runtime import elastic
+        from launcher.features.elastic import regrow as elastic
 
         if elastic.offer_grow(self.rundir):
             self.stop_flag.reason = GROW

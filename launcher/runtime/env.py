@@ -64,7 +64,7 @@ def port_for_job(job_id: str, first_ephemeral: int = EPHEMERAL_START) -> int:
     PORT_BASE and the ephemeral range, so neither another job nor a client socket holds it, and
     outside RESERVED (a torchrun on the same node). Two jobs get the same port only when their ids
     differ by a multiple of the span (~17,500 ids apart: not side by side on one node). A pack's point
-    ("<job>.<step>", launcher.runtime.pack) adds its step times STEP_STRIDE: the points of one pack on
+    ("<job>.<step>", launcher.features.pack.runner) adds its step times STEP_STRIDE: the points of one pack on
     one node never share a port."""
     job, _, step = str(job_id).partition(".")  # a pack's point: <job>.<step> (two on one node differ)
     digits = re.sub(r"\D", "", job) or "0"

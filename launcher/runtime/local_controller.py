@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from launcher.archive import atomic
+from launcher.features.asha import rungs
 from launcher.rundir import RunDir
-from launcher.runtime import after_step, rungs
+from launcher.runtime import after_step
 from launcher.runtime.seal import seal_if_due
 from launcher.status import Status
 
@@ -70,7 +71,7 @@ def seal_after(note_path: Path) -> bool:
 
 def wait_if_paused(note_path: Path, seen: Optional[set] = None, poll_s: float = 0.5) -> bool:
     """sweep=asha: a run paused at a rung (its processes ended) waits here for the rung's decision
-    (launcher.runtime.rungs); True: promoted (maybe already, before its processes were seen to end),
+    (launcher.features.asha.rungs); True: promoted (maybe already, before its processes were seen to end),
     start the processes again; False: not paused, or pruned. ``seen``: the attempts already started
     again on a promotion (a promotion is acted on once)."""
     note = atomic.read_json(note_path, default=None)
@@ -89,7 +90,7 @@ def wait_if_paused(note_path: Path, seen: Optional[set] = None, poll_s: float = 
 
 
 def ended(note_path: Path) -> None:
-    """The run's job is over: a sweep's rungs it leaves are decided again (launcher.runtime.rungs.on_end)."""
+    """The run's job is over: a sweep's rungs it leaves are decided again (launcher.features.asha.rungs.on_end)."""
     note = atomic.read_json(note_path, default=None)
     if note and note.get("run"):
         try:

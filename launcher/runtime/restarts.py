@@ -25,16 +25,16 @@ import signal
 import time
 from typing import Any, Dict, Optional, Sequence
 
-from launcher import elastic
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
+from launcher.features.elastic import resize as elastic
 from launcher.rundir import RunDir
 from launcher.runtime import job_start
 from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
 SIGNAL_REASONS = {signal.SIGTERM: "preempted", signal.SIGUSR2: "time_limit"}
-# ("grow": cluster.elastic's shrunk run ending its job at a checkpoint to grow back, launcher.runtime.elastic;
+# ("grow": cluster.elastic's shrunk run ending its job at a checkpoint to grow back, launcher.features.elastic.regrow;
 # the lowest: a signal's reason outranks it, and the scheduler's end of the job decides what follows)
 STOP_CODES = {None: 0, "grow": 1, "preempted": 2, "time_limit": 3}
 STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
@@ -49,7 +49,7 @@ class Interrupted(Exception):
 
 
 class AtRung(Exception):
-    """Raised by the step loop at a rung of sweep=asha (launcher.runtime.rungs) where the run does not go
+    """Raised by the step loop at a rung of sweep=asha (launcher.features.asha.rungs) where the run does not go
     on: ``verdict`` "wait" (paused: checkpointed, its job ends, the rung's decision resumes it) or
     "pruned" (final). Nothing is wrong: the job ends cleanly."""
 

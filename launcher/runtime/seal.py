@@ -16,7 +16,7 @@ from launcher.rundir import RunDir
 
 def seal_if_due(rd: RunDir) -> bool:
     """Seal ``rd`` if its seal is due (a final run its job left unsealed); True if this sealed it."""
-    with rd.seal_lock():  # cluster.elastic's deciding job may be reopening it (launcher.runtime.elastic)
+    with rd.seal_lock():  # cluster.elastic's deciding job may be reopening it (launcher.features.elastic.regrow)
         if not rd.seal_due():
             return False
         return bool(rd.seal())

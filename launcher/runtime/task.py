@@ -17,9 +17,10 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
-from launcher.elastic import GROW
+from launcher.features.elastic.resize import GROW
+from launcher.features.pbt import population
 from launcher.rundir import RunDir
-from launcher.runtime import env as dist_env, population, restart_policy, restarts, script, teardown, watchdog
+from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, watchdog
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
 from launcher.schema import hang_timeout_s, typed
@@ -96,7 +97,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
                 # the note the step's teardown decides by when no rank records an outcome (runtime.after_step)
                 restarts.leave_note(rd, n["n"], None, denv.job_id, backend=backend.name, max_restarts=max_restarts)
             summary = _run_recipe(rd, archived, denv, watch, stop_flag, n)
-        except restarts.AtRung as e:  # sweep=asha: paused or pruned at a rung (recorded by runtime.rungs)
+        except restarts.AtRung as e:  # sweep=asha: paused or pruned at a rung (recorded by features.asha.rungs)
             watch.set()
             a.at_rung(e.verdict, e.step)
             return {}

@@ -127,7 +127,7 @@ def reproduce(run_dir: Path, overrides: List[str], runs_root: Optional[Path] = N
             raise ConfigErrors([ConfigError("--trust-unverified", "a Hydra app's run is reproduced only from an "
                                             "archive that verifies", "reproduce an intact run")])
         return reproduce_app(rd, snapshot, overrides, runs_root or rd.path.parent.parent, out)
-    from launcher.submit import replay  # sweep=pbt: a member is its whole lineage, replayed
+    from launcher.features.pbt import replay  # sweep=pbt: a member is its whole lineage, replayed
 
     if replay.is_member(rd):
         extra_pbt: Dict[str, Any] = {**({"trusted_unverified": list(unverified)} if unverified else {})}

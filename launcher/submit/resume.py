@@ -30,8 +30,8 @@ from launcher.archive import registry, secrets
 from launcher.checkpoint_manifest import CheckpointCorrupt
 from launcher.configview import ConfigView
 from launcher.data import archived as data_archive
-from launcher.elastic import GROW, SHRINK, waits_for_its_job
 from launcher.errors import ConfigError, ConfigErrors
+from launcher.features.elastic.resize import GROW, SHRINK, waits_for_its_job
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
 from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
@@ -95,8 +95,8 @@ def _apply(plain: Dict[str, Any], changes: Sequence[str], run_id: str) -> Dict[s
 def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] = (), elastic: bool = False) -> _Next:
     """Check one ended run for its next attempt (nothing is written): ended, intact, and the changes
     (``steps``: train.steps; ``changes``: key=value) valid and on a layout its checkpoint loads on.
-    ``elastic``: cluster.elastic's deciding job asks (launcher.submit.elastic), for which a run whose job
-    ended on purpose for it (to grow back, or asking for a restart: launcher.elastic.waits_for_its_job)
+    ``elastic``: cluster.elastic's deciding job asks (launcher.features.elastic.decide), for which a run whose job
+    ended on purpose for it (to grow back, or asking for a restart: launcher.features.elastic.resize.waits_for_its_job)
     has ended too."""
     rd = RunDir(run_dir)
     if not rd.exists():

@@ -17,8 +17,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
-from launcher import backends, elastic, schema
+from launcher import backends, schema
 from launcher.archive import atomic, secrets
+from launcher.features.elastic import resize as elastic
 from launcher.job_record import JobRecord
 from launcher.rundir import RunDir
 from launcher.status import Status
@@ -262,7 +263,7 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
 
 def _queue_elastic(backend: Any, points: Sequence[Run], submitted: Sequence[SubmittedRun]) -> None:
     """cluster.elastic: each run's deciding job, queued after its job (afternotok: it runs only where the
-    job did not end well, launcher.runtime.elastic); a refusal is said, the run goes on without it."""
+    job did not end well, launcher.features.elastic.regrow); a refusal is said, the run goes on without it."""
     cl = points[0].cfg.cluster
     scope = {k: str(cl.get(k)) for k in SUBMIT_SCOPE if cl.get(k)}
     for run, sub in zip(points, submitted):
@@ -275,11 +276,11 @@ def _queue_elastic(backend: Any, points: Sequence[Run], submitted: Sequence[Subm
 
 def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str],
                  queued: Callable[[str, List[Run]], Any]) -> List[SubmittedRun]:
-    """One pack (cluster.pack): ONE job whose runner starts each run as a job step (launcher.runtime.pack);
+    """One pack (cluster.pack): ONE job whose runner starts each run as a job step (launcher.features.pack.runner);
     each run's job.json names the pack's job and the run's place in its queue (its logs are its own)."""
     from dataclasses import replace
 
-    from launcher.runtime.pack import Need, PackPoint, PackRunner, plan_memory  # lazy: only a pack needs it
+    from launcher.features.pack.runner import Need, PackPoint, PackRunner, plan_memory  # lazy: only a pack needs it
 
     first = arr.points[0]
     backend = backends.of(first.cfg)

@@ -12,12 +12,13 @@ one step and gives its metrics row (``loop.log(loss=...)``); after the body the 
   rank's save and raises ``ctx.interrupted`` (the runtime requeues the job; the next attempt resumes after this step),
 - saves when due (train.checkpoint.every, the last step, a kill_in_save drill's step); the step before
   a due save, a run that ``cluster.elastic`` shrank looks for its nodes (``ctx.offer_grow``): when they
-  are back, every rank stops at that save and the run grows back (launcher.runtime.elastic),
-- at a rung of ``sweep=asha`` (launcher.asha, launcher.runtime.rungs): saves blocking, rank 0 reports
-  the row's ``sweep.objective`` into the sweep dir and learns the verdict (every rank gets it): go on,
-  or raise ``AtRung`` (paused: the job ends, a promotion resumes it from this checkpoint; or pruned).
-  A generation's boundary of ``sweep=pbt`` is such a rung (launcher.pbt, launcher.runtime.population):
-  the decision may resume the run from another member's checkpoint with other values.
+  are back, every rank stops at that save and the run grows back (launcher.features.elastic.regrow),
+- at a rung of ``sweep=asha`` (launcher.features.asha.schedule, launcher.features.asha.rungs): saves
+  blocking, rank 0 reports the row's ``sweep.objective`` into the sweep dir and learns the verdict
+  (every rank gets it): go on, or raise ``AtRung`` (paused: the job ends, a promotion resumes it from
+  this checkpoint; or pruned). A generation's boundary of ``sweep=pbt`` is such a rung
+  (launcher.features.pbt.generations, launcher.features.pbt.population): the decision may resume the
+  run from another member's checkpoint with other values.
 
 After the last step it waits until every save of every rank is committed.
 """
@@ -26,7 +27,8 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
-from launcher.runtime import rungs, teardown
+from launcher.features.asha import rungs
+from launcher.runtime import teardown
 from launcher.runtime.restarts import AtRung
 from launcher.training.checkpoint import Checkpointer
 from launcher.training.metrics import MetricsSink

@@ -16,7 +16,7 @@ import torch
 
 from launcher.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
-from launcher.training.engines.base import dtype_name
+from launcher.training.engines.engine import dtype_name
 from recipes.common.activations import ActivationMeter
 from recipes.common.data import Prefetch, SampleLog, eval_batches, train_batches
 from recipes.common.faults import inject_fault

@@ -163,7 +163,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from launcher.runtime.rungs import at_step
+from launcher.features.asha.rungs import at_step
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

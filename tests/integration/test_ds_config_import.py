@@ -1,5 +1,5 @@
 """launcher.training.ds_config imports neither torch nor deepspeed (checked in a fresh interpreter); DeepSpeed
-joins the runtime's process group through launcher.training.deepspeed without a JIT build."""
+joins the runtime's process group through launcher.training.deepspeed_dist without a JIT build."""
 import subprocess
 import sys
 
@@ -17,7 +17,7 @@ def test_pure_no_torch_or_deepspeed_import():
 DS_INIT = """
 import types, torch.distributed as dist
 import deepspeed, deepspeed.comm as ds_comm, importlib
-from launcher.training.deepspeed import init_distributed
+from launcher.training.deepspeed_dist import init_distributed
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 ds_torch = importlib.import_module("deepspeed.comm.torch")
 def refuse():
@@ -31,7 +31,7 @@ dist.destroy_process_group()
 
 
 def test_deepspeed_joins_the_runtimes_group_without_building_the_shm_op():
-    """launcher.training.deepspeed.init_distributed: DeepSpeed's comm on the existing group, and the
+    """launcher.training.deepspeed_dist.init_distributed: DeepSpeed's comm on the existing group, and the
     op DeepSpeed would JIT-compile for minutes on a CPU node (inference only) is never built."""
     res = subprocess.run([sys.executable, "-c", DS_INIT], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr

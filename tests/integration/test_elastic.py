@@ -1,6 +1,6 @@
-"""cluster.elastic on the real Slurm cluster (launcher.elastic, launcher.submit.elastic): a node set DOWN
-mid-run (a cluster.elastic job is --no-requeue: Slurm brings nothing back), the run goes on by itself on the 3 nodes
-left (the layout and accumulation printed by the job it queued for itself), grows back to 4 at a
+"""cluster.elastic on the real Slurm cluster (launcher.features.elastic: rule, decide, node): a node set
+DOWN mid-run (a cluster.elastic job is --no-requeue: Slurm brings nothing back), the run goes on by itself
+on the 3 nodes left (the layout and accumulation printed by the job it queued for itself), grows back to 4 at a
 checkpoint once the node returns, and every step's loss equals the uninterrupted run's within the layout
 tests' tolerance; a failure after that is restarted by the same queued job (no Slurm requeue). The rule's
 parts: tests/unit/test_elastic.py."""

@@ -69,7 +69,7 @@ def test_real_slurm_submission_imports_no_torch(tmp_path, slurm):
 
 @pytest.mark.timeout(300)
 def test_real_slurm_pack_submission_imports_no_torch(tmp_path, slurm):
-    """cluster.pack=true: the pack's runner (launcher.runtime.pack) is pickled on the login node; torch
+    """cluster.pack=true: the pack's runner (launcher.features.pack.runner) is pickled on the login node; torch
     stays for its steps."""
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "-m", "cluster=local_slurm",
                           "cluster.nodes=1", "cluster.pack=true", "cluster.pack_nodes=1", "train.steps=6",
@@ -79,7 +79,7 @@ def test_real_slurm_pack_submission_imports_no_torch(tmp_path, slurm):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "2 run(s) submitted (slurm), pack job" in res.stdout
     imported = _imported(res.stderr)
-    assert "launcher.runtime.pack" in imported and "submitit.slurm.slurm" in imported
+    assert "launcher.features.pack.runner" in imported and "submitit.slurm.slurm" in imported
     assert "torch" not in imported and "deepspeed" not in imported
     job_id = res.stdout.split("pack job ")[1].split()[0]
     subprocess.run(["scancel", job_id], env={"PATH": "/usr/bin:/bin", **slurm}, timeout=60)

@@ -101,7 +101,7 @@ def test_all_ranks_agree_on_a_stop_one_rank_saw(tmp_path):
 
 STOP_FOLDED = STOP.replace(
     '    seen.append({"own": flag.reason, "agreed": ctx.should_stop()})',
-    """    from launcher.training.engines.base import StepStats
+    """    from launcher.training.engines.engine import StepStats
     stats = StepStats(ctx, 2)  # an engine's step: the loss all-reduce carries the stop votes
     t = stats.with_votes(torch.full((1,), float(rank)))
     dist.all_reduce(t)

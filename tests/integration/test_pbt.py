@@ -29,8 +29,8 @@ def status_json(root: Path, sweep: str, env=None) -> Dict:
 
 def check_population(root: Path, runs: List[dict], env=None) -> dict:
     """Lineages recorded and acted on; returns the best member's run row."""
+    from launcher.features.pbt import population
     from launcher.rundir import RunDir
-    from launcher.runtime import population
 
     assert {r["status"] for r in runs} == {"completed"}, [r["status"] for r in runs]
     by = {int(Path(r["dir"]).name): r for r in runs}
@@ -75,8 +75,8 @@ def reproduce_and_compare(root: Path, best: dict, env=None, timeout: float = 900
     again = [r for r in runs if r["sweep_id"] != best["sweep_id"] and Path(r["dir"]).name == Path(best["dir"]).name]
     (rep,) = again
     assert_identical(Path(rep["dir"]), Path(best["dir"]))  # every step's loss, weights, optimizer, RNG
+    from launcher.features.pbt import population
     from launcher.rundir import RunDir
-    from launcher.runtime import population
 
     # the same lineage: the same donors at the same steps with the same values
     strip = lambda rows: [{k: r[k] for k in ("generation", "step", "donor", "after")} for r in rows]  # noqa: E731

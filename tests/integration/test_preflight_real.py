@@ -52,7 +52,7 @@ def _but_the_loss_scale(point) -> dict:
 
 
 def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
-    from launcher.submit.preflight import prepare, rung_lines
+    from launcher.features.preflight.climb import prepare, rung_lines
 
     # the config broken for the tuned rung (TUNED_BROKEN) climbs on top of this ladder: a rung of its
     # ladder that composes to the same config as the good one's (but for precision.loss_scale) is the

@@ -1,4 +1,4 @@
-"""sweep=asha's rule (launcher.asha, pure) and its refusals at launch, each naming the key."""
+"""sweep=asha's rule (launcher.features.asha.schedule, pure) and its refusals at launch, each naming the key."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import asha
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.features.asha import schedule as asha
 from launcher.status import FINAL, RunStatus, Status
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+from launcher.features.asha import rungs
 from launcher.rundir import RunDir, SweepDir
-from launcher.runtime import local_controller, rungs
+from launcher.runtime import local_controller
 from launcher.status import Status
 
 CFG = {"cluster": {"backend": "local"}, "train": {"steps": 6},

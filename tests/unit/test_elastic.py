@@ -1,11 +1,11 @@
-"""cluster.elastic's rule (launcher.elastic) and its login-side parts: which runs it takes, on how many
+"""cluster.elastic's rule (launcher.features.elastic.resize) and its login-side parts: which runs it takes, on how many
 nodes and with which changes a run goes on, when it grows back, and the job it queues for itself. The
 drill on the Slurm cluster: tests/integration/test_elastic.py."""
 import pytest
 from test_bad_input import compose_cfg
 
-from launcher import elastic
 from launcher.backends.slurm import after_job_command, node_states_from_sinfo, seal_job_command
+from launcher.features.elastic import resize as elastic
 from launcher.rules import problems
 from launcher.rundir import RESTARTED_BY_SCHEDULE, RunDir
 from launcher.runtime.restarts import STOP_CODES
@@ -137,12 +137,12 @@ def test_the_layout_line_says_the_accumulation():
 
 
 def test_the_deciding_job_is_one_task_after_the_runs_job_in_its_scope(tmp_path):
-    cmd = after_job_command("elastic", "launcher.submit.elastic", tmp_path / "s" / "r0", "afternotok:12_3",
+    cmd = after_job_command("elastic", "launcher.features.elastic.decide", tmp_path / "s" / "r0", "afternotok:12_3",
                             tmp_path / "f", "/py", {"partition": "gpu", "qos": "high"}, 10, ("12_3",))
     assert cmd[:4] == ["sbatch", "--parsable", "--dependency=afternotok:12_3", "--kill-on-invalid-dep=yes"]
     assert "--no-requeue" in cmd and "--nodes=1" in cmd and "--ntasks=1" in cmd and "--time=10" in cmd
     assert "--partition=gpu" in cmd and "--qos=high" in cmd and not any(c.startswith("--account") for c in cmd)
-    assert cmd[-1] == f"/py -m launcher.submit.elastic {tmp_path / 's' / 'r0'} 12_3"
+    assert cmd[-1] == f"/py -m launcher.features.elastic.decide {tmp_path / 's' / 'r0'} 12_3"
     assert f"--output={tmp_path / 'f' / 'elastic.%j.out'}" in cmd
     seal = seal_job_command(tmp_path / "s" / "r0", "9", tmp_path / "f", "/py", {"SLURM_JOB_ACCOUNT": "a"})
     assert "--dependency=afterany:9" in seal and "--account=a" in seal and "--job-name=seal-s-r0" in seal

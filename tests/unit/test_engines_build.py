@@ -221,7 +221,7 @@ def test_adamw_is_fused_on_cuda_parameters_only():
     (foreach) as before."""
     from types import SimpleNamespace
 
-    from launcher.training.engines.base import adamw, fused_kwargs, on_cuda
+    from launcher.training.engines.engine import adamw, fused_kwargs, on_cuda
 
     def fake(device, floating=True):
         return SimpleNamespace(device=torch.device(device), is_floating_point=lambda: floating)

@@ -667,7 +667,8 @@ def test_a_silent_death_is_requeued_by_the_teardown_and_recorded_by_the_next_att
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")
     note = {"run": str(rd.path), "attempt": 1, "job_id": "9", "max_restarts": 3, "started": 0}
     slurm = Slurm()
-    outcome = after_step.judge(rd, note, after_step.StepEnd(rc=137, scheduler_state="RUNNING"))
+    # as the Slurm backend's teardown says it (its step_word)
+    outcome = after_step.judge(rd, note, after_step.StepEnd(rc=137, scheduler_state="RUNNING", source="srun"))
     assert after_step.settle(rd, outcome, slurm, "9") == "requeued" and slurm.calls == ["9"]
     restarts.begin_attempt(rd, max_restarts=3, job_id="9")
     (row,) = rd.restarts()
@@ -676,7 +677,7 @@ def test_a_silent_death_is_requeued_by_the_teardown_and_recorded_by_the_next_att
     assert row["failure"]["kind"] == "rank_lost"
     # attempt 2 dies the same way before finishing a step past its checkpoint: a restart would repeat it
     note2 = {**note, "attempt": 2}
-    again = after_step.judge(rd, note2, after_step.StepEnd(rc=137, scheduler_state="RUNNING"))
+    again = after_step.judge(rd, note2, after_step.StepEnd(rc=137, scheduler_state="RUNNING", source="srun"))
     assert again.action == "fail" and "not restarted" in again.why
     assert after_step.settle(rd, again, slurm, "9") == "failed" and slurm.calls == ["9"]
     st = rd.status()

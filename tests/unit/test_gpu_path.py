@@ -9,9 +9,9 @@ import yaml
 
 from launcher import backends
 from launcher.backends.local import VISIBLE_KEY, gpu_parameters
+from launcher.features.preflight.climb import compose_point
 from launcher.runtime import env as dist_env
 from launcher.runtime.watchdog import fs_poll_interval
-from launcher.submit.preflight import compose_point
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 

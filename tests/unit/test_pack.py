@@ -9,9 +9,7 @@ from test_bad_input import _refused
 from launcher import schema
 from launcher.app import CONF_DIR
 from launcher.backends import slurm
-from launcher.job_record import JobRecord
-from launcher.runtime import env as dist_env
-from launcher.runtime.pack import (
+from launcher.features.pack.runner import (
     PROCESS_OVERHEAD_BYTES,
     Need,
     NodeFree,
@@ -21,6 +19,8 @@ from launcher.runtime.pack import (
     plan_memory,
     plan_starts,
 )
+from launcher.job_record import JobRecord
+from launcher.runtime import env as dist_env
 from launcher.submit import submission
 from launcher.sweeps import Unschedulable
 
@@ -102,7 +102,8 @@ def test_slurm_cpu_counts_and_the_plan_estimate_are_read():
 
 def step_command(python, pkl, need, nodes, out, err, name, shared_gpu=False):
     """The Slurm backend's command for one point's step, as the pack's runner asks it."""
-    return slurm.SlurmBackend().step_command([python, "-u", "-m", "launcher.runtime.pack", str(pkl)], need, nodes,
+    command = [python, "-u", "-m", "launcher.features.pack.runner", str(pkl)]
+    return slurm.SlurmBackend().step_command(command, need, nodes,
                                              out, err, name, host_mem(need), shared_gpu)
 
 
@@ -113,7 +114,7 @@ def test_a_steps_srun_line_asks_exactly_its_share():
     for flag in ("--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=3", "--nodelist=node2",
                  "--gres=gpu:2", "--kill-on-bad-exit=1"):
         assert flag in cmd, flag
-    assert cmd[-4:] == ["-u", "-m", "launcher.runtime.pack", "/f/1_pack3.pkl"] and "--overlap" not in cmd
+    assert cmd[-4:] == ["-u", "-m", "launcher.features.pack.runner", "/f/1_pack3.pkl"] and "--overlap" not in cmd
     assert not any(c.startswith("--mem") for c in cmd)  # a GPU point's estimate is its GPU's, not the host's
     cpu = step_command("/py", "p", Need(tasks=2, mem_per_task=GB), ["node1"], "o", "e", "n")
     assert "--mem=2048M" in cpu and not any(c.startswith("--gres") for c in cpu)

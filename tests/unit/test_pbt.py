@@ -1,6 +1,7 @@
-"""sweep=pbt: the rule (launcher.pbt, pure), its refusals at launch naming the key, and its node side on
-real run dirs (launcher.runtime.population: no job): reports, the decision by the member completing a
-generation, the donor's checkpoint copied and verified, the values laid over the config, lineages."""
+"""sweep=pbt: the rule (launcher.features.pbt.generations, pure), its refusals at launch naming the key,
+and its node side on real run dirs (launcher.features.pbt.population: no job): reports, the decision by
+the member completing a generation, the donor's checkpoint copied and verified, the values laid over
+the config, lineages."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import checkpoint_manifest, pbt
+from launcher import checkpoint_manifest
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.features.asha import rungs
+from launcher.features.pbt import generations as pbt, population
 from launcher.rundir import SweepDir
-from launcher.runtime import population, rungs
 from launcher.status import Status
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 

@@ -232,7 +232,7 @@ def test_model_state_bytes_per_rank_is_exact_for_fp32_adamw():
     """A real AdamW step (the recipe's optimizer) on gpt_tiny: bytes of params, grads, exp_avg + exp_avg_sq."""
     import torch
 
-    from launcher.training.engines.base import adamw, optimizer_state_bytes, tensor_bytes
+    from launcher.training.engines.engine import adamw, optimizer_state_bytes, tensor_bytes
     from recipes.gpt.model import GPT
 
     cfg = run_cfg()

@@ -1,12 +1,13 @@
-"""The preflight ladder (launcher.ladder): which rungs a config gets and what each changes (composed with the
-real conf/ and checked as `launch` checks), and the verdict rules on what a rung's run left."""
+"""The preflight ladder (launcher.features.preflight.ladder): which rungs a config gets and what each
+changes (composed with the real conf/ and checked as `launch` checks), and the verdict rules on what a
+rung's run left."""
 import math
 
 import pytest
 
-from launcher import ladder
+from launcher.features.preflight import ladder
+from launcher.features.preflight.climb import InvalidLadder, compose_point, prepare
 from launcher.submit.pipeline import validate as check
-from launcher.submit.preflight import InvalidLadder, compose_point, prepare
 
 BASE = ["model=gpt_tiny", "precision=fp32", "train.global_batch_size=16", "train.micro_batch_size=2"]
 SLURM_3D = [*BASE, "cluster=local_slurm", "cluster.nodes=2", "cluster.gpus_per_node=2", "parallelism=3d"]

@@ -88,6 +88,42 @@ def test_scheduler_words_live_in_backends():
     assert not bad, bad
 
 
+def test_no_two_modules_of_the_launcher_share_a_name():
+    names: dict = {}
+    for path in (REPO / "launcher").rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    assert not {n: ps for n, ps in names.items() if len(ps) > 1}
+
+
+# what a feature's rule may import: the config's modules and the other rules (pure: no process, no torch,
+# no scheduler); its login and node halves import it, never the other way
+RULE_IMPORTS = ("launcher.schema", "launcher.status", "launcher.layout", "launcher.recipe_contract",
+                "launcher.submit.reshard")
+
+
+# each feature's pure rule (its login and node halves beside it import it)
+FEATURE_RULES = ("elastic/resize.py", "asha/schedule.py", "pbt/generations.py", "preflight/ladder.py")
+
+
+def _imported_modules(tree: ast.AST) -> Iterator[str]:
+    """Every module an import names (``from launcher import a`` names launcher.a)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+def test_a_features_rule_imports_only_the_config_and_other_rules():
+    rules = [REPO / "launcher" / "features" / r for r in FEATURE_RULES]
+    rule_modules = {p.relative_to(REPO).with_suffix("").as_posix().replace("/", ".") for p in rules}
+    bad = [f"{p.relative_to(REPO)}: {name}" for p in rules for name in _imported_modules(ast.parse(p.read_text()))
+           if name.split(".")[0] in ("launcher", "torch", "deepspeed", "submitit")
+           and not any(name == m or name.startswith(m + ".") for m in (*RULE_IMPORTS, *rule_modules))]
+    assert not bad, bad
+
+
 def test_run_dir_file_names_live_in_rundir():
     names = "|".join(re.escape(Path(n).name) for n in
                      ("run.json", "config.yaml", "overrides.yaml", "seeds.json",

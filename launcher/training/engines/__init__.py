@@ -14,13 +14,13 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
-from launcher.training.engines.base import Batch, Engine
 from launcher.training.engines.contract import (
     ModelContract,
     contract_for,
     hf_causal_lm_contract,
     plain_contract,
 )
+from launcher.training.engines.engine import Batch, Engine
 
 ENGINES = ("ddp", "fsdp", "deepspeed")
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.training.engines.base import Batch
+from launcher.training.engines.engine import Batch
 
 
 @dataclass(frozen=True)

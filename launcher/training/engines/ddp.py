@@ -14,7 +14,9 @@ from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training import universal
 from launcher.training.checkpoint import load_on_one_rank
-from launcher.training.engines.base import (
+from launcher.training.engines.build import apply_recompute, build_model
+from launcher.training.engines.contract import ModelContract
+from launcher.training.engines.engine import (
     Batch,
     Engine,
     StepStats,
@@ -27,8 +29,6 @@ from launcher.training.engines.base import (
     optimizer_step,
     tensor_bytes,
 )
-from launcher.training.engines.build import apply_recompute, build_model
-from launcher.training.engines.contract import ModelContract
 
 
 def rank_log(ctx: Any) -> Callable[[str], None]:

@@ -28,9 +28,12 @@ from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training import jit_ops, universal
-from launcher.training.deepspeed import init_distributed
+from launcher.training.deepspeed_dist import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import (
+from launcher.training.engines.build import apply_recompute, build_model, params_on_meta
+from launcher.training.engines.contract import ModelContract
+from launcher.training.engines.ddp import mean_over_ranks, rank_log
+from launcher.training.engines.engine import (
     DTYPES,
     Batch,
     Engine,
@@ -42,9 +45,6 @@ from launcher.training.engines.base import (
     param_groups,
     tensor_bytes,
 )
-from launcher.training.engines.build import apply_recompute, build_model, params_on_meta
-from launcher.training.engines.contract import ModelContract
-from launcher.training.engines.ddp import mean_over_ranks, rank_log
 
 
 def import_deepspeed() -> Any:

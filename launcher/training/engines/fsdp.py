@@ -40,7 +40,10 @@ from torch.distributed.tensor.parallel import parallelize_module
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training import universal
-from launcher.training.engines.base import (
+from launcher.training.engines.build import apply_recompute, build_model, units
+from launcher.training.engines.contract import ModelContract
+from launcher.training.engines.ddp import mean_over_ranks, rank_log
+from launcher.training.engines.engine import (
     DTYPES,
     Batch,
     Engine,
@@ -53,9 +56,6 @@ from launcher.training.engines.base import (
     optimizer_step,
     tensor_bytes,
 )
-from launcher.training.engines.build import apply_recompute, build_model, units
-from launcher.training.engines.contract import ModelContract
-from launcher.training.engines.ddp import mean_over_ranks, rank_log
 
 
 def local(obj: Any) -> Any:

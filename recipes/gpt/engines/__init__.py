@@ -1,6 +1,6 @@
 """Training engines: how one optimizer step is computed over a layout.
 
-Every engine implements ``launcher.training.engines.base.Engine``; ``build_engine`` picks one by
+Every engine implements ``launcher.training.engines.engine.Engine``; ``build_engine`` picks one by
 the engine of the run's layout (``ctx.layout.engine``: ddp, deepspeed, megatron, or fsdp: the generic
 FSDP2 engine of ``launcher.training.engines`` with the GPT's init; resolved and
 checked at launch, never recomputed here). The step loop in ``recipes.gpt.train``
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.training.engines.base import Engine
+from launcher.training.engines.engine import Engine
 
 
 def build_engine(cfg: Any, ctx: Any) -> Engine:

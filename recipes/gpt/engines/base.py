@@ -1,6 +1,6 @@
 """What only the GPT's engines share: the GPT built alike on every rank, and their evaluation helpers.
 The Engine interface and the helpers of every engine (dtype, AdamW and its param groups, the fp16 loss
-scaler, byte counts) are ``launcher.training.engines.base``'s."""
+scaler, byte counts) are ``launcher.training.engines.engine``'s."""
 from __future__ import annotations
 
 import contextlib

@@ -12,7 +12,7 @@ from torch import nn
 
 from launcher.training import universal
 from launcher.training.checkpoint import load_on_one_rank
-from launcher.training.engines.base import (
+from launcher.training.engines.engine import (
     Batch,
     Engine,
     StepStats,

@@ -23,7 +23,7 @@ records none, so it is computed from the all-reduced gradients.
 First use compiles C++ ops (gcc + ninja; in a node-local dir seeded from ~/.cache/torch_extensions:
 launcher.training.jit_ops): DeepSpeedCPUAdam for zero.offload_optimizer (~2-2.5 min on 2 CPU cores,
 2.5 s to load once built). DeepSpeed's shared-memory comm op, which only inference uses, is not built
-(launcher.training.deepspeed).
+(launcher.training.deepspeed_dist).
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ from launcher.archive import atomic
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training import jit_ops
-from launcher.training.deepspeed import init_distributed
+from launcher.training.deepspeed_dist import init_distributed
 from launcher.training.ds_config import build_ds_config
-from launcher.training.engines.base import (
+from launcher.training.engines.deepspeed import DeepSpeedCheckpoints, set_communication_dtype
+from launcher.training.engines.engine import (
     Batch,
     Engine,
     StepStats,
@@ -52,7 +53,6 @@ from launcher.training.engines.base import (
     fused_kwargs,
     param_groups,
 )
-from launcher.training.engines.deepspeed import DeepSpeedCheckpoints, set_communication_dtype
 from recipes.common.memory import BuildMeter
 from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, mean_over

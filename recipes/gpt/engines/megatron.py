@@ -38,7 +38,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
 from launcher.training import universal
-from launcher.training.engines.base import (
+from launcher.training.engines.engine import (
     DTYPES,
     Batch,
     Engine,

@@ -311,7 +311,7 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
     are its tensor-parallel share of pipeline stage ``stage`` (0-based; None = the stage holding
     the most: first or last), see recipes.gpt.plan.params; ZeRO then divides the optimizer states
     (stage >= 1), gradients (>= 2) and parameters (3) by dp (ceil); offloaded states count 0 here.
-    Comparable to ``launcher.training.engines.base.Engine.state_bytes()``."""
+    Comparable to ``launcher.training.engines.engine.Engine.state_bytes()``."""
     lay = LayoutSpec.from_cfg(cfg_like)  # layout_of(Facts.from_cfg(cfg_like)) + dtype
     m = ModelSpec.from_cfg(cfg_like.model)
     tp, pp, dp, zero, engine = lay.tp, lay.pp, lay.dp, lay.zero, lay.engine

@@ -1,9 +1,9 @@
-"""cluster.elastic's deciding job: ``python -m launcher.submit.elastic RUN JOB_ID`` (the rule:
-launcher.elastic; docs/fault-tolerance.md "Keep going when a node is lost").
+"""cluster.elastic's deciding job: ``python -m launcher.features.elastic.decide RUN JOB_ID`` (the rule:
+launcher.features.elastic.resize; docs/fault-tolerance.md "Keep going when a node is lost").
 
 The run queues it for itself, a one-node, one-task job: after each of its jobs (``--dependency=afternotok``:
 it runs only where the job did not end well; Slurm cancels it otherwise), and after a shrunk job that
-ends at a checkpoint to grow (``afterany``, launcher.runtime.elastic). It reads the run's status and the
+ends at a checkpoint to grow (``afterany``, launcher.features.elastic.regrow). It reads the run's status and the
 scheduler's word for the job, and
 
 - a job the cluster ended (a lost node, a preemption that cancels) with no requeue coming: the run's
@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
-from launcher import backends, elastic
+from launcher import backends
 from launcher.backends.slurm import submit_environment
 from launcher.errors import ConfigErrors
+from launcher.features.elastic import resize as elastic
 from launcher.rundir import RunDir
 from launcher.status import Status
 from launcher.submit import resume
@@ -95,7 +96,7 @@ def decide(rd: RunDir, job_id: str, backend: Any, own_node: Optional[str] = None
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m launcher.submit.elastic RUN_DIR JOB_ID", file=sys.stderr)
+        print("usage: python -m launcher.features.elastic.decide RUN_DIR JOB_ID", file=sys.stderr)
         return 2
     own = os.environ.get("SLURMD_NODENAME")
     # sbatch from inside this job: none of its own SLURM_/SBATCH_ settings may reach the new job

@@ -9,7 +9,7 @@ quantile))`` each **exploit** a member of the top as many (they copy its checkpo
 donor and which factors: a ``random.Random`` seeded by (seed, generation, member), so a decision is a
 function of the reports alone. Nobody is pruned: every member runs to train.steps.
 
-The node side (launcher.runtime.population) keeps reports, decisions and lineages in the sweep dir.
+The node side (launcher.features.pbt.population) keeps reports, decisions and lineages in the sweep dir.
 """
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from launcher.asha import ranked, scheduled, value_of
+from launcher.features.asha.schedule import ranked, scheduled, value_of
 
 
 @dataclass(frozen=True)
 class Rule:
     """The scheduler of one PBT sweep, as its points' config says (``sweep.*``, ``train.steps``, ``seed``).
-    It has ``rungs`` and ``pause_rungs`` as launcher.asha.Rule has: the step loop pauses at them alike."""
+    It has ``rungs`` and ``pause_rungs`` as launcher.features.asha.schedule.Rule has: the step loop pauses
+    at them alike."""
 
     interval: int
     quantile: float = 0.25

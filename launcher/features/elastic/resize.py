@@ -3,7 +3,7 @@ on how many nodes and with which changes, and when it grows back.
 
 The run's job cannot decide this when its node is lost (its ranks are gone, its batch script may be
 too), and nothing runs on the login node, so the run queues a one-node job for itself that decides
-(launcher.runtime.elastic, ``--dependency=afternotok`` on the run's job). That job counts the nodes
+(launcher.features.elastic.regrow, ``--dependency=afternotok`` on the run's job). That job counts the nodes
 it could have now (``usable``), tries node counts from the most down to ``cluster.elastic.min_nodes``
 (``node_counts``) with the changes that keep everything but the node count (``changes``), and the
 first one the rules, the recipe's planner and the reshard check accept (launcher.submit.resume.prepare)

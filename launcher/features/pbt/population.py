@@ -1,7 +1,7 @@
 """sweep=pbt on the node: a member's report at a generation's boundary, the generation's decision
-(launcher.pbt), and carrying it out. No head process and no torch, as launcher.runtime.rungs (which
-calls this for a PBT rule): the sweep dir's ``rungs.jsonl`` holds every report and every decided
-generation, written under the sweep's lock.
+(launcher.features.pbt.generations), and carrying it out. No head process and no torch, as
+launcher.features.asha.rungs (which calls this for a PBT rule): the sweep dir's ``rungs.jsonl`` holds
+every report and every decided generation, written under the sweep's lock.
 
 At a boundary rank 0 of a member records its objective. The member whose report completes the
 generation (every member reported, or ended: the worst) decides it: the bottom members **exploit**
@@ -25,8 +25,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from launcher import backends, checkpoint_manifest, pbt
+from launcher import backends, checkpoint_manifest
 from launcher.archive import atomic
+from launcher.features.pbt import generations as pbt
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import Status
 
@@ -231,8 +232,9 @@ def on_end(rd: RunDir, rule: pbt.Rule) -> None:
 
 
 def summary(sd: SweepDir, rule: pbt.Rule) -> Dict[str, Any]:
-    """The generations, every member's lineage and final value, the compute (launcher.asha.summary's)."""
-    from launcher import asha
+    """The generations, every member's lineage and final value, the compute (as
+    launcher.features.asha.schedule.summary's)."""
+    from launcher.features.asha import schedule as asha
 
     runs = sd.runs()
     rows = sd.rung_rows()

@@ -12,7 +12,7 @@ Asynchronous (``sweep.asynchronous``): a point that reports goes on at once when
 ``len(reports) // reduction`` of the >= ``reduction`` reports at its rung so far; once the rung is
 complete, the points not promoted are pruned.
 
-The node side (launcher.runtime.rungs) keeps reports and decisions in the sweep dir and calls these.
+The node side (launcher.features.asha.rungs) keeps reports and decisions in the sweep dir and calls these.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The preflight ladder (docs/preflight.md): the checks engineers climb by hand before a large run,
 as pure functions. ``ladder`` turns a composed run config into rungs (each a set of overrides on top
 of the user's); ``judge`` turns what a rung's run left (status, metrics, plan, benchmark rows) into a
-verdict. Submitting, waiting and printing are launcher.submit.preflight's; nothing here imports torch.
+verdict. Submitting, waiting and printing are launcher.features.preflight.climb's; nothing here imports torch.
 
     smoke  one process, the model (as many of its layers as fit one GPU), micro batch 1, a few steps, fp32
     node   one node with the tensor-parallel group (tp ranks, data parallel over the rest of the node)

@@ -1,5 +1,6 @@
 """cluster.elastic inside a shrunk run's job: rank 0 looks for the missing nodes before each checkpoint
-(the rule: launcher.elastic; the deciding job: launcher.submit.elastic; docs/fault-tolerance.md).
+(the rule: launcher.features.elastic.resize; the deciding job: launcher.features.elastic.decide;
+docs/fault-tolerance.md).
 When every missing node is idle, it queues the deciding job after this one (``afterany``) and the ranks
 stop together at the checkpoint; that job grows the run back. No torch here.
 """
@@ -10,7 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict
 
-from launcher import backends, elastic
+from launcher import backends
+from launcher.features.elastic import resize as elastic
 from launcher.rundir import RunDir, SweepDir
 
 

@@ -1,4 +1,4 @@
-"""`launcher preflight`: the ladder (launcher.ladder) composed, checked, submitted and judged.
+"""`launcher preflight`: the ladder (launcher.features.preflight.ladder) composed, checked, submitted and judged.
 
 Every rung is composed and checked before anything is submitted (a rung the launch checks refuse
 names itself and nothing is queued). On a backend with dependencies (``Backend.after``: Slurm's
@@ -25,10 +25,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from launcher import backends, doctor, ladder, recipe_contract, schema
+from launcher import backends, doctor, recipe_contract, schema
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
 from launcher.compose import override_key
+from launcher.features.preflight import ladder
 from launcher.outcome import settle
 from launcher.rundir import RunDir, now_iso
 from launcher.schema import CONFIG_NAME

@@ -3,7 +3,7 @@
 No head process: the sweep dir holds every report and decision (``SweepDir.rung_rows``), written
 under the sweep's lock (``SweepDir.rungs_lock``). At a rung, rank 0 of a point (the step loop,
 launcher.training.loop) records its objective, then decides what the record allows
-(launcher.asha.decide_all) and carries out the new decisions: a promoted paused point is set
+(launcher.features.asha.schedule.decide_all) and carries out the new decisions: a promoted paused point is set
 ``requeued`` (restart reason "promoted", which train.max_restarts does not count) and resumed through
 its backend (``Backend.resume_paused``: Slurm releases its held job; local: its controller, waiting,
 starts it again); a pruned paused point is finalised ``pruned`` and its job dropped
@@ -23,7 +23,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from launcher import asha, backends, pbt
+from launcher import backends
+from launcher.features.asha import schedule as asha
+from launcher.features.pbt import generations as pbt
 from launcher.rundir import RunDir, SweepDir
 from launcher.status import Status
 
@@ -149,8 +151,8 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
     """Rank 0 of a point at the rung at ``step``: its report recorded and the rungs decided; returns
     "promoted" (go on), "wait" (paused: the job ends) or "pruned" (final), or "end" (the last rung:
     train.steps, nothing to decide)."""
-    if isinstance(rule, pbt.Rule):  # sweep=pbt: its own decision (launcher.runtime.population)
-        from launcher.runtime import population
+    if isinstance(rule, pbt.Rule):  # sweep=pbt: its own decision (launcher.features.pbt.population)
+        from launcher.features.pbt import population
 
         return population.report(rd, rule, step, value, attempt=attempt, seconds=seconds, from_step=from_step,
                                  world=world, job_id=job_id, startup_s=startup_s)
@@ -191,7 +193,7 @@ def on_end(rd: RunDir) -> None:
     if rule is None or not rd.status().is_final:
         return
     if isinstance(rule, pbt.Rule):
-        from launcher.runtime import population
+        from launcher.features.pbt import population
 
         return population.on_end(rd, rule)
     sd = _sweep(rd)
@@ -220,7 +222,7 @@ def summary(sd: SweepDir) -> Optional[Dict[str, Any]]:
     if rule is None:
         return None
     if isinstance(rule, pbt.Rule):
-        from launcher.runtime import population
+        from launcher.features.pbt import population
 
         return population.summary(sd, rule)
     return asha.summary(sd.rung_rows(), rule, [_point(r) for r in runs])

@@ -3,7 +3,7 @@
 The pack's job (one sbatch job of cluster.pack_nodes nodes, whole nodes) runs ``PackRunner`` once, in
 the batch step on its first node. It keeps a queue of the points (``pack-<job>.json`` in the sweep
 dir: each point's state, step and nodes), starts each as a job step (``srun --exact``, its run's task
-unpickled by ``python -m launcher.runtime.pack STEP.pkl`` in every rank, as an array task would run
+unpickled by ``python -m launcher.features.pack.runner STEP.pkl`` in every rank, as an array task would run
 it), as many at once as the free CPUs, GPUs and memory of the nodes hold (``plan_starts``, pure: the
 planner's per-rank memory estimate from plan.json), and starts the next as each ends (backfill).
 
@@ -212,7 +212,8 @@ class Runner:
         env[PACK_STEP_ENV] = str(p.index)
         env["LAUNCHER_REQUEUE_NOTE"] = str(self._note(p.index))
         self._note(p.index).unlink(missing_ok=True)
-        cmd = self.backend.step_command([sys.executable, "-u", "-m", "launcher.runtime.pack", str(pkl)], p.need, nodes,
+        command = [sys.executable, "-u", "-m", "launcher.features.pack.runner", str(pkl)]
+        cmd = self.backend.step_command(command, p.need, nodes,
                                         self._log(p.index, False), self._log(p.index, True),
                                         step_name(p.index, p.run_id), host_mem(p.need), self.shared_gpu)
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)

@@ -1,0 +1,1 @@
+"""sweep=pbt: generations (the rule), population (the node side), replay (reproducing a member)."""
