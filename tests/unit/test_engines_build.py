@@ -152,7 +152,7 @@ def test_a_parameter_no_init_covers_builds_the_model_for_real(capsys):
 
 
 def test_gpt_contract_builds_the_gpts_own_weights():
-    from recipes.gpt.engines.fsdp import gpt_contract
+    from recipes.gpt.engines.base import gpt_contract
     from recipes.gpt.model import GPT
 
     cfg = OmegaConf.create({"seed": 3, "train": {"recompute": "none"}, "model": dict(

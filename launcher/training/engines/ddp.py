@@ -44,14 +44,14 @@ def mean_over_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
 
 
 class DDPEngine(Engine):
-    def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+    def __init__(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel only: the launcher's rules hold
         self.world = int(ctx.world_size)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(int(ctx.rank))[0]
         self.device = torch.device(ctx.device)
         seed = int(cfg.seed)
-        model, self.contract, self.shard_first = build_model(model_fn, seed, contract, log=rank_log(ctx))
+        model, self.contract, self.shard_first = self.build(cfg, ctx, model_fn, contract)
         self.model = model.to(self.device)
         apply_recompute(self.model, self.contract, enum_value(cfg.train.recompute))
         torch.manual_seed(dropout_seed(seed, self.dp_rank))  # dropout masks differ per replica
@@ -72,6 +72,13 @@ class DDPEngine(Engine):
         self.min_scale = float(cfg.precision.min_loss_scale)
         self._last_grad_bytes = 0
         self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
+
+    def build(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+              contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
+        """The model, alike on every rank, its contract, and whether it was built shard-first
+        (``build.build_model``: on the meta device, then unit by unit with the contract's init). A recipe
+        that builds its model its own way overrides this (recipes/gpt/engines/ddp.py)."""
+        return build_model(model_fn, int(cfg.seed), contract, log=rank_log(ctx))
 
     def describe(self) -> str:
         return f"DDPEngine({type(self.model).__name__},{self.contract.name},{self.dtype})"

@@ -58,6 +58,28 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+def refuse_unsupported_fp16(dtype: str) -> None:
+    """fp16 on DeepSpeed's CPU accelerator needs oneDNN's fp16 kernels (CPUs with avx512_fp16 or
+    amx_fp16). Launch refuses it for local runs (launcher.rules reads this host's CPU flags); a job
+    that lands on such a CPU anyway stops here, naming the key, instead of in deepspeed.initialize
+    ("Type fp16 is not supported on your device")."""
+    if dtype != "fp16":
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    from launcher.errors import ConfigError
+
+    acc = get_accelerator()
+    if acc.device_name() == "cpu" and not acc.is_fp16_supported():
+        raise ConfigError(
+            "precision.dtype",
+            "fp16 on the deepspeed engine, but DeepSpeed's CPU accelerator has no fp16 on this CPU (oneDNN has no "
+            "fp16 kernels: its flags include neither avx512_fp16 nor amx_fp16)",
+            "use precision=bf16 (or fp32), or run fp16 on the ddp engine (zero=0, parallelism.engine=ddp or auto), "
+            "whose fp16 autocast with a loss scaler runs on this CPU",
+        )
+
+
 def set_communication_dtype(config: Dict[str, Any], cfg: Any) -> Dict[str, Any]:
     """``precision.grad_reduce_dtype`` as DeepSpeed's ``communication_data_type`` (the dtype its gradient
     reductions travel in; DeepSpeed's own default is the model dtype). fp16 keeps DeepSpeed's default:
@@ -90,11 +112,11 @@ def _groups(model: nn.Module, optim: Any) -> List[Dict[str, Any]]:
     return [{**g, "params": [v.p for v in g["params"]]} for g in groups]
 
 
-def _tensors(entry: Any) -> List[torch.Tensor]:
+def tensors_of(entry: Any) -> List[torch.Tensor]:
     if torch.is_tensor(entry):
         return [entry]
     if isinstance(entry, (list, tuple)):
-        return [t for item in entry for t in _tensors(item)]
+        return [t for item in entry for t in tensors_of(item)]
     return []
 
 
@@ -144,36 +166,26 @@ class DeepSpeedCheckpoints:
 
 
 class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
-    def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+    """A recipe that builds its model its own way, evaluates with its own numerics or accounts its
+    memory more closely overrides ``hidden_size``, ``build``, ``eval_loss`` or ``state_bytes`` (and the
+    step's ``_step_begins`` / ``_backward_ends``): recipes/gpt/engines/deepspeed.py."""
+
+    def __init__(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's rules hold
         self.stage = int(layout.zero)
         self.dtype = dtype_name(cfg)
         deepspeed = import_deepspeed()
+        refuse_unsupported_fp16(self.dtype)
         init_distributed(ctx)  # DeepSpeed on the runtime's process group
         self.world, self.rank = int(ctx.world_size), int(ctx.rank)
         self.dp, self.dp_rank = int(layout.dp), layout.coords(self.rank)[0]
         self.device = torch.device(ctx.device)
-        width = None
-        if self.stage == 3:
-            with params_on_meta():
-                width = model_width(model_fn())
+        width = self.hidden_size(cfg, model_fn)
         self.config = set_communication_dtype(build_ds_config(cfg, layout, self.device.type, hidden_size=width), cfg)
         if ctx.is_main:
             atomic.write_json(ctx.run_dir / ctx.rundir.DS_CONFIG, self.config)
-        seed = int(cfg.seed)
-        low = DTYPES[self.dtype]
-
-        def partition(unit: nn.Module, name: str) -> None:
-            """ZeRO-3: the unit's parameters (those not partitioned yet) in the model dtype, partitioned."""
-            for p in unit.parameters():
-                if not hasattr(p, "ds_id"):
-                    p.data = p.data.to(low)
-            deepspeed.zero.Init(module=unit, config_dict_or_path=self.config, mem_efficient_linear=False)
-
-        model, self.contract, self.shard_first = build_model(
-            model_fn, seed, contract, take=partition if self.stage == 3 else None, log=rank_log(ctx))
-        torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        model, self.contract, self.shard_first = self.build(deepspeed, cfg, ctx, model_fn, contract)
         apply_recompute(model, self.contract, enum_value(cfg.train.recompute))
         self.num_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
         model.train()
@@ -188,6 +200,37 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         self.module = self.ds.module
         self._undo_state_init_step()
         self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
+
+    def hidden_size(self, cfg: Any, model_fn: Optional[Callable[[], nn.Module]]) -> Optional[int]:
+        """The width ZeRO-3's bucket sizes derive from: the model's (built on the meta device); None where
+        the config names it (``build_ds_config`` reads cfg.model.hidden_size) or below ZeRO-3."""
+        if self.stage != 3:
+            return None
+        with params_on_meta():
+            return model_width(model_fn())
+
+    def build(self, deepspeed: Any, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+              contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
+        """The model (ZeRO-3: each unit partitioned in the model dtype as it is built), its contract,
+        whether it was built shard-first; dropout seeded per data-parallel rank."""
+        seed, low = int(cfg.seed), DTYPES[self.dtype]
+
+        def partition(unit: nn.Module, name: str) -> None:
+            """ZeRO-3: the unit's parameters (those not partitioned yet) in the model dtype, partitioned."""
+            for p in unit.parameters():
+                if not hasattr(p, "ds_id"):
+                    p.data = p.data.to(low)
+            deepspeed.zero.Init(module=unit, config_dict_or_path=self.config, mem_efficient_linear=False)
+
+        built = build_model(model_fn, seed, contract, take=partition if self.stage == 3 else None, log=rank_log(ctx))
+        torch.manual_seed(dropout_seed(seed, self.dp_rank))
+        return built
+
+    def _step_begins(self) -> None:
+        """Before a step's first micro batch (a recipe's memory sampling)."""
+
+    def _backward_ends(self) -> None:
+        """After each micro batch's backward (a recipe's memory sampling)."""
 
     def _undo_state_init_step(self) -> None:
         """ZeRO-0 in bf16/fp16 wraps the client in FP16_UnfusedOptimizer, whose constructor steps once on
@@ -218,6 +261,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         if accum != self.ds.gradient_accumulation_steps():
             raise ValueError(f"{accum} micro batches per step, DeepSpeed config says "
                              f"{self.ds.gradient_accumulation_steps()}")
+        self._step_begins()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         own_norm: Optional[torch.Tensor] = None
         for k, batch in enumerate(batches):
@@ -226,6 +270,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
             with self._phase("backward"):
                 self.ds.backward(loss)
             loss_sum += loss.detach().float()
+            self._backward_ends()
             if k == accum - 1 and self.stage == 0 and self.dtype == "fp32":
                 own_norm = torch.nn.utils.get_total_norm([p.grad for p in self.module.parameters()
                                                           if p.grad is not None])
@@ -264,7 +309,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         held = [v for st in inner.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
         for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"):
             for entry in getattr(opt, attr, None) or []:
-                held.extend(_tensors(entry))
+                held.extend(tensors_of(entry))
         return held
 
     def local_state(self) -> Dict[str, torch.Tensor]:

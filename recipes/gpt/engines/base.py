@@ -12,7 +12,9 @@ from torch import nn
 
 from launcher.schema import enum_value
 from launcher.seeding import dropout_seed
+from launcher.training.engines import ModelContract
 from recipes.common.seeding import seed_everything
+from recipes.gpt.init import init_values
 from recipes.gpt.model import GPT
 
 
@@ -45,3 +47,17 @@ def mean_over(loss_sum: torch.Tensor, count: int, group: Any = None, world: int 
     if world > 1:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=group)
     return float(loss_sum.item()) / (count * world)
+
+
+def gpt_contract(cfg: Any) -> ModelContract:
+    """forward(tokens, labels) is the loss; the blocks are ``model.blocks``; a module's parameters get
+    ``init_values`` by their full name (a tied head is the embedding's parameter, initialised once); the
+    GPT recomputes by itself (train.recompute, selective included)."""
+    seed, layers = int(cfg.seed), int(cfg.model.num_layers)
+
+    def init(model: nn.Module, module: nn.Module, name: str) -> None:
+        for pname, p in module.named_parameters(recurse=False):
+            p.copy_(init_values(seed, f"{name}.{pname}" if name else pname, p.shape, layers))
+
+    return ModelContract(loss=lambda module, batch: module(batch[0], labels=batch[1]),
+                         blocks=lambda model: list(model.blocks), init=init, recompute_blocks=False, name="gpt")
