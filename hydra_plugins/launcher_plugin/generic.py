@@ -33,7 +33,6 @@ submitit's folder defaults to ``${hydra.sweep.dir}/.submitit``, outside ``runs_r
 # no `from __future__ import annotations`: Hydra's plugin scan executes this module before it is in
 # sys.modules, where dataclasses cannot resolve string annotations
 import contextlib
-import functools
 import inspect
 import json
 import logging
@@ -716,14 +715,6 @@ def _entry(fn: Any, root: Path) -> Dict[str, str]:
         return {"script": str(src)}
 
 
-@functools.lru_cache(maxsize=1)
-def _software() -> Tuple[Dict[str, Any], str]:
-    """Versions and `pip freeze`, once per process (a sweeper such as Optuna launches many batches)."""
-    from launcher.archive import software
-
-    return software.versions(), software.pip_freeze()
-
-
 def _schedule(params: Dict[str, Any]) -> Dict[str, Any]:
     """hydra.launcher.sweep, checked as launch checks sweep=asha ({}: none); refused naming the key."""
     from launcher.features.asha import schedule as asha
@@ -759,7 +750,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     from launcher.compose import override_lines
     from launcher.rundir import SweepDir
     from launcher.status import Status
-    from launcher.submit import interrupted, submission
+    from launcher.submit import interrupted, staging, submission
     from launcher.sweeps import Unschedulable
 
     backend = backends.get(backend_name)
@@ -806,48 +797,37 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 print(f"warning: {line}", file=sys.stderr)
         snap = snapshot.info(code_dir) or {}
 
-        # stage: everything known before submission, run.json last; what every run holds alike (code and
-        # software records) once, in the sweep's shared dir (linked into each run when it starts)
+        # stage (launcher.submit.staging, as `launch` stages): the code and software records once, in the
+        # sweep's shared dir (linked into each run when it starts; a later batch joins the first's), then
+        # each point's records
         clean = lambda obj: secrets.scrub_tree(obj, known)  # noqa: E731
-        patch_path = code_dir / snapshot.PATCH_FILE
-        patch = clean(patch_path.read_text() if patch_path.exists() else "")
-        git = clean({k: v for k, v in (snap.get("git") or {}).items() if k != "patch"})
-        snap_meta = clean({**{k: v for k, v in snap.items() if k != "git"}, "path": str(code_dir)})
-        versions, freeze = (clean(x) for x in _software())
         fn = inspect.unwrap(task_function)
-        app_meta = clean({"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
-                          "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
-                          "entry": _entry(fn, root), "hydra_overrides": hydra_overrides})
-        shared = sd.shared()
-        if into is None:  # a later batch: the first one wrote them, and its runs may be reading them
-            shared.write_code(git, patch, snap_meta)
-            shared.write_software(versions, freeze)
-        points: Dict[str, Any] = {}  # seeds and overrides of every point in one record (RunDir.adopt_shared)
+        app_meta = {"task_function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+                    "config_name": configs[0].hydra.job.config_name, "source_root": str(root),
+                    "entry": _entry(fn, root), "hydra_overrides": hydra_overrides}
+        points: List[staging.Staged] = []
+        for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
+            seed = app.get("seed") if isinstance(app, dict) else None
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                seed = None
+            points.append(staging.Staged(
+                index=i, config=secrets.redact_config(app, known),
+                seeds=None if seed is None else {
+                    "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
+                overrides={"overrides": _task(cfg), "choices": dict(OmegaConf.to_container(cfg.hydra.runtime.choices))},
+                run={**({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
+                     **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
+                     "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
+                     "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
+                     "kind": "hydra_app", "app": app_meta,
+                     **({"sweep": schedule} if schedule else {}),
+                     "hydra": {"job_num": int(cfg.hydra.job.num),
+                               "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
+                               "subdir": str(cfg.hydra.sweep.subdir)}}))
         with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
-            for i, (cfg, app) in enumerate(zip(configs, apps), start=first_index):
-                rd = sd.staging(i)
-                seed = app.get("seed") if isinstance(app, dict) else None
-                if not isinstance(seed, int) or isinstance(seed, bool):
-                    seed = None
-                points[str(i)] = {
-                    "seeds": None if seed is None else {
-                        "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
-                    "overrides": {"overrides": clean(_task(cfg)),
-                                  "choices": clean(dict(OmegaConf.to_container(cfg.hydra.runtime.choices)))}}
-                rd.write_config(secrets.redact_config(app, known))
-                rd.write_run(clean({
-                    **({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
-                    **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
-                    "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),
-                    "seed": seed, "tags": list(params.get("tags") or []), "backend": backend.name, "argv": argv,
-                    "kind": "hydra_app", "app": app_meta,
-                    **({"sweep": schedule} if schedule else {}),
-                    "hydra": {"job_num": int(cfg.hydra.job.num),
-                              "sweep_dir": str(Path(str(cfg.hydra.sweep.dir)).resolve()),
-                              "subdir": str(cfg.hydra.sweep.subdir)},
-                }))
-                staged.append(rd)
-            sd.add_points(points)
+            if into is None:  # a later batch: the first one wrote them, and its runs may be reading them
+                staging.write_shared(sd, code_dir, snap, known)
+            staged.extend(staging.stage(sd, points, known))
     except BaseException:  # an error, Ctrl-C, SIGTERM before the first sbatch: as if never launched
         _undo(sd, indices, made=into is None, runs_root=runs_root)
         raise
@@ -883,7 +863,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
         code_dir=Path(str(params.get("work_dir") or code_dir)), folder=folder,
         task=_HydraJob(state, configs[i - first_index], str(sd.run(i).path), env, backend=backend.name,
                        timeout_min=int(shim.cluster.time_min), signal_delay_s=int(shim.cluster.signal_delay_s),
-                       max_num_timeout=int(params.get("max_num_timeout", 3) or 0)), shared=shared,
+                       max_num_timeout=int(params.get("max_num_timeout", 3) or 0)), shared=sd.shared(),
         num_tasks=num_tasks) for i in arr.points], arr.parallelism) for arr in planned]
     with exported(lifted):  # the jobs inherit the variables their setup lines read
         runs, job_ids = submission.submit(

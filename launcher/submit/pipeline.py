@@ -11,7 +11,6 @@ Waiting and exit codes are the app's (launcher.app).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -32,7 +31,7 @@ from launcher.layout import Layout
 from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
 from launcher.submit import interrupted, submission
-from launcher.submit.submission import Array, SubmittedRun, in_threads
+from launcher.submit.submission import Array, SubmittedRun
 from launcher.sweeps import Unschedulable, job_name
 
 
@@ -325,67 +324,33 @@ def source_root(cwd: Path, targets: List[str], scripts: Sequence[str] = ()) -> P
 
 
 def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
-    """Write everything known before submission into each run's hidden staging dir. Everything
-    written passes through the scrubber: a known secret value (sweep.known) under any key or in any
-    text (tags, cluster.setup, argv, overrides, the patch, pip freeze ...) becomes secrets.REDACTED."""
+    """Each point's records, staged (launcher.submit.staging: the one staging, a Hydra app's too); the
+    code and software records once per sweep (a later batch of one multirun joins the first's)."""
     # lazy: a dry run never stages, submits or publishes
-    from launcher.archive import secrets, snapshot, software
     from launcher.seeding import seed_plan
+    from launcher.submit import staging
 
-    clean = lambda obj: secrets.scrub_tree(obj, sweep.known)  # noqa: E731
-    code_dir = sweep.code_dir
-    patch = clean((code_dir / snapshot.PATCH_FILE).read_text() if (code_dir / snapshot.PATCH_FILE).exists() else "")
-    git = clean({k: v for k, v in (sweep.snapshot.get("git") or {}).items() if k != "patch"})
-    snap = clean({**{k: v for k, v in sweep.snapshot.items() if k != "git"}, "path": str(code_dir)})
-    versions, freeze = clean(software.versions()), clean(software.pip_freeze())
-    argv = clean(list(sweep.argv))
-    shared = sweep.dir.shared()  # written once; each run links them in when it starts (RunDir.adopt_shared)
     if not sweep.joined:  # a later batch: the first one wrote them, and its runs may be reading them
-        shared.write_code(git, patch, snap)
-        shared.write_software(versions, freeze)
-    # seeds and overrides of every point in one file; each run writes its own seeds.json and
-    # overrides.yaml from it when it starts (RunDir.adopt_shared): two files fewer per point at launch
-    sweep.dir.add_points({str(c.index): {
-        "seeds": {"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
-        if script_recipe.is_script(c.resolved.get("recipe")) else
-        clean(seed_plan(c.resolved["seed"], c.resolved["data"].get("seed"), c.layout.dp)),
-        "overrides": {"overrides": clean(list(c.point.overrides)), "choices": clean(dict(c.point.choices))},
-    } for c in checked})
-    # most points of a sweep share their plan: each distinct one written once, linked into its runs
-    plan_of = {c.index: json.dumps(clean(c.plan), sort_keys=True) for c in checked if c.plan is not None}
-    plans: Dict[str, RunDir] = {}
-    for text in dict.fromkeys(plan_of.values()):
-        plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
-        plans[text].write_plan(json.loads(text))
-    # the datasets' manifests (data=tokens), sealed with each run: each distinct record written once too
-    # (a corpus's manifest lists every input file: built per distinct set of datasets, not per point)
-    data_of = {c.index: sig for c in checked for sig in [data_archive.signature(c.resolved)] if sig is not None}
-    datas: Dict[Any, RunDir] = {}
+        staging.write_shared(sweep.dir, sweep.code_dir, sweep.snapshot, sweep.known)
+    argv = list(sweep.argv)
+    data_of: Dict[Any, Dict[str, Any]] = {}  # one record per distinct set of datasets, not per point
+    points = []
     for c in checked:
-        sig = data_of.get(c.index)
-        if sig is not None and sig not in datas:
-            datas[sig] = RunDir(shared.path / f".data-{len(datas)}")
-            datas[sig].write_data_manifest(clean(data_archive.record(c.resolved)))
-
-    def one(c: Checked) -> RunDir:
-        rd = sweep.dir.staging(c.index)
         r = c.resolved
-        if c.index in plan_of:
-            rd.link_from(plans[plan_of[c.index]], (RunDir.PLAN,))
-        if c.index in data_of:
-            rd.link_from(datas[data_of[c.index]], (RunDir.DATA_MANIFEST,))
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
-        rd.write_config(c.archived)
-        rd.write_run(clean({  # no status.json yet: a run without one is pending (written once submitted)
-            "run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
-            "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
-            "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
-            **script_recipe.archived(r, c.layout.to_json()),  # recipe=script: what the script never read
-        }))
-        return rd
-
-    # a few files per run: the file system's work (system time) overlaps in a few threads
-    return in_threads(one, checked)
+        sig = data_archive.signature(r)
+        if sig is not None and sig not in data_of:
+            data_of[sig] = data_archive.record(r)
+        points.append(staging.Staged(
+            index=c.index, config=c.archived, plan=c.plan, data=data_of.get(sig) if sig is not None else None,
+            seeds={"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
+            if script_recipe.is_script(r.get("recipe")) else seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp),
+            overrides={"overrides": list(c.point.overrides), "choices": dict(c.point.choices)},
+            run={"run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
+                 "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
+                 "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
+                 **script_recipe.archived(r, c.layout.to_json())}))  # recipe=script: what the script never read
+    return staging.stage(sweep.dir, points, sweep.known)
 
 
 # ---- 4. submit ----------------------------------------------------------------------------------
@@ -409,11 +374,10 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     """Rename every staged run into place, seal the ones that already ended (refused submissions),
     write sweep.json, then index them (last: the index can always be rebuilt from the dirs)."""
     from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
+    from launcher.submit import staging
 
     published = [sweep.dir.publish(c.index) for c in checked]
-    shared = sweep.dir.shared().path
-    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*")]:  # each run holds its own link
-        shutil.rmtree(linked, ignore_errors=True)
+    staging.unlink_shared_copies(sweep.dir)  # each run holds its own link
     for rd in published:
         if rd.exists() and rd.is_final():
             rd.seal()

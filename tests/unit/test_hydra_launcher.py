@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.launcher_plugin import generic
 from launcher import backends
+from launcher.archive import software
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -478,7 +479,8 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
         return [submission.SubmittedRun(r.run_id, r.rundir, "100", record=rec) for r in arr.points]
 
     monkeypatch.setattr(submission, "_submit_array", fake_submit_array)
-    monkeypatch.setattr(generic, "_software", lambda: ({"python": "3"}, ""))  # no pip freeze in a pure test
+    monkeypatch.setattr(software, "versions", lambda: {"python": "3"})  # the launcher's git: a process
+    monkeypatch.setattr(software, "pip_freeze", lambda: "")
     (tmp_path / "code").mkdir()
     params = {"runs_root": str(tmp_path / "runs"), "submitit_folder": str(tmp_path / "sub"),
               "code_snapshot": str(tmp_path / "code"), "setup": [f"export HF_TOKEN={SETUP_SECRET}"]}
