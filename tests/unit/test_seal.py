@@ -353,7 +353,7 @@ def test_the_seal_takes_a_checkpoint_files_digest_from_its_checkpoint_json(tmp_p
     one the record does not match is hashed; verify hashes every one (a byte changed since is found)."""
     import hashlib
 
-    from launcher import rundir as rundir_mod
+    from launcher.run import sealing as seal_mod
 
     rd = RunDir(tmp_path / "run")
     rd.path.mkdir()
@@ -369,8 +369,8 @@ def test_the_seal_takes_a_checkpoint_files_digest_from_its_checkpoint_json(tmp_p
     (ck / "checkpoint.json").write_text(json.dumps({"step": 2, "files": recorded}))
     rd.set_latest(ck)
     hashed = []
-    real = rundir_mod.file_sha256
-    monkeypatch.setattr(rundir_mod, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    real = seal_mod.file_sha256
+    monkeypatch.setattr(seal_mod, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
     assert rd.finish(Status.completed, exit_code=0)
     assert "rng_rank_00000.pt" not in hashed and "rng_rank_00001.pt" not in hashed and "meta.json" in hashed
     sealed = json.loads((rd.path / "manifest.json").read_text())["checkpoint_files"]

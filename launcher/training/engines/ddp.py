@@ -77,7 +77,7 @@ class DDPEngine(Engine):
               contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
         """The model, alike on every rank, its contract, and whether it was built shard-first
         (``build.build_model``: on the meta device, then unit by unit with the contract's init). A recipe
-        that builds its model its own way overrides this (recipes/gpt/engines/ddp.py)."""
+        that builds its model its own way overrides this (a recipe's adapter engine does)."""
         return build_model(model_fn, int(cfg.seed), contract, log=rank_log(ctx))
 
     def describe(self) -> str:

@@ -168,7 +168,7 @@ class DeepSpeedCheckpoints:
 class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
     """A recipe that builds its model its own way, evaluates with its own numerics or accounts its
     memory more closely overrides ``hidden_size``, ``build``, ``eval_loss`` or ``state_bytes`` (and the
-    step's ``_step_begins`` / ``_backward_ends``): recipes/gpt/engines/deepspeed.py."""
+    step's ``_step_begins`` / ``_backward_ends``), as a recipe's adapter engine does."""
 
     def __init__(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
                  contract: Optional[ModelContract] = None) -> None:
