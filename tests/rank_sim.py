@@ -253,7 +253,7 @@ def simulate(root: Path, world: int, phases=PHASES) -> Counts:
         return f"NodeName={argv[3]} NodeAddr=10.0.0.1 State=ALLOCATED"
 
     patch(socket, "getaddrinfo", getaddrinfo)
-    patch(slurm, "_run", scontrol)
+    patch(slurm.limits, "run", scontrol)
     patch(topology, "gather", lambda: {"cpu": "simulated"})
     patch(attempt_mod, "process_start", lambda pid: 1)
     watches: Dict[int, Any] = {}

@@ -71,7 +71,7 @@ def test_job_names_and_runs_roots_are_bounded():
 def test_the_launch_refuses_them_before_writing_anything(tmp_path, monkeypatch):
     from launcher.submit import pipeline
 
-    monkeypatch.setattr(slurm, "cluster_nodes", lambda: NODES)
+    monkeypatch.setattr(slurm.limits, "cluster_nodes", lambda: NODES)
     monkeypatch.setattr(slurm.SlurmBackend, "array_limits", lambda self, cfg=None: ArrayLimits())
     monkeypatch.setattr(slurm.SlurmBackend, "runs_root_problem", lambda self, root, cfg=None: None)
     runs = tmp_path / "runs"
@@ -112,7 +112,7 @@ def test_max_job_count_counts_every_users_jobs(monkeypatch):
             return "\n".join(str(i) for i in range(9000))
         return "1\n2\n"  # this user's queue
 
-    monkeypatch.setattr(slurm, "_run", fake)
+    monkeypatch.setattr(slurm.limits, "run", fake)
     lim = slurm.SlurmBackend().array_limits(None)
     assert (lim.max_array_size, lim.max_submit_jobs, lim.queued, lim.bound) == (1001, 10000, 9000, MAX_JOB_COUNT)
     assert lim.room == 999
@@ -192,7 +192,7 @@ def test_a_sweep_past_the_users_max_submit_jobs_is_refused_naming_the_limit():
 
 
 def _fake_slurm(monkeypatch, outputs):
-    """slurm._run answering each command from ``outputs`` (first word(s) -> text); the calls made."""
+    """slurm.limits.run answering each command from ``outputs`` (first word(s) -> text); the calls made."""
     calls = []
 
     def fake(cmd):
@@ -202,7 +202,7 @@ def _fake_slurm(monkeypatch, outputs):
                 return text
         return ""
 
-    monkeypatch.setattr(slurm, "_run", fake)
+    monkeypatch.setattr(slurm.limits, "run", fake)
     return calls
 
 
@@ -245,7 +245,7 @@ def test_the_launch_is_refused_before_writing_anything(monkeypatch, tmp_path):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _fake_slurm(monkeypatch, SITE)
-    monkeypatch.setattr(slurm, "cluster_nodes", lambda: NODES)
+    monkeypatch.setattr(slurm.limits, "cluster_nodes", lambda: NODES)
     monkeypatch.setattr(slurm.SlurmBackend, "runs_root_problem", lambda self, root, cfg=None: None)
     runs = tmp_path / "runs"
     points = [pipeline.Point(_cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0",

@@ -157,7 +157,7 @@ def _cfg(*overrides):
 
 @pytest.fixture
 def sinfo(monkeypatch):
-    monkeypatch.setattr(slurm, "cluster_nodes", lambda: slurm.nodes_from_sinfo(
+    monkeypatch.setattr(slurm.limits, "cluster_nodes", lambda: slurm.nodes_from_sinfo(
         "".join(f"node{i}|debug*|4|7900|gpu:2\n" for i in range(1, 5))))
 
 
@@ -215,7 +215,7 @@ def test_cancelling_a_packed_point_ends_its_step_alone(monkeypatch):
         return "420.3|pack2-S-2\n420.4|pack12-S-12\n420.5|pack1-S-1\n" if listed["n"] == 1 else ""
 
     cancelled = []
-    monkeypatch.setattr(slurm, "_run", fake_run)
-    monkeypatch.setattr(slurm.subprocess, "run", lambda cmd, **kw: cancelled.append(cmd))
+    monkeypatch.setattr(slurm.limits, "run", fake_run)
+    monkeypatch.setattr(slurm.jobs.subprocess, "run", lambda cmd, **kw: cancelled.append(cmd))
     slurm.SlurmBackend().cancel(JobRecord(backend="slurm", job_id="420", pack_index=1), wait_s=5)
     assert cancelled == [["scancel", "420.5"]]  # not pack12's step, not the pack

@@ -61,7 +61,7 @@ def test_only_rank_0_asks_slurm_for_an_address_dns_lacks(tmp_path, monkeypatch):
     def no_dns(host, *a, **kw):
         raise socket.gaierror(socket.EAI_NONAME, "unknown")
 
-    monkeypatch.setattr(slurm, "_run", scontrol)
+    monkeypatch.setattr(slurm.limits, "run", scontrol)
     monkeypatch.setattr(env.socket, "getaddrinfo", no_dns)
     monkeypatch.delenv(env.ADDR_ENV, raising=False)
     monkeypatch.delenv("SLURM_NODE_ALIASES", raising=False)

@@ -145,12 +145,12 @@ def test_slurms_seal_job_is_one_task_after_the_job_in_its_partition(tmp_path, mo
     assert cmd[-2:] == ["--wrap", f"/py/bin/python -m launcher.runtime.seal '{run}'"]
     assert slurm.submit_environment(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
     ran = []
-    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"])) or
+    monkeypatch.setattr(slurm.jobs.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"])) or
                         types.SimpleNamespace(returncode=0, stdout="777;cluster\n", stderr=""))
     monkeypatch.setenv("SLURM_JOB_PARTITION", "gpu")
     assert slurm.BACKEND.seal_after_job(run, "9", tmp_path / "sub") == "777"
     assert "--partition=gpu" in ran[0][0] and not any(k.startswith("SLURM_J") for k in ran[0][1])
-    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: types.SimpleNamespace(
+    monkeypatch.setattr(slurm.jobs.subprocess, "run", lambda argv, **kw: types.SimpleNamespace(
         returncode=1, stdout="", stderr="sbatch: error: Batch job submission failed"))
     assert slurm.BACKEND.seal_after_job(run, "9", tmp_path / "sub") is None
     assert slurm.BACKEND.seal_after_job(run, None, tmp_path / "sub") is None

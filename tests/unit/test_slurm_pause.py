@@ -13,14 +13,14 @@ def _backend(monkeypatch, rc):
     def scontrol(self, verb, job_id):
         calls.append((verb, job_id))
         if rc:
-            raise slurm_mod.subprocess.CalledProcessError(rc, ["scontrol", verb, job_id], "", "")
+            raise slurm_mod.jobs.subprocess.CalledProcessError(rc, ["scontrol", verb, job_id], "", "")
 
     def run(args, **kw):
         calls.append(tuple(args[1:]))
         return types.SimpleNamespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(SlurmBackend, "_scontrol", scontrol)
-    monkeypatch.setattr(slurm_mod.subprocess, "run", run)
+    monkeypatch.setattr(slurm_mod.jobs.subprocess, "run", run)
     return SlurmBackend.__new__(SlurmBackend), calls
 
 
@@ -32,7 +32,7 @@ def test_a_requeuehold_killed_by_its_own_requeue_is_taken_and_the_hold_made_sure
 
 def test_a_requeuehold_that_slurm_refuses_still_raises(monkeypatch):
     b, calls = _backend(monkeypatch, 1)
-    with pytest.raises(slurm_mod.subprocess.CalledProcessError):
+    with pytest.raises(slurm_mod.jobs.subprocess.CalledProcessError):
         b.pause("7_3")
     assert calls == [("requeuehold", "7_3")]
 

@@ -91,12 +91,12 @@ def test_limits_from_real_scontrol_output():
 
 def test_configured_limits_spare_the_scheduler_queries():
     calls = []
-    real = slurm._run
-    slurm._run = lambda cmd: calls.append(cmd[0]) or ""
+    real = slurm.limits.run
+    slurm.limits.run = lambda cmd: calls.append(cmd[0]) or ""
     try:
         lim = SLURM.array_limits(SimpleNamespace(cluster={"max_array_size": 2, "max_submit_jobs": 9}))
     finally:
-        slurm._run = real
+        slurm.limits.run = real
     assert lim.max_array_size == 2 and lim.max_submit_jobs == 9
     assert calls == ["squeue"]  # only how many jobs are queued now
     assert backends.get("local").array_limits(None) == ArrayLimits()

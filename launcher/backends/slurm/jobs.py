@@ -1,0 +1,190 @@
+"""The Slurm backend's jobs once queued: states (sacct, then squeue), cancel, requeue, pause and resume,
+what the scheduler is doing with a job, and the jobs queued after one (the seal, cluster.elastic)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import launcher.backends.slurm.limits as limits
+from launcher.backends.base import (
+    JobState,
+)
+from launcher.backends.slurm.limits import (
+    job_ending_of,
+)
+from launcher.backends.slurm.text import (
+    ELASTIC_MODULE,
+    ELASTIC_TIME_MIN,
+    PACK_STEP_ENV,
+    after_job_command,
+    job_scope,
+    node_states_from_sinfo,
+    parse_states,
+    seal_job_command,
+    submit_environment,
+)
+from launcher.features.elastic import resize as elastic
+from launcher.job_record import JobRecord
+from launcher.status import Status
+
+
+class SlurmJobs:
+    """A Slurm job's life after sbatch (a mixin of SlurmBackend)."""
+
+    def states(self, jobs: Iterable[Dict[str, Any]]) -> Dict[str, JobState]:
+        ids = sorted({str(j["job_id"]) for j in jobs if j.get("job_id")})
+        if not ids:
+            return {}
+        out = parse_states(limits.run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)]))
+        # accounting lags submission, and keeps REQUEUED for a job requeued held and then cancelled
+        # (a pruned point's): the controller's word for these, while it still knows the job (-t all:
+        # ended ones too, for MinJobAge)
+        ask = [i for i in ids if i not in out or out[i].status is Status.requeued]
+        if ask:
+            live = parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)]))
+            out.update({i: st for i, st in live.items() if i in ask})
+        return out
+
+    def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
+        """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
+        of it writes into the run dir after the launcher seals it."""
+        if job.pack_index is not None:  # a packed point: its step alone; the pack's other points run on
+            return self._cancel_point(job, wait_s)
+        subprocess.run(["scancel", job.job_id], check=False, timeout=60)
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            state = self.states([job.to_json()]).get(job.job_id)
+            if state is None or state.ended:
+                return
+            time.sleep(1.0)
+
+    def _cancel_point(self, job: JobRecord, wait_s: float) -> None:
+        """scancel the step of a packed point (found by its name: launcher.features.pack.runner.step_name), then
+        wait until it is gone. A point still queued has no step: its run, recorded cancelled first
+        (launcher cancel), is one its pack's runner never starts."""
+        prefix = f"pack{job.pack_index}-"
+
+        def steps() -> List[str]:
+            out = limits.run(["squeue", "-h", "-s", "-j", job.job_id, "-o", "%i|%j"])
+            return [i.strip() for i, _, name in (ln.partition("|") for ln in out.splitlines())
+                    if name.strip().startswith(prefix)]
+
+        for step in steps():
+            subprocess.run(["scancel", step], check=False, timeout=60)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and steps():
+            time.sleep(1.0)
+
+    def request_requeue(self, job_id: Optional[str]) -> None:
+        """``scontrol requeue``: Slurm ends this job's processes and queues the same job id again."""
+        if os.environ.get(PACK_STEP_ENV):  # a packed point: its pack's runner starts it again, not Slurm
+            return
+        if os.environ.get(elastic.ENV) == "1":  # cluster.elastic: the job queued after this one restarts the
+            return  # run, as a new job on the nodes there are then (launcher.features.elastic.decide)
+        if not job_id:
+            raise RuntimeError("no Slurm job id to requeue (SLURM_JOB_ID unset)")
+        res = subprocess.run(["scontrol", "requeue", str(job_id)], timeout=60, capture_output=True, text=True)
+        if res.returncode:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
+
+
+    def pause(self, job_id: Optional[str]) -> None:
+        """``scontrol requeuehold``: Slurm ends this job and keeps it pending, held (out of the array's
+        running slots, never purged as an ended job would be) until ``resume_paused`` releases it."""
+        try:
+            self._scontrol("requeuehold", job_id)
+        except subprocess.CalledProcessError as e:
+            if e.returncode >= 0:
+                raise
+            # scontrol runs inside the job: the requeue it asked for ends the job's processes and can kill
+            # scontrol before it exits. The request was taken; a hold makes sure of it (already held: no-op).
+            subprocess.run(["scontrol", "hold", str(job_id)], check=False, timeout=60, capture_output=True)
+
+    def resume_paused(self, job_id: Optional[str], tries: int = 5, wait_s: float = 2.0) -> None:
+        """``scontrol release`` of the held job: it runs again, same job id, and resumes. Asked again a
+        few times: a job paused a moment ago may still be completing its requeue."""
+        for i in range(tries):
+            try:
+                return self._scontrol("release", job_id)
+            except subprocess.CalledProcessError:
+                if i == tries - 1:
+                    raise
+                time.sleep(wait_s)
+
+    def drop_paused(self, job_id: Optional[str]) -> None:
+        """``scancel`` of the held job."""
+        if job_id:
+            subprocess.run(["scancel", str(job_id)], check=False, timeout=60, capture_output=True)
+
+    def _scontrol(self, verb: str, job_id: Optional[str]) -> None:
+        if not job_id:
+            raise RuntimeError(f"no Slurm job id to {verb}")
+        res = subprocess.run(["scontrol", verb, str(job_id)], timeout=60, capture_output=True, text=True)
+        if res.returncode:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr.strip())
+
+    def requeued_since_start(self, job_id: Optional[str]) -> bool:
+        """Whether this job was requeued since it started (its restart count went up): an earlier
+        request went through, and a second one would fail ("Job is pending execution")."""
+        if os.environ.get(PACK_STEP_ENV):
+            return False
+        m = re.search(r"\bRestarts=(\d+)", limits.run(["scontrol", "show", "job", "-o", str(job_id)]))
+        return bool(m) and int(m.group(1)) > int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+    def job_ending(self, job_id: Optional[str]) -> Optional[str]:
+        """``scontrol show job`` read at the TERM (slurmctld's word, before accounting's): see
+        ``job_ending_of``. A packed point's step: None (the pack runner decides for its points)."""
+        if not job_id or os.environ.get(PACK_STEP_ENV):
+            return None
+        return job_ending_of(limits.run(["scontrol", "show", "job", "-o", str(job_id)]),
+                             int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+    def job_state_now(self, job_id: Optional[str]) -> str:
+        """``scontrol show job``'s JobState (slurmctld's word, without accounting's lag); "": unknown."""
+        if not job_id:
+            return ""
+        m = re.search(r"\bJobState=(\S+)", limits.run(["scontrol", "show", "job", "-o", str(job_id)]))
+        return m.group(1) if m else ""
+
+
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """A one-node, one-task job after this one (afterany) seals the run: the allocation is released
+        first, not held while one process hashes the run dir (seal_job_command)."""
+        if not job_id:
+            return None
+        try:
+            return self._sbatch(seal_job_command(run_dir, job_id, folder, sys.executable, os.environ))
+        except (OSError, subprocess.SubprocessError, RuntimeError):
+            return None
+
+    def elastic_after_job(self, run_dir: Path, job_id: str, folder: Path, when: str = "afternotok",
+                          scope: Optional[Mapping[str, str]] = None) -> str:
+        """Queue the one-node job that decides where run ``run_dir`` goes on once job ``job_id`` ends
+        (``when``: afternotok, the cluster may have ended it; afterany, it ends to grow back), in
+        ``scope`` (partition, account, QOS; None: this job's); its id. Raises RuntimeError: refused."""
+        cmd = after_job_command("elastic", ELASTIC_MODULE, run_dir, f"{when}:{job_id}", folder, sys.executable,
+                                job_scope(os.environ) if scope is None else scope, ELASTIC_TIME_MIN, (str(job_id),))
+        return self._sbatch(cmd)
+
+    def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
+        """The nodes of ``partition`` (None: the default one) a job queued now could start on at once: the
+        idle ones, and ``own`` (launcher.features.elastic.resize.usable)."""
+        rows = node_states_from_sinfo(limits.run(["sinfo", "-h", "-N", "-o", "%N|%P|%T"]), partition)
+        return elastic.usable(rows, own)
+
+    def ended_state(self, job_id: str) -> str:
+        """The scheduler's word for a job that has ended (sacct, the controller's while accounting lags)."""
+        state = self.states([{"job_id": job_id}]).get(str(job_id))
+        return state.raw if state is not None else ""
+
+    @staticmethod
+    def _sbatch(cmd: List[str]) -> str:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
+        if res.returncode != 0 or not res.stdout.strip():
+            raise RuntimeError(f"sbatch refused: {(res.stderr or res.stdout).strip()}")
+        return res.stdout.strip().split(";")[0]

@@ -1,0 +1,64 @@
+"""The Slurm backend's node side: whether this process is a task of a Slurm job, its place in the job,
+the node's name and a rendezvous host's address."""
+from __future__ import annotations
+
+import re
+import socket
+from typing import Mapping, Optional
+
+import launcher.backends.slurm.limits as limits
+from launcher.backends.base import (
+    TaskPlace,
+    env_int,
+)
+from launcher.backends.slurm.text import (
+    PACK_STEP_ENV,
+    alias_addr,
+    hostnames,
+)
+
+
+class SlurmNode:
+    """A Slurm task's environment (a mixin of SlurmBackend)."""
+
+    # ---- the node side (launcher.runtime.env): Slurm's environment of a task ----
+    def detect(self, environ: Mapping[str, str]) -> bool:
+        """submitit's batch script exports SUBMITIT_EXECUTOR=slurm; without it, any Slurm job."""
+        word = environ.get("SUBMITIT_EXECUTOR")
+        return word == self.name or (not word and bool(environ.get("SLURM_JOB_ID")))
+
+    def place(self, environ: Mapping[str, str]) -> TaskPlace:
+        raw = str(environ.get("SLURM_JOB_ID") or "")
+        if environ.get(PACK_STEP_ENV) and environ.get("SLURM_STEP_ID"):
+            return self._pack_place(environ, raw)
+        array, task = environ.get("SLURM_ARRAY_JOB_ID") or None, environ.get("SLURM_ARRAY_TASK_ID") or None
+        hosts = hostnames(environ.get("SLURM_JOB_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
+        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=env_int(environ, "SLURM_NTASKS", 1),
+                         local_rank=env_int(environ, "SLURM_LOCALID", 0), node_rank=env_int(environ, "SLURM_NODEID", 0),
+                         num_nodes=env_int(environ, "SLURM_JOB_NUM_NODES", 1), hostnames=tuple(hosts),
+                         job_id=f"{array}_{task}" if array else raw, raw_job_id=raw,
+                         array_job_id=array, array_task_id=task)
+
+    def _pack_place(self, environ: Mapping[str, str], raw: str) -> TaskPlace:
+        """A rank of a packed point (launcher.features.pack.runner): its step's nodes, not the allocation's, and
+        ``<job>.<step>`` as its job id (the rendezvous port is derived from it: points differ)."""
+        step_id = f"{raw}.{environ['SLURM_STEP_ID']}"
+        hosts = hostnames(environ.get("SLURM_STEP_NODELIST", "")) or [self.node_name(environ) or socket.gethostname()]
+        me = self.node_name(environ)
+        world = env_int(environ, "SLURM_STEP_NUM_TASKS", env_int(environ, "SLURM_NTASKS", 1))
+        return TaskPlace(rank=env_int(environ, "SLURM_PROCID", 0), world_size=world,
+                         local_rank=env_int(environ, "SLURM_LOCALID", 0),
+                         node_rank=hosts.index(me) if me in hosts else env_int(environ, "SLURM_NODEID", 0),
+                         num_nodes=env_int(environ, "SLURM_STEP_NUM_NODES", len(hosts)), hostnames=tuple(hosts),
+                         job_id=step_id, raw_job_id=step_id)
+
+    def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
+        return environ.get("SLURMD_NODENAME") or None
+
+    def address_hint(self, host: str, environ: Mapping[str, str]) -> Optional[str]:
+        return alias_addr(host, environ.get("SLURM_NODE_ALIASES", ""))
+
+    def ask_address(self, host: str) -> Optional[str]:
+        """Slurm's NodeAddr of ``host`` (``scontrol show node``: one RPC to slurmctld)."""
+        m = re.search(r"\bNodeAddr=(\S+)", limits.run(["scontrol", "show", "node", host, "-o"]))
+        return m.group(1) if m else None
