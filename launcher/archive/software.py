@@ -7,8 +7,10 @@ import os
 import platform
 import re
 import site
+import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 from urllib.parse import unquote, urlparse
 
@@ -62,11 +64,36 @@ def _line(dist: metadata.Distribution, name: str, site_dirs: Set[str]) -> str:
         url, vcs = direct["url"], direct.get("vcs_info")
         if isinstance(vcs, dict) and vcs.get("vcs"):
             url = f"{vcs['vcs']}+{url}@{vcs.get('commit_id', '')}"
-        if (direct.get("dir_info") or {}).get("editable"):  # a local project: its path, as pip prints it
-            return f"-e {unquote(urlparse(url).path) if url.startswith('file://') else url}"
+        if (direct.get("dir_info") or {}).get("editable"):  # a local project: as pip prints it
+            return _editable(unquote(urlparse(url).path), name) if url.startswith("file://") else f"-e {url}"
         return f"{name} @ {url}"
     # a legacy editable install (`setup.py develop`, an egg-link): its metadata lies in the project itself
     home = os.path.realpath(str(dist.locate_file("")))
     if home not in site_dirs and any(os.path.exists(os.path.join(home, f)) for f in ("setup.py", "pyproject.toml")):
-        return f"-e {home}"
+        return _editable(home, name)
     return f"{name}=={dist.version}"
+
+
+def _editable(path: str, name: str) -> str:
+    """An editable project's line as pip prints it: ``-e git+REMOTE@COMMIT#egg=NAME`` for a git checkout
+    with a remote (origin first; its commit is what the environment runs), else ``-e PATH``. Git is asked
+    only where a .git lies at or above the project (three short commands, for the few editable ones)."""
+    if not any((parent / ".git").exists() for parent in (Path(path), *Path(path).parents)):
+        return f"-e {path}"
+    git = lambda *args: subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,  # noqa: E731
+                                       timeout=30).stdout.strip()
+    try:
+        remotes = git("config", "--get-regexp", r"remote\..*\.url").splitlines()
+        commit, top = git("rev-parse", "HEAD"), git("rev-parse", "--show-toplevel")
+    except (OSError, subprocess.SubprocessError):
+        return f"-e {path}"
+    if not remotes or not commit:
+        return f"-e {path}"
+    url = next((r for r in remotes if r.startswith("remote.origin.url ")), remotes[0]).split(" ", 1)[1].strip()
+    if not re.match(r"\w+://", url):  # pip's own rewriting of a remote: a local path, or scp-like to ssh://
+        scp = re.match(r"^(\w+@)?([^/:]+):(\w[^:]*)$", url)
+        url = (Path(url).resolve().as_uri() if os.path.exists(os.path.join(path, url)) or os.path.exists(url)
+               else f"ssh://{scp.group(1) or ''}{scp.group(2)}/{scp.group(3)}" if scp else url)
+    line = f"-e git+{url}@{commit}#egg={name.replace('-', '_')}"
+    sub = os.path.relpath(os.path.realpath(path), os.path.realpath(top)) if top else "."
+    return line if sub == "." else f"{line}&subdirectory={sub}"
