@@ -26,7 +26,8 @@ _ARGS_PER_CALL = 1000  # paths passed to one git command (an argument list has a
 _PLAIN = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/")
 
 
-def _git(repo: Path, *args: str, check: bool = False, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def git(repo: Path, *args: str, check: bool = False, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """A git command's output in ``repo`` (None where it could not run or failed)."""
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60, check=check,
@@ -38,7 +39,7 @@ def _git(repo: Path, *args: str, check: bool = False, env: Optional[Mapping[str,
 
 
 def repo_root(start: Path) -> Optional[Path]:
-    top = _git(start, "rev-parse", "--show-toplevel")
+    top = git(start, "rev-parse", "--show-toplevel")
     return Path(top.strip()) if top else None
 
 
@@ -78,7 +79,7 @@ def listing(rel: str, data: Optional[bytes]) -> Dict[str, object]:
 
 def _changed_tracked(root: Path, base: str) -> Dict[str, bool]:
     """The tracked files that differ from ``base`` (path -> whether git takes it for binary): one call."""
-    out = _git(root, "diff", *_PLAIN, "--numstat", "-z", base) or ""
+    out = git(root, "diff", *_PLAIN, "--numstat", "-z", base) or ""
     changed: Dict[str, bool] = {}
     for entry in filter(None, out.split("\0")):
         added, deleted, rel = entry.split("\t", 2)
@@ -94,17 +95,17 @@ def _patch(root: Path, base: str, paths: List[str], new: List[str]) -> str:
         return ""
     with tempfile.TemporaryDirectory(prefix="launcher-patch-") as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_LITERAL_PATHSPECS": "1"}
-        if _git(root, "read-tree", base, env=env) is None:
+        if git(root, "read-tree", base, env=env) is None:
             return ""
         for i in range(0, len(new), _ARGS_PER_CALL):
-            _git(root, "add", "--intent-to-add", "--", *new[i:i + _ARGS_PER_CALL], env=env)
-        return "".join(_git(root, "diff", *_PLAIN, "--binary", base, "--", *paths[i:i + _ARGS_PER_CALL], env=env)
+            git(root, "add", "--intent-to-add", "--", *new[i:i + _ARGS_PER_CALL], env=env)
+        return "".join(git(root, "diff", *_PLAIN, "--binary", base, "--", *paths[i:i + _ARGS_PER_CALL], env=env)
                        or "" for i in range(0, len(paths), _ARGS_PER_CALL))
 
 
 def _empty_tree(root: Path) -> str:
     """The empty tree's id (what a repo without a commit is compared with)."""
-    return (_git(root, "hash-object", "-t", "tree", "/dev/null") or "").strip()
+    return (git(root, "hash-object", "-t", "tree", "/dev/null") or "").strip()
 
 
 def git_state(start: Path, known: Optional[Mapping[str, Any]] = None,
@@ -122,12 +123,12 @@ def git_state(start: Path, known: Optional[Mapping[str, Any]] = None,
     if root is None:
         return {"repo": None, "commit": None, "branch": None, "dirty": None, "patch": "", "patch_excluded": [],
                 "patch_listed": [], "note": NOT_A_REPO}
-    commit = (_git(root, "rev-parse", "--verify", "-q", "HEAD") or "").strip() or None
-    branch = (_git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
+    commit = (git(root, "rev-parse", "--verify", "-q", "HEAD") or "").strip() or None
+    branch = (git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
     left_out = tree.not_code(root, exclude)
     base = commit or _empty_tree(root)  # no commit yet: every file the index holds is a change
     tracked = _changed_tracked(root, base)
-    untracked = [rel for rel in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")
+    untracked = [rel for rel in (git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")
                  if rel and not rel.endswith("/")]  # (a nested repo is no file)
     excluded: List[str] = []
     listed: List[Dict[str, object]] = []
@@ -178,7 +179,7 @@ def launcher_state() -> Dict[str, object]:
 
     path = Path(__file__).resolve().parents[1]
     root = repo_root(path)
-    commit = ((_git(root, "rev-parse", "HEAD") or "").strip() or None) if root else None
-    status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = ((git(root, "rev-parse", "HEAD") or "").strip() or None) if root else None
+    status = git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     return {"version": __version__, "path": str(path), "repo": str(root) if root else None, "commit": commit,
             "dirty": bool(status.strip()) if status is not None else None}

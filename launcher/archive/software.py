@@ -7,7 +7,6 @@ import os
 import platform
 import re
 import site
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -80,13 +79,9 @@ def _editable(path: str, name: str) -> str:
     only where a .git lies at or above the project (three short commands, for the few editable ones)."""
     if not any((parent / ".git").exists() for parent in (Path(path), *Path(path).parents)):
         return f"-e {path}"
-    git = lambda *args: subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,  # noqa: E731
-                                       timeout=30).stdout.strip()
-    try:
-        remotes = git("config", "--get-regexp", r"remote\..*\.url").splitlines()
-        commit, top = git("rev-parse", "HEAD"), git("rev-parse", "--show-toplevel")
-    except (OSError, subprocess.SubprocessError):
-        return f"-e {path}"
+    remotes = (code.git(Path(path), "config", "--get-regexp", r"remote\..*\.url") or "").splitlines()
+    commit = (code.git(Path(path), "rev-parse", "HEAD") or "").strip()
+    top = code.repo_root(Path(path))
     if not remotes or not commit:
         return f"-e {path}"
     url = next((r for r in remotes if r.startswith("remote.origin.url ")), remotes[0]).split(" ", 1)[1].strip()
@@ -95,5 +90,5 @@ def _editable(path: str, name: str) -> str:
         url = (Path(url).resolve().as_uri() if os.path.exists(os.path.join(path, url)) or os.path.exists(url)
                else f"ssh://{scp.group(1) or ''}{scp.group(2)}/{scp.group(3)}" if scp else url)
     line = f"-e git+{url}@{commit}#egg={name.replace('-', '_')}"
-    sub = os.path.relpath(os.path.realpath(path), os.path.realpath(top)) if top else "."
+    sub = os.path.relpath(os.path.realpath(path), os.path.realpath(str(top))) if top else "."
     return line if sub == "." else f"{line}&subdirectory={sub}"

@@ -99,7 +99,7 @@ class Backend:
     max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
     # what it can do (CAPABILITIES): a setting that needs what the backend lacks is refused, naming its
     # key, before anything is queued (launcher.rules)
-    packs: bool = False  # cluster.pack: ``pack_parameters``, ``pack_executor``, ``pack_preview``
+    packs: bool = False  # cluster.pack: ``pack_preview``, ``pack_executor``, ``allocation``, ``step_command``
     elastic: bool = False  # cluster.elastic: ``elastic_after_job``, ``usable_nodes``
     pauses: bool = False  # sweep=asha|pbt: ``pause``, ``resume_paused``, ``drop_paused``
     # a job queued to start once another has ended well (``after``): `launcher preflight` queues its
