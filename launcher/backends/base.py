@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 # where a job's note for the step's teardown lives (launcher.runtime.after_step), exported by a batch
 # script that runs a teardown after its step
 NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"
+# a packed point's index, exported by the pack's runner (launcher.features.pack.runner) into the point's
+# step: the backend's node side reads the step's place by it and leaves the point's requeues to the runner
+PACK_STEP_ENV = "LAUNCHER_PACK_STEP"
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         if sig is not None and sig not in data_of:
             data_of[sig] = data_archive.record(r)
         points.append(staging.Staged(
-            index=c.index, config=c.archived, plan=c.plan, data=data_of.get(sig) if sig is not None else None,
+            index=c.index, config=c.archived, plan=c.plan, data=data_of.get(sig),
             seeds={"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
             if script_recipe.is_script(r.get("recipe")) else seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp),
             overrides={"overrides": list(c.point.overrides), "choices": dict(c.point.choices)},

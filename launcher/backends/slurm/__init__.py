@@ -8,7 +8,7 @@ states come from sacct (accounting), and from squeue for jobs sacct has not list
 from __future__ import annotations
 
 import launcher.backends.slurm.limits as limits
-from launcher.backends.base import Backend
+from launcher.backends.base import PACK_STEP_ENV, Backend
 from launcher.backends.slurm.jobs import SlurmJobs
 from launcher.backends.slurm.limits import (
     ASSOC_FORMAT,
@@ -39,7 +39,6 @@ from launcher.backends.slurm.submitting import SlurmSubmission
 from launcher.backends.slurm.text import (
     ELASTIC_MODULE,
     ELASTIC_TIME_MIN,
-    PACK_STEP_ENV,
     REQUEUE_NOTE_ENV,
     SCOPE_ENV,
     SEAL_MODULE,

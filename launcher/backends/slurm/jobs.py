@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
+    PACK_STEP_ENV,
     JobState,
 )
 from launcher.backends.slurm.limits import (
@@ -20,7 +21,6 @@ from launcher.backends.slurm.limits import (
 from launcher.backends.slurm.text import (
     ELASTIC_MODULE,
     ELASTIC_TIME_MIN,
-    PACK_STEP_ENV,
     after_job_command,
     job_scope,
     node_states_from_sinfo,

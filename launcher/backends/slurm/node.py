@@ -8,11 +8,11 @@ from typing import Mapping, Optional
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
+    PACK_STEP_ENV,
     TaskPlace,
     env_int,
 )
 from launcher.backends.slurm.text import (
-    PACK_STEP_ENV,
     alias_addr,
     hostnames,
 )

@@ -15,7 +15,6 @@ from launcher.backends.base import (
 )
 from launcher.status import Status
 
-PACK_STEP_ENV = "LAUNCHER_PACK_STEP"  # launcher.features.pack.runner exports it into each point's step
 REQUEUE_NOTE_ENV = NOTE_ENV  # where the job's note for the step's teardown lives (runtime.after_step)
 
 # Slurm's job states -> the run's status

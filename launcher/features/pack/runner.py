@@ -26,10 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# exported into each point's step: the Slurm backend reads its place (step nodes, step id in the job
-# id and the rendezvous port) and leaves its requeues to the runner
-from launcher.backends.slurm import PACK_STEP_ENV  # noqa: E402
-from launcher.runtime import job_start  # noqa: E402
+from launcher.backends.base import PACK_STEP_ENV
+from launcher.runtime import job_start
 
 PROCESS_OVERHEAD_BYTES = 512 << 20  # per rank beyond the planner's estimate: the interpreter, torch, buffers
 POLL_S = 0.2
