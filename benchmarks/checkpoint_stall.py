@@ -52,8 +52,8 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
     import torch
     from hydra import compose, initialize_config_dir
 
+    from launcher.config.schema import register_configs
     from launcher.rundir import RunDir
-    from launcher.schema import register_configs
     from launcher.training.checkpoint import Checkpointer
     from recipes.gpt.model import GPT
 

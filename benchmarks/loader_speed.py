@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from launcher.config.layout import Layout  # noqa: E402
 from launcher.data.manifest import write_dataset  # noqa: E402
-from launcher.layout import Layout  # noqa: E402
 from recipes.common.data import Prefetch, train_batches  # noqa: E402
 from recipes.gpt.model import GPT  # noqa: E402
 

@@ -5,11 +5,11 @@
 Workload: `launcher plan --search` for gpt_175b on 1024 A100s (128 nodes x 8, cluster a100_80g),
 global batch 1536, bf16: every valid (dp, tp, pp, zero, micro batch, recompute, sequence parallel).
 Prints layouts evaluated per second for
-  - enumerate: the candidates generated and each decided by launcher.rules' table
+  - enumerate: the candidates generated and each decided by launcher.config.rules' table
   - estimate:  the estimators alone over the enumerated layouts (memory, comm, time, feasibility)
   - search:    enumerate + estimate + rank, what `launcher plan --search` runs
   - baseline:  the same estimate reached through the run config, the way a launch checks one point:
-               an OmegaConf config per layout, launcher.rules.problems, then the estimate read from it
+               an OmegaConf config per layout, launcher.config.rules.problems, then the estimate read from it
 and the ratios: search against the baseline, and against the 10,000 layouts/s target.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from launcher.app import CONF_DIR, normalize_overrides
-    from launcher.rules import problems
+    from launcher.config.rules import problems
     from recipes.gpt.plan.estimate import estimate
     from recipes.gpt.plan.spec import LayoutSpec
 

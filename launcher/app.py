@@ -17,8 +17,8 @@ from hydra.core.override_parser.types import Glob
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import ConfigError, ConfigErrors
-from launcher.schema import CONF_DIR, CONFIG_NAME, register_configs
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.schema import CONF_DIR, CONFIG_NAME, register_configs
 
 register_configs()
 
@@ -146,7 +146,7 @@ HYDRA_OUTPUT_KEYS = {
 
 def hydra_output_problems(hydra_overrides) -> list:
     """ConfigErrors for the Hydra output-dir keys among these ``hydra.*`` override lines (pure)."""
-    from launcher.compose import override_key  # lazy: `launch --help` never loads the composer
+    from launcher.config.compose import override_key  # lazy: `launch --help` never loads the composer
 
     found = []
     for line in hydra_overrides:
@@ -189,7 +189,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     (RunFailed) saying why the run has none; and its run id (None if not submitted). InvalidSweep
     propagates: nothing was submitted."""
     # lazy: `launch --help` and --cfg never load the submit path
-    from launcher.outcome import settle
+    from launcher.run.outcome import settle
     from launcher.submit.pipeline import launch
     from launcher.submit.progress import log_of_failure, wait_and_report
 
@@ -268,7 +268,7 @@ def submit_points(points, into=None, indices=None):
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=CONFIG_NAME)
 def _run(cfg: DictConfig) -> None:
-    from launcher.compose import override_lines
+    from launcher.config.compose import override_lines
     from launcher.submit.pipeline import Point  # lazy: `launch --help` and --cfg never load the submit path
 
     hc = HydraConfig.get()

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
+from launcher.run.status import RunStatus, Status
 from launcher.rundir import RESTARTED_BY_USER, RunDir
-from launcher.status import RunStatus, Status
 
 KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
          "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending", "unknown")

@@ -1,7 +1,7 @@
 """This host's GPUs as the local backend sees them, and `cluster=local`'s default process count.
 
 A leaf (nothing of the launcher imported): the local backend (launcher/backends/local.py) and the
-config's resolver for conf/cluster/local.yaml (launcher/schema.py: ``host_gpus_or``) both read it.
+config's resolver for conf/cluster/local.yaml (launcher/config/schema.py: ``host_gpus_or``) both read it.
 ``LAUNCHER_HOST_GPUS=N`` fixes the view at N GPUs (0: none), whatever /dev shows: the pure tests pin
 it (tests/unit/conftest.py), and a host that is not this one is checked, planned, dry-run and run
 with it: its default process count, and its processes on the CPU where the GPUs it names are not

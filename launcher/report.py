@@ -17,13 +17,14 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from launcher import recipe_contract, sweep_view, sweeps
+from launcher import sweep_view, sweeps
 from launcher.archive import atomic
 from launcher.archive.compare import flatten
-from launcher.layout import Layout
+from launcher.config import recipe_contract
+from launcher.config.layout import Layout
+from launcher.config.schema import typed
+from launcher.run.status import RunStatus
 from launcher.rundir import RunDir, SweepDir
-from launcher.schema import typed
-from launcher.status import RunStatus
 from launcher.sweep_view import draw_loss_curves, draw_objective, plain, pyplot
 
 Plot = Tuple[str, bytes]  # (title, PNG bytes)

@@ -3,7 +3,7 @@
 As submitit's JobPaths does for a job, RunDir names each file of ``<runs_root>/<sweep_id>/<index>/``
 once; the launcher (before submission), the job on the node, ``launcher cancel`` and the recipes
 (through ``ctx.rundir``) all write through it. ``FILES`` is the table docs/archive.md lists; a recipe's
-own files (a DeepSpeed config, a benchmark's results) are its contract's (launcher.recipe_contract).
+own files (a DeepSpeed config, a benchmark's results) are its contract's (launcher.config.recipe_contract).
 SweepDir does the same for the sweep directory that holds the runs.
 
 A run becomes final once (completed, failed, cancelled, timeout): ``finish`` records the outcome and
@@ -66,7 +66,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("env/pip-freeze.txt", "launcher", "every installed distribution, as `pip freeze --all` lists them"),
     ("job.json", "launcher", "backend, job id (`<array>_<task>` in a sweep), submitit folder, log paths"),
     ("sbatch.sh", "launcher", "the exact script submitit handed to sbatch, copied from its folder (Slurm)"),
-    ("status.json", "launcher, job", "launcher.status.RunStatus: status (pending, running, completed, failed, "
+    ("status.json", "launcher, job", "launcher.run.status.RunStatus: status (pending, running, completed, failed, "
      "cancelled, timeout, requeued), updated/started/ended, exit_code, error, failed_rank, summary, duration_s, "
      "attempt, restarts, stop, resumed, no_restart (why a failure was not restarted, the fix), hosts, world_size, "
      "job ids, a Hydra app's output/working dir, earlier (the outcomes before a resume)"),
@@ -113,7 +113,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
      "(LAUNCHER_CHECKPOINT_DIR), whatever it saves there"),
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("checkpoints/step_<n>/checkpoint.json", "recipe", "every file of the checkpoint: relative path, size, sha256; "
-     "the step (launcher.checkpoint_manifest: verified before a resume)"),
+     "the step (launcher.run.checkpoint_manifest: verified before a resume)"),
     ("checkpoints/rejected/step_<n>.attempt_<a>/", "recipe", "a checkpoint that failed verification when attempt "
      "<a> resumed, moved aside"),
     ("checkpoint_fallbacks.jsonl", "recipe (rank 0)", "one object per resume that fell back past a checkpoint "

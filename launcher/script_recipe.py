@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from launcher.archive import code
-from launcher.recipe_target import code_root, module_problem
+from launcher.config.recipe_target import code_root, module_problem
 
 SCRIPT_TARGET = "launcher.runtime.script.main"
 KEYS = ("script", "module", "args", "resume_args")  # the recipe keys only a script recipe reads
@@ -155,7 +155,7 @@ def snapshot_root(cwd: Path) -> Path:
 
 
 def problems(tree: Mapping[str, Any]) -> List[Tuple[str, str]]:
-    """(key, problem) of the recipe's script keys (at most one), for launcher.rules."""
+    """(key, problem) of the recipe's script keys (at most one), for launcher.config.rules."""
     found = _problem(tree)
     return [(found[0], found[1])] if found else []
 
@@ -180,7 +180,7 @@ def _check(target: str, script: Optional[str], module: Optional[str], listed: Tu
            cwd: str, snapshot: Optional[str] = None) -> Optional[Tuple[str, str, str]]:
     """(key, problem, fix) of the first thing wrong, or None. ``listed``: the list keys set (args,
     resume_args). ``snapshot``: the code snapshot a resume or reproduction runs
-    (launcher.recipe_target.searched_in), else the launch dir's tree."""
+    (launcher.config.recipe_target.searched_in), else the launch dir's tree."""
     if target != SCRIPT_TARGET:
         if script or module or listed:
             key = "recipe.script" if script else "recipe.module" if module else f"recipe.{listed[0]}"

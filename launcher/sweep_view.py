@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from launcher import recipe_contract, sweeps
+from launcher import sweeps
 from launcher.archive import registry
+from launcher.config import recipe_contract
+from launcher.run.status import STATUSES
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import STATUSES
 
 
 def _text(value: Any) -> str:

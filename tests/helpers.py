@@ -59,7 +59,7 @@ def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
         if len(runs) >= n and all(r["status"] in FINAL and not seal_pending(Path(r["dir"])) for r in runs):
             return runs_json(runs_root)
         # settled, and sealed where the job's end could not (a batch script killed at its time limit):
-        # the login side's refresh does both (launcher.outcome)
+        # the login side's refresh does both (launcher.run.outcome)
         for sweep in sorted({r["sweep_id"] for r in runs if (r.get("job_ended") and r["status"] not in FINAL)
                              or (r["status"] in FINAL and seal_pending(Path(r["dir"])))}):
             run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(runs_root)], runs_root,
@@ -125,7 +125,7 @@ def assert_state_bytes_exact(rdir: Path, procs: int) -> None:
     really held (ranks/state_<r>.json: parameters, gradients, optimizer states)."""
     import yaml
 
-    from launcher.schema import typed
+    from launcher.config.schema import typed
     from recipes.gpt.plan.memory import model_state_bytes_per_rank
 
     rdir = Path(rdir)

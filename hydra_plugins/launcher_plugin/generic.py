@@ -5,7 +5,7 @@ import; nothing of the project's ``launch`` app is imported). It runs the app's 
 the nodes, the way Hydra's own launchers do, and gives every point the archive a ``launch`` run gets:
 
 login side (``launch``)
-  compose each point once (launcher.compose.SweepComposer as ``load_sweep_config``: each combination
+  compose each point once (launcher.config.compose.SweepComposer as ``load_sweep_config``: each combination
   of config-group choices composed by Hydra once, a point's values merged onto a copy; the config the
   node runs, ``now`` resolved as on the login side), a SweepDir (a multirun's later batches join its
   first one's) under ``runs_root`` with ONE code snapshot of the app's repo, then per
@@ -163,7 +163,7 @@ def cluster_config(backend: str, params: Dict[str, Any]) -> DictConfig:
     Slurm job is an sbatch option of its own, not the task count. What the schema has no key for
     (SUBMITIT_SLURM_OPTIONS, stderr_to_stdout, additional_parameters with their types: ``true`` is a
     bare flag) goes to submitit as given, in ``cluster.submitit_parameters``."""
-    from launcher.schema import ClusterConfig
+    from launcher.config.schema import ClusterConfig
 
     extra: Dict[str, str] = {}
     gpus = params.get("gpus_per_node")
@@ -263,7 +263,7 @@ def lifted_setup(params: Dict[str, Any], hydra_overrides: Sequence[str]) -> Tupl
     launch's Hydra overrides with a ``hydra.launcher.setup=[...]`` given there written as the lifted
     lines (what run.json keeps and ``launcher reproduce`` passes again)."""
     from launcher.archive import secrets
-    from launcher.compose import override_key
+    from launcher.config.compose import override_key
 
     lines = [str(x) for x in params.get("setup") or []]
     lifted, values = secrets.lift_shell(lines)
@@ -299,8 +299,8 @@ _MAX_RESTARTS = 100
 
 
 def _task(cfg: DictConfig) -> List[str]:
-    """The point's task overrides as typed (launcher.compose.override_lines: never resolved)."""
-    from launcher.compose import override_lines
+    """The point's task overrides as typed (launcher.config.compose.override_lines: never resolved)."""
+    from launcher.config.compose import override_lines
 
     return override_lines(cfg.hydra.overrides.task)
 
@@ -470,8 +470,8 @@ class _HydraJob:
         after the app's checkpoint hook; once the time-outs allowed (max_num_timeout) are spent, the
         run timed out."""
         from hydra_plugins.launcher_plugin import requeue
+        from launcher.run.status import Status
         from launcher.runtime import restarts
-        from launcher.status import Status
 
         print(f"launcher: run {rd.path}: {stop}", file=sys.stderr, flush=True)
         denv = a.denv
@@ -611,7 +611,7 @@ class _GenericLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        from launcher.compose import SweepComposer
+        from launcher.config.compose import SweepComposer
 
         # Hydra's sweeper composes every point to validate the batch; composed once per combination of
         # group choices with the point's values merged on, and kept for launch() to take
@@ -747,9 +747,9 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     resolved_app_config, when the caller has it."""
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
-    from launcher.compose import override_lines
+    from launcher.config.compose import override_lines
+    from launcher.run.status import Status
     from launcher.rundir import SweepDir
-    from launcher.status import Status
     from launcher.submit import interrupted, staging, submission
     from launcher.sweeps import Unschedulable
 
@@ -903,8 +903,8 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     FAILED JobReturn holding the error)."""
     from launcher.archive import registry
     from launcher.features.asha import rungs
+    from launcher.run.status import Status
     from launcher.rundir import RunDir
-    from launcher.status import Status
     from launcher.submit import progress
 
     out = []

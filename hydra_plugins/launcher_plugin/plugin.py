@@ -26,7 +26,7 @@ batch made (run index = Hydra's job number): a study is one sweep. In results mo
 then becomes that sweep dir, where a sweeper writes its results once it is done (Optuna:
 optimization_results.yaml); they are scrubbed of known secrets at exit and printed.
 
-Composition: every point is composed once, by launcher.compose.SweepComposer (installed as the config
+Composition: every point is composed once, by launcher.config.compose.SweepComposer (installed as the config
 loader's load_sweep_config, so the sweeper's own validation composes it and we take that config)."""
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class LauncherPlugin(Launcher):
     # ---- Hydra's Launcher interface -------------------------------------------------------------
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        from launcher.compose import SweepComposer
+        from launcher.config.compose import SweepComposer
 
         self.hydra_context = hydra_context
         self.config = config
@@ -130,9 +130,9 @@ class LauncherPlugin(Launcher):
         self.composer.expected = self._basic_batch_size()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher import group_options
         from launcher.app import refuse_hydra_output_keys
-        from launcher.compose import FastPoint, override_lines
+        from launcher.config import group_options
+        from launcher.config.compose import FastPoint, override_lines
         from launcher.submit.pipeline import Point
 
         assert self.config is not None and self.hydra_context is not None
@@ -244,7 +244,7 @@ class LauncherPlugin(Launcher):
             try:
                 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-                from launcher.compose import override_lines
+                from launcher.config.compose import override_lines
 
                 params = OmegaConf.select(self.config, "hydra.sweeper.params") or {}
                 lines = [f"{k}={v}" for k, v in params.items()] + override_lines(self.config.hydra.overrides.task)
@@ -263,7 +263,7 @@ class LauncherPlugin(Launcher):
             from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
-            from launcher.compose import override_lines
+            from launcher.config.compose import override_lines
 
             params = [f"{k}={v}" for k, v in (OmegaConf.select(self.config, "hydra.sweeper.params") or {}).items()]
             lines = params + override_lines(self.config.hydra.overrides.task)

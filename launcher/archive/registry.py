@@ -3,7 +3,7 @@
 The run dirs are the truth: each holds run.json and status.json written by the launcher and the job.
 Listing never writes a run dir: an unfinished run's row carries its scheduler's word (Slurm:
 sacct/squeue; local: the process table) in ``job_state``, and ``job_ended`` where the job ended
-without recording an outcome (launcher.outcome records it, for the commands that settle runs).
+without recording an outcome (launcher.run.outcome records it, for the commands that settle runs).
 A failed run's row holds its doctor class, found once when the row is first indexed as final.
 
 One bad run dir never takes the root down: a dir whose run.json, status.json or config.yaml cannot be
@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from launcher import backends
 from launcher.archive import index
+from launcher.run.status import FINAL, Status
 from launcher.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
-from launcher.status import FINAL, Status
 
 # what this command has said already (a `status --watch` lists the root every 2 s): said once
 _said: Set[str] = set()

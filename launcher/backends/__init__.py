@@ -2,10 +2,10 @@
 
 A backend owns everything that differs between schedulers: its submitit executor and parameters,
 which points share one submission (its grouping key), the script it submitted, whether ``launch``
-waits for it by default, the state of its jobs (mapped onto ``launcher.status.Status``), cancel and
+waits for it by default, the state of its jobs (mapped onto ``launcher.run.status.Status``), cancel and
 log paths, and the node side of its jobs (``Backend.detect``, ``place``, ``node_name``, addresses,
 the seal after a job), and what it can do (its capabilities: ``base.CAPABILITIES``; a setting that needs
-one the chosen backend lacks is refused before anything is queued, launcher.rules). Nothing outside
+one the chosen backend lacks is refused before anything is queued, launcher.config.rules). Nothing outside
 this package asks which scheduler a run uses: adding one is adding a module here, or another package's
 ``launcher.backends`` entry point naming its ``Backend`` (``cluster.backend`` names it).
 """
@@ -76,7 +76,9 @@ def every() -> List[Backend]:
 
 def of(cfg: Any) -> Backend:
     """The backend of a run config (its ``cluster.backend``)."""
-    from launcher.schema import enum_value  # omegaconf (through launcher.schema): naming backends needs no config
+    from launcher.config.schema import (
+        enum_value,  # omegaconf (through launcher.config.schema): naming backends needs no config
+    )
 
     return get(enum_value(cfg.cluster.backend))
 

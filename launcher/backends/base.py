@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
+from launcher.run.status import FINAL, Status
 from launcher.rundir import now_iso
-from launcher.status import FINAL, Status
 from launcher.sweeps import ArrayLimits
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class Backend:
     max_nodes: Optional[int] = None  # the most nodes one job may span (None: as many as cluster.nodes asks)
     max_restarts: Optional[int] = None  # the most times it starts one job again (None: no limit of its own)
     # what it can do (CAPABILITIES): a setting that needs what the backend lacks is refused, naming its
-    # key, before anything is queued (launcher.rules)
+    # key, before anything is queued (launcher.config.rules)
     packs: bool = False  # cluster.pack: ``pack_preview``, ``pack_executor``, ``allocation``, ``step_command``
     elastic: bool = False  # cluster.elastic: ``elastic_after_job``, ``usable_nodes``
     pauses: bool = False  # sweep=asha|pbt: ``pause``, ``resume_paused``, ``drop_paused``
@@ -333,7 +333,7 @@ class Backend:
     def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
         """From the job's teardown: have ``run_dir`` (a final run) sealed once this job has ended, off its
         allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
-        seals it, launcher.outcome). ``folder``: the job's submitit folder (logs)."""
+        seals it, launcher.run.outcome). ``folder``: the job's submitit folder (logs)."""
         return None
 
     # cluster.elastic (launcher.features.elastic): a backend with ``elastic`` True has these

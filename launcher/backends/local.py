@@ -12,9 +12,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from launcher import host
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
 from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the host: launcher/host.py)
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.runtime import job_start, warm_start
-from launcher.status import Status
 
 
 def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:

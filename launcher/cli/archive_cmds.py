@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from launcher.archive import compare, registry
+from launcher.config.errors import ConfigErrors
 from launcher.data import archived as data_archive
-from launcher.errors import ConfigErrors
 from launcher.printable import printable
 from launcher.rundir import RunDir
 
@@ -152,7 +152,7 @@ def cmd_reproduce(args) -> int:
     from launcher.submit.reproduce import data_problems, provenance_problems, reproduce
 
     rdir = resolve_run_dir(args._root, args.run)
-    from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
+    from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
     outcome.settle(RunDir(rdir))  # a run whose seal its job left due: sealed first, once the job has ended
     sealed = RunDir(rdir).verify()
@@ -187,7 +187,7 @@ def cmd_resume(args) -> int:
     from launcher.submit.resume import loaded_line, resume
 
     rdir = resolve_run_dir(args._root, args.run)
-    from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
+    from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
     outcome.settle(RunDir(rdir))  # a job that ended without recording its outcome: recorded, so it can resume
     attempt = int(RunDir(rdir).status().attempt or 1) + 1  # the one this resume starts

@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any, List
 
-from launcher import recipe_contract, schema
 from launcher.cli.archive_cmds import resolve_run_dir
+from launcher.config import recipe_contract, schema
+from launcher.config.schema import CONFIG_NAME
 from launcher.rundir import RunDir
-from launcher.schema import CONFIG_NAME
 
 TABLE_TOP = 20
 
@@ -62,7 +62,7 @@ def cmd_plan(args) -> int:
     target = str(cfg.recipe._target_)
     command = recipe_contract.of(target, strict=False).plan_command  # the planner is a recipe's (its contract)
     if command is None:
-        return _fail(f"recipe._target_={target}: its recipe has no planner (launcher.recipe_contract); "
+        return _fail(f"recipe._target_={target}: its recipe has no planner (launcher.config.recipe_contract); "
                      "`launch` holds it only to the rules every recipe shares")
     return command(cfg, args)
 
@@ -85,7 +85,7 @@ def cmd_calibrate(args) -> int:
     found = {c for c in commands.values() if c is not None}
     if targets and not found:
         return _fail(f"--calibrate: the runs ran {', '.join(targets)}: its recipe has no planner to calibrate "
-                     "(launcher.recipe_contract)\nnothing was written")
+                     "(launcher.config.recipe_contract)\nnothing was written")
     if not found:  # no run's recipe is readable: the default recipe's reader says what is wrong with them
         found = {recipe_contract.of(schema.default_target(), strict=False).calibrate_command} - {None}
     if len(found) != 1:

@@ -18,9 +18,9 @@ from rich.text import Text
 
 from launcher import sweeps
 from launcher.archive import registry
-from launcher.errors import ConfigErrors
+from launcher.config.errors import ConfigErrors
+from launcher.run.status import FINAL
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import FINAL
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
 RETRYABLE = ("failed", "cancelled", "timeout")
@@ -37,14 +37,14 @@ def _console():
 def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[Dict[str, Any]]:
     """The runs ``ident`` names (a sweep id, a run id or a run dir; none: the newest sweep), oldest
     first, settled: a run whose job ended without recording an outcome gets the one its scheduler
-    state implies (launcher.outcome), so status, retry and results count it as ended; a final run
+    state implies (launcher.run.outcome), so status, retry and results count it as ended; a final run
     whose seal is due is sealed once its job has ended."""
     chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
     # and a final run whose seal its job left due (one stat of its manifest): sealed once its job ended
     lost = [RunDir(r["dir"]) for r in chosen if (r.get("job_ended") and r["status"] not in FINAL)
             or (r["status"] in FINAL and RunDir(r["dir"]).seal_due())]
     if lost:
-        from launcher import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
+        from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
         outcome.settle_all(lost)
         chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)

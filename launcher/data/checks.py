@@ -1,5 +1,5 @@
 """What ``data=tokens`` is checked for before anything queues: the rows of the rule table read these
-(launcher.rules: path, blend, seq_len against the documents, eval against the val split; a recipe's
+(launcher.config.rules: path, blend, seq_len against the documents, eval against the val split; a recipe's
 contract: its model's vocabulary against the tokenizer's). Each finder returns (key, problem) pairs, one per
 offending key (``data.path``, ``data.blend[1].weight``, ``model.seq_len``, ...).
 

@@ -15,7 +15,7 @@ from launcher.run.io import (
     read_object_lines,
 )
 from launcher.run.sealing import walk
-from launcher.status import RunStatus, Status
+from launcher.run.status import RunStatus, Status
 
 # restart reasons a user asked for (launcher resume / retry): the restart budget starts again there
 RESTARTED_BY_USER = ("resume", "retry")

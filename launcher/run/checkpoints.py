@@ -68,7 +68,7 @@ class Checkpoints:
 def is_checkpoint_problem(problem: str) -> bool:
     """Whether a problem ``RunDir.verify`` names is about checkpoints/ alone (a checkpoint added,
     missing or changed, ``latest`` re-pointed): what a checkpoint's own checkpoint.json decides at
-    resume (launcher.checkpoint_manifest: fall back to an intact one, or refuse naming the file)."""
+    resume (launcher.run.checkpoint_manifest: fall back to an intact one, or refuse naming the file)."""
     first = problem.split(" ", 1)[0]  # the path (or "checkpoint <name>") a problem starts with
     return first in ("checkpoint", "checkpoints") or first.startswith("checkpoints/")
 

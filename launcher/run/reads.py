@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.archive import atomic
-from launcher.job_record import JobRecord
 from launcher.run.io import (
     SweepNames,
     Unreadable,
@@ -17,7 +16,8 @@ from launcher.run.io import (
     read_record,
     read_yaml_mapping,
 )
-from launcher.status import RunStatus
+from launcher.run.job_record import JobRecord
+from launcher.run.status import RunStatus
 
 
 class Reads:
@@ -44,8 +44,8 @@ class Reads:
 
     def layout(self):
         """The Layout archived at launch: what the job runs with (never recomputed on the node)."""
-        from launcher.layout import (
-            Layout,  # omegaconf (through launcher.schema): most readers of a run dir need no layout
+        from launcher.config.layout import (
+            Layout,  # omegaconf (through launcher.config.schema): most readers of a run dir need no layout
         )
 
         return Layout.from_json((self.run() or {})["layout"])

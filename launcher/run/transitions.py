@@ -10,7 +10,7 @@ from launcher.run.io import (
     file_lock,
     now_iso,
 )
-from launcher.status import FINAL, RunStatus, Status
+from launcher.run.status import FINAL, RunStatus, Status
 
 
 class Transitions:
@@ -59,7 +59,7 @@ class Transitions:
         """``finish`` from inside the job (a rank, the step's teardown): the outcome recorded, the seal
         left due (a mark beside the run says so) for when the job has ended, off its allocation: the
         backend's ``seal_after_job``, the local controller, or the login side's next refresh
-        (launcher.outcome). Its ranks may still be writing their last records until then."""
+        (launcher.run.outcome). Its ranks may still be writing their last records until then."""
         done = self.finish(status, seal=False, **fields)
         if done and not self.is_sealed():
             atomic.write_json(self._seal_mark(), {"run_dir": str(self.path), "due": now_iso()})

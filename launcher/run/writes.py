@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from launcher.archive import atomic, yamlio
-from launcher.job_record import JobRecord
 from launcher.run.io import (
     fill_name,
     now_iso,
     put_json,
 )
+from launcher.run.job_record import JobRecord
 
 
 class Writes:

@@ -34,10 +34,10 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.features.asha import rungs
 from launcher.features.elastic import resize as elastic
+from launcher.run.status import RunStatus, Status
 from launcher.rundir import RunDir
 from launcher.runtime import restart_policy, restarts
 from launcher.runtime.restart_policy import Failure
-from launcher.status import RunStatus, Status
 
 ENV = restarts.NOTE_ENV  # the note's path, exported by the batch script (one per job id)
 # the scheduler's words for a job whose step may still be judged here: anything else (CANCELLED,
@@ -169,7 +169,7 @@ def arrange_seal(rd: RunDir, backend: Any, job_id: Optional[str], folder: Path) 
     step, when the job holds one node; otherwise the backend seals it once this job has ended, off the
     allocation (Slurm: a one-node job after this one); returns what
     will seal it, or None: nothing due, or not arranged (the login side's next refresh seals it,
-    launcher.outcome)."""
+    launcher.run.outcome)."""
     if not rd.seal_due():
         return None
     try:

@@ -30,9 +30,9 @@ from launcher.archive import secrets, topology
 from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
 from launcher.backends.local import process_start
 from launcher.features.elastic.resize import GROW
+from launcher.run.status import Status
 from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env, warm_start
-from launcher.status import Status
 
 # what a job reads from its run dir before it knows its place: (master port, environment variables)
 Settings = Callable[[RunDir], Tuple[Optional[int], Mapping[str, Any]]]

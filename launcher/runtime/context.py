@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from launcher.config.layout import Layout
 from launcher.features.elastic.resize import GROW
-from launcher.layout import Layout
 from launcher.rundir import RunDir
 from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
 

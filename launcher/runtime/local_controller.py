@@ -20,10 +20,10 @@ from typing import List, Optional, Sequence
 
 from launcher.archive import atomic
 from launcher.features.asha import rungs
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import after_step
 from launcher.runtime.seal import seal_if_due
-from launcher.status import Status
 
 REQUEUE_EXIT_CODE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 MAX_STARTS = 6  # submitit's local controller starts a job at most this often
@@ -64,7 +64,7 @@ def decide_after(note_path: Path, exit_codes: Sequence[Optional[int]]) -> Option
 def seal_after(note_path: Path) -> bool:
     """Every process has ended: the run's seal, left due by its ranks, made here (this controller holds
     no rank; on Slurm a one-node job after the job does it). True if this sealed it. A run whose rank 0
-    never left its note is sealed by the login side (the launch's wait, launcher.outcome)."""
+    never left its note is sealed by the login side (the launch's wait, launcher.run.outcome)."""
     note = atomic.read_json(note_path, default=None)
     return bool(note and note.get("run")) and seal_if_due(RunDir(note["run"]))
 

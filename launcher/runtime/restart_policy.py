@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from launcher.checkpoint_manifest import CheckpointCorrupt
+from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.doctor import PEER_GONE
-from launcher.errors import ConfigError, ConfigErrors
+from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.rundir import RESTARTED_BY_USER, RunDir
 from launcher.runtime.env import DeviceError
 

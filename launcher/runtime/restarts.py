@@ -28,9 +28,9 @@ from typing import Any, Dict, Optional, Sequence
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
 from launcher.features.elastic import resize as elastic
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import job_start
-from launcher.status import Status
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)
 SIGNAL_REASONS = {signal.SIGTERM: "preempted", signal.SIGUSR2: "time_limit"}

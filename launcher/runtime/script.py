@@ -32,9 +32,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from launcher import script_recipe
 from launcher.archive import snapshot
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import restarts
-from launcher.status import Status
 
 # a non-zero exit of one rank's script is often a peer's failure seen through the process group: the
 # other rank's record (a requeue asked, a failure) gets this long to appear before this rank's counts

@@ -17,15 +17,15 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
+from launcher.config.schema import hang_timeout_s, typed
 from launcher.features.elastic.resize import GROW
 from launcher.features.pbt import population
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, watchdog
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
-from launcher.schema import hang_timeout_s, typed
 from launcher.script_recipe import is_script
-from launcher.status import Status
 
 # ProcessGroupNCCL's error handling switch, and its deprecated name: a value the user set is kept
 NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")

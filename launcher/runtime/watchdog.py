@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import stacks
-from launcher.status import Status
 
 # the run dir's shared filesystem sees at most about this many watchdog looks per second from a job
 # (every rank lists errors/): 1,024 ranks look every 8 s, not every 1 s

@@ -141,8 +141,8 @@ def repair(root: Path) -> List[str]:
 def repair_sweep(sd: SweepDir, alive: Callable[[int], bool] = pid_alive, now: Optional[float] = None) -> Optional[str]:
     from launcher import backends
     from launcher.archive import registry
-    from launcher.job_record import JobRecord
-    from launcher.status import Status
+    from launcher.run.job_record import JobRecord
+    from launcher.run.status import Status
 
     staged = staged_runs(sd)
     journal = atomic.read_json(sd.path / JOURNAL)

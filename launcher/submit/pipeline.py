@@ -22,13 +22,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, group_options, recipe_contract, recipe_target, rules, schema, script_recipe
+from launcher import backends, script_recipe
 from launcher.archive import atomic, code, index as run_index, secrets, snapshot
-from launcher.configview import ConfigView
+from launcher.config import group_options, recipe_contract, recipe_target, rules, schema
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.layout import Layout
+from launcher.config.rules import resolve
+from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
-from launcher.errors import ConfigError, ConfigErrors
-from launcher.layout import Layout
-from launcher.rules import resolve
 from launcher.rundir import RunDir, SweepDir
 from launcher.submit import interrupted, submission
 from launcher.submit.submission import Array, SubmittedRun
@@ -40,9 +41,9 @@ class Point:
     cfg: Any  # composed run config (no hydra node): a DictConfig, or a ConfigView over ``resolved``
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
-    resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.compose.SweepComposer's fast path)
+    resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.config.compose.SweepComposer's fast path)
     # group -> names of <group>.name accepted though no config dir provides them (a reproduction: the
-    # archived run's, launcher.group_options)
+    # archived run's, launcher.config.group_options)
     accepted_names: Dict[str, List[str]] = field(default_factory=dict)
     config_dirs: Tuple[str, ...] = ()  # the search path's dirs beyond conf/ it was composed from (--config-dir)
 
@@ -327,7 +328,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     """Each point's records, staged (launcher.submit.staging: the one staging, a Hydra app's too); the
     code and software records once per sweep (a later batch of one multirun joins the first's)."""
     # lazy: a dry run never stages, submits or publishes
-    from launcher.seeding import seed_plan
+    from launcher.config.seeding import seed_plan
     from launcher.submit import staging
 
     if not sweep.joined:  # a later batch: the first one wrote them, and its runs may be reading them

@@ -9,11 +9,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from launcher import backends, recipe_contract
+from launcher import backends
 from launcher.backends.local import wait_for_local_ranks
-from launcher.outcome import settle
+from launcher.config import recipe_contract
 from launcher.printable import printable
-from launcher.status import Status
+from launcher.run.outcome import settle
+from launcher.run.status import Status
 
 # How often the scheduler is asked whether a job ended: submitit's watcher asks 2, 4, 8 ... 128 s after a
 # submission, so a job that leaves no result file (a killed or failed rank, a hang) would be seen

@@ -17,11 +17,11 @@ from launcher import script_recipe
 from launcher.app import finish
 from launcher.archive import compare, secrets
 from launcher.archive.secrets import is_redacted
-from launcher.compose import override_key
+from launcher.config.compose import override_key
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.schema import typed
 from launcher.data import archived as data_archive
-from launcher.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir, runs as runs_under, tree_sha256
-from launcher.schema import typed
 from launcher.submit import pipeline
 from launcher.submit.pipeline import Point
 
@@ -44,7 +44,7 @@ def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path
         raise ConfigErrors([ConfigError(str(key), str(e).splitlines()[0], "use a key of the archived config")]) from e
     ov = rd.overrides()
     # the archived run's group names passed its launch, from config dirs this command may not search
-    # (its --config-dir): taken as given; a name an override changes is checked (launcher.group_options)
+    # (its --config-dir): taken as given; a name an override changes is checked (launcher.config.group_options)
     accepted = {group: [node["name"]] for group, node in plain.items()
                 if isinstance(node, dict) and isinstance(node.get("name"), str)}
     return Point(cfg=cfg, overrides=list(ov.get("overrides", [])) + list(overrides), choices=ov.get("choices", {}),

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
-from launcher.errors import ConfigError, ConfigErrors
-from launcher.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
 RESHARDS = ("ddp", "fsdp", "deepspeed", "megatron")  # engines whose checkpoints hold universal/ and load one
 INDEX = Path(UNIVERSAL_DIR) / UNIVERSAL_INDEX  # what a checkpoint with layout-independent state holds

@@ -3,7 +3,7 @@ same run dirs (archived config, code snapshot, seeds), from each run's latest ch
 
 Every run is checked before anything changes: it must have ended, its sealed archive must be intact
 (a changed archive is refused), its latest checkpoint (or an earlier one) must match its
-checkpoint.json by name and size (launcher.checkpoint_manifest; the job checks every byte), and a
+checkpoint.json by name and size (launcher.run.checkpoint_manifest; the job checks every byte), and a
 change asked for (``--steps``, ``key=value``) must pass the rules, and one that moves state between
 ranks (dp, ZeRO stage, engine, node count) needs a layout-independent checkpoint and the same global
 batch (launcher.submit.reshard). Then each run's
@@ -25,19 +25,21 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import backends, checkpoint_manifest, recipe_contract, recipe_target
+from launcher import backends
 from launcher.archive import registry, secrets
-from launcher.checkpoint_manifest import CheckpointCorrupt
-from launcher.configview import ConfigView
+from launcher.config import recipe_contract, recipe_target
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.rules import resolve
+from launcher.config.schema import typed
+from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive
-from launcher.errors import ConfigError, ConfigErrors
 from launcher.features.elastic.resize import GROW, SHRINK, waits_for_its_job
-from launcher.rules import resolve
+from launcher.run import checkpoint_manifest
+from launcher.run.checkpoint_manifest import CheckpointCorrupt
+from launcher.run.status import FINAL, Status
 from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
 from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
-from launcher.schema import typed
-from launcher.status import FINAL, Status
 from launcher.submit import reshard, submission
 from launcher.submit.pipeline import SweepResult
 from launcher.sweeps import Unschedulable, job_name

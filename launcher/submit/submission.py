@@ -17,12 +17,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
-from launcher import backends, schema
+from launcher import backends
 from launcher.archive import atomic, secrets
+from launcher.config import schema
 from launcher.features.elastic import resize as elastic
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.rundir import RunDir
-from launcher.status import Status
 from launcher.submit import signals
 from launcher.sweeps import Unschedulable, plan_arrays
 

@@ -21,7 +21,7 @@ A checkpoint after step n is the directory ``checkpoints/step_<n>/`` of the run 
 Every rank writes its part into ``checkpoints/.step_<n>.partial/``, drops a ``done_rank_<r>``
 marker (with the sha256 of each file it wrote) and adds 1 to the save's counter in the process
 group's store (no rank lists the directory); the rank whose add completes the count writes
-``checkpoint.json`` (every file's size and sha256: launcher.checkpoint_manifest), renames the
+``checkpoint.json`` (every file's size and sha256: launcher.run.checkpoint_manifest), renames the
 directory into place and only then points ``checkpoints/latest`` at it, so ``latest`` only ever
 names a complete checkpoint. A crash mid-write leaves a partial directory, which the next attempt
 deletes. The last ``train.checkpoint.keep`` complete checkpoints are kept (that rank deletes older
@@ -56,10 +56,10 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 import torch
 import torch.distributed as dist
 
-from launcher import checkpoint_manifest
-from launcher.checkpoint_manifest import CheckpointCorrupt
-from launcher.schema import enum_value
-from launcher.seeding import derive_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import derive_seed
+from launcher.run import checkpoint_manifest
+from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.training import universal
 
 RNG_FILE = "rng_rank_{rank:05d}.pt"
@@ -380,7 +380,7 @@ class Checkpointer:
 
     def _verified_latest(self) -> Optional[Path]:
         """The checkpoint every rank resumes from: rank 0 verifies ``latest`` against its manifest
-        (falling back past a corrupt one: launcher.checkpoint_manifest) and tells the others, so all
+        (falling back past a corrupt one: launcher.run.checkpoint_manifest) and tells the others, so all
         load the same one or all raise the same CheckpointCorrupt (none waits for a rank that failed)."""
         verdict: Dict[str, Any] = {}
         failed: Optional[BaseException] = None

@@ -4,7 +4,7 @@ Pure: no torch / deepspeed import, so it can run (and be tested) anywhere, inclu
 login node. The deepspeed engines (``launcher.training.engines.deepspeed`` for any model, and a
 recipe's own) pass the result to ``deepspeed.initialize`` and archive it in the run dir.
 
-Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.layout``), which the
+Batch split, ZeRO stage and offload come from the run's ``Layout`` (``launcher.config.layout``), which the
 launcher resolved and checked against the rule table (``RULES``) before the job started; nothing
 the rules cover is checked again here. Mapping (layout field / run config key -> DeepSpeed key):
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from launcher.schema import enum_value
+from launcher.config.schema import enum_value
 
 if TYPE_CHECKING:
-    from launcher.layout import Layout
+    from launcher.config.layout import Layout
 
 # Gradient reduce / parameter all-gather buckets for ZeRO-1/2, in elements (DeepSpeed's own
 # default is 5e8; 2e8 is the value its tutorials and Megatron-DeepSpeed use: 400 MB in 16-bit).

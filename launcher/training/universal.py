@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from launcher.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
+from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
 __all__ = ["DIR", "INDEX", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state",
            "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "verify", "with_scaler"]

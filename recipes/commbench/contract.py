@@ -1,4 +1,4 @@
-"""The communication benchmark's contract with the launcher (launcher.recipe_contract): its settings
+"""The communication benchmark's contract with the launcher (launcher.config.recipe_contract): its settings
 checked at launch (a bad recipe.params fails there, not after the job has queued), its results file,
 its section of the run report and what preflight's comm rung runs and reads (``link_check``).
 Light: the login side imports it (no torch).
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
-from launcher.recipe_contract import LinkCheck, RecipeSpec, ReportSection, RunFile
+from launcher.config.recipe_contract import LinkCheck, RecipeSpec, ReportSection, RunFile
 from recipes.commbench import settings
 
 RESULTS = "commbench.json"  # rank 0 writes it (bench.py); the report and preflight's comm rung read it

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
-from launcher.recipe_contract import ReportSection
+from launcher.config.recipe_contract import ReportSection
 from launcher.report import Html, Plot, figure_png, kv_table, plots_block, table, tag
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from launcher.schema import enum_value
+from launcher.config.schema import enum_value
 
 DTYPES = ("fp32", "bf16", "fp16")
 

@@ -13,7 +13,7 @@ step sees do not depend on the data-parallel layout:
     micro batch k of rank r at step s holds samples s*G + r*(a*mb) + k*mb + j, j < mb
 
 with G the global batch, mb the micro batch and a the gradient accumulation steps, all three
-read from the run's ``Layout`` (``launcher.layout``: G = dp * mb * a). Concatenating ranks in
+read from the run's ``Layout`` (``launcher.config.layout``: G = dp * mb * a). Concatenating ranks in
 order, then micro batches, gives samples s*G .. s*G + G - 1 for every dp.
 """
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from launcher.schema import enum_value
-from launcher.seeding import data_seed as run_data_seed, derive_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import data_seed as run_data_seed, derive_seed
 
 if TYPE_CHECKING:
-    from launcher.layout import Layout
+    from launcher.config.layout import Layout
 
 try:  # the walk is ~8x faster in numpy; torch gives identical results without it
     import numpy as _np

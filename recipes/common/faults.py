@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from launcher.errors import ConfigError
-from launcher.schema import enum_value
+from launcher.config.errors import ConfigError
+from launcher.config.schema import enum_value
 
 
 def inject_fault(cfg: Any, ctx: Any, step: int, tag: str = "train") -> None:

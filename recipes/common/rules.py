@@ -2,7 +2,7 @@
 the global batch splitting into dp x micro batches, the warm-up within the run."""
 from __future__ import annotations
 
-from launcher.rules import RUN, SHAPE, Rule
+from launcher.config.rules import RUN, SHAPE, Rule
 
 BATCH_SPLITS = Rule(
     "train.global_batch_size", lambda f: f.per_step is not None and f.grad_accum is None,

@@ -1,5 +1,5 @@
 """Seeding the RNGs of a rank (the torch part). The seeds themselves (derive_seed, data_seed,
-dropout_seed, seed_plan) are pure and live in ``launcher.seeding``."""
+dropout_seed, seed_plan) are pure and live in ``launcher.config.seeding``."""
 from __future__ import annotations
 
 import random

@@ -1,4 +1,4 @@
-"""The GPT recipe's contract with the launcher (launcher.recipe_contract): its config schema (the
+"""The GPT recipe's contract with the launcher (launcher.config.recipe_contract): its config schema (the
 ``model`` group, recipes/gpt/schema.py) and the model shape its rules read, the rows of the rule table
 only a GPT run is held to (heads, ffn, vocab and layers against tp and pp, the batch splitting into
 micro batches, the 1F1B pipeline's micro batches, the data's vocabulary, the warm-up), its planner (the
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.config.recipe_contract import RecipeSpec
+from launcher.config.rules import RUN, VALUE, Rule, bound_rows
 from launcher.data import checks as data_checks
-from launcher.recipe_contract import RecipeSpec
-from launcher.rules import RUN, VALUE, Rule, bound_rows
 from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
 

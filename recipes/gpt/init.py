@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from launcher.seeding import derive_seed
+from launcher.config.seeding import derive_seed
 
 INIT_STD = 0.02
 Rows = Union[None, slice, torch.Tensor, Sequence[int]]

@@ -111,7 +111,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT built from a ModelConfig-like object (attributes as in launcher.schema.ModelConfig).
+    """GPT built from a ModelConfig-like object (attributes as in launcher.config.schema.ModelConfig).
 
     ``forward(tokens)`` returns logits [b, s, vocab]; ``forward(tokens, labels)`` returns
     the mean cross-entropy loss (fp32). ``seed``: the init's (``recipes.gpt.init``); None leaves the

@@ -8,7 +8,7 @@ one (else the ranks repeat each other's masks). A ``RNGTracker`` keeps one gener
 stream; ``fork(name)`` swaps it in as the device's default generator state for the dropout inside, and
 swaps the default state back after (the stream's advanced state is kept for the next fork).
 
-Streams (``dropout_tracker``; seeds from ``launcher.seeding.tracker_seeds``, archived in seeds.json):
+Streams (``dropout_tracker``; seeds from ``launcher.config.seeding.tracker_seeds``, archived in seeds.json):
 
     replicated      derive_seed(seed, 'dropout', dp_rank, pp_rank)            same on every tp rank
     model_parallel  derive_seed(seed, 'dropout', dp_rank, pp_rank, tp_rank)   distinct per tp rank
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
-from launcher.seeding import tracker_seeds
+from launcher.config.seeding import tracker_seeds
 
 REPLICATED = "replicated"
 MODEL_PARALLEL = "model_parallel"
@@ -122,7 +122,7 @@ class RNGTracker:
 
 def dropout_tracker(seed: int, dp_rank: int, pp_rank: int, tp_rank: int,
                     device: Union[str, torch.device] = "cpu") -> RNGTracker:
-    """The replicated and model-parallel dropout streams of one rank (``launcher.seeding.tracker_seeds``)."""
+    """The replicated and model-parallel dropout streams of one rank (``launcher.config.seeding.tracker_seeds``)."""
     tracker = RNGTracker(device)
     for name, value in tracker_seeds(seed, dp_rank, pp_rank, tp_rank).items():
         tracker.add(name, value)

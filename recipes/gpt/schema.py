@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import MISSING
 
-from launcher.schema import RunConfig, num
+from launcher.config.schema import RunConfig, num
 
 
 @dataclass
@@ -79,5 +79,5 @@ NOT_A_GPT = ModelSpec("not_a_gpt", 1, 1, 1, 1, 1, 1)
 
 
 def facts(cfg: Any) -> ModelSpec:
-    """What ``launcher.layout.Facts.model`` holds for a GPT run."""
+    """What ``launcher.config.layout.Facts.model`` holds for a GPT run."""
     return NOT_A_GPT if getattr(cfg.model, "_target_", None) else ModelSpec.from_cfg(cfg.model)

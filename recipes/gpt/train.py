@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from launcher.schema import warmup_steps
+from launcher.config.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
 from launcher.training.engines.engine import dtype_name
 from recipes.common.activations import ActivationMeter

@@ -1,4 +1,4 @@
-"""The lm recipe's contract with the launcher (launcher.recipe_contract): its schema (the open
+"""The lm recipe's contract with the launcher (launcher.config.recipe_contract): its schema (the open
 ``model`` group and the data's shape ``lm``, recipes/lm/schema.py), the rows only its runs are held to
 (a model named and found before anything queues, the batch split, an engine it trains on, the
 synthetic data's branching and a tokenized dataset's vocabulary within ``lm.vocab_size``), the step
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from launcher.config.recipe_contract import RecipeSpec
+from launcher.config.recipe_target import target_problem
+from launcher.config.rules import RUN, Rule, bound_rows
 from launcher.data import checks as data_checks
-from launcher.recipe_contract import RecipeSpec
-from launcher.recipe_target import target_problem
-from launcher.rules import RUN, Rule, bound_rows
 from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.lm import schema
 

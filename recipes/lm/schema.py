@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 from omegaconf import MISSING
 
-from launcher.schema import RunConfig, num
+from launcher.config.schema import RunConfig, num
 
 NOT_ARGUMENTS = ("name",)  # keys of the model group that are the launcher's, never the module's
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List
 import torch
 from omegaconf import OmegaConf
 
-from launcher.schema import warmup_steps
+from launcher.config.schema import warmup_steps
 from launcher.training import Checkpointer, StepLoop
 from launcher.training.engines import build_engine
 from recipes.common.data import Prefetch, SampleLog, eval_batches, train_batches

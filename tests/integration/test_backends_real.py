@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launcher.status import Status
+from launcher.run.status import Status
 from unit.test_backends import SLURM, _cfg  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 

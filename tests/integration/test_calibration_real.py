@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from helpers import BIN, EQUIV_BASE, REPO, launch, runs_json
-from launcher.schema import typed
+from launcher.config.schema import typed
 from recipes.gpt.plan import calibrate
 from recipes.gpt.plan.spec import Calibration
 

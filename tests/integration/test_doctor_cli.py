@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from launcher.doctor import FIXES
-from launcher.status import Status
+from launcher.run.status import Status
 from unit.test_doctor import OOM_STARTUP, _run_dir  # noqa: F401 (fixtures and helpers shared with the pure tests)
 
 

@@ -164,8 +164,8 @@ def test_fp16_at_zero0_is_refused_before_deepspeed_starts():
     or DeepSpeed starts) rather than train 65536x too slowly."""
     from omegaconf import OmegaConf
 
-    from launcher.rules import resolve
-    from launcher.schema import typed
+    from launcher.config.rules import resolve
+    from launcher.config.schema import typed
 
     cfg = typed(OmegaConf.create({"model": {"name": "t", "num_layers": 1, "hidden_size": 8, "num_heads": 2,
                                             "ffn_hidden_size": 16, "vocab_size": 16, "seq_len": 4},

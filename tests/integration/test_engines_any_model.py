@@ -100,7 +100,7 @@ def _hf():
 def _cfg(engine: str, stage: int, options: Dict[str, Any]) -> Any:
     from omegaconf import OmegaConf
 
-    from launcher.schema import RunConfig
+    from launcher.config.schema import RunConfig
 
     return OmegaConf.merge(OmegaConf.structured(RunConfig), {
         "seed": 5, "zero": {"stage": stage}, "parallelism": {"engine": engine, **options},
@@ -133,7 +133,7 @@ def _train(model: str, engine: str, stage: int, rank: int, world: int, run_dir: 
            options: Dict[str, Any]) -> Dict:
     """Train (resuming from run_dir's latest checkpoint, if any) through ``steps``; losses by step and
     this rank's final state."""
-    from launcher.layout import Layout
+    from launcher.config.layout import Layout
     from launcher.training import Checkpointer, StepLoop
     from launcher.training.engines import build_engine
 

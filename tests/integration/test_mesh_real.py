@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from launcher.layout import Layout
+from launcher.config.layout import Layout
 
 
 def mesh(dp: int, pp: int, tp: int, procs_per_node: int = 0) -> Layout:

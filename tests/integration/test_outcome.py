@@ -1,4 +1,4 @@
-"""Settling a lost job's outcome (launcher.outcome) against real processes: listing runs writes
+"""Settling a lost job's outcome (launcher.run.outcome) against real processes: listing runs writes
 nothing, `launcher status` settles once, a live job is left alone."""
 import json
 import subprocess
@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from launcher import outcome
 from launcher.archive import registry
 from launcher.cli import main as cli
-from launcher.job_record import JobRecord
+from launcher.run import outcome
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.rundir import SweepDir
-from launcher.status import Status
 
 
 def _tree(path):

@@ -5,7 +5,7 @@ import sys
 
 
 def test_recipe_target_check_imports_nothing():
-    code = ("import sys; from launcher.recipe_target import target_problem; "
+    code = ("import sys; from launcher.config.recipe_target import target_problem; "
             "assert target_problem('recipes.gpt.train.main') is None; "
             "assert target_problem('recipes.gpt.engines.deepspeed.DeepSpeedEngine') is None; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('recipes', 'torch', 'deepspeed')); "

@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.status import Status
+from launcher.run.status import Status
 
 
 def _cfg(*overrides):
@@ -28,7 +28,7 @@ def _ended_run(tmp_path, *overrides):
 
 
 def test_retry_checks_every_change_before_anything_changes(tmp_path):
-    from launcher.errors import ConfigErrors
+    from launcher.config.errors import ConfigErrors
     from launcher.submit import resume
 
     rd = _ended_run(tmp_path, "train.fail_at_step=2")
@@ -86,8 +86,8 @@ def test_resume_refuses_a_run_whose_checkpoints_fail_their_manifest_before_submi
     """`launcher resume`'s check (names and sizes, against each checkpoint.json): a truncated latest
     resumes from the intact checkpoint before it; with none left the resume is refused, naming the
     file, before anything is written (the job itself checks every byte: tests/unit/test_training_api.py)."""
-    from launcher import checkpoint_manifest
-    from launcher.errors import ConfigErrors
+    from launcher.config.errors import ConfigErrors
+    from launcher.run import checkpoint_manifest
     from launcher.submit import resume
 
     rd = _ended_run(tmp_path)
@@ -112,8 +112,8 @@ def test_resume_leaves_checkpoints_to_their_manifests_and_refuses_any_other_chan
     """A sealed run's checkpoints changed after the seal (here: one added) are named in a warning and
     judged by their checkpoint.json (the resume goes on from the intact one); any other change to the
     sealed archive still refuses the resume, naming it."""
-    from launcher import checkpoint_manifest
-    from launcher.errors import ConfigErrors
+    from launcher.config.errors import ConfigErrors
+    from launcher.run import checkpoint_manifest
     from launcher.submit import resume
 
     rd = _ended_run(tmp_path)

@@ -1,4 +1,4 @@
-"""A user's recipe is a first-class recipe (the recipe contract, launcher.recipe_contract): run for real
+"""A user's recipe is a first-class recipe (the recipe contract, launcher.config.recipe_contract): run for real
 on 3 local processes with a batch the GPT's rule refuses, it completes, is named after itself, counts no
 steps, and neither `launcher show` nor `launcher report` prints a GPT plan."""
 import json

@@ -2,11 +2,11 @@
 pure), and the defaults that let failures reach it: the multi-node hang watch, the checkpoint advice."""
 import pytest
 
-from launcher import rules
+from launcher.config import rules
+from launcher.config.schema import hang_timeout_s
+from launcher.run.status import RunStatus, Status
 from launcher.runtime.after_step import Outcome, StepEnd, decide, describe
 from launcher.runtime.restart_policy import Failure
-from launcher.schema import hang_timeout_s
-from launcher.status import RunStatus, Status
 
 NOTE = {"run": "/runs/x/0", "attempt": 2, "job_id": "9", "max_restarts": 3}
 RUNNING = StepEnd(rc=137, scheduler_state="RUNNING", source="srun")  # as the Slurm backend's teardown says it

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.features.asha import schedule as asha
-from launcher.status import FINAL, RunStatus, Status
+from launcher.run.status import FINAL, RunStatus, Status
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 
 RULE = asha.Rule(rungs=(5, 15, 45), reduction=3, mode="min", steps=45)

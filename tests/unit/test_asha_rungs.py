@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from launcher.features.asha import rungs
+from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
 from launcher.runtime import local_controller
-from launcher.status import Status
 
 CFG = {"cluster": {"backend": "local"}, "train": {"steps": 6},
        "sweep": {"scheduler": "asha", "rungs": [2, 4], "reduction": 2, "mode": "min", "objective": "loss"}}

@@ -3,10 +3,11 @@ scheduler states, and that cluster.backend names one of them."""
 
 from hydra import compose, initialize_config_dir
 
-from launcher import backends, rules
+from launcher import backends
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.backends import slurm
-from launcher.job_record import JobRecord
+from launcher.config import rules
+from launcher.run.job_record import JobRecord
 
 SLURM = backends.get("slurm")
 

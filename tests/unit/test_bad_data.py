@@ -22,10 +22,10 @@ import pytest
 from launcher.archive import atomic, index, registry, yamlio
 from launcher.backends import local
 from launcher.cli.main import main
-from launcher.job_record import JobRecord
 from launcher.printable import printable
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import Status
 
 RED_TITLE = "\x1b[31mRED\x1b]0;TITLE-PWNED\x07"
 NO_PID = 4194305  # above the largest pid_max Linux allows: never a live process

@@ -1,7 +1,7 @@
 """Bad input: every invalid configuration is rejected by the full pre-submit check, naming its key,
-and nothing is submitted. Config rules (launcher.rules) and the planner's checks (recipes.gpt.plan.checks).
+and nothing is submitted. Config rules (launcher.config.rules) and the planner's checks (recipes.gpt.plan.checks).
 
-Every key of the schema is walked (launcher.schema.leaves): each numeric key out of its declared bounds
+Every key of the schema is walked (launcher.config.schema.leaves): each numeric key out of its declared bounds
 (and nan / inf for floats), each enum with a bogus value, each string (and list item, mapping key and
 value) with a control character; and no control character ever reaches an sbatch script through the
 real `launch` command."""
@@ -19,8 +19,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf, open_dict
 
 from helpers import REPO
-from launcher import schema
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.config import schema
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 
 A100_1B3 = ["model=gpt_1b3", "cluster=a100_80g", "precision=bf16"]

@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.app import CONF_DIR
-from launcher.layout import Facts
-from launcher.rules import layout_of
+from launcher.config.layout import Facts
+from launcher.config.rules import layout_of
 from launcher.rundir import RunDir
 from recipes.gpt.plan import calibrate
 from recipes.gpt.plan.calibrate import CalibrationError, Sample
@@ -241,7 +241,7 @@ def test_the_constants_come_from_the_cluster_config():
 @pytest.mark.parametrize("key,value", [("compute_scale", 0), ("comm_scale", -1), ("step_overhead_s", -0.5),
                                        ("activation_scale", 0)])
 def test_out_of_bounds_constants_are_refused_naming_the_key(key, value):
-    from launcher.rules import problems
+    from launcher.config.rules import problems
 
     errors = problems(cfg_with(f"cluster.calibration.{key}={value}"))
     assert [e.key for e in errors] == [f"cluster.calibration.{key}"]

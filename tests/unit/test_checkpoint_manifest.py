@@ -1,12 +1,12 @@
 """A checkpoint's checkpoint.json and the choice of the checkpoint to resume from
-(launcher.checkpoint_manifest), on checkpoint dirs built by hand (no torch): what counts as
+(launcher.run.checkpoint_manifest), on checkpoint dirs built by hand (no torch): what counts as
 intact, what a pointer may name, and when the choice falls back or fails."""
 import json
 
 import pytest
 
-from launcher import checkpoint_manifest as cm
-from launcher.checkpoint_manifest import CheckpointCorrupt
+from launcher.run import checkpoint_manifest as cm
+from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.rundir import RunDir
 
 

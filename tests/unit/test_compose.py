@@ -4,7 +4,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException as HydraCompositionError
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.schema import register_configs
+from launcher.config.schema import register_configs
 
 register_configs()
 
@@ -55,8 +55,8 @@ def test_bad_enum_lists_choices():
 @pytest.mark.parametrize("steps,want", [(1, 1), (3, 3), (5, 5), (60, 5)])
 def test_default_warmup_never_exceeds_the_run(steps, want):
     """The default warm-up is min(5, train.steps): a short run is not refused because of it."""
-    from launcher.rules import problems
-    from launcher.schema import warmup_steps
+    from launcher.config.rules import problems
+    from launcher.config.schema import warmup_steps
 
     cfg = _compose(f"train.steps={steps}")
     assert warmup_steps(cfg) == want and problems(cfg) == []

@@ -1,4 +1,4 @@
-"""launcher.compose.SweepComposer composes a sweep point as Hydra's load_sweep_config does, once per
+"""launcher.config.compose.SweepComposer composes a sweep point as Hydra's load_sweep_config does, once per
 distinct combination of group choices (value overrides applied onto a copy), and each point once."""
 import itertools
 import random
@@ -11,7 +11,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from launcher.app import CONF_DIR
-from launcher.compose import SweepComposer
+from launcher.config.compose import SweepComposer
 
 # a master config as `launch -m` composes it (sweep overrides on the command line)
 SWEEP = ["model=gpt_tiny,gpt_125m", "zero=0,1,2", "cluster=local,local_slurm", "optim.lr=1e-3,3e-3",
@@ -146,7 +146,7 @@ def _hydra_resolved(loader, master, overrides):
 
 @pytest.mark.parametrize("overrides", FAST, ids=" ".join)
 def test_fast_point_is_hydras_resolution(loader, master, overrides):
-    from launcher.compose import FastPoint
+    from launcher.config.compose import FastPoint
 
     composer = SweepComposer(loader)
     got = composer.point(master, list(overrides))
@@ -175,7 +175,7 @@ def test_fast_points_do_not_leak_into_each_other(loader, master):
 def test_other_values_as_hydra_composes_them(loader, master, overrides):
     """A bad value, an unknown key (Hydra's errors, from the full path), an interpolation, a deletion, a
     list (composed into the base), an override of the same key twice (the full path, in order)."""
-    from launcher.compose import FastPoint
+    from launcher.config.compose import FastPoint
 
     composer = SweepComposer(loader)
     try:
@@ -199,7 +199,7 @@ def test_other_values_as_hydra_composes_them(loader, master, overrides):
 def test_plain_number_lines_parse_as_hydra_parses_them(line):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from launcher.compose import plain_number_override
+    from launcher.config.compose import plain_number_override
 
     mine = plain_number_override(line)
     try:

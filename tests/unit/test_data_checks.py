@@ -21,11 +21,11 @@ from hydra import compose, initialize_config_dir
 from launcher.app import CONF_DIR
 from launcher.archive import software
 from launcher.cli.main import main
+from launcher.config.errors import ConfigErrors
 from launcher.data import archived, checks, manifest
 from launcher.data.manifest import write_dataset
-from launcher.errors import ConfigErrors
+from launcher.run.status import Status
 from launcher.rundir import RunDir
-from launcher.status import Status
 from launcher.submit import pipeline, reproduce as reproduce_mod, resume as resume_mod
 from launcher.submit.pipeline import InvalidSweep, Point, validate
 
@@ -317,7 +317,7 @@ def test_the_points_of_a_sweep_on_one_dataset_share_one_record(tmp_path, monkeyp
 def test_the_sequence_length_is_the_one_the_recipe_declares():
     from types import SimpleNamespace
 
-    from launcher.config_values import Values
+    from launcher.config.values import Values
 
     lm_like = SimpleNamespace(model=SimpleNamespace(seq_len=128), values=Values({"lm": {"seq_len": 128}}))
     assert checks.seq_len_of(lm_like) == ("lm.seq_len", 128)  # a recipe whose data shape is its own group's

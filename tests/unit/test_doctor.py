@@ -31,7 +31,7 @@ from pathlib import Path
 
 from launcher import doctor
 from launcher.doctor import FIXES, KINDS, Diagnosis, Evidence, diagnose
-from launcher.status import Status
+from launcher.run.status import Status
 
 REPO = Path(__file__).resolve().parents[2]
 

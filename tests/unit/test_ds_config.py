@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.rules import resolve
-from launcher.schema import register_configs
+from launcher.config.rules import resolve
+from launcher.config.schema import register_configs
 from launcher.training.ds_config import BUCKET_ELEMENTS, build_ds_config
 
 register_configs()
@@ -132,7 +132,7 @@ def test_impossible_configs_raise_naming_the_key(overrides, dp, needle):
 def test_on_gpus_reduction_overlaps_the_backward_and_offload_is_pinned(stage):
     from omegaconf import OmegaConf
 
-    from launcher.layout import Layout
+    from launcher.config.layout import Layout
 
     cfg = OmegaConf.create({"model": {"hidden_size": 64}, "optim": {"grad_clip": 1.0},
                             "precision": {"dtype": "bf16"}})

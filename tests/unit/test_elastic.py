@@ -5,12 +5,12 @@ import pytest
 from test_bad_input import compose_cfg
 
 from launcher.backends.slurm import after_job_command, node_states_from_sinfo, seal_job_command
+from launcher.config.rules import problems
+from launcher.config.schema import typed
 from launcher.features.elastic import resize as elastic
-from launcher.rules import problems
+from launcher.run.status import Status
 from launcher.rundir import RESTARTED_BY_SCHEDULE, RunDir
 from launcher.runtime.restarts import STOP_CODES
-from launcher.schema import typed
-from launcher.status import Status
 from launcher.submit import resume
 
 
@@ -191,7 +191,7 @@ def test_a_lost_outcome_is_not_recorded_over_a_run_that_moved_on_since_it_was_re
     """`launcher status` read the run requeued (its job ended to be restarted); before it records the lost
     outcome, cluster.elastic's job reopened it for a new job: nothing is written over that."""
     from launcher.backends import JobState
-    from launcher.outcome import record_lost_outcome
+    from launcher.run.outcome import record_lost_outcome
 
     rd = RunDir(tmp_path / "run")
     rd.path.mkdir()

@@ -166,8 +166,8 @@ def test_gpt_contract_builds_the_gpts_own_weights():
 def test_ddp_engine_in_one_process_trains_and_resumes_from_its_files(tmp_path):
     """The DDP engine without a process group (one process): steps, eval, and its checkpoint file
     loaded into a fresh engine continues bitwise."""
-    from launcher.layout import Layout
-    from launcher.schema import RunConfig
+    from launcher.config.layout import Layout
+    from launcher.config.schema import RunConfig
     from launcher.training.engines import build_engine
 
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), {"seed": 2, "optim": {"lr": 1e-2}})
@@ -186,8 +186,8 @@ def test_ddp_engine_in_one_process_trains_and_resumes_from_its_files(tmp_path):
 
 
 def _one_process(cfg_overrides, make):
-    from launcher.layout import Layout
-    from launcher.schema import RunConfig
+    from launcher.config.layout import Layout
+    from launcher.config.schema import RunConfig
     from launcher.training.engines import build_engine
 
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), {"seed": 2, "optim": {"lr": 1e-2}, **cfg_overrides})

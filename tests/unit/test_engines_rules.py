@@ -2,9 +2,9 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import rules
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.layout import Facts
+from launcher.config import rules
+from launcher.config.layout import Facts
 from launcher.training.ds_config import build_ds_config
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import restarts, stacks
-from launcher.status import Status
 
 
 def make_run(tmp_path: Path, status: dict = None) -> RunDir:

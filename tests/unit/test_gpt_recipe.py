@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.layout import Layout
-from launcher.rules import resolve
+from launcher.config.layout import Layout
+from launcher.config.rules import resolve
+from launcher.config.seeding import derive_seed
 from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
-from launcher.seeding import derive_seed
 from recipes.common.data import (
     BigramDataset,
     micro_batch_indices,

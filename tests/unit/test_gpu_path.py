@@ -178,9 +178,9 @@ def test_more_local_processes_than_this_hosts_gpus_is_refused(monkeypatch):
 
     from launcher import host
     from launcher.backends import local
-    from launcher.configview import ConfigView
-    from launcher.errors import ConfigErrors
-    from launcher.rules import resolve
+    from launcher.config.errors import ConfigErrors
+    from launcher.config.rules import resolve
+    from launcher.config.view import ConfigView
 
     monkeypatch.delenv(host.HOST_GPUS_ENV)  # the detection itself, not the pure tier's fixed view
     monkeypatch.setattr(host, "has_nvidia_gpus", lambda dev="/dev": True)  # a host with two GPUs given
@@ -205,8 +205,8 @@ def test_the_local_default_takes_the_gpus_this_host_has(gpus, batch, expected, m
     from omegaconf import OmegaConf
 
     from launcher.backends import local
-    from launcher.configview import ConfigView
-    from launcher.rules import resolve
+    from launcher.config.rules import resolve
+    from launcher.config.view import ConfigView
 
     monkeypatch.setenv(local.HOST_GPUS_ENV, str(gpus))
     monkeypatch.setattr("launcher.host._SAID", set())

@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from launcher import group_options, schema
 from launcher.app import CONF_DIR
+from launcher.config import group_options, schema
 from launcher.rundir import SweepDir
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
 from launcher.submit.reproduce import archived_point

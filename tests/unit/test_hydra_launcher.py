@@ -123,7 +123,7 @@ def test_queued_return_holds_the_run_id():
 
 
 def test_points_composed_by_the_sweeper_are_taken_not_composed_again(tmp_path):
-    """The generic launcher's composer (launcher.compose.SweepComposer, fast=False): an app's point is
+    """The generic launcher's composer (launcher.config.compose.SweepComposer, fast=False): an app's point is
     Hydra's own composition (a full config with its hydra node), each group combination composed once,
     the point the sweeper's check composed handed over, and Hydra's own method while the state is
     pickled for the nodes."""
@@ -131,7 +131,7 @@ def test_points_composed_by_the_sweeper_are_taken_not_composed_again(tmp_path):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from launcher.compose import SweepComposer
+    from launcher.config.compose import SweepComposer
 
     conf = tmp_path / "conf"
     (conf / "opt").mkdir(parents=True)
@@ -167,7 +167,7 @@ def test_reproduce_command_of_a_hydra_app_run(tmp_path):
     """What `launcher reproduce` starts for a Hydra app's run: the app from its snapshot (module or
     script), the point's overrides with the user's changes replacing theirs, the launch's Hydra
     overrides minus what belonged to the original multirun; a redacted value must be given again."""
-    from launcher.errors import ConfigErrors
+    from launcher.config.errors import ConfigErrors
     from launcher.submit.reproduce import app_command
 
     meta = {"run_id": "S-3", "app": {"entry": {"script": "apps/train.py"}, "hydra_overrides": [
@@ -459,7 +459,7 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
     import signal
 
     from launcher.archive import atomic, registry
-    from launcher.job_record import JobRecord
+    from launcher.run.job_record import JobRecord
     from launcher.rundir import SweepDir
     from launcher.submit import interrupted, signals, submission
 

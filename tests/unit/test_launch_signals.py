@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.archive import atomic
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.rundir import SweepDir
-from launcher.status import Status
 from launcher.submit import interrupted, signals, submission
 
 

@@ -3,10 +3,10 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import layout, rules
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.errors import ConfigErrors
-from launcher.recipe_target import target_problem
+from launcher.config import layout, rules
+from launcher.config.errors import ConfigErrors
+from launcher.config.recipe_target import target_problem
 from recipes.gpt.schema import ModelSpec
 
 GPT = "recipes.gpt.train.main"  # the shipped recipe: the launcher's keys and its model group
@@ -95,7 +95,7 @@ def test_resolve_raises_with_every_error():
 
 
 def test_every_numeric_key_declares_bounds_and_has_its_row():
-    from launcher import schema
+    from launcher.config import schema
 
     numeric = [leaf for leaf in schema.leaves(GPT) if leaf.type in (int, float)]
     assert len(numeric) > 40

@@ -181,8 +181,8 @@ def test_the_loop_trains_a_users_module_in_one_process_with_eval(user_net, tmp_p
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from launcher import schema
-    from launcher.rules import resolve
+    from launcher.config import schema
+    from launcher.config.rules import resolve
     from launcher.rundir import RunDir
     from launcher.runtime.context import RunContext
     from recipes.lm.train import main

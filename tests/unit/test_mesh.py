@@ -1,4 +1,4 @@
-"""The dp x pp x tp rank mesh (the placement methods of launcher.layout.Layout, which
+"""The dp x pp x tp rank mesh (the placement methods of launcher.config.layout.Layout, which
 recipes/gpt/parallel/mesh.py builds the torch DeviceMesh from) and where model pieces go."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from launcher.layout import Facts, Layout
-from launcher.rules import violations
+from launcher.config.layout import Facts, Layout
+from launcher.config.rules import violations
 from recipes.gpt.schema import ModelSpec
 
 LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2), (3, 2, 4), (2, 4, 1), (4, 1, 1)]

@@ -6,9 +6,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from test_bad_input import _refused
 
-from launcher import schema
 from launcher.app import CONF_DIR
 from launcher.backends import slurm
+from launcher.config import schema
 from launcher.features.pack.runner import (
     PROCESS_OVERHEAD_BYTES,
     Need,
@@ -19,7 +19,7 @@ from launcher.features.pack.runner import (
     plan_memory,
     plan_starts,
 )
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
 from launcher.runtime import env as dist_env
 from launcher.submit import submission
 from launcher.sweeps import Unschedulable

@@ -215,7 +215,7 @@ def test_plan_reports_rule_violations_and_unestimable_layouts(capsys):
 def test_other_recipes_are_not_planned_nor_enforced():
     """The planner is the GPT recipe's (its contract's): another recipe's run is neither estimated
     (no GPT plan in its archive) nor refused by the GPT's memory estimate."""
-    from launcher import recipe_contract
+    from launcher.config import recipe_contract
 
     cfg = cfg_with("model=gpt_175b", "cluster=a100_80g", "recipe._target_=mypkg.train.main",
                    "train.micro_batch_size=1", "train.global_batch_size=64")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-from launcher.status import Status
+from launcher.run.status import Status
 from launcher.submit import progress
 
 

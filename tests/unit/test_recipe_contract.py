@@ -1,4 +1,4 @@
-"""The recipe contract (launcher.recipe_contract): a user's recipe is held only to the shared rules, is
+"""The recipe contract (launcher.config.recipe_contract): a user's recipe is held only to the shared rules, is
 named after itself and gets no GPT plan; the GPT recipe's rows, planner and steps come from its own
 contract (recipes/gpt/contract.py), commbench's settings check from its."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launcher import recipe_contract, rules
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.config import recipe_contract, rules
 from launcher.submit.pipeline import InvalidSweep, Point, validate
 
 GPT = "recipes.gpt.train.main"
@@ -127,8 +127,8 @@ def test_a_user_recipe_declares_its_own_rows_name_and_steps(tmp_path, monkeypatc
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text("def main(cfg, ctx):\n    return {}\n")
     (pkg / "contract.py").write_text(
-        "from launcher.recipe_contract import RecipeSpec\n"
-        "from launcher.rules import RUN, Rule\n\n"
+        "from launcher.config.recipe_contract import RecipeSpec\n"
+        "from launcher.config.rules import RUN, Rule\n\n"
         "RECIPE = RecipeSpec(name='mine', steps_key='train.steps', rules=(\n"
         "    Rule('cluster.gpus_per_node', lambda f: f.world % 2 == 1, 'my model splits in two',\n"
         "         'use an even world size', RUN),))\n")
@@ -149,7 +149,7 @@ def test_the_model_group_is_the_gpt_recipes_own(user_recipe):
     """The GPT's schema (recipes/gpt/schema.py) is composed only for it: a user's recipe has no `model`
     section (neither picked over the default option nor when typed from its archive); the GPT's keys
     are typed and bounded as the launcher's are."""
-    from launcher import schema
+    from launcher.config import schema
 
     (c,) = _validate(f"recipe._target_={user_recipe}")
     assert "model" not in c.resolved and c.layout.world_size == 2
@@ -170,7 +170,7 @@ def test_a_model_group_the_user_asks_for_is_kept_for_their_recipe_and_typed(user
     """A user's recipe built on the GPT's model (`model=gpt_tiny model.dropout=0.1
     recipe._target_=...`): the group the overrides name is kept, never silently dropped, and typed by
     the GPT's schema when the run's archived config is read back (the job's `typed`)."""
-    from launcher import schema
+    from launcher.config import schema
 
     (c,) = _validate(f"recipe._target_={user_recipe}", "model=gpt_tiny", "model.dropout=0.1")
     assert c.resolved["model"]["dropout"] == 0.1 and c.resolved["model"]["name"] == "gpt_tiny"

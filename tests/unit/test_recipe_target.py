@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from launcher.recipe_target import _target_problem
+from launcher.config.recipe_target import _target_problem
 
 SOURCES = {
     "def main(cfg, ctx):\n    pass\n": True,
@@ -33,7 +33,7 @@ def test_the_recipe_function_takes_cfg_and_ctx(tmp_path, source, fine):
 
 def test_a_snapshot_is_searched_instead_of_the_working_dir(tmp_path, monkeypatch):
     """`launcher resume` / `reproduce` look for the target in the run's snapshot, whatever the cwd."""
-    from launcher.recipe_target import searched_in, target_problem
+    from launcher.config.recipe_target import searched_in, target_problem
 
     snap = tmp_path / "snap"
     (snap / "snap_only_pkg").mkdir(parents=True)

@@ -2,9 +2,9 @@
 import pytest
 
 from launcher.backends import JobState, slurm
-from launcher.outcome import record_lost_outcome
+from launcher.run.outcome import record_lost_outcome
+from launcher.run.status import Status
 from launcher.rundir import RunDir
-from launcher.status import Status
 
 
 @pytest.mark.parametrize("state,want", [("CANCELLED by 0", "cancelled"), ("TIMEOUT", "timeout"),

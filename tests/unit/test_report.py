@@ -9,9 +9,9 @@ import pytest
 
 from launcher import report
 from launcher.cli.main import main
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import Status
 from recipes.commbench.contract import RESULTS
 
 EVIL = "<script>alert(1)</script>"

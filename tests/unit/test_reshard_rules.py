@@ -1,9 +1,9 @@
-"""Which layout changes a resumed run may make (launcher.submit.reshard, launcher.layout.moved): pure;
+"""Which layout changes a resumed run may make (launcher.submit.reshard, launcher.config.layout.moved): pure;
 the reshard itself is tests/integration/test_reshard.py."""
 import pytest
 
-from launcher.errors import ConfigErrors
-from launcher.layout import Layout, moved
+from launcher.config.errors import ConfigErrors
+from launcher.config.layout import Layout, moved
 from launcher.submit import reshard
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.errors import ConfigError
+from launcher.config.errors import ConfigError
+from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import restart_policy as policy, restarts
 from launcher.runtime.env import DeviceError
-from launcher.status import Status
 
 LAUNCHER_FILE = str(Path(launcher.__file__).resolve().parent / "runtime" / "task.py")
 USER_FILE = "/home/me/mp/train.py"
@@ -98,7 +98,7 @@ def test_kinds_of_exceptions():
     assert k(e.value, str(e.value), USER_FILE) == "config"
     assert k(DeviceError("no CUDA device"), "DeviceError: no CUDA device", LAUNCHER_FILE) == "device"
     assert k(FileNotFoundError(2, "No such file"), "FileNotFoundError: x", USER_FILE) == "missing_file"
-    from launcher.checkpoint_manifest import CheckpointCorrupt
+    from launcher.run.checkpoint_manifest import CheckpointCorrupt
 
     corrupt = CheckpointCorrupt({"step_00000008": ["checkpoints/step_00000008/model.pt missing"]})
     assert k(corrupt, str(corrupt), LAUNCHER_FILE) == "corrupt_checkpoint"

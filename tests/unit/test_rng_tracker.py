@@ -1,5 +1,5 @@
 """The dropout RNG tracker (recipes.gpt.rng): named streams swapped in and out of the default generator,
-their seeds (launcher.seeding.tracker_seeds), save/restore, recomputation, and the masks of a
+their seeds (launcher.config.seeding.tracker_seeds), save/restore, recomputation, and the masks of a
 tensor-parallel model with tp=2 simulated in one process (the collectives replaced by shape-correct
 stand-ins: the masks depend on shapes and streams only, not on the values)."""
 import contextlib
@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dropout_probe import record_masks, sdpa_mask_is_exact
-from launcher import rules
 from launcher.app import CONF_DIR, normalize_overrides
-from launcher.seeding import derive_seed, seed_plan, tracker_seeds
+from launcher.config import rules
+from launcher.config.seeding import derive_seed, seed_plan, tracker_seeds
 from launcher.training.checkpoint import rng_state, set_rng_state
 from recipes.gpt import rng
 from recipes.gpt.model import GPT

@@ -1,14 +1,14 @@
 """The typed status record (RunStatus): status.json read and written whole, states only as the
-enum; and listing runs never writes a run dir (settling a lost job's outcome is launcher.outcome's)."""
+enum; and listing runs never writes a run dir (settling a lost job's outcome is launcher.run.outcome's)."""
 import json
 import os
 
 import pytest
 
-from launcher import outcome
-from launcher.job_record import JobRecord
+from launcher.run import outcome
+from launcher.run.job_record import JobRecord
+from launcher.run.status import FINAL, RunStatus, Status
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import FINAL, RunStatus, Status
 
 
 def test_a_record_round_trips_through_json(tmp_path):

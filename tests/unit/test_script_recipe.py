@@ -142,7 +142,7 @@ def test_the_archive_says_what_a_script_never_used():
 
 
 def test_no_checkpoint_every_advice_for_a_script():
-    from launcher import rules
+    from launcher.config import rules
 
     cfg = {"cluster": {"nodes": 2}, "train": {"checkpoint": {"every": 0}}}
     assert rules.advice({**cfg, "recipe": {"_target_": "recipes.gpt.train.main"}})
@@ -219,7 +219,7 @@ def test_ranks_learn_the_attempt_rank_0_began(tmp_path):
 
 
 def test_a_resume_or_reproduction_looks_in_its_snapshot_whatever_the_cwd(tmp_path, monkeypatch):
-    from launcher.recipe_target import searched_in
+    from launcher.config.recipe_target import searched_in
 
     snap = tmp_path / "code"
     snap.mkdir()

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher import outcome
 from launcher.backends import JobState, slurm
-from launcher.job_record import JobRecord
+from launcher.run import outcome
+from launcher.run.job_record import JobRecord
+from launcher.run.status import RunStatus, Status
 from launcher.rundir import RunDir, SweepDir
 from launcher.runtime import after_step, local_controller, seal
-from launcher.status import RunStatus, Status
 
 
 def ended_in_job(root: Path, index: int = 0, status: Status = Status.completed) -> RunDir:

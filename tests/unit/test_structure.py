@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Iterator, Tuple
 
-from launcher import backends, recipe_contract
+from launcher import backends
+from launcher.config import recipe_contract
 from launcher.rundir import FILES, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,8 +99,8 @@ def test_no_two_modules_of_the_launcher_share_a_name():
 
 # what a feature's rule may import: the config's modules and the other rules (pure: no process, no torch,
 # no scheduler); its login and node halves import it, never the other way
-RULE_IMPORTS = ("launcher.schema", "launcher.status", "launcher.layout", "launcher.recipe_contract",
-                "launcher.submit.reshard")
+RULE_IMPORTS = ("launcher.config.schema", "launcher.run.status", "launcher.config.layout",
+                "launcher.config.recipe_contract", "launcher.submit.reshard")
 
 
 # each feature's pure rule (its login and node halves beside it import it)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 import launcher.app as app
 from hydra_plugins.launcher_plugin.plugin import BASIC_SWEEPER, LauncherPlugin
 from launcher.app import CONF_DIR, RunFailed
-from launcher.status import RunStatus, Status
+from launcher.run.status import RunStatus, Status
 
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 SECRET = "hf_abcdefgh12345678"
@@ -117,7 +117,7 @@ class _Run:
 
 @pytest.mark.parametrize("objective,want", [("final_loss", 5.5), ("mean_tokens_per_s", 1234.0)])
 def test_objective_from_the_summary(objective, want, monkeypatch):
-    import launcher.outcome as outcome
+    import launcher.run.outcome as outcome
     import launcher.submit.pipeline as pipeline
     import launcher.submit.progress as progress
 
@@ -143,7 +143,7 @@ def test_check_each_names_the_refused_points(loader):
     from launcher.submit.pipeline import Point
 
     master = _master(loader, OPTUNA)
-    from launcher.compose import SweepComposer
+    from launcher.config.compose import SweepComposer
 
     composer = SweepComposer(loader)
     points = []

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from launcher import schema
+from launcher.config import schema
 
 TESTS = Path(__file__).resolve().parents[1]
 # the keys whose shipped values the stop paths run with (each read from the schema, never restated)

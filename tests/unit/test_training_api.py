@@ -14,10 +14,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from launcher.config.schema import RunConfig
 from launcher.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.runtime.restarts import Interrupted, StopFlag
-from launcher.schema import RunConfig
 from launcher.training import Checkpoint, StepLoop
 
 STEPS = 8
@@ -142,7 +142,7 @@ def test_the_loop_overrides_and_a_checkpoint_refuses_an_object_without_a_state_d
         Checkpoint(cfg, ctx, {"data": [1, 2]})
 
 
-# ---- a checkpoint verified before it is loaded (launcher.checkpoint_manifest) ---------------------
+# ---- a checkpoint verified before it is loaded (launcher.run.checkpoint_manifest) ---------------------
 def _truncate(ckpt: Path) -> str:
     p = ckpt / "state.pt"
     os.truncate(p, 1000)
@@ -181,7 +181,7 @@ CORRUPTIONS = {"truncated": _truncate, "one byte flipped": _flip_one_byte, "late
 
 
 def test_every_checkpoint_names_each_of_its_files_with_size_and_sha256(tmp_path):
-    from launcher import checkpoint_manifest as cm
+    from launcher.run import checkpoint_manifest as cm
 
     train(make_cfg(every=3, keep=3), make_ctx(tmp_path / "run"))
     rd = RunDir(tmp_path / "run")
@@ -227,7 +227,7 @@ def test_a_corrupt_latest_falls_back_to_the_previous_intact_checkpoint_recorded(
 def test_a_corrupt_latest_with_nothing_to_fall_back_to_fails_at_once_naming_the_file(tmp_path, way):
     """keep 1: the corrupt checkpoint is the only one. The resume raises before anything is loaded,
     naming the file; restart_policy ends the run at once (no restart reads the same bytes again)."""
-    from launcher.checkpoint_manifest import CheckpointCorrupt
+    from launcher.run.checkpoint_manifest import CheckpointCorrupt
     from launcher.runtime import restart_policy
 
     cfg = make_cfg(every=3, keep=1)
@@ -250,8 +250,8 @@ def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
     fall back the same way, or both raise the same CheckpointCorrupt (neither waits for the other)."""
     import torch.distributed as dist
 
-    from launcher import checkpoint_manifest
-    from launcher.checkpoint_manifest import CheckpointCorrupt
+    from launcher.run import checkpoint_manifest
+    from launcher.run.checkpoint_manifest import CheckpointCorrupt
 
     cfg = make_cfg(every=3, keep=2)
     run = tmp_path / "run"

@@ -44,8 +44,8 @@ def test_the_peer_watch_ignores_errors_older_than_itself(tmp_path, monkeypatch):
 def test_a_cancel_and_a_peers_error_are_found_in_one_small_listing(tmp_path):
     """errors/ holds only what ends a watch (the ranks that failed, the cancel mark): a look finds a
     cancel without reading status.json, and a peer's error, never the rank's own."""
+    from launcher.run.status import Status
     from launcher.runtime import watchdog
-    from launcher.status import Status
 
     rd = RunDir(tmp_path)
     rd.write_run({"run_id": "x-0"})

@@ -29,8 +29,8 @@ from launcher.backends.slurm.text import (
     submit_environment,
 )
 from launcher.features.elastic import resize as elastic
-from launcher.job_record import JobRecord
-from launcher.status import Status
+from launcher.run.job_record import JobRecord
+from launcher.run.status import Status
 
 
 class SlurmJobs:

@@ -39,7 +39,7 @@ from launcher.backends.slurm.text import (
     unshared_runs_root,
 )
 from launcher.features.elastic import resize as elastic
-from launcher.job_record import JobRecord
+from launcher.run.job_record import JobRecord
 from launcher.runtime import job_start
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 

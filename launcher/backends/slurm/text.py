@@ -13,7 +13,7 @@ from launcher.backends.base import (
     NOTE_ENV,
     JobState,
 )
-from launcher.status import Status
+from launcher.run.status import Status
 
 REQUEUE_NOTE_ENV = NOTE_ENV  # where the job's note for the step's teardown lives (runtime.after_step)
 

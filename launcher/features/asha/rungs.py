@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Optional
 from launcher import backends
 from launcher.features.asha import schedule as asha
 from launcher.features.pbt import generations as pbt
+from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import Status
 
 
 def since_process_start() -> float:

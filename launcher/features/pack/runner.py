@@ -224,10 +224,10 @@ class Runner:
         """A point's step ended: its outcome decided as the batch script's teardown decides an array
         task's (after_step), then sealed, or queued again."""
         from launcher.archive import atomic
+        from launcher.run.status import Status
         from launcher.rundir import RunDir
         from launcher.runtime import after_step
         from launcher.runtime.seal import seal_if_due
-        from launcher.status import Status
 
         p, e = self.points[index], self.queue[index]
         _, nodes = self.running.pop(index)
@@ -341,8 +341,8 @@ class Runner:
         return (word.split()[0].rstrip("+").upper() if word else "") in STILL_RUNNING
 
     def _refuse(self, p: PackPoint) -> None:
+        from launcher.run.status import Status
         from launcher.rundir import RunDir
-        from launcher.status import Status
 
         RunDir(p.run_dir).finish_in_job(Status.failed, exit_code=1, error=(
             f"cluster.pack_nodes: the pack's nodes ({', '.join(f'{n.name}: {n.cpus} CPUs' for n in self.whole)}) "

@@ -25,11 +25,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from launcher import backends, checkpoint_manifest
+from launcher import backends
 from launcher.archive import atomic
 from launcher.features.pbt import generations as pbt
+from launcher.run import checkpoint_manifest
+from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
-from launcher.status import Status
 
 VALUES = "pbt_values.json"  # the member's explored values now (laid over config.yaml at each attempt)
 LINEAGE = "lineage.jsonl"  # one row per exploit: whose checkpoint at which step, which values

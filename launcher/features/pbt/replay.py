@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from launcher.archive import compare
-from launcher.errors import ConfigError, ConfigErrors
+from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.rundir import RunDir, SweepDir
 
 

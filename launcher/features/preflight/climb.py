@@ -25,15 +25,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from launcher import backends, doctor, recipe_contract, schema
+from launcher import backends, doctor
 from launcher.app import CONF_DIR, normalize_overrides
 from launcher.archive import atomic
-from launcher.compose import override_key
+from launcher.config import recipe_contract, schema
+from launcher.config.compose import override_key
+from launcher.config.schema import CONFIG_NAME
 from launcher.features.preflight import ladder
-from launcher.outcome import settle
+from launcher.run.outcome import settle
+from launcher.run.status import RunStatus, Status
 from launcher.rundir import RunDir, now_iso
-from launcher.schema import CONFIG_NAME
-from launcher.status import RunStatus, Status
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
 from launcher.submit.progress import cancel_run, wait_and_report
 
@@ -196,7 +197,7 @@ def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: A
 
 def entry_status(entry: Dict[str, Any]) -> RunStatus:
     """The status of a recorded rung's run (pending where it has none), settled: a job its scheduler
-    says ended without recording an outcome gets the one its state implies (launcher.outcome)."""
+    says ended without recording an outcome gets the one its state implies (launcher.run.outcome)."""
     if not entry.get("run_dir"):
         return RunStatus()
     rd = RunDir(entry["run_dir"])

@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher import recipe_contract, schema
-from launcher.layout import Layout
-from launcher.schema import enum_value
-from launcher.status import FINAL, RunStatus, Status
+from launcher.config import recipe_contract, schema
+from launcher.config.layout import Layout
+from launcher.config.schema import enum_value
+from launcher.run.status import FINAL, RunStatus, Status
 
 RUNGS = ("smoke", "node", "comm", "full", "tuned")
 SHORT_STEPS = 3  # smoke and node rungs: the model builds, steps, and the loss is finite

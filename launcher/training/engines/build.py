@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 import torch
 from torch import nn
 
-from launcher.seeding import derive_seed
+from launcher.config.seeding import derive_seed
 from launcher.training.engines.contract import ModelContract, contract_for
 
 Unit = Callable[[nn.Module, str], None]  # shard(unit, name): the engine takes a materialised unit

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training import universal
 from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.build import apply_recompute, build_model

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from launcher.archive import atomic
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training import jit_ops, universal
 from launcher.training.deepspeed_dist import init_distributed
 from launcher.training.ds_config import build_ds_config
@@ -60,14 +60,14 @@ def import_deepspeed() -> Any:
 
 def refuse_unsupported_fp16(dtype: str) -> None:
     """fp16 on DeepSpeed's CPU accelerator needs oneDNN's fp16 kernels (CPUs with avx512_fp16 or
-    amx_fp16). Launch refuses it for local runs (launcher.rules reads this host's CPU flags); a job
+    amx_fp16). Launch refuses it for local runs (launcher.config.rules reads this host's CPU flags); a job
     that lands on such a CPU anyway stops here, naming the key, instead of in deepspeed.initialize
     ("Type fp16 is not supported on your device")."""
     if dtype != "fp16":
         return
     from deepspeed.accelerator import get_accelerator
 
-    from launcher.errors import ConfigError
+    from launcher.config.errors import ConfigError
 
     acc = get_accelerator()
     if acc.device_name() == "cpu" and not acc.is_fp16_supported():

@@ -10,7 +10,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from launcher.schema import enum_value
+from launcher.config.schema import enum_value
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Batch = Tuple[torch.Tensor, torch.Tensor]

@@ -37,8 +37,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor.parallel import parallelize_module
 
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training import universal
 from launcher.training.engines.build import apply_recompute, build_model, units
 from launcher.training.engines.contract import ModelContract
@@ -96,7 +96,7 @@ class FSDPEngine(Engine):
         self.offload = bool(par.cpu_offload)
         self.reshard = bool(par.reshard_after_forward)
         self.tp = int(layout.tp)
-        if self.tp > 1:  # rank = dp_idx * tp + tp_idx (launcher.layout): the row-major (dp, tp) mesh
+        if self.tp > 1:  # rank = dp_idx * tp + tp_idx (launcher.config.layout): the row-major (dp, tp) mesh
             self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
             dp_mesh = self.mesh["dp"]
             # (a grad norm over the 2D mesh is two all-reduces: torch says so every step)

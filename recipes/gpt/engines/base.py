@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training.engines import ModelContract
 from recipes.common.seeding import seed_everything
 from recipes.gpt.init import init_values

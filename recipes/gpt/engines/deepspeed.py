@@ -12,7 +12,7 @@ and the universal state) with what is the GPT's own:
   each storage once, the largest gradient footprint of the step).
 
 Which layouts this engine gets (tp = pp = 1; no fp16 at ZeRO-0, where DeepSpeed 0.19 never scales the
-loss, deepspeedai/DeepSpeed#8393) is the launcher's rule table's business (``launcher.rules.RULES``).
+loss, deepspeedai/DeepSpeed#8393) is the launcher's rule table's business (``launcher.config.rules.RULES``).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training.engines import deepspeed as generic
 from launcher.training.engines.contract import ModelContract
 from launcher.training.engines.engine import Batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.schema import enum_value
+from launcher.config.schema import enum_value
 from launcher.training.engines import Engine, build_engine
 from recipes.gpt.engines.base import gpt_contract
 from recipes.gpt.model import GPT

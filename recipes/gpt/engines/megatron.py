@@ -1,7 +1,7 @@
 """Megatron-style model parallelism: dp x pp x tp over a torch DeviceMesh.
 
 - Layout: dp, tp, pp, ZeRO, sequence parallelism and the micro-batches per step are the run's
-  ``ctx.layout``, resolved and checked against ``launcher.rules.RULES`` at launch (divisibility of
+  ``ctx.layout``, resolved and checked against ``launcher.config.rules.RULES`` at launch (divisibility of
   heads / ffn / vocab / layers / seq_len, ZeRO <= 1, no offload, >= pp micro-batches with pp > 1).
 - Mesh (``recipes.gpt.parallel.mesh``): the layout's placement, rank = dp_idx*(pp*tp) + pp_idx*tp +
   tp_idx; TP ranks adjacent (inside a node), PP next, DP outermost. Every rank records its place
@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from launcher.schema import enum_value
-from launcher.seeding import dropout_seed
+from launcher.config.schema import enum_value
+from launcher.config.seeding import dropout_seed
 from launcher.training import universal
 from launcher.training.engines.engine import (
     DTYPES,

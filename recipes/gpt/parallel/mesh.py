@@ -1,6 +1,6 @@
 """The dp x pp x tp rank mesh of a running job: the torch DeviceMesh and process groups.
 
-Where every rank sits is the run's ``Layout`` (``launcher.layout``: ``coords``, ``rank_of``,
+Where every rank sits is the run's ``Layout`` (``launcher.config.layout``: ``coords``, ``rank_of``,
 ``groups``, ``group_of``, ``node_of``; pure, also used on the login node):
 
     world = dp * pp * tp
@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from launcher.layout import AXES, Coords, Layout
+from launcher.config.layout import AXES, Coords, Layout
 from launcher.runtime.env import scheduler_node_name
 
 

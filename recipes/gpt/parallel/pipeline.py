@@ -113,7 +113,7 @@ def build_schedule(stage_module: GPTStage, mesh: Any, n_microbatches: int, micro
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     tp = stage_module.tp
-    # n_microbatches >= pp: a layout rule (launcher.rules.RULES), and Schedule1F1B's own check
+    # n_microbatches >= pp: a layout rule (launcher.config.rules.RULES), and Schedule1F1B's own check
     # requires_grad matters: it tells the stage to compute and send the input gradient upstream
     act = torch.empty(activation_shape(micro_batch, seq_len, hidden, tp), dtype=stage_module.act_dtype, device=device,
                       requires_grad=True)

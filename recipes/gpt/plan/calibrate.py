@@ -36,11 +36,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from launcher import recipe_contract, sweeps
-from launcher.errors import ConfigErrors
-from launcher.layout import Layout
+from launcher import sweeps
+from launcher.config import recipe_contract
+from launcher.config.errors import ConfigErrors
+from launcher.config.layout import Layout
+from launcher.config.schema import enum_value, typed
 from launcher.rundir import RunDir
-from launcher.schema import enum_value, typed
 from recipes.gpt.plan.estimate import estimate
 from recipes.gpt.plan.memory import stage_activation_bytes
 from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
@@ -120,7 +121,7 @@ def read_sample(run_dir: Path) -> Sample:
     target = str(cfg.recipe._target_ or "")
     if recipe_contract.of(target, strict=False).planner is None:
         raise CalibrationError(f"run {run_id} ran {target!r}: the planner models only the recipes whose contract "
-                               "names it (launcher.recipe_contract)")
+                               "names it (launcher.config.recipe_contract)")
     metrics = sweeps.current_curve(rd.metrics())
     if not metrics:
         raise CalibrationError(f"run {run_id} has no metrics ({RunDir.METRICS}): it trained no step")

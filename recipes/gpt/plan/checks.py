@@ -5,14 +5,14 @@ Errors (stop the launch, ``submit.force`` does not help):
     headroom; with memory_gb = 0 on the local backend, this host's MemAvailable shared by its
     processes; on Slurm with memory_gb = 0 the check is skipped (unknown). The error names the key of
     the smallest layout change that fits (fewest keys changed, same world size and global batch,
-    fastest predicted among those; it must also pass launcher.rules.problems), or
+    fastest predicted among those; it must also pass launcher.config.rules.problems), or
     cluster.gpu.memory_gb when none does.
   - offloaded states exceed the node's host memory (cluster.mem_gb, when set).
 Warnings (stop the launch unless submit.force=true):
   - pipeline bubble (p-1)/(m+p-1) above 25%;
   - ZeRO-3 whose data-parallel group crosses nodes over a link too slow for its per-micro-batch
     all-gathers and reduce-scatter to hide behind the compute (predicted collective time > compute).
-The recipe whose contract names this planner (launcher.recipe_contract) is checked; a recipe without
+The recipe whose contract names this planner (launcher.config.recipe_contract) is checked; a recipe without
 one gets no plan.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from launcher.errors import ConfigError
-from launcher.layout import Facts
-from launcher.recipe_contract import CheckResult
-from launcher.rules import ok
+from launcher.config.errors import ConfigError
+from launcher.config.layout import Facts
+from launcher.config.recipe_contract import CheckResult
+from launcher.config.rules import ok
 from recipes.gpt.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
 from recipes.gpt.plan.search import enumerate_layouts, evaluate_all
 from recipes.gpt.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
@@ -60,7 +60,7 @@ class Fix:
 
 
 def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
-    """(errors, warnings) of a config that passed launcher.rules.problems."""
+    """(errors, warnings) of a config that passed launcher.config.rules.problems."""
     res = evaluate(cfg)
     return res.errors, res.warnings
 
@@ -148,7 +148,7 @@ def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -
     Candidates are the search's valid layouts of the same world size, global batch and precision, each
     also with its states offloaded where the rules allow it; an explicit ``parallelism.engine`` is kept
     where the rules let it run the candidate (else the implied engine is named in the fix). The fix is
-    the config with the candidate's knobs, checked against every rule of launcher.rules."""
+    the config with the candidate's knobs, checked against every rule of launcher.config.rules."""
     base = Facts.from_cfg(cfg)
     explicit_engine = base.engine != "auto"
     by_distance: Dict[int, List[Tuple[LayoutSpec, List[str]]]] = {}
@@ -206,7 +206,7 @@ def _fmt(v: Any) -> str:
 
 
 def fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
-    """Whether ``layout`` (a launcher.layout.Layout) of the config's model cut to ``num_layers`` fits the
+    """Whether ``layout`` (a launcher.config.layout.Layout) of the config's model cut to ``num_layers`` fits the
     cluster's GPU memory (True where it is unknown): preflight's rungs (the contract's ``fits``)."""
     cluster = ClusterSpec.from_cfg(cfg.cluster)
     if not cluster.memory_bytes:

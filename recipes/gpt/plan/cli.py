@@ -16,11 +16,11 @@ from typing import Any, Dict, List, Optional
 
 from rich.markup import escape
 
-from launcher import rules
 from launcher.archive import atomic
 from launcher.cli.plan_cmd import TABLE_TOP
-from launcher.layout import Facts
-from launcher.schema import enum_value
+from launcher.config import rules
+from launcher.config.layout import Facts
+from launcher.config.schema import enum_value
 from recipes.gpt.plan.estimate import cluster_json, estimate, model_json
 from recipes.gpt.plan.spec import ClusterSpec, LayoutSpec
 from recipes.gpt.schema import ModelSpec

@@ -306,7 +306,7 @@ def model_state_bytes_per_rank(cfg_like: Any, stage: Optional[int] = None,
     GPT with AdamW (fp32 + DDP: 4 + 4 + 8 bytes per parameter).
 
     ``cfg_like`` is a run config (model, parallelism, zero, precision, cluster, train) naming a whole
-    layout: dp, engine (``auto`` resolved) and offload are its ``launcher.layout.Layout``'s
+    layout: dp, engine (``auto`` resolved) and offload are its ``launcher.config.layout.Layout``'s
     (``LayoutSpec.from_cfg``; raises ``ConfigErrors`` when it names none). The rank's parameters
     are its tensor-parallel share of pipeline stage ``stage`` (0-based; None = the stage holding
     the most: first or last), see recipes.gpt.plan.params; ZeRO then divides the optimizer states

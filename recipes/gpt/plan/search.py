@@ -2,14 +2,14 @@
 
 A layout is (dp, tp, pp, zero, micro batch, recompute, sequence parallel) on the config's world size
 (cluster.nodes * cluster.gpus_per_node) and global batch, with the engine each implies
-(``parallelism.engine=auto``, ``launcher.layout.implied_engine``).
+(``parallelism.engine=auto``, ``launcher.config.layout.implied_engine``).
 
 The enumeration generates candidates: tp a divisor of the world, pp a divisor of world / tp, ZeRO
 0..3, micro batches dividing the sequences one replica takes per step (dp = world / (tp pp) from
-``launcher.layout.Facts``; none when dp does not divide the global batch), sequence parallelism off
-and on. Whether a candidate is valid is decided by launcher.rules' table alone:
+``launcher.config.layout.Facts``; none when dp does not divide the global batch), sequence parallelism off
+and on. Whether a candidate is valid is decided by launcher.config.rules' table alone:
 ``ok(Facts, (VALUE, SHAPE, LAYOUT))`` (the rule table, no messages formatted) on the Facts of the
-model, the cluster and the candidate (the same rules ``launcher.rules.problems`` applies to a run
+model, the cluster and the candidate (the same rules ``launcher.config.rules.problems`` applies to a run
 config: tp dividing the heads, ffn and vocabulary and fitting in a node, pp dividing the layers,
 dp * micro batch dividing the global batch, the ZeRO stages and offload each engine runs, a
 micro-batch per pipeline stage, sequence parallelism needing tp > 1 dividing seq_len, ...). Recompute
@@ -18,15 +18,15 @@ micro-batch per pipeline stage, sequence parallelism needing tp > 1 dividing seq
 No rule is restated here.
 
 Offload is not searched: the config's zero.offload_* flags are kept where the rules allow them.
-Layouts are ``LayoutSpec`` (a ``launcher.layout.Layout`` placed on the cluster's gpus_per_node, plus
+Layouts are ``LayoutSpec`` (a ``launcher.config.layout.Layout`` placed on the cluster's gpus_per_node, plus
 recompute and dtype). Ranking: feasible first, then predicted step time, then memory.
 """
 from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from launcher.layout import Facts
-from launcher.rules import LAYOUT, SHAPE, VALUE, layout_of, ok
+from launcher.config.layout import Facts
+from launcher.config.rules import LAYOUT, SHAPE, VALUE, layout_of, ok
 from recipes.gpt.plan.estimate import Estimate, estimate
 from recipes.gpt.plan.params import StageParams, stage_params
 from recipes.gpt.plan.spec import ClusterSpec, LayoutSpec
@@ -58,7 +58,7 @@ def search_facts(m: ModelSpec, cluster: ClusterSpec, global_batch_size: int, dty
 
 
 def valid(f: Facts) -> bool:
-    """Whether the candidate ``f`` breaks none of the rules (launcher.rules decides)."""
+    """Whether the candidate ``f`` breaks none of the rules (launcher.config.rules decides)."""
     return ok(f, RULE_KINDS)
 
 

@@ -1,7 +1,7 @@
 """The planner's inputs as plain frozen dataclasses: a layout choice and the cluster's hardware.
 
-``LayoutSpec`` is ``launcher.layout.Layout`` plus recompute and dtype: the planner estimates the
-same layout object a launch archives, and which layouts are valid is launcher.rules' table.
+``LayoutSpec`` is ``launcher.config.layout.Layout`` plus recompute and dtype: the planner estimates the
+same layout object a launch archives, and which layouts are valid is launcher.config.rules' table.
 
 Built once from a composed run config (``from_cfg``), then every estimator works on these: the
 search evaluates thousands of layouts per second without touching OmegaConf.
@@ -12,9 +12,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
 
 from launcher import backends
-from launcher.layout import Facts, Layout
-from launcher.rules import layout_of
-from launcher.schema import enum_value
+from launcher.config.layout import Facts, Layout
+from launcher.config.rules import layout_of
+from launcher.config.schema import enum_value
 
 GIB = 1 << 30
 HEADROOM = 0.10  # of the device memory, kept free for the CUDA context, NCCL and fragmentation
@@ -28,7 +28,7 @@ DEFAULT_INTER_GBPS = 10.0
 
 @dataclass(frozen=True)
 class LayoutSpec(Layout):
-    """A ``launcher.layout.Layout`` (degrees, ZeRO, batch split, engine, offload, node shape) plus what
+    """A ``launcher.config.layout.Layout`` (degrees, ZeRO, batch split, engine, offload, node shape) plus what
     the estimators read beyond it: activation recomputation and the training precision."""
 
     recompute: str = "none"
@@ -42,9 +42,9 @@ class LayoutSpec(Layout):
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> LayoutSpec:
-        """The layout a run config names (``launcher.rules.layout_of``: ``parallelism.engine=auto`` becomes the
+        """The layout a run config names (``launcher.config.rules.layout_of``: ``parallelism.engine=auto`` becomes the
         implied engine), with its ``train.recompute`` and ``precision.dtype``. Raises
-        ``launcher.errors.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
+        ``launcher.config.errors.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
         f = Facts.from_cfg(cfg)
         return cls.of(layout_of(f), enum_value(cfg.train.recompute), f.dtype)
 
@@ -55,7 +55,7 @@ _LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 @dataclass(frozen=True)
 class Calibration:
     """The planner's correction for one cluster, fitted from measured runs (``cluster.calibration``,
-    launcher/schema.py CalibrationConfig; recipes/gpt/plan/calibrate.py fits it). The defaults change
+    launcher/config/schema.py CalibrationConfig; recipes/gpt/plan/calibrate.py fits it). The defaults change
     nothing: predicted step time = compute_scale x compute + comm_scale x communication + offload
     + step_overhead_s, activation bytes x activation_scale."""
 

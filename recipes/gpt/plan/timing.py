@@ -21,7 +21,7 @@ process; parameter offload fetches the 16-bit shard over PCIe twice per micro-ba
 
 Placement (the order of ranks): tp innermost, then pp, then dp outermost. A group whose span
 (its size times the product of the inner sizes) exceeds the GPUs of a node crosses nodes and runs
-at the inter-node bandwidth. TP never crosses nodes (launcher.rules rejects it).
+at the inter-node bandwidth. TP never crosses nodes (launcher.config.rules rejects it).
 
     step_time = (m + p - 1) t_mb + exposed DP time + offload time
 

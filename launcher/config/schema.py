@@ -2,12 +2,12 @@
 
 Hydra validates the composed config against these dataclasses, so a wrong type (or an unknown
 key given without '+') fails at composition time with Hydra's own message naming the key. Keys added
-with '+' pass Hydra (it opens the struct flag for them); launcher.rules refuses every key not
+with '+' pass Hydra (it opens the struct flag for them); launcher.config.rules refuses every key not
 declared here.
 
 Bounds are declared here too, once per numeric key: ``num(default, ge=.., gt=.., le=.., lt=..)``
 puts them in the field's metadata; ``leaves()`` lists every key with its type and bounds, and
-launcher.rules generates one rule row per bounded key from it (floats must also be finite). A new
+launcher.config.rules generates one rule row per bounded key from it (floats must also be finite). A new
 numeric key is checked by declaring its bounds.
 Nothing here imports torch: the login-node path loads this module.
 """
@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from omegaconf import MISSING, OmegaConf
 
 # the config groups (conf/): the composed defaults, every option of every group
-CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = Path(os.environ.get("LAUNCHER_CONF_DIR") or Path(__file__).resolve().parents[2] / "conf")
 CONFIG_NAME = "config"  # the primary config, <CONF_DIR>/config.yaml: the defaults list
 
 INT64_MAX = 2**63 - 1  # numpy/torch seeds, and every int a C library reads as int64
@@ -66,7 +66,7 @@ def show_number(x: float) -> str:
 
 def num(default: Any, *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
         lt: Optional[float] = None, why: str = "", fix: str = "") -> Any:
-    """A numeric field and its bounds (``leaves()`` reads them; launcher.rules checks them)."""
+    """A numeric field and its bounds (``leaves()`` reads them; launcher.config.rules checks them)."""
     return field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt, why, fix)})
 
 
@@ -500,7 +500,7 @@ def run_schema(target: Any = None) -> type:
     """The schema of a run of the recipe ``target``: its contract's (``RecipeSpec.schema``, RunConfig
     with the recipe's own groups), else RunConfig. None: RunConfig (the keys every recipe shares);
     "" or a typed config's MISSING: the default recipe's."""
-    from launcher import recipe_contract  # found by the recipe's module path; imports no recipe code
+    from launcher.config import recipe_contract  # found by the recipe's module path; imports no recipe code
 
     if not isinstance(target, str):
         return RunConfig
@@ -654,7 +654,7 @@ def warmup_steps(cfg: Any) -> int:
 
 
 def _recipe_run_name(target: Any, model_name: Any = "") -> str:
-    from launcher import recipe_contract  # the contract of the recipe, found by its module path
+    from launcher.config import recipe_contract  # the contract of the recipe, found by its module path
 
     return recipe_contract.run_name(target, model_name)
 

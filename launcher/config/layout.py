@@ -1,12 +1,12 @@
 """Layout: how a run's processes divide the work, and the facts a config's rules are checked on.
 
-- ``Facts``: the config values the rules (launcher.rules) look at, flat (from a composed config, or
+- ``Facts``: the config values the rules (launcher.config.rules) look at, flat (from a composed config, or
   from the planner for a candidate layout). Built once per config; ``Facts.values`` is every value of
   the config by its dotted key, read lazily (only the RUN rules ask; the planner's search never does).
 - ``Layout`` (as torchtitan's ParallelDims): engine, dp/tp/pp, ZeRO, micro batch and gradient
   accumulation, and where every rank sits (dp x pp x tp mesh, block placement on nodes). The login
   side archives it in run.json; the node, the engines and the planner read that same object.
-  ``launcher.rules.resolve`` builds it from a valid config.
+  ``launcher.config.rules.resolve`` builds it from a valid config.
 
 Pure (no torch), and imports no backend: the node reads it from the archive.
 """
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher import recipe_contract, schema
-from launcher.config_values import NO_VALUES, Values
-from launcher.schema import enum_value
+from launcher.config import recipe_contract, schema
+from launcher.config.schema import enum_value
+from launcher.config.values import NO_VALUES, Values
 
 AXES = ("dp", "pp", "tp")
 Coords = Tuple[int, int, int]

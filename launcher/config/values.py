@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import schema
+from launcher.config import schema
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 SBATCH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -73,7 +73,7 @@ class Values:
                     continue
                 if key not in known:
                     close = _close_keys(key, leaf_keys)
-                    out.append((key, "is not a key of the run config (launcher/schema.py declares every key; "
+                    out.append((key, "is not a key of the run config (launcher/config/schema.py declares every key; "
                                      "a '+' override adds any key without complaint)"
                                 + (f"; did you mean {' or '.join(close)}?" if close else "")))
                 elif key in groups and isinstance(v, dict):

@@ -4,14 +4,14 @@ A recipe ``pkg.mod.main`` may ship ``pkg/contract.py`` defining ``RECIPE = Recip
 is optional; a recipe without a contract gets only what every recipe shares (the layout of its processes,
 the cluster, submission, the bounds of the schema's keys) and is held to nothing of another recipe's:
 
-- ``schema``: its run config schema, a dataclass extending ``launcher.schema.RunConfig`` with the
+- ``schema``: its run config schema, a dataclass extending ``launcher.config.schema.RunConfig`` with the
   recipe's own groups (composed only when the recipe is picked: its option's defaults list names
   ``/recipe_schema/<option>`` and the groups); their keys are typed, bounded and known as the
   launcher's own are;
-- ``facts``: run config -> what ``launcher.layout.Facts.model`` holds for its rules and planner, with
+- ``facts``: run config -> what ``launcher.config.layout.Facts.model`` holds for its rules and planner, with
   ``sizes``: the keys of its schema read from there (``model.x``: ``Facts.model.x``), whose bound rows
   are checked before any rule divides by them;
-- ``rules``: extra rows of the rule table (``launcher.rules.Rule``), pure predicates over ``Facts``;
+- ``rules``: extra rows of the rule table (``launcher.config.rules.Rule``), pure predicates over ``Facts``;
 - ``check``: a pure check of the recipe's own settings (``recipe.params``): raises ValueError;
 - ``planner``: run config -> ``CheckResult`` (errors, warnings, plan.json), run by `launch` on every
   point; ``plan_command`` and ``calibrate_command``: what `launcher plan` and `launcher plan
@@ -68,10 +68,10 @@ class ReportSection:
 class RecipeSpec:
     name: str = ""  # the run name when the config gives none ("": the recipe's package)
     named_by_model: bool = False
-    schema: Optional[type] = None  # a subclass of launcher.schema.RunConfig with the recipe's groups
+    schema: Optional[type] = None  # a subclass of launcher.config.schema.RunConfig with the recipe's groups
     facts: Optional[Callable[[Any], Any]] = None  # run config -> Facts.model
     sizes: Tuple[str, ...] = ()  # keys of ``schema`` whose bound rows read Facts (VALUE rows)
-    rules: Tuple[Any, ...] = ()  # launcher.rules.Rule rows
+    rules: Tuple[Any, ...] = ()  # launcher.config.rules.Rule rows
     check: Optional[Callable[[Any], Any]] = None  # resolved config (plain dicts) -> raises ValueError
     check_doc: str = ""  # where the checked settings are described (the fix line names it)
     planner: Optional[Callable[[Any], Any]] = None  # run config -> CheckResult
@@ -105,7 +105,7 @@ NO_CONTRACT = RecipeSpec()
 
 @dataclass
 class CheckResult:
-    """What a recipe's planner says of a run config: errors (``launcher.errors.ConfigError``: they stop
+    """What a recipe's planner says of a run config: errors (``launcher.config.errors.ConfigError``: they stop
     the launch), warnings (they stop it unless submit.force=true) and the plan archived as plan.json."""
 
     errors: List[Any] = field(default_factory=list)
@@ -142,7 +142,7 @@ def _of(target: str, cwd: str) -> RecipeSpec:
         raise ContractError(f"its contract {name} cannot be loaded: {type(e).__name__}: {e}") from e
     spec = getattr(module, "RECIPE", None)
     if not isinstance(spec, RecipeSpec):
-        raise ContractError(f"its contract {name} defines no RECIPE = launcher.recipe_contract.RecipeSpec(...)")
+        raise ContractError(f"its contract {name} defines no RECIPE = launcher.config.recipe_contract.RecipeSpec(...)")
     return spec
 
 

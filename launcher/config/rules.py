@@ -1,12 +1,12 @@
 """The ONE table of rules a config must obey (``RULES``), and the queries over it.
 
-Every rule is a row (key, predicate, problem, fix) over ``launcher.layout.Facts``. A row's predicate
+Every rule is a row (key, predicate, problem, fix) over ``launcher.config.layout.Facts``. A row's predicate
 says when the rule is broken; its key names the config key at fault, its fix says what to change. The
 bound rows (a numeric key below its minimum, above its maximum, nan or inf) are generated from the
-bounds ``launcher.schema`` declares with each key; rows with ``each`` report one error per offending
+bounds ``launcher.config.schema`` declares with each key; rows with ``each`` report one error per offending
 key (unknown keys, control characters in strings).
 
-``RULES`` holds the rows every recipe shares; a recipe's contract (launcher.recipe_contract) adds
+``RULES`` holds the rows every recipe shares; a recipe's contract (launcher.config.recipe_contract) adds
 its own, and ``table`` joins them. ``problems`` lists what a config breaks, ``ok`` filters the
 planner's candidates, ``resolve`` turns a valid config into its ``Layout``. Pure (no torch): runs on
 the login node for every sweep point before anything is submitted.
@@ -20,13 +20,14 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher import backends, recipe_contract, schema, script_recipe
-from launcher.config_values import SBATCH_OPTION
+from launcher import backends, script_recipe
+from launcher.config import recipe_contract, schema
+from launcher.config.errors import ConfigError, ConfigErrors
+from launcher.config.layout import Facts, Layout
+from launcher.config.recipe_target import target_problem
+from launcher.config.values import SBATCH_OPTION
 from launcher.data import checks as data_checks
-from launcher.errors import ConfigError, ConfigErrors
 from launcher.features.elastic import resize as elastic
-from launcher.layout import Facts, Layout
-from launcher.recipe_target import target_problem
 
 Text = Union[str, Callable[[Facts], str]]
 
@@ -63,7 +64,7 @@ def _each(key: str, find: Callable[[Facts], List[Tuple[str, ...]]], fix: Text) -
     return Rule(key, lambda f: bool(find(f)), "", fix, RUN, each=find)
 
 
-# ---- bound rows, generated from the bounds launcher.schema declares ---------------------------------
+# ---- bound rows, generated from the bounds launcher.config.schema declares ---------------------------------
 
 # Keys Facts holds as attributes (the search sets them on candidates without a config): their rows
 # read the attribute. Sizes are VALUE rows (nothing divides by them before they hold); the others
@@ -262,7 +263,7 @@ def _sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
 
 
 RULES: Tuple[Rule, ...] = (
-    # sizes: the bounds launcher.schema declares for the keys the layout is built from
+    # sizes: the bounds launcher.config.schema declares for the keys the layout is built from
     *_bound_rows(VALUE),
     Rule("cluster.backend", lambda f: f.backend not in _backend_names(),
          lambda f: f"{f.backend!r} is not a backend", lambda f: f"choose one of {', '.join(_backend_names())}",
@@ -324,7 +325,7 @@ RULES: Tuple[Rule, ...] = (
          "set zero.offload_optimizer=false zero.offload_params=false and parallelism.cpu_offload=true"),
     Rule("parallelism.engine", lambda f: f.resolved_engine not in ("ddp", "fsdp", "deepspeed", "megatron"),
          lambda f: f"{f.engine!r} is not an engine", "choose auto, ddp, fsdp, deepspeed or megatron"),
-    # the rest of the run: every other numeric key within the bounds launcher.schema declares
+    # the rest of the run: every other numeric key within the bounds launcher.config.schema declares
     *_bound_rows(RUN),
     Rule("parallelism.cpu_offload",
          lambda f: bool(f.values.get("parallelism.cpu_offload")) and f.resolved_engine != "fsdp",

@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from launcher import schema
-from launcher.errors import ConfigError
+from launcher.config import schema
+from launcher.config.errors import ConfigError
 
 # what the refusal suggests for a group, beyond picking one of its options
 _FIXES = {

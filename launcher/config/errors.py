@@ -1,5 +1,5 @@
 """The errors a config that cannot work raises: each names the key at fault, the problem and the fix.
-The rule table (launcher.rules) makes them; compose, submit, plan and the CLI print them."""
+The rule table (launcher.config.rules) makes them; compose, submit, plan and the CLI print them."""
 from __future__ import annotations
 
 from typing import List
