@@ -60,6 +60,76 @@ def env_int(environ: Mapping[str, str], key: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
+
+class NodeSide:
+    """Every backend's node side; a scheduler's backend overrides what its jobs can tell."""
+
+    name: str = ""
+
+    # the scheduler's word for a run's processes, whose exit status a teardown puts in words
+    step_word: str = "the step"
+    # prefixes of the variables it sets in a job that shape its training, archived with the run's
+    # (env/training-env.json: launcher.archive.secrets.training_env)
+    env_prefixes: Tuple[str, ...] = ()
+
+    # the exit status of a process whose job should start again (after request_requeue)
+    requeue_exit_code: int = 1
+    # whether every process of the job must exit for the job to start again (submitit's local
+    # controller restarts a job once all its processes exited); Slurm's requeue ends them all itself
+    every_rank_exits_to_requeue: bool = False
+
+    def request_requeue(self, job_id: Optional[str]) -> None:
+        """From inside the job: have the scheduler start this job again, in the same run dir."""
+        raise NotImplementedError
+
+    # ---- the node side of a job's end (launcher.runtime.after_step runs these after the step) ----
+    def requeued_since_start(self, job_id: Optional[str]) -> bool:
+        """Whether this job was requeued since it started (a request already went through)."""
+        return False
+
+    def job_ending(self, job_id: Optional[str]) -> Optional[str]:
+        """From inside the job, after a TERM: what the scheduler is doing with it. "requeued" (it starts
+        again: a preemption that requeues, ``scontrol requeue``), "cancelled" (it ends for good:
+        ``scancel``, an administrator, a preemption that cancels), "timeout" (its time limit); None:
+        unknown, or the job is not ending (a TERM from elsewhere). A signal alone cannot tell a cancel
+        from a preemption; the scheduler can."""
+        return None
+
+    def job_state_now(self, job_id: Optional[str]) -> str:
+        """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
+        "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""
+        return ""
+
+    # ---- what a process of this scheduler's jobs reads of its job
+    def detect(self, environ: Mapping[str, str]) -> bool:
+        """Whether ``environ`` is that of a process of one of this backend's jobs."""
+        return False
+
+    def place(self, environ: Mapping[str, str]) -> TaskPlace:
+        """This process's place in its job (rank, world, node, job ids), from ``environ``."""
+        raise NotImplementedError
+
+    def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
+        """The scheduler's name for this node (None: it has none, the hostname is the name). Nodes of
+        one cluster may share a host (scripts/slurm-local.sh): this, not the hostname, tells them apart."""
+        return None
+
+    def address_hint(self, host: str, environ: Mapping[str, str]) -> Optional[str]:
+        """``host``'s address where the job's environment says it, no question asked (None: not said)."""
+        return None
+
+    def ask_address(self, host: str) -> Optional[str]:
+        """``host``'s address asked of the scheduler (one request: only one rank of a job asks, the others
+        read its answer in the run dir); None: unknown."""
+        return None
+
+    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
+        """From the job's teardown: have ``run_dir`` (a final run) sealed once this job has ended, off its
+        allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
+        seals it, launcher.run.outcome). ``folder``: the job's submitit folder (logs)."""
+        return None
+
+
 @dataclass(frozen=True)
 class Allocation:
     """What a job holds, read inside it (a pack's runner plans its points' steps on it): its id, its
@@ -94,7 +164,11 @@ CAPABILITIES: Tuple[Capability, ...] = (
 )
 
 
-class Backend:
+class Backend(NodeSide):
+    """A scheduler, as the launcher uses it: what it can do (the capabilities below), submission and
+    its dry run, job states and cancel, packs, pauses and elastic jobs; the node side (a job's place,
+    requeue and end) is ``NodeSide``'s."""
+
     name: str = ""
     waits: bool = False  # `launch` waits for the jobs unless submit.wait says otherwise
     shares_host_memory: bool = False  # its processes share the submitting host's memory (planner)
@@ -255,22 +329,6 @@ class Backend:
     def cancel(self, job: JobRecord) -> None:
         raise NotImplementedError
 
-    # the scheduler's word for a run's processes, whose exit status a teardown puts in words
-    step_word: str = "the step"
-    # prefixes of the variables it sets in a job that shape its training, archived with the run's
-    # (env/training-env.json: launcher.archive.secrets.training_env)
-    env_prefixes: Tuple[str, ...] = ()
-
-    # the exit status of a process whose job should start again (after request_requeue)
-    requeue_exit_code: int = 1
-    # whether every process of the job must exit for the job to start again (submitit's local
-    # controller restarts a job once all its processes exited); Slurm's requeue ends them all itself
-    every_rank_exits_to_requeue: bool = False
-
-    def request_requeue(self, job_id: Optional[str]) -> None:
-        """From inside the job: have the scheduler start this job again, in the same run dir."""
-        raise NotImplementedError
-
     # ---- sweep=asha (launcher.features.asha.rungs): a point paused at a rung, then resumed or dropped ----
     # whether ``pause`` ends the job (its slot freed: Slurm); else a paused process may wait in place
     pause_ends_job: bool = False
@@ -286,55 +344,6 @@ class Backend:
 
     def drop_paused(self, job_id: Optional[str]) -> None:
         """A paused run was pruned (final): its job will never run again. Default: nothing."""
-
-    # ---- the node side of a job's end (launcher.runtime.after_step runs these after the step) ----
-    def requeued_since_start(self, job_id: Optional[str]) -> bool:
-        """Whether this job was requeued since it started (a request already went through)."""
-        return False
-
-    def job_ending(self, job_id: Optional[str]) -> Optional[str]:
-        """From inside the job, after a TERM: what the scheduler is doing with it. "requeued" (it starts
-        again: a preemption that requeues, ``scontrol requeue``), "cancelled" (it ends for good:
-        ``scancel``, an administrator, a preemption that cancels), "timeout" (its time limit); None:
-        unknown, or the job is not ending (a TERM from elsewhere). A signal alone cannot tell a cancel
-        from a preemption; the scheduler can."""
-        return None
-
-    def job_state_now(self, job_id: Optional[str]) -> str:
-        """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
-        "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""
-        return ""
-
-    # ---- the node side: what a process of this scheduler's jobs reads of its job (like Lightning's
-    # ClusterEnvironment); launcher.runtime.env asks the backend that detects itself, and names no
-    # scheduler's variables of its own
-    def detect(self, environ: Mapping[str, str]) -> bool:
-        """Whether ``environ`` is that of a process of one of this backend's jobs."""
-        return False
-
-    def place(self, environ: Mapping[str, str]) -> TaskPlace:
-        """This process's place in its job (rank, world, node, job ids), from ``environ``."""
-        raise NotImplementedError
-
-    def node_name(self, environ: Mapping[str, str]) -> Optional[str]:
-        """The scheduler's name for this node (None: it has none, the hostname is the name). Nodes of
-        one cluster may share a host (scripts/slurm-local.sh): this, not the hostname, tells them apart."""
-        return None
-
-    def address_hint(self, host: str, environ: Mapping[str, str]) -> Optional[str]:
-        """``host``'s address where the job's environment says it, no question asked (None: not said)."""
-        return None
-
-    def ask_address(self, host: str) -> Optional[str]:
-        """``host``'s address asked of the scheduler (one request: only one rank of a job asks, the others
-        read its answer in the run dir); None: unknown."""
-        return None
-
-    def seal_after_job(self, run_dir: Path, job_id: Optional[str], folder: Path) -> Optional[str]:
-        """From the job's teardown: have ``run_dir`` (a final run) sealed once this job has ended, off its
-        allocation; the id of what will seal it, or None: not arranged (the login side's next refresh
-        seals it, launcher.run.outcome). ``folder``: the job's submitit folder (logs)."""
-        return None
 
     # cluster.elastic (launcher.features.elastic): a backend with ``elastic`` True has these
     def elastic_after_job(self, run_dir: Path, job_id: str, folder: Path, when: str = "afternotok",

@@ -1,25 +1,46 @@
 """The Slurm backend's node side: whether this process is a task of a Slurm job, its place in the job,
-the node's name and a rendezvous host's address."""
+the node's name and a rendezvous host's address; a pack's allocation and a point's step (srun --exact)."""
 from __future__ import annotations
 
 import re
 import socket
-from typing import Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import launcher.backends.slurm.limits as limits
-from launcher.backends.base import (
-    PACK_STEP_ENV,
-    TaskPlace,
-    env_int,
-)
-from launcher.backends.slurm.text import (
-    alias_addr,
-    hostnames,
-)
+from launcher.backends.base import PACK_STEP_ENV, Allocation, TaskPlace, env_int
+from launcher.backends.slurm.text import STEP_DROPPED, alias_addr, cpus_per_node, hostnames
 
 
 class SlurmNode:
     """A Slurm task's environment (a mixin of SlurmBackend)."""
+
+    # ---- a pack's job (launcher.features.pack.runner) on its first node: its allocation, a point's step ----
+    def allocation(self, environ: Mapping[str, str]) -> Allocation:
+        hosts = hostnames(str(environ.get("SLURM_JOB_NODELIST") or "")) or ["localhost"]
+        mem_mb = str(environ.get("SLURM_MEM_PER_NODE") or "")
+        return Allocation(job_id=str(environ.get("SLURM_JOB_ID") or "0"), hosts=hosts,
+                          cpus=cpus_per_node(str(environ.get("SLURM_JOB_CPUS_PER_NODE") or ""), len(hosts)),
+                          gpus=int(str(environ.get("SLURM_GPUS_ON_NODE") or "0").split("(")[0] or 0),
+                          mem_bytes=int(mem_mb) << 20 if mem_mb.isdigit() and int(mem_mb) > 0 else None)
+
+    def step_command(self, command: List[str], need: Any, nodes: List[str], out: str, err: str, name: str,
+                     host_mem: Optional[int] = None, shared_gpu: bool = False) -> List[str]:
+        """srun exactly the point's nodes, ranks and CPUs (--exact: no more of the allocation than asked,
+        so other points run beside it)."""
+        cmd = ["srun", "--exact", f"--nodes={need.nodes}", f"--ntasks={need.nodes * need.tasks}",
+               f"--ntasks-per-node={need.tasks}", f"--cpus-per-task={need.cpus_per_task}",
+               f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", f"--job-name={name}",
+               f"--output={out}", f"--error={err}"]
+        if host_mem is not None:  # the planner's estimate, per node (where Slurm tracks memory)
+            cmd.append(f"--mem={max(1, (need.tasks * host_mem) >> 20)}M")
+        if need.gpus:
+            cmd.append(f"--gres=gpu:{need.tasks}")
+            if shared_gpu:  # several points' ranks on one GPU: the step may overlap another's GRES
+                cmd.append("--overlap")
+        return cmd + list(command)
+
+    def step_environment(self, environ: Mapping[str, str]) -> Dict[str, str]:
+        return {k: v for k, v in environ.items() if k not in STEP_DROPPED}
 
     # ---- the node side (launcher.runtime.env): Slurm's environment of a task ----
     def detect(self, environ: Mapping[str, str]) -> bool:

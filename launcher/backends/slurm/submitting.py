@@ -6,11 +6,10 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Optional
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
-    Allocation,
     limit_overrides,
     request_limits,
     submitit_parameters,
@@ -24,14 +23,11 @@ from launcher.backends.slurm.limits import (
     submit_bounds,
 )
 from launcher.backends.slurm.text import (
-    STEP_DROPPED,
     code_lines,
     cpu_lines,
-    cpus_per_node,
     enforces_limits,
     env_lines,
     fs_type,
-    hostnames,
     limits_from_config,
     own_addresses,
     requeue_lines,
@@ -141,33 +137,6 @@ class SlurmSubmission:
         lines = [f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"]
         return "\n".join([f"# ---- pack of points {points}: ONE job of {nodes} node(s) (cluster.pack=true); "
                           "each point a job step (srun --exact)", *lines])
-
-    def allocation(self, environ: Mapping[str, str]) -> Allocation:
-        hosts = hostnames(str(environ.get("SLURM_JOB_NODELIST") or "")) or ["localhost"]
-        mem_mb = str(environ.get("SLURM_MEM_PER_NODE") or "")
-        return Allocation(job_id=str(environ.get("SLURM_JOB_ID") or "0"), hosts=hosts,
-                          cpus=cpus_per_node(str(environ.get("SLURM_JOB_CPUS_PER_NODE") or ""), len(hosts)),
-                          gpus=int(str(environ.get("SLURM_GPUS_ON_NODE") or "0").split("(")[0] or 0),
-                          mem_bytes=int(mem_mb) << 20 if mem_mb.isdigit() and int(mem_mb) > 0 else None)
-
-    def step_command(self, command: List[str], need: Any, nodes: List[str], out: str, err: str, name: str,
-                     host_mem: Optional[int] = None, shared_gpu: bool = False) -> List[str]:
-        """srun exactly the point's nodes, ranks and CPUs (--exact: no more of the allocation than asked,
-        so other points run beside it)."""
-        cmd = ["srun", "--exact", f"--nodes={need.nodes}", f"--ntasks={need.nodes * need.tasks}",
-               f"--ntasks-per-node={need.tasks}", f"--cpus-per-task={need.cpus_per_task}",
-               f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", f"--job-name={name}",
-               f"--output={out}", f"--error={err}"]
-        if host_mem is not None:  # the planner's estimate, per node (where Slurm tracks memory)
-            cmd.append(f"--mem={max(1, (need.tasks * host_mem) >> 20)}M")
-        if need.gpus:
-            cmd.append(f"--gres=gpu:{need.tasks}")
-            if shared_gpu:  # several points' ranks on one GPU: the step may overlap another's GRES
-                cmd.append("--overlap")
-        return cmd + list(command)
-
-    def step_environment(self, environ: Mapping[str, str]) -> Dict[str, str]:
-        return {k: v for k, v in environ.items() if k not in STEP_DROPPED}
 
     def after(self, job_id: str) -> List[str]:
         # --kill-on-invalid-dep: a rung whose predecessor failed leaves the queue instead of waiting for ever
