@@ -74,7 +74,9 @@ class RecipeSpec:
     rules: Tuple[Any, ...] = ()  # launcher.config.rules.Rule rows
     check: Optional[Callable[[Any], Any]] = None  # resolved config (plain dicts) -> raises ValueError
     check_doc: str = ""  # where the checked settings are described (the fix line names it)
-    planner: Optional[Callable[[Any], Any]] = None  # run config -> CheckResult
+    # (run config, the Layout the rules built from it) -> CheckResult: the planner estimates the layout the
+    # rules checked, never one of its own
+    planner: Optional[Callable[[Any, Any], Any]] = None
     plan_command: Optional[Callable[[Any, Any], int]] = None  # (run config, `launcher plan`'s args) -> exit code
     calibrate_command: Optional[Callable[[List[Path], Any], int]] = None  # (run dirs, args) -> exit code
     # (run dir, its layout, its overrides.yaml) -> the planner's calibration of the run (`launcher report`)

@@ -68,6 +68,13 @@ class Checked:
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
 
     @cached_property
+    def run_config(self) -> Dict[str, Any]:
+        """The config the run archives and its job reads: the resolution as checked, with the checked
+        layout's concrete engine for ``parallelism.engine`` (never "auto"). Validation leaves
+        ``resolved`` as it checked it; the engine it chose is ``layout.engine``."""
+        return {**self.resolved, "parallelism": {**self.resolved["parallelism"], "engine": self.layout.engine}}
+
+    @cached_property
     def written(self) -> Any:
         """The point's config as written (interpolations unresolved): which secrets are references."""
         cfg = self.point.cfg
@@ -158,7 +165,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if named:
                 raise ConfigErrors(named)
             planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
-            res = planner(view) if planner is not None else recipe_contract.CheckResult()
+            res = planner(view, lay) if planner is not None else recipe_contract.CheckResult()
             if res.errors:
                 raise ConfigErrors(res.errors)
         except ConfigErrors as e:
@@ -174,7 +181,6 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
             if line not in advised:
                 advised.append(line)
                 print(secrets.scrub(f"launch: warning: {line}", known), file=sys.stderr)
-        resolved["parallelism"]["engine"] = lay.engine  # archive the concrete engine, not "auto"
         data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
         good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
@@ -232,7 +238,7 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     for c in checked:
         head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
         print(f"# ---- point {c.index}: {head}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.resolved, known, raw=c.written))),
+        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.run_config, known, raw=c.written))),
               file=out)
     for arr in planned:
         idxs = [c.index for c in arr.points]
@@ -337,7 +343,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
     data_of: Dict[Any, Dict[str, Any]] = {}  # one record per distinct set of datasets, not per point
     points = []
     for c in checked:
-        r = c.resolved
+        r = c.run_config
         c.archived = secrets.redact_config(r, sweep.known, raw=c.written)
         sig = data_archive.signature(r)
         if sig is not None and sig not in data_of:

@@ -160,10 +160,11 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     layout = None
     if changed:  # the changed config must pass every rule; a new layout, one its checkpoint can be resharded to
         with recipe_target.searched_in(code_dir):  # the job imports the snapshot, whatever the cwd is now
-            lay = resolve(cfg).to_json()
+            checked = resolve(cfg)
+            lay = checked.to_json()
             # the recipe's planner too, as at launch: a new layout that would not fit is refused here
             planner = recipe_contract.of(recipe_contract.tree_get(plain, "recipe._target_")).planner
-            planned = planner(ConfigView(plain)) if planner is not None else recipe_contract.CheckResult()
+            planned = planner(ConfigView(plain), checked) if planner is not None else recipe_contract.CheckResult()
         if planned.errors:
             raise ConfigErrors(planned.errors, f"({run_id})")
         for w in planned.warnings:

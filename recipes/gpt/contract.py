@@ -18,10 +18,10 @@ from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
 
 
-def _plan(cfg: Any) -> Any:
+def _plan(cfg: Any, layout: Any) -> Any:
     from recipes.gpt.plan import checks  # the estimators: only a launch that plans pays for them
 
-    return checks.evaluate(cfg)
+    return checks.evaluate(cfg, layout)
 
 
 def _plan_command(cfg: Any, args: Any) -> int:

@@ -9,6 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from launcher.app import CONF_DIR, normalize_overrides
+from launcher.config.layout import Facts
+from launcher.config.rules import layout_of
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check_points
 from recipes.gpt.plan import checks, spec
 from recipes.gpt.plan.spec import GIB, ClusterSpec
@@ -221,4 +223,5 @@ def test_other_recipes_are_not_planned_nor_enforced():
                    "train.micro_batch_size=1", "train.global_batch_size=64")
     assert recipe_contract.of("mypkg.train.main").planner is None
     gpt = recipe_contract.of("recipes.gpt.train.main").planner
-    assert gpt is not None and gpt(cfg).errors  # the GPT's own run of that config would be refused
+    # the GPT's own run of that config would be refused
+    assert gpt is not None and gpt(cfg, layout_of(Facts.from_cfg(cfg))).errors

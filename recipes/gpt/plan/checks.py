@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.config.errors import ConfigError
-from launcher.config.layout import Facts
+from launcher.config.layout import Facts, Layout
 from launcher.config.recipe_contract import CheckResult
 from launcher.config.rules import ok
+from launcher.config.schema import enum_value
 from recipes.gpt.plan.estimate import Estimate, cluster_json, estimate, gib, model_json
 from recipes.gpt.plan.search import enumerate_layouts, evaluate_all
 from recipes.gpt.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
@@ -65,11 +66,13 @@ def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
     return res.errors, res.warnings
 
 
-def evaluate(cfg: Any) -> CheckResult:
-    """The checks plus the estimate they were made from (JSON, as `launcher plan --json` prints it)."""
+def evaluate(cfg: Any, layout: Optional[Layout] = None) -> CheckResult:
+    """The checks plus the estimate they were made from (JSON, as `launcher plan --json` prints it), of
+    ``layout`` (the Layout the rules built: `launch`) or the one the config names."""
     m = ModelSpec.from_cfg(cfg.model)
     cluster = ClusterSpec.from_cfg(cfg.cluster)
-    lay = LayoutSpec.from_cfg(cfg)
+    lay = (LayoutSpec.of(layout, enum_value(cfg.train.recompute), enum_value(cfg.precision.dtype)) if layout is not None
+           else LayoutSpec.from_cfg(cfg))
     est = estimate(m, cluster, lay)
     res = CheckResult()
     layout = est.as_json()
