@@ -18,8 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher.data.manifest import MANIFEST, DatasetError, Manifest
-from launcher.data.tokens import BLOCK
+from launcher.data.manifest import BLOCK, MANIFEST, DatasetError, Manifest
 
 TOKENS = "tokens"  # the data option whose datasets these checks read (conf/data/tokens.yaml)
 PREPARE = "`launcher data prepare FILE... -o DIR`"

@@ -2,7 +2,8 @@
 
 The format ("launcher-tokens/1"): DIR/manifest.json, DIR/tokenizer.json and content-hashed shards
 DIR/shards/<split>-<sha16>.bin (token ids, documents concatenated, each followed by the EOS id) with
-DIR/shards/<split>-<sha16>.idx (int64 document starts, n_documents + 1 entries). Pure: numpy, no torch.
+DIR/shards/<split>-<sha16>.idx (int64 document starts, n_documents + 1 entries). Pure: no torch; numpy
+only where tokens are written (the writer imports it: reading a manifest, every `launcher` command, does not).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from launcher.archive import atomic
 
@@ -28,6 +30,9 @@ SPLITS = ("train", "val")
 # a shard closes at a document boundary once it holds this many tokens (64 MiB of uint16)
 DEFAULT_SHARD_TOKENS = 1 << 25
 _CHUNK = 1 << 20  # bytes read at a time while hashing
+# blend block (launcher.data.tokens): samples whose dataset assignment is computed (and cached) together;
+# here, so the login-side checks read it without the reader (numpy)
+BLOCK = 4096
 
 
 class DatasetError(ValueError):
@@ -301,6 +306,7 @@ class DatasetWriter:
 
     def __init__(self, out_dir: Union[str, Path], *, vocab_size: int, eos_id: int,
                  shard_tokens: int = DEFAULT_SHARD_TOKENS):
+        import numpy as np  # only where tokens are written
         if vocab_size < 1 or not 0 <= eos_id < vocab_size:
             raise DatasetError(f"eos_id {eos_id} lies outside the vocabulary of {vocab_size}")
         if shard_tokens < 1:
@@ -329,6 +335,7 @@ class DatasetWriter:
         shutil.rmtree(self.stage, ignore_errors=True)
 
     def add(self, split: str, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        import numpy as np  # only where tokens are written
         if split not in SPLITS:
             raise DatasetError(f"split {split!r}: a dataset has the splits {', '.join(SPLITS)}")
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -365,6 +372,7 @@ class DatasetWriter:
         return self._open[split]
 
     def _close(self, split: str) -> None:
+        import numpy as np  # only where tokens are written
         shard, self._open[split] = self._open[split], None
         if shard is None or shard.tokens == 0:
             return
@@ -446,6 +454,8 @@ def write_dataset(out_dir: Union[str, Path], docs_by_split: Mapping[str, Iterabl
     """A dataset of documents already tokenized (without their EOS: it is appended here; empty
     documents are skipped). ``tokenizer_json``: the tokenizer's JSON text, or the path of a
     tokenizer.json to copy; None writes none (a dataset for tests)."""
+    import numpy as np  # only where tokens are written
+
     with DatasetWriter(out_dir, vocab_size=vocab_size, eos_id=eos_id, shard_tokens=shard_tokens) as w:
         for split, docs in docs_by_split.items():
             batch: List[np.ndarray] = []

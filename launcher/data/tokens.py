@@ -37,10 +37,9 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from launcher.config.seeding import derive_seed
-from launcher.data.manifest import DatasetError, Manifest
+from launcher.data.manifest import BLOCK, DatasetError, Manifest
 
 SPLITS = ("train", "val")
-BLOCK = 4096  # blend block: samples whose dataset assignment is computed (and cached) together
 
 __all__ = ["BLOCK", "SampleId", "Source", "TokenDataset", "Windows", "permute"]
 
