@@ -30,26 +30,20 @@ checkpoint that rank 0 verified against its manifest (a corrupt ``latest``: the 
 intact one, or ``CheckpointCorrupt`` on every rank).
 
 With ``train.checkpoint.async_save`` the step loop is not blocked by the write: the state is copied
-into reused host buffers while the next forward and backward run, and a background thread then
-serialises and writes it (one save in flight at a time). GPU tensors: the main thread enqueues their
-copies (to pinned buffers) on a side stream that waits for the compute stream, and records an event;
-the next optimizer step's stream waits for that event on the device, the writer thread (bound to
-the rank's GPU: CUDA's current device is per thread) waits for it before writing, never for the
-whole device. Host tensors: the thread copies them, and the next optimizer step waits for that. A
-rank with no GPU tensor to copy makes no CUDA call at all (no context on GPU 0). DeepSpeed's own
-save is synchronous; so is a save of an engine (or a ``Checkpoint``) that names no optimizer.
+to host memory while the next forward and backward run, and a thread writes it (AsyncSaver:
+launcher.training.async_save). Resume, and resharding on another layout: CheckpointResume
+(launcher.training.checkpoint_resume); the files and RNG states: launcher.training.checkpoint_files.
 """
 from __future__ import annotations
 
 import copy
 import json
 import os
-import random
 import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
@@ -57,16 +51,25 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.schema import enum_value
-from launcher.config.seeding import derive_seed
 from launcher.run import checkpoint_manifest
-from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.training import universal
+from launcher.training.async_save import AsyncSaver, gpu_of, host_copy
+from launcher.training.checkpoint_files import (
+    DONE_FILE,
+    META_FILE,
+    RANK_STATE_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    reseed,
+    rng_state,
+    set_rng_state,
+)
+from launcher.training.checkpoint_resume import CheckpointResume
 
-RNG_FILE = "rng_rank_{rank:05d}.pt"
-META_FILE = "meta.json"
-DONE_FILE = "done_rank_{rank:05d}"
-STATE_FILE = "state.pt"  # a Checkpoint's objects (rank 0)
-RANK_STATE_FILE = "state_rank_{rank:05d}.pt"  # a Checkpoint's per-rank objects (every rank)
+# (the names importers use from here, whose homes are the modules above)
+__all__ = ["Checkpoint", "CheckpointResume", "Checkpointer", "DONE_FILE", "Engine", "META_FILE", "Objects",
+           "RANK_STATE_FILE", "RNG_FILE", "STATE_FILE", "gpu_of", "host_copy", "load_on_one_rank", "reseed",
+           "rng_state", "set_rng_state"]
 
 
 class Engine(Protocol):
@@ -87,113 +90,6 @@ class Engine(Protocol):
     # optional, for resuming on another layout (launcher.training.universal): ``universal_state()`` (its
     # state by parameter name, as torch.distributed.checkpoint saves it) and ``load_universal(path)``
 
-
-def rng_state(tracker: Any = None) -> Dict[str, Any]:
-    """This process's RNG states; ``tracker``: an RNG tracker whose streams are saved too (state_dict)."""
-    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if tracker is not None:
-        state["tracker"] = tracker.state_dict()
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:
-        pass
-    return state
-
-
-def set_rng_state(state: Dict[str, Any], tracker: Any = None) -> None:
-    """Restore ``rng_state``'s states (and ``tracker``'s streams, when saved: a checkpoint from before
-    the engine had a tracker leaves it freshly seeded)."""
-    torch.set_rng_state(state["torch"])
-    if tracker is not None and "tracker" in state:
-        tracker.load_state_dict(state["tracker"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
-
-
-def reseed(seed: int) -> None:
-    """Seed torch (every device), Python's and NumPy's generators from ``seed``."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:
-        return
-    np.random.seed(seed % 2**32)
-
-
-# Every CUDA call of this module goes through this name (a unit test puts a fake CUDA module here).
-cuda = torch.cuda
-
-
-def _device_index(t: torch.Tensor) -> Optional[int]:
-    """The CUDA device a tensor lives on (None: host memory)."""
-    return t.device.index if t.is_cuda else None
-
-
-def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
-    return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
-
-
-def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
-    """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
-    host-memory copies: training may change the originals while the copy is written. ``reuse`` (the
-    previous copy of the same state, already written) lends its buffers: no fresh allocation (and
-    page faults) per save; buffers of GPU tensors are pinned, so the copy runs at full link speed and
-    is enqueued (non-blocking) on the caller's current CUDA stream. ``deferred``: host tensors are not
-    copied here but their (buffer, source) pairs appended, for a thread to copy later."""
-    if torch.is_tensor(obj):
-        src = obj.detach()
-        on_gpu = _device_index(src) is not None
-        if torch.is_tensor(reuse) and reuse.shape == src.shape and reuse.dtype == src.dtype and not reuse.is_cuda:
-            buf = reuse
-        else:
-            buf = _host_buffer(src, on_gpu)
-        if deferred is not None and not on_gpu:
-            deferred.append((buf, src))
-        else:
-            buf.copy_(src, non_blocking=on_gpu)
-        return buf
-    more = () if deferred is None else (deferred,)  # (the plain two-argument call where none)
-    if isinstance(obj, dict):
-        old = reuse if isinstance(reuse, dict) else {}
-        return {k: host_copy(v, old.get(k), *more) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(host_copy(v, o, *more) for v, o in zip(obj, old))
-    return obj
-
-
-def gpu_of(obj: Any) -> Optional[int]:
-    """The CUDA device of the first GPU tensor in a state (None: every tensor is in host memory)."""
-    if torch.is_tensor(obj):
-        return _device_index(obj)
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for v in items:
-        found = gpu_of(v)
-        if found is not None:
-            return found
-    return None
-
-
-@dataclass
-class _Copy:
-    """One save's copy to host memory, as the main thread started it. ``staged`` None: nothing is on a
-    GPU, a thread copies it all (host_copy). Else the GPU tensors' copies are enqueued on a side stream
-    of ``device`` and land when ``event`` completes; the host tensors' copies are ``deferred``."""
-
-    staged: Optional[Dict[str, Any]] = None
-    deferred: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    event: Any = None
-    device: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -263,8 +159,10 @@ def _write_file(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-class Checkpointer:
-    """Save, resume and prune the checkpoints of one rank of a run (see the module doc)."""
+class Checkpointer(CheckpointResume, AsyncSaver):
+    """Save, resume and prune the checkpoints of one rank of a run (see the module doc): the save, its
+    commit and the pruning here; the resume (CheckpointResume) and the asynchronous save's copy and
+    writer thread (AsyncSaver) inherited."""
 
     def __init__(self, cfg: Any, ctx: Any, engine: Engine, *, every: Optional[int] = None,
                  keep: Optional[int] = None, async_save: Optional[bool] = None, store: Any = None) -> None:
@@ -282,15 +180,7 @@ class Checkpointer:
         self.steps = int(cfg.train.steps)
         self.ctx, self.rd, self.engine = ctx, ctx.rundir, engine
         self.rank, self.world = int(ctx.rank), int(ctx.world_size)
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-        self._staged: Dict[str, Any] = {}  # the last save's host copies (their buffers are reused)
-        self._copied = threading.Event()
-        self._copied.set()
-        self._hooks: Optional[List[Any]] = None
-        self._stream: Any = None  # the side CUDA stream the device->host copies run on (made once)
-        self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
-        self._event_device: Optional[int] = None
+        self._init_async_save()  # the copy thread, its host buffers, side stream and event (AsyncSaver)
         self._store = store
         self._saves = 0  # saves so far: with the step, the store key the ranks count one save under
         self._pruner: Optional[threading.Thread] = None
@@ -303,115 +193,6 @@ class Checkpointer:
         fires = (drill and int(tr.fail_rank) == self.rank
                  and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
         self.kill_at: Optional[int] = self.kill_step if fires else None
-
-    # ---- resume ------------------------------------------------------------------------------------
-    def resume(self) -> Tuple[int, List[Dict[str, Any]]]:
-        """Load ``latest`` if there is one: (the step it was taken after, the metrics rows up to it);
-        (0, []) for a fresh start. Partial checkpoints an earlier attempt left are deleted first. A
-        restarted attempt's metrics file is rewound to those rows (rank 0): the steps after the
-        checkpoint (all of them, without one) are redone and logged again, once each."""
-        if self.rank == 0:
-            for p in self.rd.stale_partials():
-                shutil.rmtree(p, ignore_errors=True)
-        latest = self._verified_latest()
-        step, rows = 0, []
-        if latest is not None:
-            meta = self._latest_meta or json.loads((latest / META_FILE).read_text())
-            moves = universal.moved(meta.get("layout"), self._layout())
-            if moves:
-                self._reshard(latest, int(meta["step"]), meta["layout"], moves)
-            else:
-                self.engine.load_checkpoint(latest)
-                set_rng_state(torch.load(latest / RNG_FILE.format(rank=self.rank), weights_only=False),
-                              self._tracker())
-            self.ctx.heartbeat()
-            step, rows = int(meta["step"]), list(meta["metrics"])
-        if self.rank == 0 and (step or int(self.ctx.attempt) > 1):
-            self.rd.rewrite_metrics(rows)  # before this attempt logs a row (ctx appends to the file)
-        return step, rows
-
-    def _universal_state(self) -> Optional[Dict[str, Any]]:
-        """The engine's layout-independent state (None: it has none; an engine may omit the method)."""
-        get = getattr(self.engine, "universal_state", None)
-        return get() if get is not None else None
-
-    def _layout(self) -> Dict[str, Any]:
-        layout = getattr(self.ctx, "layout", None)
-        return layout.to_json() if layout is not None else {}
-
-    def _reshard(self, ckpt: Path, step: int, saved: Dict[str, Any], moves: Dict[str, List[Any]]) -> None:
-        """Resume from a checkpoint saved on another layout: every rank reads its own slices of the
-        universal state, the load is checked bit for bit against what was saved (gathered), the RNG
-        streams are re-derived for the new ranks (the saved ones belong to the old ranks), and rank 0
-        records it all (reshard.jsonl) and says so."""
-        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moves.items())
-        if not universal.present(ckpt):
-            raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}) and has no "
-                               f"layout-independent state ({universal.DIR}/: train.checkpoint.universal was off, or "
-                               "its engine writes none): resume it on its own layout")
-        ok = getattr(self.engine, "universal_ok", None)  # asked without building the state (a gather)
-        if not (ok() if ok is not None else self._universal_state() is not None):
-            raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}), and this "
-                               f"engine ({type(self.engine).__name__}) does not load layout-independent "
-                               "checkpoints: resume it on its own layout")
-        t0 = time.perf_counter()
-        self.engine.load_universal(ckpt / universal.DIR)
-        loaded_s = time.perf_counter() - t0
-        check = universal.verify(self._universal_state(), ckpt / universal.DIR, self.rank,
-                                 owned=bool(getattr(self.engine, "universal_owned", False)))
-        # the engine's dropout streams (its tracker) stay as its new layout seeded them
-        reseed(derive_seed(self.seed, "resharded", step, self.rank))
-        record = {"step": step, "checkpoint": ckpt.name, "from": saved, "to": self._layout(), "moved": moves,
-                  "load_s": round(loaded_s, 3), "verify": check, "rng": "torch, python and numpy generators "
-                  "re-derived per rank: derive_seed(seed, 'resharded', step, rank); the engine's dropout "
-                  "streams as its new layout seeds them", "bitwise_equal": not check["mismatched"]
-                  and not check["missing"]}
-        self.resharded = record
-        if self.rank == 0:
-            self.rd.record_reshard(record)
-            print(f"launcher: resharded the checkpoint of step {step} ({what}): {check['tensors']} tensors, "
-                  f"{check['bytes'] / 2**20:.1f} MiB gathered and "
-                  + ("bitwise equal to the saved state" if record["bitwise_equal"] else
-                     f"NOT equal to the saved state: {', '.join((check['mismatched'] + check['missing'])[:5])}"),
-                  flush=True)
-        if not record["bitwise_equal"]:
-            raise RuntimeError(f"the resharded state differs from the checkpoint of step {step}: "
-                               f"{', '.join((check['mismatched'] + check['missing'])[:5])} (reshard.jsonl)")
-
-    def _verified_latest(self) -> Optional[Path]:
-        """The checkpoint every rank resumes from: rank 0 verifies ``latest`` against its manifest
-        (falling back past a corrupt one: launcher.run.checkpoint_manifest) and tells the others, so all
-        load the same one or all raise the same CheckpointCorrupt (none waits for a rank that failed)."""
-        verdict: Dict[str, Any] = {}
-        failed: Optional[BaseException] = None
-        if self.rank == 0 or not dist.is_initialized():
-            try:
-                point = checkpoint_manifest.resume_point(self.rd)
-                if self.rank == 0:
-                    checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
-                verdict = {"path": str(point.path) if point.path is not None else None}
-                if point.path is not None:  # its step and metrics rows: read here, not by every rank
-                    verdict["meta"] = json.loads((point.path / META_FILE).read_text())
-            except CheckpointCorrupt as e:
-                failed, verdict = e, {"corrupt": e.problems}
-            except Exception as e:  # told to the others, then raised here
-                failed, verdict = e, {"error": f"rank 0 could not verify the checkpoint: {type(e).__name__}: {e}"}
-        if dist.is_initialized():
-            box = [verdict]
-            dist.broadcast_object_list(box, src=0)
-            verdict = box[0]
-        if failed is not None:
-            raise failed
-        if "corrupt" in verdict:
-            raise CheckpointCorrupt(verdict["corrupt"])
-        if "error" in verdict:
-            raise RuntimeError(verdict["error"])
-        self._latest_meta = verdict.get("meta")
-        return Path(verdict["path"]) if verdict["path"] else None
-
-    def _tracker(self) -> Any:
-        """The engine's dropout RNG streams (its ``rng_tracker``: state_dict/load_state_dict), or None."""
-        return getattr(self.engine, "rng_tracker", None)
 
     # ---- save --------------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -439,95 +220,11 @@ class Checkpointer:
                                 "layout": self._layout(), "universal": bool(shared)}
         self._saves += 1
         if self.async_save and not block and self._hooked():
-            started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
-            self._copied.clear()
-            if started.event is not None:
-                self._event, self._event_device = started.event, started.device
-            self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step, started),
-                                            name="checkpoint-writer", daemon=True)
-            self._thread.start()
+            self._write_in_background(partial, live, small, step)
         else:
             self._write(partial, {**self._copy(live), **small}, step)
         self.ctx.heartbeat()
         self.blocked_s += time.perf_counter() - t0
-
-    def _hooked(self) -> bool:
-        """Make every optimizer of the engine wait for a copy in flight before it steps (once)."""
-        if self._hooks is None:
-            opts = list(getattr(self.engine, "optimizers", lambda: [])())
-            self._hooks = [opt.register_step_pre_hook(lambda *_: self.wait_copied()) for opt in opts]
-        return bool(self._hooks)
-
-    def _start_copy(self, live: Dict[str, Any]) -> _Copy:
-        """In the main thread (its current device is the rank's): enqueue the GPU tensors' copies to
-        pinned host buffers on a side stream that first waits for the compute stream (the copies read
-        the state this step left), then record an event after them. A state with no GPU tensor (an
-        empty part included) makes no CUDA call at all."""
-        device = gpu_of(live)  # (a rank's GPU tensors are all on its one GPU)
-        if device is None:
-            return _Copy()
-        compute = cuda.current_stream(device)
-        if self._stream is None:
-            self._stream = cuda.Stream(device=device)
-        self._stream.wait_stream(compute)
-        deferred: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        with cuda.stream(self._stream):
-            staged = {name: host_copy(state, self._staged.get(name), deferred) for name, state in live.items()}
-        event = cuda.Event()
-        event.record(self._stream)
-        return _Copy(staged, deferred, event, device)
-
-    def _finish_copy(self, live: Dict[str, Any], started: _Copy) -> Dict[str, Any]:
-        """The host part of a copy (all of it when nothing is on a GPU); the GPU part may still be in
-        flight (``started.event``)."""
-        if started.staged is None:
-            staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
-        else:
-            for buf, src in started.deferred:
-                buf.copy_(src)
-            staged = started.staged
-        self._staged = staged
-        return staged
-
-    def _copy(self, live: Dict[str, Any]) -> Dict[str, Any]:
-        """The whole copy, in the calling (main) thread: returns once every copy has landed."""
-        started = self._start_copy(live)
-        staged = self._finish_copy(live, started)
-        if started.event is not None:
-            started.event.synchronize()  # this save's copies only, not the whole device
-        return staged
-
-    def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int,
-                        started: _Copy) -> None:
-        try:
-            if started.device is not None:  # CUDA's current device is per thread: a new one starts on 0
-                cuda.set_device(started.device)
-            staged = self._finish_copy(live, started)
-        except BaseException as e:  # surfaced by the next wait()
-            self._error = e
-            return
-        finally:
-            self._copied.set()
-        try:
-            if started.event is not None:
-                started.event.synchronize()  # the pinned buffers hold this save's state (``live``, held
-                # by this thread until here, kept the GPU tensors from being freed and reused meanwhile)
-        except BaseException as e:
-            self._error = e
-            return
-        self._write_guarded(partial, {**staged, **small}, step)
-
-    def wait_copied(self) -> None:
-        """Until the state of the save in flight is in host memory (the training state may change):
-        the host copies are waited for here; the GPU copies by the current stream (the optimizer
-        step's kernels wait on the device, the host does not block)."""
-        if not self._copied.is_set():
-            t0 = time.perf_counter()
-            self._copied.wait()
-            self.blocked_s += time.perf_counter() - t0
-        if self._event is not None:
-            cuda.current_stream(self._event_device).wait_event(self._event)
-            self._event = None
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written and the pruning it started is done; re-raises
@@ -547,12 +244,6 @@ class Checkpointer:
         self.wait()
         if dist.is_initialized():
             dist.barrier()
-
-    def _write_guarded(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
-        try:
-            self._write(partial, staged, step)
-        except BaseException as e:  # surfaced by the next wait()
-            self._error = e
 
     def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
         written = {}

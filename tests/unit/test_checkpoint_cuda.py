@@ -11,7 +11,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from launcher.rundir import RunDir
-from launcher.training import checkpoint
+from launcher.training import async_save, checkpoint
 
 DEVICE = 3
 
@@ -146,14 +146,14 @@ class Ctx:
 @pytest.fixture
 def fake(monkeypatch):
     cuda = FakeCuda()
-    monkeypatch.setattr(checkpoint, "cuda", cuda)
-    monkeypatch.setattr(checkpoint, "_device_index", lambda t: DEVICE if t.dtype == torch.float32 else None)
+    monkeypatch.setattr(async_save, "cuda", cuda)
+    monkeypatch.setattr(async_save, "_device_index", lambda t: DEVICE if t.dtype == torch.float32 else None)
 
     def host_buffer(src, pinned):
         cuda.rec("host_buffer", pinned, getattr(cuda.tls, "stream", None))
         return torch.empty(src.shape, dtype=src.dtype)
 
-    monkeypatch.setattr(checkpoint, "_host_buffer", host_buffer)
+    monkeypatch.setattr(async_save, "_host_buffer", host_buffer)
     cuda.tls.device = DEVICE  # the runtime bound the main thread (torch.cuda.set_device(local rank))
     return cuda
 
@@ -249,7 +249,7 @@ def test_an_empty_part_makes_no_cuda_call(tmp_path, fake, block):
 
 def test_a_host_only_state_copies_in_the_writer_thread_without_cuda(tmp_path, fake, monkeypatch):
     """No GPU tensor (a CPU run): the writer thread copies and writes it; no CUDA call anywhere."""
-    monkeypatch.setattr(checkpoint, "_device_index", lambda t: None)
+    monkeypatch.setattr(async_save, "_device_index", lambda t: None)
     ck, engine, rd = make(tmp_path)
     engine.train_step()
     ck.save(1, [{"step": 1}])

@@ -264,9 +264,9 @@ def _slow_host_copy(monkeypatch, delay_s=0.0, gate=None):
     """Make the checkpointer's host copy take ``delay_s`` per tensor, or wait for ``gate`` first."""
     import torch
 
-    from launcher.training import checkpoint
+    from launcher.training import async_save
 
-    real = checkpoint.host_copy
+    real = async_save.host_copy
 
     def slow(obj, reuse=None):
         if gate is not None:
@@ -275,7 +275,7 @@ def _slow_host_copy(monkeypatch, delay_s=0.0, gate=None):
             time.sleep(delay_s)
         return real(obj, reuse)
 
-    monkeypatch.setattr(checkpoint, "host_copy", slow)
+    monkeypatch.setattr(async_save, "host_copy", slow)
 
 
 def _assert_holds_step(path, step):

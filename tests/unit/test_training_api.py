@@ -75,16 +75,16 @@ def slow_host_copy(monkeypatch):
     changes BatchNorm's buffers) runs meanwhile; its optimizer step waits for the copy."""
     import time
 
-    from launcher.training import checkpoint
+    from launcher.training import async_save
 
-    real = checkpoint.host_copy
+    real = async_save.host_copy
 
     def slow(obj, reuse=None):
         if torch.is_tensor(obj):
             time.sleep(0.003)
         return real(obj, reuse)
 
-    monkeypatch.setattr(checkpoint, "host_copy", slow)
+    monkeypatch.setattr(async_save, "host_copy", slow)
 
 
 @pytest.mark.parametrize("async_save", [True, False])

@@ -1,0 +1,206 @@
+"""A checkpoint's asynchronous save (``train.checkpoint.async_save``): the copy of the state to host
+memory, its writer thread, and the optimizer step's wait for the copy; the Checkpointer
+(launcher.training.checkpoint) inherits it (AsyncSaver).
+
+The step loop is not blocked by the write: the state is copied into reused host buffers while the
+next forward and backward run, and a background thread then serialises and writes it (one save in
+flight at a time). GPU tensors: the main thread enqueues their copies (to pinned buffers) on a side
+stream that waits for the compute stream, and records an event; the next optimizer step's stream
+waits for that event on the device, the writer thread (bound to the rank's GPU: CUDA's current
+device is per thread) waits for it before writing, never for the whole device. Host tensors: the
+thread copies them, and the next optimizer step waits for that. A rank with no GPU tensor to copy
+makes no CUDA call at all (no context on GPU 0). DeepSpeed's own save is synchronous; so is a save
+of an engine (or a ``Checkpoint``) that names no optimizer.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+# Every CUDA call of this module goes through this name (a unit test puts a fake CUDA module here).
+cuda = torch.cuda
+
+
+def _device_index(t: torch.Tensor) -> Optional[int]:
+    """The CUDA device a tensor lives on (None: host memory)."""
+    return t.device.index if t.is_cuda else None
+
+
+def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
+    return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
+
+
+def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
+    """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
+    host-memory copies: training may change the originals while the copy is written. ``reuse`` (the
+    previous copy of the same state, already written) lends its buffers: no fresh allocation (and
+    page faults) per save; buffers of GPU tensors are pinned, so the copy runs at full link speed and
+    is enqueued (non-blocking) on the caller's current CUDA stream. ``deferred``: host tensors are not
+    copied here but their (buffer, source) pairs appended, for a thread to copy later."""
+    if torch.is_tensor(obj):
+        src = obj.detach()
+        on_gpu = _device_index(src) is not None
+        if torch.is_tensor(reuse) and reuse.shape == src.shape and reuse.dtype == src.dtype and not reuse.is_cuda:
+            buf = reuse
+        else:
+            buf = _host_buffer(src, on_gpu)
+        if deferred is not None and not on_gpu:
+            deferred.append((buf, src))
+        else:
+            buf.copy_(src, non_blocking=on_gpu)
+        return buf
+    more = () if deferred is None else (deferred,)  # (the plain two-argument call where none)
+    if isinstance(obj, dict):
+        old = reuse if isinstance(reuse, dict) else {}
+        return {k: host_copy(v, old.get(k), *more) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
+        return type(obj)(host_copy(v, o, *more) for v, o in zip(obj, old))
+    return obj
+
+
+def gpu_of(obj: Any) -> Optional[int]:
+    """The CUDA device of the first GPU tensor in a state (None: every tensor is in host memory)."""
+    if torch.is_tensor(obj):
+        return _device_index(obj)
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for v in items:
+        found = gpu_of(v)
+        if found is not None:
+            return found
+    return None
+
+
+@dataclass
+class _Copy:
+    """One save's copy to host memory, as the main thread started it. ``staged`` None: nothing is on a
+    GPU, a thread copies it all (host_copy). Else the GPU tensors' copies are enqueued on a side stream
+    of ``device`` and land when ``event`` completes; the host tensors' copies are ``deferred``."""
+
+    staged: Optional[Dict[str, Any]] = None
+    deferred: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    event: Any = None
+    device: Optional[int] = None
+
+
+class AsyncSaver:
+    """The Checkpointer's asynchronous save: the host copies of its engine's state (whose buffers the
+    next save reuses), the writer thread, and the optimizer pre-hooks that wait for the copy. Uses the
+    Checkpointer's ``engine``, ``blocked_s`` and ``_write`` (writes and commits a rank's part)."""
+
+    engine: Any
+    blocked_s: float
+
+    def _init_async_save(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._staged: Dict[str, Any] = {}  # the last save's host copies (their buffers are reused)
+        self._copied = threading.Event()
+        self._copied.set()
+        self._hooks: Optional[List[Any]] = None
+        self._stream: Any = None  # the side CUDA stream the device->host copies run on (made once)
+        self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
+        self._event_device: Optional[int] = None
+
+    def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+        raise NotImplementedError  # the Checkpointer's
+
+    def _write_in_background(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int) -> None:
+        """Start the copy of ``live`` and the thread that finishes it and writes it with ``small``
+        (already host values); returns at once (save's asynchronous case)."""
+        started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
+        self._copied.clear()
+        if started.event is not None:
+            self._event, self._event_device = started.event, started.device
+        self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step, started),
+                                        name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def _hooked(self) -> bool:
+        """Make every optimizer of the engine wait for a copy in flight before it steps (once)."""
+        if self._hooks is None:
+            opts = list(getattr(self.engine, "optimizers", lambda: [])())
+            self._hooks = [opt.register_step_pre_hook(lambda *_: self.wait_copied()) for opt in opts]
+        return bool(self._hooks)
+
+    def _start_copy(self, live: Dict[str, Any]) -> _Copy:
+        """In the main thread (its current device is the rank's): enqueue the GPU tensors' copies to
+        pinned host buffers on a side stream that first waits for the compute stream (the copies read
+        the state this step left), then record an event after them. A state with no GPU tensor (an
+        empty part included) makes no CUDA call at all."""
+        device = gpu_of(live)  # (a rank's GPU tensors are all on its one GPU)
+        if device is None:
+            return _Copy()
+        compute = cuda.current_stream(device)
+        if self._stream is None:
+            self._stream = cuda.Stream(device=device)
+        self._stream.wait_stream(compute)
+        deferred: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        with cuda.stream(self._stream):
+            staged = {name: host_copy(state, self._staged.get(name), deferred) for name, state in live.items()}
+        event = cuda.Event()
+        event.record(self._stream)
+        return _Copy(staged, deferred, event, device)
+
+    def _finish_copy(self, live: Dict[str, Any], started: _Copy) -> Dict[str, Any]:
+        """The host part of a copy (all of it when nothing is on a GPU); the GPU part may still be in
+        flight (``started.event``)."""
+        if started.staged is None:
+            staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
+        else:
+            for buf, src in started.deferred:
+                buf.copy_(src)
+            staged = started.staged
+        self._staged = staged
+        return staged
+
+    def _copy(self, live: Dict[str, Any]) -> Dict[str, Any]:
+        """The whole copy, in the calling (main) thread: returns once every copy has landed."""
+        started = self._start_copy(live)
+        staged = self._finish_copy(live, started)
+        if started.event is not None:
+            started.event.synchronize()  # this save's copies only, not the whole device
+        return staged
+
+    def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int,
+                        started: _Copy) -> None:
+        try:
+            if started.device is not None:  # CUDA's current device is per thread: a new one starts on 0
+                cuda.set_device(started.device)
+            staged = self._finish_copy(live, started)
+        except BaseException as e:  # surfaced by the next wait()
+            self._error = e
+            return
+        finally:
+            self._copied.set()
+        try:
+            if started.event is not None:
+                started.event.synchronize()  # the pinned buffers hold this save's state (``live``, held
+                # by this thread until here, kept the GPU tensors from being freed and reused meanwhile)
+        except BaseException as e:
+            self._error = e
+            return
+        self._write_guarded(partial, {**staged, **small}, step)
+
+    def wait_copied(self) -> None:
+        """Until the state of the save in flight is in host memory (the training state may change):
+        the host copies are waited for here; the GPU copies by the current stream (the optimizer
+        step's kernels wait on the device, the host does not block)."""
+        if not self._copied.is_set():
+            t0 = time.perf_counter()
+            self._copied.wait()
+            self.blocked_s += time.perf_counter() - t0
+        if self._event is not None:
+            cuda.current_stream(self._event_device).wait_event(self._event)
+            self._event = None
+
+    def _write_guarded(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+        try:
+            self._write(partial, staged, step)
+        except BaseException as e:  # surfaced by the next wait()
+            self._error = e
