@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Set
 
 from launcher.archive.scrubbing import (
     NOT_SECRET_NAMES,
@@ -22,6 +22,9 @@ from launcher.archive.scrubbing import (
     is_secret_value,
     scrub_tree,
 )
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # A secret-named key may take its value from the job's environment: the archive keeps the reference,
 # and the job resolves it where it runs (sbatch passes the submitting environment on).
@@ -259,7 +262,7 @@ def lift_shell(lines: Iterable[str], key: str = SHELL_KEY) -> tuple:
     return out, values
 
 
-def shell_lines_of(cfg: Any) -> List[str]:
+def shell_lines_of(cfg: RunConfig) -> List[str]:
     """The config's setup lines (``cluster.setup``) as strings; [] where it has none."""
     node: Any = cfg
     for part in SHELL_KEY.split("."):

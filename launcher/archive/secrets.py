@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
 import yaml
 
@@ -75,6 +75,9 @@ from launcher.archive.scrubbing import (
     url_passwords,
 )
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 __all__ = [
     # launcher.archive.scrubbing
     "MIN_SECRET_LEN", "NOT_SECRET_NAMES", "NOT_SECRET_VALUES", "REDACTED", "SECRET_FILES", "SECRET_WORDS",
@@ -117,7 +120,7 @@ def literal_parts(value: str) -> List[str]:
     return [p for p in _INTERPOLATION.split(value) if p != value and is_secret_value(p)]
 
 
-def _plain(cfg: Any) -> Any:
+def _plain(cfg: RunConfig) -> Any:
     """A DictConfig as plain containers (resolved where it resolves), anything else unchanged."""
     try:
         # omegaconf: optional here; plain containers pass through

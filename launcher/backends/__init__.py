@@ -16,9 +16,12 @@ import os
 import pkgutil
 from functools import cache, lru_cache
 from importlib import metadata
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from launcher.backends.base import Backend, JobState, TaskPlace
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 __all__ = ["Backend", "JobState", "TaskPlace", "names", "get", "every", "of", "running", "register", "unregister"]
 
@@ -74,7 +77,7 @@ def every() -> List[Backend]:
     return [get(name) for name in names()]
 
 
-def of(cfg: Any) -> Backend:
+def of(cfg: RunConfig) -> Backend:
     """The backend of a run config (its ``cluster.backend``)."""
     from launcher.config.schema import (
         enum_value,  # omegaconf (through launcher.config.schema): naming backends needs no config

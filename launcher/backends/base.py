@@ -14,6 +14,7 @@ from launcher.rundir import now_iso
 from launcher.sweeps import ArrayLimits
 
 if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
     from launcher.sweeps import ArrayLimits
 
 # where a job's note for the step's teardown lives (launcher.runtime.after_step), exported by a batch
@@ -211,17 +212,17 @@ class Backend(NodeSide):
     # are the submission's (set by ``executor``), not a point's, and never split a sweep
     submission_parameters: FrozenSet[str] = frozenset({"job_name", "array_parallelism"})
 
-    def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
+    def parameters(self, cfg: RunConfig, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         """The submitit executor parameters for one run config."""
         raise NotImplementedError
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+    def executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         """A submitit executor for this config, writing into ``folder``; ``job_name`` and ``parallelism``
         (tasks of one array at once) are the submission's, where the scheduler has them."""
         raise NotImplementedError
 
-    def group_key(self, cfg: Any) -> str:
+    def group_key(self, cfg: RunConfig) -> str:
         """Points with the same key share one submission (one Slurm array): equal resources. The job
         name and the throttle are the submission's, so points that differ only in name, model or
         hyper-parameters share one array."""
@@ -232,11 +233,11 @@ class Backend(NodeSide):
             key += f":pack:{cl.get('pack_nodes')}"
         return key
 
-    def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
+    def runs_root_problem(self, runs_root: Path, cfg: Optional[RunConfig] = None) -> Optional[str]:
         """Why the jobs could not see ``runs_root`` (their run dirs are there), or None."""
         return None
 
-    def request_problems(self, cfg: Any) -> List[str]:
+    def request_problems(self, cfg: RunConfig) -> List[str]:
         """Why the scheduler could never run this request (``key: why``, one a line), asked once per
         submission group before anything is written: a job name or a runs root longer than it (or
         the file system) accepts; the Slurm backend adds a world larger than the cluster."""
@@ -247,7 +248,7 @@ class Backend(NodeSide):
         between sbatch and its record left them; launcher.submit.interrupted). Default: none known."""
         return []
 
-    def array_limits(self, cfg: Any = None) -> ArrayLimits:
+    def array_limits(self, cfg: Optional[RunConfig] = None) -> ArrayLimits:
         """What the scheduler lets one launch submit (most tasks per array, most jobs queued per user,
         jobs this user has queued now); asked once per launch. ``cfg``'s cluster.max_array_size and
         cluster.max_submit_jobs, when set, replace what the scheduler would say (and spare asking it).
@@ -255,7 +256,7 @@ class Backend(NodeSide):
         return ArrayLimits().with_overrides(*limit_overrides(cfg))
 
     @contextlib.contextmanager
-    def environment(self, cfg: Any, code_dir: Optional[Path]) -> Iterator[None]:
+    def environment(self, cfg: RunConfig, code_dir: Optional[Path]) -> Iterator[None]:
         """The submitting process's environment while it submits (every backend passes it on):
         secret-named ``cluster.env`` values travel here, never in a script or the archive."""
         # lazy: the secret rules only for the job's environment, not on the plan/--help path
@@ -273,15 +274,15 @@ class Backend(NodeSide):
             os.environ.clear()
             os.environ.update(saved_env)
 
-    def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:
+    def _prepare(self, cfg: RunConfig, code_dir: Optional[Path]) -> None:
         """Backend-specific changes to the submitting environment (undone after submission)."""
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+    def preview(self, cfg: RunConfig, folder: Path, points: List[int], code_dir: Optional[Path] = None,
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """What a dry run prints for one submission group (the indices of its points)."""
         raise NotImplementedError
 
-    def pack_preview(self, cfg: Any, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
+    def pack_preview(self, cfg: RunConfig, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
                      job_name: Optional[str] = None) -> str:
         """What a dry run prints for one pack (cluster.pack) of the points ``points`` on ``nodes`` nodes."""
         raise NotImplementedError(f"cluster.pack: the {self.name} backend cannot pack points")
@@ -302,11 +303,11 @@ class Backend(NodeSide):
         """The environment a point's step starts with, from the pack job's own."""
         return dict(environ)
 
-    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+    def pack_node_limit(self, cfg: RunConfig) -> Optional[int]:
         """The most nodes a pack of ``cfg``'s points could get (its partition's nodes; None: unknown)."""
         return None
 
-    def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
+    def pack_executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
                       nodes: int) -> Any:
         """An executor for one pack (cluster.pack): ``nodes`` whole nodes whose one batch process runs
         launcher.features.pack.runner's runner. Only a scheduler with job steps has one."""
@@ -380,7 +381,7 @@ PATH_MAX, NAME_MAX = 4096, 255  # Linux's (and Slurm's MAXPATHLEN for --output/-
 RUNS_ROOT_RESERVE = 256
 
 
-def request_limits(cfg: Any, job_name_max: Optional[int]) -> List[str]:
+def request_limits(cfg: RunConfig, job_name_max: Optional[int]) -> List[str]:
     """The bounds every backend shares (a runs root the file system can hold the runs in) and, where
     the scheduler has one, the job name's length."""
     out: List[str] = []
@@ -403,7 +404,7 @@ def request_limits(cfg: Any, job_name_max: Optional[int]) -> List[str]:
     return out
 
 
-def limit_overrides(cfg: Any):
+def limit_overrides(cfg: RunConfig):
     """(cluster.max_array_size, cluster.max_submit_jobs) of a run config (None: not set)."""
     cl = getattr(cfg, "cluster", None) if cfg is not None else None
     get = (lambda k: cl.get(k)) if cl is not None else (lambda k: None)

@@ -7,7 +7,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
 from launcher import host
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
@@ -15,6 +15,9 @@ from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the
 from launcher.run.job_record import JobRecord
 from launcher.run.status import Status
 from launcher.runtime import job_start, warm_start
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 def wait_for_local_ranks(rd: Any, timeout_s: float = 30.0) -> None:
@@ -187,7 +190,7 @@ class LocalBackend(Backend):
     def host_gpu_count(self) -> Optional[int]:
         return host.host_gpus() or None
 
-    def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
+    def parameters(self, cfg: RunConfig, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
         simulated, real = host.simulated_gpus(), host.detected_gpus()
         if simulated is not None and simulated > real:  # a view of another host, run here for real
@@ -202,21 +205,21 @@ class LocalBackend(Backend):
             params["stderr_to_stdout"] = True
         return params
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+    def executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)
         ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder, python=job_start.python_command())
         ex.update_parameters(**params)
         return ex
 
-    def _prepare(self, cfg: Any, code_dir: Optional[Path]) -> None:
+    def _prepare(self, cfg: RunConfig, code_dir: Optional[Path]) -> None:
         # local jobs inherit this process's working dir and PYTHONPATH: run them from the snapshot
         if code_dir is not None:
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code_dir), os.environ.get("PYTHONPATH")]))
             os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # (slurm.code_lines says why)
             os.chdir(code_dir)
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+    def preview(self, cfg: RunConfig, folder: Path, points: List[int], code_dir: Optional[Path] = None,
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         return f"# ---- local: points {points}, {cfg.cluster.gpus_per_node} process(es) each"
 

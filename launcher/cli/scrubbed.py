@@ -120,7 +120,7 @@ def _shows_config(args: Iterable[str]) -> bool:
     return bool(ns.cfg or ns.info or ns.help or ns.hydra_help or ns.shell_completion)
 
 
-def _app_part(cfg: Any) -> Any:
+def _app_part(cfg: Any) -> Any:  # a Hydra app's own config: any shape
     """The app's config without the hydra node (which resolves only once Hydra has set it), to resolve."""
     from omegaconf import OmegaConf
 

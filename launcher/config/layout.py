@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher.config import recipe_contract, schema
 from launcher.config.schema import enum_value
 from launcher.config.values import NO_VALUES, Values
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 AXES = ("dp", "pp", "tp")
 Coords = Tuple[int, int, int]
@@ -94,7 +97,7 @@ class Facts:
         return Facts(**{**{k: v for k, v in vars(self).items() if k in _FACT_FIELDS}, **changes})
 
     @classmethod
-    def from_cfg(cls, cfg: Any, resolved: Optional[Dict[str, Any]] = None) -> Facts:
+    def from_cfg(cls, cfg: RunConfig, resolved: Optional[Dict[str, Any]] = None) -> Facts:
         """``resolved``: the config already resolved to plain dicts (enums as strings), when the caller
         has it, so the RUN rules do not resolve it again."""
         par, tr, cl, z = cfg.parallelism, cfg.train, cfg.cluster, cfg.zero
@@ -113,7 +116,7 @@ class Facts:
         )
 
 
-def _target(cfg: Any) -> Any:
+def _target(cfg: RunConfig) -> Any:
     """The config's recipe._target_; unset (or a typed config's MISSING): the default recipe's."""
     try:
         recipe = cfg.get("recipe") if hasattr(cfg, "get") else getattr(cfg, "recipe", None)

@@ -28,13 +28,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher import script_recipe
 from launcher.archive import snapshot
 from launcher.run.status import Status
 from launcher.rundir import RunDir
 from launcher.runtime import restarts
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # a non-zero exit of one rank's script is often a peer's failure seen through the process group: the
 # other rank's record (a requeue asked, a failure) gets this long to appear before this rank's counts
@@ -54,7 +57,7 @@ _ORPHAN_GUARD = (
 )
 
 
-def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
+def main(cfg: RunConfig, ctx: Any) -> Dict[str, Any]:
     """recipe=script's ``_target_``: the job runs the script itself (``run``), with no process group."""
     raise RuntimeError("recipe=script is run by launcher.runtime.task without a process group; "
                        "it is not a recipe function to call")

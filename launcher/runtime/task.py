@@ -10,7 +10,7 @@ import socket
 import sys
 import traceback
 from datetime import timedelta
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from hydra.utils import get_method
 
@@ -26,6 +26,9 @@ from launcher.runtime import env as dist_env, restart_policy, restarts, script, 
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
 from launcher.script_recipe import is_script
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # ProcessGroupNCCL's error handling switch, and its deprecated name: a value the user set is kept
 NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
@@ -149,7 +152,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
         return summary
 
 
-def _select_device(cfg: Any, denv) -> bool:
+def _select_device(cfg: RunConfig, denv) -> bool:
     """Bind this rank to its GPU (True), or stay on CPU (False) where no GPU was promised; a job that
     was promised GPUs and has none fails here, with the reason, instead of training on CPU."""
     import torch  # torch: only on the node

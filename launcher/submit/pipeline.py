@@ -38,7 +38,7 @@ from launcher.sweeps import Unschedulable, job_name
 
 @dataclass
 class Point:
-    cfg: Any  # composed run config (no hydra node): a DictConfig, or a ConfigView over ``resolved``
+    cfg: schema.RunConfig  # composed run config (no hydra node): a DictConfig, or a ConfigView over ``resolved``
     overrides: List[str] = field(default_factory=list)
     choices: Dict[str, Any] = field(default_factory=dict)
     resolved: Optional[Dict[str, Any]] = None  # already resolved (launcher.config.compose.SweepComposer's fast path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import TYPE_CHECKING, Any, Callable, List
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,6 +15,9 @@ from launcher.config import recipe_contract
 from launcher.printable import printable
 from launcher.run.outcome import settle
 from launcher.run.status import Status
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # How often the scheduler is asked whether a job ended: submitit's watcher asks 2, 4, 8 ... 128 s after a
 # submission, so a job that leaves no result file (a killed or failed rank, a hang) would be seen
@@ -179,7 +182,7 @@ def cancel_run(rd: Any, error: str) -> bool:
     return recorded
 
 
-def _value(cfg: Any, key: str) -> Any:
+def _value(cfg: RunConfig, key: str) -> Any:
     """A dotted key's value of a config read by attribute (a DictConfig or a ConfigView), or None."""
     for part in key.split("."):
         cfg = getattr(cfg, part, None)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -24,6 +24,9 @@ from launcher.data import archived as data_archive
 from launcher.rundir import RunDir, runs as runs_under, tree_sha256
 from launcher.submit import pipeline
 from launcher.submit.pipeline import Point
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 def archived_point(run_dir: Path, overrides: List[str], runs_root: Optional[Path]):
@@ -66,7 +69,7 @@ def data_problems(run_dir: Path, overrides: Sequence[str] = (), runs_root: Optio
     return [f"dataset changed: {p}" for p in data_archive.problems(archived, hashes=True, only=only)]
 
 
-def topology_warnings(run_dir: Path, cfg: Any) -> List[str]:
+def topology_warnings(run_dir: Path, cfg: RunConfig) -> List[str]:
     """What differs between the archived run's topology and the one requested, and what that changes."""
     topo = compare.topology_summary(run_dir)
     warns = []

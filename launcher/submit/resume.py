@@ -30,7 +30,7 @@ from launcher.archive import registry, secrets
 from launcher.config import recipe_contract, recipe_target
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.rules import resolve
-from launcher.config.schema import typed
+from launcher.config.schema import RunConfig, typed
 from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive
 from launcher.features.elastic.resize import GROW, SHRINK, waits_for_its_job
@@ -53,7 +53,7 @@ class _Next:
     run_id: str
     status: Dict[str, Any]
     plain: Dict[str, Any]  # the config the next attempt runs with (archived, plus the changes)
-    cfg: Any  # the same, typed
+    cfg: RunConfig  # the same, typed
     changed: Dict[str, Any]  # dotted key -> (old, new) of what differs from the archived config
     done: int  # the step of the latest checkpoint (0: none)
     backend: backends.Backend

@@ -45,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 import torch.distributed as dist
@@ -65,6 +65,9 @@ from launcher.training.checkpoint_files import (
     set_rng_state,
 )
 from launcher.training.checkpoint_resume import CheckpointResume
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # (the names importers use from here, whose homes are the modules above)
 __all__ = ["Checkpoint", "CheckpointResume", "Checkpointer", "DONE_FILE", "Engine", "META_FILE", "Objects",
@@ -164,7 +167,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
     commit and the pruning here; the resume (CheckpointResume) and the asynchronous save's copy and
     writer thread (AsyncSaver) inherited."""
 
-    def __init__(self, cfg: Any, ctx: Any, engine: Engine, *, every: Optional[int] = None,
+    def __init__(self, cfg: RunConfig, ctx: Any, engine: Engine, *, every: Optional[int] = None,
                  keep: Optional[int] = None, async_save: Optional[bool] = None, store: Any = None) -> None:
         """``every``, ``keep``, ``async_save``: train.checkpoint's values unless given. ``store``: where
         the ranks count their written parts (a torch.distributed Store; default: the default process
@@ -378,8 +381,8 @@ class Checkpoint(Checkpointer):
     saved by each rank. For async_save the saved objects must change only in an optimizer's step (or
     in a module's buffers); otherwise pass ``async_save=False``."""
 
-    def __init__(self, cfg: Any, ctx: Any, state: Mapping[str, Any], *, per_rank: Optional[Mapping[str, Any]] = None,
-                 every: Optional[int] = None, keep: Optional[int] = None, async_save: Optional[bool] = None,
-                 store: Any = None) -> None:
+    def __init__(self, cfg: RunConfig, ctx: Any, state: Mapping[str, Any], *,
+                 per_rank: Optional[Mapping[str, Any]] = None, every: Optional[int] = None,
+                 keep: Optional[int] = None, async_save: Optional[bool] = None, store: Any = None) -> None:
         objects = Objects(state, per_rank or {}, int(ctx.rank), ctx.device)
         super().__init__(cfg, ctx, objects, every=every, keep=keep, async_save=async_save, store=store)

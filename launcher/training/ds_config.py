@@ -33,6 +33,7 @@ from launcher.config.schema import enum_value
 
 if TYPE_CHECKING:
     from launcher.config.layout import Layout
+    from launcher.config.schema import RunConfig
 
 # Gradient reduce / parameter all-gather buckets for ZeRO-1/2, in elements (DeepSpeed's own
 # default is 5e8; 2e8 is the value its tutorials and Megatron-DeepSpeed use: 400 MB in 16-bit).
@@ -43,7 +44,7 @@ STEPS_PER_PRINT = 1_000_000_000
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu",
+def zero_section(cfg: RunConfig, layout: Layout, device_type: str = "cpu",
                  hidden_size: Optional[int] = None) -> Dict[str, Any]:
     """``zero_optimization``: stage, offload and bucket sizes. On GPUs the gradient reduction
     overlaps the backward (overlap_comm, its own CUDA stream) and offloaded state moves through
@@ -88,7 +89,7 @@ def zero_section(cfg: Any, layout: Layout, device_type: str = "cpu",
     return section
 
 
-def build_ds_config(cfg: Any, layout: Layout, device_type: str = "cpu",
+def build_ds_config(cfg: RunConfig, layout: Layout, device_type: str = "cpu",
                      hidden_size: Optional[int] = None) -> Dict[str, Any]:
     """The DeepSpeed config dict for run config ``cfg`` run with ``layout`` on ``device_type``
     ("cuda" or "cpu"); ``hidden_size``: see ``zero_section``."""

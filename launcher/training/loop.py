@@ -25,7 +25,7 @@ After the last step it waits until every save of every rank is committed.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from launcher.features.asha import rungs
 from launcher.runtime import teardown
@@ -33,12 +33,15 @@ from launcher.runtime.restarts import AtRung
 from launcher.training.checkpoint import Checkpointer
 from launcher.training.metrics import MetricsSink
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 
 class StepLoop:
     """Steps ``start + 1 .. steps`` (train.steps unless given) of one rank, resumed by ``checkpoint``
     (None: nothing is saved, a restarted attempt starts again from step 1)."""
 
-    def __init__(self, cfg: Any, ctx: Any, checkpoint: Optional[Checkpointer] = None, *,
+    def __init__(self, cfg: RunConfig, ctx: Any, checkpoint: Optional[Checkpointer] = None, *,
                  steps: Optional[int] = None) -> None:
         self.cfg, self.ctx, self.checkpoint = cfg, ctx, checkpoint
         self.steps = int(cfg.train.steps if steps is None else steps)

@@ -2,10 +2,13 @@
 wandb (``wandb.enabled``; offline by default, under ``ctx.rundir.wandb_dir``)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
-def _config(cfg: Any, ctx: Any) -> Dict[str, Any]:
+def _config(cfg: RunConfig, ctx: Any) -> Dict[str, Any]:
     """What wandb records as the run's config: the archived one (its secrets are references, never
     values); a loop run outside a launched run dir: the config with secret-named values redacted."""
     if (ctx.rundir.path / ctx.rundir.CONFIG).is_file():
@@ -23,7 +26,7 @@ class MetricsSink:
     run's one wandb run (launcher.training.wandb_stream: resumed on each attempt, never able to fail
     the training or replace its stop). ``history``: the rows of the steps resumed from a checkpoint."""
 
-    def __init__(self, cfg: Any, ctx: Any, history: Optional[List[Dict[str, Any]]] = None) -> None:
+    def __init__(self, cfg: RunConfig, ctx: Any, history: Optional[List[Dict[str, Any]]] = None) -> None:
         self.ctx = ctx
         self.stream = None
         wb = cfg.get("wandb") if hasattr(cfg, "get") else None

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,9 @@ from launcher.runtime.env import scheduler_node_name
 from launcher.training.metrics import MetricsSink
 from recipes.commbench import math as cbmath, ops, settings
 from recipes.commbench.contract import RESULTS
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 def node_names(ctx: Any) -> List[str]:
@@ -63,7 +66,7 @@ def _write_json(path: Any, data: Dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
+def main(cfg: RunConfig, ctx: Any) -> Dict[str, Any]:
     s = settings.from_cfg(cfg)
     world, rank = int(ctx.world_size), int(ctx.rank)
     sizes = cbmath.message_sizes(s.min_bytes, s.max_bytes, s.factor)

@@ -6,9 +6,12 @@ its config.yaml says. No torch here: the values are checked before any process g
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from launcher.config.schema import enum_value
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -32,12 +35,12 @@ def _get(node: Any, key: str) -> Any:
         return None
 
 
-def _raw(cfg: Any, name: str) -> Optional[Any]:
+def _raw(cfg: RunConfig, name: str) -> Optional[Any]:
     """recipe.params.<name>, or None when unset."""
     return _get(_get(_get(cfg, "recipe"), "params"), name)
 
 
-def _int(cfg: Any, name: str, default: int, lowest: int) -> int:
+def _int(cfg: RunConfig, name: str, default: int, lowest: int) -> int:
     raw = _raw(cfg, name)
     if raw is None or raw == "":
         return default
@@ -51,7 +54,7 @@ def _int(cfg: Any, name: str, default: int, lowest: int) -> int:
     return value
 
 
-def from_cfg(cfg: Any) -> Settings:
+def from_cfg(cfg: RunConfig) -> Settings:
     """The settings of a run; the dtype defaults to the run's precision.dtype."""
     d = Settings()
     run_dtype = _get(_get(cfg, "precision"), "dtype")

@@ -29,6 +29,7 @@ from launcher.config.seeding import data_seed as run_data_seed, derive_seed
 
 if TYPE_CHECKING:
     from launcher.config.layout import Layout
+    from launcher.config.schema import RunConfig
 
 try:  # the walk is ~8x faster in numpy; torch gives identical results without it
     import numpy as _np
@@ -175,7 +176,7 @@ class StepBatches:
         return self._ids([i for group in micro_batch_indices(step - 1, self.layout, self.dp_rank) for i in group])
 
 
-def _source(cfg: Any, split: str, *, seq_len: int, vocab_size: int) -> Tuple[Callable, Callable]:
+def _source(cfg: RunConfig, split: str, *, seq_len: int, vocab_size: int) -> Tuple[Callable, Callable]:
     """(batch(indices), ids(indices)) of the ``split`` samples of ``cfg.data``."""
     data_seed = run_data_seed(int(cfg.seed), cfg.data.seed)
     name = enum_value(cfg.data.name)
@@ -199,7 +200,7 @@ def _source(cfg: Any, split: str, *, seq_len: int, vocab_size: int) -> Tuple[Cal
     raise ValueError(f"data.name={name!r} is not a dataset this recipe reads (synthetic, tokens)")
 
 
-def train_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> StepBatches:
+def train_batches(cfg: RunConfig, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> StepBatches:
     """The training data of a run (``cfg.data``) for ``dp_rank``: called with a 1-based step, the micro
     batches of that step (see ``StepBatches``). Every recipe of this package reads its data through this
     one function, whatever the model: data=synthetic (the bigram language) or data=tokens (a prepared
@@ -208,7 +209,7 @@ def train_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int, vocab
     return StepBatches(layout, dp_rank, batch, ids)
 
 
-def eval_batches(cfg: Any, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> List[Batch]:
+def eval_batches(cfg: RunConfig, layout: Layout, dp_rank: int, *, seq_len: int, vocab_size: int) -> List[Batch]:
     """The validation micro batches of ``dp_rank``: ``data.eval_batches`` global batches of the val split
     (the same samples at every evaluation), split over the dp ranks as training steps are, so the mean
     over every rank's micro batches is the same whatever the layout."""

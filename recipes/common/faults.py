@@ -4,15 +4,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from launcher.config.errors import ConfigError
 from launcher.config.schema import enum_value
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
-def inject_fault(cfg: Any, ctx: Any, step: int, tag: str = "train") -> None:
+
+def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> None:
     """train.fail_mode at train.fail_at_step on train.fail_rank (on attempt train.fail_attempt, or every
     attempt): the failures a cluster produces, on demand."""
     tr = cfg.train

@@ -9,7 +9,7 @@ it (no torch).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.recipe_contract import RecipeSpec
 from launcher.config.rules import RUN, VALUE, Rule, bound_rows
@@ -17,14 +17,17 @@ from launcher.data import checks as data_checks
 from recipes.common.rules import BATCH_SPLITS, WARMUP_WITHIN_STEPS
 from recipes.gpt import schema
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
-def _plan(cfg: Any, layout: Any) -> Any:
+
+def _plan(cfg: GPTRunConfig, layout: Any) -> Any:
     from recipes.gpt.plan import checks  # the estimators: only a launch that plans pays for them
 
     return checks.evaluate(cfg, layout)
 
 
-def _plan_command(cfg: Any, args: Any) -> int:
+def _plan_command(cfg: GPTRunConfig, args: Any) -> int:
     from recipes.gpt.plan import cli  # the planner's commands: only `launcher plan` pays for them
 
     return cli.plan_command(cfg, args)
@@ -42,7 +45,7 @@ def _calibration(run_dir: Any, layout: Any, overrides: Any) -> Any:
     return calibrate.view(run_dir, layout, overrides)
 
 
-def _fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
+def _fits(cfg: GPTRunConfig, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
     from recipes.gpt.plan import checks
 
     return checks.fits(cfg, num_layers, layout, recompute, dtype)

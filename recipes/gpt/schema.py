@@ -78,6 +78,6 @@ class ModelSpec:
 NOT_A_GPT = ModelSpec("not_a_gpt", 1, 1, 1, 1, 1, 1)
 
 
-def facts(cfg: Any) -> ModelSpec:
+def facts(cfg: GPTRunConfig) -> ModelSpec:
     """What ``launcher.config.layout.Facts.model`` holds for a GPT run."""
     return NOT_A_GPT if getattr(cfg.model, "_target_", None) else ModelSpec.from_cfg(cfg.model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
@@ -27,8 +27,11 @@ from recipes.gpt.engines import build_engine
 from recipes.gpt.plan.flops import step_flops as model_step_flops
 from recipes.gpt.schema import ModelSpec
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
-def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
+
+def main(cfg: GPTRunConfig, ctx: Any) -> Dict[str, Any]:
     """Train the GPT of ``cfg.model`` for ``cfg.train.steps`` steps; return a summary."""
     layout = ctx.layout
     engine = build_engine(cfg, ctx)

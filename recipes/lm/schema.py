@@ -47,7 +47,7 @@ class LMSpec:
     seq_len: int
 
 
-def facts(cfg: Any) -> LMSpec:
+def facts(cfg: LMRunConfig) -> LMSpec:
     model, lm = cfg.model, cfg.lm
     get = model.get if hasattr(model, "get") else lambda k, d=None: getattr(model, k, d)
     return LMSpec(name=str(get("name", "") or ""), target=str(get("_target_", "") or ""),

@@ -11,7 +11,7 @@ data's validation split (``data.eval_every`` > 0) and the sample ids of each ste
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 import torch
 from omegaconf import OmegaConf
@@ -25,6 +25,9 @@ from recipes.common.memory import device_peak_bytes, host_rss_bytes
 from recipes.common.phases import Phases, step_row
 from recipes.common.schedule import lr_at
 from recipes.lm.schema import NOT_ARGUMENTS
+
+if TYPE_CHECKING:
+    from recipes.lm.schema import LMRunConfig
 
 TAG = "lm"
 
@@ -42,7 +45,7 @@ def model_fn(model_cfg: Any) -> Callable[[], torch.nn.Module]:
     return build
 
 
-def main(cfg: Any, ctx: Any) -> Dict[str, Any]:
+def main(cfg: LMRunConfig, ctx: Any) -> Dict[str, Any]:
     """Train ``cfg.model`` for ``cfg.train.steps`` steps on the engine of ``ctx.layout``; return a summary."""
     layout = ctx.layout
     engine = build_engine(cfg, ctx, model_fn(cfg.model))

@@ -97,6 +97,23 @@ def test_no_two_modules_of_the_launcher_share_a_name():
     assert not {n: ps for n, ps in names.items() if len(ps) > 1}
 
 
+# a module a reader takes in at once, a class that holds one concept: past these, split by what the code holds
+MODULE_LINES_MAX, CLASS_LINES_MAX = 500, 250
+
+
+def test_no_module_or_class_of_the_launcher_outgrows_one_reading():
+    long_modules, long_classes = [], []
+    for path, tree in _modules("launcher"):
+        lines = len(path.read_text().splitlines())
+        if lines > MODULE_LINES_MAX:
+            long_modules.append(f"{path.relative_to(REPO)}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 >= CLASS_LINES_MAX:
+                long_classes.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: "
+                                    f"{node.end_lineno - node.lineno + 1} lines")
+    assert not long_modules and not long_classes, long_modules + long_classes
+
+
 # what a feature's rule may import: the config's modules and the other rules (pure: no process, no torch,
 # no scheduler); its login and node halves import it, never the other way
 RULE_IMPORTS = ("launcher.config.schema", "launcher.run.status", "launcher.config.layout",

@@ -6,7 +6,7 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
@@ -39,11 +39,14 @@ from launcher.run.job_record import JobRecord
 from launcher.runtime import job_start
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 
 class SlurmSubmission:
     """Submitting to Slurm (a mixin of SlurmBackend)."""
 
-    def parameters(self, cfg: Any, code_dir: Optional[Path] = None) -> Dict[str, Any]:
+    def parameters(self, cfg: RunConfig, code_dir: Optional[Path] = None) -> Dict[str, Any]:
         cl = cfg.cluster
         params: Dict[str, Any] = {
             "job_name": str(cfg.submit.job_name),
@@ -89,7 +92,7 @@ class SlurmSubmission:
             params["additional_parameters"] = extra
         return params
 
-    def submission(self, cfg: Any, code_dir: Optional[Path], job_name: Optional[str],
+    def submission(self, cfg: RunConfig, code_dir: Optional[Path], job_name: Optional[str],
                    parallelism: Optional[int], folder: Path) -> Dict[str, Any]:
         """The executor parameters of one submission: the point's, with the submission's name and throttle,
         and the batch script's teardown."""
@@ -103,7 +106,7 @@ class SlurmSubmission:
             params["array_parallelism"] = max(1, int(parallelism))  # sbatch --array=0-<n-1>%<k>
         return params
 
-    def executor(self, cfg: Any, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
+    def executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
@@ -111,7 +114,7 @@ class SlurmSubmission:
         ex.update_parameters(**self.submission(cfg, code_dir, job_name, parallelism, folder))
         return ex
 
-    def pack_parameters(self, cfg: Any, code_dir: Optional[Path], job_name: Optional[str], nodes: int,
+    def pack_parameters(self, cfg: RunConfig, code_dir: Optional[Path], job_name: Optional[str], nodes: int,
                         folder: Path) -> Dict[str, Any]:
         """The pack's job: ``nodes`` whole nodes (--exclusive: the runner shares them among its points'
         steps), every GPU of them where the points use GPUs; one process (no srun: the runner starts the
@@ -131,7 +134,7 @@ class SlurmSubmission:
         params.pop("array_parallelism", None)
         return params
 
-    def pack_preview(self, cfg: Any, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
+    def pack_preview(self, cfg: RunConfig, folder: Path, points: List[int], nodes: int, code_dir: Optional[Path] = None,
                      job_name: Optional[str] = None) -> str:
         params = self.pack_parameters(cfg, code_dir, job_name, nodes, folder)
         lines = [f"#   {k}: {v}" for k, v in sorted(params.items()) if k != "setup"]
@@ -142,13 +145,13 @@ class SlurmSubmission:
         # --kill-on-invalid-dep: a rung whose predecessor failed leaves the queue instead of waiting for ever
         return [f"++cluster.sbatch_extra.dependency=afterok:{job_id}", "++cluster.sbatch_extra.kill-on-invalid-dep=yes"]
 
-    def pack_node_limit(self, cfg: Any) -> Optional[int]:
+    def pack_node_limit(self, cfg: RunConfig) -> Optional[int]:
         """The nodes of the pack's partition (sinfo, cached): a pack asks whole nodes."""
         part = cfg.cluster.get("partition")
         names = [n for n in limits.cluster_nodes() if (n.partition == str(part) if part else n.default)]
         return len(names) or None
 
-    def pack_executor(self, cfg: Any, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
+    def pack_executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path], job_name: Optional[str],
                       nodes: int) -> Any:
         from submitit import SlurmExecutor  # submitit: only to submit or read a job, not on the plan/--help path
 
@@ -156,7 +159,7 @@ class SlurmSubmission:
         ex.update_parameters(**self.pack_parameters(cfg, code_dir, job_name, nodes, folder))
         return ex
 
-    def runs_root_problem(self, runs_root: Path, cfg: Any = None) -> Optional[str]:
+    def runs_root_problem(self, runs_root: Path, cfg: Optional[RunConfig] = None) -> Optional[str]:
         """A runs root on a filesystem only this host has, for nodes that are other hosts: the job
         would wait 120 s for its run dir and fail. Unknown (no sinfo, no /proc/mounts): None."""
         try:
@@ -169,7 +172,7 @@ class SlurmSubmission:
         return unshared_runs_root(runs_root, fs_type(runs_root, mounts), {n[1] for n in nodes if len(n) == 2},
                                   own_addresses())
 
-    def request_problems(self, cfg: Any) -> List[str]:
+    def request_problems(self, cfg: RunConfig) -> List[str]:
         """The shared bounds, the job name's (slurmctld's 1024 bytes), and a request no node set of its
         partition could ever hold (cluster.nodes, per-node GPUs, CPUs, memory; sinfo, cached)."""
         out = request_limits(cfg, job_name_max=JOB_NAME_MAX)
@@ -196,7 +199,7 @@ class SlurmSubmission:
                 ids.append(jid.strip())
         return ids
 
-    def array_limits(self, cfg: Any = None) -> Any:
+    def array_limits(self, cfg: Optional[RunConfig] = None) -> Any:
         """MaxArraySize and MaxJobCount from ``scontrol show config``; when AccountingStorageEnforce
         enforces limits, the user's submit limits from the accounting database (association
         MaxSubmitJobs / GrpSubmitJobs, the QOS's MaxSubmitJobsPerUser: ``sacctmgr``, cached; unreadable:
@@ -239,14 +242,14 @@ class SlurmSubmission:
         tightest = min(bounds, key=lambda b: b.room) if bounds else ArrayLimits()
         return replace(tightest, max_array_size=size or conf.get("max_array_size"))
 
-    def preview(self, cfg: Any, folder: Path, points: List[int], code_dir: Optional[Path] = None,
+    def preview(self, cfg: RunConfig, folder: Path, points: List[int], code_dir: Optional[Path] = None,
                 job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         """The sbatch script submitit would write for these points (dry run: nothing is submitted;
         after a real submission the archive holds the file submitit wrote)."""
         return (f"# ---- sbatch script for points {points} ({len(points)} array task(s))\n"
                 + self.script_text(cfg, folder, len(points), code_dir, job_name, parallelism))
 
-    def script_text(self, cfg: Any, folder: Path, n_points: int, code_dir: Optional[Path] = None,
+    def script_text(self, cfg: RunConfig, folder: Path, n_points: int, code_dir: Optional[Path] = None,
                     job_name: Optional[str] = None, parallelism: Optional[int] = None) -> str:
         # submitit: only to submit or read a job, not on the plan/--help path
         from submitit.slurm.slurm import _make_sbatch_string

@@ -21,13 +21,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from launcher import backends
 from launcher.features.asha import schedule as asha
 from launcher.features.pbt import generations as pbt
 from launcher.run.status import Status
 from launcher.rundir import RunDir, SweepDir
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 def since_process_start() -> float:
@@ -44,7 +47,7 @@ def since_process_start() -> float:
         return 0.0
 
 
-def rule_of(rd: RunDir, cfg: Any = None) -> Optional[Any]:
+def rule_of(rd: RunDir, cfg: Optional[RunConfig] = None) -> Optional[Any]:
     """The run's scheduler (None: not in an asha or pbt sweep): its config's sweep group (an asha.Rule or
     a pbt.Rule, which pause alike), or for a Hydra app's run the launcher's (hydra.launcher.sweep,
     archived in run.json; asha only, rungs only: no train.steps)."""

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Rule:
     steps: int = 0  # train.steps: a rung there is the end, not a pause
 
     @classmethod
-    def of(cls, cfg: Any) -> Optional[Rule]:
+    def of(cls, cfg: RunConfig) -> Optional[Rule]:
         """The rule of a run config (plain dicts or OmegaConf); None: the sweep has no scheduler."""
         sweep = scheduled(cfg, "asha")
         if sweep is None:
@@ -53,7 +56,7 @@ class Rule:
         return self.rungs.index(step) if step in self.rungs else None
 
 
-def scheduled(cfg: Any, scheduler: str) -> Any:
+def scheduled(cfg: RunConfig, scheduler: str) -> Any:
     """The config's sweep group when its sweep.scheduler is ``scheduler`` (None: another or none)."""
     sweep = value_of(cfg, "sweep") or {}
     name = value_of(sweep, "scheduler")

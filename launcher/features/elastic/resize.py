@@ -13,9 +13,12 @@ its job at that checkpoint with the same one-node job queued after it, which gro
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.submit import reshard
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 # the scheduler's words for a job ended by the cluster rather than the run (Slurm's sacct states): the
 # ones cluster.elastic goes on after. A cancel, a time limit or the run's own failure end it as before.
@@ -31,7 +34,7 @@ ENV = "LAUNCHER_ELASTIC"
 BY = "cluster.elastic"  # status.json's stop.by of such a request: the job queued after this one restarts it
 
 
-def settings(cfg: Any) -> Dict[str, Any]:
+def settings(cfg: RunConfig) -> Dict[str, Any]:
     """cluster.elastic of a plain or typed config, as a dict (absent: off)."""
     el = ((cfg.get("cluster") or {}).get("elastic") if isinstance(cfg, dict) else
           getattr(getattr(cfg, "cluster", None), "elastic", None))
@@ -42,7 +45,7 @@ def settings(cfg: Any) -> Dict[str, Any]:
             "grow": bool(get("grow", True)), "target_nodes": get("target_nodes", None)}
 
 
-def target(cfg: Any) -> int:
+def target(cfg: RunConfig) -> int:
     """The node count the run grows back to: cluster.elastic.target_nodes, or cluster.nodes."""
     t = settings(cfg)["target_nodes"]
     nodes = int((cfg.get("cluster") or {}).get("nodes") or 1) if isinstance(cfg, dict) else int(cfg.cluster.nodes)

@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.features.asha.schedule import ranked, scheduled, value_of
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Rule:
     replay: Optional[str] = None  # a sweep dir whose recorded decisions this one follows (launcher reproduce)
 
     @classmethod
-    def of(cls, cfg: Any) -> Optional[Rule]:
+    def of(cls, cfg: RunConfig) -> Optional[Rule]:
         """The rule of a run config (plain dicts or OmegaConf); None: not a PBT sweep."""
         sweep = scheduled(cfg, "pbt")
         if sweep is None:

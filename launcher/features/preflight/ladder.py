@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.config import recipe_contract, schema
 from launcher.config.layout import Layout
 from launcher.config.schema import enum_value
 from launcher.run.status import FINAL, RunStatus, Status
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 RUNGS = ("smoke", "node", "comm", "full", "tuned")
 SHORT_STEPS = 3  # smoke and node rungs: the model builds, steps, and the loss is finite
@@ -62,7 +65,7 @@ class Verdict:
 # ---- the ladder ----------------------------------------------------------------------------------
 
 
-def _fits(cfg: Any, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: str, recompute: str,
+def _fits(cfg: RunConfig, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: str, recompute: str,
           procs_per_node: int, accum: int = 1, mbs: Optional[int] = None) -> bool:
     """Whether the recipe's planner says this shape fits the cluster's GPU memory (its contract's ``fits``;
     True where it is unknown, or the recipe has no planner)."""
@@ -78,7 +81,7 @@ def _fits(cfg: Any, layers: int, tp: int, pp: int, dp: int, zero: int, dtype: st
     return fits(cfg, layers, lay, recompute, dtype)
 
 
-def _layers_that_fit(cfg: Any, most: int, **shape: Any) -> int:
+def _layers_that_fit(cfg: RunConfig, most: int, **shape: Any) -> int:
     """The most layers (<= ``most``, >= 1) of the model the shape holds (``most`` < 1: a model without layers)."""
     if most < 1:
         return most
@@ -88,7 +91,7 @@ def _layers_that_fit(cfg: Any, most: int, **shape: Any) -> int:
     return 1
 
 
-def _plain_or_own(cfg: Any, fits_plain: bool) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+def _plain_or_own(cfg: RunConfig, fits_plain: bool) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """fp32 without recomputation where the planner says it fits, else the config's own precision and
     recomputation: (overrides, notes)."""
     dtype, recompute = enum_value(cfg.precision.dtype), enum_value(cfg.train.recompute)
@@ -98,14 +101,14 @@ def _plain_or_own(cfg: Any, fits_plain: bool) -> Tuple[Tuple[str, ...], Tuple[st
                 "it does not fit (launcher plan)",)
 
 
-def _fault_kept(cfg: Any, steps: int, world: int) -> Tuple[str, ...]:
+def _fault_kept(cfg: RunConfig, steps: int, world: int) -> Tuple[str, ...]:
     """An injected fault (train.fail_at_step) after a rung's last step, or on a rank the rung does not
     have, never fires there: drop it."""
     at, rank = cfg.train.fail_at_step, int(cfg.train.fail_rank)
     return ("train.fail_at_step=null",) if at is not None and (int(at) > steps or rank >= world) else ()
 
 
-def ladder(cfg: Any, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_STEPS) -> List[Rung]:
+def ladder(cfg: RunConfig, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_STEPS) -> List[Rung]:
     """The rungs for a composed run config (``cfg`` as ``launch`` would run it)."""
     par, cl, tr = cfg.parallelism, cfg.cluster, cfg.train
     tp, pp, nodes, gpn = int(par.tp), int(par.pp), int(cl.nodes), int(cl.gpus_per_node)

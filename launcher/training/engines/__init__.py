@@ -10,7 +10,7 @@ plan; None: ``contract_for``'s default). Every engine implements ``Engine``, so
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch import nn
 
@@ -22,10 +22,13 @@ from launcher.training.engines.contract import (
 )
 from launcher.training.engines.engine import Batch, Engine
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 ENGINES = ("ddp", "fsdp", "deepspeed")
 
 
-def build_engine(cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+def build_engine(cfg: RunConfig, ctx: Any, model_fn: Callable[[], nn.Module],
                  contract: Optional[ModelContract] = None) -> Engine:
     """The engine of the run's layout (``ctx.layout.engine``, resolved and checked at launch) over the
     model ``model_fn()`` builds."""

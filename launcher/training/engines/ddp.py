@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,9 @@ from launcher.training.engines.engine import (
     tensor_bytes,
 )
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 
 def rank_log(ctx: Any) -> Callable[[str], None]:
     """print on the job's first rank, nothing on the others."""
@@ -44,7 +47,7 @@ def mean_over_ranks(value: torch.Tensor, world: int) -> torch.Tensor:
 
 
 class DDPEngine(Engine):
-    def __init__(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
+    def __init__(self, cfg: RunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel only: the launcher's rules hold
         self.world = int(ctx.world_size)
@@ -73,7 +76,7 @@ class DDPEngine(Engine):
         self._last_grad_bytes = 0
         self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
-    def build(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+    def build(self, cfg: RunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
               contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
         """The model, alike on every rank, its contract, and whether it was built shard-first
         (``build.build_model``: on the meta device, then unit by unit with the contract's init). A recipe

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -45,6 +45,9 @@ from launcher.training.engines.engine import (
     param_groups,
     tensor_bytes,
 )
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
 
 
 def import_deepspeed() -> Any:
@@ -80,7 +83,7 @@ def refuse_unsupported_fp16(dtype: str) -> None:
         )
 
 
-def set_communication_dtype(config: Dict[str, Any], cfg: Any) -> Dict[str, Any]:
+def set_communication_dtype(config: Dict[str, Any], cfg: RunConfig) -> Dict[str, Any]:
     """``precision.grad_reduce_dtype`` as DeepSpeed's ``communication_data_type`` (the dtype its gradient
     reductions travel in; DeepSpeed's own default is the model dtype). fp16 keeps DeepSpeed's default:
     its loss-scaled gradients are reduced as they are."""
@@ -170,7 +173,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
     memory more closely overrides ``hidden_size``, ``build``, ``eval_loss`` or ``state_bytes`` (and the
     step's ``_step_begins`` / ``_backward_ends``), as a recipe's adapter engine does."""
 
-    def __init__(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
+    def __init__(self, cfg: RunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]] = None,
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel + ZeRO (tp = pp = 1): the launcher's rules hold
         self.stage = int(layout.zero)
@@ -201,7 +204,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         self._undo_state_init_step()
         self.stats = StepStats(ctx, self.world)  # the loss all-reduce carries the stop votes
 
-    def hidden_size(self, cfg: Any, model_fn: Optional[Callable[[], nn.Module]]) -> Optional[int]:
+    def hidden_size(self, cfg: RunConfig, model_fn: Optional[Callable[[], nn.Module]]) -> Optional[int]:
         """The width ZeRO-3's bucket sizes derive from: the model's (built on the meta device); None where
         the config names it (``build_ds_config`` reads cfg.model.hidden_size) or below ZeRO-3."""
         if self.stage != 3:
@@ -209,7 +212,7 @@ class DeepSpeedEngine(DeepSpeedCheckpoints, Engine):
         with params_on_meta():
             return model_width(model_fn())
 
-    def build(self, deepspeed: Any, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+    def build(self, deepspeed: Any, cfg: RunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
               contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
         """The model (ZeRO-3: each unit partitioned in the model dtype as it is built), its contract,
         whether it was built shard-first; dropout seeded per data-parallel rank."""

@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from launcher.config.schema import enum_value
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
 
-def dtype_name(cfg: Any) -> str:
+def dtype_name(cfg: RunConfig) -> str:
     name = enum_value(cfg.precision.dtype)
     if name not in DTYPES:
         raise ValueError(f"precision.dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return name
 
 
-def grad_reduce_dtype(cfg: Any) -> torch.dtype:
+def grad_reduce_dtype(cfg: RunConfig) -> torch.dtype:
     """``precision.grad_reduce_dtype``: the dtype data-parallel gradients travel in (fp32: the exact
     mean; bf16: half the bytes)."""
     name = enum_value(getattr(cfg.precision, "grad_reduce_dtype", "fp32"))
@@ -47,14 +50,14 @@ def bf16_reduce_hook(group, bucket):  # (no annotations: DDP checks them, and th
     return dist.all_reduce(low, group=group, async_op=True).get_future().then(back)
 
 
-def compress_ddp_grads(ddp: Any, cfg: Any) -> None:
+def compress_ddp_grads(ddp: Any, cfg: RunConfig) -> None:
     """bf16 gradient reduction on a DistributedDataParallel (``bf16_reduce_hook``); fp32: DDP's own fp32
     all-reduce."""
     if ddp is not None and grad_reduce_dtype(cfg) == torch.bfloat16:
         ddp.register_comm_hook(None, bf16_reduce_hook)
 
 
-def autocast_for(cfg: Any, device_type: str) -> Callable[[], ContextManager]:
+def autocast_for(cfg: RunConfig, device_type: str) -> Callable[[], ContextManager]:
     """A context factory: autocast to bf16/fp16, or nothing for fp32."""
     name = dtype_name(cfg)
     if name == "fp32":
@@ -100,7 +103,7 @@ def adamw(model: nn.Module, optim: Any) -> torch.optim.AdamW:
                              **adamw_kwargs(optim), **fused_kwargs(on_cuda(model.parameters())))
 
 
-def grad_scaler(cfg: Any, device_type: str, kind: type = torch.amp.GradScaler,
+def grad_scaler(cfg: RunConfig, device_type: str, kind: type = torch.amp.GradScaler,
                 **extra: Any) -> Tuple[Optional[torch.amp.GradScaler], float]:
     """fp16: a GradScaler (``kind``: torch's, or FSDP's sharded one) from ``precision`` (a static scale
     when precision.loss_scale > 0, else dynamic from 2**initial_scale_power) and the static scale (0 =

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -57,6 +57,9 @@ from launcher.training.engines.engine import (
     tensor_bytes,
 )
 
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
 
 def local(obj: Any) -> Any:
     """A (nested) state with every DTensor replaced by this rank's shard (a plain tensor)."""
@@ -85,7 +88,7 @@ def fill(live: Any, saved: Any) -> Any:
 
 
 class FSDPEngine(Engine):
-    def __init__(self, cfg: Any, ctx: Any, model_fn: Callable[[], nn.Module],
+    def __init__(self, cfg: RunConfig, ctx: Any, model_fn: Callable[[], nn.Module],
                  contract: Optional[ModelContract] = None) -> None:
         layout = ctx.layout  # data parallel, ZeRO off, tp = pp = 1: the launcher's rules hold
         self.world, self.rank = int(ctx.world_size), int(ctx.rank)

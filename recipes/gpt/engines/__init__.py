@@ -8,12 +8,15 @@ is shared, so data order, schedule, metrics and fault injection are identical ac
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.training.engines.engine import Engine
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
-def build_engine(cfg: Any, ctx: Any) -> Engine:
+
+def build_engine(cfg: GPTRunConfig, ctx: Any) -> Engine:
     name = ctx.layout.engine
     if name == "ddp":
         from recipes.gpt.engines.ddp import DDPEngine

@@ -4,7 +4,7 @@ scaler, byte counts) are ``launcher.training.engines.engine``'s."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -17,8 +17,11 @@ from recipes.common.seeding import seed_everything
 from recipes.gpt.init import init_values
 from recipes.gpt.model import GPT
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
-def build_model(cfg: Any, rank_for_dropout: int) -> GPT:
+
+def build_model(cfg: GPTRunConfig, rank_for_dropout: int) -> GPT:
     """The full GPT with the same init on every rank (seeded before construction); dropout
     masks then differ per data-parallel replica."""
     seed_everything(int(cfg.seed))
@@ -49,7 +52,7 @@ def mean_over(loss_sum: torch.Tensor, count: int, group: Any = None, world: int 
     return float(loss_sum.item()) / (count * world)
 
 
-def gpt_contract(cfg: Any) -> ModelContract:
+def gpt_contract(cfg: GPTRunConfig) -> ModelContract:
     """forward(tokens, labels) is the loss; the blocks are ``model.blocks``; a module's parameters get
     ``init_values`` by their full name (a tied head is the embedding's parameter, initialised once); the
     GPT recomputes by itself (train.recompute, selective included)."""

@@ -5,7 +5,7 @@ evaluation numerics (``mean_over``), as recipes/gpt/engines/fsdp.py hands the ge
 GPT's init."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -16,12 +16,15 @@ from launcher.training.engines.engine import Batch
 from recipes.common.memory import BuildMeter
 from recipes.gpt.engines.base import build_model, evaluating, gpt_contract, mean_over
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
+
 
 class DDPEngine(ddp.DDPEngine):
-    def __init__(self, cfg: Any, ctx: Any) -> None:
+    def __init__(self, cfg: GPTRunConfig, ctx: Any) -> None:
         super().__init__(cfg, ctx, contract=gpt_contract(cfg))
 
-    def build(self, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+    def build(self, cfg: GPTRunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
               contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
         self.build_meter = BuildMeter(self.device).start()  # what the model's construction uses
         model = build_model(cfg, self.dp_rank).to(self.device)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,9 @@ from recipes.common.seeding import seed_everything
 from recipes.gpt.engines.base import build_model, evaluating, gpt_contract, mean_over
 from recipes.gpt.init import init_flat
 from recipes.gpt.model import GPT
+
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
 # torch's default initialisers, which nn.Linear / nn.Embedding / nn.LayerNorm call from their constructors
 _DEFAULT_INITS = ("kaiming_uniform_", "uniform_", "normal_", "ones_", "zeros_")
@@ -100,22 +103,22 @@ def _fill_partitions(model: nn.Module, seed: int, num_layers: int,
 
 
 class DeepSpeedEngine(generic.DeepSpeedEngine):
-    def __init__(self, cfg: Any, ctx: Any) -> None:
+    def __init__(self, cfg: GPTRunConfig, ctx: Any) -> None:
         self._grads_peak = 0
         self._grads_last = 0
         super().__init__(cfg, ctx, contract=gpt_contract(cfg))
 
-    def hidden_size(self, cfg: Any, model_fn: Optional[Callable[[], nn.Module]]) -> Optional[int]:
+    def hidden_size(self, cfg: GPTRunConfig, model_fn: Optional[Callable[[], nn.Module]]) -> Optional[int]:
         return None  # the GPT's config names it (build_ds_config reads cfg.model.hidden_size)
 
-    def build(self, deepspeed: Any, cfg: Any, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
+    def build(self, deepspeed: Any, cfg: GPTRunConfig, ctx: Any, model_fn: Optional[Callable[[], nn.Module]],
               contract: Optional[ModelContract]) -> Tuple[nn.Module, ModelContract, bool]:
         self.build_meter = BuildMeter(self.device).start()
         model = self._build_partitioned(deepspeed, cfg) if self.stage == 3 else build_model(cfg, self.dp_rank)
         self.build_meter.stop()
         return model, contract, self.stage == 3
 
-    def _build_partitioned(self, deepspeed: Any, cfg: Any) -> GPT:
+    def _build_partitioned(self, deepspeed: Any, cfg: GPTRunConfig) -> GPT:
         """ZeRO-3: the GPT built inside zero.Init (each module's parameters partitioned over the dp
         group as its constructor returns, in the dtype and on the device (or, with zero.offload_params,
         the host) the DeepSpeed config gives), uninitialised, then each rank's partitions filled with

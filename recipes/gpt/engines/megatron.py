@@ -28,7 +28,7 @@ than one process's memory can start.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,9 @@ from recipes.gpt.parallel.grad_buckets import GradBuckets
 from recipes.gpt.parallel.mesh import build_mesh, placement_record
 from recipes.gpt.parallel.pipeline import GPTStage, activation_shape, build_schedule
 from recipes.gpt.parallel.tensor_parallel import TPContext, materialize, name_parameters, vocab_parallel_cross_entropy
+
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
 
 def _all_reduce_coalesced(tensors: List[torch.Tensor], group: Any, scale: Optional[float] = None) -> None:
@@ -117,7 +120,7 @@ class LossScaler:
 
 
 class MegatronEngine(Engine):
-    def __init__(self, cfg: Any, ctx: Any) -> None:
+    def __init__(self, cfg: GPTRunConfig, ctx: Any) -> None:
         layout, m = ctx.layout, cfg.model
         self.tp, self.pp, self.zero = int(layout.tp), int(layout.pp), int(layout.zero)
         self.sequence_parallel = bool(layout.sequence_parallel)

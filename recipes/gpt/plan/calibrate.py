@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -47,6 +47,9 @@ from recipes.gpt.plan.memory import stage_activation_bytes
 from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
 from recipes.gpt.plan.timing import StepParts
 from recipes.gpt.schema import ModelSpec
+
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
 STEP_UNKNOWNS = ("compute_scale", "comm_scale", "step_overhead_s")
 NEUTRAL = {"compute_scale": 1.0, "comm_scale": 1.0, "step_overhead_s": 0.0}
@@ -142,7 +145,7 @@ def read_sample(run_dir: Path) -> Sample:
                   cluster_choice=str(choice) if choice else None, hardware=hw)
 
 
-def planned(cfg: Any, layout_json: Optional[Dict[str, Any]] = None) -> Tuple[LayoutSpec, StepParts, int]:
+def planned(cfg: GPTRunConfig, layout_json: Optional[Dict[str, Any]] = None) -> Tuple[LayoutSpec, StepParts, int]:
     """The planner's uncalibrated estimate for a run config: (its layout, the step time's parts, the
     activation bytes of the pipeline stage that holds the most). ``layout_json``: the layout archived
     in run.json (what the job ran with), else the config's."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Facts, Layout
@@ -30,6 +30,9 @@ from recipes.gpt.plan.estimate import Estimate, cluster_json, estimate, gib, mod
 from recipes.gpt.plan.search import enumerate_layouts, evaluate_all
 from recipes.gpt.plan.spec import HEADROOM, ClusterSpec, LayoutSpec
 from recipes.gpt.schema import ModelSpec
+
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
 BUBBLE_WARN = 0.25
 MAX_FIX_CHANGES = 3
@@ -60,13 +63,13 @@ class Fix:
         return " ".join(f"{k}={_fmt(v)}" for k, v in self.overrides.items())
 
 
-def check(cfg: Any) -> Tuple[List[ConfigError], List[str]]:
+def check(cfg: GPTRunConfig) -> Tuple[List[ConfigError], List[str]]:
     """(errors, warnings) of a config that passed launcher.config.rules.problems."""
     res = evaluate(cfg)
     return res.errors, res.warnings
 
 
-def evaluate(cfg: Any, layout: Optional[Layout] = None) -> CheckResult:
+def evaluate(cfg: GPTRunConfig, layout: Optional[Layout] = None) -> CheckResult:
     """The checks plus the estimate they were made from (JSON, as `launcher plan --json` prints it), of
     ``layout`` (the Layout the rules built: `launch`) or the one the config names."""
     m = ModelSpec.from_cfg(cfg.model)
@@ -118,7 +121,7 @@ def layout_warnings(cluster: ClusterSpec, est: Estimate) -> List[str]:
     return out
 
 
-def memory_error(cfg: Any, m: ModelSpec, cluster: ClusterSpec, est: Estimate) -> ConfigError:
+def memory_error(cfg: GPTRunConfig, m: ModelSpec, cluster: ClusterSpec, est: Estimate) -> ConfigError:
     mem = est.memory
     if cluster.memory_source == "cluster.gpu.memory_gb":
         cap = f"cluster.gpu.memory_gb={cluster.memory_bytes / (1 << 30):g}"
@@ -145,7 +148,7 @@ def memory_error(cfg: Any, m: ModelSpec, cluster: ClusterSpec, est: Estimate) ->
     )
 
 
-def suggest_fix(cfg: Any, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -> Optional[Fix]:
+def suggest_fix(cfg: GPTRunConfig, m: ModelSpec, cluster: ClusterSpec, cur: LayoutSpec) -> Optional[Fix]:
     """The smallest layout change that fits: fewest knobs changed, then the fastest prediction.
 
     Candidates are the search's valid layouts of the same world size, global batch and precision, each
@@ -208,7 +211,7 @@ def _fmt(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def fits(cfg: Any, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
+def fits(cfg: GPTRunConfig, num_layers: int, layout: Any, recompute: str, dtype: str) -> bool:
     """Whether ``layout`` (a launcher.config.layout.Layout) of the config's model cut to ``num_layers`` fits the
     cluster's GPU memory (True where it is unknown): preflight's rungs (the contract's ``fits``)."""
     cluster = ClusterSpec.from_cfg(cfg.cluster)

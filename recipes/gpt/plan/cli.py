@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from rich.markup import escape
 
@@ -25,13 +25,16 @@ from recipes.gpt.plan.estimate import cluster_json, estimate, model_json
 from recipes.gpt.plan.spec import ClusterSpec, LayoutSpec
 from recipes.gpt.schema import ModelSpec
 
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
+
 
 def _fail(msg: str, code: int = 2) -> int:
     print(f"launcher plan: {msg}", file=sys.stderr)
     return code
 
 
-def build(cfg: Any, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
+def build(cfg: GPTRunConfig, do_search: bool, top: Optional[int]) -> Dict[str, Any]:
     """The report: {"model": ..., "cluster": ..., "layouts": [...]}. Raises ValueError for a layout
     that cannot be estimated (world size or batch not divisible)."""
     from recipes.gpt.plan.search import search  # lazy: only printing pays for it
@@ -69,7 +72,7 @@ def _layout_json(cluster: Any, est: Any) -> Dict[str, Any]:
     return item
 
 
-def plan_command(cfg: Any, args: Any) -> int:
+def plan_command(cfg: GPTRunConfig, args: Any) -> int:
     """`launcher plan [overrides] [--search] [--json] [--top N]` for a composed GPT run config."""
     try:
         report = build(cfg, args.search, args.top)

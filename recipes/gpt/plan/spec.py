@@ -9,12 +9,15 @@ search evaluates thousands of layouts per second without touching OmegaConf.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from launcher import backends
 from launcher.config.layout import Facts, Layout
 from launcher.config.rules import layout_of
 from launcher.config.schema import enum_value
+
+if TYPE_CHECKING:
+    from recipes.gpt.schema import GPTRunConfig
 
 GIB = 1 << 30
 HEADROOM = 0.10  # of the device memory, kept free for the CUDA context, NCCL and fragmentation
@@ -41,7 +44,7 @@ class LayoutSpec(Layout):
         return cls(**own, recompute=recompute, dtype=dtype)
 
     @classmethod
-    def from_cfg(cls, cfg: Any) -> LayoutSpec:
+    def from_cfg(cls, cfg: GPTRunConfig) -> LayoutSpec:
         """The layout a run config names (``launcher.config.rules.layout_of``: ``parallelism.engine=auto`` becomes the
         implied engine), with its ``train.recompute`` and ``precision.dtype``. Raises
         ``launcher.config.errors.ConfigErrors`` when the config names no whole layout (see ``buildable``)."""
