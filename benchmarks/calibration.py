@@ -62,7 +62,7 @@ def launch(name: str, overrides: Sequence[str], procs: int, steps: int, root: Pa
 
 def runs_of(root: Path, name: str) -> List[Path]:
     """The runs of layout ``name`` under ``root``, oldest first."""
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     found = []
     for p in root.glob("*/*/run.json"):
@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated layout names (default: all)")
     args = ap.parse_args()
 
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
     from recipes.gpt.plan import calibrate
 
     chosen = [x for x in LAYOUTS if not args.only or x[0] in args.only.split(",")]

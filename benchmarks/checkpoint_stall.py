@@ -53,7 +53,7 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
     from hydra import compose, initialize_config_dir
 
     from launcher.config.schema import register_configs
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
     from launcher.training.checkpoint import Checkpointer
     from recipes.gpt.model import GPT
 

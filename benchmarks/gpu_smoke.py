@@ -459,7 +459,7 @@ def step_async_checkpoint(mode: str, work: Path, negative: bool = False) -> Dict
 
     import torch
 
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
     from launcher.training.checkpoint import Checkpointer
     from recipes.gpt.model import GPT
 

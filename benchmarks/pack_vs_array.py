@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO))
 
-from launcher.rundir import RunDir  # noqa: E402  (no torch: the run dir's records)
+from launcher.run.rundir import RunDir  # noqa: E402  (no torch: the run dir's records)
 
 FINAL = ("completed", "failed", "cancelled", "timeout")
 # files whose names carry the attempt's job (ids differ between the two ways by construction)

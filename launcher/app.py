@@ -202,7 +202,7 @@ def submit_for_results(points, *, objective: str, extra_meta=None, out=None, int
     print(said.getvalue().splitlines()[0], file=out, flush=True)
     cfg = points[0].cfg
     wait_and_report(result, points, out, timeout_s=int(cfg.submit.wait_timeout_s), compact=True, quiet=True)
-    from launcher.rundir import SweepDir  # lazy: `launch --help` and --cfg never load the submit path
+    from launcher.run.rundir import SweepDir  # lazy: `launch --help` and --cfg never load the submit path
 
     by_index = {SweepDir.index_of(r.run_id): r for r in result.runs}
     indices = list(range(len(points))) if indices is None else list(indices)

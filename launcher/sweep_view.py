@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional
 from launcher import sweeps
 from launcher.archive import registry
 from launcher.config import recipe_contract
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import STATUSES
-from launcher.rundir import RunDir, SweepDir
 
 
 def _text(value: Any) -> str:

@@ -34,7 +34,7 @@ def runs_json(runs_root: Path) -> List[dict]:
 
 def seal_pending(rdir: Path) -> bool:
     """A final run whose job left its seal due and whatever seals it has not yet (RunDir.seal_due)."""
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     return RunDir(rdir).seal_due()
 

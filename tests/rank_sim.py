@@ -201,8 +201,8 @@ def _job_env(rank: int, world: int) -> Dict[str, str]:
 def make_run(root: Path, world: int):
     """A sweep of one point as the launcher stages it: shared code and software records, the per-point
     seeds and overrides, config and run.json, status pending (not counted)."""
+    from launcher.run.rundir import SweepDir
     from launcher.run.status import Status
-    from launcher.rundir import SweepDir
 
     sweep = SweepDir(root / "S")
     shared = sweep.shared()

@@ -388,7 +388,7 @@ class _HydraJob:
         from hydra_plugins.launcher_plugin import requeue
         from launcher import backends
         from launcher.features.asha import rungs
-        from launcher.rundir import RunDir
+        from launcher.run.rundir import RunDir
         from launcher.runtime import restarts
         from launcher.runtime.attempt import attempt
 
@@ -748,8 +748,8 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
     from launcher.config.compose import override_lines
+    from launcher.run.rundir import SweepDir
     from launcher.run.status import Status
-    from launcher.rundir import SweepDir
     from launcher.submit import interrupted, staging, submission
     from launcher.sweeps import Unschedulable
 
@@ -903,8 +903,8 @@ def collect(submitted: Submitted, configs: List[DictConfig]) -> List[JobReturn]:
     FAILED JobReturn holding the error)."""
     from launcher.archive import registry
     from launcher.features.asha import rungs
+    from launcher.run.rundir import RunDir
     from launcher.run.status import Status
-    from launcher.rundir import RunDir
     from launcher.submit import progress
 
     out = []

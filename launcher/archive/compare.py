@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:

@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from launcher import backends
 from launcher.archive import index
+from launcher.run.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
 from launcher.run.status import FINAL, Status
-from launcher.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
 
 # what this command has said already (a `status --watch` lists the root every 2 s): said once
 _said: Set[str] = set()

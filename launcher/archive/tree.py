@@ -31,7 +31,7 @@ def launcher_marks() -> Tuple[str, ...]:
     """What only the launcher writes into a dir (relative paths): a runs root's registry, a sweep dir's
     launch journal, seals and code snapshot's description, a code snapshot's description."""
     from launcher.archive import index
-    from launcher.rundir import SweepDir
+    from launcher.run.rundir import SweepDir
     from launcher.submit.interrupted import JOURNAL
 
     return (index.DB_NAME, JOURNAL, SweepDir.SEALS, f"{SweepDir.CODE}/{INFO_FILE}", INFO_FILE)

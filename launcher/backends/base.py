@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import now_iso
 from launcher.run.status import FINAL, Status
-from launcher.rundir import now_iso
 from launcher.sweeps import ArrayLimits
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from launcher.archive import compare, registry
 from launcher.config.errors import ConfigErrors
 from launcher.data import archived as data_archive
 from launcher.printable import printable
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 def resolve_run_dir(root: Path, ident: str) -> Path:

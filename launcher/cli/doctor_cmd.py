@@ -12,7 +12,7 @@ from rich.text import Text
 
 from launcher.cli.archive_cmds import resolve_run_dir
 from launcher.printable import printable
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 def add_parser(sub, parents: List[Any]) -> None:

@@ -32,8 +32,8 @@ from launcher import backends
 from launcher.archive import registry
 from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 from launcher.printable import printable
+from launcher.run.rundir import RunDir, Unreadable
 from launcher.run.status import FINAL, STATUSES
-from launcher.rundir import RunDir, Unreadable
 
 
 def _root(args) -> Path:

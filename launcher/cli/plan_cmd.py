@@ -23,7 +23,7 @@ from typing import Any, List
 from launcher.cli.archive_cmds import resolve_run_dir
 from launcher.config import recipe_contract, schema
 from launcher.config.schema import CONFIG_NAME
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 TABLE_TOP = 20
 

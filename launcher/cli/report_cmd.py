@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 from launcher.archive import atomic
 from launcher.cli.archive_cmds import resolve_run_dir
 from launcher.cli.sweep_cmds import sweep_runs
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 
 
 def _sweep(root: Path, ident: str) -> Optional[Tuple[Path, str]]:

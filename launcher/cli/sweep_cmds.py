@@ -19,8 +19,8 @@ from rich.text import Text
 from launcher import sweeps
 from launcher.archive import registry
 from launcher.config.errors import ConfigErrors
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import FINAL
-from launcher.rundir import RunDir, SweepDir
 from launcher.sweep_view import counts, plot, point_rows, results_table
 
 RETRYABLE = ("failed", "cancelled", "timeout")

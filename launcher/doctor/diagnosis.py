@@ -21,8 +21,8 @@ from launcher.doctor.failure_text import (
 )
 from launcher.doctor.kinds import FIXES, NOT_FAILED, Diagnosis
 from launcher.doctor.rank_failures import from_logs, from_rank_errors, from_status_text
+from launcher.run.rundir import RESTARTED_BY_USER
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RESTARTED_BY_USER
 
 
 # ---- the diagnosis ---------------------------------------------------------------------------------

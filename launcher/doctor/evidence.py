@@ -11,8 +11,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
 from launcher.doctor.failure_text import HANG_MESSAGE
+from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RunDir
 
 
 # ---- the evidence ----------------------------------------------------------------------------------

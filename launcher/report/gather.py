@@ -15,7 +15,7 @@ from launcher.config import recipe_contract
 from launcher.config.layout import Layout
 from launcher.config.schema import typed
 from launcher.report.markup import is_num
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 
 # ---- what the page says (pure) ---------------------------------------------------------------------
 

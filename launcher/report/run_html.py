@@ -30,8 +30,8 @@ from launcher.report.markup import (
     tag,
 )
 from launcher.report.plots import run_plots
+from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus
-from launcher.rundir import RunDir
 
 GRID_MAX_RANKS = 256  # the picture of the mesh; beyond this the rank table alone says it
 

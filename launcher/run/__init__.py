@@ -1,1 +1,1 @@
-"""The run dir, by part: launcher.rundir.RunDir puts them together (its names and FILES table there)."""
+"""The run dir, by part: launcher.run.rundir.RunDir puts them together (its names and FILES table there)."""

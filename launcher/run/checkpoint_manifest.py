@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.archive import atomic
-from launcher.rundir import RunDir, file_sha256, now_iso
+from launcher.run.rundir import RunDir, file_sha256, now_iso
 
 MANIFEST = "checkpoint.json"
 _STEP_DIR = re.compile(r"step_\d{8}")

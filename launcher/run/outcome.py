@@ -16,8 +16,8 @@ from typing import Iterable, List, Optional
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
 from launcher.features.elastic import resize as elastic
+from launcher.run.rundir import RunDir, parse_iso
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RunDir, parse_iso
 
 
 def record_lost_outcome(rd: RunDir, state: JobState, seen: Optional[RunStatus] = None) -> Status:

@@ -34,8 +34,8 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.features.asha import rungs
 from launcher.features.elastic import resize as elastic
+from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RunDir
 from launcher.runtime import restart_policy, restarts
 from launcher.runtime.restart_policy import Failure
 

@@ -30,8 +30,8 @@ from launcher.archive import secrets, topology
 from launcher.archive.secrets import from_env_reference, is_redacted, scrub, scrub_tree
 from launcher.backends.local import process_start
 from launcher.features.elastic.resize import GROW
+from launcher.run.rundir import RunDir, now_iso
 from launcher.run.status import Status
-from launcher.rundir import RunDir, now_iso
 from launcher.runtime import env as dist_env, warm_start
 
 # what a job reads from its run dir before it knows its place: (master port, environment variables)

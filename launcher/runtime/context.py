@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from launcher.config.layout import Layout
 from launcher.features.elastic.resize import GROW
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime.restarts import STOP_CODES, STOP_REASONS, Interrupted
 
 STOP_VOTES = max(STOP_CODES.values())  # one vote slot per stop reason (codes 1..STOP_VOTES)

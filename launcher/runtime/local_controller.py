@@ -20,8 +20,8 @@ from typing import List, Optional, Sequence
 
 from launcher.archive import atomic
 from launcher.features.asha import rungs
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import after_step
 from launcher.runtime.seal import seal_if_due
 

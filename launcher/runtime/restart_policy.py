@@ -30,7 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.doctor import PEER_GONE
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
-from launcher.rundir import RESTARTED_BY_USER, RunDir
+from launcher.run.rundir import RESTARTED_BY_USER, RunDir
 from launcher.runtime.env import DeviceError
 
 # why each kind of failure is not restarted, and its fix

@@ -28,8 +28,8 @@ from typing import Any, Dict, Optional, Sequence
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
 from launcher.features.elastic import resize as elastic
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import job_start
 
 # the reason each signal stands for, and the code ranks agree on (the highest wins)

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher import script_recipe
 from launcher.archive import snapshot
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import restarts
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 def seal_if_due(rd: RunDir) -> bool:

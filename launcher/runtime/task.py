@@ -20,8 +20,8 @@ from launcher.archive.secrets import scrub
 from launcher.config.schema import hang_timeout_s, typed
 from launcher.features.elastic.resize import GROW
 from launcher.features.pbt import population
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, watchdog
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext

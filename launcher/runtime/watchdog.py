@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import stacks
 
 # the run dir's shared filesystem sees at most about this many watchdog looks per second from a job

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Set
 
 from launcher.archive import atomic
 from launcher.backends.local import pid_alive
-from launcher.rundir import RunDir, SweepDir, now_iso
+from launcher.run.rundir import RunDir, SweepDir, now_iso
 
 JOURNAL = ".launch.json"
 STALE_S = 600.0  # a sweep with staged runs and no journal (an older launcher's), left alone this long
@@ -125,7 +125,7 @@ def staged_runs(sd: SweepDir) -> Dict[int, Optional[str]]:
 
 def repair(root: Path) -> List[str]:
     """Repair every interrupted launch under ``root``; one line per sweep repaired, saying what was done."""
-    from launcher.rundir import sweeps
+    from launcher.run.rundir import sweeps
 
     lines: List[str] = []
     for sd in sweeps(root):

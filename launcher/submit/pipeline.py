@@ -30,7 +30,7 @@ from launcher.config.layout import Layout
 from launcher.config.rules import resolve
 from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.submit import interrupted, submission
 from launcher.submit.submission import Array, SubmittedRun
 from launcher.sweeps import Unschedulable, job_name

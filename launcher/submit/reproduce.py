@@ -21,7 +21,7 @@ from launcher.config.compose import override_key
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.schema import typed
 from launcher.data import archived as data_archive
-from launcher.rundir import RunDir, runs as runs_under, tree_sha256
+from launcher.run.rundir import RunDir, runs as runs_under, tree_sha256
 from launcher.submit import pipeline
 from launcher.submit.pipeline import Point
 

@@ -36,8 +36,8 @@ from launcher.data import archived as data_archive
 from launcher.features.elastic.resize import GROW, SHRINK, waits_for_its_job
 from launcher.run import checkpoint_manifest
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
+from launcher.run.rundir import RunDir, SweepDir, is_checkpoint_problem
 from launcher.run.status import FINAL, Status
-from launcher.rundir import RunDir, SweepDir, is_checkpoint_problem
 from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
 from launcher.submit import reshard, submission

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.archive import secrets, snapshot, software
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.submit.submission import in_threads
 
 

@@ -22,8 +22,8 @@ from launcher.archive import atomic, secrets
 from launcher.config import schema
 from launcher.features.elastic import resize as elastic
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.submit import signals
 from launcher.sweeps import Unschedulable, plan_arrays
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import BIN, clone_worktree, launch, read_metrics, run_cmd, runs_json, wait_final
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(600)]
 

@@ -107,7 +107,7 @@ def test_asha_on_local_with_a_users_steploop(tmp_path):
     assert (summ["steps"], summ["grid_steps"]) == (14, 24) and 4 < summ["starts"] <= 4 + 2 + 1
     assert 0 < summ["loop_s"] < summ["grid_loop_s"] and summ["spent_s"] > summ["loop_s"]
     # the winner, run straight through with the same budget: the same losses and weights, bit for bit
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     lr = RunDir(winner["dir"]).config()["recipe"]["params"]["lr"]
     ref_root = tmp_path / "ref"
@@ -142,7 +142,7 @@ def test_asha_8_points_of_the_gpt_on_slurm(slurm, tmp_path):
     assert queued.strip() == "", queued  # no paused or pruned point's job left in the queue
     assert_one_wandb_run(Path(winner["dir"]), 8)  # one wandb run across its pauses, every step in it
     assert 0 < summ["loop_s"] < summ["grid_loop_s"] and summ["spent_s"] > summ["loop_s"]
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     cfg = RunDir(winner["dir"]).config()
     ref_root = tmp_path / "ref"
@@ -217,7 +217,7 @@ def hydra_app_sweep(tmp_path, launcher, env):
     assert summ["rungs"][0]["promoted"] == [0, 2] and summ["rungs"][1]["promoted"] == [0]
     assert {int(Path(r["dir"]).name): r["status"] for r in runs} == {0: "completed", 1: "pruned", 2: "pruned",
                                                                       3: "pruned"}
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     w = 5.0 * (1 - 2 * 0.3) ** 6
     assert RunDir(runs[0]["dir"]).status().summary["return_value"] == pytest.approx(w ** 2, rel=1e-12)

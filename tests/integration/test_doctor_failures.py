@@ -22,7 +22,7 @@ import pytest
 
 from helpers import BIN, launch, listed, run_cmd, runs_json, wait_final
 from launcher.doctor import FIXES
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.dist]
 

@@ -30,7 +30,7 @@ from typing import Dict, List
 import pytest
 
 from helpers import BIN, EQUIV_BASE, assert_state_bytes_exact, launch, read_metrics, run_cmd, runs_json
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.dist]
 

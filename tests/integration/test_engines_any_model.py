@@ -121,7 +121,7 @@ def _batches(step: int, dp: int, dp_rank: int):
 
 
 def _ctx(rank: int, world: int, layout: Any, run_dir: Path):
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
     from launcher.runtime.context import RunContext
 
     run_dir.mkdir(parents=True, exist_ok=True)

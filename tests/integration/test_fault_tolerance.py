@@ -46,7 +46,7 @@ def assert_identical(run: Path, reference: Path) -> None:
 
 def status(run_dir: Path) -> dict:
     """The run's status record; a run whose job has not started yet has none (pending)."""
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     return RunDir(run_dir).status().to_json()
 
@@ -90,7 +90,7 @@ def _proc_status(pid: int) -> Dict[str, str]:
 def stopped_rank(run: Path, rank: int = 1) -> Optional[int]:
     """The pid of the run's rank ``rank`` (this attempt's record) while it is stopped (train.fail_mode=stop
     has SIGSTOPped it: the local cluster's nodes are processes of this host), else None."""
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     for row in RunDir(run).ranks():
         if row.get("rank") == rank and _proc_status(int(row["pid"])).get("State", "").startswith("T"):

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers import REPO, run_cmd, runs_json, wait_final
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(420)]
 

@@ -15,7 +15,7 @@ import pytest
 from test_fault_tolerance import wait_for
 
 from helpers import runs_json
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(420)]
 

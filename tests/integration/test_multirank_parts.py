@@ -61,7 +61,7 @@ def _two_ranks(tmp_path: Path, body: str, timeout: float = 120) -> List[Path]:
 
 
 STOP = """
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.runtime.restarts import StopFlag
 
@@ -237,7 +237,7 @@ def test_ddp_resume_reads_the_model_file_on_one_rank_only(tmp_path):
 COMMIT = """
 import threading
 from omegaconf import OmegaConf
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.training import checkpoint
 
 class Engine:
@@ -289,7 +289,7 @@ out.write_text(json.dumps(renames))
 def test_the_ranks_count_their_parts_in_the_groups_store_and_one_renames(tmp_path):
     """Asynchronous saves of a 2-rank gloo group, counted in the default group's store: each save is
     renamed into place exactly once, by one rank's writer thread, and the last two are kept whole."""
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     outs = _two_ranks(tmp_path, COMMIT)
     renames = [json.loads(p.read_text()) for p in outs]

@@ -10,8 +10,8 @@ from launcher.archive import registry
 from launcher.cli import main as cli
 from launcher.run import outcome
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import SweepDir
 from launcher.run.status import Status
-from launcher.rundir import SweepDir
 
 
 def _tree(path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import BIN, launch, run_cmd, wait_final
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm]
 

@@ -30,7 +30,7 @@ def status_json(root: Path, sweep: str, env=None) -> Dict:
 def check_population(root: Path, runs: List[dict], env=None) -> dict:
     """Lineages recorded and acted on; returns the best member's run row."""
     from launcher.features.pbt import population
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     assert {r["status"] for r in runs} == {"completed"}, [r["status"] for r in runs]
     by = {int(Path(r["dir"]).name): r for r in runs}
@@ -76,7 +76,7 @@ def reproduce_and_compare(root: Path, best: dict, env=None, timeout: float = 900
     (rep,) = again
     assert_identical(Path(rep["dir"]), Path(best["dir"]))  # every step's loss, weights, optimizer, RNG
     from launcher.features.pbt import population
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     # the same lineage: the same donors at the same steps with the same values
     strip = lambda rows: [{k: r[k] for k in ("generation", "step", "donor", "after")} for r in rows]  # noqa: E731

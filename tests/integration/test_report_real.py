@@ -13,7 +13,7 @@ import pytest
 
 import browser
 from helpers import BIN, REPO, launch, run_cmd, wait_final
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.dist]
 

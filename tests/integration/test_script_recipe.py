@@ -18,7 +18,7 @@ from test_fault_tolerance import only_run, restarts, status, wait_for
 
 from helpers import BIN, launch, read_metrics, run_cmd, runs_json
 from launcher import script_recipe
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime.script import Forwarder
 
 STEPS = 30

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from helpers import BIN, launch, run_cmd, runs_json, wait_final
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm]
 

@@ -16,8 +16,8 @@ import pytest
 
 from helpers import BIN, clone_worktree, launch, run_cmd, runs_json
 from launcher.backends.local import pid_alive
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(600)]
 

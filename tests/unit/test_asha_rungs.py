@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from launcher.features.asha import rungs
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir
 from launcher.runtime import local_controller
 
 CFG = {"cluster": {"backend": "local"}, "train": {"steps": 6},

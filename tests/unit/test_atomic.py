@@ -45,7 +45,7 @@ def test_ranks_adopting_a_sweeps_shared_files_at_once_all_succeed(tmp_path):
     """Every rank of a run links the sweep's shared records in when it starts; they race."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from launcher.rundir import RunDir, SweepDir
+    from launcher.run.rundir import RunDir, SweepDir
 
     sweep = SweepDir(tmp_path / "S")
     sweep.shared().write_code({"commit": "abc"}, "diff", {"path": "p"})
@@ -69,7 +69,7 @@ def test_a_points_seeds_and_overrides_come_from_the_sweep_record_until_it_starts
     """stage writes every point's seeds and overrides in one file; a run reads them from there and
     writes its own seeds.json / overrides.yaml when it starts (or is sealed)."""
     from launcher.archive import atomic as at
-    from launcher.rundir import RunDir, SweepDir
+    from launcher.run.rundir import RunDir, SweepDir
 
     sweep = SweepDir(tmp_path / "S")
     at.write_json(sweep.shared().path / SweepDir.POINTS, {

@@ -24,8 +24,8 @@ from launcher.backends import local
 from launcher.cli.main import main
 from launcher.printable import printable
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir
 
 RED_TITLE = "\x1b[31mRED\x1b]0;TITLE-PWNED\x07"
 NO_PID = 4194305  # above the largest pid_max Linux allows: never a live process

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from launcher.app import CONF_DIR
 from launcher.config.layout import Facts
 from launcher.config.rules import layout_of
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from recipes.gpt.plan import calibrate
 from recipes.gpt.plan.calibrate import CalibrationError, Sample
 from recipes.gpt.plan.estimate import estimate

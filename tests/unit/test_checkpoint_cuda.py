@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.training import async_save, checkpoint
 
 DEVICE = 3

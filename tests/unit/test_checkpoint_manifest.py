@@ -7,7 +7,7 @@ import pytest
 
 from launcher.run import checkpoint_manifest as cm
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 def checkpoint(rd: RunDir, step: int, files=None, marks=()) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.archive import code, index, tree
-from launcher.rundir import SweepDir
+from launcher.run.rundir import SweepDir
 from launcher.submit import interrupted
 
 

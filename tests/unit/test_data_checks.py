@@ -24,8 +24,8 @@ from launcher.cli.main import main
 from launcher.config.errors import ConfigErrors
 from launcher.data import archived, checks, manifest
 from launcher.data.manifest import write_dataset
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.submit import pipeline, reproduce as reproduce_mod, resume as resume_mod
 from launcher.submit.pipeline import InvalidSweep, Point, validate
 

@@ -15,7 +15,7 @@ from launcher.config.layout import Layout
 from launcher.config.seeding import data_seed
 from launcher.data.manifest import DatasetError, write_dataset
 from launcher.data.tokens import Source, TokenDataset, Windows, permute
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from recipes.common.data import SampleLog, eval_batches, micro_batch_indices, train_batches, transition_table
 
 EOS = 0

@@ -429,7 +429,7 @@ def test_traceback_reading():
 
 # ---- gather: a run dir written through RunDir ---------------------------------------------------------
 def _run_dir(path: Path):
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
 
     rd = RunDir(path)
     rd.write_config({"train": {"steps": 6, "micro_batch_size": 4}, "model": {"seq_len": 64}})

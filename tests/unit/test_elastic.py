@@ -8,8 +8,8 @@ from launcher.backends.slurm import after_job_command, node_states_from_sinfo, s
 from launcher.config.rules import problems
 from launcher.config.schema import typed
 from launcher.features.elastic import resize as elastic
+from launcher.run.rundir import RESTARTED_BY_SCHEDULE, RunDir
 from launcher.run.status import Status
-from launcher.rundir import RESTARTED_BY_SCHEDULE, RunDir
 from launcher.runtime.restarts import STOP_CODES
 from launcher.submit import resume
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import restarts, stacks
 
 

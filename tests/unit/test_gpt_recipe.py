@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from launcher.config.layout import Layout
 from launcher.config.rules import resolve
 from launcher.config.seeding import derive_seed
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime.context import RunContext
 from recipes.common.data import (
     BigramDataset,

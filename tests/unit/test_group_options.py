@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from launcher.app import CONF_DIR
 from launcher.config import group_options, schema
-from launcher.rundir import SweepDir
+from launcher.run.rundir import SweepDir
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
 from launcher.submit.reproduce import archived_point
 

@@ -460,7 +460,7 @@ def test_a_hydra_apps_launch_keeps_the_journal_and_stops_on_sigterm_as_on_ctrl_c
 
     from launcher.archive import atomic, registry
     from launcher.run.job_record import JobRecord
-    from launcher.rundir import SweepDir
+    from launcher.run.rundir import SweepDir
     from launcher.submit import interrupted, signals, submission
 
     saw = {}

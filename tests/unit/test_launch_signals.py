@@ -13,8 +13,8 @@ import pytest
 
 from launcher.archive import atomic
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import SweepDir
 from launcher.run.status import Status
-from launcher.rundir import SweepDir
 from launcher.submit import interrupted, signals, submission
 
 

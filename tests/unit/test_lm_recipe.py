@@ -183,7 +183,7 @@ def test_the_loop_trains_a_users_module_in_one_process_with_eval(user_net, tmp_p
 
     from launcher.config import schema
     from launcher.config.rules import resolve
-    from launcher.rundir import RunDir
+    from launcher.run.rundir import RunDir
     from launcher.runtime.context import RunContext
     from recipes.lm.train import main
 

@@ -14,8 +14,8 @@ from launcher.app import CONF_DIR, normalize_overrides
 from launcher.features.asha import rungs
 from launcher.features.pbt import generations as pbt, population
 from launcher.run import checkpoint_manifest
+from launcher.run.rundir import SweepDir
 from launcher.run.status import Status
-from launcher.rundir import SweepDir
 from launcher.submit.pipeline import InvalidSweep, Point, validate as check
 
 RULE = pbt.Rule(interval=2, quantile=0.25, explore=("optim.lr",), factors=(0.8, 1.25), seed=7, steps=6)

@@ -3,8 +3,8 @@ import pytest
 
 from launcher.backends import JobState, slurm
 from launcher.run.outcome import record_lost_outcome
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 
 
 @pytest.mark.parametrize("state,want", [("CANCELLED by 0", "cancelled"), ("TIMEOUT", "timeout"),
@@ -27,7 +27,7 @@ def test_a_final_status_is_never_overwritten(tmp_path):
 
 
 def _hydra_app_run(root, sweep, index, value):
-    from launcher.rundir import SweepDir
+    from launcher.run.rundir import SweepDir
 
     rd = SweepDir(root / sweep).run(index)
     rd.write_config({"x": index})

@@ -10,8 +10,8 @@ import pytest
 from launcher import report
 from launcher.cli.main import main
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir
 from recipes.commbench.contract import RESULTS
 
 EVIL = "<script>alert(1)</script>"

@@ -8,8 +8,8 @@ import pytest
 
 import launcher
 from launcher.config.errors import ConfigError
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.runtime import restart_policy as policy, restarts
 from launcher.runtime.env import DeviceError
 

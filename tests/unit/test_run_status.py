@@ -7,8 +7,8 @@ import pytest
 
 from launcher.run import outcome
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import FINAL, RunStatus, Status
-from launcher.rundir import RunDir, SweepDir
 
 
 def test_a_record_round_trips_through_json(tmp_path):

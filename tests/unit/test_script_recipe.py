@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher import script_recipe
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime import script
 from launcher.runtime.script import MetricsTail, outcome, summary, torchrun_env
 

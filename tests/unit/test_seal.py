@@ -15,8 +15,8 @@ from launcher.archive import registry, snapshot
 from launcher.backends import JobState
 from launcher.cli.main import main
 from launcher.run.outcome import record_lost_outcome
+from launcher.run.rundir import RunDir, SweepDir, tree_sha256
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir, tree_sha256
 from launcher.submit import reproduce as reproduce_mod
 
 

@@ -12,8 +12,8 @@ import pytest
 from launcher.backends import JobState, slurm
 from launcher.run import outcome
 from launcher.run.job_record import JobRecord
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RunDir, SweepDir
 from launcher.runtime import after_step, local_controller, seal
 
 

@@ -2,7 +2,7 @@
 
 - the launcher never imports the recipes (recipes import the launcher's public API);
 - nothing outside launcher/backends compares against a scheduler's name;
-- no run-dir file name is spelled outside launcher/rundir.py (a recipe's own: its contract module);
+- no run-dir file name is spelled outside launcher/run/rundir.py (a recipe's own: its contract module);
 - docs/archive.md lists exactly the files RunDir names and the shipped recipes' contracts declare;
 - docs/architecture.md names every module, and only modules that exist.
 """
@@ -15,7 +15,7 @@ from typing import Iterator, Tuple
 
 from launcher import backends
 from launcher.config import recipe_contract
-from launcher.rundir import FILES, RunDir
+from launcher.run.rundir import FILES, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_RECIPES = (("gpt", "recipes.gpt.train.main"), ("commbench", "recipes.commbench.bench.main"))

@@ -2,7 +2,7 @@
 grow with each batch, nothing of an earlier batch is lost, `created` stays the first batch's."""
 import json
 
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 
 
 def test_sweep_json_grows_with_each_batch(tmp_path):

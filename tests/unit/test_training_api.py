@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.config.schema import RunConfig
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from launcher.runtime.context import RunContext
 from launcher.runtime.restarts import Interrupted, StopFlag
 from launcher.training import Checkpoint, StepLoop

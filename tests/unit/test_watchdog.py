@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 
 
 @pytest.mark.timeout(60)

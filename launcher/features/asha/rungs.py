@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from launcher import backends
 from launcher.features.asha import schedule as asha
 from launcher.features.pbt import generations as pbt
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig

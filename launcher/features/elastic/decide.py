@@ -31,8 +31,8 @@ from launcher import backends
 from launcher.backends.slurm import submit_environment
 from launcher.config.errors import ConfigErrors
 from launcher.features.elastic import resize as elastic
+from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir
 from launcher.submit import resume
 
 COMPLETING_WAIT_S = 300.0  # the longest wait for the ended job's processes (Slurm's KillWait and teardown)

@@ -13,7 +13,7 @@ from typing import Any, Dict
 
 from launcher import backends
 from launcher.features.elastic import resize as elastic
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 
 
 @lru_cache(maxsize=8)

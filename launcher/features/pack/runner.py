@@ -224,8 +224,8 @@ class Runner:
         """A point's step ended: its outcome decided as the batch script's teardown decides an array
         task's (after_step), then sealed, or queued again."""
         from launcher.archive import atomic
+        from launcher.run.rundir import RunDir
         from launcher.run.status import Status
-        from launcher.rundir import RunDir
         from launcher.runtime import after_step
         from launcher.runtime.seal import seal_if_due
 
@@ -276,7 +276,7 @@ class Runner:
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
-        from launcher.rundir import RunDir
+        from launcher.run.rundir import RunDir
 
         def on_term(signum: int, frame: Any) -> None:  # preempted, requeued or cancelled: start nothing more
             self.stopping = self.stopping or ("time_limit" if signum == signal.SIGUSR2 else "preempted")
@@ -341,8 +341,8 @@ class Runner:
         return (word.split()[0].rstrip("+").upper() if word else "") in STILL_RUNNING
 
     def _refuse(self, p: PackPoint) -> None:
+        from launcher.run.rundir import RunDir
         from launcher.run.status import Status
-        from launcher.rundir import RunDir
 
         RunDir(p.run_dir).finish_in_job(Status.failed, exit_code=1, error=(
             f"cluster.pack_nodes: the pack's nodes ({', '.join(f'{n.name}: {n.cpus} CPUs' for n in self.whole)}) "

@@ -29,8 +29,8 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.features.pbt import generations as pbt
 from launcher.run import checkpoint_manifest
+from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
-from launcher.rundir import RunDir, SweepDir
 
 VALUES = "pbt_values.json"  # the member's explored values now (laid over config.yaml at each attempt)
 LINEAGE = "lineage.jsonl"  # one row per exploit: whose checkpoint at which step, which values

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from launcher.archive import compare
 from launcher.config.errors import ConfigError, ConfigErrors
-from launcher.rundir import RunDir, SweepDir
+from launcher.run.rundir import RunDir, SweepDir
 
 
 def is_member(rd: RunDir) -> bool:

@@ -33,8 +33,8 @@ from launcher.config.compose import override_key
 from launcher.config.schema import CONFIG_NAME
 from launcher.features.preflight import ladder
 from launcher.run.outcome import settle
+from launcher.run.rundir import RunDir, now_iso
 from launcher.run.status import RunStatus, Status
-from launcher.rundir import RunDir, now_iso
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
 from launcher.submit.progress import cancel_run, wait_and_report
 

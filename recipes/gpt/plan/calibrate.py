@@ -41,7 +41,7 @@ from launcher.config import recipe_contract
 from launcher.config.errors import ConfigErrors
 from launcher.config.layout import Layout
 from launcher.config.schema import enum_value, typed
-from launcher.rundir import RunDir
+from launcher.run.rundir import RunDir
 from recipes.gpt.plan.estimate import estimate
 from recipes.gpt.plan.memory import stage_activation_bytes
 from recipes.gpt.plan.spec import Calibration, ClusterSpec, LayoutSpec
