@@ -23,8 +23,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from launcher import backends
 from launcher.features.asha import schedule as asha
+from launcher.features.paused import backend_of, pause_point, point_of
 from launcher.features.pbt import generations as pbt
 from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
@@ -70,7 +70,7 @@ def attach(rd: RunDir, attempt: int, job_id: Optional[str], rank: int, world: in
     _attached.clear()
     rule = rule_of(rd)
     if rule is not None:
-        me = _point(rd)  # resumed: its segment starts at the last rung it reported
+        me = point_of(rd)  # resumed: its segment starts at the last rung it reported
         last = max((int(r["step"]) for r in _sweep(rd).rung_rows() if r.get("kind") == "report"
                     and r.get("point") == me), default=0)
         _attached.update(rd=rd, rule=rule, attempt=attempt, job_id=job_id, rank=rank, world=world,
@@ -96,22 +96,14 @@ def at_step(step: int, value: Optional[float]) -> None:
         raise AtRung(verdict, int(step))
 
 
-def _point(rd: RunDir) -> int:
-    return int(rd.path.name)
-
-
 def _sweep(rd: RunDir) -> SweepDir:
     return SweepDir(rd.path.parent)
 
 
 def _state(sd: SweepDir) -> asha.State:
     runs = sd.runs()
-    ended = [_point(r) for r in runs if r.status().is_final]
-    return asha.state_from(sd.rung_rows(), [_point(r) for r in runs], ended)
-
-
-def _backend(rd: RunDir) -> Any:
-    return backends.get(rd.backend_name())
+    ended = [point_of(r) for r in runs if r.status().is_final]
+    return asha.state_from(sd.rung_rows(), [point_of(r) for r in runs], ended)
 
 
 def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Optional[int]) -> None:
@@ -129,7 +121,7 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
             rd.set_status(Status.requeued, stop={"reason": "promoted", "detail": f"promoted at rung {d.rung} "
                                                  f"(step {step})", "rank": None, "step": step})
             try:
-                _backend(rd).resume_paused(job_id)
+                backend_of(rd).resume_paused(job_id)
             except Exception as e:  # the point cannot go on: it ends, saying why
                 rd.finish_in_job(Status.failed, exit_code=1, error=f"promoted at rung {d.rung} but not resumed: "
                                  f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip())
@@ -140,7 +132,7 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
             job_id = rd.status().job_id
             rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": d.rung, "step": step})
             try:
-                backend = _backend(rd)
+                backend = backend_of(rd)
                 backend.drop_paused(job_id)
                 # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
                 backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
@@ -159,7 +151,7 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
 
         return population.report(rd, rule, step, value, attempt=attempt, seconds=seconds, from_step=from_step,
                                  world=world, job_id=job_id, startup_s=startup_s)
-    sd, me = _sweep(rd), _point(rd)
+    sd, me = _sweep(rd), point_of(rd)
     rung = rule.rungs.index(step)
     with sd.rungs_lock():
         sd.add_report(me, rung, step, value, attempt=attempt, seconds=seconds, startup_s=startup_s,
@@ -170,9 +162,7 @@ def report(rd: RunDir, rule: asha.Rule, step: int, value: Optional[float], *, at
         new = asha.decide_all(rule, state)
         mine = asha.verdict(rule, state, me, rung)
         if mine == "wait":
-            rd.set_status(Status.paused, stop={"reason": "rung", "detail": f"paused at rung {rung} (step {step})",
-                                               "rank": 0, "step": step})
-            _backend(rd).pause(job_id)
+            pause_point(rd, f"paused at rung {rung} (step {step})", step, job_id)
         elif mine == "pruned":
             rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": rung, "step": step})
         _carry_out(sd, rule, new, me)
@@ -212,7 +202,7 @@ def record_end(rd: RunDir, rule: asha.Rule, step: int, *, seconds: float, from_s
         return  # its report at that rung holds the segment
     sd = _sweep(rd)
     with sd.rungs_lock():
-        sd.add_rung_rows([{"kind": "end", "point": _point(rd), "step": step, "seconds": round(seconds, 3),
+        sd.add_rung_rows([{"kind": "end", "point": point_of(rd), "step": step, "seconds": round(seconds, 3),
                            "startup_s": round(startup_s, 3), "from_step": from_step, "world": world}])
 
 
@@ -228,4 +218,4 @@ def summary(sd: SweepDir) -> Optional[Dict[str, Any]]:
         from launcher.features.pbt import population
 
         return population.summary(sd, rule)
-    return asha.summary(sd.rung_rows(), rule, [_point(r) for r in runs])
+    return asha.summary(sd.rung_rows(), rule, [point_of(r) for r in runs])

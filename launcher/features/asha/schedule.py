@@ -40,11 +40,9 @@ class Rule:
         sweep = scheduled(cfg, "asha")
         if sweep is None:
             return None
-        mode = value_of(sweep, "mode") or "min"
         return cls(rungs=tuple(int(r) for r in (value_of(sweep, "rungs") or ())),
-                   reduction=int(value_of(sweep, "reduction") or 3), mode=str(getattr(mode, "value", mode)),
-                   asynchronous=bool(value_of(sweep, "asynchronous")),
-                   steps=int(value_of(value_of(cfg, "train") or {}, "steps") or 0))
+                   reduction=int(value_of(sweep, "reduction") or 3), mode=mode_of(sweep),
+                   asynchronous=bool(value_of(sweep, "asynchronous")), steps=steps_of(cfg))
 
     @property
     def pause_rungs(self) -> Tuple[int, ...]:
@@ -54,6 +52,17 @@ class Rule:
     def rung_at(self, step: int) -> Optional[int]:
         """The index of the rung at ``step`` (None: no rung there)."""
         return self.rungs.index(step) if step in self.rungs else None
+
+
+def mode_of(sweep: Any) -> str:
+    """sweep.mode of a scheduled sweep group ("min" or "max"; an enum read as its value)."""
+    mode = value_of(sweep, "mode") or "min"
+    return str(getattr(mode, "value", mode))
+
+
+def steps_of(cfg: RunConfig) -> int:
+    """train.steps of a run config (0: unset): a scheduler's boundary there is the end, not a pause."""
+    return int(value_of(value_of(cfg, "train") or {}, "steps") or 0)
 
 
 def scheduled(cfg: RunConfig, scheduler: str) -> Any:

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from launcher.features.asha.schedule import ranked, scheduled, value_of
+from launcher.features.asha.schedule import mode_of, ranked, scheduled, steps_of, value_of
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -45,14 +45,13 @@ class Rule:
         sweep = scheduled(cfg, "pbt")
         if sweep is None:
             return None
-        mode = value_of(sweep, "mode") or "min"
         seed = value_of(sweep, "seed")
         return cls(interval=int(value_of(sweep, "interval") or 0), quantile=float(value_of(sweep, "quantile") or 0.25),
                    explore=tuple(str(k) for k in (value_of(sweep, "explore") or ())),
                    factors=tuple(float(f) for f in (value_of(sweep, "factors") or (0.8, 1.25))),
-                   mode=str(getattr(mode, "value", mode)),
+                   mode=mode_of(sweep),
                    seed=int(seed if seed is not None else (value_of(cfg, "seed") or 0)),
-                   steps=int(value_of(value_of(cfg, "train") or {}, "steps") or 0),
+                   steps=steps_of(cfg),
                    replay=value_of(sweep, "replay") or None)
 
     @property

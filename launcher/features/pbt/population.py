@@ -25,8 +25,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from launcher import backends
 from launcher.archive import atomic
+from launcher.features.paused import backend_of, pause_point, point_of
 from launcher.features.pbt import generations as pbt
 from launcher.run import checkpoint_manifest
 from launcher.run.rundir import RunDir, SweepDir
@@ -35,14 +35,6 @@ from launcher.run.status import Status
 VALUES = "pbt_values.json"  # the member's explored values now (laid over config.yaml at each attempt)
 LINEAGE = "lineage.jsonl"  # one row per exploit: whose checkpoint at which step, which values
 STAGE = ".pbt_stage"  # a donor's checkpoint is copied here, verified, then moved into checkpoints/
-
-
-def _point(rd: RunDir) -> int:
-    return int(rd.path.name)
-
-
-def _backend(rd: RunDir) -> Any:
-    return backends.get(rd.backend_name())
 
 
 # ---- the member's values ---------------------------------------------------------------------------
@@ -132,7 +124,7 @@ def _complete(sd: SweepDir, rule: pbt.Rule, gen: int) -> Optional[Dict[int, Opti
     reports = {int(r["point"]): r.get("value") for r in rows if r.get("kind") == "report" and r.get("rung") == gen}
     values: Dict[int, Optional[float]] = {}
     for r in sd.runs():
-        p = _point(r)
+        p = point_of(r)
         if p in reports:
             values[p] = None if reports[p] is None else float(reports[p])
         elif r.status().is_final:
@@ -178,23 +170,21 @@ def _resume_paused(sd: SweepDir, gen: int, step: int) -> None:
         rd.set_status(Status.requeued, stop={"reason": "promoted", "detail": f"pbt generation {gen} (step {step})",
                                              "rank": None, "step": step})
         try:
-            _backend(rd).resume_paused(job_id)
+            backend_of(rd).resume_paused(job_id)
         except Exception as e:  # the member cannot go on: it ends, saying why
             rd.finish_in_job(Status.failed, exit_code=1, error=f"pbt generation {gen} decided but not resumed: "
                              f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip())
 
 
 def _pause(rd: RunDir, gen: int, step: int, job_id: Optional[str]) -> None:
-    rd.set_status(Status.paused, stop={"reason": "rung", "detail": f"paused at pbt generation {gen} (step {step})",
-                                       "rank": 0, "step": step})
-    _backend(rd).pause(job_id)
+    pause_point(rd, f"paused at pbt generation {gen} (step {step})", step, job_id)
 
 
 def report(rd: RunDir, rule: pbt.Rule, step: int, value: Optional[float], *, attempt: int, seconds: float,
            from_step: int, world: int, job_id: Optional[str], startup_s: float = 0.0) -> str:
     """Rank 0 of a member at a boundary (or at train.steps: "end"): its report recorded; "promoted" (go on
     in place) or "wait" (paused: the job ends; the generation's decision resumes it)."""
-    sd, me = SweepDir(rd.path.parent), _point(rd)
+    sd, me = SweepDir(rd.path.parent), point_of(rd)
     gen = rule.rungs.index(step)
     with sd.rungs_lock():
         sd.add_report(me, gen, step, value, attempt=attempt, seconds=seconds, startup_s=startup_s,
@@ -239,11 +229,11 @@ def summary(sd: SweepDir, rule: pbt.Rule) -> Dict[str, Any]:
 
     runs = sd.runs()
     rows = sd.rung_rows()
-    out = asha.summary(rows, rule, [_point(r) for r in runs])  # type: ignore[arg-type]
+    out = asha.summary(rows, rule, [point_of(r) for r in runs])  # type: ignore[arg-type]
     gens = pbt.generations(rows)
     final = {int(r["point"]): r.get("value") for r in rows
              if r.get("kind") == "report" and r.get("step") == rule.steps}
-    lineages = {_point(r): lineage(r) for r in runs}
+    lineages = {point_of(r): lineage(r) for r in runs}
     recorded = [{k: v for k, v in r.items() if k not in ("time", "kind")} for r in rows
                 if r.get("kind") == "generation"]
     out.update(scheduler="pbt", generations=recorded,

@@ -1,0 +1,25 @@
+"""A point of a scheduled sweep (sweep=asha, sweep=pbt) on the node, as both schedulers' node halves
+see it: its index, its backend, and its pause at a boundary (an ASHA rung, a PBT generation)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from launcher import backends
+from launcher.run.rundir import RunDir
+from launcher.run.status import Status
+
+
+def point_of(rd: RunDir) -> int:
+    """The point's index in its sweep (its run dir's name)."""
+    return int(rd.path.name)
+
+
+def backend_of(rd: RunDir) -> Any:
+    return backends.get(rd.backend_name())
+
+
+def pause_point(rd: RunDir, detail: str, step: int, job_id: Optional[str]) -> None:
+    """Rank 0 of a point at a scheduler's boundary (an ASHA rung, a PBT generation): the run recorded
+    ``paused`` (``detail``: where) and its job ended by the backend, kept to be resumed or dropped."""
+    rd.set_status(Status.paused, stop={"reason": "rung", "detail": detail, "rank": 0, "step": step})
+    backend_of(rd).pause(job_id)
