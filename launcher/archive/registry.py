@@ -18,7 +18,7 @@ import sqlite3
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from launcher import backends
 from launcher.archive import index
@@ -99,11 +99,12 @@ class Scan(NamedTuple):
     skipped: Dict[str, str]  # the run dirs that could not be read: why, by dir
 
 
-def read_dir(rdir: Path) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+def read_dir(rdir: Path,
+             config: Optional[Dict[str, Any]] = None) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """(its row, None) for a run dir; (None, why) for one that cannot be read; (None, None) for a dir
-    that is no run (any more)."""
+    that is no run (any more). ``config``: its config.yaml as already indexed (never changes: not read)."""
     try:
-        return row_from_dir(rdir), None
+        return row_from_dir(rdir, config), None
     except Unreadable as e:
         return None, str(e)
     except OSError as e:  # e.g. a symlink loop, a file made unreadable
@@ -191,7 +192,9 @@ def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str
     """Re-read unfinished runs from their dirs and ask their schedulers about them: (rows whose run
     dir changed, the scheduler's word by run id: job_state, job_ended). Writes no run dir."""
     live = [r for r in rows if r["status"] not in FINAL]
-    fresh = {r["dir"]: read_dir(Path(r["dir"]))[0] for r in live}  # a dir gone junk since: as indexed
+    # the records that change (run.json, status.json, job.json) re-read; config.yaml never changes once
+    # staged: the indexed copy serves (parsing it was most of a refresh). A dir gone junk since: as indexed
+    fresh = {r["dir"]: read_dir(Path(r["dir"]), r.get("config") or None)[0] for r in live}
     states = job_states(f["_job"] for f in fresh.values() if f and f["status"] not in FINAL)
     changed, words = [], {}
     for r in live:
@@ -206,28 +209,35 @@ def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str
     return changed, words
 
 
-def list_runs(root: Optional[Path] = None, refresh: bool = True) -> List[Dict[str, Any]]:
+# which of the indexed rows a command asks about (the rows as indexed, oldest first -> those it wants)
+Select = Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]
+
+
+def list_runs(root: Optional[Path] = None, refresh: bool = True,
+              select: Optional[Select] = None) -> List[Dict[str, Any]]:
     """Every run under root, oldest first, with current status (from the index; ``refresh``: the
-    unfinished runs re-read from their dirs, with their scheduler's word). Writes no run dir."""
+    unfinished runs re-read from their dirs, with their scheduler's word). ``select``: only the runs a
+    command asks about (a sweep, a run), chosen from the indexed rows before anything is refreshed, so
+    a command costs the runs it names, not the whole root. Writes no run dir."""
     root = Path(root) if root else default_root()
     if not root.is_dir():
         return []
     try:
         try:
-            out = _list(root, refresh)
+            out = _list(root, refresh, select)
         except sqlite3.OperationalError:
             raise
         except sqlite3.DatabaseError as e:
             _rebuild_unreadable(root, e)
-            out = _list(root, refresh)
+            out = _list(root, refresh, select)
     except (sqlite3.OperationalError, OSError) as e:  # listing needs no index: read the dirs, write nothing
         say(f"launcher: warning: {unwritable(root, e)}; listing the runs from their dirs")
-        out = _unindexed(root, refresh)
+        out = _unindexed(root, refresh, select)
     _name_shared_ids(out)
     return out
 
 
-def _list(root: Path, refresh: bool) -> List[Dict[str, Any]]:
+def _list(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Dict[str, Any]]:
     with closing(index.connect(root)) as conn:
         rows = index.rows(conn)
         old = index.skipped(conn)
@@ -242,20 +252,25 @@ def _list(root: Path, refresh: bool) -> List[Dict[str, Any]]:
             index.set_skipped(conn, found.skipped, gone=[d for d in old if d not in found.skipped])
             rows = index.rows(conn)
         name_skipped(found.skipped)
+        if select is not None:
+            rows = select(rows)
         words: Dict[str, Dict[str, Any]] = {}
         if refresh:
             changed, words = _refresh(rows)
             if changed:
                 index.upsert(conn, changed)
-                rows = index.rows(conn)
+                now = {r["dir"]: r for r in changed}
+                rows = [now.get(r["dir"], r) for r in rows]
     return [{**public(r), **words.get(r["dir"], {})} for r in rows]
 
 
-def _unindexed(root: Path, refresh: bool) -> List[Dict[str, Any]]:
+def _unindexed(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Dict[str, Any]]:
     """list_runs without the index: every run read from its dir (as the index would order them)."""
     found = scan(root)
     name_skipped(found.skipped)
     rows = sorted(found.rows, key=lambda r: (r["created_ts"], r["sweep_id"], r["idx"] if r["idx"] is not None else -1))
+    if select is not None:
+        rows = select(rows)
     words: Dict[str, Dict[str, Any]] = _refresh(rows)[1] if refresh else {}
     return [{**public(r), **words.get(r["dir"], {})} for r in rows]
 

@@ -41,8 +41,9 @@ def _root(args) -> Path:
 
 
 def _select(args, ident: str):
-    runs = registry.list_runs(_root(args))
-    chosen = [r for r in runs if ident in (r["run_id"], r["sweep_id"], r["dir"])]
+    # only the runs named are refreshed: a command costs what it is asked about, not the whole root
+    chosen = registry.list_runs(_root(args), select=lambda runs: [
+        r for r in runs if ident in (r["run_id"], r["sweep_id"], r["dir"])])
     if not chosen:
         sys.exit(f"launcher: no run or sweep {ident!r} under {_root(args)} (see `launcher runs`)")
     return chosen
@@ -70,10 +71,9 @@ def cmd_runs(args) -> int:
         except (sqlite3.OperationalError, OSError) as e:  # a full disk, a read-only archive: the old index stays
             print(f"launcher runs --reindex: {registry.unwritable(_root(args), e)}; nothing was changed",
                   file=sys.stderr)
-    runs = registry.list_runs(_root(args))
     where = _where(args.filters)
-    if args.sweep:
-        runs = [r for r in runs if r["sweep_id"] == args.sweep]
+    runs = registry.list_runs(_root(args), select=(lambda rows: [r for r in rows if r["sweep_id"] == args.sweep])
+                              if args.sweep else None)
     if args.status:
         runs = [r for r in runs if r["status"] == args.status]
     if args.tag:

@@ -39,7 +39,10 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
     first, settled: a run whose job ended without recording an outcome gets the one its scheduler
     state implies (launcher.run.outcome), so status, retry and results count it as ended; a final run
     whose seal is due is sealed once its job has ended."""
-    chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
+    def select(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:  # only these runs are refreshed
+        return _chosen(runs, root, ident)
+
+    chosen = registry.list_runs(root, refresh=refresh, select=select)
     # and a final run whose seal its job left due (one stat of its manifest): sealed once its job ended
     lost = [RunDir(r["dir"]) for r in chosen if (r.get("job_ended") and r["status"] not in FINAL)
             or (r["status"] in FINAL and RunDir(r["dir"]).seal_due())]
@@ -47,7 +50,7 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
         from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
         outcome.settle_all(lost)
-        chosen = _chosen(registry.list_runs(root, refresh=refresh), root, ident)
+        chosen = registry.list_runs(root, refresh=refresh, select=select)
     return chosen
 
 

@@ -54,3 +54,36 @@ def test_a_hydra_apps_return_value_is_indexed(tmp_path, capsys):
     registry.record(tmp_path, [rds[0].path])
     assert "older layout" in capsys.readouterr().err
     assert [r["return_value"] for r in registry.list_runs(tmp_path)] == [1.5, {"acc": 0.9}, None]
+
+
+def _pending_run(root, sweep, index):
+    from launcher.run.rundir import SweepDir
+
+    rd = SweepDir(root / sweep).run(index)
+    rd.write_config({"x": index})
+    rd.write_run({"run_id": f"{sweep}-{index}", "sweep_id": sweep, "index": index, "backend": "local"})
+    rd.set_status(Status.running)
+    return rd
+
+
+def test_a_command_refreshes_only_the_runs_it_names_and_never_parses_their_config(tmp_path, monkeypatch):
+    """`launcher status SMALL` beside a big sweep: only SMALL's unfinished runs are re-read (their records,
+    not config.yaml: the index holds it), and a change in one of them reaches the listing and the index."""
+    from launcher.archive import registry
+
+    big = [_pending_run(tmp_path, "BIG", i) for i in range(30)]
+    small = [_pending_run(tmp_path, "SMALL", i) for i in range(2)]
+    registry.record(tmp_path, [rd.path for rd in big + small])
+    small[1].finish(Status.completed, exit_code=0)
+    read, parsed = [], []
+    real_read = registry.read_dir
+    monkeypatch.setattr(registry, "read_dir", lambda d, config=None: read.append(str(d)) or real_read(d, config))
+    real_config = RunDir.config
+    monkeypatch.setattr(RunDir, "config", lambda self: parsed.append(str(self.path)) or real_config(self))
+
+    rows = registry.list_runs(tmp_path, select=lambda rows: [r for r in rows if r["sweep_id"] == "SMALL"])
+    assert [r["run_id"] for r in rows] == ["SMALL-0", "SMALL-1"]
+    assert sorted(read) == sorted(str(rd.path) for rd in small) and parsed == []
+    assert [r["status"] for r in rows] == ["running", "completed"]
+    # the change is indexed: a listing without a refresh sees it
+    assert {r["run_id"]: r["status"] for r in registry.list_runs(tmp_path, refresh=False)}["SMALL-1"] == "completed"
