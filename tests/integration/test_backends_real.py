@@ -50,3 +50,30 @@ def test_a_job_requeued_held_then_cancelled_has_ended(slurm, tmp_path):
         assert time.time() < deadline, f"job {jid} never reported ended: {state}"
         time.sleep(1.0)
     assert state.status is Status.cancelled, state
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_a_held_array_cancelled_from_outside_settles_every_point_cancelled(slurm, runs_root):
+    """An array none of whose tasks started is one compressed record for sacct and squeue (A_[0-2]): an
+    scancel from outside (an admin's, a dependency never met) must still settle and seal each point."""
+    import json
+
+    from helpers import BIN, launch, run_cmd
+
+    env = dict(os.environ, **slurm)
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "model=gpt_tiny", "train.steps=2",
+                  "+cluster.sbatch_extra.hold=true", "seed=1,2,3"], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = json.loads(run_cmd([str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)], runs_root,
+                              timeout=120, extra_env=slurm).stdout)
+    (array,) = {r["job_id"].partition("_")[0] for r in runs}
+    assert len(runs) == 3 and all(r["status"] == "pending" for r in runs), runs
+    subprocess.run(["scancel", array], env=env, check=True, timeout=60)
+    status = run_cmd([str(BIN / "launcher"), "status", runs[0]["sweep_id"], "--json", "--root", str(runs_root)],
+                     runs_root, timeout=120, extra_env=slurm)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["counts"] == {"cancelled": 3}, status.stdout
+    from launcher.run.rundir import RunDir
+
+    assert all(RunDir(r["dir"]).verify() == [] for r in runs)  # sealed, every file as recorded

@@ -82,6 +82,16 @@ def test_state_lines_parse_with_the_last_word_of_an_id_winning():
     assert out["12_1"].ended and out["12_1"].raw == "CANCELLED by 0" and out["13"].status.value == "timeout"
 
 
+def test_an_array_task_that_never_started_takes_its_compressed_records_state():
+    """sacct and squeue keep one record of an array's tasks that never started (``A_[...]``): a task asked
+    for by its own id takes that record's state, so a pending array cancelled outside the product settles."""
+    packed = slurm.parse_states("7_[2-4,9%2]|CANCELLED by 0\n7_0|COMPLETED\n8_[0-1]|PENDING\n")
+    out = slurm.with_array_tasks(packed, ["7_3", "7_9", "7_5", "8_1", "9_0", "7_0"])
+    assert out["7_3"].status.value == "cancelled" and out["7_3"].ended and out["7_9"].ended
+    assert "7_5" not in out and "9_0" not in out  # outside the brackets, or no record: unknown
+    assert out["8_1"].status.value == "pending" and out["7_0"].status.value == "completed"
+
+
 def test_log_paths_are_submitits(tmp_path):
     job = JobRecord(backend="slurm", job_id="12_3", submitit_folder=str(tmp_path))
     assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"

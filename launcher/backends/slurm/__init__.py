@@ -67,6 +67,7 @@ from launcher.backends.slurm.text import (
     state_of,
     submit_environment,
     unshared_runs_root,
+    with_array_tasks,
 )
 from launcher.sweeps import ArrayLimits
 
@@ -79,7 +80,7 @@ __all__ = [
     "associations_from_sacctmgr", "capacity_problems", "cluster_nodes", "code_lines", "cpu_lines",
     "cpus_per_node", "enforces_limits", "env_lines", "fs_type", "gres_gpus", "hostnames", "job_ending_of",
     "job_scope", "limits", "limits_from_config", "max_submit_from_sacctmgr", "node_states_from_sinfo",
-    "nodes_from_sinfo", "own_addresses", "parse_states", "partition_qos_from_scontrol",
+    "nodes_from_sinfo", "own_addresses", "parse_states", "with_array_tasks", "partition_qos_from_scontrol",
     "qos_limits_from_sacctmgr", "qos_of", "queued_from_squeue", "requeue_lines", "run", "seal_job_command",
     "setup_lines", "state_of", "submit_bounds", "submit_environment", "unshared_runs_root"
 ]

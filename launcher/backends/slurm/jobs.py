@@ -27,6 +27,7 @@ from launcher.backends.slurm.text import (
     parse_states,
     seal_job_command,
     submit_environment,
+    with_array_tasks,
 )
 from launcher.features.elastic import resize as elastic
 from launcher.run.job_record import JobRecord
@@ -48,7 +49,17 @@ class SlurmJobs:
         if ask:
             live = parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)]))
             out.update({i: st for i, st in live.items() if i in ask})
-        return out
+        # an array whose tasks never started is one compressed record (A_[0-999%4]): each task takes its
+        # state, so runs cancelled, or purged, while pending settle instead of staying pending for ever
+        missing = [i for i in ids if i not in out and "_" in i]
+        if missing:
+            arrays = sorted({i.partition("_")[0] for i in missing})
+            packed = parse_states(limits.run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j",
+                                              ",".join(arrays)]))
+            packed.update(parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j",
+                                                   ",".join(arrays)])))
+            out = with_array_tasks({**packed, **out}, missing)
+        return {i: out[i] for i in ids if i in out}
 
     def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
         """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing

@@ -49,6 +49,38 @@ def parse_states(text: str) -> Dict[str, JobState]:
     return out
 
 
+def _tasks_of(spec: str) -> Optional[set]:
+    """The task indices of a compressed array record's brackets (``0-5,7,9-11%4`` -> {0..5, 7, 9, 10, 11});
+    None where it is not such a list."""
+    tasks: set = set()
+    for part in spec.partition("%")[0].split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            return None
+        tasks.update(range(int(lo), int(hi if dash else lo) + 1))
+    return tasks
+
+
+def with_array_tasks(states: Dict[str, JobState], ids: Iterable[str]) -> Dict[str, JobState]:
+    """``states`` plus, for each asked array task ``A_T`` the answer left out, the state of the compressed
+    record ``A_[...]`` that holds T: the only record sacct and squeue keep of an array's tasks that never
+    started (pending, or cancelled, or purged while pending)."""
+    out = dict(states)
+    packed = {}
+    for jid, st in states.items():
+        array, sep, rest = jid.partition("_[")
+        tasks = _tasks_of(rest.rstrip("]")) if sep and rest.endswith("]") else None
+        if tasks is not None:
+            packed.setdefault(array, []).append((tasks, st))
+    for i in ids:
+        array, sep, task = i.partition("_")
+        if i not in out and sep and task.isdigit():
+            for tasks, st in packed.get(array, []):
+                if int(task) in tasks:
+                    out[i] = st
+    return out
+
+
 def env_lines(env: Dict[str, Any]) -> List[str]:
     """`export K=V` lines, every value quoted so `;`, `$()` and spaces stay text. Secret-named
     variables are left out: they reach the job through the submitting environment instead."""
