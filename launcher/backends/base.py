@@ -330,6 +330,12 @@ class Backend(NodeSide):
     def cancel(self, job: JobRecord) -> None:
         raise NotImplementedError
 
+    def cancel_all(self, jobs: List[JobRecord]) -> None:
+        """Cancel these jobs (a sweep's), each ended when this returns; a scheduler that can cancel many
+        at once overrides it. Default: one at a time."""
+        for job in jobs:
+            self.cancel(job)
+
     # ---- sweep=asha (launcher.features.asha.rungs): a point paused at a rung, then resumed or dropped ----
     # whether ``pause`` ends the job (its slot freed: Slurm); else a paused process may wait in place
     pause_ends_job: bool = False

@@ -140,12 +140,10 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from launcher.submit.progress import cancel_run  # lazy: only this subcommand pays for it, not `launcher --help`
+    from launcher.submit.progress import cancel_runs  # lazy: only this subcommand pays for it, not `launcher --help`
 
-    n = 0
-    for run in _select(args, args.target):
-        if run["status"] not in FINAL and cancel_run(RunDir(run["dir"]), "cancelled by user"):
-            n += 1
+    n = cancel_runs([RunDir(r["dir"]) for r in _select(args, args.target) if r["status"] not in FINAL],
+                    "cancelled by user")
     print(f"cancelled {n} run(s)")
     return 0
 

@@ -77,3 +77,43 @@ def test_a_held_array_cancelled_from_outside_settles_every_point_cancelled(slurm
     from launcher.run.rundir import RunDir
 
     assert all(RunDir(r["dir"]).verify() == [] for r in runs)  # sealed, every file as recorded
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(240)
+def test_cancelling_a_held_sweep_is_one_scancel_and_every_point_sealed(slurm, runs_root, monkeypatch):
+    """`launcher cancel SWEEP` (progress.cancel_runs): every outcome recorded, ONE scancel for all the
+    sweep's jobs, one state query a second until they ended, then every run sealed."""
+    import json
+
+    from helpers import BIN, launch, run_cmd
+    from launcher.backends.slurm import jobs as slurm_jobs
+    from launcher.run.rundir import RunDir
+    from launcher.submit.progress import cancel_runs
+
+    res = launch(["-m", "cluster=local_slurm", "cluster.nodes=1", "model=gpt_tiny", "train.steps=2",
+                  "+cluster.sbatch_extra.hold=true", "seed=range(1,21)"], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = json.loads(run_cmd([str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)], runs_root,
+                              timeout=120, extra_env=slurm).stdout)
+    assert len(runs) == 20 and all(r["status"] == "pending" for r in runs), runs
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    scancels = []
+    real_run = slurm_jobs.subprocess.run
+
+    def counted(argv, *a, **kw):
+        if argv and argv[0] == "scancel":
+            scancels.append(list(argv))
+        return real_run(argv, *a, **kw)
+
+    monkeypatch.setattr(slurm_jobs.subprocess, "run", counted)
+    assert cancel_runs([RunDir(r["dir"]) for r in runs], "cancelled by user") == 20
+    assert len(scancels) == 1 and len(scancels[0]) == 21, scancels  # scancel and the 20 task ids
+    for r in runs:
+        rd = RunDir(r["dir"])
+        assert rd.status().state == "cancelled" and rd.verify() == [], r["dir"]
+    (array,) = {r["job_id"].partition("_")[0] for r in runs}
+    out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", array], env=dict(os.environ, **slurm), capture_output=True,
+                         text=True, timeout=60).stdout  # this sweep's jobs only: other drills share the cluster
+    assert not out.strip(), out
