@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import sys
+from typing import Optional
 
 import hydra
 from hydra._internal import defaults_list
@@ -277,6 +278,36 @@ def _run(cfg: DictConfig) -> None:
                          choices=OmegaConf.to_container(hc.runtime.choices))])
 
 
+def grid_too_large(args) -> Optional[ConfigError]:
+    """A multirun whose grid (the basic sweeper's: every combination of the swept values) holds more
+    points than submit.max_points, counted from the command line alone: refused in a second, before
+    Hydra composes a point (a million points would compose for minutes and hold gigabytes). None: not a
+    grid, within the maximum, or a size only a sweeper knows (interval, glob: checked as points)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        ns, _ = get_args_parser().parse_known_args(list(args))
+    except SystemExit:
+        return None
+    overrides = [str(o) for o in ns.overrides or []]
+    if not ns.multirun or any(o.lstrip("+~").split("=", 1)[0] == "hydra/sweeper" for o in overrides):
+        return None  # one run, or a sweeper that sizes its own trials (Optuna: n_trials)
+    from launcher.config.compose import grid_points  # lazy: `launch --help` never loads the composer
+    from launcher.config.schema import SubmitConfig
+
+    limit = SubmitConfig.__dataclass_fields__["max_points"].default
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == "submit.max_points" and value.strip().isdigit():
+            limit = int(value.strip())
+    n = grid_points(overrides)
+    if n is None or n <= limit:
+        return None
+    return ConfigError("submit.max_points", f"this sweep's grid holds {n:,} points, more than submit.max_points="
+                       f"{limit:,}; nothing was composed or submitted",
+                       f"launch fewer points (or the sweep in parts), or raise submit.max_points={n} knowingly")
+
+
 def mode_from_command_line(self, config_name, overrides):
     """``Hydra.get_mode`` for `launch`: Hydra composes the whole config once only to read ``hydra.mode``,
     then again to run (~0.4 s of a launch's ~1.3 s). launch's conf/ never sets it: the mode is the command
@@ -307,6 +338,9 @@ def main() -> None:
     if added:
         print(f"launch: {added} added: the model option is a module, trained by that recipe (docs/models.md)",
               file=sys.stderr)
+    too_large = grid_too_large(sys.argv[1:])
+    if too_large is not None:
+        exit_refused(too_large)
     try:
         with hydra_scrubbed(sys.argv[1:]):  # whatever Hydra prints (its errors, --cfg) holds no secret
             _run()

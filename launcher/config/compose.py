@@ -16,11 +16,13 @@ Nothing here knows the project's configs: `launch -m` and the launcher for any H
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 import re
 import sys
 import time
 from enum import Enum
+from typing import List, Optional
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -29,6 +31,30 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import OmegaConf, ValueNode, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+
+
+def grid_points(overrides: List[str]) -> Optional[int]:
+    """How many points the basic sweeper's grid of these overrides holds, counted from the grammar (a comma
+    list, choice, range) without composing one; None where a sweep's size is not the grammar's (interval:
+    a sweeper's search space; glob: the options on the search path) or the overrides do not parse."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # noqa: BLE001 - Hydra itself reports a bad override, with its own message
+        return None
+    n = 1
+    for o in parsed:
+        if not o.is_sweep_override() or o.is_hydra_override():
+            continue
+        v = o.value()
+        if isinstance(v, ChoiceSweep):
+            n *= len(v.list)
+        elif isinstance(v, RangeSweep) and v.step:
+            n *= max(0, math.ceil(round((v.stop - v.start) / v.step, 9)))
+        else:
+            return None
+    return n
 
 
 def override_lines(overrides) -> list:

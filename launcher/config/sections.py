@@ -316,6 +316,9 @@ class SubmitConfig:
     # what a sweeper that needs results (Optuna, ...) gets back from each run: a key of the run's
     # summary (final_loss, mean_tokens_per_s, ...)
     objective: str = "final_loss"
+    # the most points one launch sweeps: a larger grid is refused from its overrides alone, in a second,
+    # before a point is composed (a typo such as range(0,1000000) would otherwise compose for minutes)
+    max_points: int = num(100_000, ge=1, fix="launch fewer points, or raise submit.max_points knowingly")
 
 
 class SweepScheduler(str, Enum):

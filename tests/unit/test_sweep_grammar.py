@@ -63,3 +63,29 @@ def test_optuna_choice_points_compose():
 # ---- through `launch`, as a user types it -----------------------------------------------------
 
 
+
+
+@pytest.mark.parametrize("overrides,points", [
+    (["seed=1,2,3", "optim.lr=choice(1e-3,3e-3)"], 6),
+    (["seed=range(0,1000)", "train.steps=range(10,40,10)"], 3000),
+    (["optim.lr=range(0,1,0.1)"], 10),  # a float range: counted as Hydra expands it
+    (["seed=1,2", "hydra.sweep.dir=x,y", "zero=0"], 2),  # hydra's own keys are no points
+    (["optim.lr=interval(0,1)"], None),  # a sweeper's search space: no grid
+    (["zero=glob(*)"], None),  # the options on the search path: counted as points, once composed
+])
+def test_a_grid_is_counted_from_its_overrides_alone(overrides, points):
+    from launcher.config.compose import grid_points
+
+    assert grid_points(overrides) == points
+
+
+def test_a_grid_past_submit_max_points_is_refused_naming_the_key():
+    from launcher.app import grid_too_large
+
+    err = grid_too_large(["-m", "seed=range(0,1000)", "optim.lr=range(0,1000)"])
+    assert err is not None and err.key == "submit.max_points" and "1,000,000 points" in err.problem
+    assert "submit.max_points=1000000" in err.fix
+    assert grid_too_large(["-m", "seed=range(0,1000)", "optim.lr=range(0,1000)", "submit.max_points=1000000"]) is None
+    assert grid_too_large(["seed=1"]) is None and grid_too_large(["-m", "seed=1,2"]) is None
+    # a sweeper that sizes its own trials (Optuna's n_trials) is not a grid
+    assert grid_too_large(["-m", "hydra/sweeper=optuna", "seed=range(0,1000)", "optim.lr=range(0,1000)"]) is None
