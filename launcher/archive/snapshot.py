@@ -26,7 +26,9 @@ stray write (a file next to ``__file__``, a bytecode cache) fails instead of bre
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
+import hmac
 import importlib.util
 import os
 import py_compile
@@ -285,12 +287,48 @@ def bytecode_cache() -> Optional[Path]:
     return base / "bytecode" / sys.implementation.cache_tag
 
 
+@functools.lru_cache(maxsize=1)
+def cache_secret() -> Optional[bytes]:
+    """The secret that signs this user's bytecode-cache entries: made once (32 random bytes, mode 0600) in
+    the user's config dir, never in the cache, so an entry planted in a cache a team shares, or tampered
+    with, carries no valid signature and is compiled again. None (no cache used) where it cannot be kept
+    private."""
+    path = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "launcher" / "bytecode.key"
+    for _ in range(2):
+        try:
+            st = path.stat()
+            data = path.read_bytes()
+            return data if len(data) >= 32 and not st.st_mode & 0o077 and st.st_uid == os.getuid() else None
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another launch made it first: read that one
+            continue
+        except OSError:
+            return None
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    return None
+
+
+def _signature(secret: bytes, key: str, pyc: bytes) -> str:
+    """A cache entry's signature: the source's digest (its name) and the compiled bytes, under the secret."""
+    return hmac.new(secret, key.encode() + b"\0" + pyc, hashlib.sha256).hexdigest()
+
+
 def compile_tree(tmp: Path, dest: Path) -> int:
     """Compile every .py under ``tmp`` (to be moved to ``dest``) into its __pycache__ as an unchecked-hash
     pyc: the snapshot is read-only, so its sources never change under their bytecode. A pyc depends only on
     the source bytes (the import fixes its file name to where it is loaded from), so it is taken from the
-    content-addressed cache when there. Returns the number compiled anew."""
-    cache = bytecode_cache()
+    content-addressed cache when there and signed by this user's secret (``cache_secret``: an entry the
+    launcher did not write, or changed since, is never copied into a snapshot). Returns the number
+    compiled anew."""
+    secret = cache_secret()
+    cache = bytecode_cache() if secret is not None else None
     fresh = 0
     for py in sorted(tmp.rglob("*.py")):
         rel = py.relative_to(tmp)
@@ -298,10 +336,15 @@ def compile_tree(tmp: Path, dest: Path) -> int:
         data = py.read_bytes()
         key = hashlib.sha256(data).hexdigest()
         cached = cache / key[:2] / f"{key}.pyc" if cache is not None else None
-        if cached is not None and cached.is_file():
-            pyc.parent.mkdir(exist_ok=True)
-            shutil.copyfile(cached, pyc)
-            continue
+        if cached is not None and secret is not None and cached.is_file():
+            try:
+                blob, sig = cached.read_bytes(), cached.with_name(cached.name + ".sig").read_text().strip()
+            except OSError:
+                blob, sig = b"", ""
+            if hmac.compare_digest(sig, _signature(secret, key, blob)):
+                pyc.parent.mkdir(exist_ok=True)
+                pyc.write_bytes(blob)
+                continue
         try:
             py_compile.compile(str(py), cfile=str(pyc), dfile=str(dest / rel), doraise=True,
                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
@@ -314,6 +357,9 @@ def compile_tree(tmp: Path, dest: Path) -> int:
                 part = cached.with_name(f"{cached.name}.{os.getpid()}.part")
                 shutil.copyfile(pyc, part)
                 os.replace(part, cached)
+                sig_part = cached.with_name(f"{cached.name}.sig.{os.getpid()}.part")
+                sig_part.write_text(_signature(secret, key, pyc.read_bytes()) + "\n")
+                os.replace(sig_part, cached.with_name(cached.name + ".sig"))
             except OSError:
                 pass  # a cache that cannot be written only costs the compile
     return fresh

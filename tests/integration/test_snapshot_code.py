@@ -96,3 +96,49 @@ def test_in_a_git_repo_untracked_hydra_outputs_stay_out(tmp_path):
     info = snapshot.take(app, tmp_path / "s" / "code", known={})
     assert info["files"] == 1 and (tmp_path / "s" / "code" / "app.py").is_file()
     assert info["git"]["repo"] == str(app.resolve())
+
+
+def test_a_planted_bytecode_cache_entry_never_reaches_a_snapshot(tmp_path, monkeypatch):
+    """A .pyc put in the bytecode cache under a clean source's digest (a team-shared cache, or a tampered
+    one) carries no signature of this user's secret: the snapshot compiles that source again, and a
+    signed entry (the launcher's own) is reused."""
+    import hashlib
+    import importlib.util
+    import py_compile
+    import sys
+
+    monkeypatch.setenv("LAUNCHER_BYTECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    snapshot.cache_secret.cache_clear()
+    source = b"VALUE = 1\n"
+    key = hashlib.sha256(source).hexdigest()
+    evil = tmp_path / "evil" / "mod.py"
+    evil.parent.mkdir()
+    evil.write_bytes(source + b"open(__file__ + '.PWNED', 'w')\n")
+    planted = snapshot.bytecode_cache() / key[:2] / f"{key}.pyc"
+    planted.parent.mkdir(parents=True)
+    py_compile.compile(str(evil), cfile=str(planted), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+
+    def snap(name: str) -> bytes:
+        tree = tmp_path / name
+        tree.mkdir()
+        (tree / "mod.py").write_bytes(source)
+        snapshot.compile_tree(tree, tree)
+        return Path(importlib.util.cache_from_source(str(tree / "mod.py"))).read_bytes()
+
+    first = snap("first")
+    assert b"PWNED" not in first  # compiled from its own source, the planted entry ignored
+    # the entry the launcher wrote over it is its compilation, signed, and reused by the next snapshot
+    assert planted.read_bytes() == first and (planted.parent / f"{key}.pyc.sig").is_file()
+    assert snap("second") == first
+    assert snapshot.compile_tree(*(2 * [tmp_path / "second"])) == 0  # nothing compiled anew: the cache served
+    assert (tmp_path / "config" / "launcher" / "bytecode.key").stat().st_mode & 0o777 == 0o600
+    # and the snapshot's module is the clean one when imported
+    sys.path.insert(0, str(tmp_path / "second"))
+    try:
+        import mod  # noqa: F401
+
+        assert mod.VALUE == 1 and not Path(str(tmp_path / "second" / "mod.py") + ".PWNED").exists()
+    finally:
+        sys.path.remove(str(tmp_path / "second"))
+        sys.modules.pop("mod", None)
