@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sqlite3
 import sys
@@ -32,6 +33,7 @@ from launcher import backends
 from launcher.archive import registry
 from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 from launcher.printable import printable
+from launcher.run.io import open_regular
 from launcher.run.rundir import RunDir, Unreadable
 from launcher.run.status import FINAL, STATUSES
 
@@ -133,9 +135,16 @@ def cmd_logs(args) -> int:
     path = backends.get(job.backend).log_path(job, args.rank, err=args.err)
     if not path.exists():
         sys.exit(f"launcher: no log yet at {path} (rank {args.rank} has not started?)")
-    text = path.read_text(errors="replace")
-    # to a terminal, a rank's ESC/OSC sequences are shown, not obeyed (\r kept: progress bars)
-    sys.stdout.write(printable(text, keep="\n\t\r") if sys.stdout.isatty() else text)
+    try:
+        f = open_regular(path)  # a log linked to /dev/zero, or a FIFO, is refused, never read
+    except (OSError, Unreadable) as e:
+        sys.exit(f"launcher: {path}: {e}")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split between chunks kept
+    with f:  # streamed in chunks: a log of any size in constant memory
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            text = decoder.decode(chunk)
+            # to a terminal, a rank's ESC/OSC sequences are shown, not obeyed (\r kept: progress bars)
+            sys.stdout.write(printable(text, keep="\n\t\r") if sys.stdout.isatty() else text)
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
 from launcher.doctor.failure_text import HANG_MESSAGE
+from launcher.run.io import Unreadable, read_tail
 from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus, Status
 
@@ -57,13 +58,10 @@ LOG_TAIL = 64 * 1024  # bytes of each log read from its end
 
 
 def _tail(path: Path, limit: int = LOG_TAIL) -> str:
+    """The end of a log (a FIFO, a device or a socket in its place is never opened for reading: none)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
+        return read_tail(path, limit).decode("utf-8", errors="replace")
+    except (OSError, Unreadable):
         return ""
 
 
@@ -103,8 +101,10 @@ def _errors(rd: Any) -> Tuple[Dict[int, str], List[int]]:
     for name in rd.failed_ranks():
         r = _rank_of(name)
         p = rd.rank_error_path(r)  # (an older launcher's in ranks/ too)
+        if not p.is_file():  # absent, or no file (a FIFO is never read)
+            continue
         try:
-            texts[r] = p.read_text(errors="replace")
+            texts[r] = _tail(p, 256 * 1024)
             mtimes[r] = p.stat().st_mtime
         except OSError:
             continue

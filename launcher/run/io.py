@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import secrets
+import stat
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -63,14 +65,61 @@ class Unreadable(ValueError):
         self.path = path
 
 
+RECORD_MAX = 16 << 20  # bytes: a record (run.json, status.json, config.yaml, ...) larger is none of ours
+ROWS_MAX = 512 << 20  # bytes: a JSON-lines record (metrics.jsonl, restarts.jsonl) of the longest runs
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a file")
+
+
+def open_regular(path: Path):
+    """``path`` opened for reading (binary), only where it is a regular file: a FIFO, a device or a socket
+    (a FIFO as metrics.jsonl, a log linked to /dev/zero) is refused with Unreadable naming it, before a byte
+    is read (opened without blocking, checked with fstat). FileNotFoundError where there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise Unreadable(f"{path.name} cannot be read ({e.strerror or e})", path) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Unreadable(f"{path.name} is {_kind(mode)}, not a file: not read", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: Path, limit: int = RECORD_MAX) -> bytes:
+    """The bytes of the regular file ``path`` (open_regular), refused with Unreadable where it holds more
+    than ``limit`` (a sparse 1 GB status.json is never read into memory)."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise Unreadable(f"{path.name} holds {size:,} bytes, more than such a record holds ({limit:,}): "
+                             "not read", path)
+        return f.read(limit)
+
+
+def read_tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of the regular file ``path`` (a log: its end says why it ended)."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit))
+        return f.read(limit)
+
+
 def read_record(path: Path) -> Optional[Dict[str, Any]]:
     """The JSON object ``path`` holds (None: no such file); Unreadable for anything else."""
     try:
-        data = path.read_bytes()
+        data = read_bounded(path)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise Unreadable(f"{path.name} cannot be read ({e.strerror or e})", path) from None
     try:
         found = json.loads(data)
     except ValueError:  # not JSON, or not UTF-8 text at all
@@ -85,7 +134,7 @@ def read_yaml_mapping(path: Path) -> Dict[str, Any]:
     """The YAML mapping ``path`` holds ({} for an empty file); FileNotFoundError where there is none,
     Unreadable for anything else."""
     try:
-        text = path.read_text()
+        text = read_bounded(path).decode()
     except UnicodeDecodeError:
         raise Unreadable(f"{path.name} is not text", path) from None
     try:
@@ -102,9 +151,15 @@ def read_yaml_mapping(path: Path) -> Dict[str, Any]:
 
 def read_object_lines(path: Path) -> List[Dict[str, Any]]:
     """The JSON objects of a JSON-lines file, one a line; lines that are not one (junk, a line being
-    written) are skipped."""
+    written) are skipped. A file that is no regular file, or too large, is named on stderr and read as
+    empty: the commands that show a run go on without it."""
+    try:
+        data = read_bounded(path, ROWS_MAX)
+    except Unreadable as e:
+        print(f"launcher: warning: {path}: {e}", file=sys.stderr)
+        return []
     rows = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in data.decode(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:

@@ -14,11 +14,13 @@ from launcher.run.io import (
     read_object_lines,
     read_points,
     read_record,
+    read_tail,
     read_yaml_mapping,
 )
 from launcher.run.job_record import JobRecord
 from launcher.run.status import RunStatus
 
+ERROR_TAIL = 256 * 1024  # bytes of a rank's recorded error read (its end)
 
 class Reads:
     """Readers of a run dir's records (a mixin of RunDir)."""
@@ -236,8 +238,13 @@ class Reads:
 
     def rank_errors(self) -> Dict[int, str]:
         """Each failed rank's recorded error text, by rank (an older launcher's in ranks/ too)."""
-        return {int(p.name.split(".")[0].split("_")[-1]): p.read_text(errors="replace")
-                for p in self._glob(self.OLD_RANK_ERROR, r="*") + self._glob(self.RANK_ERROR, r="*")}
+        out = {}
+        for p in self._glob(self.OLD_RANK_ERROR, r="*") + self._glob(self.RANK_ERROR, r="*"):
+            try:  # its end: a traceback ends with what was raised
+                out[int(p.name.split(".")[0].split("_")[-1])] = read_tail(p, ERROR_TAIL).decode(errors="replace")
+            except (OSError, Unreadable):
+                continue
+        return out
 
     def metrics(self) -> List[Dict[str, Any]]:
         if not self.metrics_path.exists():
