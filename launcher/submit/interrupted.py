@@ -173,7 +173,7 @@ def repair_sweep(sd: SweepDir, alive: Callable[[int], bool] = pid_alive, now: Op
             end(sd.path)
         return f"sweep {sd.sweep_id}: removed {len(staged)} staged run(s) of an interrupted launch (nothing was queued)"
     for job_id in plan.cancel_jobs:
-        backend.cancel(JobRecord(backend=name, job_id=job_id))
+        backend.cancel(JobRecord(backend=name, job_id=job_id, submitit_folder=str(sd.submitit_folder)))
     for i, why in plan.cancelled.items():
         RunDir(sd.path / f".{i}.partial").finish(Status.cancelled, seal=False, exit_code=None, error=why)
     published = [sd.publish(i) for i in sorted(staged)]

@@ -1,6 +1,7 @@
 """Waiting on submitted runs: a live progress view, then a one-line outcome per run."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List
@@ -170,25 +171,29 @@ def _cancel_after_timeout(runs, timeout_s: int, grace_s: float = 60.0) -> None:
 
 
 def cancel_run(rd: Any, error: str) -> bool:
-    """Record ``error`` as the run's outcome (unless it has one; a rank that notices the cancel
-    cannot record anything else), stop its job, wait for its ranks on this host, seal. True when
-    this call recorded the outcome."""
-    recorded = rd.finish(Status.cancelled, seal=False, exit_code=None, error=error)
-    job = rd.job()
-    if job is not None and job.job_id:
-        backends.get(job.backend).cancel(job)
-    wait_for_local_ranks(rd)
-    rd.seal()
-    return recorded
+    """``cancel_runs`` of one run: True when this call recorded its outcome."""
+    return cancel_runs([rd], error) == 1
 
 
 def cancel_runs(rds: List[Any], error: str) -> int:
-    """``cancel_run`` for many runs (a sweep's) at once: every outcome recorded first, then each backend
-    cancels all its jobs together (one scancel, one state query a second), then every run's ranks on
-    this host waited for and the runs sealed side by side. The number of outcomes this call recorded."""
+    """Cancel runs (a sweep's, or one): every outcome recorded first (a rank that notices the cancel then
+    records nothing else), then each backend cancels all its jobs together (Slurm: one scancel, one state
+    query a second), then every run's ranks on this host waited for and the runs sealed side by side.
+    A record that cannot be written (a full disk) never stops the cancel: the jobs are cancelled all the
+    same, and what could not be recorded is said on stderr (the next command settles it from the
+    scheduler's word, launcher.run.outcome). The number of outcomes this call recorded."""
     from concurrent.futures import ThreadPoolExecutor
 
-    recorded = sum(bool(rd.finish(Status.cancelled, seal=False, exit_code=None, error=error)) for rd in rds)
+    unrecorded: List[str] = []
+
+    def record(rd: Any) -> bool:
+        try:
+            return bool(rd.finish(Status.cancelled, seal=False, exit_code=None, error=error))
+        except OSError as e:
+            unrecorded.append(f"{rd.path}: its outcome could not be recorded ({e.strerror or e})")
+            return False
+
+    recorded = sum(record(rd) for rd in rds)
     by_backend: Dict[str, List[Any]] = {}
     for rd in rds:
         job = rd.job()
@@ -199,10 +204,16 @@ def cancel_runs(rds: List[Any], error: str) -> int:
 
     def settle(rd: Any) -> None:
         wait_for_local_ranks(rd)
-        rd.seal()
+        try:
+            rd.seal()
+        except OSError as e:
+            unrecorded.append(f"{rd.path}: not sealed ({e.strerror or e})")
 
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(rds)))) as pool:  # sealing hashes files: I/O bound
         list(pool.map(settle, rds))
+    for line in unrecorded:
+        print(f"launcher: warning: {line}; its job was cancelled, the next `launcher status` settles it",
+              file=sys.stderr)
     return recorded
 
 

@@ -216,8 +216,9 @@ class SubmissionRefused(RuntimeError):
 def _cancel_queued(queued: Sequence[Array[Run]], job_ids: List[str], why: Exception, known: Dict[str, str]) -> str:
     """Cancel the arrays a refused launch had queued, their runs recorded cancelled; what was done."""
     backend = backends.of(queued[0].points[0].cfg)
+    folder = str(queued[0].points[0].folder)  # the arrays' own batch scripts: the backend checks they are ours
     for job_id in job_ids:
-        backend.cancel(JobRecord(backend=backend.name, job_id=job_id))
+        backend.cancel(JobRecord(backend=backend.name, job_id=job_id, submitit_folder=folder))
     for r in (r for arr in queued for r in arr.points):
         r.staged.finish(Status.cancelled, seal=False, exit_code=None, error=secrets.scrub(
             f"cancelled: a later array of the sweep was refused ({why}); a sweep is queued whole or not at all", known))

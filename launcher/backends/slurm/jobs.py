@@ -2,6 +2,7 @@
 what the scheduler is doing with a job, and the jobs queued after one (the seal, cluster.elastic)."""
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import subprocess
@@ -62,17 +63,46 @@ class SlurmJobs:
         return {i: out[i] for i in ids if i in out}
 
     def cancel(self, job: JobRecord, wait_s: float = 60.0) -> None:
-        """scancel, then wait (up to ``wait_s``) until Slurm reports the job ended, so that nothing
-        of it writes into the run dir after the launcher seals it."""
-        if job.pack_index is not None:  # a packed point: its step alone; the pack's other points run on
-            return self._cancel_point(job, wait_s)
-        subprocess.run(["scancel", job.job_id], check=False, timeout=60)
-        deadline = time.time() + wait_s
-        while time.time() < deadline:
-            state = self.states([job.to_json()]).get(job.job_id)
-            if state is None or state.ended:
-                return
-            time.sleep(1.0)
+        """``cancel_all`` of one job."""
+        self.cancel_all([job], wait_s)
+
+    def ours(self, jobs: List[JobRecord]) -> List[JobRecord]:
+        """The jobs the controller still holds that are these runs' own: this user's, their batch script
+        in the run's submitit folder (a job id recorded in job.json may since name another job: ids are
+        reused after a controller restart or a wrap-around). Each other one is named on stderr, never
+        cancelled. A job the controller no longer holds has ended: nothing to cancel."""
+        from submitit.core.utils import JobPaths  # only to cancel
+
+        ids = sorted({j.job_id for j in jobs if j.job_id})
+        if not ids:
+            return []
+        try:
+            res = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%u|%o", "-j", ",".join(ids)], capture_output=True,
+                                 text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            res = subprocess.CompletedProcess([], 1, "", str(e))
+        if res.returncode != 0 and "Invalid job id" not in res.stderr:  # (every id ended: nothing to cancel)
+            print(f"launcher: squeue failed ({(res.stderr or '').strip()[:200] or 'no answer'}): the jobs "
+                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''} could not be checked as this run's own, "
+                  "so none was cancelled; try again once the controller answers", file=sys.stderr)
+            return []
+        held = {}
+        for line in res.stdout.splitlines():
+            jid, user, command = (line.split("|", 2) + ["", ""])[:3]
+            held[jid.strip()] = (user.strip(), command.strip())
+        me, mine = getpass.getuser(), []
+        for job in jobs:
+            if job.job_id not in held:
+                continue
+            user, command = held[job.job_id]
+            folder = Path(job.submitit_folder) if job.submitit_folder else None
+            home = str(JobPaths.get_first_id_independent_folder(folder)) if folder else ""
+            if user == me and home and command.startswith(home.rstrip("/") + "/"):
+                mine.append(job)
+            else:
+                print(f"launcher: job {job.job_id} is not this run's (user {user or '?'}, batch script "
+                      f"{command or '?'}; the run's folder {home or '?'}): not cancelled", file=sys.stderr)
+        return mine
 
     def cancel_all(self, jobs: List[JobRecord], wait_s: float = 60.0) -> None:
         """One scancel for every job (a sweep's array tasks, by their ids), then one state query a second
@@ -81,7 +111,7 @@ class SlurmJobs:
         for job in jobs:
             if job.pack_index is not None:
                 self._cancel_point(job, wait_s)
-        whole = [job.to_json() for job in jobs if job.pack_index is None and job.job_id]
+        whole = [job.to_json() for job in self.ours([j for j in jobs if j.pack_index is None and j.job_id])]
         if not whole:
             return
         subprocess.run(["scancel", *sorted({str(j["job_id"]) for j in whole})], check=False, timeout=120)
