@@ -197,6 +197,8 @@ class SweepDir(SweepNames):
     # sweep=asha: every point's reports at the rungs, the decisions and the measured segments, one a line
     # (launcher.features.asha.rungs), appended under the lock beside it
     RUNGS, RUNGS_LOCK = "rungs.jsonl", ".rungs.lock"
+    # resume, retry and a cluster.elastic decision claim a run's next attempt under this lock: one at a time
+    CLAIMS_LOCK = ".claims.lock"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -263,6 +265,12 @@ class SweepDir(SweepNames):
 
     def read(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self.path / self.SWEEP)
+
+    @contextlib.contextmanager
+    def claims_lock(self) -> Iterator[None]:
+        """Held while a command claims its runs' next attempts (launcher.submit.resume): one writer at a time."""
+        with file_lock(self.path / self.CLAIMS_LOCK):
+            yield
 
     @contextlib.contextmanager
     def rungs_lock(self) -> Iterator[None]:

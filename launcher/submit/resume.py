@@ -15,8 +15,10 @@ attempt does (launcher.runtime.restarts).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,7 @@ from launcher.data import archived as data_archive
 from launcher.features.elastic.resize import GROW, SHRINK, waits_for_its_job
 from launcher.run import checkpoint_manifest
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
-from launcher.run.rundir import RunDir, SweepDir, is_checkpoint_problem
+from launcher.run.rundir import RunDir, SweepDir, is_checkpoint_problem, now_iso
 from launcher.run.status import FINAL, Status
 from launcher.runtime.restart_policy import NOT_FIXED_BY_A_RESTART
 from launcher.runtime.task import RunTask
@@ -177,6 +179,19 @@ def prepare(run_dir: Path, steps: Optional[int] = None, changes: Sequence[str] =
     return _Next(rd, run_id, st, plain, cfg, changed, done, backends.of(cfg), code_dir, layout)
 
 
+def _claimed_since(n: _Next) -> Optional[str]:
+    """Why run ``n`` can no longer be claimed (call under its sweep's claims lock): another command began its
+    next attempt since ``prepare`` read it (its status changed), named from the restart row it recorded."""
+    now = n.rd.status()
+    if (now.state, now.attempt, now.updated) == (n.status.state, n.status.attempt, n.status.updated):
+        return None
+    rows = n.rd.restarts()
+    by = (rows[-1].get("by") or {}) if rows else {}
+    who = (f"`launcher {by.get('command')}` (pid {by.get('pid')} on {by.get('host')}, {by.get('at')})" if by
+           else "another command")
+    return f"{n.run_id} was claimed by {who} since it was checked: it is {now.state.value} (attempt {now.attempt})"
+
+
 def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
     """Reopen the run for its next attempt and record why; returns the attempt that ended."""
     attempt = int(n.status.attempt or 1)
@@ -191,6 +206,8 @@ def _begin(n: _Next, reason: str, detail: str, known: Dict[str, str]) -> int:
         "attempt": attempt + 1, "reason": reason, "detail": f"{detail} after {n.status.state.value}"
         + (f"; {what}" if what else ""), "changes": {k: b for k, (a, b) in n.changed.items()}, "from_step": n.done,
         "nodes": n.status.hosts, "job_id": n.status.job_id,
+        # who claimed this attempt (a second resume, retry or reproduce is refused naming it)
+        "by": {"command": reason, "pid": os.getpid(), "host": socket.gethostname(), "at": now_iso()},
         **({"layout": {k: reshard.summary(v) for k, v in n.layout.items()}} if n.layout else {})}, known))
     return attempt
 
@@ -219,7 +236,14 @@ def resubmit(run_dirs: Sequence[Path], reason: str = "retry", steps: Optional[in
     if fresh:
         print(f"warning: {', '.join(fresh)} ha{'s' if len(fresh) == 1 else 've'} no checkpoint: "
               "starting again from step 0", file=sys.stderr)
-    attempts = {n.run_id: _begin(n, reason, why, known) for n in nexts}
+    with contextlib.ExitStack() as claims:  # one writer at a time: every run's next attempt claimed, or none
+        for sweep_dir in sorted({n.rd.path.parent for n in nexts}):
+            claims.enter_context(SweepDir(sweep_dir).claims_lock())
+        taken = [line for n in nexts if (line := _claimed_since(n)) is not None]
+        if taken:
+            raise ConfigErrors([ConfigError("RUN", line, "wait for it (launcher status RUN); each run takes one "
+                                            "resume, retry or reproduce at a time") for line in taken])
+        attempts = {n.run_id: _begin(n, reason, why, known) for n in nexts}
 
     def run_of(n: _Next) -> submission.Run:
         sweep = SweepDir(n.rd.path.parent)
