@@ -117,3 +117,40 @@ def test_cancelling_a_held_sweep_is_one_scancel_and_every_point_sealed(slurm, ru
     out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", array], env=dict(os.environ, **slurm), capture_output=True,
                          text=True, timeout=60).stdout  # this sweep's jobs only: other drills share the cluster
     assert not out.strip(), out
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(180)
+def test_cancel_leaves_a_job_that_is_not_the_runs_own(slurm, runs_root):
+    """A job id recorded in job.json may since name another job (ids are reused): cancel checks the job is
+    this run's (this user's, its batch script in the run's submitit folder) and says so when it is not."""
+    import json
+
+    from helpers import BIN, launch, run_cmd
+    from launcher.run.rundir import RunDir
+
+    env = dict(os.environ, **slurm)
+    res = launch(["cluster=local_slurm", "cluster.nodes=1", "model=gpt_tiny", "train.steps=2",
+                  "+cluster.sbatch_extra.hold=true"], runs_root, extra_env=slurm)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = json.loads(run_cmd([str(BIN / "launcher"), "runs", "--json", "--root", str(runs_root)], runs_root,
+                                timeout=120, extra_env=slurm).stdout)
+    script = runs_root.parent / "other.sh"
+    script.write_text("#!/bin/bash\nsleep 1\n")
+    other = subprocess.run(["sbatch", "--parsable", "--hold", "-p", "debug", "-t", "2", "-o", "/dev/null", str(script)],
+                           env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip().split(";")[0]
+    own = ""
+    try:
+        job_file = RunDir(run["dir"]).path / "job.json"
+        job = json.loads(job_file.read_text())
+        own, job["job_id"] = job["job_id"], other  # the record now names a job that is not the run's
+        job_file.write_text(json.dumps(job))
+        res = run_cmd([str(BIN / "launcher"), "cancel", run["run_id"], "--root", str(runs_root)], runs_root,
+                      timeout=180, extra_env=slurm)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"job {other} is not this run's" in res.stderr and "not cancelled" in res.stderr, res.stderr
+        queued = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", other], env=env, capture_output=True, text=True,
+                                timeout=60).stdout
+        assert queued.strip() == f"{other}|PENDING", queued
+    finally:
+        subprocess.run(["scancel", *[j for j in (other, own) if j]], env=env, timeout=60)

@@ -83,6 +83,38 @@ def test_show_and_diff_find_tampering(two_runs, tmp_path, tamper, expect):
     assert intact.returncode == 0, intact.stderr
 
 
+def test_special_and_oversized_records_are_refused_by_name_never_read(two_runs, tmp_path):
+    """Bounded reads: a FIFO as metrics.jsonl (a read would block for ever), a rank's log linked to
+    /dev/zero (endless) and a 1 GB sparse status.json: every command that meets them names the file and
+    goes on or stops at once, in bounded time and memory."""
+    root, runs = two_runs
+    rdir = _copy_run(runs[0], tmp_path / "runs", "special")
+    os.chmod(rdir, 0o755)
+    (rdir / "metrics.jsonl").unlink()
+    os.mkfifo(rdir / "metrics.jsonl")
+    job = RunDir(rdir).job()
+    from launcher import backends
+
+    log = backends.get(job.backend).log_path(job, 0)
+    os.chmod(log.parent, 0o755)
+    log.unlink()
+    log.symlink_to("/dev/zero")
+    for args in (["status", str(rdir)], ["report", str(rdir), "-o", str(tmp_path / "page.html")],
+                 ["doctor", str(rdir)], ["diff", str(rdir), runs[1]["dir"]]):
+        res = run_cmd([str(BIN / "launcher"), *args, "--root", str(tmp_path / "runs")], tmp_path / "runs", timeout=60)
+        assert "metrics.jsonl is a FIFO, not a file: not read" in res.stderr, (args, res.stdout, res.stderr)
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+    res = run_cmd([str(BIN / "launcher"), "logs", runs[0]["run_id"], "--root", str(tmp_path / "runs")],
+                  tmp_path / "runs", timeout=60)
+    assert res.returncode != 0 and "is a device, not a file: not read" in res.stderr, res.stdout[-500:] + res.stderr
+    status = _writable(rdir / "status.json")
+    with open(status, "r+b") as f:
+        f.truncate(1 << 30)  # sparse: a gigabyte that takes no disk
+    res = run_cmd([str(BIN / "launcher"), "show", str(rdir), "--root", str(tmp_path / "runs")], tmp_path / "runs",
+                  timeout=60)
+    assert res.returncode != 0 and "status.json holds 1,073,741,824 bytes" in res.stdout + res.stderr, res.stderr
+
+
 def test_reproduce_refuses_a_tampered_run_and_launches_nothing(two_runs, tmp_path):
     root, runs = two_runs
     rdir = _copy_run(runs[0], root, "copied-sweep")
@@ -191,6 +223,35 @@ def test_cancel_stops_a_local_run_and_records_cancelled(tmp_path):
     assert again["status"] == "cancelled"
 
 
+def test_a_cancel_whose_record_cannot_be_written_still_stops_the_job(tmp_path):
+    """A record that cannot be written (a full disk; here the run dir made immutable) never stops the
+    cancel: the job's processes end all the same, and the command says what it could not record."""
+    root = tmp_path / "runs"
+    with open(tmp_path / "launch.log", "w") as log:
+        res = subprocess.run([str(BIN / "launch"), *LONG, "submit.wait=false"], stdout=log, stderr=log, timeout=120,
+                             env=dict(os.environ, LAUNCHER_RUNS=str(root)), cwd=str(tmp_path))
+    assert res.returncode == 0, (tmp_path / "launch.log").read_text()
+    (run,) = runs_json(root)
+    ranks = _wait_for_ranks(Path(run["dir"]), 2)
+    if subprocess.run(["chattr", "+i", run["dir"]]).returncode != 0:  # no file can be created or replaced in it
+        launcher(["cancel", run["run_id"]], root)
+        pytest.skip("this file system has no immutable flag (chattr +i)")
+    try:
+        res = launcher(["cancel", run["run_id"]], root)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "its outcome could not be recorded" in res.stderr and "was cancelled" in res.stderr, res.stderr
+        deadline = time.time() + 30
+        while time.time() < deadline and any(pid_alive(r["pid"]) for r in ranks):
+            time.sleep(0.2)
+        assert not any(pid_alive(r["pid"]) for r in ranks), "rank processes still running after cancel"
+        assert not pid_alive(int(run["job_id"]))
+    finally:
+        subprocess.run(["chattr", "-i", run["dir"]], check=True)
+    # the next command settles it from the scheduler's word (the job is gone) and seals it
+    st = json.loads(launcher(["status", run["sweep_id"], "--json"], root).stdout)
+    assert sum(st["counts"].values()) == 1 and "running" not in st["counts"] and "pending" not in st["counts"], st
+
+
 def test_wait_timeout_cancels_then_records(tmp_path):
     root = tmp_path / "runs"
     res = launch([*LONG, "submit.wait_timeout_s=15"], root, timeout=200)
@@ -205,6 +266,29 @@ def test_wait_timeout_cancels_then_records(tmp_path):
     assert not any(pid_alive(r["pid"]) for r in rd.ranks())
     time.sleep(2)
     assert rd.verify() == []  # no rank wrote into the run after it was sealed
+
+
+def test_two_resumes_of_one_run_at_once_submit_one_attempt(tmp_path, monkeypatch):
+    """One writer at a time: two `launcher resume RUN` that both checked the run before either began it;
+    the second to claim the next attempt is refused naming the first (its pid and host), nothing submitted."""
+    from helpers import wait_final
+    from launcher.config.errors import ConfigErrors
+    from launcher.submit import resume
+
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "train.checkpoint.every=3"], root, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    monkeypatch.setenv("LAUNCHER_RUNS", str(root))
+    first, second = (resume.prepare(Path(run["dir"]), steps=9) for _ in range(2))  # both checked, neither began
+    resume.resubmit([Path(run["dir"])], reason="resume", steps=9, prepared=[first])
+    with pytest.raises(ConfigErrors) as refused:
+        resume.resubmit([Path(run["dir"])], reason="resume", steps=9, prepared=[second])
+    assert f"was claimed by `launcher resume` (pid {os.getpid()}" in str(refused.value), refused.value
+    (done,) = wait_final(root, 1, timeout=300)
+    assert done["status"] == "completed", done
+    rows = RunDir(run["dir"]).restarts()
+    assert [r["attempt"] for r in rows] == [2], rows  # one attempt 2, one job
 
 
 def test_a_corrupt_index_is_rebuilt(two_runs, tmp_path):
