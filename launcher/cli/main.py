@@ -242,8 +242,30 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+# the longest run id, sweep id or path a command takes (PATH_MAX); a path's parts at most NAME_MAX each
+IDENT_MAX, NAME_MAX = 4096, 255
+
+
+def ident_problem(args) -> Optional[str]:
+    """Why an id or path given to a command can name nothing (too long for the file system), with its
+    argument named: said before any file is looked up (a 5,000-character id raised ENAMETOOLONG)."""
+    for name in ("run", "target", "run_a", "run_b", "sweep", "dir", "root", "output"):
+        for value in (lambda v: v if isinstance(v, list) else [v])(getattr(args, name, None)):
+            if not isinstance(value, str):
+                continue
+            if len(value) > IDENT_MAX or any(len(part.encode()) > NAME_MAX for part in value.split("/")):
+                shown = name.upper() if name not in ("root", "output") else f"--{name}"
+                return (f"{shown}: {len(value):,} characters ({value[:40]}...) name no run, sweep or path: an id "
+                        f"is at most {NAME_MAX} characters, a path {IDENT_MAX} (each of its parts {NAME_MAX})")
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse(argv)
+    problem = ident_problem(args)
+    if problem:
+        print(f"launcher {args.cmd}: {problem}", file=sys.stderr)
+        return 2
     args._root = _root(args) if hasattr(args, "root") else None
     registry.new_command()
     from launcher.cli.scrubbed import errors_scrubbed  # lazy: `launcher --help` never loads the secret rules

@@ -138,8 +138,14 @@ class Sealing:
         return None
 
     def _started(self) -> List[str]:
-        """What only a started job writes (after its first status): metrics, checkpoints."""
-        return [n for n in (self.METRICS, self.LATEST) if self._p(n).exists() or self._p(n).is_symlink()]
+        """What only a started job writes (after its first status): metrics, checkpoints, each rank's record,
+        the nodes' topology, a rank's error. Any one left says the run started, whatever else was removed."""
+        found = [n for n in (self.METRICS, self.LATEST) if self._p(n).exists() or self._p(n).is_symlink()]
+        for pattern, part in ((self.RANK, "r"), (self.TOPOLOGY, None), (self.RANK_ERROR, "r")):
+            hits = self._glob(pattern, r="*") if part else sorted(self._p("topology").glob("node_*.json"))
+            if hits:
+                found.append(str(hits[0].relative_to(self.path)))
+        return found
 
     def verify(self) -> List[str]:
         """What no longer matches the seal (empty = intact): a file, symlink, directory or checkpoint

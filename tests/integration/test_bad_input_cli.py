@@ -108,3 +108,18 @@ def test_launch_refuses_control_characters_in_mapping_keys(tmp_path, runs_root):
     assert "#SBATCH" not in res.stdout
     _nothing_written(runs_root)
 
+
+
+@pytest.mark.parametrize("argv", [["show", "X"], ["logs", "X"], ["cancel", "X"], ["status", "X"], ["diff", "X", "X"],
+                                  ["resume", "X"], ["doctor", "X"], ["report", "X"]], ids=lambda a: a[0])
+def test_an_id_too_long_for_any_file_is_refused_naming_its_argument(argv, runs_root):
+    """A 5,000-character id (ENAMETOOLONG at the first lookup) is refused before any file is read, naming
+    the argument, with no traceback."""
+    from helpers import BIN, run_cmd
+
+    long_id = "x" * 5000
+    res = run_cmd([str(BIN / "launcher"), *[long_id if a == "X" else a for a in argv], "--root", str(runs_root)],
+                  runs_root, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "5,000 characters" in res.stderr and "name no run, sweep or path" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -115,6 +115,33 @@ def test_special_and_oversized_records_are_refused_by_name_never_read(two_runs, 
     assert res.returncode != 0 and "status.json holds 1,073,741,824 bytes" in res.stdout + res.stderr, res.stderr
 
 
+def test_removing_every_seal_and_trace_of_a_run_never_gets_it_sealed_again(tmp_path):
+    """A tampered config.yaml hidden by removing the manifest, status.json, the sweep's seal mark, the
+    metrics and the checkpoints: what the job left elsewhere (each rank's record) says it ran, so the run
+    is tamper evidence, never pending; a refresh records the lost outcome without sealing over the change,
+    and show and reproduce refuse it."""
+    root = tmp_path / "runs"
+    res = launch([*QUICK, "train.checkpoint.every=3"], root, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (run,) = runs_json(root)
+    rdir = Path(run["dir"])
+    subprocess.run(["chmod", "-R", "u+w", str(rdir), str(rdir.parent / ".seals")], check=True)
+    cfg = rdir / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.5"))
+    for p in (rdir / "manifest.json", rdir / "status.json", rdir.parent / ".seals" / "0.json", rdir / "metrics.jsonl"):
+        p.unlink()
+    shutil.rmtree(rdir / "checkpoints")
+    show = launcher(["show", str(rdir)], root)
+    assert show.returncode == 1 and "status.json missing although the run started" in show.stderr, show.stderr
+    launcher(["status", run["sweep_id"]], root)  # a refresh settles the lost outcome
+    assert not (rdir / "manifest.json").exists()  # never sealed over the tampered config.yaml
+    assert RunDir(rdir).status().state in ("failed", "cancelled", "timeout")
+    show = launcher(["show", str(rdir)], root)
+    assert show.returncode == 1 and "manifest.json missing for a finished run" in show.stderr, show.stderr
+    res = launcher(["reproduce", str(rdir), "submit.dry_run=true"], root)
+    assert res.returncode != 0, res.stdout + res.stderr
+
+
 def test_reproduce_refuses_a_tampered_run_and_launches_nothing(two_runs, tmp_path):
     root, runs = two_runs
     rdir = _copy_run(runs[0], root, "copied-sweep")
