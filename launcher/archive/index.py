@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -48,6 +49,36 @@ def path_problem(root: Path) -> Optional[str]:
         return None
     return (f"the run index {DB_NAME} would lie at a path of {len(path)} characters, and SQLite opens none "
             f"longer than {MAX_PATH}; fix: a runs root of at most {MAX_PATH - len(DB_NAME) - 1} characters")
+
+
+MIN_FREE_BYTES = 64 << 20  # a runs root on a file system with less free space takes no launch
+
+
+def root_problem(root: Path) -> Optional[str]:
+    """Why ``root`` cannot be a runs root, found before anything is written: a file on its path, a place
+    no directory can be made (/proc, a read-only or a full file system), or an index path too long for
+    SQLite. The check makes and removes one empty directory beside where the root goes, so what answers
+    is the file system itself. None: usable."""
+    root = Path(root).absolute()
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory: no runs root can be made at {root}"
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".launcher-probe-", dir=existing))
+        probe.rmdir()
+    except OSError as e:
+        return f"no directory can be made in {existing} ({e.strerror or e}): no runs root at {root}"
+    try:
+        st = os.statvfs(existing)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    if free is not None and free < MIN_FREE_BYTES:
+        return (f"the file system of {existing} has {free / (1 << 20):.1f} MiB free, less than the "
+                f"{MIN_FREE_BYTES >> 20} MiB a launch writes (snapshot, records, checkpoints)")
+    return path_problem(root)
 
 
 def connect(root: Path) -> sqlite3.Connection:

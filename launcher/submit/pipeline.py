@@ -196,7 +196,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         if (c.backend.name, root) not in seen:
             seen.add((c.backend.name, root))
             # the jobs must see the runs root, and SQLite must open the run index in it
-            problem = c.backend.runs_root_problem(root, c.point.cfg) or run_index.path_problem(root)
+            problem = run_index.root_problem(root) or c.backend.runs_root_problem(root, c.point.cfg)
             if problem:
                 problems.append(f"submit.runs_root:\n  - {problem}")
     if problems or warned:

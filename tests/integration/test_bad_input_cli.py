@@ -22,6 +22,9 @@ LAUNCH_BAD = [
     (["-m", "seed=1,2", "hydra.sweep.dir=elsewhere"], "hydra.sweep.dir: is not used by launch"),
     (["-m", "seed=1,2", "hydra.job.chdir=true"], "hydra.job.chdir: is not used by launch"),
     (["hydra.run.dir=elsewhere"], "fix: remove it; runs go to submit.runs_root=<dir>"),
+    # a runs root that cannot be: under a file, or where no directory can be made (/proc)
+    (["submit.runs_root=/proc/version/runs"], "/proc/version is a file, not a directory"),
+    (["submit.runs_root=/proc/launcher-runs"], "no directory can be made in /proc"),
     # a million-point grid: refused from the command line in a second, before a point is composed
     (["-m", "seed=range(0,1000)", "optim.lr=range(0,1000)"], "this sweep's grid holds 1,000,000 points"),
 ]
