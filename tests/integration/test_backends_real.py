@@ -154,3 +154,22 @@ def test_cancel_leaves_a_job_that_is_not_the_runs_own(slurm, runs_root):
         assert queued.strip() == f"{other}|PENDING", queued
     finally:
         subprocess.run(["scancel", *[j for j in (other, own) if j]], env=env, timeout=60)
+
+
+def test_a_failing_sacct_is_named_not_silent(tmp_path, monkeypatch, capsys):
+    """sacct failing (slurmdbd down, a broken config: here a config that does not exist) leaves the states
+    unknown, and says so once, naming the command and its error, instead of a table that silently shows
+    what was last recorded."""
+    from launcher.backends.slurm import SlurmBackend, limits
+
+    conf = tmp_path / "slurm.conf"  # a cluster whose controller and slurmdbd listen nowhere (port 1)
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
+                    "SlurmctldTimeout=1\nAccountingStorageType=accounting_storage/slurmdbd\n"
+                    "AccountingStorageHost=localhost\nAccountingStoragePort=1\nNodeName=n1 CPUs=1\n"
+                    "PartitionName=p Nodes=n1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setattr(limits, "_said_failed", set())
+    assert SlurmBackend().states([{"job_id": "12345"}]) == {}
+    err = capsys.readouterr().err
+    assert "launcher: warning: sacct failed (" in err and "job states shown as last recorded" in err, err
+    assert err.count("sacct failed") == 1

@@ -42,13 +42,15 @@ class SlurmJobs:
         ids = sorted({str(j["job_id"]) for j in jobs if j.get("job_id")})
         if not ids:
             return {}
-        out = parse_states(limits.run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)]))
+        out = parse_states(limits.run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)],
+                                      say_failure=True))
         # accounting lags submission, and keeps REQUEUED for a job requeued held and then cancelled
         # (a pruned point's): the controller's word for these, while it still knows the job (-t all:
         # ended ones too, for MinJobAge)
         ask = [i for i in ids if i not in out or out[i].status is Status.requeued]
         if ask:
-            live = parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)]))
+            live = parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)],
+                                           say_failure=True))
             out.update({i: st for i, st in live.items() if i in ask})
         # an array whose tasks never started is one compressed record (A_[0-999%4]): each task takes its
         # state, so runs cancelled, or purged, while pending settle instead of staying pending for ever

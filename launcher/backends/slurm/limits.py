@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,9 +316,21 @@ def job_ending_of(show_job: str, restart_count: int) -> Optional[str]:
     return "cancelled"
 
 
-def run(cmd: List[str]) -> str:
-    """A Slurm command's output (\"\" where it could not run or timed out)."""
+_said_failed: set = set()  # the commands whose failure this process said already
+
+
+def run(cmd: List[str], say_failure: bool = False) -> str:
+    """A Slurm command's output (\"\" where it could not run or timed out). ``say_failure``: a failure
+    (slurmdbd down for sacct, the controller for squeue) is named on stderr once a process, so a table
+    that lacks its answer says why instead of showing what it last recorded as if current."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        res = subprocess.CompletedProcess(cmd, 1, "", str(e))
+    if say_failure and res.returncode != 0 and not res.stdout and cmd[0] not in _said_failed \
+            and "Invalid job id" not in (res.stderr or ""):
+        _said_failed.add(cmd[0])
+        why = (res.stderr or "").strip().splitlines()[-1:] or ["no answer"]
+        print(f"launcher: warning: {cmd[0]} failed ({why[0][:200]}): job states shown as last recorded",
+              file=sys.stderr)
+    return res.stdout
