@@ -13,6 +13,9 @@ from launcher import backends
 OOM = re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory"
                  r"|\bMemoryError\b|std::bad_alloc|Cannot allocate memory|OUT_OF_MEMORY|oom[-_ ]kill"
                  r"|Out of memory|out of memory", re.I)
+# a file system full, or a quota used up: what a checkpoint's, a log's or a record's write raised
+DISK_FULL = re.compile(r"No space left on device|ENOSPC|Disk quota exceeded|EDQUOT|\[Errno 28\]|\[Errno 122\]"
+                       r"|PytorchStreamWriter failed writing file|file write failed", re.I)
 # TCPStore's own words: a rendezvous failure wherever they appear
 RENDEZVOUS_STORE = re.compile(r"EADDRINUSE|failed to listen on any local network address"
                               r"|client socket has timed out after \d+ms while trying to connect"
@@ -153,6 +156,8 @@ def text_kind(text: str) -> Optional[str]:
     """The kind one error text shows on its own (None: a plain exception, or nothing)."""
     if HANG_MESSAGE.search(text):
         return "hang"
+    if DISK_FULL.search(text):
+        return "disk_full"
     if OOM.search(text):
         return "oom"
     if PEER_GONE.search(text):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-KINDS = ("oom_startup", "oom_step", "hang", "collective_timeout", "rendezvous", "killed_rank", "node_failure",
-         "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending", "unknown")
+KINDS = ("oom_startup", "oom_step", "disk_full", "hang", "collective_timeout", "rendezvous", "killed_rank",
+         "node_failure", "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending",
+         "unknown")
 # kinds that are not a failure: nothing to diagnose
 NOT_FAILED = ("completed", "running", "pending")
 
@@ -23,6 +24,11 @@ FIXES: Dict[str, str] = {
         "activations (train.recompute=selective, or full: ~30-40% more forward compute), use sequence "
         "parallelism with tensor parallelism (parallelism.tp>1 parallelism.sequence_parallel=true), or a "
         "shorter model.seq_len; `launcher plan <overrides>` shows the activation memory per layout."),
+    "disk_full": (
+        "A file system the run writes to is full (or its quota used up): a checkpoint, a log or a record "
+        "could not be written. Free space where the runs root lies (`df -h RUNS_ROOT`; old runs' checkpoints: "
+        "train.checkpoint.keep keeps the last N), or point submit.runs_root at a larger file system; then "
+        "`launcher resume RUN` continues from the last checkpoint that was written whole (each is verified)."),
     "hang": (
         "Read the stacks (stacks/ in the run dir): the stuck rank's frame is the cause, the other ranks wait "
         "for it in a collective. Re-run with cluster.env.NCCL_DEBUG=INFO to see the collective and the "

@@ -85,6 +85,10 @@ def _from_text(ev: Evidence, rank: Optional[int], text: str, source: str) -> Dia
                          detail=detail)
     if kind == "hang":
         return Diagnosis("hang", f"{who}: {clip(text, 300)}", rank=rank, detail=detail)
+    if kind == "disk_full":
+        where = f" at {frame}" if frame else ""
+        return Diagnosis("disk_full", f"{who} could not write: the file system is full{where} ({clip(exc, 160)})",
+                         rank=rank, detail=detail)
     summary = f"{who} raised {clip(exc, 200)}" + (f" at {frame}" if frame else "")
     return Diagnosis("exception", summary, rank=rank, detail=detail)
 

@@ -257,6 +257,24 @@ def test_scheduler_out_of_memory():
     assert diagnose(failed(scheduler="OUT_OF_MEMORY", errors={0: OOM_STEP}, last_step=0)).kind == "oom_step"
 
 
+DISK_FULL = """Traceback (most recent call last):
+  File "/runs/S/code/recipes/gpt/train.py", line 90, in main
+    ckpt.save(step)
+  File "/runs/S/code/launcher/training/checkpoint.py", line 210, in save
+    torch.save(state, path)
+OSError: [Errno 28] No space left on device
+"""
+
+
+def test_a_full_disk_is_its_own_class_not_unknown():
+    d = diagnose(failed(errors={0: DISK_FULL}, last_step=12))
+    check(d, "disk_full", 0, "No space left on device")
+    assert "submit.runs_root" in d.fix and "launcher resume RUN" in d.fix
+    # from the status alone (no rank recorded it), and in a log
+    assert diagnose(failed(status={"status": "failed", "error": "OSError: [Errno 122] Disk quota exceeded"})).kind \
+        == "disk_full"
+
+
 def test_oom_phase_from_frames():
     assert doctor.oom_phase(OOM_STARTUP, 5)[0] == "startup"
     assert doctor.oom_phase(OOM_STEP, 0)[0] == "step"
