@@ -316,6 +316,11 @@ class DatasetWriter:
         self.dtype = np.dtype(dtype_for(vocab_size))
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.stage = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=f".{self.out.name}.prepare-"))
+        # mkdtemp makes it 0700: the dataset, once in place, is as readable as any directory the user makes
+        # (the umask's), so teammates and the jobs of other accounts can train on it
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.stage, 0o777 & ~umask)
         (self.stage / SHARDS).mkdir()
         self._shards: Dict[str, List[Shard]] = {s: [] for s in SPLITS}
         self._longest: Dict[str, int] = {s: 0 for s in SPLITS}

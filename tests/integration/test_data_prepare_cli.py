@@ -4,6 +4,7 @@ shard. Everything pure (formats, bad inputs, splits) is in tests/unit/test_data_
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -36,6 +37,10 @@ def test_prepare_show_verify_and_a_flipped_byte(tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line}
     assert "tokenizers" in imported and "torch" not in imported
     m = Manifest.load(tmp_path / "ds")
+    # as readable as any directory the user makes (the test's umask, 022 as most): teammates can train on it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "ds").stat().st_mode & 0o777 == 0o777 & ~umask
     assert len(m.inputs) == 41 and sum(s.documents for s in m.splits.values()) == 340
     assert m.split("val").documents > 0 and m.prepare.workers == 2
     total = sum(s.tokens for s in m.splits.values())
