@@ -126,3 +126,13 @@ def test_an_id_too_long_for_any_file_is_refused_naming_its_argument(argv, runs_r
     assert res.returncode == 2, res.stdout + res.stderr
     assert "5,000 characters" in res.stderr and "name no run, sweep or path" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_long_override_is_checked_in_time_linear_in_its_length(runs_root):
+    """A 120 KB tag (as long as one argument may be) is checked, scanned for secrets and dry-run in a few
+    seconds: every check is linear in its input (a URL-password search tried from every letter took 27 s)."""
+    from helpers import launch as launch_cmd
+
+    res = launch_cmd(["cluster=local", "submit.dry_run=true", f"tags=[{'a' * 120_000}]"], runs_root, timeout=20)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "# dry run: nothing submitted" in res.stdout
