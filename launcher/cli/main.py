@@ -46,6 +46,10 @@ def _select(args, ident: str):
     # only the runs named are refreshed: a command costs what it is asked about, not the whole root
     chosen = registry.list_runs(_root(args), select=lambda runs: [
         r for r in runs if ident in (r["run_id"], r["sweep_id"], r["dir"])])
+    if not chosen and RunDir(Path(ident)).exists():  # a run dir outside --root, as --help offers: its own root
+        run_dir = Path(ident).resolve()
+        chosen = [r for r in registry.list_runs(run_dir.parent.parent, select=lambda runs: [
+            r for r in runs if Path(r["dir"]).resolve() == run_dir])]
     if not chosen:
         sys.exit(f"launcher: no run or sweep {ident!r} under {_root(args)} (see `launcher runs`)")
     return chosen

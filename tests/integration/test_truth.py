@@ -318,6 +318,13 @@ def test_two_resumes_of_one_run_at_once_submit_one_attempt(tmp_path, monkeypatch
     assert [r["attempt"] for r in rows] == [2], rows  # one attempt 2, one job
 
 
+def test_logs_of_a_run_dir_outside_the_root_given(two_runs, tmp_path):
+    """`launcher logs RUN_DIR` (as --help offers) finds the run by its dir wherever --root points."""
+    root, runs = two_runs
+    res = launcher(["logs", runs[0]["dir"]], tmp_path / "elsewhere")
+    assert res.returncode == 0 and res.stdout.strip(), res.stdout[-500:] + res.stderr
+
+
 def test_a_corrupt_index_is_rebuilt(two_runs, tmp_path):
     root, runs = two_runs
     work = tmp_path / "runs"
