@@ -36,7 +36,7 @@ from launcher.run.outcome import settle
 from launcher.run.rundir import RunDir, now_iso
 from launcher.run.status import RunStatus, Status
 from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
-from launcher.submit.progress import cancel_run, wait_and_report
+from launcher.submit.progress import cancel_run, cancel_runs, wait_and_report
 
 RECORD_DIR = "preflight"
 
@@ -142,6 +142,25 @@ def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
     record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps,
               "rungs": [_rung_entry(r) for r in prep.rungs]}
     atomic.write_json(path, record)
+    from launcher.submit import signals  # SIGTERM, SIGHUP and Ctrl-C stop the ladder as one: settled, not left
+
+    signals.install()
+    try:
+        return _climb(prep, record, path, overrides, wait, out)
+    except KeyboardInterrupt as e:  # (Terminated too) every rung not ended yet is cancelled and sealed
+        why = str(e) or "interrupted"
+        open_runs = [RunDir(en["run_dir"]) for en in record["rungs"]
+                     if en.get("run_dir") and not RunDir(en["run_dir"]).is_final()]
+        if open_runs:
+            cancel_runs(open_runs, f"not run: preflight stopped ({why})")
+        print(f"launcher preflight: stopped ({why}); {len(open_runs)} rung(s) not ended were cancelled: "
+              f"launcher preflight --show {pid} --root {prep.runs_root}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
+
+
+def _climb(prep: Prepared, record: Dict[str, Any], path: Path, overrides: List[str], wait: bool, out) -> int:
+    """The rungs queued (dependent jobs) or run one after another, then judged (``run``'s body)."""
+    pid = record["id"]
 
     queued = backends.get(str(prep.base.cluster.backend)).dependencies  # every rung queued now, each after the last
     wait = wait or not queued  # local rungs start one after another: someone has to wait
