@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -41,7 +43,7 @@ from launcher.data.manifest import BLOCK, DatasetError, Manifest
 
 SPLITS = ("train", "val")
 
-__all__ = ["BLOCK", "SampleId", "Source", "TokenDataset", "Windows", "permute"]
+__all__ = ["BLOCK", "SampleId", "Source", "TokenDataset", "Windows", "permute", "verified"]
 
 
 class SampleId(NamedTuple):
@@ -97,6 +99,34 @@ def permute(positions: Any, n: int, key: int) -> np.ndarray:
 
 # ---- one split of one dataset as windows -----------------------------------------------------------
 
+_VERIFIED: Dict[Tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> sha256, this process
+
+
+def verified(path: Path, size: int, sha256: str) -> Path:
+    """``path`` once its size and sha256 match the manifest's (hashed on first open, streaming, once a
+    process per file as it is); DatasetError naming the file otherwise: nothing trains on a shard changed
+    after `launcher data prepare` (a flipped byte keeps the size: the hash finds it)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise DatasetError(f"{path}: {e.strerror or 'unreadable'} (the manifest lists it)") from None
+    if st.st_size != size:
+        raise DatasetError(f"{path}: {st.st_size:,} bytes, the manifest says {size:,}: the shard changed after "
+                           "`launcher data prepare`; not trained on (launcher data verify names every change)")
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _VERIFIED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(8 << 20), b""):
+                digest.update(chunk)
+        _VERIFIED[key] = digest.hexdigest()
+    if _VERIFIED[key] != sha256:
+        raise DatasetError(f"{path}: sha256 {_VERIFIED[key][:16]}... differs from the manifest's {sha256[:16]}...: "
+                           "the shard changed after `launcher data prepare`; not trained on (launcher data verify "
+                           "names every change)")
+    return path
+
+
 class Windows:
     """The windows of ``seq_len + 1`` tokens of one split of the prepared dataset at ``path``."""
 
@@ -111,7 +141,9 @@ class Windows:
         shards = list(self.manifest.split(split).shards)
         dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         # plain ndarray views of the mappings (np.asarray: no copy; slicing skips memmap's per-slice overhead)
-        self._bins = [np.asarray(np.memmap(self.path / s.bin, dtype=dtype, mode="r")) for s in shards if s.tokens]
+        # each shard verified against the manifest before it is mapped: nothing trains on what was not
+        self._bins = [np.asarray(np.memmap(verified(self.path / s.bin, s.bin_size, s.bin_sha256), dtype=dtype,
+                                           mode="r")) for s in shards if s.tokens]
         self._offsets = [0]
         for b in self._bins:
             self._offsets.append(self._offsets[-1] + len(b))
@@ -123,7 +155,7 @@ class Windows:
         else:  # global start offsets of the documents long enough for a window
             starts: List[np.ndarray] = []
             for s, base in zip((s for s in shards if s.tokens), self._offsets[:-1]):
-                idx = np.fromfile(self.path / s.idx, dtype="<i8")
+                idx = np.fromfile(verified(self.path / s.idx, s.idx_size, s.idx_sha256), dtype="<i8")
                 keep = np.diff(idx) >= width
                 starts.append(idx[:-1][keep] + base)
             self._doc_starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)

@@ -51,6 +51,9 @@ NOT_FIXED_BY_A_RESTART: Dict[str, Tuple[str, str]] = {
     "corrupt_checkpoint": ("no checkpoint to resume from is intact (checked against its checkpoint.json)",
                            "restore the file the error names from a copy (or delete checkpoints/latest to train "
                            "from step 0), then `launcher resume RUN`"),
+    "dataset": ("a dataset the run reads is not what its manifest holds (a shard changed or missing)",
+                "restore the file the error names, or prepare the dataset again (launcher data prepare); "
+                "`launcher data verify DIR` names every change; then launch again"),
     "repeated": ("the failure repeats the previous attempt's before any new step",
                  "fix it at the frame shown (`launcher logs RUN --err`), then `launcher resume RUN`"),
 }
@@ -68,7 +71,7 @@ class Failure:
     type: str  # the exception's class name
     message: str  # its message (scrubbed of secrets by the caller)
     place: str  # file:line in function of the frame that raised
-    kind: str  # signature | import | config | device | missing_file | corrupt_checkpoint | peer_lost | other
+    kind: str  # signature | import | config | device | missing_file | corrupt_checkpoint | dataset | peer_lost | other
     attempt: int = 1
     step: Optional[int] = None  # the last step this attempt finished (None: none)
     from_step: int = 0  # the checkpoint step the attempt started from
@@ -117,6 +120,8 @@ def kind_of(exc: BaseException, message: str, place_file: str) -> str:
         return "device"
     if isinstance(exc, CheckpointCorrupt):
         return "corrupt_checkpoint"
+    if "DatasetError" in names:  # the next attempt would read the same bytes
+        return "dataset"
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return "missing_file"
     if PEER_GONE.search(message):

@@ -1,5 +1,6 @@
 """A run on a prepared dataset (data=tokens) archives the dataset's manifest, and one altered shard
-byte makes `launcher reproduce` refuse, naming the shard (issue 21). One short local run (1 rank,
+byte makes `launcher reproduce` refuse, naming the shard (issue 21), and a new run on it fail before
+its first step, naming the shard. One short local run (1 rank,
 gpt_tiny, 3 steps); the other refusals and checks are pure (tests/unit/test_data_checks.py)."""
 import json
 from pathlib import Path
@@ -36,3 +37,14 @@ def test_reproduce_refuses_a_run_whose_shard_changed(tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"dataset changed: {ds / shard['bin']}: sha256" in res.stderr, res.stderr
     assert len(runs_json(root)) == 1  # nothing launched
+    # a new launch on the changed shard: the ranks verify every shard before they map it, so the run fails
+    # naming the shard instead of training on bytes the manifest does not hold
+    res = launch(["model=gpt_tiny", "cluster=local", "cluster.gpus_per_node=1", "data=tokens", f"data.path={ds}",
+                  "train.steps=3", "train.global_batch_size=2", "train.micro_batch_size=2", "train.log_interval=0"],
+                 root, timeout=240)
+    assert res.returncode != 0, res.stdout[-3000:]
+    failed = next(r for r in runs_json(root) if r["run_id"] != run["run_id"])
+    assert failed["status"] == "failed" and failed["config"]["data"]["path"] == str(ds), failed
+    assert f"{ds / shard['bin']}: sha256" in (failed["error"] or ""), failed["error"]
+    metrics = Path(failed["dir"]) / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text()  # not one step trained

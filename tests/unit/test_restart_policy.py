@@ -176,3 +176,12 @@ def test_a_resume_starts_afresh_and_logged_metrics_count_as_progress(tmp_path):
     assert policy.last_logged_step(rd, since=t0) == 8
     f, d = policy.judge(rd, raised(RuntimeError("x")), "RuntimeError: x", attempt=2, watch_step=7, since=t0)
     assert f.step == 8 and f.from_step == 6 and f.progressed and d.restart
+
+
+def test_a_dataset_that_differs_from_its_manifest_is_not_restarted():
+    from launcher.data.manifest import DatasetError
+
+    exc = raised(DatasetError("/data/ds/shards/train-ab.bin: sha256 1234... differs from the manifest's"))
+    f = policy.failure_of(exc, str(exc), attempt=1, step=None, from_step=0)
+    d = policy.decide(f, previous=None)
+    assert f.kind == "dataset" and not d.restart and "launcher data verify" in d.fix
