@@ -2,8 +2,8 @@
 what the scheduler is doing with a job, and the jobs queued after one (the seal, cluster.elastic)."""
 from __future__ import annotations
 
-import getpass
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -92,7 +92,7 @@ class SlurmJobs:
         for line in res.stdout.splitlines():
             jid, user, command = (line.split("|", 2) + ["", ""])[:3]
             held[jid.strip()] = (user.strip(), command.strip())
-        me, mine = getpass.getuser(), []
+        me, mine = pwd.getpwuid(os.getuid()).pw_name, []  # as squeue names the owner (not $USER)
         for job in jobs:
             if job.job_id not in held:
                 continue
