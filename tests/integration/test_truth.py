@@ -92,20 +92,26 @@ def test_special_and_oversized_records_are_refused_by_name_never_read(two_runs, 
     os.chmod(rdir, 0o755)
     (rdir / "metrics.jsonl").unlink()
     os.mkfifo(rdir / "metrics.jsonl")
-    job = RunDir(rdir).job()
+    # the copy's own job folder (never the original run's: its log stays a file), its rank 0 log -> /dev/zero
+    job_file = _writable(rdir / "job.json")
+    job = json.loads(job_file.read_text())
+    folder = tmp_path / "runs" / "special" / ".submitit"
+    folder.mkdir()
+    for key in ("submitit_folder", "stdout", "stderr"):
+        job[key] = job[key].replace(str(Path(job["submitit_folder"])), str(folder))
+    job_file.write_text(json.dumps(job))
     from launcher import backends
 
-    log = backends.get(job.backend).log_path(job, 0)
-    os.chmod(log.parent, 0o755)
-    log.unlink()
+    log = backends.get(job["backend"]).log_path(RunDir(rdir).job(), 0)
+    assert log.parent == folder
     log.symlink_to("/dev/zero")
     for args in (["status", str(rdir)], ["report", str(rdir), "-o", str(tmp_path / "page.html")],
                  ["doctor", str(rdir)], ["diff", str(rdir), runs[1]["dir"]]):
         res = run_cmd([str(BIN / "launcher"), *args, "--root", str(tmp_path / "runs")], tmp_path / "runs", timeout=60)
         assert "metrics.jsonl is a FIFO, not a file: not read" in res.stderr, (args, res.stdout, res.stderr)
         assert "Traceback" not in res.stderr, (args, res.stderr)
-    res = run_cmd([str(BIN / "launcher"), "logs", runs[0]["run_id"], "--root", str(tmp_path / "runs")],
-                  tmp_path / "runs", timeout=60)
+    res = run_cmd([str(BIN / "launcher"), "logs", str(rdir), "--root", str(tmp_path / "runs")], tmp_path / "runs",
+                  timeout=60)
     assert res.returncode != 0 and "is a device, not a file: not read" in res.stderr, res.stdout[-500:] + res.stderr
     status = _writable(rdir / "status.json")
     with open(status, "r+b") as f:
