@@ -92,6 +92,8 @@ class SlurmJobs:
         for line in res.stdout.splitlines():
             jid, user, command = (line.split("|", 2) + ["", ""])[:3]
             held[jid.strip()] = (user.strip(), command.strip())
+            # a whole array asked for by its own id (a refused launch cancels what it queued): its tasks
+            held.setdefault(jid.strip().partition("_")[0], (user.strip(), command.strip()))
         me, mine = pwd.getpwuid(os.getuid()).pw_name, []  # as squeue names the owner (not $USER)
         for job in jobs:
             if job.job_id not in held:
