@@ -212,7 +212,8 @@ def tiers_of(item: pytest.Item) -> Set[str]:
         if name == "slurm":
             found.add("slurm")
         for fixdef in info.name2fixturedefs.get(name, ()):
-            if name not in ("slurm", "_pure_tests_start_no_process"):
+            # (_slurm_share acts for Slurm tests alone: its restart of a dead slurmd is theirs, not every test's)
+            if name not in ("slurm", "_pure_tests_start_no_process", "_slurm_share"):
                 found |= _tiers_reached(fixdef.func, seen)
     if found & {"slurm", "browser", "dist"} or _INTEGRATION_DIR in Path(str(item.fspath)).resolve().parents:
         found.add("launch")  # all of them start processes; so does the integration tier by definition
