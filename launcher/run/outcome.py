@@ -31,18 +31,16 @@ def record_lost_outcome(rd: RunDir, state: JobState, seen: Optional[RunStatus] =
                             != (seen.state, seen.attempt, seen.job_id)):
             return now.state
         status = state.status if state.status in (Status.cancelled, Status.timeout) else Status.failed
+        # tamper evidence is recorded but never sealed over (a new manifest would hide the change)
         lost = rd.lost_seal()
-        if lost is not None:  # tamper evidence: never sealed over (a new manifest would hide the change)
-            rd.finish(status, seal=False, exit_code=None, error=f"its records were removed after its job ran: {lost}")
-            return rd.status().state
-        if state.status is Status.completed and not (rd.path / RunDir.STATUS).exists():
+        if lost is None and state.status is Status.completed and not (rd.path / RunDir.STATUS).exists():
             # a job that ran to its end wrote its status first: none at all means it was removed since
-            rd.finish(status, seal=False, exit_code=None, error=(
-                f"status.json missing although its job ran to its end (scheduler state {state.raw}): the run "
-                "dir does not hold what its job wrote; not sealed"))
-            return rd.status().state
-        rd.finish(status, exit_code=None,
-                  error=f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
+            lost = (f"status.json missing although its job ran to its end (scheduler state {state.raw}): the run "
+                    "dir does not hold what its job wrote; not sealed")
+        elif lost is not None:
+            lost = f"its records were removed after its job ran: {lost}"
+        rd.finish(status, seal=lost is None, exit_code=None,
+                  error=lost or f"job ended without recording an outcome (scheduler state {state.raw or '?'})")
         return rd.status().state
 
 

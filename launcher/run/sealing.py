@@ -141,8 +141,8 @@ class Sealing:
         """What only a started job writes (after its first status): metrics, checkpoints, each rank's record,
         the nodes' topology, a rank's error. Any one left says the run started, whatever else was removed."""
         found = [n for n in (self.METRICS, self.LATEST) if self._p(n).exists() or self._p(n).is_symlink()]
-        for pattern, part in ((self.RANK, "r"), (self.TOPOLOGY, None), (self.RANK_ERROR, "r")):
-            hits = self._glob(pattern, r="*") if part else sorted(self._p("topology").glob("node_*.json"))
+        for pattern in (self.RANK, self.TOPOLOGY, self.RANK_ERROR):
+            hits = self._glob(pattern, r="*", name="*", n="*")
             if hits:
                 found.append(str(hits[0].relative_to(self.path)))
         return found

@@ -30,6 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.doctor import PEER_GONE
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
+from launcher.run.io import Unreadable, read_tail
 from launcher.run.rundir import RESTARTED_BY_USER, RunDir
 from launcher.runtime.env import DeviceError
 
@@ -179,11 +180,8 @@ def last_logged_step(rd: RunDir, since: float) -> Optional[int]:
     """The last step in the metrics that a row written since ``since`` (epoch seconds) names: progress
     of a recipe that logs metrics but does not call ctx.heartbeat(step)."""
     try:
-        with open(rd.metrics_path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
+        lines = read_tail(rd.metrics_path, 8192).decode("utf-8", errors="replace").splitlines()
+    except (OSError, Unreadable):
         return None
     for line in reversed(lines):
         try:
