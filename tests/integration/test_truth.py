@@ -237,15 +237,20 @@ def _wait_for_ranks(run_dir: Path, n: int, timeout: float = 120) -> list:
     raise AssertionError(f"ranks of {run_dir} never started")
 
 
-def test_cancel_stops_a_local_run_and_records_cancelled(tmp_path):
-    root = tmp_path / "runs"
+def _running_local_run(tmp_path: Path, root: Path):
+    """A LONG local run launched without waiting, once both its ranks recorded themselves: (its row, ranks)."""
     # the local job keeps launch's stdout: capture into a file, not a pipe that stays open
     with open(tmp_path / "launch.log", "w") as log:
         res = subprocess.run([str(BIN / "launch"), *LONG, "submit.wait=false"], stdout=log, stderr=log, timeout=120,
                              env=dict(os.environ, LAUNCHER_RUNS=str(root)), cwd=str(tmp_path))
     assert res.returncode == 0, (tmp_path / "launch.log").read_text()
     (run,) = runs_json(root)
-    ranks = _wait_for_ranks(Path(run["dir"]), 2)
+    return run, _wait_for_ranks(Path(run["dir"]), 2)
+
+
+def test_cancel_stops_a_local_run_and_records_cancelled(tmp_path):
+    root = tmp_path / "runs"
+    run, ranks = _running_local_run(tmp_path, root)
     res = launcher(["cancel", run["run_id"]], root)
     assert res.returncode == 0 and "cancelled 1 run(s)" in res.stdout, res.stdout + res.stderr
     deadline = time.time() + 30
@@ -265,12 +270,7 @@ def test_a_cancel_whose_record_cannot_be_written_still_stops_the_job(tmp_path):
     """A record that cannot be written (a full disk; here the run dir made immutable) never stops the
     cancel: the job's processes end all the same, and the command says what it could not record."""
     root = tmp_path / "runs"
-    with open(tmp_path / "launch.log", "w") as log:
-        res = subprocess.run([str(BIN / "launch"), *LONG, "submit.wait=false"], stdout=log, stderr=log, timeout=120,
-                             env=dict(os.environ, LAUNCHER_RUNS=str(root)), cwd=str(tmp_path))
-    assert res.returncode == 0, (tmp_path / "launch.log").read_text()
-    (run,) = runs_json(root)
-    ranks = _wait_for_ranks(Path(run["dir"]), 2)
+    run, ranks = _running_local_run(tmp_path, root)
     if subprocess.run(["chattr", "+i", run["dir"]]).returncode != 0:  # no file can be created or replaced in it
         launcher(["cancel", run["run_id"]], root)
         pytest.skip("this file system has no immutable flag (chattr +i)")
