@@ -1,12 +1,13 @@
 """Any model on every engine, on 2 real Slurm nodes (recipe=lm, docs/models.md): a user's nn.Module from a
-package written outside the tree, trained by DDP, FSDP2, ZeRO-2 and ZeRO-3 with one rank per node (fp32,
+package written outside the tree, trained by FSDP2, ZeRO-2 and ZeRO-3 with one rank per node (fp32,
 dropout 0), and hf_llama_tiny (transformers' LlamaForCausalLM from its config) on FSDP2, all with the
 shipped defaults (wandb on: one wandb run across the requeue, every step in its offline files).
 (hf_llama_tiny on every engine with a bitwise resume: test_engines_any_model.py, on one host.)
 
 Per model ONE Slurm array holds every engine twice: a run preempted mid-step and an uninterrupted one
-(8 points, 2 nodes each). The preempted run is held at step 5 on attempt 1 (train.fail_mode=sleep on the
-second node's rank: a step that never ends, so the drill's moment is exact whatever the machine's load),
+(6 points for the user's module, 2 nodes each). The preempted run is held at step 5 on attempt 1
+(train.fail_mode=sleep on the second node's rank: a step that never ends, so the drill's moment is exact
+whatever the machine's load),
 then `scontrol requeue`d: Slurm kills it mid-step and starts it again, and it resumes from the
 checkpoint after step 3 (train.checkpoint.every=3), redoing steps 4 and 5. Then
 
@@ -37,9 +38,8 @@ BASE = ["recipe=lm", "precision=fp32", f"train.steps={STEPS}", "train.global_bat
 # the drill, on attempt 1 only; `train.fail_at_step=null,5` sweeps it on and off
 DRILL = ["train.fail_mode=sleep", "train.fail_rank=1", "train.fail_attempt=1"]
 # one point per engine: options of a config group the test adds (`--config-dir`), so that one array
-# holds them all (ddp takes no ZeRO stage, so `parallelism=... zero=...` cannot be swept as a product)
+# holds them all (fsdp takes no ZeRO stage, so `parallelism=... zero=...` cannot be swept as a product)
 ENGINES = {
-    "ddp": "parallelism:\n  engine: ddp\n",
     "fsdp": "parallelism:\n  engine: fsdp\n",
     "zero2": "parallelism:\n  engine: deepspeed\nzero:\n  stage: 2\n",
     "zero3": "parallelism:\n  engine: deepspeed\nzero:\n  stage: 3\n",
@@ -82,6 +82,8 @@ MODELS = {
     # a Hugging Face model (transformers.LlamaForCausalLM from its config) preempted on FSDP2 across nodes
     "hf_llama_tiny": ["model=hf_llama_tiny", "lm.vocab_size=128"],
 }
+# DDP on 2 Slurm nodes preempted twice: test_user_recipe.py (a user's DDP loop on the public step loop);
+# here the engines whose state is sharded
 ENGINES_OF = {"user_module": list(ENGINES), "hf_llama_tiny": ["fsdp"]}
 
 

@@ -3,9 +3,9 @@ decision resumes the best from their checkpoints and prunes the rest, and the wi
 where the same point run straight through ends.
 
 - cluster=local, a user's own function recipe on the public StepLoop: 4 points, reduction 2 (4 -> 2 -> 1);
-- cluster=local_slurm, the GPT recipe with the shipped defaults (wandb on): 9 points (optim.lr x
-  optim.warmup_steps), rungs [2, 4, 8], reduction 3 (9 -> 3 -> 1), more points than array slots
-  (cluster.array_parallelism=4): the paused array tasks held (their slots freed for the pending ones)
+- cluster=local_slurm, the GPT recipe with the shipped defaults (wandb on): 4 points (optim.lr x
+  optim.warmup_steps), rungs [2, 4, 8], reduction 2 (4 -> 2 -> 1), more points than array slots
+  (cluster.array_parallelism=3): the paused array tasks held (their slots freed for the pending ones)
   and released by Slurm; no point fails at its pause, no job is left in the queue, and the winner's one
   wandb run holds every step.
 """
@@ -119,24 +119,25 @@ def test_asha_on_local_with_a_users_steploop(tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.timeout(1800)
-def test_asha_8_points_of_the_gpt_on_slurm(slurm, tmp_path):
+def test_asha_4_points_3_rungs_of_the_gpt_on_slurm(slurm, tmp_path):
     base = ["model=gpt_tiny", "cluster=local_slurm", "cluster.nodes=1", "cluster.gpus_per_node=1",
             "train.steps=8", "train.global_batch_size=4", "train.micro_batch_size=2", *QUICK]
     root = tmp_path / "runs"
-    res = launch(["-m", *base, "optim.lr=1e-4,1e-3,1e-2", "optim.warmup_steps=0,1,2", "sweep=asha",
-                  "sweep.rungs=[2,4,8]", "sweep.reduction=3", "cluster.array_parallelism=4"], root,
+    # 4 points, 3 rungs: every rung decides (4 -> 2 -> 1) with fewer array slots than points (3), 7 starts
+    res = launch(["-m", *base, "optim.lr=1e-3,1e-2", "optim.warmup_steps=0,2", "sweep=asha",
+                  "sweep.rungs=[2,4,8]", "sweep.reduction=2", "cluster.array_parallelism=3"], root,
                  extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = wait_final(root, 9, timeout=1500)
+    runs = wait_final(root, 4, timeout=1500)
     summ = status_json(root, runs[0]["sweep_id"], slurm)["rungs"]
     print(json.dumps({k: v for k, v in summ.items() if k != "lines"}, indent=1))
     print("\n".join(summ["lines"]))
     # wandb on (the default): every pause (the job's TERM reaches wandb's service) ends cleanly
-    assert sorted(r["status"] for r in runs) == ["completed"] + ["pruned"] * 8, [r["status"] for r in runs]
-    assert [r["reported"] for r in summ["rungs"]] == [9, 3, 1]
-    winner = check_rule(runs, summ, [2, 4, 8], 3, 8)
-    # steps run: 9 x 2 + 3 x 2 + 1 x 4 of 9 x 8; starts: 9 + 3 + 1 less the deciders that went on
-    assert (summ["steps"], summ["grid_steps"]) == (28, 72) and 9 < summ["starts"] <= 13
+    assert sorted(r["status"] for r in runs) == ["completed"] + ["pruned"] * 3, [r["status"] for r in runs]
+    assert [r["reported"] for r in summ["rungs"]] == [4, 2, 1]
+    winner = check_rule(runs, summ, [2, 4, 8], 2, 8)
+    # steps run: 4 x 2 + 2 x 2 + 1 x 4 of 4 x 8; starts: 4 + 2 + 1 less the deciders that went on
+    assert (summ["steps"], summ["grid_steps"]) == (16, 32) and 4 < summ["starts"] <= 7
     queued = subprocess.run(["squeue", "-h", "-j", ",".join(sorted({str(r["job_id"]).split("_")[0] for r in runs}))],
                             capture_output=True, text=True, env={**os.environ, **slurm}).stdout
     assert queued.strip() == "", queued  # no paused or pruned point's job left in the queue

@@ -117,10 +117,10 @@ def continue_rank_once_signalled(run: Path) -> None:
 
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
 
-# DDP on 2 nodes: test_user_recipe.py's drill (the same public step loop, a user's DDP); ZeRO-2's requeue
-# on Slurm: test_any_model_slurm.py; here the engines whose state is sharded most
+# DDP on 2 nodes preempted twice: test_user_recipe.py's drill (the same public step loop, a user's DDP);
+# FSDP2, ZeRO-2 and ZeRO-3 requeued mid-step on 2 nodes: test_any_model_slurm.py; here the engine whose
+# state is split most ways (tensor and pipeline parallel, 4 processes), through both stops
 ENGINES = {
-    "zero3": ["cluster.nodes=2", "cluster.gpus_per_node=1", "zero=3"],  # the GPT on 2 nodes
     "megatron_tp2_pp2": ["cluster.nodes=1", "cluster.gpus_per_node=4", "parallelism.tp=2", "parallelism.pp=2"],
 }
 
