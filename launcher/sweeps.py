@@ -79,7 +79,8 @@ def plan_arrays(sizes: Sequence[int], limits: ArrayLimits, parallelism: Sequence
             raise TooManyJobs(
                 f"the sweep has {total} points, but the Slurm controller holds at most {limits.max_submit_jobs} "
                 f"jobs (MaxJobCount, every user's, ended ones too for a while; each array task counts) and holds "
-                f"{limits.queued} now: {room} can be submitted now. Nothing was submitted; split the sweep or "
+                f"{limits.queued} now: {room} can be submitted now (slurmctld refuses a submission that would "
+                "bring it up to MaxJobCount, so one slot stays free). Nothing was submitted; split the sweep or "
                 "wait for queued jobs to end")
         already = f", {limits.queued} already queued or running" if limits.queued else ""
         raise TooManyJobs(
