@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -80,6 +81,31 @@ class Sealing:
             return None
         return {"path": str(path), "sha256": tree_sha256(Path(path)), "digest": TREE_DIGEST}
 
+    def held_at_end(self) -> Dict[str, str]:
+        """rel -> sha256 of the records launch wrote that the job reads and never rewrites (the config,
+        its overrides, seeds and plan, the run's record, the batch script): what the job's end passes
+        to the seal made later (finish_in_job's due mark). Small files, read in milliseconds."""
+        out: Dict[str, str] = {}
+        for rel in (self.RUN, self.CONFIG, self.OVERRIDES, self.SEEDS, self.PLAN, self.SCRIPT):
+            p = self._p(rel)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size <= HELD_AT_END_MAX_BYTES:
+                out[rel] = file_sha256(p)
+        return out
+
+    def changed_since_end(self) -> List[str]:
+        """The records the job's end held (its due mark) that differ now or are gone: a change made after
+        the run read final and before its seal (empty: none, or no such mark)."""
+        found = atomic.read_json(self._seal_mark())
+        held = found.get("held") if isinstance(found, dict) and "due" in found else None
+        if not isinstance(held, dict) or not held:
+            return []
+        now = self.held_at_end()
+        return sorted(rel for rel, digest in held.items() if now.get(rel) != digest)
+
     def seal(self) -> Dict[str, Any]:
         """manifest.json over everything in the run dir and the code snapshot's digest, then every file
         read-only (a symlink's target is never touched). Once: an existing manifest is never rewritten,
@@ -89,7 +115,7 @@ class Sealing:
         existing = atomic.read_json(mpath)
         if existing:
             return existing
-        if self._unsealed_since():
+        if self._unsealed_since() or self.changed_since_end():
             return {}
         self.adopt_shared()  # a run that never started holds them too once sealed
         tree = self._tree(trust_checkpoints=True)
@@ -132,6 +158,10 @@ class Sealing:
         mark = self.seal_mark()
         if mark is not None:
             return f"{self.MANIFEST} missing: the run was sealed {mark.get('sealed')} ({self._seal_mark()})"
+        changed = self.changed_since_end()
+        if changed:
+            return (f"{', '.join(changed)} changed after the run ended and before its seal (the job held "
+                    f"other bytes at its end: {self._seal_mark()}); the run is not sealed over it")
         started = self._started()
         if started and not self._p(self.STATUS).exists():
             return f"{self.STATUS} missing although the run started ({', '.join(started)} exist)"
@@ -199,6 +229,7 @@ class Sealing:
 MANIFEST_VERSION = 2  # 2: symlinks, directories and checkpoint files sealed too (1: files only)
 TREE_DIGEST = 2  # tree_sha256's scheme (2: files, symlinks as links, directories); 1: files only
 CHECKPOINT_HASHED_BYTES = 1 << 20  # larger checkpoint files are sealed by size (checkpoint.json: their sha256)
+HELD_AT_END_MAX_BYTES = 16 << 20  # a record larger than this is not held by digest at the job's end (a config is KBs)
 
 
 

@@ -62,7 +62,10 @@ class Transitions:
         (launcher.run.outcome). Its ranks may still be writing their last records until then."""
         done = self.finish(status, seal=False, **fields)
         if done and not self.is_sealed():
-            atomic.write_json(self._seal_mark(), {"run_dir": str(self.path), "due": now_iso()})
+            # the records launch wrote, by digest, as the job ends: the seal made later finds a change
+            # made in between and never seals it in (Sealing.changed_since_end)
+            atomic.write_json(self._seal_mark(), {"run_dir": str(self.path), "due": now_iso(),
+                                                  "held": self.held_at_end()})
         return done
 
     @contextlib.contextmanager

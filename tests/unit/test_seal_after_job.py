@@ -40,6 +40,22 @@ def test_a_run_ended_in_its_job_is_due_not_sealed_and_reads_intact_until_the_sea
     assert not seal.seal_if_due(rd)  # once
 
 
+def test_a_config_changed_between_the_runs_end_and_its_seal_is_never_sealed_in(tmp_path, capsys):
+    """The seal job (or the login side) seals seconds after the run reads final: a change to what launch
+    wrote in that window is found against the digests the job's end held, named, and not sealed over."""
+    rd = ended_in_job(tmp_path / "runs")  # launch wrote run.json; the job read it and ended
+    mark = json.loads(rd._seal_mark().read_text())
+    assert set(mark["held"]) == {"run.json"} and mark["held"] == rd.held_at_end()
+    # the same records, untouched: nothing changed, the seal goes ahead as before
+    assert rd.changed_since_end() == [] and rd.lost_seal() is None
+    (rd.path / "run.json").write_text(json.dumps({"run_id": "s1-0", "seed": 99}))  # changed in the window
+    assert rd.changed_since_end() == ["run.json"]
+    assert "run.json changed after the run ended and before its seal" in rd.lost_seal()
+    assert seal.main([str(rd.path)]) == 0
+    assert not rd.is_sealed() and rd.seal() == {}  # never sealed over the change
+    assert rd.verify() == [rd.lost_seal()]  # show, diff and reproduce report it
+
+
 def test_the_seal_job_leaves_alone_what_is_not_due(tmp_path):
     running = SweepDir(tmp_path / "s").run(0)
     running.path.mkdir(parents=True)
