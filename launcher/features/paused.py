@@ -2,7 +2,8 @@
 see it: its index, its backend, and its pause at a boundary (an ASHA rung, a PBT generation)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import sys
+from typing import Any, Callable, Optional
 
 from launcher import backends
 from launcher.run.rundir import RunDir
@@ -23,3 +24,16 @@ def pause_point(rd: RunDir, detail: str, step: int, job_id: Optional[str]) -> No
     ``paused`` (``detail``: where) and its job ended by the backend, kept to be resumed or dropped."""
     rd.set_status(Status.paused, stop={"reason": "rung", "detail": detail, "rank": 0, "step": step})
     backend_of(rd).pause(job_id)
+
+
+def recorded(what: str, write: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Write the record of a scheduler's decision or of an action on a point's job. A record that cannot
+    be written (a full disk, a read-only file) never stops the action it records: said on stderr, and
+    the sweep's next refresh (`launcher status`) settles the points it names. False: not written."""
+    try:
+        write(*args, **kwargs)
+        return True
+    except OSError as e:
+        print(f"launcher: {what} was not recorded ({e.strerror or e}); the decision is carried out all "
+              "the same, and `launcher status SWEEP` settles what it left", file=sys.stderr, flush=True)
+        return False

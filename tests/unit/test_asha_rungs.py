@@ -110,3 +110,53 @@ def test_a_hydra_apps_point_pauses_through_the_backend_it_was_submitted_to(tmp_p
         rd.set_status(Status.running, attempt=1, job_id=f"9_{i}")
     assert sd.run(0).backend_name() == "slurm"
     assert report(sd, 0, 2, 1.0) == "wait" and paused == ["slurm", "9_0"]
+
+
+def test_a_rung_decided_on_a_full_disk_still_releases_and_drops_the_held_jobs(tmp_path, monkeypatch, capsys):
+    """The order of effects: the decision's records (rungs.jsonl, the points' status) cannot be written,
+    the point deciding still releases the promoted point's held job and drops the pruned ones' (a held job
+    nobody releases waits in the queue for ever), says what was not recorded; `launcher status` settles."""
+    import errno
+
+    from launcher import backends
+
+    acted = []
+
+    class Held:
+        pause_ends_job = True
+
+        def pause(self, job_id):
+            acted.append(("pause", job_id))
+
+        def resume_paused(self, job_id):
+            acted.append(("release", job_id))
+
+        def drop_paused(self, job_id):
+            acted.append(("drop", job_id))
+
+        def seal_after_job(self, *a):
+            acted.append(("seal", a[1]))
+
+    monkeypatch.setattr(backends, "get", lambda name: Held())
+    sd = sweep(tmp_path)
+    for p, v in [(0, 3.0), (1, 1.0), (2, 2.0)]:
+        assert report(sd, p, 2, v) == "wait"
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def no_room(*a, **k):
+        raise full
+
+    real_add = SweepDir.add_rung_rows
+    monkeypatch.setattr(SweepDir, "add_rung_rows", lambda self, rows: no_room() if rows[0]["kind"] == "decision"
+                        else real_add(self, rows))
+    monkeypatch.setattr(RunDir, "finish_in_job", no_room)
+    real_set = RunDir.set_status
+    monkeypatch.setattr(RunDir, "set_status", lambda self, st, **kw: no_room() if st is Status.requeued
+                        else real_set(self, st, **kw))
+    # the report itself is written (the lock's file, add_report); the decision's records are not
+    assert report(sd, 3, 2, 0.5) == "promoted"
+    assert ("release", "1001") in acted and ("drop", "1000") in acted and ("drop", "1002") in acted, acted
+    err = capsys.readouterr().err
+    assert "the rung decisions was not recorded (No space left on device)" in err
+    assert "point 1's promotion was not recorded" in err and "point 0 pruned was not recorded" in err
+    assert not any(a == "seal" for a, _ in acted)  # nothing final recorded, nothing to seal yet

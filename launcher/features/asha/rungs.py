@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from launcher.features.asha import schedule as asha
-from launcher.features.paused import backend_of, pause_point, point_of
+from launcher.features.paused import backend_of, pause_point, point_of, recorded
 from launcher.features.pbt import generations as pbt
 from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
@@ -107,10 +107,13 @@ def _state(sd: SweepDir) -> asha.State:
 
 
 def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Optional[int]) -> None:
-    """Record the new decisions and act on every paused point they name (not ``me``: the caller)."""
+    """Record the new decisions and act on every paused point they name (not ``me``: the caller). A record
+    that cannot be written never stops an action (``recorded``): a decision is a pure function of the
+    reports, so one decided again later acts on no point twice (only paused points are acted on)."""
     if not new:
         return
-    sd.add_rung_rows([{"kind": "decision", **d.to_json(), "step": rule.pause_rungs[d.rung]} for d in new])
+    recorded("the rung decisions", sd.add_rung_rows,
+             [{"kind": "decision", **d.to_json(), "step": rule.pause_rungs[d.rung]} for d in new])
     for d in new:
         step = rule.pause_rungs[d.rung]
         for p in d.promoted:
@@ -118,24 +121,30 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
             if p == me or rd.status().state is not Status.paused:
                 continue
             job_id = rd.status().job_id
-            rd.set_status(Status.requeued, stop={"reason": "promoted", "detail": f"promoted at rung {d.rung} "
-                                                 f"(step {step})", "rank": None, "step": step})
+            # recorded before the release: the resumed job's own `running` must not be overwritten
+            recorded(f"point {p}'s promotion", rd.set_status, Status.requeued,
+                     stop={"reason": "promoted", "detail": f"promoted at rung {d.rung} (step {step})", "rank": None,
+                           "step": step})
             try:
                 backend_of(rd).resume_paused(job_id)
             except Exception as e:  # the point cannot go on: it ends, saying why
-                rd.finish_in_job(Status.failed, exit_code=1, error=f"promoted at rung {d.rung} but not resumed: "
-                                 f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip())
+                why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
+                recorded(f"point {p}'s failed promotion", rd.finish_in_job, Status.failed, exit_code=1,
+                         error=f"promoted at rung {d.rung} but not resumed: {why}")
         for p in d.pruned:
             rd = sd.run(p)
             if p == me or rd.status().state is not Status.paused:
                 continue
             job_id = rd.status().job_id
-            rd.finish_in_job(Status.pruned, exit_code=0, error=None, stop={"rung": d.rung, "step": step})
+            backend = backend_of(rd)
+            # recorded first (a refresh between the drop and the record would read a cancelled job), and
+            # dropped whether or not it was: a held job nobody drops waits in the queue for ever
+            pruned = recorded(f"point {p} pruned", rd.finish_in_job, Status.pruned, exit_code=0, error=None,
+                              stop={"rung": d.rung, "step": step})
             try:
-                backend = backend_of(rd)
                 backend.drop_paused(job_id)
-                # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
-                backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
+                if pruned:  # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
+                    backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
             except Exception as e:
                 print(f"launcher: the paused job {job_id} of pruned point {p} was not dropped ({e})",
                       file=sys.stderr, flush=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.archive import atomic
-from launcher.features.paused import backend_of, pause_point, point_of
+from launcher.features.paused import backend_of, pause_point, point_of, recorded
 from launcher.features.pbt import generations as pbt
 from launcher.run import checkpoint_manifest
 from launcher.run.rundir import RunDir, SweepDir
@@ -155,10 +155,12 @@ def _decide(sd: SweepDir, rule: pbt.Rule, gen: int, values: Dict[int, Optional[f
         _append(member.path / LINEAGE, {"generation": gen, "step": step, "donor": c.donor, **got,
                                         "before": c.before, "after": c.after, "factors": c.factors,
                                         **({"replayed_from": str(rule.replay)} if rule.replay else {})})
-    sd.add_rung_rows([{"kind": "generation", **decision.to_json(), "step": step,
-                       "values": {str(p): v for p, v in values.items()},
-                       "copied": {str(p): d for p, d in digests.items()},
-                       **({"replayed_from": str(rule.replay)} if rule.replay else {})}])
+    # the copies and values above are what the members train on; this row is the record of the decision:
+    # one that cannot be written never keeps the members from going on (paused.recorded)
+    recorded(f"pbt generation {gen}'s decision", sd.add_rung_rows,
+             [{"kind": "generation", **decision.to_json(), "step": step,
+               "values": {str(p): v for p, v in values.items()}, "copied": {str(p): d for p, d in digests.items()},
+               **({"replayed_from": str(rule.replay)} if rule.replay else {})}])
     return decision
 
 
@@ -167,13 +169,17 @@ def _resume_paused(sd: SweepDir, gen: int, step: int) -> None:
         if rd.status().state is not Status.paused:
             continue
         job_id = rd.status().job_id
-        rd.set_status(Status.requeued, stop={"reason": "promoted", "detail": f"pbt generation {gen} (step {step})",
-                                             "rank": None, "step": step})
+        # recorded before the release (the resumed job's own `running` must not be overwritten); a record
+        # that cannot be written never keeps the member held
+        recorded(f"member {rd.path.name}'s release", rd.set_status, Status.requeued,
+                 stop={"reason": "promoted", "detail": f"pbt generation {gen} (step {step})", "rank": None,
+                       "step": step})
         try:
             backend_of(rd).resume_paused(job_id)
         except Exception as e:  # the member cannot go on: it ends, saying why
-            rd.finish_in_job(Status.failed, exit_code=1, error=f"pbt generation {gen} decided but not resumed: "
-                             f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip())
+            why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
+            recorded(f"member {rd.path.name}'s failed release", rd.finish_in_job, Status.failed, exit_code=1,
+                     error=f"pbt generation {gen} decided but not resumed: {why}")
 
 
 def _pause(rd: RunDir, gen: int, step: int, job_id: Optional[str]) -> None:
