@@ -13,8 +13,9 @@ PY=.venv/bin/python
 # the GPU and the NCCL this torch brings: a CPU build (or hidden GPUs) stops here, never times the CPU
 $PY -c 'import sys, torch
 if not torch.cuda.is_available(): sys.exit(f"gpu_mfu: torch {torch.__version__} sees no GPU (torch.version.cuda={torch.version.cuda})")
+nccl = ".".join(map(str, torch.cuda.nccl.version()))
 print(f"device: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
-      f"CUDA {torch.version.cuda}, NCCL {".".join(map(str, torch.cuda.nccl.version()))}")'
+      f"CUDA {torch.version.cuda}, NCCL {nccl}")'
 peak_json="$($PY benchmarks/matmul_peak.py)"
 echo "measured: $peak_json"
 measured="$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["bf16_matmul_tflops"])' "$peak_json")"
