@@ -158,7 +158,9 @@ class ClusterConfig:
     cpus_per_task: int = num(1, ge=1)
     # CPUs of one node; set, gpus_per_node x cpus_per_task must fit in it (a rule)
     cpus_per_node: Optional[int] = num(None, ge=1, fix="set cluster.cpus_per_node to the node's core count, or null")
-    mem_gb: Optional[int] = num(None, ge=1, fix="set cluster.mem_gb to 1 or more, or null for the partition's default")
+    # memory per node in GB (sbatch --mem); 0: all of each node's memory (--mem=0); null: the partition's default
+    mem_gb: Optional[int] = num(None, ge=0, fix="set cluster.mem_gb to the GB each node gives the job, 0 for all of "
+                                "each node's memory, or null for the partition's default")
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

@@ -101,7 +101,7 @@ BAD = [
     (["cluster.time_min=2"], "cluster.signal_delay_s"),  # the 120 s signal would come at the start
     (["cluster=local_slurm", "cluster.time_min=3", "cluster.signal_delay_s=100"], "cluster.signal_delay_s"),
     (["cluster=a100_80g", "cluster.cpus_per_task=0"], "cluster.cpus_per_task"),
-    (["cluster=a100_80g", "cluster.mem_gb=0"], "cluster.mem_gb"),
+    (["cluster=a100_80g", "cluster.mem_gb=-1"], "cluster.mem_gb"),  # (0: all of each node's memory)
     (["cluster=a100_80g", "cluster.array_parallelism=0"], "cluster.array_parallelism"),
     # a recipe's own settings (recipe.params), read by a pure function at launch
     (["recipe=commbench", "recipe.params.max_bytes=-5"], "recipe.params"),

@@ -75,8 +75,8 @@ class SlurmSubmission:
             value = cl.get(key)
             if value:
                 params[key] = str(value)
-        if cl.mem_gb:
-            params["mem"] = f"{int(cl.mem_gb)}GB"
+        if cl.mem_gb is not None:  # 0: --mem=0, all of each node's memory
+            params["mem"] = f"{int(cl.mem_gb)}GB" if int(cl.mem_gb) else "0"
         # a value true (its YAML typed as a string here) is a bare flag: --no-requeue, not --no-requeue=True
         extra = {str(k): True if str(v).lower() == "true" else v for k, v in cl.sbatch_extra.items()}
         # submitit's own parameters as given (the Hydra launcher's hydra-submitit-launcher options:
