@@ -10,6 +10,7 @@ import socket
 import sys
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict
 
 from hydra.utils import get_method
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 
 # ProcessGroupNCCL's error handling switch, and its deprecated name: a value the user set is kept
 NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+FLIGHT_RECORDER = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # > 0: each rank keeps its last N collectives
+# where a dump goes (rank appended): torch's newer and older names
+FLIGHT_RECORDER_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
 class RunTask:
@@ -178,6 +182,22 @@ def _select_device(cfg: RunConfig, denv) -> bool:
     return True
 
 
+def nccl_env(environ: Dict[str, str], run_dir: Path) -> Dict[str, str]:
+    """What a rank on NCCL adds to its environment before its process group (pure): error handling 2 (a
+    failed or timed-out collective aborts the communicator and raises in Python, where the run records it
+    and asks for the requeue; 1 and 3 end the process in C++, with no word) unless set; with the flight
+    recorder on (TORCH_NCCL_TRACE_BUFFER_SIZE, the GPU templates), its dumps in the run dir's stacks/
+    beside the hang watchdog's, not in the node's /tmp."""
+    out: Dict[str, str] = {}
+    if not any(k in environ for k in NCCL_ERROR_HANDLING):
+        out[NCCL_ERROR_HANDLING[0]] = "2"
+    if str(environ.get(FLIGHT_RECORDER, "0")).strip() not in ("", "0"):
+        for key in FLIGHT_RECORDER_FILE:
+            if key not in environ:
+                out[key] = str(Path(run_dir) / "stacks" / "nccl_trace_rank_")
+    return out
+
+
 def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
                 attempt: Dict[str, int]) -> Dict[str, Any]:
     if is_script(cfg_plain.get("recipe")):  # the script makes its own process group (docs/scripts.md)
@@ -193,10 +213,11 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
                            f"{layout.world_size} (dp {layout.dp} x pp {layout.pp} x tp {layout.tp})")
     use_cuda = _select_device(cfg, denv)
     backend = "nccl" if use_cuda else "gloo"
-    if use_cuda and not any(k in os.environ for k in NCCL_ERROR_HANDLING):
-        # 2: a failed or timed-out collective aborts the communicator and raises in Python, where the
-        # run records it and asks for the requeue (1 and 3 end the process in C++, with no word)
-        os.environ[NCCL_ERROR_HANDLING[0]] = "2"
+    if use_cuda:
+        added = nccl_env(dict(os.environ), rd.path)
+        os.environ.update(added)
+        if any(k in added for k in FLIGHT_RECORDER_FILE):
+            (rd.path / "stacks").mkdir(exist_ok=True)
     device = f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu"
     dist.init_process_group(
         backend=backend,
