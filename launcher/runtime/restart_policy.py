@@ -9,7 +9,9 @@ next attempt would repeat ends the run at once, with the reason and the fix:
   checkpoint to resume from passes verification (``CheckpointCorrupt``: the next attempt would read
   the same bytes);
 - one that repeats the previous attempt's failure (same exception, message and raising frame)
-  before this attempt finished a new step (a step past the checkpoint it resumed from).
+  before this attempt finished a new step (a step past the checkpoint it resumed from), or in the
+  same step as the previous attempt: a run resumes exactly, so the steps it trains again lead to the
+  same state and the same failure, restart after restart.
 
 Every other failure restarts while ``train.max_restarts`` lasts: a peer that went away (a killed rank,
 a lost node), a collective timeout, a failure after progress. Signals, hangs and a job the scheduler
@@ -148,10 +150,16 @@ def decide(failure: Failure, previous: Optional[Failure]) -> Decision:
     if failure.kind in NOT_FIXED_BY_A_RESTART and not (failure.kind == "missing_file" and failure.progressed):
         why, fix = NOT_FIXED_BY_A_RESTART[failure.kind]
         return Decision(False, why, fix, failure.kind)
-    if previous is not None and previous.signature == failure.signature and not failure.progressed:
+    if previous is not None and previous.signature == failure.signature:
         why, fix = NOT_FIXED_BY_A_RESTART["repeated"]
         at = f" at {failure.place}" if failure.place else ""
-        return Decision(False, f"{why} (attempt {previous.attempt} failed the same way{at})", fix, "repeated")
+        if not failure.progressed:
+            return Decision(False, f"{why} (attempt {previous.attempt} failed the same way{at})", fix, "repeated")
+        # an exception, not a silent death (a node lost twice at one step is chance, not the program)
+        if failure.kind != "rank_lost" and failure.step is not None and previous.step == failure.step:
+            return Decision(False, f"the failure repeats the previous attempt's in the same step ({failure.step + 1}): "
+                            f"the run resumes exactly, so each restart would train into it again (attempt "
+                            f"{previous.attempt} failed the same way{at})", fix, "repeated")
     if failure.progressed:
         return Decision(True, f"the attempt made progress (step {failure.step}, from {failure.from_step})")
     return Decision(True, "the first failure of its kind: the next attempt may not repeat it")

@@ -53,12 +53,16 @@ def test_local_run_trains_and_archives(runs_root):
 
 
 def test_local_failure_is_failed_with_traceback(runs_root):
-    # no restart: the failure is the outcome
-    res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1", "train.max_restarts=0"], runs_root)
+    # the default restart budget (3): the same exception in the same step of attempt 2 ends the run there,
+    # the run resuming exactly (no checkpoint: attempt 2 trains steps 1-2 again into the same failure)
+    res = launch(["train.steps=10", "train.fail_at_step=3", "train.fail_rank=1"], runs_root)
     assert res.returncode != 0
     (run,) = runs_json(runs_root)
     assert run["status"] == "failed"
     assert "injected failure at step 3 on rank 1" in run["error"]
+    status = json.loads((Path(run["dir"]) / "status.json").read_text())
+    assert status["attempt"] == 2 and status["no_restart"]["kind"] == "repeated", status
+    assert "in the same step (3)" in status["no_restart"]["why"], status["no_restart"]
     log = launch_log(run, rank=1)
     assert "Traceback" in log and "RuntimeError: injected failure" in log
 

@@ -43,13 +43,23 @@ def test_the_same_exception_at_the_same_place_without_a_new_step_ends_the_run():
     assert "attempt 1 failed the same way" in d.why and "train.py:3 in main" in d.why and d.fix
 
 
-def test_a_repeat_after_a_new_step_restarts():
-    # the injected failure at step 2 of every attempt: attempt 2 finished step 1 (from step 0) first
+def test_a_repeat_in_the_same_step_ends_the_run_even_after_new_steps():
+    # the same error in step 2 of every attempt (no checkpoint: each attempt trains step 1 again): the
+    # run resumes exactly, so the step that failed fails again (a deterministic error restarted 3 times
+    # before: 4 attempts, each waiting for its allocation)
     first = failure(attempt=1, step=1)
     again = failure(attempt=2, step=1, from_step=0)
-    assert policy.decide(again, previous=first).restart
+    d = policy.decide(again, previous=first)
+    assert not d.restart and d.kind == "repeated"
+    assert "in the same step (2)" in d.why and "attempt 1 failed the same way" in d.why and d.fix
     # resumed from step 6, failed before finishing step 7: no new step
     assert not policy.decide(failure(attempt=3, step=6, from_step=6), previous=again).restart
+
+
+def test_a_repeat_in_a_later_step_restarts():
+    # the same message further on: the attempt got past where the last one failed
+    first = failure(attempt=1, step=1)
+    assert policy.decide(failure(attempt=2, step=4, from_step=0), previous=first).restart
 
 
 def test_a_different_message_or_place_is_not_a_repeat():
