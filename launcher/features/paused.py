@@ -37,3 +37,15 @@ def recorded(what: str, write: Callable[..., Any], *args: Any, **kwargs: Any) ->
         print(f"launcher: {what} was not recorded ({e.strerror or e}); the decision is carried out all "
               "the same, and `launcher status SWEEP` settles what it left", file=sys.stderr, flush=True)
         return False
+
+
+def drop_held(rd: RunDir, job_id: Optional[str], who: str) -> bool:
+    """The held job of a point that ended while paused (pruned, or a promotion that failed): dropped from
+    the queue, where nothing would ever release it. False (said): it could not be dropped."""
+    try:
+        backend_of(rd).drop_paused(job_id)
+        return True
+    except Exception as e:
+        print(f"launcher: the paused job {job_id} of {who} was not dropped ({type(e).__name__}: {e}); "
+              "`launcher cancel SWEEP` drops it", file=sys.stderr, flush=True)
+        return False

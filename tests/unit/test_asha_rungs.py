@@ -160,3 +160,36 @@ def test_a_rung_decided_on_a_full_disk_still_releases_and_drops_the_held_jobs(tm
     assert "the rung decisions was not recorded (No space left on device)" in err
     assert "point 1's promotion was not recorded" in err and "point 0 pruned was not recorded" in err
     assert not any(a == "seal" for a, _ in acted)  # nothing final recorded, nothing to seal yet
+
+
+def test_a_point_whose_promotion_fails_ends_failed_and_its_held_job_is_dropped(tmp_path, monkeypatch):
+    """`scontrol release` refused (the job purged, an admin's hold): the point cannot go on, so it ends
+    `failed` saying why, and its held job leaves the queue instead of waiting there for ever."""
+    from launcher import backends
+
+    acted = []
+
+    class Refusing:
+        pause_ends_job = True
+
+        def pause(self, job_id):
+            acted.append(("pause", job_id))
+
+        def resume_paused(self, job_id):
+            raise RuntimeError("scontrol release 1001: Job is no longer held")
+
+        def drop_paused(self, job_id):
+            acted.append(("drop", job_id))
+
+        def seal_after_job(self, *a):
+            acted.append(("seal", a[1]))
+
+    monkeypatch.setattr(backends, "get", lambda name: Refusing())
+    sd = sweep(tmp_path)
+    for p, v in [(0, 3.0), (1, 1.0), (2, 2.0)]:
+        assert report(sd, p, 2, v) == "wait"
+    assert report(sd, 3, 2, 0.5) == "promoted"  # 1 promoted, its release refused
+    st = sd.run(1).status()
+    assert st.state is Status.failed and "promoted at rung 0 but not resumed" in st.error
+    assert "Job is no longer held" in st.error
+    assert ("drop", "1001") in acted and ("drop", "1000") in acted and ("drop", "1002") in acted, acted

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.archive import atomic
-from launcher.features.paused import backend_of, pause_point, point_of, recorded
+from launcher.features.paused import backend_of, drop_held, pause_point, point_of, recorded
 from launcher.features.pbt import generations as pbt
 from launcher.run import checkpoint_manifest
 from launcher.run.rundir import RunDir, SweepDir
@@ -180,6 +180,7 @@ def _resume_paused(sd: SweepDir, gen: int, step: int) -> None:
             why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
             recorded(f"member {rd.path.name}'s failed release", rd.finish_in_job, Status.failed, exit_code=1,
                      error=f"pbt generation {gen} decided but not resumed: {why}")
+            drop_held(rd, job_id, f"member {rd.path.name}")
 
 
 def _pause(rd: RunDir, gen: int, step: int, job_id: Optional[str]) -> None:
