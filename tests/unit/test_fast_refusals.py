@@ -255,3 +255,29 @@ def test_the_launch_is_refused_before_writing_anything(monkeypatch, tmp_path):
     with pytest.raises(pipeline.InvalidSweep, match=r"MaxSubmitJobsPerUser of QOS long.*0 can be submitted now"):
         pipeline.launch(points, argv=["launch"], out=io.StringIO())
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+
+
+def test_a_dry_run_plans_from_the_limits_not_from_the_room_the_queue_leaves_now(monkeypatch, tmp_path, capsys):
+    """The QOS's MaxSubmitJobsPerUser is used up by jobs queued now: the launch is refused (above), the dry
+    run previews the arrays the limits allow and says how many points could be submitted this minute."""
+    from launcher.submit import pipeline
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _fake_slurm(monkeypatch, SITE)
+    monkeypatch.setattr(slurm.limits, "cluster_nodes", lambda: NODES)
+    monkeypatch.setattr(slurm.SlurmBackend, "runs_root_problem", lambda self, root, cfg=None: None)
+    runs = tmp_path / "runs"
+    points = [pipeline.Point(_cfg("model=gpt_tiny", "train.steps=2", "optim.warmup_steps=0", "submit.dry_run=true",
+                                  f"submit.runs_root={runs}", "cluster.qos=long", f"seed={s}"), [f"seed={s}"])
+              for s in range(2)]
+    out = io.StringIO()
+    pipeline.launch(points, argv=["launch"], out=out)
+    assert out.getvalue().count("# ---- sbatch script for points") == 1, out.getvalue()[-2000:]
+    err = capsys.readouterr().err
+    assert "0 of these 2 points can be submitted at this moment (MaxSubmitJobsPerUser of QOS long" in err, err
+    assert not runs.exists() or not any(runs.iterdir())  # a dry run writes nothing
+    # beyond the limit itself, with nothing queued, a dry run is refused as the launch is
+    big = [pipeline.Point(_cfg("model=gpt_tiny", "submit.dry_run=true", f"submit.runs_root={runs}",
+                               "cluster.qos=long", f"seed={s}"), [f"seed={s}"]) for s in range(4)]
+    with pytest.raises(pipeline.InvalidSweep, match=r"MaxSubmitJobsPerUser of QOS long"):
+        pipeline.launch(big, argv=["launch"], out=io.StringIO())
