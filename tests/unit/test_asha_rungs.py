@@ -25,6 +25,29 @@ def sweep(tmp_path, n=4) -> SweepDir:
     return sd
 
 
+class JobsActedOn:
+    """A backend that records what a decision does to the points' jobs; ``refuse``: its release raises."""
+
+    pause_ends_job = True
+
+    def __init__(self, refuse=None):
+        self.acted, self.refuse = [], refuse
+
+    def pause(self, job_id):
+        self.acted.append(("pause", job_id))
+
+    def resume_paused(self, job_id):
+        if self.refuse:
+            raise RuntimeError(self.refuse)
+        self.acted.append(("release", job_id))
+
+    def drop_paused(self, job_id):
+        self.acted.append(("drop", job_id))
+
+    def seal_after_job(self, *a):
+        self.acted.append(("seal", a[1]))
+
+
 def report(sd, p, step, value):
     rd = sd.run(p)
     return rungs.report(rd, rungs.rule_of(rd), step, value, attempt=int(rd.status().attempt or 1), seconds=1.0,
@@ -120,24 +143,9 @@ def test_a_rung_decided_on_a_full_disk_still_releases_and_drops_the_held_jobs(tm
 
     from launcher import backends
 
-    acted = []
-
-    class Held:
-        pause_ends_job = True
-
-        def pause(self, job_id):
-            acted.append(("pause", job_id))
-
-        def resume_paused(self, job_id):
-            acted.append(("release", job_id))
-
-        def drop_paused(self, job_id):
-            acted.append(("drop", job_id))
-
-        def seal_after_job(self, *a):
-            acted.append(("seal", a[1]))
-
-    monkeypatch.setattr(backends, "get", lambda name: Held())
+    fake = JobsActedOn()
+    acted = fake.acted
+    monkeypatch.setattr(backends, "get", lambda name: fake)
     sd = sweep(tmp_path)
     for p, v in [(0, 3.0), (1, 1.0), (2, 2.0)]:
         assert report(sd, p, 2, v) == "wait"
@@ -167,24 +175,9 @@ def test_a_point_whose_promotion_fails_ends_failed_and_its_held_job_is_dropped(t
     `failed` saying why, and its held job leaves the queue instead of waiting there for ever."""
     from launcher import backends
 
-    acted = []
-
-    class Refusing:
-        pause_ends_job = True
-
-        def pause(self, job_id):
-            acted.append(("pause", job_id))
-
-        def resume_paused(self, job_id):
-            raise RuntimeError("scontrol release 1001: Job is no longer held")
-
-        def drop_paused(self, job_id):
-            acted.append(("drop", job_id))
-
-        def seal_after_job(self, *a):
-            acted.append(("seal", a[1]))
-
-    monkeypatch.setattr(backends, "get", lambda name: Refusing())
+    fake = JobsActedOn(refuse="scontrol release 1001: Job is no longer held")
+    acted = fake.acted
+    monkeypatch.setattr(backends, "get", lambda name: fake)
     sd = sweep(tmp_path)
     for p, v in [(0, 3.0), (1, 1.0), (2, 2.0)]:
         assert report(sd, p, 2, v) == "wait"
