@@ -49,3 +49,17 @@ def drop_held(rd: RunDir, job_id: Optional[str], who: str) -> bool:
         print(f"launcher: the paused job {job_id} of {who} was not dropped ({type(e).__name__}: {e}); "
               "`launcher cancel SWEEP` drops it", file=sys.stderr, flush=True)
         return False
+
+
+def release(rd: RunDir, job_id: Optional[str], who: str, act: str, stop: dict, failure: str) -> None:
+    """A paused point the decision lets go on (an ASHA promotion, a PBT generation's release): recorded
+    ``requeued`` first (the resumed job's own ``running`` must not be overwritten; a record that cannot be
+    written never keeps it held), then released by its backend. A release refused ends the point
+    ``failed`` (``failure``, then the backend's words) and drops its held job."""
+    recorded(f"{who}'s {act}", rd.set_status, Status.requeued, stop=stop)
+    try:
+        backend_of(rd).resume_paused(job_id)
+    except Exception as e:  # the point cannot go on: it ends, saying why, and its held job goes
+        why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
+        recorded(f"{who}'s failed {act}", rd.finish_in_job, Status.failed, exit_code=1, error=f"{failure}: {why}")
+        drop_held(rd, job_id, who)

@@ -209,13 +209,13 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     return good
 
 
-def arrays(checked: List[Checked], now: bool = True, said: Optional[List[str]] = None) -> List[Array[Checked]]:
+def arrays(checked: List[Checked], preview: Optional[List[str]] = None) -> List[Array[Checked]]:
     """The submissions of a launch (launcher.submit.submission.arrays): points of equal resources
     share one, split under the scheduler's limits. Raises InvalidSweep, before anything is written
-    or submitted, when the sweep needs more jobs than the user may queue (``now=False``, a dry run: more
-    than the limits hold with nothing queued; the room at this moment is a line in ``said``)."""
+    or submitted, when the sweep needs more jobs than the user may queue (``preview``, a dry run's notes:
+    more than the limits hold with nothing queued; the room at this moment is a line in it)."""
     try:
-        return submission.arrays(checked, cfg=lambda c: c.point.cfg, now=now, said=said)
+        return submission.arrays(checked, cfg=lambda c: c.point.cfg, preview=preview)
     except Unschedulable as e:  # TooManyJobs among them
         raise InvalidSweep(str(e)) from None
 
@@ -232,9 +232,9 @@ def sweep_job_name(checked: List[Checked], sweep_id: str) -> str:
 def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     """Print each point's resolved config and each group's submission preview, as the archive would
     hold them (secrets redacted); write and submit nothing."""
-    said: List[str] = []
-    planned = arrays(checked, now=False, said=said)  # the limits, not the queue's room this minute
-    for line in said:
+    notes: List[str] = []
+    planned = arrays(checked, preview=notes)  # the limits, not the queue's room this minute
+    for line in notes:
         print(f"launch: note: {line}", file=sys.stderr)
     known = _known_secrets(checked, _snapshot_root(checked))  # as create() gathers them
     sweep = SweepDir.new(runs_root)

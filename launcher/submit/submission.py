@@ -42,8 +42,8 @@ class Array(Generic[T]):
 
 
 def arrays(items: Sequence[T], cfg: Callable[[T], Any],
-           key: Callable[[T], Hashable] = lambda _: None, now: bool = True,
-           said: Optional[List[str]] = None) -> List[Array[T]]:
+           key: Callable[[T], Hashable] = lambda _: None,
+           preview: Optional[List[str]] = None) -> List[Array[T]]:
     """Points with the same backend grouping key (equal resources; and equal ``key``, e.g. their
     sweep dir) share one submission; each group split into arrays under its backend's limits
     (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
@@ -51,9 +51,9 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
     cluster.array_parallelism of its points. Raises launcher.sweeps.Unschedulable, before anything is
     written or submitted, when a request is one the scheduler could never run (Backend.request_problems:
     a world larger than the cluster, a job name too long), and its TooManyJobs when the points need
-    more jobs than the scheduler will hold now. ``now=False`` (a dry run): planned from the limits alone, as
-    if nothing were queued (a full cluster is when a user previews); the room the queue leaves at this
-    moment, when smaller than the points, is a line appended to ``said``."""
+    more jobs than the scheduler will hold now. ``preview`` (a dry run's notes): planned from the limits
+    alone, as if nothing were queued (a full cluster is when a user previews); the room the queue leaves
+    at this moment, when smaller than the points, is a line appended to it."""
     grouped: Dict[Tuple[str, Hashable, str], List[T]] = {}
     asks: Dict[Tuple[str, str, str, str], Any] = {}  # one config per request the scheduler is asked about
     for x in items:
@@ -89,10 +89,10 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
         asked = [SimpleNamespace(cluster={**overrides, **dict(zip(SUBMIT_SCOPE, s))}) for s in scopes]
         limits = min((backends.get(name).array_limits(a) for a in asked), key=lambda lim: lim.room)
         throttle = [min(int(cfg(x).cluster.array_parallelism) for x in g) for g in gs]
-        if not now:
+        if preview is not None:
             total = sum(len(g) for g in gs)
-            if total > limits.room and said is not None:
-                said.append(f"{max(int(limits.room), 0)} of these {total} points can be submitted at this moment "
+            if total > limits.room:
+                preview.append(f"{max(int(limits.room), 0)} of these {total} points can be submitted at this moment "
                             f"({limits.bound}: {limits.queued} jobs queued now); the launch itself would be "
                             "refused until the queue has room")
             limits = replace(limits, queued=0)

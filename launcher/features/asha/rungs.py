@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from launcher.features.asha import schedule as asha
-from launcher.features.paused import backend_of, drop_held, pause_point, point_of, recorded
+from launcher.features.paused import backend_of, drop_held, pause_point, point_of, recorded, release
 from launcher.features.pbt import generations as pbt
 from launcher.run.rundir import RunDir, SweepDir
 from launcher.run.status import Status
@@ -120,31 +120,21 @@ def _carry_out(sd: SweepDir, rule: asha.Rule, new: List[asha.Decision], me: Opti
             rd = sd.run(p)
             if p == me or rd.status().state is not Status.paused:
                 continue
-            job_id = rd.status().job_id
-            # recorded before the release: the resumed job's own `running` must not be overwritten
-            recorded(f"point {p}'s promotion", rd.set_status, Status.requeued,
-                     stop={"reason": "promoted", "detail": f"promoted at rung {d.rung} (step {step})", "rank": None,
-                           "step": step})
-            try:
-                backend_of(rd).resume_paused(job_id)
-            except Exception as e:  # the point cannot go on: it ends, saying why, and its held job goes
-                why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
-                recorded(f"point {p}'s failed promotion", rd.finish_in_job, Status.failed, exit_code=1,
-                         error=f"promoted at rung {d.rung} but not resumed: {why}")
-                drop_held(rd, job_id, f"point {p}")
+            release(rd, rd.status().job_id, f"point {p}", "promotion",
+                    {"reason": "promoted", "detail": f"promoted at rung {d.rung} (step {step})", "rank": None,
+                     "step": step}, f"promoted at rung {d.rung} but not resumed")
         for p in d.pruned:
             rd = sd.run(p)
             if p == me or rd.status().state is not Status.paused:
                 continue
             job_id = rd.status().job_id
-            backend = backend_of(rd)
             # recorded first (a refresh between the drop and the record would read a cancelled job), and
             # dropped whether or not it was: a held job nobody drops waits in the queue for ever
             pruned = recorded(f"point {p} pruned", rd.finish_in_job, Status.pruned, exit_code=0, error=None,
                               stop={"rung": d.rung, "step": step})
             if drop_held(rd, job_id, f"pruned point {p}") and pruned:
                 try:  # sealed once its job has ended (Slurm: a one-node job after it; local: its controller)
-                    backend.seal_after_job(rd.path, job_id, sd.submitit_folder)
+                    backend_of(rd).seal_after_job(rd.path, job_id, sd.submitit_folder)
                 except Exception as e:
                     print(f"launcher: the seal of pruned point {p} was not arranged ({e}); the next "
                           "`launcher status` seals it", file=sys.stderr, flush=True)

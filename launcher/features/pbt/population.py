@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.archive import atomic
-from launcher.features.paused import backend_of, drop_held, pause_point, point_of, recorded
+from launcher.features.paused import pause_point, point_of, recorded, release
 from launcher.features.pbt import generations as pbt
 from launcher.run import checkpoint_manifest
 from launcher.run.rundir import RunDir, SweepDir
@@ -168,19 +168,9 @@ def _resume_paused(sd: SweepDir, gen: int, step: int) -> None:
     for rd in sd.runs():
         if rd.status().state is not Status.paused:
             continue
-        job_id = rd.status().job_id
-        # recorded before the release (the resumed job's own `running` must not be overwritten); a record
-        # that cannot be written never keeps the member held
-        recorded(f"member {rd.path.name}'s release", rd.set_status, Status.requeued,
-                 stop={"reason": "promoted", "detail": f"pbt generation {gen} (step {step})", "rank": None,
-                       "step": step})
-        try:
-            backend_of(rd).resume_paused(job_id)
-        except Exception as e:  # the member cannot go on: it ends, saying why
-            why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
-            recorded(f"member {rd.path.name}'s failed release", rd.finish_in_job, Status.failed, exit_code=1,
-                     error=f"pbt generation {gen} decided but not resumed: {why}")
-            drop_held(rd, job_id, f"member {rd.path.name}")
+        release(rd, rd.status().job_id, f"member {rd.path.name}", "release",
+                {"reason": "promoted", "detail": f"pbt generation {gen} (step {step})", "rank": None, "step": step},
+                f"pbt generation {gen} decided but not resumed")
 
 
 def _pause(rd: RunDir, gen: int, step: int, job_id: Optional[str]) -> None:
