@@ -1,4 +1,5 @@
-"""`launcher preflight [overrides] [--steps N] [--no-wait]`: the ladder before a large run (docs/preflight.md).
+"""`launcher preflight [overrides] [--steps N] [--from RUNG] [--no-wait]`: the ladder before a large
+run (docs/preflight.md).
 
 Rungs, each a run of its own: smoke (one process), node (one node with the tensor-parallel group),
 comm (the communication benchmark between two nodes), full (the full layout for a few dozen steps,
@@ -8,13 +9,15 @@ planned throughput, memory and link bandwidth, each rung's verdict) and stops at
 with its diagnosis. Exit 0: go; 1: no-go; 2: the config or a rung is refused (nothing submitted);
 3 (--show): not finished.
 
-`launcher preflight --show ID` judges a recorded ladder again (e.g. after --no-wait).
+`--from RUNG` starts the ladder at that rung, the ones below it skipped (after fixing what stopped
+an earlier ladder there). `launcher preflight --show ID` judges a recorded ladder again (e.g. after
+--no-wait).
 """
 from __future__ import annotations
 
 from typing import Any, List
 
-from launcher.features.preflight.ladder import DEFAULT_STEPS
+from launcher.features.preflight.ladder import DEFAULT_STEPS, RUNGS
 
 
 def add_parser(sub, parents: List[Any]) -> None:
@@ -24,6 +27,8 @@ def add_parser(sub, parents: List[Any]) -> None:
                    help="Hydra overrides, as for `launch` (cluster=... parallelism=3d ...)")
     s.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"steps of the full and tuned rungs (default {DEFAULT_STEPS})")
+    s.add_argument("--from", dest="start", choices=RUNGS, metavar="RUNG",
+                   help=f"start at this rung, skipping those below it ({', '.join(RUNGS)}; default the first)")
     s.add_argument("--no-wait", dest="wait", action="store_false",
                    help="Slurm: return once the rungs are queued (read the verdicts later with --show ID)")
     s.add_argument("--show", metavar="ID", help="print the table of a recorded ladder")
@@ -41,4 +46,4 @@ def cmd_preflight(args) -> int:
     if args.steps < 1:
         print("launcher preflight: --steps must be 1 or more", flush=True)
         return 2
-    return preflight.run(args.overrides, args.steps, args.wait)
+    return preflight.run(args.overrides, args.steps, args.wait, start=args.start)

@@ -1,6 +1,8 @@
 """`launcher preflight` on the 2-node local Slurm cluster: a good config climbs every rung (queued at
 once as dependent jobs); a config broken on purpose for one rung stops there, with that rung's
-diagnosis, and the rungs above it never run. The config broken for the last rung (tuned) is judged
+diagnosis, and the rungs above it never run. The broken ladders start at their rung (`--from`: the
+rungs below it are the good ladder's, climbed once above), the way a user climbs again after a fix.
+The config broken for the last rung (tuned) is judged
 on the good ladder's runs wherever its rungs compose to the same config (smoke, node, full), with
 its own comm and tuned runs made beside the good ladder (no second climb)."""
 import json
@@ -21,8 +23,9 @@ GOOD = ["model=gpt_tiny", "precision=fp32", "parallelism=3d", "cluster=local_slu
 STEPS = "6"
 
 
-def preflight(extra, runs_root, slurm):
-    res = run_cmd([str(BIN / "launcher"), "preflight", *GOOD, *extra, "--steps", STEPS], runs_root, timeout=840,
+def preflight(extra, runs_root, slurm, start=None):
+    begin = ["--from", start] if start else []
+    res = run_cmd([str(BIN / "launcher"), "preflight", *GOOD, *extra, "--steps", STEPS, *begin], runs_root, timeout=840,
                   extra_env={**slurm, "COLUMNS": "250"})
     (record,) = [json.loads(p.read_text()) for p in (runs_root / "preflight").glob("*.json")]
     return res, record
@@ -131,12 +134,14 @@ BROKEN = [
 
 @pytest.mark.parametrize("rung,extra,why", BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_config_broken_for_one_rung_stops_there_with_its_diagnosis(rung, extra, why, slurm, runs_root):
-    res, record = preflight(extra, runs_root, slurm)
+    res, record = preflight(extra, runs_root, slurm, start=rung)
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
     order = ["smoke", "node", "comm", "full", "tuned"]
     at = order.index(rung)
     verdicts = rows(res.stdout)
-    assert [verdicts[r] for r in order[:at]] == ["go"] * at, res.stdout
+    # below --from: not climbed, no run
+    assert [verdicts[r] for r in order[:at]] == ["skipped"] * at, res.stdout
+    assert not any(r["run_dir"] for r in record["rungs"][:at]) and record["from"] == rung, record
     assert verdicts[rung] == "no-go", res.stdout
     assert all(verdicts[r] == "not run" for r in order[at + 1:]), res.stdout
     assert f"no-go at rung {rung}" in res.stdout and why in res.stdout, res.stdout

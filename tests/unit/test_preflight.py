@@ -50,6 +50,15 @@ def test_each_rung_composes_to_a_config_launch_accepts():
     assert str(prep.points["comm"].cfg.recipe._target_) == "recipes.commbench.bench.main"
 
 
+def test_from_a_rung_skips_the_rungs_below_it_and_an_unknown_rung_is_refused():
+    prep = prepare(SLURM_3D, steps=6, start="full")
+    assert set(prep.points) == {"full", "tuned"}
+    skipped = {r.name: r.skip for r in prep.rungs if r.skip}
+    assert set(skipped) == {"smoke", "node", "comm"} and all("--from full" in why for why in skipped.values())
+    with pytest.raises(InvalidLadder, match="--from fulll: no such rung"):
+        prepare(SLURM_3D, steps=6, start="fulll")
+
+
 def test_one_node_skips_the_comm_rung_and_one_process_per_node_the_node_rung():
     rungs = _ladder([*BASE, "cluster=local", "cluster.gpus_per_node=2", "parallelism=tp"])
     assert "cluster.nodes=1" in rungs["comm"].skip

@@ -11,6 +11,7 @@ rung's diagnosis (launcher doctor) is printed. The ladder is recorded in
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import secrets
 import sys
@@ -64,8 +65,11 @@ def compose_point(overrides: List[str]) -> Any:
                                                               if not str(k).startswith("hydra/")})
 
 
-def prepare(overrides: List[str], steps: int) -> Prepared:
-    """Compose the config and every rung, and check each rung as `launch` would. Raises InvalidLadder."""
+def prepare(overrides: List[str], steps: int, start: Optional[str] = None) -> Prepared:
+    """Compose the config and every rung, and check each rung as `launch` would. Raises InvalidLadder.
+    ``start``: the rung the ladder starts at (``--from``); the rungs below it are skipped, not climbed."""
+    if start is not None and start not in ladder.RUNGS:
+        raise InvalidLadder(f"--from {start}: no such rung (the rungs: {', '.join(ladder.RUNGS)})")
     try:
         point = compose_point(overrides)
     except Exception as e:  # Hydra/OmegaConf: unknown key, bad type, bad group option
@@ -78,6 +82,10 @@ def prepare(overrides: List[str], steps: int) -> Prepared:
         raise InvalidLadder("the config itself is refused (fix it first; the ladder climbs towards it):\n"
                             f"{e}") from None
     rungs = ladder.ladder(base, steps=steps)
+    if start is not None:
+        below = ladder.RUNGS[:ladder.RUNGS.index(start)]
+        rungs = [dataclasses.replace(r, skip=f"below --from {start}: not climbed this time") if r.name in below else r
+                 for r in rungs]
     points = {}
     for rung in rungs:
         if rung.skip:
@@ -129,17 +137,17 @@ def _rung_entry(rung: ladder.Rung) -> Dict[str, Any]:
             "skip": rung.skip, "run_id": None, "run_dir": None, "job_id": None}
 
 
-def run(overrides: List[str], steps: int, wait: bool, out=None) -> int:
+def run(overrides: List[str], steps: int, wait: bool, out=None, start: Optional[str] = None) -> int:
     """The `launcher preflight` command: 0 when every rung is a go, 1 at a no-go, 2 when refused."""
     out = out or sys.stdout
     try:
-        prep = prepare(overrides, steps)
+        prep = prepare(overrides, steps, start)
     except InvalidLadder as e:
         print(f"launcher preflight: {e}", file=sys.stderr)
         return 2
     pid = new_id()
     path = record_path(prep.runs_root, pid)
-    record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps,
+    record = {"id": pid, "created": now_iso(), "overrides": list(overrides), "steps": steps, "from": start,
               "rungs": [_rung_entry(r) for r in prep.rungs]}
     atomic.write_json(path, record)
     from launcher.submit import signals  # SIGTERM, SIGHUP and Ctrl-C stop the ladder as one: settled, not left
