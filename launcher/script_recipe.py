@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from launcher.archive import code
-from launcher.config.recipe_target import code_root, module_problem
+from launcher.config.recipe_target import SCRIPT_TARGET, code_root, is_script, module_problem  # noqa: F401
 
-SCRIPT_TARGET = "launcher.runtime.script.main"
 KEYS = ("script", "module", "args", "resume_args")  # the recipe keys only a script recipe reads
 LIST_KEYS = ("args", "resume_args")
 
@@ -29,11 +28,6 @@ NOT_USED = "not used by this recipe"
 # shape (world_size, nodes, procs_per_node) is what the scheduler gives its processes
 UNUSED_LAYOUT = ("engine", "dp", "tp", "pp", "zero", "micro_batch_size", "grad_accum", "global_batch_size",
                  "sequence_parallel", "offload_optimizer", "offload_params")
-
-
-def is_script(recipe: Any) -> bool:
-    """Whether ``recipe`` (the config's recipe section) is a script recipe."""
-    return isinstance(recipe, Mapping) and recipe.get("_target_") == SCRIPT_TARGET
 
 
 def script_in(root: Path, launch_dir: Optional[str], script: str) -> str:

@@ -10,6 +10,8 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -94,8 +96,18 @@ def gather() -> Dict[str, Any]:
     return out
 
 
-def runtime_software() -> Dict[str, Any]:
-    """Versions only known on the node (after torch is imported)."""
+def runtime_software(import_torch: bool = True) -> Dict[str, Any]:
+    """Versions only known on the node (after torch is imported). ``import_torch=False`` (a rank that runs
+    a user's script as a process of its own, which imports what it uses): torch's installed version,
+    unless this process imported it anyway; importing it only to record it would cost every rank of
+    such a job ~1.5 s of CPU and torch's memory beside the script's own."""
+    if not import_torch and "torch" not in sys.modules:
+        try:
+            installed = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            installed = None
+        return {"python": platform.python_version(), "torch_installed": installed,
+                "torch": "not imported by the launcher (the script's own process imports what it uses)"}
     import torch  # torch: only on the node
 
     out: Dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,

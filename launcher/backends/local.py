@@ -7,10 +7,11 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from launcher import host
 from launcher.backends.base import Backend, JobState, TaskPlace, env_int, submitit_parameters
+from launcher.config.recipe_target import is_script
 from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the host: launcher/host.py)
 from launcher.run.job_record import JobRecord
 from launcher.run.status import Status
@@ -130,12 +131,12 @@ def gpu_parameters(gpus_per_node: int, host_has_gpus: bool, visible_env: Optiona
 CONTROLLER = "launcher.runtime.local_controller"
 
 
-def _executor_class(visible: Optional[str] = None) -> Any:
+def _executor_class(visible: Optional[str] = None, preload: Sequence[str] = warm_start.PRELOAD) -> Any:
     """submitit's LocalExecutor whose job controller is CONTROLLER (submitit's own started the same
     way: the environment it reads, the process whose pid is the job id). ``visible``: the
     CUDA_VISIBLE_DEVICES its processes get, verbatim (GPU-/MIG- UUIDs: submitit's visible_gpus
-    takes integers only). Its controller imports warm_start.PRELOAD once and forks the processes from
-    itself (launcher.runtime.warm_start)."""
+    takes integers only). Its controller imports ``preload`` once (warm_start.preload_for the recipe)
+    and forks the processes from itself (launcher.runtime.warm_start)."""
     import subprocess
     import sys
 
@@ -159,7 +160,7 @@ def _executor_class(visible: Optional[str] = None) -> Any:
                 CUDA_VISIBLE_DEVICES=visible if visible is not None else ",".join(str(k) for k in gpus),
                 SUBMITIT_LOCAL_WITH_SHELL="",
             )
-            env[warm_start.PRELOAD_ENV] = ",".join(warm_start.PRELOAD)
+            env[warm_start.PRELOAD_ENV] = ",".join(preload)
             # it outlives the launching process; the job (its pid) is polled and ended through LocalJob
             process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
@@ -208,7 +209,8 @@ class LocalBackend(Backend):
     def executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path] = None, job_name: Optional[str] = None,
                  parallelism: Optional[int] = None) -> Any:
         params = self.parameters(cfg)
-        ex = _executor_class(params.pop(VISIBLE_KEY, None))(folder=folder, python=job_start.python_command())
+        preload = warm_start.preload_for(is_script(cfg.get("recipe")))
+        ex = _executor_class(params.pop(VISIBLE_KEY, None), preload)(folder=folder, python=job_start.python_command())
         ex.update_parameters(**params)
         return ex
 

@@ -11,7 +11,15 @@ import os
 from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Mapping, Optional
+
+SCRIPT_TARGET = "launcher.runtime.script.main"  # recipe=script's target (launcher.script_recipe: its login side)
+
+
+def is_script(recipe: Any) -> bool:
+    """Whether ``recipe`` (the config's recipe section) is a script recipe."""
+    return isinstance(recipe, Mapping) and recipe.get("_target_") == SCRIPT_TARGET
+
 
 # the code the job will import from: the working dir at a launch (its tree becomes the snapshot), the
 # archived snapshot for `launcher resume` / `reproduce` (whatever the working dir is then)

@@ -18,6 +18,7 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
+from launcher.config.recipe_target import is_script
 from launcher.config.schema import hang_timeout_s, typed
 from launcher.features.elastic.resize import GROW
 from launcher.features.pbt import population
@@ -26,7 +27,6 @@ from launcher.run.status import Status
 from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, watchdog
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
-from launcher.script_recipe import is_script
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -94,7 +94,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
         # on by default on several nodes (schema.hang_timeout_s): a lost peer there often blocks the others
         hang_s = hang_timeout_s(train, int(cluster.get("nodes") or 1))
         watch = watchdog.start(rd, denv.rank, world=denv.world_size, hang_timeout_s=float(hang_s), on_hang=on_hang)
-        a.record_environment(topology.runtime_software())
+        if denv.rank == 0:  # (a script's ranks import no torch: its own process imports what it uses)
+            a.record_environment(topology.runtime_software(import_torch=not is_script(archived.get("recipe"))))
         try:
             if denv.rank == 0:
                 n["n"] = restarts.begin_attempt(

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import IO, Dict, List, Optional, Sequence
+from typing import IO, Dict, List, Optional, Sequence, Tuple
 
 from launcher.runtime import job_start
 
@@ -33,7 +33,16 @@ OFF_ENV = "LAUNCHER_LOCAL_FORK"  # "0": every process a new interpreter
 # and through DDP, the optimizers and the checkpoints of the training recipes the rest (a recipe=script
 # rank runs the user's script as a process of its own: torch alone would do, the rest costs ~2 s once)
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint")
+# recipe=script: each rank is the launcher's task, which starts the user's script as a process of its own
+# (that process imports what it uses): the task's modules alone, no torch
+SCRIPT_PRELOAD = ("launcher.runtime.task",)
 _STOPS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCONT)
+
+
+def preload_for(script: bool) -> Tuple[str, ...]:
+    """What a local job's controller imports before forking its processes: PRELOAD, or for a
+    recipe=script job SCRIPT_PRELOAD."""
+    return SCRIPT_PRELOAD if script else PRELOAD
 
 
 def preload_modules(environ: Optional[Dict[str, str]] = None) -> List[str]:

@@ -70,7 +70,9 @@ names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"env_rank{rank}_attempt{attempt}.json"), "w") as f:
     json.dump({"env": {k: os.environ.get(k) for k in names}, "cwd": os.getcwd(), "argv": sys.argv,
-               "file": os.path.realpath(__file__)}, f)
+               "file": os.path.realpath(__file__),
+               # the launcher's process this script runs under: whether it holds torch's library too
+               "parent_torch": "libtorch" in open(f"/proc/{os.getppid()}/maps").read()}, f)
 
 stop = {"flag": 0}
 holding = attempt <= held_attempts
@@ -208,7 +210,10 @@ def test_an_unchanged_script_runs_on_cluster_local(local_run):
         assert Path(e["file"]) == Path(os.path.realpath(local_run.parent / "code" / PROJECT / "train.py"))
         assert e["argv"][1:] == [f"--steps={STEPS}"]  # as typed; no resume argument on the first attempt
         assert env["LAUNCHER_CHECKPOINT_DIR"] == str(local_run / "checkpoints" / "script")
+        assert e["parent_torch"] is False  # the rank that runs it imports no torch (nor did its controller)
     assert seen[0]["env"]["MASTER_PORT"] == seen[1]["env"]["MASTER_PORT"]
+    runtime = json.loads((local_run / "env" / "runtime.json").read_text())
+    assert runtime["torch"].startswith("not imported by the launcher") and runtime["torch_installed"], runtime
     assert (local_run / "work" / PROJECT / "out" / "ckpt.pt").is_file()
 
 

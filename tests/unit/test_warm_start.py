@@ -41,6 +41,16 @@ def test_the_preload_is_what_every_rank_imports_and_nothing_the_login_path_may_n
     assert all(m.split(".")[0] == "torch" for m in warm_start.PRELOAD)  # no product module: ranks import those
 
 
+def test_a_script_jobs_controller_imports_the_launchers_task_and_no_torch():
+    """recipe=script: the ranks start the user's script as a process of its own (which imports what it
+    uses); a controller holding torch would only cost its import and its memory."""
+    assert warm_start.preload_for(script=False) == warm_start.PRELOAD
+    assert warm_start.preload_for(script=True) == ("launcher.runtime.task",)
+    import importlib.util
+
+    assert importlib.util.find_spec(warm_start.SCRIPT_PRELOAD[0]) is not None
+
+
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (3, 3), (144, 144), (256 + 7, 7), ("boom", 1)])
 def test_the_childs_exit_status_is_the_interpreters(code, status, capsys):
     assert warm_start._status(code) == status
