@@ -7,6 +7,7 @@
 #   ./scripts/test.sh ARGS...    pytest ARGS with everything set up (e.g. tests/integration/test_truth.py -x)
 #   LAUNCHER_TEST_REPORTS=DIR ./scripts/test.sh   also write each tier's JUnit XML (DIR/unit.xml,
 #                                DIR/integration.xml): scripts/flakes.py --from reads them
+#   LAUNCHER_TEST_WORKERS=N ./scripts/test.sh      the integration tier on N workers (default 2)
 # docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +70,6 @@ fi
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
 # two workers (--dist loadgroup: tests/conftest.py puts the Slurm tests in two groups, each module's in one)
-.venv/bin/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup \
+.venv/bin/python -m pytest -q -ra --durations=25 -n "${LAUNCHER_TEST_WORKERS:-2}" --dist loadgroup \
   ${integration_report[@]+"${integration_report[@]}"} tests/integration || status=$?
 exit "$status"
