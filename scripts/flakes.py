@@ -8,7 +8,7 @@ pytest`` the interpreter's own pytest in the current environment. The runs' JUni
 test's outcome and time; the table lists every test with its passes out of the runs, and the min /
 median / max of its time, the flaky ones (passed some runs, not all) first.
 
-    python scripts/flakes.py                                   # the integration tier, 3 runs, 2 workers
+    python scripts/flakes.py                                   # the integration tier, 3 runs, 3 workers
     python scripts/flakes.py -n 2 --workers 0 tests/integration/test_lint.py tests/integration/test_bad_input_cli.py
     python scripts/flakes.py -n 5 -k "asha or pbt"             # a -k selection of the integration tier
     python scripts/flakes.py -n 3 tests/integration/test_elastic.py -- --maxfail=1   # after --: pytest's
@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("-n", "--runs", type=int, default=3, help="how many times to run the selection (default 3)")
     ap.add_argument("-k", default="", help="pytest's -k expression")
     ap.add_argument("-m", default="", help="pytest's -m marker expression (e.g. 'slurm', 'not slurm')")
-    ap.add_argument("--workers", type=int, default=2,
+    ap.add_argument("--workers", type=int, default=3,
                     help="pytest-xdist workers per run, with --dist loadgroup as CI runs the tier (0: one process)")
     ap.add_argument("--runner", choices=("test.sh", "pytest"), default="test.sh",
                     help="test.sh: ./scripts/test.sh sets everything up (default); pytest: this environment as is")

@@ -7,7 +7,7 @@
 #   ./scripts/test.sh ARGS...    pytest ARGS with everything set up (e.g. tests/integration/test_truth.py -x)
 #   LAUNCHER_TEST_REPORTS=DIR ./scripts/test.sh   also write each tier's JUnit XML (DIR/unit.xml,
 #                                DIR/integration.xml): scripts/flakes.py --from reads them
-#   LAUNCHER_TEST_WORKERS=N ./scripts/test.sh      the integration tier on N workers (default 2)
+#   LAUNCHER_TEST_WORKERS=N ./scripts/test.sh      the integration tier on N workers (default 3)
 # docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +69,8 @@ fi
 .venv/bin/python -m pytest -q -ra --durations=10 -n 2 ${unit_report[@]+"${unit_report[@]}"} tests/unit || status=$?
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
-# two workers (--dist loadgroup: tests/conftest.py puts the Slurm tests in two groups, each module's in one)
-.venv/bin/python -m pytest -q -ra --durations=25 -n "${LAUNCHER_TEST_WORKERS:-2}" --dist loadgroup \
+# three workers on two cores (the Slurm drills wait on the scheduler while the local ones compute; --dist
+# loadgroup: tests/conftest.py puts the Slurm tests in two groups, each module's in one): docs/testing.md
+.venv/bin/python -m pytest -q -ra --durations=25 -n "${LAUNCHER_TEST_WORKERS:-3}" --dist loadgroup \
   ${integration_report[@]+"${integration_report[@]}"} tests/integration || status=$?
 exit "$status"

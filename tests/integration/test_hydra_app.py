@@ -65,7 +65,8 @@ def test_example_app_local(runs_root, tmp_path):
                    "hydra.job.chdir=true"], runs_root, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "4 run(s) submitted (local)" in res.stdout
-    runs = runs_json(runs_root)  # blocking by default: every run has ended
+    # blocking by default: every run has ended; sealed (the job's end seals it, after the app returns)
+    runs = wait_final(runs_root, 4, timeout=180)
     assert [r["status"] for r in runs] == ["completed"] * 4, runs
     assert [r["index"] for r in runs] == [0, 1, 2, 3]
     for i, (r, (x, y)) in enumerate(zip(runs, [(1, 0), (1, 1), (2, 0), (2, 1)])):
@@ -216,7 +217,7 @@ def test_example_app_slurm_one_array_and_a_failing_point(slurm, runs_root, tmp_p
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "ValueError: asked to fail (x=1, y=0.0)" in res.stderr, res.stderr[-3000:]
     assert "4 run(s) submitted (slurm)" in res.stdout
-    runs = runs_json(runs_root)
+    runs = wait_final(runs_root, 4, timeout=180)  # sealed: each job's end seals it, after the app returns
     assert [r["status"] for r in runs] == ["completed", "failed", "completed", "failed"], runs
     arrays = {r["job_id"].split("_")[0] for r in runs}
     assert len(arrays) == 1, arrays  # ONE array job for the sweep

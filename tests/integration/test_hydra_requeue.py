@@ -14,7 +14,7 @@ from typing import List
 import pytest
 from test_fault_tolerance import wait_for
 
-from helpers import runs_json
+from helpers import runs_json, wait_final
 from launcher.run.rundir import RunDir
 
 pytestmark = [pytest.mark.timeout(420)]
@@ -153,7 +153,7 @@ def test_usr2_mid_run_requeues_both_points(slurm, runs_root, tmp_path):
     for j in jobs:
         subprocess.run(["scancel", "--signal=USR2", j], check=True, timeout=30)
     out, _ = finish(proc)
-    runs = runs_json(runs_root)
+    runs = wait_final(runs_root, 2, timeout=180)  # the app returns at its jobs' results; their seals come after
     assert [r["return_value"] for r in runs] == [quadratic(1, 0), quadratic(2, 0)], runs
     for i, r in enumerate(runs):
         rd = check_restarted(r, sweep, i, 1, "preempted")
@@ -179,7 +179,7 @@ def test_preempted_twice_with_its_checkpoint_file(slurm, runs_root, tmp_path):
         subprocess.run(["scontrol", "requeue", running_jobs("hyreq2")[0]], check=True, timeout=30)
         wait_for("the job's end", lambda: not running_jobs("hyreq2"), 60, poll=0.2)  # the requeue ended the job
     finish(proc)
-    (run,) = runs_json(runs_root)
+    (run,) = wait_final(runs_root, 1, timeout=180)  # sealed: the job's end seals it after the app returns
     rd = check_restarted(run, sweep, 0, 2, "preempted")
     value = rd.status().summary["return_value"]
     assert value["done"] == 12 and value["x"] == 7 and value["resumed_from"] >= 7, value
@@ -203,7 +203,7 @@ def test_checkpoint_hook_carries_the_tasks_state(runs_root, tmp_path):
     for pid in pids.split():
         os.kill(int(pid), signal.SIGUSR2)
     finish(proc)
-    (run,) = runs_json(runs_root)
+    (run,) = wait_final(runs_root, 1, timeout=180)  # sealed: the job's end seals it after the app returns
     rd = check_restarted(run, sweep, 0, 1, "preempted")
     value = rd.status().summary["return_value"]
     assert value["done"] == 10 and value["starts"] == 2 and value["resumed_from"] >= 3, value
