@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from launcher.archive import code
-from launcher.config.recipe_target import SCRIPT_TARGET, code_root, is_script, module_problem  # noqa: F401
+from launcher.config.recipe_target import SCRIPT_TARGET, code_root, is_script, module_problem
 
 KEYS = ("script", "module", "args", "resume_args")  # the recipe keys only a script recipe reads
 LIST_KEYS = ("args", "resume_args")

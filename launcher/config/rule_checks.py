@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from launcher import backends, script_recipe
+from launcher import backends
 from launcher.config import recipe_contract
 from launcher.config.layout import Facts
+from launcher.config.recipe_target import is_script
 from launcher.config.values import SBATCH_OPTION
 from launcher.features.elastic import resize as elastic
 
@@ -77,7 +78,7 @@ def backend_names() -> List[str]:
 def elastic_problems(f: Facts) -> List[Tuple[str, str]]:
     if not f.values.get("cluster.elastic.enabled"):
         return []
-    return elastic.problems(f.values, f.resolved_engine, f.zero, script_recipe.is_script(f.values.tree.get("recipe")),
+    return elastic.problems(f.values, f.resolved_engine, f.zero, is_script(f.values.tree.get("recipe")),
                             f.dtype)
 
 
@@ -101,7 +102,7 @@ def sweep_problems(f: Facts, key: str) -> List[Tuple[str, str]]:
         out = [(k, p) for k, p, _ in found if k == key or (key == "sweep.explore" and not k.startswith("sweep."))]
     else:
         out = [(k, p) for k, p, _ in asha.problems(sweep, steps) if k == key and k != "sweep.reduction"]
-    if key == "sweep.scheduler" and script_recipe.is_script(f.values.tree.get("recipe")):
+    if key == "sweep.scheduler" and is_script(f.values.tree.get("recipe")):
         out.append((key, "recipe=script runs a script the launcher cannot pause at a rung (no StepLoop)"))
     if key == "sweep.objective":
         declared = recipe_contract.of(f.values.get("recipe._target_"), strict=False).metrics

@@ -22,7 +22,7 @@ from launcher import script_recipe
 from launcher.config import recipe_contract, schema
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.layout import Facts, Layout
-from launcher.config.recipe_target import target_problem
+from launcher.config.recipe_target import is_script, target_problem
 from launcher.config.rule_checks import (
     FP16_CPU_FLAGS,
     backend_names,
@@ -341,7 +341,7 @@ def advice(resolved: Dict[str, Any]) -> List[str]:
     cluster, train = resolved.get("cluster") or {}, resolved.get("train") or {}
     nodes, every = int(cluster.get("nodes") or 1), (train.get("checkpoint") or {}).get("every")
     # (recipe=script saves its own checkpoints: train.checkpoint.every is not its setting)
-    if nodes > 1 and every is not None and int(every) == 0 and not script_recipe.is_script(resolved.get("recipe")):
+    if nodes > 1 and every is not None and int(every) == 0 and not is_script(resolved.get("recipe")):
         out.append(f"cluster.nodes={nodes} with train.checkpoint.every=0: no periodic checkpoint, so a failure "
                    "that no signal announces (a killed rank, a lost node, an NCCL error) restarts from step 0; "
                    "set train.checkpoint.every (e.g. every 30 minutes' worth of steps)")

@@ -30,8 +30,7 @@ from launcher.runtime import job_start
 PRELOAD_ENV = "LAUNCHER_LOCAL_PRELOAD"  # comma-separated modules the controller imports before forking
 OFF_ENV = "LAUNCHER_LOCAL_FORK"  # "0": every process a new interpreter
 # what every rank imports before its first step: torch (the run's environment record, every recipe),
-# and through DDP, the optimizers and the checkpoints of the training recipes the rest (a recipe=script
-# rank runs the user's script as a process of its own: torch alone would do, the rest costs ~2 s once)
+# and through DDP, the optimizers and the checkpoints of the training recipes the rest
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint")
 # recipe=script: each rank is the launcher's task, which starts the user's script as a process of its own
 # (that process imports what it uses): the task's modules alone, no torch

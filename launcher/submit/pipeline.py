@@ -27,6 +27,7 @@ from launcher.archive import atomic, code, index as run_index, secrets, snapshot
 from launcher.config import group_options, recipe_contract, recipe_target, rules, schema
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.layout import Layout
+from launcher.config.recipe_target import is_script
 from launcher.config.rules import resolve
 from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
@@ -355,7 +356,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
         points.append(staging.Staged(
             index=c.index, config=c.archived, plan=c.plan, data=data_of.get(sig),
             seeds={"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
-            if script_recipe.is_script(r.get("recipe")) else seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp),
+            if is_script(r.get("recipe")) else seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp),
             overrides={"overrides": list(c.point.overrides), "choices": dict(c.point.choices)},
             run={"run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
                  "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,

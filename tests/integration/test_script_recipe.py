@@ -18,6 +18,7 @@ from test_fault_tolerance import only_run, restarts, status, wait_for
 
 from helpers import BIN, launch, read_metrics, run_cmd, runs_json
 from launcher import script_recipe
+from launcher.config.recipe_target import SCRIPT_TARGET
 from launcher.run.rundir import RunDir
 from launcher.runtime.script import Forwarder
 
@@ -357,7 +358,7 @@ def _stepped_after_resume(run: Path) -> bool:
 
 # ---- the parts that need a process of their own ---------------------------------------------------
 
-TARGET = script_recipe.SCRIPT_TARGET
+TARGET = SCRIPT_TARGET
 
 
 def problem(recipe):

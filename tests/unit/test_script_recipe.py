@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 from launcher import script_recipe
+from launcher.config.recipe_target import SCRIPT_TARGET
 from launcher.run.rundir import RunDir
 from launcher.runtime import script
 from launcher.runtime.script import MetricsTail, outcome, summary, torchrun_env
 
-TARGET = script_recipe.SCRIPT_TARGET
+TARGET = SCRIPT_TARGET
 
 
 def tree(**recipe):
