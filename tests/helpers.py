@@ -31,13 +31,12 @@ def runs_json(runs_root: Path) -> List[dict]:
     (launches killed mid-way settled, then the index): a test finding the runs it made would otherwise
     start an interpreter each time (~0.4 s of CPU, ~240 times a suite). The command itself runs as a
     process in test_archive.py, test_backends_real.py, test_login_path.py and the README's tests."""
-    from launcher.archive import registry
     from launcher.submit.interrupted import repair
 
     root = Path(runs_root).expanduser().resolve()
     for line in repair(root):
         print(f"launcher runs: {line}", file=sys.stderr)
-    return json.loads(json.dumps(registry.list_runs(root)))
+    return listed(root)
 
 
 def seal_pending(rdir: Path) -> bool:
