@@ -156,12 +156,16 @@ class DistEnv:
     master_port: int
 
     def export(self) -> Dict[str, str]:
-        """The variables torch.distributed's env:// rendezvous reads."""
+        """The variables torch.distributed's env:// rendezvous reads, and DeepSpeed's ``LOCAL_SIZE``."""
         env = {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_RANK": str(self.local_rank),
             "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            # what DeepSpeed's own launcher sets: its CPU accelerator takes it for device_count(), which
+            # ZeRO-3 asks every step; unset, it counts NUMA nodes by running `numactl` (a fork of the rank
+            # each step) and gets the node count, not the ranks on the node
+            "LOCAL_SIZE": str(self.local_world_size),
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),

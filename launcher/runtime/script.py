@@ -67,7 +67,8 @@ def torchrun_env(denv: Any, attempt: int, max_restarts: int, rd: RunDir) -> Dict
     """The variables torchrun sets for a worker, and the launcher's own (docs/scripts.md)."""
     return {
         "RANK": str(denv.rank), "LOCAL_RANK": str(denv.local_rank), "WORLD_SIZE": str(denv.world_size),
-        "LOCAL_WORLD_SIZE": str(denv.local_world_size), "GROUP_RANK": str(denv.node_rank),
+        "LOCAL_WORLD_SIZE": str(denv.local_world_size), "LOCAL_SIZE": str(denv.local_world_size),
+        "GROUP_RANK": str(denv.node_rank),
         "GROUP_WORLD_SIZE": str(denv.num_nodes), "ROLE_NAME": "default", "ROLE_RANK": str(denv.rank),
         "ROLE_WORLD_SIZE": str(denv.world_size), "MASTER_ADDR": str(denv.master_addr),
         "MASTER_PORT": str(denv.master_port), "TORCHELASTIC_RESTART_COUNT": str(attempt - 1),

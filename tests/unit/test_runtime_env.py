@@ -1,6 +1,8 @@
 """Rendezvous settings derived from the job: ports never collide between jobs on one node; the job's
 place read by the backend that detects itself, never by name here."""
-from launcher.runtime.env import EPHEMERAL_START, PORT_BASE, ephemeral_start, port_for_job, resolve_addr
+import os
+
+from launcher.runtime.env import EPHEMERAL_START, PORT_BASE, DistEnv, ephemeral_start, port_for_job, resolve_addr
 
 
 def test_port_in_range_and_distinct_for_neighbouring_jobs():
@@ -142,3 +144,17 @@ def test_runtime_env_names_no_scheduler_variable():
 
     text = (REPO / "launcher" / "runtime" / "env.py").read_text()
     assert not re.findall(r"SLURM\w*|SUBMITIT_\w+|scontrol", text)
+
+
+def test_export_gives_deepspeeds_local_size_the_processes_per_node(monkeypatch):
+    """DeepSpeed's CPU accelerator takes LOCAL_SIZE for its device count (ZeRO-3 asks it every step);
+    without it, it runs `numactl` each time and counts NUMA nodes instead of the node's ranks."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK", "MASTER_ADDR",
+              "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    denv = DistEnv(rank=5, world_size=8, local_rank=1, local_world_size=4, node_rank=1, num_nodes=2,
+                   hostnames=["n1", "n2"], job_id="7", raw_job_id="7", array_job_id=None, array_task_id=None,
+                   master_addr="n1", master_port=21000)
+    env = denv.export()
+    assert env["LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"] == "4"
+    assert os.environ["LOCAL_SIZE"] == "4" and os.environ["RANK"] == "5"

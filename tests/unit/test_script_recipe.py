@@ -162,6 +162,7 @@ def test_the_environment_is_torchruns_and_the_launchers(tmp_path):
                                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")} == {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
         "MASTER_ADDR": "node1", "MASTER_PORT": "21234", "TORCHELASTIC_RESTART_COUNT": "2"}
+    assert env["LOCAL_SIZE"] == "2"  # DeepSpeed's launcher's name for the processes per node
     assert env["LAUNCHER_ATTEMPT"] == "3" and env["LAUNCHER_RUN_DIR"] == str(rd.path)
     assert env["LAUNCHER_CHECKPOINT_DIR"] == str(rd.path / "checkpoints" / "script")
     assert env["LAUNCHER_METRICS_FILE"] == str(rd.metrics_path)
