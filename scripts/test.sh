@@ -11,6 +11,45 @@
 # docs/testing.md: the tiers, the two workers, and the time budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The cluster and the browser come up beside the venv's install (neither needs it; pip waits on the
+# network and the disk, half of the two cores idle): one background job, so their apt-get installs
+# run one after the other. Its output is shown once it ends.
+bringup_pid="" bringup_log="" build_pid=""
+if [ "${1:-}" != "--fast" ]; then
+  bringup_log="$(mktemp)"
+  {
+    if ! ./scripts/slurm-local.sh status >/dev/null 2>&1; then
+      ./scripts/slurm-local.sh up && echo "started" > "$bringup_log.started"
+    fi
+    ./scripts/browser.sh > "$bringup_log.chromium"
+  } > "$bringup_log" 2>&1 &
+  bringup_pid=$!
+fi
+cleanup() {
+  [ -n "$bringup_pid" ] && kill "$bringup_pid" 2>/dev/null || true
+  [ -n "$build_pid" ] && kill "$build_pid" 2>/dev/null || true
+  [ -f "${bringup_log}.started" ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true
+  [ -n "$bringup_log" ] && rm -f "$bringup_log" "$bringup_log.started" "$bringup_log.chromium"
+}
+trap cleanup EXIT
+
+# the cluster and the browser, once up (their output first); exits naming what failed
+await_bringup() {
+  local rc=0
+  wait "$bringup_pid" || rc=$?
+  bringup_pid=""
+  cat "$bringup_log"
+  if [ "$rc" != 0 ]; then
+    echo "test.sh: bringing up the local Slurm cluster or chromium failed (rc=$rc): output above" >&2
+    exit "$rc"
+  fi
+  eval "$(./scripts/slurm-local.sh env)"
+  # the report's browser test (Debian's chromium, headless)
+  LAUNCHER_CHROMIUM="$(cat "$bringup_log.chromium")"
+  export LAUNCHER_CHROMIUM LAUNCHER_REQUIRE_BROWSER=1 LAUNCHER_REQUIRE_SLURM=1
+}
+
 ./scripts/setup.sh
 
 if [ "${1:-}" = "--fast" ]; then
@@ -33,25 +72,12 @@ if [ "${1:-}" = "--fast" ]; then
   exec .venv/bin/python -m pytest -q -ra "$@"
 fi
 
-started_slurm=0
-if ! ./scripts/slurm-local.sh status >/dev/null 2>&1; then
-  ./scripts/slurm-local.sh up
-  started_slurm=1
-fi
-eval "$(./scripts/slurm-local.sh env)"
-build_pid=""
-cleanup() {
-  [ -n "$build_pid" ] && kill "$build_pid" 2>/dev/null || true
-  [ "$started_slurm" = 1 ] && ./scripts/slurm-local.sh down >/dev/null 2>&1 || true
-}
-trap cleanup EXIT
-
-# the report's browser test (Debian's chromium, headless)
-LAUNCHER_CHROMIUM="$(./scripts/browser.sh)"
-export LAUNCHER_CHROMIUM LAUNCHER_REQUIRE_BROWSER=1 LAUNCHER_REQUIRE_SLURM=1
-
 if [ $# -gt 0 ]; then
-  exec .venv/bin/python -m pytest -q -ra --durations=25 "$@"
+  await_bringup
+  rm -f "$bringup_log.started"  # a chosen set of tests leaves the cluster up for the next one
+  status=0
+  .venv/bin/python -m pytest -q -ra --durations=25 "$@" || status=$?
+  exit "$status"
 fi
 
 # DeepSpeed's CPU Adam op (zero.offload_optimizer) compiles on first use, ~2 min on 2 cores, cached in
@@ -69,6 +95,7 @@ fi
 .venv/bin/python -m pytest -q -ra --durations=10 -n 2 ${unit_report[@]+"${unit_report[@]}"} tests/unit || status=$?
 wait "$build_pid" || echo "test.sh: the CPU Adam build failed here (the drill builds it again): $(tail -3 /tmp/launcher-cpu-adam-build.log)"
 build_pid=""
+await_bringup
 # three workers on two cores (the Slurm drills wait on the scheduler while the local ones compute; --dist
 # loadgroup: tests/conftest.py puts the Slurm tests in two groups, each module's in one): docs/testing.md
 .venv/bin/python -m pytest -q -ra --durations=25 -n "${LAUNCHER_TEST_WORKERS:-3}" --dist loadgroup \
