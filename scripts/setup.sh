@@ -28,8 +28,12 @@ fi
 
 echo "setup: creating .venv and installing the project (the first time takes 2-5 min on 2 cores: torch, DeepSpeed and their dependencies)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# DeepSpeed's C++ ops are built on first use (JIT), never at install time.
-DS_BUILD_OPS=0 .venv/bin/python -m pip install -q ${INDEX[@]+"${INDEX[@]}"} "$TORCH_SPEC" -e ".[test]"
+# DeepSpeed's C++ ops are built on first use (JIT), never at install time. pip compiles what it installs
+# on one core; compileall does it on every core (the bytecode is written here once: a process started
+# with PYTHONDONTWRITEBYTECODE=1, common in containers, would otherwise compile torch at each import).
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-compile ${INDEX[@]+"${INDEX[@]}"} "$TORCH_SPEC" -e ".[test]"
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  launcher recipes >/dev/null || true
 cuda="$(.venv/bin/python -c 'import torch; print(torch.version.cuda or "")')"
 if [ "$GPUS" -gt 0 ] && [ -z "$cuda" ]; then
   echo "setup: this machine has $GPUS NVIDIA GPU(s) but torch is a CPU build: jobs would train on CPU." >&2
