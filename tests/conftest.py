@@ -265,6 +265,26 @@ def _group_in_id(item: pytest.Item) -> None:
         item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
 
+def _longest_first(items) -> None:
+    """xdist hands out the groups with the most tests first, and groups of as many tests in the order
+    they were collected: so among them, those holding a long test (its ``timeout`` mark, the only
+    estimate a fresh clone has) come first. A 3-minute test handed out last would be the suite's tail,
+    one worker busy, the others done. The ``slurm-whole`` group keeps its late place (xdist_group_of)."""
+    def group(item) -> str:
+        m = item.get_closest_marker("xdist_group")
+        return str(m.args[0] if m.args else m.kwargs.get("name", "")) if m else item.nodeid
+
+    def timeout(item) -> float:
+        m = item.get_closest_marker("timeout")
+        return float(m.args[0] if m.args else m.kwargs.get("timeout", 0)) if m else 0.0
+
+    longest: Dict[str, float] = {}
+    for item in items:
+        g = group(item)
+        longest[g] = 0.0 if g == "slurm-whole" else max(longest.get(g, 0.0), timeout(item))
+    items.sort(key=lambda item: -longest[group(item)])  # stable: a group's tests keep their order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
     misplaced = []
     for item in items:
@@ -279,6 +299,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
             _group_in_id(item)
         if tiers and UNIT_DIR in Path(str(item.fspath)).resolve().parents:
             misplaced.append(f"{item.nodeid} ({', '.join(sorted(tiers))})")
+    if getattr(config.option, "loadgroup", False):
+        _longest_first(items)
     if misplaced:
         raise pytest.UsageError(
             "tests/unit holds only pure tests; these start processes or need a service, so they belong "
