@@ -34,6 +34,9 @@ class Stopped(BaseException):
         super().__init__(f"{name} after {after_s:.0f} s: {reason.replace('_', ' ')}")
         self.signum, self.reason, self.after_s = signum, reason, after_s
 
+    def __reduce__(self):  # pickled back as it was: a job's result carries it to the process that waits
+        return (Stopped, (self.signum, self.reason, self.after_s))
+
     @property
     def requeues(self) -> bool:
         """USR2 asks for the requeue (the job goes on otherwise); TERM: the scheduler ends the job and

@@ -12,6 +12,9 @@ class ConfigError(ValueError):
         self.key, self.problem, self.fix = key, problem, fix
         super().__init__(f"{key}: {problem}\n  fix: {fix}")
 
+    def __reduce__(self):  # pickled back as it was (a job's result may carry it)
+        return (ConfigError, (self.key, self.problem, self.fix))
+
 
 class ConfigErrors(ValueError):
     """Several ConfigErrors found at once (every rule is checked before reporting)."""
@@ -20,3 +23,7 @@ class ConfigErrors(ValueError):
         self.errors = errors
         head = f"invalid config{(' ' + where) if where else ''}"
         super().__init__(head + ":\n" + "\n".join(f"- {e}" for e in errors))
+        self.where = where
+
+    def __reduce__(self):  # pickled back as it was (a job's result may carry it)
+        return (ConfigErrors, (self.errors, self.where))

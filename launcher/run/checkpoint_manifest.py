@@ -41,6 +41,9 @@ class CheckpointCorrupt(RuntimeError):
         lines = "; ".join(p for ps in self.problems.values() for p in ps)
         super().__init__(f"no intact checkpoint to resume from: {lines}")
 
+    def __reduce__(self):  # pickled back as it was: a rank raises it, a job's result carries it
+        return (CheckpointCorrupt, (self.problems,))
+
 
 @dataclass(frozen=True)
 class ResumePoint:

@@ -64,6 +64,9 @@ class Unreadable(ValueError):
         super().__init__(why)
         self.path = path
 
+    def __reduce__(self):  # pickled back as it was (a job's result may carry it)
+        return (Unreadable, (str(self), self.path))
+
 
 RECORD_MAX = 16 << 20  # bytes: a record (run.json, status.json, config.yaml, ...) larger is none of ours
 ROWS_MAX = 512 << 20  # bytes: a JSON-lines record (metrics.jsonl, restarts.jsonl) of the longest runs

@@ -47,6 +47,9 @@ class Interrupted(Exception):
         super().__init__(f"{reason} at step {step} (checkpoint saved)")
         self.reason, self.step = reason, step
 
+    def __reduce__(self):  # pickled back as it was (a job's result may carry it)
+        return (Interrupted, (self.reason, self.step))
+
 
 class AtRung(Exception):
     """Raised by the step loop at a rung of sweep=asha (launcher.features.asha.rungs) where the run does not go

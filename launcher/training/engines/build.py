@@ -36,6 +36,9 @@ class NotReinitialisable(Exception):
         self.modules = modules
         super().__init__(", ".join(modules))
 
+    def __reduce__(self):  # pickled back as it was (a job's result may carry it)
+        return (NotReinitialisable, (self.modules,))
+
 
 @contextlib.contextmanager
 def params_on_meta() -> Iterator[None]:
