@@ -165,13 +165,15 @@ def _holders(data: bytes, known: Mapping[str, Any]) -> List[str]:
 
 
 def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
-         exclude: Iterable[Path] = (), imports: Iterable[str] = ()) -> Dict[str, object]:
+         exclude: Iterable[Path] = (), imports: Iterable[str] = (), tree_included: bool = False) -> Dict[str, object]:
     """Copy the source tree at `root` to `dest` (read-only); returns its description. ``known``:
-    the secret values kept out (``secrets.known_secrets``; default: those of os.environ);
+    the secret values kept out (``secrets.known_secrets``; default: those of os.environ), to which
+    the tree's own (``tree_secrets``) are added unless ``tree_included`` says ``known`` holds them
+    (a launch gathers them once for its snapshot, staging and output);
     ``exclude``: directories never copied (the runs root, should it lie inside the tree);
     ``imports``: top-level modules the run names (its recipe._target_), besides those its code imports."""
     root = Path(root)
-    known = {**(secrets.known_secrets() if known is None else known), **tree_secrets(root)}
+    known = {**(secrets.known_secrets() if known is None else known), **({} if tree_included else tree_secrets(root))}
     exclude = [*exclude, dest.parent]  # the runs root, and the sweep dir this snapshot goes to
     tmp = dest.with_name(dest.name + ".partial")
     if tmp.exists():

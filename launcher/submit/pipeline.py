@@ -275,7 +275,7 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     known = _known_secrets(checked, root)
     if root is not None:
         try:
-            taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root],
+            taken = snapshot.take(root, code_dir, known=known, exclude=[runs_root], tree_included=True,
                                   imports=[str(c.resolved["recipe"]["_target_"]).split(".")[0] for c in checked])
         except OSError as e:  # a full disk, a read-only runs root: its partial copy goes with the new sweep dir
             discard(sd, joined=into is not None, indices=[])
