@@ -287,8 +287,12 @@ def test_plain_torchrun_gives_the_same_losses(code, local_run, tmp_path):
     res = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_free_port()}",
                           "train.py", f"--steps={STEPS}", f"--out_dir={tmp_path / 'out'}"], cwd=code, env=env,
                          capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    # torchrun itself (the reference, not this product) can lose a rank to gloo's teardown as the
+    # interpreter exits after destroy_process_group (std::terminate: "terminate called without an
+    # active exception", SIGABRT): seen once (a fresh-clone run of 2026-12-06), after every step was written
+    torn_down = "terminate called without an active exception" in res.stderr and len(rows) == STEPS
+    assert res.returncode == 0 or torn_down, res.stdout[-2000:] + res.stderr[-3000:]
     assert losses(rows) == losses(read_metrics(local_run))
 
 
