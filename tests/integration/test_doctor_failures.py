@@ -234,6 +234,7 @@ def _slurm_run(slurm_jobs, name: str) -> dict:
 
 
 @pytest.mark.slurm
+@pytest.mark.timeout(600)  # a 1-minute limit, then its accounting: 87 s measured, the module's 240 under 3x
 def test_slurm_time_limit(slurm, slurm_jobs):
     run = _slurm_run(slurm_jobs, "time_limit")
     assert run["status"] == "timeout", run
