@@ -33,7 +33,7 @@ echo "setup: creating .venv and installing the project (the first time takes 2-5
 # with PYTHONDONTWRITEBYTECODE=1, common in containers, would otherwise compile torch at each import).
 DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-compile ${INDEX[@]+"${INDEX[@]}"} "$TORCH_SPEC" -e ".[test]"
 .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-  launcher recipes >/dev/null || true
+  launcher recipes >/dev/null || true  # (exit 1 for files no Python 3 compiles: some packages ship test data)
 cuda="$(.venv/bin/python -c 'import torch; print(torch.version.cuda or "")')"
 if [ "$GPUS" -gt 0 ] && [ -z "$cuda" ]; then
   echo "setup: this machine has $GPUS NVIDIA GPU(s) but torch is a CPU build: jobs would train on CPU." >&2

@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # bytecode is cached, as on most users' machines: with PYTHONDONTWRITEBYTECODE=1 (set in many containers)
-# each of the suite's ~1,500 processes compiles the launcher's modules again (~0.2 s of CPU a command)
+# every process compiles again whatever setup.sh did not compile (a module changed since, the tests, the
+# programs the tests write), and pytest rewrites every test module in each worker
 unset PYTHONDONTWRITEBYTECODE
 
 # The cluster and the browser come up beside the venv's install (neither needs it; pip waits on the
