@@ -21,24 +21,28 @@ PACKAGES = ("launcher", "recipes", "hydra_plugins")
 
 
 def _exception_classes_with_init():
-    """(file, class) of every class in the product's packages that derives from an exception class
-    (by name: ...Error, ...Exception, or one of these) and defines its own __init__, and whether it
-    defines __reduce__."""
-    bases = {"Exception", "BaseException", "ValueError", "RuntimeError", "KeyError", "OSError", "TypeError"}
-    found = []
+    """(file, class, defines __reduce__) of every class in the product's packages that derives from an
+    exception class (a builtin one, a name ending in Error or Exception, or, at any depth, one of the
+    product's own) and defines its own __init__."""
+    classes = []
     for pkg in PACKAGES:
         for path in sorted((REPO / pkg).rglob("*.py")):
-            tree = ast.parse(path.read_text(), str(path))
-            classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-            names = {c.name for c in classes}
-            for c in classes:
-                base_names = {getattr(b, "id", getattr(b, "attr", "")) for b in c.bases}
-                if not (base_names & bases or any(b.endswith(("Error", "Exception")) for b in base_names)
-                        or base_names & names and c.name.endswith(("Error", "Exception"))):
-                    continue
-                methods = {f.name for f in c.body if isinstance(f, ast.FunctionDef)}
-                if "__init__" in methods:
-                    found.append((str(path.relative_to(REPO)), c.name, "__reduce__" in methods))
+            for c in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(c, ast.ClassDef):
+                    bases = {getattr(b, "id", getattr(b, "attr", "")) for b in c.bases}
+                    classes.append((str(path.relative_to(REPO)), c, bases))
+    exceptions = {"Exception", "BaseException", "ValueError", "RuntimeError", "KeyError", "OSError", "TypeError"}
+    grew = True
+    while grew:  # the product's own exception classes, and classes derived from them
+        before = len(exceptions)
+        exceptions |= {c.name for _, c, bases in classes
+                       if bases & exceptions or any(b.endswith(("Error", "Exception")) for b in bases)}
+        grew = len(exceptions) > before
+    found = []
+    for path, c, _ in classes:
+        methods = {f.name for f in c.body if isinstance(f, ast.FunctionDef)}
+        if c.name in exceptions and "__init__" in methods:
+            found.append((path, c.name, "__reduce__" in methods))
     return found
 
 
