@@ -183,6 +183,27 @@ def losses(rows):
     return [(r["step"], r["loss"]) for r in rows]
 
 
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
+def torch_exit_aborts(run: Path):
+    """The run's restarts that followed torch's own abort as a script's interpreter exited. After
+    destroy_process_group, a gloo worker thread (ProcessGroupGloo::runLoop) can still be freeing the last
+    all-reduce's work while Python finalizes: its thread-local state drops a Python object, taking the
+    GIL ends the thread, and the unwind through a noexcept destructor calls std::terminate
+    (TORCH_EXIT_ABORT, SIGABRT; a core dump's stack, 2026-12-06). Plain torchrun loses 2 runs in 40 of
+    this script to it here (test_plain_torchrun_gives_the_same_losses). The product restarts such a
+    rank as any killed one (it cannot tell this abort from one mid-step) and the restart resumes and
+    ends; a test that counts attempts counts these apart, only when a rank's log names the abort."""
+    aborted = [r for r in restarts(run) if r["reason"] == "failure" and "killed by SIGABRT" in r["detail"]]
+    if aborted:
+        logs = [run_cmd([str(BIN / "launcher"), "logs", str(run), "--rank", str(rank), "--err"], run.parent,
+                        timeout=120).stdout for rank in range(2)]
+        if not any(TORCH_EXIT_ABORT in log for log in logs):
+            return []
+    return aborted
+
+
 @pytest.fixture(scope="module")
 def local_run(code, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("local") / "runs"
@@ -194,7 +215,8 @@ def local_run(code, tmp_path_factory) -> Path:
 @pytest.mark.timeout(600)
 def test_an_unchanged_script_runs_on_cluster_local(local_run):
     st = status(local_run)
-    assert st["status"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1, st
+    aborts = len(torch_exit_aborts(local_run))
+    assert st["status"] == "completed" and st["exit_code"] == 0 and st["attempt"] == 1 + aborts, st
     rows = read_metrics(local_run)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert st["summary"]["final_loss"] == rows[-1]["loss"] and st["summary"]["steps"] == STEPS
@@ -226,8 +248,10 @@ def test_the_scripts_exit_code_fails_the_run_with_it(code, runs_root):
     assert res.returncode != 0, res.stdout[-2000:]
     run = only_run(runs_root)
     st = status(run)
-    assert (st["status"], st["exit_code"], st["error"], st["attempt"]) == ("failed", 3, "script exited 3", 1), st
-    assert restarts(run) == []  # the script said so: not retried, although the budget allows 2
+    aborts = torch_exit_aborts(run)
+    assert (st["status"], st["exit_code"], st["error"], st["attempt"]) == ("failed", 3, "script exited 3",
+                                                                          1 + len(aborts)), st
+    assert restarts(run) == aborts  # the script said so: not retried, although the budget allows 2
     assert "script exited 3" in res.stdout + res.stderr
     doctor = run_cmd([str(BIN / "launcher"), "doctor", str(run)], runs_root, timeout=120)
     assert "script exited 3" in doctor.stdout and "launcher logs RUN --rank" in doctor.stdout, doctor.stdout
@@ -253,8 +277,9 @@ def test_a_killed_script_is_requeued_and_resumes_in_the_module_form(code, local_
     the uninterrupted recipe.script run. (One run for the module form and the kill: each made its own.)"""
     res = launch(["recipe=script", "recipe.module=mypkg.train", "recipe.resume_args=[--init_from=resume]",
                   args("--save_every=5", "--kill_step=8"), "train.log_interval=0", "cluster=local",
-                  # one restart is all the killed rank needs: a second would be a bug, not a retry
-                  "cluster.gpus_per_node=2", "train.max_restarts=1"], runs_root, timeout=400, cwd=code)
+                  # one restart is all the killed rank needs (counted below): a second is only ever
+                  # torch's own exit abort (torch_exit_aborts), which a budget of 1 would turn into a failure
+                  "cluster.gpus_per_node=2", "train.max_restarts=2"], runs_root, timeout=400, cwd=code)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = only_run(runs_root)
     for attempt in (1, 2):  # the module from the code snapshot, not from the launch dir
@@ -263,8 +288,10 @@ def test_a_killed_script_is_requeued_and_resumes_in_the_module_form(code, local_
     assert envs(run, 2)[0]["argv"][1:] == [f"--steps={STEPS}", "--save_every=5", "--kill_step=8",
                                            "--init_from=resume"]
     st = status(run)
-    assert st["status"] == "completed" and st["attempt"] == 2, st
-    (row,) = restarts(run)
+    aborts = torch_exit_aborts(run)
+    assert st["status"] == "completed" and st["attempt"] == 2 + len(aborts), st
+    row, *extra = restarts(run)
+    assert extra == aborts, extra
     assert row["reason"] == "failure" and "killed by SIGKILL" in row["detail"], row
     rows = read_metrics(run)
     last = {r["step"]: r for r in rows}  # steps 6..8 ran twice: before the kill and after the resume
@@ -291,7 +318,7 @@ def test_plain_torchrun_gives_the_same_losses(code, local_run, tmp_path):
     # torchrun itself (the reference, not this product) can lose a rank to gloo's teardown as the
     # interpreter exits after destroy_process_group (std::terminate: "terminate called without an
     # active exception", SIGABRT): seen once (a fresh-clone run of 2026-12-06), after every step was written
-    torn_down = "terminate called without an active exception" in res.stderr and len(rows) == STEPS
+    torn_down = TORCH_EXIT_ABORT in res.stderr and len(rows) == STEPS
     assert res.returncode == 0 or torn_down, res.stdout[-2000:] + res.stderr[-3000:]
     assert losses(rows) == losses(read_metrics(local_run))
 
@@ -323,8 +350,10 @@ def test_a_preemption_and_a_usr2_drill_on_two_slurm_nodes_resume_from_the_script
     wait_for("the end", lambda: status(run)["status"] in ("completed", "failed", "timeout", "cancelled"), 600,
              poll=1)
     st = status(run)
-    assert st["status"] == "completed" and st["attempt"] == 3, st
-    preempted, timed = restarts(run)
+    aborts = torch_exit_aborts(run)
+    assert st["status"] == "completed" and st["attempt"] == 3 + len(aborts), st
+    preempted, timed, *extra = restarts(run)
+    assert extra == aborts, extra
     assert (preempted["reason"], preempted["attempt"], preempted["job_id"]) == ("preempted", 2, job_id), preempted
     assert preempted["failed_rank"] is None and "checkpoint saved after step" not in preempted["detail"], preempted
     assert "forwarded to the script" in preempted["detail"], preempted
