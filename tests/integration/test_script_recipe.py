@@ -191,7 +191,7 @@ def torch_exit_aborts(run: Path):
     destroy_process_group, a gloo worker thread (ProcessGroupGloo::runLoop) can still be freeing the last
     all-reduce's work while Python finalizes: its thread-local state drops a Python object, taking the
     GIL ends the thread, and the unwind through a noexcept destructor calls std::terminate
-    (TORCH_EXIT_ABORT, SIGABRT; a core dump's stack, 2026-12-06). Plain torchrun loses 2 runs in 40 of
+    (TORCH_EXIT_ABORT, SIGABRT; a core dump's stack, 2026-12-06). Plain torchrun loses 6 runs in 169 of
     this script to it here (test_plain_torchrun_gives_the_same_losses). The product restarts such a
     rank as any killed one (it cannot tell this abort from one mid-step) and the restart resumes and
     ends; a test that counts attempts counts these apart, only when a rank's log names the abort."""
