@@ -211,6 +211,10 @@ MUTANTS: List[Mutant] = [
     M("M43", "launcher/data/manifest.py", "            if digest != sha:\n", "            if False:\n", FAST,
       "a prepared dataset's shard with a flipped byte passes its check (sha256 not compared)",
       ("tests/unit/test_data_manifest.py::test_flipped_byte_truncated_and_missing_shard_each_named",)),
+    M("M44", "launcher/config/faults.py", "        return self.attempt is None or int(self.attempt) == int(attempt)\n",
+      "        return True\n", FAST,
+      "an injected fault fires on every attempt, not only its own (a drill's holds all fire at once)",
+      ("tests/unit/test_faults.py::test_each_fault_fires_on_its_attempt_rank_and_step_only",)),
 ]
 
 

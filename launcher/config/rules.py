@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher import script_recipe
-from launcher.config import recipe_contract, schema
+from launcher.config import faults, recipe_contract, schema
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.layout import Facts, Layout
 from launcher.config.recipe_target import is_script, target_problem
@@ -135,6 +135,9 @@ RULES: Tuple[Rule, ...] = (
     Rule("train.fail_rank", lambda f: f.fail_at_step is not None and not 0 <= f.fail_rank < f.world,
          lambda f: f"{f.fail_rank} is not a rank of a {f.world}-process job", lambda f: f"choose 0..{f.world - 1}",
          RUN),
+    each_row("train.faults", lambda f: faults.listed_problems(f.values.tree.get("train") or {}, f.steps, f.world),
+             lambda f: f"give each train.faults entry an at_step in 1..{f.steps}, a rank in 0..{f.world - 1} "
+                       "and an attempt >= 1 (or null), or remove it"),
     Rule("train.dist_timeout_s",
          lambda f: 0 < (f.values.get("train.hang_timeout_s") or 0) >= (f.values.get("train.dist_timeout_s") or 0),
          lambda f: (f"collectives give up after {f.values.get('train.dist_timeout_s')} s, before the hang watchdog "

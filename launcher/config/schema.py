@@ -41,6 +41,7 @@ from launcher.config.sections import (
     Engine,
     FailMode,
     FailPeers,
+    FaultConfig,
     GPUConfig,
     OptimConfig,
     ParallelConfig,
@@ -69,7 +70,7 @@ __all__ = [
     "INT64_MAX", "Bounds", "num", "show_number",
     # launcher.config.sections
     "BlendSource", "CalibrationConfig", "CheckpointConfig", "ClusterConfig", "DataConfig", "Dtype", "ElasticConfig",
-    "Engine", "FailMode", "FailPeers", "GPUConfig", "OptimConfig", "ParallelConfig", "PrecisionConfig",
+    "Engine", "FailMode", "FailPeers", "FaultConfig", "GPUConfig", "OptimConfig", "ParallelConfig", "PrecisionConfig",
     "RecipeConfig", "Recompute", "ReduceDtype", "RunConfig", "SubmitConfig", "SweepConfig", "SweepMode",
     "SweepScheduler", "TrainConfig", "WandbConfig", "WandbMode", "ZeroConfig",
     # this module

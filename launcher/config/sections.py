@@ -255,6 +255,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class FaultConfig:
+    """One more injected fault (train.faults): train.fail_*'s keys, on an attempt of its own."""
+
+    at_step: int = num(1, ge=1)  # <= train.steps
+    rank: int = num(0, ge=0)
+    mode: FailMode = FailMode.exception
+    attempt: Optional[int] = num(None, ge=1)  # null: every attempt
+
+
+@dataclass
 class TrainConfig:
     micro_batch_size: int = num(4, ge=1)
     global_batch_size: int = num(16, ge=1)
@@ -278,6 +288,9 @@ class TrainConfig:
     fail_peers: FailPeers = FailPeers.error
     # the attempt (1 = first start, 2 = first restart, ...) the fault fires on; null: every attempt
     fail_attempt: Optional[int] = num(None, ge=1)
+    # more faults, each with the keys above ('train.faults=[{at_step: 5, rank: 1, mode: stop, attempt: 1}]'):
+    # a drill that holds a run on each of several attempts (launcher.config.faults)
+    faults: List[FaultConfig] = field(default_factory=list)
 
 
 @dataclass

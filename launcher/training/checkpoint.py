@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, 
 import torch
 import torch.distributed as dist
 
-from launcher.config.schema import enum_value
+from launcher.config.faults import faults
 from launcher.run import checkpoint_manifest
 from launcher.training import universal
 from launcher.training.async_save import AsyncSaver, gpu_of, host_copy
@@ -189,17 +189,14 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self._pruner: Optional[threading.Thread] = None
         self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
         self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
-        tr = cfg.train
-        drill = tr.fail_at_step is not None and enum_value(tr.fail_mode) == "kill_in_save"
-        # every rank saves at the drill's step; the drilled rank (on the drilled attempt) dies in it
-        self.kill_step: Optional[int] = int(tr.fail_at_step) if drill else None
-        fires = (drill and int(tr.fail_rank) == self.rank
-                 and (tr.fail_attempt is None or int(tr.fail_attempt) == ctx.attempt))
-        self.kill_at: Optional[int] = self.kill_step if fires else None
+        drills = [f for f in faults(cfg.train) if f.mode == "kill_in_save"]
+        # every rank saves at a drill's step; the drilled rank (on the drilled attempt) dies in it
+        self.kill_steps = frozenset(f.at_step for f in drills)
+        self.kill_at = frozenset(f.at_step for f in drills if f.rank == self.rank and f.on(ctx.attempt))
 
     # ---- save --------------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
-        return (self.every > 0 and step % self.every == 0) or step == self.steps or step == self.kill_step
+        return (self.every > 0 and step % self.every == 0) or step == self.steps or step in self.kill_steps
 
     def save(self, step: int, metrics: List[Dict[str, Any]], block: bool = False) -> None:
         """Checkpoint the state after ``step`` (every rank calls it at the same step).
@@ -252,7 +249,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         written = {}
         for i, (name, state) in enumerate(staged.items()):
             _write_file(partial / name, state)
-            if i == 0 and step == self.kill_at:  # fault drill: die with the checkpoint half written
+            if i == 0 and step in self.kill_at:  # fault drill: die with the checkpoint half written
                 os.kill(os.getpid(), signal.SIGKILL)
             written[name] = checkpoint_manifest.digest(partial / name)  # in the writer thread when async
         for rel in self._universal_files:

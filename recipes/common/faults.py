@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher.config.errors import ConfigError
+from launcher.config.faults import Fault, faults
 from launcher.config.schema import enum_value
 
 if TYPE_CHECKING:
@@ -16,21 +17,24 @@ if TYPE_CHECKING:
 
 
 def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> None:
-    """train.fail_mode at train.fail_at_step on train.fail_rank (on attempt train.fail_attempt, or every
-    attempt): the failures a cluster produces, on demand."""
-    tr = cfg.train
-    if tr.fail_at_step is None or (tr.fail_attempt is not None and int(tr.fail_attempt) != int(ctx.attempt)):
-        return
-    if ctx.rank != int(tr.fail_rank):
+    """Each fault of train.fail_* and train.faults (launcher.config.faults) that fires on this attempt:
+    its mode at its step on its rank; the failures a cluster produces, on demand."""
+    for fault in faults(cfg.train):
+        if fault.on(ctx.attempt):
+            _fire(fault, cfg, ctx, step, tag)
+
+
+def _fire(fault: Fault, cfg: RunConfig, ctx: Any, step: int, tag: str) -> None:
+    if ctx.rank != fault.rank:
         # the ranks the fault does not hit: with train.fail_peers=abort, a collective that fails ends the
         # process as ProcessGroupNCCL's watchdog does (no Python handler runs: the launcher's
         # requeue must come from outside the ranks)
-        if enum_value(tr.get("fail_peers", "error")) == "abort":
+        if enum_value(cfg.train.get("fail_peers", "error")) == "abort":
             ctx.abort_on_error = True
         return
-    if step != int(tr.fail_at_step):
+    if step != fault.at_step:
         return
-    mode = enum_value(tr.fail_mode)
+    mode = fault.mode
     if mode == "exception":
         raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
     if mode == "sleep":
@@ -38,8 +42,11 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
         while True:
             time.sleep(3600)
     if mode == "config_error":  # a failure no restart fixes: the run must fail at once
-        raise ConfigError("train.fail_mode", f"injected config error at step {step} on rank {ctx.rank}",
-                          "set train.fail_mode to another value, or train.fail_at_step=null")
+        legacy = fault.key == "train.fail_at_step"
+        raise ConfigError("train.fail_mode" if legacy else f"{fault.key}.mode",
+                          f"injected config error at step {step} on rank {ctx.rank}",
+                          "set train.fail_mode to another value, or train.fail_at_step=null" if legacy
+                          else f"set {fault.key}.mode to another value, or remove that entry")
     if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
         print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -116,7 +116,7 @@ def test_no_module_or_class_of_the_launcher_outgrows_one_reading():
 
 # what a feature's rule may import: the config's modules and the other rules (pure: no process, no torch,
 # no scheduler); its login and node halves import it, never the other way
-RULE_IMPORTS = ("launcher.config.schema", "launcher.run.status", "launcher.config.layout",
+RULE_IMPORTS = ("launcher.config.schema", "launcher.config.faults", "launcher.run.status", "launcher.config.layout",
                 "launcher.config.recipe_contract", "launcher.submit.reshard")
 
 

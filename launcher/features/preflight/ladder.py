@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.config import recipe_contract, schema
+from launcher.config import faults, recipe_contract, schema
 from launcher.config.layout import Layout
 from launcher.config.schema import enum_value
 from launcher.run.status import FINAL, RunStatus, Status
@@ -102,10 +102,9 @@ def _plain_or_own(cfg: RunConfig, fits_plain: bool) -> Tuple[Tuple[str, ...], Tu
 
 
 def _fault_kept(cfg: RunConfig, steps: int, world: int) -> Tuple[str, ...]:
-    """An injected fault (train.fail_at_step) after a rung's last step, or on a rank the rung does not
-    have, never fires there: drop it."""
-    at, rank = cfg.train.fail_at_step, int(cfg.train.fail_rank)
-    return ("train.fail_at_step=null",) if at is not None and (int(at) > steps or rank >= world) else ()
+    """An injected fault after a rung's last step, or on a rank the rung does not have, never fires
+    there: drop it (launcher.config.faults.kept)."""
+    return faults.kept(cfg.train, steps, world)
 
 
 def ladder(cfg: RunConfig, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_STEPS) -> List[Rung]:
@@ -157,7 +156,7 @@ def ladder(cfg: RunConfig, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_
     ov = [f"recipe={option}", "cluster.nodes=2", "parallelism.tp=1", "parallelism.pp=1", "parallelism.dp=null",
           "parallelism.sequence_parallel=false", "parallelism.engine=auto", "zero.stage=0",
           "zero.offload_optimizer=false", "zero.offload_params=false", f"train.global_batch_size={mbs * 2 * gpn}",
-          "train.max_restarts=0", "train.fail_at_step=null", *(check.overrides(bool(cl.use_gpus)) if check else ())]
+          "train.max_restarts=0", *faults.none(), *(check.overrides(bool(cl.use_gpus)) if check else ())]
     skip = (f"cluster.nodes={nodes}: no link between nodes to measure" if nodes < 2
             else None if check else "no recipe option measures the link between nodes (a contract's link_check)")
     rungs.append(Rung("comm", f"{option or 'link benchmark'}: 2 nodes x {gpn}", tuple(ov), (), skip))
