@@ -6,12 +6,13 @@ tests' tolerance; a failure after that is restarted by the same queued job (no S
 parts: tests/unit/test_elastic.py."""
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_fault_tolerance import last_step, wait_for
+from test_fault_tolerance import stopped_rank, wait_for
 
 from helpers import BIN, EQUIV_BASE, launch, read_metrics, run_cmd, runs_json, wait_final
 
@@ -24,6 +25,11 @@ BASE = [*EQUIV_BASE, "train.global_batch_size=12", "train.micro_batch_size=1", "
 
 def _lines(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _node_state(env, node: str) -> str:
+    return subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True, env=env,
+                          timeout=60).stdout.strip()
 
 
 def _scontrol(env, node: str, *words: str) -> None:
@@ -40,7 +46,11 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     root = tmp_path / "runs"
     res = launch([*BASE, "cluster=local_slurm", "cluster.nodes=4", "cluster.gpus_per_node=1",
                   "parallelism.engine=ddp", "cluster.elastic.enabled=true",
-                  # and, once grown back, a failure worth a restart: the job queued after it restarts the run
+                  # holds (rank 1 stopped), so that each event finds the run where the drill expects it however
+                  # fast it trains: attempt 1 in step 6 until its node is lost, the 3-node attempt in step 7
+                  # until the node is back (it grows at step 8's checkpoint)
+                  "train.faults=[{at_step:6,rank:1,mode:stop,attempt:1},{at_step:7,rank:1,mode:stop,attempt:2}]",
+                  # once grown back, a failure worth a restart: the job queued after it restarts the run
                   "train.fail_at_step=22", "train.fail_rank=1", "train.fail_attempt=3", "train.max_restarts=1"],
                  root, extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -50,9 +60,10 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     lost, back = "node4", False
     deadline = time.time() + 600
     try:
-        # down after step 5 (the checkpoint of step 4 written). No hold keeps the 24 steps from ending
-        # first: the run's one fault (train.fail_*) is attempt 3's failure
-        wait_for("step 5 on 4 nodes", lambda: last_step(run) >= 5, max(10, deadline - time.time()), poll=0.3)
+        # down while held in step 6 (the checkpoint of step 4 written, steps 1-5 logged)
+        wait_for("rank 1 of the 4-node attempt held in step 6", lambda: stopped_rank(run) is not None,
+                 max(10, deadline - time.time()), poll=0.2)
+        first = stopped_rank(run)
         # drained first (so that it stays out when its slurmd registers again), then down: Slurm ends the
         # job NODE_FAIL, and --no-requeue (cluster.elastic's) leaves it ended
         _scontrol(env, lost, "state=drain", "reason=elastic-test")
@@ -60,8 +71,12 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
         wait_for("the shrink to 3 nodes in restarts.jsonl",
                  lambda: any(r.get("reason") == "shrink" for r in _lines(run / "restarts.jsonl")),
                  max(10, deadline - time.time()))
-        _scontrol(env, lost, "state=resume")  # the node returns while the run trains on 3
+        wait_for("rank 1 of the 3-node attempt held in step 7", lambda: stopped_rank(run) not in (None, first),
+                 max(10, deadline - time.time()), poll=0.2)
+        _scontrol(env, lost, "state=resume")  # the node returns while the run is held on 3
         back = True
+        wait_for(f"{lost} idle again", lambda: _node_state(env, lost) == "idle", max(10, deadline - time.time()))
+        os.kill(stopped_rank(run), signal.SIGCONT)  # step 7 ends; rank 0 sees the node before step 8's save
         (row,) = wait_final(root, 1, timeout=max(10, deadline - time.time()))
     finally:
         if not back:
@@ -77,9 +92,9 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     assert shrink["layout"]["from"]["nodes"] == 4 and shrink["layout"]["to"]["nodes"] == 3, shrink
     assert (shrink["layout"]["to"]["dp"], shrink["layout"]["to"]["grad_accum"]) == (3, 4), shrink
     assert grow["layout"]["to"]["nodes"] == 4 and grow["layout"]["to"]["grad_accum"] == 3, grow
-    # from the latest checkpoint (every 4 steps, or the one its ranks saved when Slurm signalled them), grown
-    # at a later checkpoint
-    assert 4 <= shrink["from_step"] < grow["from_step"] and grow["from_step"] % 4 == 0, rows
+    # from step 4's checkpoint, or from step 6's that the ranks saved at the boundary when Slurm signalled
+    # them (its kill continues the held rank before its TERM); grown at step 8's, the first after the hold
+    assert shrink["from_step"] in (4, 6) and grow["from_step"] == 8, rows
     assert failure["from_step"] == 20 and "layout" not in failure and "injected" in failure["detail"], failure
     # the job the run queued for itself said where it goes on, and how
     logs = "".join(p.read_text() for p in sorted((run.parent / ".submitit").glob("elastic.*.out")))
@@ -95,12 +110,8 @@ def test_a_node_lost_without_requeue_the_run_goes_on_on_3_and_grows_back_to_4(sl
     dev = max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want))
     print(f"max |loss - uninterrupted| over 4 -> 3 -> 4 nodes: {dev:.2e}")
     assert dev <= LOSS_ATOL, ([r["loss"] for r in got], [r["loss"] for r in want])
-    reshards = _lines(run / "reshard.jsonl")
-    # the failure's restart loads step 20's checkpoint: written on 3 nodes when the run grew from it (the
-    # node came back late in the run, a fast machine's race), so that load reshards 3 -> 4 once more
-    again = grow["from_step"] == failure["from_step"]
-    assert [r["to"]["nodes"] for r in reshards] == [3, 4] + [4] * again, (reshards, rows)
-    assert [r["step"] for r in reshards] == [shrink["from_step"], grow["from_step"]] + [20] * again, reshards
+    reshards = _lines(run / "reshard.jsonl")  # the failure's restart loads step 20's, written on 4 nodes
+    assert [(r["step"], r["to"]["nodes"]) for r in reshards] == [(shrink["from_step"], 3), (8, 4)], reshards
     assert all(r["bitwise_equal"] for r in reshards), reshards
     res = run_cmd([str(BIN / "launcher"), "diff", str(run), ref["dir"]], root, timeout=120)
     assert "max |diff|" in res.stdout or dev == 0, res.stdout

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -98,6 +99,11 @@ def stopped_rank(run: Path, rank: int = 1) -> Optional[int]:
     return None
 
 
+def is_held(run: Path) -> bool:
+    """Rank 1 of the run's attempt stopped in its hold (train.fail_mode=stop or a train.faults entry)."""
+    return stopped_rank(run) is not None
+
+
 def signal_pending(pid: int, signum: int) -> bool:
     """``signum`` waits for the (stopped) process: delivered once it continues."""
     st = _proc_status(pid)
@@ -105,14 +111,20 @@ def signal_pending(pid: int, signum: int) -> bool:
     return bool(mask >> (signum - 1) & 1)
 
 
-def continue_rank_once_signalled(run: Path) -> None:
-    """Release the hold of train.fail_mode=stop once the time-limit signal waits for the stopped rank: it
-    then reaches the rank with its step, which ends at a boundary that saves."""
+def continue_rank_once_signalled(run: Path, signum: int = signal.SIGUSR2) -> None:
+    """Release the hold of train.fail_mode=stop once ``signum`` waits for the stopped rank: it then reaches
+    the rank with its step, which ends at a boundary that saves. (A job Slurm ends or requeues gets
+    SIGCONT before its TERM from Slurm itself: then the rank is already running.)"""
     pid = stopped_rank(run)
     assert pid is not None, f"rank 1 of {run} is not stopped"
-    wait_for(f"USR2 pending on the stopped rank 1 (pid {pid})", lambda: signal_pending(pid, signal.SIGUSR2), 60,
+    name = signal.Signals(signum).name
+    wait_for(f"{name} pending on the stopped rank 1 (pid {pid}), or the rank continued",
+             lambda: signal_pending(pid, signum) or not _proc_status(pid).get("State", "").startswith("T"), 60,
              poll=0.1)
-    os.kill(pid, signal.SIGCONT)
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:  # ended with its job
+        pass
 
 
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
@@ -132,35 +144,40 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
     seed = int(os.environ.get("FT_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     print(f"FT_SEED={seed}")
-    # the requeue at a random step k1 of attempt 1 (by step 14); attempt 2 held in step k2 + 1 (rank 1
-    # stopped there: train.fail_mode=stop on attempt 2) until the time-limit signal reaches it, so that
-    # signal finds the job running however fast the machine. Attempt 1 has no hold of its own (one fault
-    # a run): 60 steps, so 46 or more between its requeue and its end, and k2 36 or more past k1. A
-    # periodic checkpoint every 10 steps (each signal saves at its own step boundary; the periodic ones
-    # only serve a TERM the requeue's KillWait cut short): half the sharded saves of every 5, in both runs
-    k1 = rng.randint(3, 14)
-    k2 = rng.randint(50, 56)
-    cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=60", "train.checkpoint.every=10", *QUICK]
-    hold = ["train.fail_mode=stop", "train.fail_rank=1", "train.fail_attempt=2", f"train.fail_at_step={k2 + 1}"]
+    # the requeue once attempt 1 logged a random step k1, the time-limit signal once attempt 2 logged k2:
+    # each attempt held in the step after (rank 1 stopped there: a train.faults entry of mode stop on
+    # each attempt) until its signal reaches it, so every signal finds the job running however fast the
+    # machine. A periodic checkpoint every 10 steps (each signal saves at its own step boundary; the
+    # periodic ones only serve a TERM the requeue's KillWait cut short): half the sharded saves of every 5
+    k1 = rng.randint(3, 8)
+    k2 = rng.randint(12, 26)
+    cfg = ["cluster=local_slurm", *ENGINES[engine], "train.steps=30", "train.checkpoint.every=10", *QUICK]
+    hold = [f"train.faults=[{{at_step:{k1 + 1},rank:1,mode:stop,attempt:1}},"
+            f"{{at_step:{k2 + 1},rank:1,mode:stop,attempt:2}}]"]
     roots = {k: tmp_path / k for k in ("interrupted", "reference")}
     for name, root in roots.items():  # both jobs queue at once; Slurm runs them side by side
         res = launch([*cfg, *(hold if name == "interrupted" else [])], root, extra_env=slurm)
         assert res.returncode == 0, res.stdout + res.stderr
     run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
-    preempt_twice_and_check(run, ref, slurm, k1, k2, held=lambda run: stopped_rank(run) is not None,
-                            release=continue_rank_once_signalled)
+    preempt_twice_and_check(run, ref, slurm, k1, k2, held=is_held, release=continue_rank_once_signalled,
+                            held_first=is_held, release_first=partial(continue_rank_once_signalled,
+                                                                      signum=signal.SIGTERM))
     assert_identical(run, ref)
 
 
 def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], k1: int, k2: int,
                             held: Callable[[Path], bool] = lambda run: True,
-                            release: Callable[[Path], None] = lambda run: None) -> None:
-    """``scontrol requeue`` once attempt 1 logged step k1, the time-limit signal (USR2) once attempt 2,
-    resumed before k2, logged step k2 and is held in the next (``held``: the hold is in place;
-    ``release``: what the hold needs after the signal); both runs completed, the restarts recorded."""
+                            release: Callable[[Path], None] = lambda run: None,
+                            held_first: Callable[[Path], bool] = lambda run: True,
+                            release_first: Callable[[Path], None] = lambda run: None) -> None:
+    """``scontrol requeue`` once attempt 1 logged step k1 and is held in the next, the time-limit signal
+    (USR2) once attempt 2, resumed before k2, logged step k2 and is held in the next (``held_first``,
+    ``held``: each hold is in place; ``release_first``, ``release``: what each hold needs after its
+    signal); both runs completed, the restarts recorded."""
     job_id = json.loads((run / "job.json").read_text())["job_id"]
-    wait_for(f"step {k1} of attempt 1", lambda: last_step(run) >= k1, 300)
+    wait_for(f"attempt 1 held in step {k1 + 1}", lambda: last_step(run) >= k1 and held_first(run), 300)
     subprocess.run(["scontrol", "requeue", job_id], check=True, env={**os.environ, **slurm})
+    release_first(run)
     wait_for("attempt 2", lambda: status(run).get("attempt") == 2 and status(run)["status"] == "running", 240)
     resumed = restarts(run)[0]["from_step"]
     assert resumed <= k2, f"attempt 2 resumed after step {resumed}, past its hold in step {k2 + 1}: {restarts(run)}"
