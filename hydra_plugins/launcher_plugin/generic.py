@@ -748,6 +748,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
     from launcher import backends
     from launcher.archive import atomic, registry, secrets, snapshot
     from launcher.config.compose import override_lines
+    from launcher.run.checks_record import HYDRA_APP, ChecksRecord
     from launcher.run.rundir import SweepDir
     from launcher.run.status import Status
     from launcher.submit import interrupted, staging, submission
@@ -815,6 +816,7 @@ def submit(backend_name: str, params: Dict[str, Any], task_function: Any, hydra_
                 seeds=None if seed is None else {
                     "seed": seed, "how": "the app's own `seed` key (the app seeds its RNGs from it)"},
                 overrides={"overrides": _task(cfg), "choices": dict(OmegaConf.to_container(cfg.hydra.runtime.choices))},
+                checks=ChecksRecord(HYDRA_APP),
                 run={**({"reproduces": str(params["reproduces"])} if params.get("reproduces") else {}),
                      **({"work_dir": str(params["work_dir"])} if params.get("work_dir") else {}),
                      "run_id": sd.run_id(i), "sweep_id": sd.sweep_id, "index": i, "name": str(cfg.hydra.job.name),

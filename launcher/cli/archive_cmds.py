@@ -36,6 +36,7 @@ def cmd_show(args) -> int:
     meta = rd.run() or {}
     st = rd.status()
     job = rd.job()
+    checks = rd.checks()
     summary = {
         "run": meta,
         "status": st.to_json(),
@@ -47,6 +48,7 @@ def cmd_show(args) -> int:
         "job": job.to_json() if job else None,
         "manifest_problems": rd.verify(),
         "data": rd.data_manifest(),
+        "checks": checks.to_json() if checks else None,  # (a run staged before checks.json existed: none)
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
     }
     tampered = 1 if summary["manifest_problems"] else 0
@@ -78,6 +80,8 @@ def cmd_show(args) -> int:
         _row(t, "layout", f"engine {layout.get('engine')}  world {layout.get('world_size')}  dp {layout.get('dp')} "
                             f"tp {layout.get('tp')} pp {layout.get('pp')}  grad accum {layout.get('grad_accum')}")
     _row(t, "seed", str(meta.get("seed")))  # (recipe=script: run.json says it is not used)
+    if checks is not None:
+        _row(t, "checks", checks.describe())
     for line in data_archive.describe(summary["data"]):
         _row(t, "data", line)
     code = summary["code"]

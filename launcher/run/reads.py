@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.archive import atomic
+from launcher.run.checks_record import ChecksRecord
 from launcher.run.io import (
     SweepNames,
     Unreadable,
@@ -91,6 +92,10 @@ class Reads:
 
     def plan(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self._p(self.PLAN))
+
+    def checks(self) -> Optional[ChecksRecord]:
+        """What was checked before the run was queued (None: staged before checks.json existed)."""
+        return ChecksRecord.from_json(atomic.read_json(self._p(self.CHECKS)))
 
     def data_manifest(self) -> Optional[Dict[str, Any]]:
         """The datasets the run was launched with (launcher.data.archived), or None (it reads none)."""

@@ -56,6 +56,9 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("overrides.yaml", "launcher", "command-line overrides and the chosen option of every config group"),
     ("seeds.json", "launcher", "every seed (init, data order, dropout per data-parallel rank) and how each is derived"),
     ("plan.json", "launcher", "the planner's estimate for the layout (memory, communication, bubble, step time, MFU)"),
+    ("checks.json", "launcher", "launcher.run.checks_record.ChecksRecord: what was checked before the run was "
+     "queued (by: launch, the rule table and the recipe's planner; hydra_app, the plugin's sweep keys), forced (the "
+     "warnings submit.force=true let through, as printed), advice (the rules' advice printed)"),
     ("data_manifest.json", "launcher", "data=tokens: per dataset of the run (one per blend entry) the absolute path it "
      "was read from, its weight, its manifest.json as read at launch and that file's sha256 (reproduce verifies "
      "every shard against it, resume their sizes)"),
@@ -148,6 +151,7 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
 
 class RunDir(Writes, Checkpoints, Attempts, Reads, Transitions, Sealing):
     RUN, CONFIG, OVERRIDES, SEEDS, PLAN = "run.json", "config.yaml", "overrides.yaml", "seeds.json", "plan.json"
+    CHECKS = "checks.json"
     DATA_MANIFEST = "data_manifest.json"
     GIT, PATCH, SNAPSHOT = "code/git.json", "code/patch.diff", "code/snapshot.json"
     SOFTWARE, PIP_FREEZE = "env/software.json", "env/pip-freeze.txt"

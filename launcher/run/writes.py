@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from launcher.archive import atomic, yamlio
+from launcher.run.checks_record import ChecksRecord
 from launcher.run.io import (
     fill_name,
     now_iso,
@@ -60,6 +61,9 @@ class Writes:
 
     def write_plan(self, plan: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.PLAN), plan)
+
+    def write_checks(self, record: ChecksRecord) -> None:
+        atomic.write_json(self._p(self.CHECKS), record.to_json())
 
     def write_data_manifest(self, record: Dict[str, Any]) -> None:
         atomic.write_json(self._p(self.DATA_MANIFEST), record)

@@ -5,9 +5,8 @@
 
 A single run is a sweep of one point. Each point is resolved once (``validate``); points that share
 their backend's grouping key go out as ONE submitit batch (one Slurm array job; launcher.submit.submission,
-the submission path every launcher shares). Nothing is written
-or submitted unless every point is valid; a staged run becomes visible (``publish``) only whole.
-Waiting and exit codes are the app's (launcher.app).
+the submission path every launcher shares). Nothing is written or submitted unless every point is valid;
+a staged run becomes visible (``publish``) only whole. Waiting and exit codes are the app's (launcher.app).
 """
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from launcher.config.recipe_target import is_script
 from launcher.config.rules import resolve
 from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
+from launcher.run.checks_record import LAUNCH, ChecksRecord
 from launcher.run.rundir import RunDir, SweepDir
 from launcher.submit import interrupted, submission
 from launcher.submit.submission import Array, SubmittedRun
@@ -65,6 +65,7 @@ class Checked:
     layout: Layout
     plan: Optional[Dict[str, Any]]  # None: the recipe has no planner (no plan.json)
     backend: backends.Backend
+    checks: ChecksRecord  # checks.json: the warnings forced, the advice printed
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
 
@@ -130,11 +131,10 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
 
 
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
-    """Every point against the config rules (the shared rows and its recipe's), then its recipe's
-    planner where the recipe's contract has one (e.g. memory fits, pipeline bubble, a slow link).
-    Raise InvalidSweep listing every bad point; warnings
-    stop the launch too unless submit.force=true (then they go to stderr). ``indices`` are the
-    points' run indices in their sweep (default 0..n-1)."""
+    """Every point against the config rules (the shared rows and its recipe's), then its recipe's planner
+    where its contract has one (memory fits, pipeline bubble, a slow link). Raise InvalidSweep listing every
+    bad point; warnings stop the launch too unless submit.force=true (then they go to stderr and the run's
+    checks.json). ``indices``: the points' run indices in their sweep (default 0..n-1)."""
     resolved_all: List[Any] = []
     for i, p in enumerate(points):
         try:
@@ -172,19 +172,20 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
         except ConfigErrors as e:
             problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in e.errors))
             continue
-        if res.warnings:
-            if bool(p.cfg.submit.force):
-                for w in res.warnings:
-                    print(secrets.scrub(f"launch: warning ({where}, submit.force=true): {w}", known), file=sys.stderr)
-            else:
-                warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
-        for line in rules.advice(resolved):  # once per launch, whatever the number of points
+        forced = [secrets.scrub(w, known) for w in res.warnings] if bool(p.cfg.submit.force) else []
+        for w in forced:
+            print(f"launch: warning ({where}, submit.force=true): {w}", file=sys.stderr)
+        if res.warnings and not forced:
+            warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
+        advice = [secrets.scrub(line, known) for line in rules.advice(resolved)]
+        for line in advice:  # once per launch, whatever the number of points
             if line not in advised:
                 advised.append(line)
-                print(secrets.scrub(f"launch: warning: {line}", known), file=sys.stderr)
+                print(f"launch: warning: {line}", file=sys.stderr)
         data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
-        good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), known=known))
+        checks = ChecksRecord(LAUNCH, forced=tuple(forced), advice=tuple(advice))
+        good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), checks, known=known))
     lifted: Dict[str, str] = {}
     for c in good:  # a secret literal travels to the job in one variable per key: one value per launch
         for name, value in c.lifted.items():
@@ -241,8 +242,7 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     sweep = SweepDir.new(runs_root)
     name = sweep_job_name(checked, sweep.sweep_id)
     for c in checked:
-        head = secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)
-        print(f"# ---- point {c.index}: {head}", file=out)
+        print(f"# ---- point {c.index}: {secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)}", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.run_config, known, raw=c.written))),
               file=out)
     for arr in planned:
@@ -357,7 +357,7 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
             index=c.index, config=c.archived, plan=c.plan, data=data_of.get(sig),
             seeds={"not_used_by_recipe": f"{script_recipe.NOT_USED}: recipe=script seeds itself"}
             if is_script(r.get("recipe")) else seed_plan(r["seed"], r["data"].get("seed"), c.layout.dp),
-            overrides={"overrides": list(c.point.overrides), "choices": dict(c.point.choices)},
+            overrides={"overrides": list(c.point.overrides), "choices": dict(c.point.choices)}, checks=c.checks,
             run={"run_id": sweep.dir.run_id(c.index), "sweep_id": sweep.dir.sweep_id, "index": c.index,
                  "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
                  "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),

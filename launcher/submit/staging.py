@@ -7,11 +7,12 @@ and one writer of RunDir."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.archive import secrets, snapshot, software
+from launcher.run.checks_record import ChecksRecord
 from launcher.run.rundir import RunDir, SweepDir
 from launcher.submit.submission import in_threads
 
@@ -23,6 +24,7 @@ class Staged:
     config: Dict[str, Any]  # config.yaml, secrets already redacted (the caller's redaction: it knows how)
     run: Dict[str, Any]  # run.json (no status.json yet: a run without one is pending)
     overrides: Dict[str, Any]  # overrides.yaml: {"overrides": [...], "choices": {...}}
+    checks: ChecksRecord  # checks.json: what was checked before it was queued, what was let through
     seeds: Optional[Dict[str, Any]] = None  # seeds.json (None: the program seeds itself, unknown)
     plan: Optional[Dict[str, Any]] = None  # plan.json (the recipe's planner), most points of a sweep share it
     data: Optional[Dict[str, Any]] = None  # the datasets' manifest record: points that share it share the object
@@ -66,6 +68,8 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
         if p.data is not None:
             rd.link_from(datas[id(p.data)], (RunDir.DATA_MANIFEST,))
         rd.write_config(p.config)
+        rd.write_checks(replace(p.checks, forced=tuple(clean(list(p.checks.forced))),
+                                advice=tuple(clean(list(p.checks.advice)))))
         rd.write_run(clean(p.run))
         return rd
 

@@ -169,7 +169,8 @@ def test_bundle_is_sealed_verifiable_and_holds_no_secret(runs_root):
     manifest = json.loads((rdir / "manifest.json").read_text())
     for name in ("config.yaml", "overrides.yaml", "seeds.json", "run.json", "status.json", "metrics.jsonl",
                  "code/git.json", "code/patch.diff", "code/snapshot.json", "env/pip-freeze.txt",
-                 "env/software.json", "env/runtime.json", "env/training-env.json", "job.json", "plan.json"):
+                 "env/software.json", "env/runtime.json", "env/training-env.json", "job.json", "plan.json",
+                 "checks.json"):
         assert name in manifest["files"], name
     assert any(k.startswith("topology/node_") for k in manifest["files"])
     assert any(k.startswith("ranks/rank_1") for k in manifest["files"])

@@ -225,3 +225,26 @@ def test_other_recipes_are_not_planned_nor_enforced():
     gpt = recipe_contract.of("recipes.gpt.train.main").planner
     # the GPT's own run of that config would be refused
     assert gpt is not None and gpt(cfg, layout_of(Facts.from_cfg(cfg))).errors
+
+
+def test_the_warnings_force_let_through_stay_with_the_run_in_checks_json(tmp_path):
+    """checks.json, a record added in one type (ChecksRecord) and one writer: staging writes it in every
+    run dir from the checked point (launch's path; a Hydra app's marks its own), the run reads it back."""
+    from launcher.run.checks_record import HYDRA_APP, LAUNCH, ChecksRecord
+    from launcher.run.rundir import RunDir, SweepDir
+    from launcher.submit import staging
+
+    over = [*GPT_1B3_A100, "parallelism.pp=4", "train.micro_batch_size=4", "train.global_batch_size=32"]
+    (forced,) = check_points([Point(cfg_with(*over, "submit.force=true"))])
+    (plain,) = check_points([Point(cfg_with(*GPT_1B3_A100, "train.micro_batch_size=4", "train.global_batch_size=32"))])
+    assert forced.checks.by == LAUNCH and len(forced.checks.forced) == 1
+    assert forced.checks.forced[0].startswith("parallelism.pp: pipeline bubble 43%"), forced.checks
+    assert plain.checks == ChecksRecord(LAUNCH, advice=plain.checks.advice) and not plain.checks.forced
+
+    sd = SweepDir.new(tmp_path)
+    points = [staging.Staged(index=i, config={"seed": 1}, run={"run_id": sd.run_id(i)}, overrides={},
+                             checks=c) for i, c in enumerate((forced.checks, ChecksRecord(HYDRA_APP)))]
+    staged = staging.stage(sd, points, {})
+    assert [RunDir(rd.path).checks() for rd in staged] == [forced.checks, ChecksRecord(HYDRA_APP)]
+    assert "1 warning(s) let through by submit.force=true: parallelism.pp" in forced.checks.describe()
+    assert RunDir(tmp_path / "no-such-run").checks() is None  # a run staged before checks.json: none

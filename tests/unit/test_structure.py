@@ -145,7 +145,7 @@ def test_a_features_rule_imports_only_the_config_and_other_rules():
 def test_run_dir_file_names_live_in_rundir():
     names = "|".join(re.escape(Path(n).name) for n in
                      ("run.json", "config.yaml", "overrides.yaml", "seeds.json",
-                      "plan.json", "git.json", "patch.diff", "snapshot.json",
+                      "plan.json", "checks.json", "git.json", "patch.diff", "snapshot.json",
                       "software.json", "pip-freeze.txt", "job.json", "sbatch.sh",
                       "status.json", "runtime.json", "training-env.json",
                       "ds_config.json", "metrics.jsonl", "manifest.json"))
