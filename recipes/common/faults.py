@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher.config.errors import ConfigError
-from launcher.config.faults import Fault, faults
+from launcher.config.faults import faults
 from launcher.config.schema import enum_value
 
 if TYPE_CHECKING:
@@ -18,43 +18,40 @@ if TYPE_CHECKING:
 
 def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> None:
     """Each fault of train.fail_* and train.faults (launcher.config.faults) that fires on this attempt:
-    its mode at its step on its rank; the failures a cluster produces, on demand."""
+    its mode at its step on its rank; the failures a cluster produces, on demand. (One function: a hang
+    drill's stuck frame, which the hang watch and doctor name, is this one.)"""
     for fault in faults(cfg.train):
-        if fault.on(ctx.attempt):
-            _fire(fault, cfg, ctx, step, tag)
-
-
-def _fire(fault: Fault, cfg: RunConfig, ctx: Any, step: int, tag: str) -> None:
-    if ctx.rank != fault.rank:
-        # the ranks the fault does not hit: with train.fail_peers=abort, a collective that fails ends the
-        # process as ProcessGroupNCCL's watchdog does (no Python handler runs: the launcher's
-        # requeue must come from outside the ranks)
-        if enum_value(cfg.train.get("fail_peers", "error")) == "abort":
-            ctx.abort_on_error = True
-        return
-    if step != fault.at_step:
-        return
-    mode = fault.mode
-    if mode == "exception":
-        raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
-    if mode == "sleep":
-        print(f"[{tag}] rank {ctx.rank}: injected hang at step {step}", flush=True)
-        while True:
-            time.sleep(3600)
-    if mode == "config_error":  # a failure no restart fixes: the run must fail at once
-        legacy = fault.key == "train.fail_at_step"
-        raise ConfigError("train.fail_mode" if legacy else f"{fault.key}.mode",
-                          f"injected config error at step {step} on rank {ctx.rank}",
-                          "set train.fail_mode to another value, or train.fail_at_step=null" if legacy
-                          else f"set {fault.key}.mode to another value, or remove that entry")
-    if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
-        print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        return
-    if mode == "kill":
-        print(f"[{tag}] rank {ctx.rank}: injected SIGKILL at step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    if mode == "oom":  # one allocation larger than the host's memory (or the GPU's)
-        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4
-        torch.empty(size, dtype=torch.uint8, device=ctx.device)
-    # kill_in_save: the checkpointer (launcher.training.checkpoint) dies while writing this step's checkpoint
+        if not fault.on(ctx.attempt):
+            continue
+        if ctx.rank != fault.rank:
+            # the ranks the fault does not hit: with train.fail_peers=abort, a collective that fails ends the
+            # process as ProcessGroupNCCL's watchdog does (no Python handler runs: the launcher's
+            # requeue must come from outside the ranks)
+            if enum_value(cfg.train.get("fail_peers", "error")) == "abort":
+                ctx.abort_on_error = True
+            continue
+        if step != fault.at_step:
+            continue
+        mode = fault.mode
+        if mode == "exception":
+            raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
+        if mode == "sleep":
+            print(f"[{tag}] rank {ctx.rank}: injected hang at step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+        if mode == "config_error":  # a failure no restart fixes: the run must fail at once
+            legacy = fault.key == "train.fail_at_step"
+            raise ConfigError("train.fail_mode" if legacy else f"{fault.key}.mode",
+                              f"injected config error at step {step} on rank {ctx.rank}",
+                              "set train.fail_mode to another value, or train.fail_at_step=null" if legacy
+                              else f"set {fault.key}.mode to another value, or remove that entry")
+        if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
+            print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if mode == "kill":
+            print(f"[{tag}] rank {ctx.rank}: injected SIGKILL at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "oom":  # one allocation larger than the host's memory (or the GPU's)
+            size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4
+            torch.empty(size, dtype=torch.uint8, device=ctx.device)
+        # kill_in_save: the checkpointer (launcher.training.checkpoint) dies while writing this step's checkpoint
