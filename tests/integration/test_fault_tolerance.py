@@ -9,7 +9,6 @@ import signal
 import subprocess
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -99,11 +98,6 @@ def stopped_rank(run: Path, rank: int = 1) -> Optional[int]:
     return None
 
 
-def is_held(run: Path) -> bool:
-    """Rank 1 of the run's attempt stopped in its hold (train.fail_mode=stop or a train.faults entry)."""
-    return stopped_rank(run) is not None
-
-
 def signal_pending(pid: int, signum: int) -> bool:
     """``signum`` waits for the (stopped) process: delivered once it continues."""
     st = _proc_status(pid)
@@ -111,20 +105,30 @@ def signal_pending(pid: int, signum: int) -> bool:
     return bool(mask >> (signum - 1) & 1)
 
 
-def continue_rank_once_signalled(run: Path, signum: int = signal.SIGUSR2) -> None:
-    """Release the hold of train.fail_mode=stop once ``signum`` waits for the stopped rank: it then reaches
-    the rank with its step, which ends at a boundary that saves. (A job Slurm ends or requeues gets
-    SIGCONT before its TERM from Slurm itself: then the rank is already running.)"""
-    pid = stopped_rank(run)
-    assert pid is not None, f"rank 1 of {run} is not stopped"
-    name = signal.Signals(signum).name
-    wait_for(f"{name} pending on the stopped rank 1 (pid {pid}), or the rank continued",
-             lambda: signal_pending(pid, signum) or not _proc_status(pid).get("State", "").startswith("T"), 60,
-             poll=0.1)
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:  # ended with its job
-        pass
+class Hold:
+    """A stop hold of rank 1 (train.fail_mode=stop, or a train.faults entry): ``held(run)`` is whether
+    this attempt's rank 1 is stopped, and notes its pid; ``release(run)`` continues that process once
+    ``signum`` waits for it. Slurm's requeue and cancel send SIGCONT before their TERM, so by then the
+    rank may be running already: nothing to release (the pid noted while it was held, never read again
+    from a rank record that the next attempt may have replaced)."""
+
+    def __init__(self, signum: int = signal.SIGUSR2) -> None:
+        self.signum, self.pid = signum, None
+
+    def held(self, run: Path) -> bool:
+        self.pid = stopped_rank(run)
+        return self.pid is not None
+
+    def release(self, run: Path) -> None:
+        pid, name = self.pid, signal.Signals(self.signum).name
+        assert pid is not None, f"rank 1 of {run} was never seen held"
+        wait_for(f"{name} pending on the stopped rank 1 (pid {pid}), or the rank continued",
+                 lambda: signal_pending(pid, self.signum) or not _proc_status(pid).get("State", "").startswith("T"),
+                 60, poll=0.1)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # ended with its job
+            pass
 
 
 # ---- real Slurm: requeue and time-limit signal, every engine -------------------------------------
@@ -159,10 +163,21 @@ def test_preempted_twice_on_slurm_ends_bitwise_identical(slurm, tmp_path, engine
         res = launch([*cfg, *(hold if name == "interrupted" else [])], root, extra_env=slurm)
         assert res.returncode == 0, res.stdout + res.stderr
     run, ref = only_run(roots["interrupted"]), only_run(roots["reference"])
-    preempt_twice_and_check(run, ref, slurm, k1, k2, held=is_held, release=continue_rank_once_signalled,
-                            held_first=is_held, release_first=partial(continue_rank_once_signalled,
-                                                                      signum=signal.SIGTERM))
+    first, second = Hold(signal.SIGTERM), Hold(signal.SIGUSR2)
+    try:
+        preempt_twice_and_check(run, ref, slurm, k1, k2, held=second.held, release=second.release,
+                                held_first=first.held, release_first=first.release)
+    except BaseException:  # a held rank is never left stopped in the queue: it would hold its node
+        cancel_jobs([run, ref], slurm)
+        raise
     assert_identical(run, ref)
+
+
+def cancel_jobs(runs: List[Path], slurm: Dict[str, str]) -> None:
+    """scancel the runs' jobs (a drill that failed): a stopped rank ends with its job, not at its time limit."""
+    ids = [json.loads((r / "job.json").read_text())["job_id"] for r in runs if (r / "job.json").exists()]
+    if ids:
+        subprocess.run(["scancel", *ids], check=False, env={**os.environ, **slurm}, timeout=60)
 
 
 def preempt_twice_and_check(run: Path, ref: Path, slurm: Dict[str, str], k1: int, k2: int,
