@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Tuple
 
+from launcher.config.schema import enum_value
+
+SINGLE = "train.fail_at_step"  # the key of train.fail_*'s one fault (its keys have rows of their own)
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -20,7 +24,12 @@ class Fault:
     rank: int = 0
     mode: str = "exception"
     attempt: Optional[int] = None
-    key: str = "train.fail_at_step"
+    key: str = SINGLE
+
+    @property
+    def listed(self) -> bool:
+        """A train.faults entry (not train.fail_*'s fault)."""
+        return self.key != SINGLE
 
     def on(self, attempt: int) -> bool:
         """Whether it fires on this attempt."""
@@ -36,21 +45,18 @@ def _get(x: Any, key: str, default: Any = None) -> Any:
     return x.get(key, default) if hasattr(x, "get") else getattr(x, key, default)
 
 
-def _mode(x: Any) -> str:
-    return str(getattr(x, "value", x))
-
-
 def faults(train: Any) -> List[Fault]:
     """Every fault ``train`` (the config's train section, typed or plain) injects, train.fail_* first."""
     out: List[Fault] = []
     if _get(train, "fail_at_step") is not None:
         attempt = _get(train, "fail_attempt")
         out.append(Fault(int(_get(train, "fail_at_step")), int(_get(train, "fail_rank", 0) or 0),
-                         _mode(_get(train, "fail_mode", "exception")), None if attempt is None else int(attempt)))
+                         enum_value(_get(train, "fail_mode", "exception")), None if attempt is None else int(attempt)))
     for i, f in enumerate(_get(train, "faults") or []):
         attempt = _get(f, "attempt")
-        out.append(Fault(int(_get(f, "at_step")), int(_get(f, "rank", 0) or 0), _mode(_get(f, "mode", "exception")),
-                         None if attempt is None else int(attempt), key=f"train.faults[{i}]"))
+        out.append(Fault(int(_get(f, "at_step")), int(_get(f, "rank", 0) or 0),
+                         enum_value(_get(f, "mode", "exception")), None if attempt is None else int(attempt),
+                         key=f"train.faults[{i}]"))
     return out
 
 
@@ -58,9 +64,7 @@ def listed_problems(train: Any, steps: int, world: int) -> List[Tuple[str, str]]
     """``train.faults`` entries that can never fire: a step outside 1..steps, a rank the job has not, an
     attempt before the first (train.fail_* has rows of its own, from the schema's bounds)."""
     out: List[Tuple[str, str]] = []
-    for f in faults(train):
-        if f.key == "train.fail_at_step":
-            continue
+    for f in (f for f in faults(train) if f.listed):
         if f.at_step > steps:
             out.append((f"{f.key}.at_step", f"step {f.at_step} comes after the last step (train.steps={steps}): "
                                             "the fault never fires"))
@@ -79,9 +83,9 @@ def kept(train: Any, steps: int, world: int) -> Tuple[str, ...]:
     every = faults(train)
     fits = [f.at_step <= steps and f.rank < world for f in every]
     out: List[str] = []
-    if any(f.key == "train.fail_at_step" and not ok for f, ok in zip(every, fits)):
-        out.append("train.fail_at_step=null")
-    listed = [(f, ok) for f, ok in zip(every, fits) if f.key != "train.fail_at_step"]
+    if any(not f.listed and not ok for f, ok in zip(every, fits)):
+        out.append(f"{SINGLE}=null")
+    listed = [(f, ok) for f, ok in zip(every, fits) if f.listed]
     if not all(ok for _, ok in listed):
         out.append("train.faults=[" + ",".join(f.override() for f, ok in listed if ok) + "]")
     return tuple(out)

@@ -40,11 +40,10 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
             while True:
                 time.sleep(3600)
         if mode == "config_error":  # a failure no restart fixes: the run must fail at once
-            legacy = fault.key == "train.fail_at_step"
-            raise ConfigError("train.fail_mode" if legacy else f"{fault.key}.mode",
+            raise ConfigError(f"{fault.key}.mode" if fault.listed else "train.fail_mode",
                               f"injected config error at step {step} on rank {ctx.rank}",
-                              "set train.fail_mode to another value, or train.fail_at_step=null" if legacy
-                              else f"set {fault.key}.mode to another value, or remove that entry")
+                              f"set {fault.key}.mode to another value, or remove that entry" if fault.listed
+                              else "set train.fail_mode to another value, or train.fail_at_step=null")
         if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
             print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
