@@ -193,6 +193,9 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 # For slurmdbd connections the "password" is the munge socket to use.
 AccountingStoragePass=$MUNGE_SOCK
+# As most sites do: a job needs an association, and its association's and QOS's limits (MaxSubmitJobs,
+# ...) hold. Adding the cluster gives root one; the user who runs the tests gets one in the same account.
+AccountingStorageEnforce=associations,limits,qos
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 
@@ -297,6 +300,10 @@ start_slurmdbd() {
     # also creates the 'root' account and root user association.
     if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
         sacctmgr -i add cluster "$CLUSTER" >/dev/null || fail_with_logs "sacctmgr add cluster failed"
+    fi
+    local user="${SUDO_USER:-$(id -un)}"
+    if [ "$user" != root ] && ! sacctmgr -n -P list assoc user="$user" format=user | grep -qx "$user"; then
+        sacctmgr -i add user "$user" account=root >/dev/null || fail_with_logs "sacctmgr add user $user failed"
     fi
 }
 
