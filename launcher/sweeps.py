@@ -103,6 +103,26 @@ def plan_arrays(sizes: Sequence[int], limits: ArrayLimits, parallelism: Sequence
     return out
 
 
+def wave_cut(total: int, room: float) -> int:
+    """How many of a sweep's ``total`` points are queued now when ``room`` more jobs may be queued
+    (launcher.submit.waves): every one when they fit; else the room less one slot, which the wave job
+    that queues the rest takes (0: not even one point and that job fit)."""
+    if total <= room:
+        return int(total)
+    return max(int(room) - 1, 0)
+
+
+def first_points(groups: Sequence[Sequence[Any]], n: int) -> List[List[Any]]:
+    """The first ``n`` points of ``groups`` taken in order, group by group (empty groups dropped)."""
+    out: List[List[Any]] = []
+    for g in groups:
+        take = list(g[:max(n, 0)])
+        n -= len(take)
+        if take:
+            out.append(take)
+    return out
+
+
 def job_name(names: Sequence[str], sweep_id: str) -> str:
     """The job name of a submission: the name its points share, else the sweep's."""
     distinct = sorted({str(n) for n in names})

@@ -215,6 +215,9 @@ MUTANTS: List[Mutant] = [
       "        return True\n", FAST,
       "an injected fault fires on every attempt, not only its own (a drill's holds all fire at once)",
       ("tests/unit/test_faults.py::test_each_fault_fires_on_its_attempt_rank_and_step_only",)),
+    M("M45", "launcher/sweeps.py", "    return max(int(room) - 1, 0)\n", "    return max(int(room), 0)\n", FAST,
+      "a sweep in waves queues as many points as the room, none kept for the wave job (sbatch refuses it)",
+      ("tests/unit/test_waves.py::test_the_points_queued_now_leave_one_slot_for_the_wave_job",)),
 ]
 
 

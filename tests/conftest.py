@@ -224,7 +224,7 @@ def tiers_of(item: pytest.Item) -> Set[str]:
 # each wait on the scheduler beside the other; _slurm_share keeps a `slurm_whole` test alone.
 SLURM_SECOND_GROUP = frozenset({"test_fault_tolerance.py", "test_archive.py", "test_hydra_requeue.py",
                                 "test_script_recipe.py", "test_hydra_app.py", "test_sweep_results.py", "test_asha.py",
-                                "test_preflight_real.py",
+                                "test_preflight_real.py", "test_waves.py",
                                 # its module fixture submits outside any test: beside the whole-cluster tests
                                 "test_doctor_failures.py"})
 

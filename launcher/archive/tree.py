@@ -32,9 +32,8 @@ def launcher_marks() -> Tuple[str, ...]:
     launch journal, seals and code snapshot's description, a code snapshot's description."""
     from launcher.archive import index
     from launcher.run.rundir import SweepDir
-    from launcher.submit.interrupted import JOURNAL
 
-    return (index.DB_NAME, JOURNAL, SweepDir.SEALS, f"{SweepDir.CODE}/{INFO_FILE}", INFO_FILE)
+    return (index.DB_NAME, SweepDir.LAUNCH_JOURNAL, SweepDir.SEALS, f"{SweepDir.CODE}/{INFO_FILE}", INFO_FILE)
 
 
 def is_launcher_output(path: Path) -> bool:

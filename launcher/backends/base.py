@@ -6,7 +6,20 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from launcher.run.job_record import JobRecord
 from launcher.run.rundir import now_iso
@@ -183,6 +196,9 @@ class Backend(NodeSide):
     # a job queued to start once another has ended well (``after``): `launcher preflight` queues its
     # rungs at once; without it they run one after another, each started when the one before passed
     dependencies: bool = False
+    # a sweep past its room queued in waves by its own jobs (launcher.submit.waves): ``wave_job``; without
+    # it such a sweep is refused (a scheduler without submit limits never has one)
+    waves: bool = False
 
     def lacks(self, get: Callable[[str], Any]) -> List[Tuple[str, str, str]]:
         """(key, problem, fix) of each setting of a config (its values by dotted key) that needs a
@@ -357,6 +373,15 @@ class Backend(NodeSide):
                           scope: Optional[Mapping[str, str]] = None) -> str:
         """Queue the job that decides where run ``run_dir`` goes on after job ``job_id``; its id."""
         raise NotImplementedError(f"the {self.name} backend has no cluster.elastic")
+
+    def cancel_helper(self, job_id: str, kind: str) -> bool:
+        """Cancel a job of ``kind`` queued beside the runs' (a wave job); whether it was. Default: none."""
+        return False
+
+    def wave_job(self, sweep_dir: Path, after: Sequence[str], folder: Path, scope: Mapping[str, str],
+                 begin: Optional[str] = None) -> str:
+        """Queue the job that queues a sweep's next wave once jobs ``after`` have ended; its id."""
+        raise NotImplementedError(f"the {self.name} backend has no waves")
 
     def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
         """The nodes a job queued now could start on at once."""

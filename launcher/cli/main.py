@@ -34,7 +34,7 @@ from launcher.archive import registry
 from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
 from launcher.printable import printable
 from launcher.run.io import open_regular
-from launcher.run.rundir import RunDir, Unreadable
+from launcher.run.rundir import RunDir, SweepDir, Unreadable
 from launcher.run.status import FINAL, STATUSES
 
 
@@ -153,11 +153,16 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
+    from launcher.submit import waves
     from launcher.submit.progress import cancel_runs  # lazy: only this subcommand pays for it, not `launcher --help`
 
-    n = cancel_runs([RunDir(r["dir"]) for r in _select(args, args.target) if r["status"] not in FINAL],
-                    "cancelled by user")
-    print(f"cancelled {n} run(s)")
+    chosen = _select(args, args.target)
+    # a sweep in waves: its wave job first (it queues no more), then every run, the waiting ones too
+    stopped = [line for d in dict.fromkeys(Path(r["dir"]).parent for r in chosen if r["sweep_id"] == args.target)
+               if (line := waves.cancel(SweepDir(d))) is not None]
+    n = cancel_runs([RunDir(r["dir"]) for r in _select(args, args.target) if r["status"] not in FINAL]
+                    if stopped else [RunDir(r["dir"]) for r in chosen if r["status"] not in FINAL], "cancelled by user")
+    print(f"cancelled {n} run(s)" + "".join(f"; {line}" for line in stopped))
     return 0
 
 

@@ -118,18 +118,30 @@ def _print_rungs(console: Any, runs: List[Dict[str, Any]]) -> None:
         console.print(Text(f"{title}:\n" + "\n".join(summ["lines"])))
 
 
+def _waves(runs: List[Dict[str, Any]]) -> Any:
+    """The plan of the sweep's waves (launcher.submit.waves), when it was queued in waves."""
+    from launcher.run.rundir import SweepDir
+
+    return SweepDir(Path(runs[0]["dir"]).parent).waves() if runs else None
+
+
 def cmd_status(args) -> int:
     console = _console()
     if args.json:
         runs = sweep_runs(args._root, args.target)
         rows = [{k: v for k, v in r.items() if k != "_keys"} for r in point_rows(runs)]
+        plan = _waves(runs)
         print(json.dumps({"counts": counts(runs), "swept": point_rows(runs)[0]["_keys"] if runs else [],
-                          "runs": rows, "rungs": rung_summary(runs)}, indent=2))
+                          "runs": rows, "rungs": rung_summary(runs),
+                          "waves": plan.to_json() if plan is not None else None}, indent=2))
         return 0
     if not args.watch:
         runs = sweep_runs(args._root, args.target)
         console.print(_status_view(runs, console.width))
         _print_rungs(console, runs)
+        plan = _waves(runs)
+        if plan is not None:  # queued in waves: where they stand
+            console.print(Text(plan.describe()))
         return 0
     from rich.live import Live  # rich: only the command that prints loads it, not `launcher --help`
 

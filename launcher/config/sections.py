@@ -334,6 +334,9 @@ class SubmitConfig:
     # the most points one launch sweeps: a larger grid is refused from its overrides alone, in a second,
     # before a point is composed (a typo such as range(0,1000000) would otherwise compose for minutes)
     max_points: int = num(100_000, ge=1, fix="launch fewer points, or raise submit.max_points knowingly")
+    # a sweep past the scheduler's room (MaxJobCount, the user's MaxSubmitJobs) queued in waves by its own
+    # jobs as room appears (launcher.submit.waves); false: such a sweep is refused, nothing queued
+    waves: bool = True
 
 
 class SweepScheduler(str, Enum):

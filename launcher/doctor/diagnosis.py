@@ -73,6 +73,8 @@ def _diagnose(ev: Evidence) -> Diagnosis:
     if status == "completed":
         return Diagnosis("completed", f"completed {ev.last_step or ev.steps or 0} steps")
     ended = ev.scheduler_ended if ev.scheduler_ended is not None else bool(ev.scheduler)
+    if status == "waiting":  # a point past the scheduler's room: no job yet (launcher.submit.waves)
+        return Diagnosis("pending", "waiting for room in the queue: the sweep's wave job queues it (waves.json)")
     if status in ("pending", "running", "requeued") and not ended:
         return _live(ev, status)
 

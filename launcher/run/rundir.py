@@ -37,6 +37,7 @@ from launcher.run.io import (
 from launcher.run.reads import Reads
 from launcher.run.sealing import Sealing, tree_sha256, walk
 from launcher.run.transitions import Transitions
+from launcher.run.waves_record import WavePlan
 from launcher.run.writes import Writes
 
 # what the launcher's other modules import from here (the run dir's parts live in launcher/run/)
@@ -203,6 +204,11 @@ class SweepDir(SweepNames):
     RUNGS, RUNGS_LOCK = "rungs.jsonl", ".rungs.lock"
     # resume, retry and a cluster.elastic decision claim a run's next attempt under this lock: one at a time
     CLAIMS_LOCK = ".claims.lock"
+    # a launch's journal while it stages and submits (launcher.submit.interrupted repairs a killed one)
+    LAUNCH_JOURNAL = ".launch.json"
+    # a sweep past the scheduler's room: the points its wave jobs queue later (launcher.submit.waves), under
+    # the lock beside it (a wave job, a repair, a cancel: one at a time)
+    WAVES, WAVES_LOCK = "waves.json", ".waves.lock"
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -274,6 +280,18 @@ class SweepDir(SweepNames):
     def claims_lock(self) -> Iterator[None]:
         """Held while a command claims its runs' next attempts (launcher.submit.resume): one writer at a time."""
         with file_lock(self.path / self.CLAIMS_LOCK):
+            yield
+
+    def waves(self) -> Optional[WavePlan]:
+        """The sweep's plan of waves (None: it was queued whole)."""
+        return WavePlan.from_json(atomic.read_json(self.path / self.WAVES))
+
+    def write_waves(self, plan: WavePlan) -> None:
+        atomic.write_json(self.path / self.WAVES, plan.to_json())
+
+    @contextlib.contextmanager
+    def waves_lock(self) -> Iterator[None]:
+        with file_lock(self.path / self.WAVES_LOCK):
             yield
 
     @contextlib.contextmanager

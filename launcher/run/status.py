@@ -21,6 +21,7 @@ class Status(str, Enum):
     requeued = "requeued"
     paused = "paused"  # sweep=asha: stopped at a rung, checkpointed, its job ended; waits for the rung's decision
     pruned = "pruned"  # sweep=asha: not promoted at a rung (final: never retried)
+    waiting = "waiting"  # a point past the scheduler's room: its sweep's wave job queues it (launcher.submit.waves)
 
 
 STATUSES = tuple(s.value for s in Status)

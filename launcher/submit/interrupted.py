@@ -29,8 +29,9 @@ from typing import Callable, Dict, List, Optional, Set
 from launcher.archive import atomic
 from launcher.backends.local import pid_alive
 from launcher.run.rundir import RunDir, SweepDir, now_iso
+from launcher.submit import waves
 
-JOURNAL = ".launch.json"
+JOURNAL = SweepDir.LAUNCH_JOURNAL
 STALE_S = 600.0  # a sweep with staged runs and no journal (an older launcher's), left alone this long
 _PARTIAL = re.compile(r"^\.(\d+)\.partial$")
 
@@ -130,7 +131,7 @@ def repair(root: Path) -> List[str]:
     lines: List[str] = []
     for sd in sweeps(root):
         try:
-            line = repair_sweep(sd)
+            line = repair_sweep(sd) or waves.repaired(sd)
         except OSError as e:  # a sweep this user cannot write: said, the others still repaired
             line = f"sweep {sd.sweep_id}: an interrupted launch could not be repaired ({e})"
         if line:
@@ -164,6 +165,8 @@ def repair_sweep(sd: SweepDir, alive: Callable[[int], bool] = pid_alive, now: Op
     found = set(backend.jobs_in_folder(sd.submitit_folder))
     arrays = {str(a["job_id"]): [int(i) for i in a.get("runs", [])] for a in journal.get("arrays", [])}
     plan = decide(staged, arrays, found)
+    back = sorted(plan.cancelled) if sd.waves() is not None and not plan.remove else []
+    plan.cancelled = {} if back else plan.cancelled  # a sweep in waves: its wave job queues them instead
     if plan.remove:
         for i in staged:
             shutil.rmtree(sd.path / f".{i}.partial", ignore_errors=True)
@@ -189,6 +192,8 @@ def repair_sweep(sd: SweepDir, alive: Callable[[int], bool] = pid_alive, now: Op
     registry.record(sd.path.parent, [rd for rd in published if rd.exists()])
     end(sd.path)
     said = [f"published {len(plan.publish)} run(s) whose job is recorded"] if plan.publish else []
+    if back:
+        said.append(waves.repaired(sd, back) or f"{len(back)} run(s) put back to wait for the sweep's wave job")
     if plan.cancel_jobs:
         said.append(f"cancelled job(s) {', '.join(plan.cancel_jobs)} it had not recorded")
     if plan.cancelled:

@@ -16,13 +16,13 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import backends, script_recipe
-from launcher.archive import atomic, code, index as run_index, secrets, snapshot
+from launcher.archive import atomic, index as run_index, secrets, snapshot
 from launcher.config import group_options, recipe_contract, recipe_target, rules, schema
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.layout import Layout
@@ -32,7 +32,8 @@ from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
 from launcher.run.checks_record import LAUNCH, ChecksRecord
 from launcher.run.rundir import RunDir, SweepDir
-from launcher.submit import interrupted, submission
+from launcher.submit import interrupted, submission, waves
+from launcher.submit.source import config_targets, snapshot_root, source_root  # noqa: F401 (tests read them here)
 from launcher.submit.submission import Array, SubmittedRun
 from launcher.sweeps import Unschedulable, job_name
 
@@ -211,13 +212,15 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     return good
 
 
-def arrays(checked: List[Checked], preview: Optional[List[str]] = None) -> List[Array[Checked]]:
+def arrays(checked: List[Checked], preview: Optional[List[str]] = None,
+           left: Optional[List[Checked]] = None) -> List[Array[Checked]]:
     """The submissions of a launch (launcher.submit.submission.arrays): points of equal resources
     share one, split under the scheduler's limits. Raises InvalidSweep, before anything is written
     or submitted, when the sweep needs more jobs than the user may queue (``preview``, a dry run's notes:
-    more than the limits hold with nothing queued; the room at this moment is a line in it)."""
+    more than the limits hold with nothing queued; the room at this moment is a line in it; ``left``:
+    the points past the room are put there, for the sweep's waves)."""
     try:
-        return submission.arrays(checked, cfg=lambda c: c.point.cfg, preview=preview)
+        return submission.arrays(checked, cfg=lambda c: c.point.cfg, preview=preview, left=left)
     except Unschedulable as e:  # TooManyJobs among them
         raise InvalidSweep(str(e)) from None
 
@@ -235,10 +238,14 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     """Print each point's resolved config and each group's submission preview, as the archive would
     hold them (secrets redacted); write and submit nothing."""
     notes: List[str] = []
-    planned = arrays(checked, preview=notes)  # the limits, not the queue's room this minute
+    waiting: Optional[List[Checked]] = [] if waves.allowed(checked[0].point.cfg) else None
+    planned = arrays(checked, preview=notes, left=waiting)  # the limits, not the queue's room this minute
+    if waiting:
+        notes.append(f"{len(waiting)} of the {len(checked)} points would wait for room: the sweep's wave job "
+                     "queues them as each wave ends (submit.waves)")
     for line in notes:
         print(f"launch: note: {line}", file=sys.stderr)
-    known = _known_secrets(checked, _snapshot_root(checked))  # as create() gathers them
+    known = _known_secrets(checked, snapshot_root(checked))  # as create() gathers them
     sweep = SweepDir.new(runs_root)
     name = sweep_job_name(checked, sweep.sweep_id)
     for c in checked:
@@ -271,7 +278,7 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     if into is not None and code_snapshot is None:  # the snapshot the sweep's first batch runs
         code_snapshot = (sd.read() or {}).get("code_snapshot") or sd.code_dir
     code_dir = Path(code_snapshot) if code_snapshot else sd.code_dir
-    root = _snapshot_root(checked) if code_snapshot is None else None
+    root = snapshot_root(checked) if code_snapshot is None else None
     known = _known_secrets(checked, root)
     if root is not None:
         try:
@@ -288,25 +295,6 @@ def create(checked: List[Checked], runs_root: Path, argv: List[str], code_snapsh
     return _Sweep(sd, code_dir, snapshot.info(code_dir) or {}, known, argv, extra_meta, joined=into is not None)
 
 
-def _snapshot_root(checked: List[Checked]) -> Path:
-    recipes = [c.resolved["recipe"] for c in checked]
-    # the code a run imports: its recipe's, and every class or factory its config instantiates (a
-    # user's model._target_=mypkg.net.Net, built by a recipe of the launcher's)
-    built = [t for c in checked for t in config_targets(c.resolved)]
-    return source_root(Path.cwd(), [str(r.get("module") or r["_target_"]) for r in recipes] + built,
-                       [str(r["script"]) for r in recipes if r.get("script")])
-
-
-def config_targets(tree: Any) -> List[str]:
-    """Every ``_target_`` string of a resolved config (plain dicts and lists), the recipe's included."""
-    if isinstance(tree, dict):
-        own = [tree["_target_"]] if isinstance(tree.get("_target_"), str) else []
-        return own + [t for v in tree.values() for t in config_targets(v)]
-    if isinstance(tree, list):
-        return [t for v in tree for t in config_targets(v)]
-    return []
-
-
 def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, str]:
     """Secret-named values of the environment and of every point's config (cluster.env included), and
     secret literals written in the source tree ``root``: kept out of the snapshot and of everything
@@ -316,20 +304,6 @@ def _known_secrets(checked: List[Checked], root: Optional[Path]) -> Dict[str, st
     if root is not None:
         known.update(snapshot.tree_secrets(root))
     return known
-
-
-def source_root(cwd: Path, targets: List[str], scripts: Sequence[str] = ()) -> Path:
-    """The tree to snapshot: the git repo holding the working dir; else the working dir itself when it
-    holds the top-level module of a target (a recipe's, or a class its config builds) or a script (a
-    user's own code, not in git); else the repo holding the launcher (whose recipes the run uses)."""
-    repo = code.repo_root(cwd)
-    if repo is not None:
-        return repo
-    tops = {t.split(".")[0] for t in targets}
-    if any((cwd / top).is_dir() or (cwd / f"{top}.py").is_file() for top in tops) or \
-            any((cwd / s).is_file() for s in scripts):
-        return cwd
-    return code.repo_root(Path(__file__).resolve().parent) or cwd
 
 
 # ---- 3. stage each run ---------------------------------------------------------------------------
@@ -423,13 +397,17 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     if bool(first.submit.dry_run):
         return dry_run(checked, runs_root, out)
 
-    planned = arrays(checked)  # the scheduler's limits: a sweep too large is refused here, nothing written
+    # past the room: queued in waves (a new sweep's; a later batch of a multirun joins one queued whole)
+    waiting: Optional[List[Checked]] = [] if waves.allowed(first) and into is None else None
+    planned = arrays(checked, left=waiting)  # the scheduler's limits: without waves, a sweep too large is refused
     sweep: Optional[_Sweep] = None
     try:
         sweep = create(checked, runs_root, argv, code_snapshot, extra_meta, into)
         try:
             with atomic.deferred_sync(private=True):  # staged dirs are hidden: one flush, before any job may start
                 stage(sweep, checked)
+                if waiting:
+                    waves.begin(sweep.dir, [c.index for c in waiting], checked[0].backend.name)
         except OSError as e:  # a full disk, a read-only runs root: nothing was submitted, nothing half-written stays
             discard(sweep.dir, joined=sweep.joined, indices=[c.index for c in checked])
             raise InvalidSweep(unwritable(runs_root, e)) from None
@@ -438,11 +416,14 @@ def launch(points: List[Point], argv: Optional[List[str]] = None, out=None, code
     except KeyboardInterrupt:  # SIGINT/SIGTERM/SIGHUP before anything was queued: as if never launched
         undo(sweep.dir if sweep is not None else None, checked, made=into is None, runs_root=runs_root)
         raise
-    runs, job_ids = submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
-                                      publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
-                                      job_name=lambda _: name, whole=True,
-                                      queued=lambda job_id, runs: interrupted.queued(
-                                          sweep.dir.path, job_id, [SweepDir.index_of(r.run_id) for r in runs]))
+    def submit() -> Tuple[List[SubmittedRun], List[str]]:
+        return submission.submit([runs_of(sweep, arr) for arr in planned], sweep.known,
+                                 publish=lambda runs, job_ids: publish(sweep, checked, runs, job_ids),
+                                 job_name=lambda _: name, whole=True,
+                                 unsent=waves.unsent(sweep.dir) if waiting else None,
+                                 queued=lambda job_id, runs: interrupted.queued(
+                                     sweep.dir.path, job_id, [SweepDir.index_of(r.run_id) for r in runs]))
+    runs, job_ids = waves.queue_launch(sweep.dir, first, submit) if waiting else submit()
     runs.sort(key=lambda r: SweepDir.index_of(r.run_id))
     result = SweepResult(sweep_id=sweep.dir.sweep_id, sweep_dir=sweep.dir.path, runs=runs, job_ids=job_ids,
                          backend=checked[0].backend)
@@ -496,5 +477,8 @@ def _print_submitted(result: SweepResult, out) -> None:
     for r in result.runs:
         print(f"  {r.run_id}  job {r.job_id}  {r.run_dir}", file=out)
     root = result.sweep_dir.parent if result.sweep_dir else ""
+    plan = SweepDir(result.sweep_dir).waves() if result.sweep_dir else None
+    if plan is not None:  # past the scheduler's room: the rest queued by the sweep's wave job
+        print(f"  {plan.describe()} (the scheduler's submit limits; waves.json)", file=out)
     print(f"watch: launcher runs --sweep {result.sweep_id} --root {root}", file=out)
     out.flush()

@@ -25,7 +25,7 @@ from launcher.run.job_record import JobRecord
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
 from launcher.submit import signals
-from launcher.sweeps import Unschedulable, plan_arrays
+from launcher.sweeps import Unschedulable, first_points, plan_arrays, wave_cut
 
 T = TypeVar("T")
 SUBMIT_SCOPE = ("account", "partition", "qos")  # the cluster.* keys that choose which submit limits apply
@@ -43,7 +43,7 @@ class Array(Generic[T]):
 
 def arrays(items: Sequence[T], cfg: Callable[[T], Any],
            key: Callable[[T], Hashable] = lambda _: None,
-           preview: Optional[List[str]] = None) -> List[Array[T]]:
+           preview: Optional[List[str]] = None, left: Optional[List[T]] = None) -> List[Array[T]]:
     """Points with the same backend grouping key (equal resources; and equal ``key``, e.g. their
     sweep dir) share one submission; each group split into arrays under its backend's limits
     (Backend.array_limits, asked once per backend; the smallest cluster.max_array_size /
@@ -53,7 +53,9 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
     a world larger than the cluster, a job name too long), and its TooManyJobs when the points need
     more jobs than the scheduler will hold now. ``preview`` (a dry run's notes): planned from the limits
     alone, as if nothing were queued (a full cluster is when a user previews); the room the queue leaves
-    at this moment, when smaller than the points, is a line appended to it."""
+    at this moment, when smaller than the points, is a line appended to it. ``left`` (a list: the sweep is
+    queued in waves, launcher.submit.waves): the points past the room are appended to it, in order, instead
+    of TooManyJobs raised, and one slot of the room is kept for the wave job that queues them."""
     grouped: Dict[Tuple[str, Hashable, str], List[T]] = {}
     asks: Dict[Tuple[str, str, str, str], Any] = {}  # one config per request the scheduler is asked about
     for x in items:
@@ -93,9 +95,15 @@ def arrays(items: Sequence[T], cfg: Callable[[T], Any],
             total = sum(len(g) for g in gs)
             if total > limits.room:
                 preview.append(f"{max(int(limits.room), 0)} of these {total} points can be submitted at this moment "
-                            f"({limits.bound}: {limits.queued} jobs queued now); the launch itself would be "
-                            "refused until the queue has room")
+                               f"({limits.bound}: {limits.queued} jobs queued now); " + (
+                                   "the launch would queue the rest in waves" if left is not None else
+                                   "the launch itself would be refused until the queue has room"))
             limits = replace(limits, queued=0)
+        if left is not None and sum(len(g) for g in gs) > limits.room >= 1:  # (no room at all: refused)
+            keep = first_points(gs, wave_cut(sum(len(g) for g in gs), limits.room))
+            kept = {id(x) for g in keep for x in g}
+            left.extend(x for g in gs for x in g if id(x) not in kept)
+            gs, throttle = keep, throttle[:len(keep)]
         chunks = plan_arrays([len(g) for g in gs], limits, throttle)
         out.extend(Array(gs[ch.group][ch.start:ch.stop], ch.parallelism) for ch in chunks)
     return out
@@ -174,7 +182,8 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
            job_name: Callable[[Array[Run]], Optional[str]] = lambda _: None,
            refused: str = "submission failed",
            queued: Callable[[str, List[Run]], Any] = lambda _job_id, _runs: None,
-           whole: bool = False) -> Tuple[List[SubmittedRun], List[str]]:
+           whole: bool = False,
+           unsent: Optional[Callable[[List[Run], str], Any]] = None) -> Tuple[List[SubmittedRun], List[str]]:
     """Submit every array, in order; then ``publish(runs, job_ids)`` (on an error too, with the runs
     submitted so far). A refused array's runs are failed (``refused: <error>``) and every later
     array's "not submitted", unsealed (publish seals what ended), and SubmissionRefused is raised;
@@ -182,7 +191,8 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
     SIGTERM and SIGHUP are held while an array is submitted and recorded (``queued(job_id, runs)`` is
     told the moment sbatch returns, before any run's job.json) and while publishing: an interrupt
     lands between arrays, the later arrays' runs are cancelled "not submitted", what was queued is
-    published, and the interrupt is raised. Returns the submitted runs and one job id per array."""
+    published, and the interrupt is raised (``unsent``: what becomes of those runs instead, e.g. a sweep in
+    waves puts them back to waiting). Returns the submitted runs and one job id per array."""
     signals.install()
     runs: List[SubmittedRun] = []
     job_ids: List[str] = []
@@ -210,7 +220,10 @@ def submit(planned: Sequence[Array[Run]], known: Dict[str, str],
     except KeyboardInterrupt as e:  # Terminated too: held inside an array's submission, raised here
         with signals.shielded():
             why = f"not submitted: the launch was interrupted ({e or 'SIGINT received'})"
-            for r in (r for later in planned[done:] for r in later.points):
+            later = [r for arr in planned[done:] for r in arr.points]
+            if unsent is not None:
+                unsent(later, why)
+            for r in later if unsent is None else ():
                 r.staged.finish(Status.cancelled, seal=False, exit_code=None, error=why)
         raise
     finally:

@@ -47,9 +47,11 @@ def test_a_sweep_larger_than_max_array_size_splits_and_every_point_runs(slurm, r
         assert ("#SBATCH --array=0-1%" in script) == (r["index"] < 4)
     assert sorted(yaml.safe_load((Path(r["dir"]) / "config.yaml").read_text())["seed"] for r in runs) == [1, 2, 3, 4, 5]
 
-    # a sweep larger than MaxSubmitJobs allows is refused before anything is submitted
+    # without waves, a sweep larger than MaxSubmitJobs allows is refused before anything is submitted
     before = len(runs_json(runs_root))
-    res = launch(["-m", *TINY, "cluster.max_submit_jobs=2", "seed=1,2,3"], runs_root, extra_env=slurm)
+    res = launch(["-m", *TINY, "cluster.max_submit_jobs=2", "seed=1,2,3",
+                  "submit.waves=false"],  # the setting under test: waves are drilled in test_waves.py
+                 runs_root, extra_env=slurm)
     assert res.returncode != 0 and "MaxSubmitJobs" in res.stderr + res.stdout, res.stdout + res.stderr
     assert len(runs_json(runs_root)) == before
 
@@ -228,9 +230,9 @@ def test_retried_and_resumed_runs_archive_their_new_script_and_scrub_submitits_f
 
 @pytest.mark.timeout(120)
 def test_the_users_submit_limits_are_read_from_the_real_sacctmgr(slurm, tmp_path, monkeypatch):
-    """Read only: the local cluster's slurmdbd has no MaxSubmitJobs / MaxSubmitJobsPerUser set, so a
-    sweep goes on, held only to MaxJobCount. AccountingStorageEnforce is none there: pretend it lists
-    ``limits`` so that the launch's own path asks sacctmgr."""
+    """Read only: the local cluster's slurmdbd has no MaxSubmitJobs / MaxSubmitJobsPerUser set for the
+    user's default association, so a sweep goes on, held only to MaxJobCount. AccountingStorageEnforce
+    lists ``limits`` there (as most sites do), so the launch's own path asks sacctmgr."""
     import getpass
 
     from launcher.backends import slurm as backend

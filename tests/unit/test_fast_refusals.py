@@ -276,8 +276,13 @@ def test_a_dry_run_plans_from_the_limits_not_from_the_room_the_queue_leaves_now(
     err = capsys.readouterr().err
     assert "0 of these 2 points can be submitted at this moment (MaxSubmitJobsPerUser of QOS long" in err, err
     assert not runs.exists() or not any(runs.iterdir())  # a dry run writes nothing
-    # beyond the limit itself, with nothing queued, a dry run is refused as the launch is
+    # beyond the limit itself, with nothing queued: the first wave previewed, the rest said to wait
     big = [pipeline.Point(_cfg("model=gpt_tiny", "submit.dry_run=true", f"submit.runs_root={runs}",
                                "cluster.qos=long", f"seed={s}"), [f"seed={s}"]) for s in range(4)]
+    pipeline.launch(big, argv=["launch"], out=io.StringIO())
+    assert "2 of the 4 points would wait for room" in capsys.readouterr().err
+    # without waves, a dry run is refused as the launch is
+    for p in big:
+        p.cfg.submit.waves = False  # the setting under test
     with pytest.raises(pipeline.InvalidSweep, match=r"MaxSubmitJobsPerUser of QOS long"):
         pipeline.launch(big, argv=["launch"], out=io.StringIO())

@@ -137,6 +137,7 @@ def test_dry_run_previews_one_script_per_array(tmp_path):
     bad = [pipeline.Point(p.cfg.copy(), p.overrides) for p in points]
     for p in bad:
         p.cfg.cluster.max_submit_jobs = 3
+        p.cfg.submit.waves = False  # the setting under test: without waves, a sweep past the room is refused
     with pytest.raises(pipeline.InvalidSweep, match="MaxSubmitJobs"):
         pipeline.launch(bad, argv=["launch"], out=io.StringIO())
 

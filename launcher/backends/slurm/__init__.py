@@ -46,6 +46,8 @@ from launcher.backends.slurm.text import (
     SHARED_FS,
     STATES,
     STEP_DROPPED,
+    WAVES_MODULE,
+    WAVES_TIME_MIN,
     after_job_command,
     alias_addr,
     code_lines,
@@ -76,6 +78,7 @@ __all__ = [
     "ASSOC_FORMAT", "ArrayLimits", "Association", "BACKEND", "CAPACITY_TTL_S", "ELASTIC_MODULE",
     "ELASTIC_TIME_MIN", "JOB_NAME_MAX", "NodeSize", "PACK_STEP_ENV", "QOS_FORMAT", "QUEUE_FORMAT", "QueuedJob",
     "REQUEUE_NOTE_ENV", "SCOPE_ENV", "SEAL_MODULE", "SEAL_TIME_MIN", "SHARED_FS", "STATES", "STEP_DROPPED",
+    "WAVES_MODULE", "WAVES_TIME_MIN",
     "SlurmBackend", "accounting_limits", "after_job_command", "alias_addr", "association_of",
     "associations_from_sacctmgr", "capacity_problems", "cluster_nodes", "code_lines", "cpu_lines",
     "cpus_per_node", "enforces_limits", "env_lines", "fs_type", "gres_gpus", "hostnames", "job_ending_of",
@@ -89,7 +92,7 @@ __all__ = [
 class SlurmBackend(SlurmSubmission, SlurmJobs, SlurmNode, Backend):
     name = "slurm"
     waits = False
-    packs = elastic = pauses = dependencies = True
+    packs = elastic = pauses = dependencies = waves = True
     step_word = "srun"
     env_prefixes = ("SLURM_",)
 

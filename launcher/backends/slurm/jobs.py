@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
@@ -22,6 +22,8 @@ from launcher.backends.slurm.limits import (
 from launcher.backends.slurm.text import (
     ELASTIC_MODULE,
     ELASTIC_TIME_MIN,
+    WAVES_MODULE,
+    WAVES_TIME_MIN,
     after_job_command,
     job_scope,
     node_states_from_sinfo,
@@ -233,6 +235,27 @@ class SlurmJobs:
         cmd = after_job_command("elastic", ELASTIC_MODULE, run_dir, f"{when}:{job_id}", folder, sys.executable,
                                 job_scope(os.environ) if scope is None else scope, ELASTIC_TIME_MIN, (str(job_id),))
         return self._sbatch(cmd)
+
+    def cancel_helper(self, job_id: str, kind: str) -> bool:
+        """scancel a job of ``kind`` the launcher queued beside the runs' (a sweep's wave job), only where
+        the controller says it is this user's and named ``<kind>-...`` (an id may since name another
+        job); whether it was cancelled."""
+        user = pwd.getpwuid(os.getuid()).pw_name
+        for line in limits.run(["squeue", "-h", "-j", str(job_id), "-o", "%u|%j"]).splitlines():
+            owner, _, name = line.partition("|")
+            if owner.strip() == user and name.strip().startswith(f"{kind}-"):
+                subprocess.run(["scancel", str(job_id)], check=False, timeout=60)
+                return True
+        return False
+
+    def wave_job(self, sweep_dir: Path, after: Sequence[str], folder: Path, scope: Mapping[str, str],
+                 begin: Optional[str] = None) -> str:
+        """Queue the job that queues sweep ``sweep_dir``'s next wave (launcher.submit.waves) once every job
+        of ``after`` has ended, whatever its end (afterany; none: once ``begin`` has come), in ``scope``
+        (partition, account, QOS: the wave's); its id. Raises RuntimeError: refused."""
+        dependency = "afterany:" + ":".join(str(j) for j in after) if after else ""
+        return self._sbatch(after_job_command("waves", WAVES_MODULE, sweep_dir, dependency, folder, sys.executable,
+                                              scope, WAVES_TIME_MIN, begin=begin))
 
     def usable_nodes(self, partition: Optional[str], own: Optional[str] = None) -> List[str]:
         """The nodes of ``partition`` (None: the default one) a job queued now could start on at once: the

@@ -253,15 +253,19 @@ def cluster_nodes() -> List[NodeSize]:
     return nodes
 
 
-def accounting_limits(user: str) -> Optional[Tuple[List[Association], Dict[str, Optional[int]]]]:
+def accounting_limits(user: str, account: Optional[str] = None
+                      ) -> Optional[Tuple[List[Association], Dict[str, Optional[int]]]]:
     """The user's associations and every QOS's MaxSubmitJobsPerUser (``sacctmgr``; cached for
-    CAPACITY_TTL_S: slurmdbd is asked once per launch at most). None: unreadable (no slurmdbd, no
+    CAPACITY_TTL_S: slurmdbd is asked once per launch at most; asked again when ``account``, the one
+    the job asks for, is none of the cached ones: added since). None: unreadable (no slurmdbd, no
     sacctmgr, no association of the user's): nothing is refused for them, sbatch judges."""
     from launcher.archive import atomic  # lazy: only when a sweep is checked against the limits
 
     cache = _cache_file("accounting")
     got = atomic.read_json(cache)
-    if isinstance(got, dict) and got.get("user") == user and time.time() - float(got.get("at", 0)) < CAPACITY_TTL_S:
+    if isinstance(got, dict) and got.get("user") == user and time.time() - float(got.get("at", 0)) < CAPACITY_TTL_S \
+            and (account is None or any(isinstance(a, dict) and a.get("account") == account
+                                        for a in got.get("assocs") or ())):
         try:
             return ([Association(**{**a, "qos": tuple(a["qos"])}) for a in got["assocs"]],
                     {str(k): v for k, v in got["qos"].items()})

@@ -221,7 +221,7 @@ class SlurmSubmission:
             text = limits.run(["scontrol", "show", "config"])
             conf = limits_from_config(text)
             if jobs is None and enforces_limits(text):  # association and QOS limits apply only when enforced
-                accounting = limits.accounting_limits(user)
+                accounting = limits.accounting_limits(user, account)
         counted = jobs is not None or conf.get("max_submit_jobs") or accounting
         rows = queued_from_squeue(limits.run(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT])) if counted else []
         if jobs is not None:

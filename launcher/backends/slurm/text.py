@@ -164,6 +164,8 @@ SEAL_MODULE = "launcher.runtime.seal"  # what the job sealing a run off the allo
 SEAL_TIME_MIN = 60  # its time limit: hashing the run dir once on one node
 ELASTIC_MODULE = "launcher.features.elastic.decide"  # what the job deciding a run's next nodes runs (cluster.elastic)
 ELASTIC_TIME_MIN = 10  # its time limit: a few scheduler questions and one submission
+WAVES_MODULE = "launcher.submit.waves"  # what the job queueing a sweep's next wave runs
+WAVES_TIME_MIN = 30  # its time limit: the scheduler's limits read, the wave's arrays and records written
 SCOPE_ENV = (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"), ("qos", "SLURM_JOB_QOS"))
 
 
@@ -173,12 +175,14 @@ def job_scope(environ: Mapping[str, str]) -> Dict[str, str]:
 
 
 def after_job_command(kind: str, module: str, run_dir: Path, dependency: str, folder: Path, python: str,
-                      scope: Mapping[str, str], time_min: int, args: Sequence[str] = ()) -> List[str]:
+                      scope: Mapping[str, str], time_min: int, args: Sequence[str] = (),
+                      begin: Optional[str] = None) -> List[str]:
     """The sbatch line of a one-node, one-task job of ``kind`` that runs ``python -m module run_dir
-    args...`` once ``dependency`` (sbatch's, e.g. ``afterany:123``) holds, never requeued, cancelled
-    when the dependency can no longer hold, in ``scope`` (partition, account, QOS), its log in the
-    submitit ``folder``."""
-    cmd = ["sbatch", "--parsable", f"--dependency={dependency}", "--kill-on-invalid-dep=yes", "--no-requeue",
+    args...`` once ``dependency`` (sbatch's, e.g. ``afterany:123``; empty: none) holds and ``begin``
+    (sbatch's, e.g. ``now+60``) has come, never requeued, cancelled when the dependency can no longer
+    hold, in ``scope`` (partition, account, QOS), its log in the submitit ``folder``."""
+    cmd = ["sbatch", "--parsable", *([f"--dependency={dependency}"] if dependency else []),
+           *([f"--begin={begin}"] if begin else []), "--kill-on-invalid-dep=yes", "--no-requeue",
            "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--time={int(time_min)}",
            f"--job-name={kind}-{Path(run_dir).parent.name}-{Path(run_dir).name}",
            f"--output={Path(folder) / f'{kind}.%j.out'}"]
