@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from launcher import backends
+from launcher.archive import atomic
 from launcher.backends.local import wait_for_local_ranks
 from launcher.config import recipe_contract
 from launcher.printable import printable
@@ -193,7 +194,8 @@ def cancel_runs(rds: List[Any], error: str) -> int:
             unrecorded.append(f"{rd.path}: its outcome could not be recorded ({e.strerror or e})")
             return False
 
-    recorded = sum(record(rd) for rd in rds)
+    with atomic.deferred_sync():  # one flush for every record (before any job is cancelled), not one a file
+        recorded = sum(record(rd) for rd in rds)
     by_backend: Dict[str, List[Any]] = {}
     for rd in rds:
         job = rd.job()
@@ -209,7 +211,8 @@ def cancel_runs(rds: List[Any], error: str) -> int:
         except OSError as e:
             unrecorded.append(f"{rd.path}: not sealed ({e.strerror or e})")
 
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(rds)))) as pool:  # sealing hashes files: I/O bound
+    # sealing hashes files (I/O bound): side by side, the seals flushed once when all are written
+    with atomic.deferred_sync(), ThreadPoolExecutor(max_workers=min(8, max(1, len(rds)))) as pool:
         list(pool.map(settle, rds))
     for line in unrecorded:
         print(f"launcher: warning: {line}; its job was cancelled, the next `launcher status` settles it",
