@@ -157,11 +157,11 @@ def cmd_cancel(args) -> int:
     from launcher.submit.progress import cancel_runs  # lazy: only this subcommand pays for it, not `launcher --help`
 
     chosen = _select(args, args.target)
-    # a sweep in waves: its wave job first (it queues no more), then every run, the waiting ones too
+    # a sweep in waves: its wave job first (it queues no more), then every run, the waiting ones too (all of
+    # them are published at launch, so the runs chosen are all there are)
     stopped = [line for d in dict.fromkeys(Path(r["dir"]).parent for r in chosen if r["sweep_id"] == args.target)
                if (line := waves.cancel(SweepDir(d))) is not None]
-    n = cancel_runs([RunDir(r["dir"]) for r in _select(args, args.target) if r["status"] not in FINAL]
-                    if stopped else [RunDir(r["dir"]) for r in chosen if r["status"] not in FINAL], "cancelled by user")
+    n = cancel_runs([RunDir(r["dir"]) for r in chosen if r["status"] not in FINAL], "cancelled by user")
     print(f"cancelled {n} run(s)" + "".join(f"; {line}" for line in stopped))
     return 0
 

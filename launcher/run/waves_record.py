@@ -30,10 +30,6 @@ class WavePlan:
     stopped: Optional[str] = None  # why no more waves are queued (cancelled, refused), when they stopped early
     launch: Optional[Tuple[str, int]] = None  # the host and pid of the launch that queues the first wave
 
-    @property
-    def done(self) -> bool:
-        return not self.waiting
-
     def queued(self, wave: Wave, left: List[int], job_id: Optional[str]) -> WavePlan:
         """The plan after ``wave`` was queued: ``left`` still waiting, ``job_id`` queues the next."""
         return replace(self, waiting=tuple(left), job_id=job_id, waves=(*self.waves, wave))

@@ -172,12 +172,14 @@ def repaired(sd: SweepDir, back: Sequence[int] = ()) -> Optional[str]:
 # ---- the wave job's side --------------------------------------------------------------------------
 
 
-def _run_of(sd: SweepDir, i: int) -> submission.Run:
+def _run_of(sd: SweepDir, i: int, plain: Optional[dict] = None) -> submission.Run:
+    """Run ``i`` as submission takes it (``plain``: its config.yaml, when the caller has read it)."""
     from launcher.config.schema import typed  # the wave job builds each run's config as resume does
     from launcher.runtime.task import RunTask
 
     rd = sd.run(i)
-    return submission.Run(run_id=sd.run_id(i), rundir=rd, task=RunTask(str(rd.path)), cfg=typed(rd.config()),
+    return submission.Run(run_id=sd.run_id(i), rundir=rd, task=RunTask(str(rd.path)),
+                          cfg=typed(rd.config() if plain is None else plain),
                           code_dir=sd.code_dir, folder=sd.submitit_folder, shared=sd.shared(),
                           num_tasks=rd.layout().world_size)
 
@@ -195,11 +197,13 @@ def queue_next(sd: SweepDir, by: str) -> str:
         if not waiting:
             sd.write_waves(replace(plan, waiting=(), job_id=None))
             return f"sweep {sd.sweep_id}: no run waits"
-        first = _run_of(sd, waiting[0])
+        plains = {waiting[0]: sd.run(waiting[0]).config()}
+        first = _run_of(sd, waiting[0], plains[waiting[0]])
         # only as many runs as could fit are built (a typed config each): not every waiting run of a 10,000-point sweep
         fit = backends.of(first.cfg).array_limits(first.cfg).room
         # (one more than fits, where more wait: arrays() then keeps the next wave job's slot)
-        runs = [first] + [_run_of(sd, i) for i in waiting[1:int(min(fit + 1, len(waiting)))]]
+        plains.update((i, sd.run(i).config()) for i in waiting[1:int(min(fit + 1, len(waiting)))])
+        runs = [first] + [_run_of(sd, i, plains[i]) for i in list(plains)[1:]]
         left: List[submission.Run] = []
         try:
             planned = submission.arrays(runs, cfg=lambda r: r.cfg, left=left)
@@ -215,7 +219,7 @@ def queue_next(sd: SweepDir, by: str) -> str:
             job = backend.wave_job(sd.path, [], sd.submitit_folder, scope_of(cfg), begin=RETRY_BEGIN)
             sd.write_waves(replace(plan, job_id=job))
             return f"sweep {sd.sweep_id}: no room in the queue now; wave job {job} looks again ({RETRY_BEGIN})"
-        known = secrets.known_secrets([r.rundir.config() for r in runs])  # (the candidates' own)
+        known = secrets.known_secrets(list(plains.values()))  # (the candidates' own)
 
         def publish(sent: List[submission.SubmittedRun], job_ids: List[str]) -> None:
             sd.extend({"job_ids": job_ids, "runs": [r.run_id for r in sent]})

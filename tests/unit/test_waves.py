@@ -46,7 +46,7 @@ def test_the_plan_round_trips_and_says_where_it_stands():
     nxt = plan.queued(Wave(("104",), (3, 4, 5), "t", "wave job 103"), [6, 7, 8], "105")
     assert [w.runs for w in nxt.waves] == [(0, 1, 2), (3, 4, 5)] and nxt.waiting == (6, 7, 8) and nxt.job_id == "105"
     done = nxt.queued(Wave(("106",), (6, 7, 8), "t", "wave job 105"), [], None)
-    assert done.done and done.describe() == "waves: 3 queued (9 run(s)), 0 run(s) waiting"
+    assert not done.waiting and done.describe() == "waves: 3 queued (9 run(s)), 0 run(s) waiting"
     assert WavePlan.from_json(None) is None and WavePlan.from_json({"waiting": "3"}) is None
 
 
