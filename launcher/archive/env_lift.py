@@ -10,9 +10,11 @@ A secret-named key of a config written as ``${oc.env:NAME}`` keeps that referenc
 from __future__ import annotations
 
 import os
+import pickle
 import re
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
+from launcher import by_section
 from launcher.archive.scrubbing import (
     NOT_SECRET_NAMES,
     REDACTED,
@@ -21,6 +23,7 @@ from launcher.archive.scrubbing import (
     is_secret,
     is_secret_value,
     scrub_tree,
+    secret_values,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +92,27 @@ def redact_config(resolved: Dict[str, Any], known: Optional[Known] = None, raw: 
     and a secret literal becomes a reference to the variable that carries it (``lifted_secrets``):
     the job resolves either from its environment, so redaction never changes what it reads. Without
     ``raw`` (a record that is only read, never run), the value becomes REDACTED."""
+
+    if not isinstance(resolved, dict):
+        return _redacted(resolved, raw, known)
+    # section by section, each distinct one redacted once (launcher.by_section), a copy of it each time:
+    # what is returned is the caller's to change
+    known_key = tuple(sorted(secret_values(known))) if known else ()
+    out: Dict[str, Any] = {}
+    for k, v in resolved.items():
+        w = raw.get(k) if isinstance(raw, Mapping) else None
+        out.update(pickle.loads(by_section.once("redacted", _redacted_section, k, v, w, raw is None, known_key)))
+    return out
+
+
+def _redacted_section(key: Any, value: Any, written: Any, unwritten: bool, known_key: Tuple[str, ...]) -> bytes:
+    known = {f"known[{i}]:password": v for i, v in enumerate(known_key)}  # secret-named: scrub takes the values
+    return pickle.dumps(_redacted({key: value}, None if unwritten else {key: written}, known),
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _redacted(resolved: Any, raw: Any, known: Optional[Known]) -> Any:
+    """redact_config of a whole config (or of one top-level section of it, as ``{key: value}``)."""
 
     def visit(key: str, value: Any, written: Any) -> Any:
         if raw is None:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import yaml
 
+from launcher import by_section
 from launcher.archive.env_lift import (
     ENV_NAME,
     LIFTED_PREFIX,
@@ -144,14 +145,33 @@ def known_secrets(cfgs: Iterable[Any] = (), env: Optional[Mapping[str, str]] = N
     for k, v in env.items():
         for j, pw in enumerate(url_passwords(str(v))):
             out[f"{k}:url_password[{j}]"] = pw
+    seen = set()  # (name below the config, value): the points of a sweep share them, named once
     for i, cfg in enumerate(cfgs):
         plain = _plain(cfg)
-        _config_secrets(plain, f"config[{i}]", out)
-        _string_secrets(plain, f"config[{i}]", out)
+        found: Dict[str, str] = {}
+        if isinstance(plain, Mapping):  # section by section, each distinct one read once (launcher.by_section)
+            for k, v in plain.items():
+                found.update(by_section.once("secrets", _section_secrets, k, v))
+        else:
+            _config_secrets(plain, "", found)
+            _string_secrets(plain, "", found)
         for j, line in enumerate(shell_lines_of(plain)):
             for name, value in shell_secrets(line):
-                out[f"config[{i}].{SHELL_KEY}[{j}]:{name}"] = value
+                found[f"{SHELL_KEY}[{j}]:{name}"] = value
+        for rel, value in found.items():
+            if (rel, value) not in seen:
+                seen.add((rel, value))
+                rel = rel.lstrip(".")
+                out[f"config[{i}]{rel}" if rel.startswith("[") else f"config[{i}].{rel}"] = value
     return out
+
+
+def _section_secrets(key: Any, value: Any) -> List[Tuple[str, str]]:
+    """(name below the config, value) of each secret in the section ``key: value``."""
+    found: Dict[str, str] = {}
+    _config_secrets({key: value}, "", found)
+    _string_secrets(value, str(key), found)
+    return list(found.items())
 
 
 def _string_secrets(node: Any, path: str, out: Dict[str, str]) -> None:

@@ -82,6 +82,7 @@ class SweepComposer:
         self.parsed = {}  # override text -> Hydra's parsed Override
         self.fast = {}  # base key -> FastBase
         self._hydra_lines = {}  # id(master config) -> its hydra override lines
+        self._constant = {}  # id(master config) -> its command line's overrides that sweep nothing
         self._groups = {}  # key -> whether it names a config group
         self._burst = None  # [start time, count, rich Progress or None, task]
         self.allow_fast = True  # points on the fast path are FastPoints (see ``point``)
@@ -155,6 +156,16 @@ class SweepComposer:
         base_lines = [o.input_line for o in parsed if o not in values]
         return parsed, values, (master_config.hydra.job.config_name, tuple(base_lines))
 
+    def _constant_lines(self, master_config) -> frozenset:
+        """The override lines of the command line that sweep nothing (the same in every point)."""
+        found = self._constant.get(id(master_config))
+        if found is None:
+            lines = override_lines(master_config.hydra.overrides.task)
+            plain = [line for line in lines if "," not in line and "(" not in line]  # no sweep, no function
+            found = self._constant[id(master_config)] = frozenset(
+                o.input_line for o in OverridesParser.create().parse_overrides(plain) if not o.is_sweep_override())
+        return found
+
     def _is_group(self, key: str) -> bool:
         """Whether ``key`` names a config group (asked of Hydra's repository once per key: ~0.1 ms each)."""
         found = self._groups.get(key)
@@ -179,8 +190,11 @@ class SweepComposer:
         if values is not None and self.allow_fast:
             # plain values go onto the base per point; any other value override (`+key=...`, a dict)
             # is part of the base (a sweep's constant extras: composed once)
-            swept = [o for o in values if FastBase.eligible(o)]
-            fixed = [o for o in values if not FastBase.eligible(o)]
+            # a value the command line sets for every point (`train.steps=2`) is part of the base too:
+            # a point then puts in only what it sweeps (and re-resolves only what depends on that)
+            constant = self._constant_lines(master_config)
+            swept = [o for o in values if FastBase.eligible(o) and o.input_line not in constant]
+            fixed = [o for o in values if not FastBase.eligible(o) or o.input_line in constant]
             if _overlap([o.key_or_group for o in swept], [o.key_or_group for o in fixed]):
                 swept = None  # the order they are applied in would matter: the full path keeps it
             fkey = (bkey, tuple(o.input_line for o in fixed))

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher import by_section
 from launcher.config import schema
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -46,9 +47,12 @@ class Values:
 
     @cached_property
     def flat(self) -> Dict[str, Any]:
+        tree = self.tree
+        if not isinstance(tree, dict) or not tree:
+            return dict(_walk(tree, ""))
         out: Dict[str, Any] = {}
-        for key, v in _walk(self.tree, ""):
-            out[key] = v
+        for k, v in tree.items():  # each distinct section walked once (a sweep's points share them)
+            out.update(by_section.once("flat", _flat_section, k, v))
         return out
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -86,30 +90,48 @@ class Values:
     def control_chars(self) -> List[Tuple[str, str]]:
         """(key, problem) for every string value, mapping key or list item holding a control
         character: a newline ends the #SBATCH or shell line it is written into and the rest runs."""
+        tree = self.tree
+        if not isinstance(tree, dict):
+            return _control_chars(tree)
         out: List[Tuple[str, str]] = []
-
-        def bad(text: str) -> Optional[str]:  # the value itself is not echoed: it may be a secret
-            m = CONTROL_CHARS.search(text)
-            return None if m is None else (f"contains the control character {m.group()!r} (at {m.start()} of "
-                                           f"{len(text)} characters)")
-
-        def visit(node: Any, key: str) -> None:
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    why = bad(str(k))
-                    if why:
-                        out.append((key, f"has a key that {why}: {str(k)!r}"))
-                    visit(v, f"{key}.{k}" if key else str(k))
-            elif isinstance(node, list):
-                for i, v in enumerate(node):
-                    visit(v, f"{key}[{i}]")
-            elif isinstance(node, str):
-                why = bad(node)
-                if why:
-                    out.append((key, why))
-
-        visit(self.tree, "")
+        for k, v in tree.items():  # each distinct section read once (a sweep's points share them)
+            out.extend(by_section.once("control_chars", _section_control_chars, k, v))
         return out
+
+
+def _section_control_chars(key: Any, value: Any) -> List[Tuple[str, str]]:
+    return _control_chars({key: value})
+
+
+def _control_chars(tree: Any) -> List[Tuple[str, str]]:
+    out: List[Tuple[str, str]] = []
+
+    def bad(text: str) -> Optional[str]:  # the value itself is not echoed: it may be a secret
+        m = CONTROL_CHARS.search(text)
+        return None if m is None else (f"contains the control character {m.group()!r} (at {m.start()} of "
+                                       f"{len(text)} characters)")
+
+    def visit(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                why = bad(str(k))
+                if why:
+                    out.append((key, f"has a key that {why}: {str(k)!r}"))
+                visit(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                visit(v, f"{key}[{i}]")
+        elif isinstance(node, str):
+            why = bad(node)
+            if why:
+                out.append((key, why))
+
+    visit(tree, "")
+    return out
+
+
+def _flat_section(key: Any, value: Any) -> List[Tuple[str, Any]]:
+    return list(_walk({key: value}, ""))
 
 
 def _walk(node: Any, key: str) -> Iterator[Tuple[str, Any]]:

@@ -181,7 +181,9 @@ def seq_len_of(f: Any) -> Optional[Tuple[str, int]]:
     v = getattr(getattr(f, "model", None), "seq_len", None)
     flat = f.values.flat if f.values.tree else {}
     if _count(v):
-        keys = ["model.seq_len"] + sorted(k for k in flat if k.count(".") == 1 and k.endswith(".seq_len"))
+        if flat.get("model.seq_len") == v:  # the usual case, without sorting every key
+            return "model.seq_len", v
+        keys = sorted(k for k in flat if k.count(".") == 1 and k.endswith(".seq_len"))
         return next((k for k in keys if flat.get(k) == v), "model.seq_len"), v
     v = flat.get("model.seq_len")
     return ("model.seq_len", v) if _count(v) else None

@@ -85,9 +85,11 @@ class Writes:
     def write_script(self, text: str) -> None:
         atomic.write_text(self._p(self.SCRIPT), text)
 
-    def write_run(self, meta: Dict[str, Any]) -> None:
-        """run.json goes last: a dir without it is not a run."""
-        atomic.write_json(self._p(self.RUN), {**meta, "created": now_iso(), "created_ts": time.time()})
+    def write_run(self, meta: Dict[str, Any]) -> Dict[str, Any]:
+        """run.json goes last: a dir without it is not a run. Returns what it wrote."""
+        written = {**meta, "created": now_iso(), "created_ts": time.time()}
+        atomic.write_json(self._p(self.RUN), written)
+        return written
 
     # ---- on the node -----------------------------------------------------------------------------
     def write_rank(self, rank: int, info: Dict[str, Any]) -> None:

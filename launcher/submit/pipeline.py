@@ -68,6 +68,7 @@ class Checked:
     backend: backends.Backend
     checks: ChecksRecord  # checks.json: the warnings forced, the advice printed
     archived: Optional[Dict[str, Any]] = None  # config.yaml as staged (secrets redacted)
+    run_record: Optional[Dict[str, Any]] = None  # run.json as staged
     known: Optional[Dict[str, str]] = None  # the secrets of every point of the launch (one dict, shared)
 
     @cached_property
@@ -336,7 +337,10 @@ def stage(sweep: _Sweep, checked: List[Checked]) -> List[RunDir]:
                  "name": r.get("name"), "seed": r.get("seed"), "tags": r.get("tags", []), "backend": c.backend.name,
                  "argv": argv, "layout": c.layout.to_json(), **(sweep.extra_meta or {}),
                  **script_recipe.archived(r, c.layout.to_json())}))  # recipe=script: what the script never read
-    return staging.stage(sweep.dir, points, sweep.known)
+    staged = staging.stage(sweep.dir, points, sweep.known)
+    for c, p in zip(checked, points):
+        c.run_record = p.run
+    return staged
 
 
 # ---- 4. submit ----------------------------------------------------------------------------------
@@ -373,7 +377,10 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
         "code_snapshot": str(sweep.code_dir),
     })
     archived = {str(rd.path): c.archived for c, rd in zip(checked, published) if c.archived is not None}
-    registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()], configs=archived)
+    jobs = {r.run_id: r.record for r in runs}
+    held = {str(rd.path): registry.Held(c.run_record, jobs.get(c.run_record["run_id"]))
+            for c, rd in zip(checked, published) if c.run_record is not None}
+    registry.record(sweep.dir.path.parent, [rd for rd in published if rd.exists()], configs=archived, held=held)
     interrupted.end(sweep.dir.path)
     return published
 

@@ -22,7 +22,7 @@ class Staged:
     """One point's records before submission."""
     index: int
     config: Dict[str, Any]  # config.yaml, secrets already redacted (the caller's redaction: it knows how)
-    run: Dict[str, Any]  # run.json (no status.json yet: a run without one is pending)
+    run: Dict[str, Any]  # run.json (no status.json yet: a run without one is pending); once staged, as written
     overrides: Dict[str, Any]  # overrides.yaml: {"overrides": [...], "choices": {...}}
     checks: ChecksRecord  # checks.json: what was checked before it was queued, what was let through
     seeds: Optional[Dict[str, Any]] = None  # seeds.json (None: the program seeds itself, unknown)
@@ -70,7 +70,7 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
         rd.write_config(p.config)
         rd.write_checks(replace(p.checks, forced=tuple(clean(list(p.checks.forced))),
                                 advice=tuple(clean(list(p.checks.advice)))))
-        rd.write_run(clean(p.run))
+        p.run = rd.write_run(clean(p.run))  # what the index row holds (registry.record), without reading it back
         return rd
 
     # a few files per run: the file system's work (system time) overlaps in a few threads

@@ -345,12 +345,25 @@ def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]
 
 
 def in_threads(fn: Callable[[Any], Any], items: list) -> list:
-    """``[fn(x) for x in items]``, in a few threads when there are many (the file system's work of a
-    few files per run overlaps)."""
-    if len(items) < 16:
-        return [fn(x) for x in items]
+    """``[fn(x) for x in items]``; in a few threads when the first items show each waiting on the file
+    system (a network file system's round trips: milliseconds a file), so that the waits overlap. On a
+    local disk the work is the interpreter's, and threads only contend for it (sequential was ~20%
+    faster at 1,000 runs)."""
+    import time
+
+    out = [fn(x) for x in items[:_PROBE]]  # the first ones warm caches
+    wall, cpu = time.perf_counter(), time.thread_time()
+    out += [fn(x) for x in items[_PROBE:2 * _PROBE]]
+    waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
+    rest = items[2 * _PROBE:]
+    if not rest or waited < _PROBE * _WAIT_S:
+        return out + [fn(x) for x in rest]
     # threads only when submitting or archiving for real, not on a dry run
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(fn, items))
+        return out + list(pool.map(fn, rest))
+
+
+_PROBE = 16  # items timed before deciding
+_WAIT_S = 0.5e-3  # waited per item (not computing) past which threads overlap the waits
