@@ -36,7 +36,8 @@ def point_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     ovs = [_overrides(r) for r in runs]
     keys = sweeps.swept_keys(ovs)
     if len(runs) == 1:  # one run of a sweep: the keys its sweep varies
-        whole = [r for r in registry.list_runs(Path(runs[0]["dir"]).parent.parent, refresh=False)
+        whole = [r for r in registry.list_runs(Path(runs[0]["dir"]).parent.parent, refresh=False,
+                                               sweep_ids=[runs[0]["sweep_id"]])
                  if r["sweep_id"] == runs[0]["sweep_id"]]
         keys = sweeps.swept_keys([_overrides(r) for r in whole])
     rows = []

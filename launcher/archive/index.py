@@ -13,23 +13,25 @@ import os
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 DB_NAME = "registry.sqlite"
 
+# tampered: an unfinished run's seal or status was removed (launcher.run.sealing.lost_seal; its error says how)
 COLUMNS = (
     "run_id", "sweep_id", "idx", "name", "dir", "status", "exit_code", "job_id", "backend", "created",
     "created_ts", "tags", "config", "final_loss", "tokens_per_s", "error", "reproduces", "return_value",
-    "failure_class",
+    "failure_class", "tampered",
 )
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT, sweep_id TEXT, idx INTEGER, name TEXT, dir TEXT PRIMARY KEY, status TEXT,
   exit_code INTEGER, job_id TEXT, backend TEXT, created TEXT, created_ts REAL, tags TEXT,
   config TEXT, final_loss REAL, tokens_per_s REAL, error TEXT, reproduces TEXT, return_value TEXT,
-  failure_class TEXT
+  failure_class TEXT, tampered INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_sweep ON runs (sweep_id);
+CREATE INDEX IF NOT EXISTS runs_order ON runs (created_ts, sweep_id, idx);
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
 CREATE INDEX IF NOT EXISTS runs_id ON runs (run_id);
 CREATE TABLE IF NOT EXISTS skipped (dir TEXT PRIMARY KEY, reason TEXT);
@@ -104,7 +106,10 @@ def _tuples(rows: Iterable[Dict[str, Any]]) -> List[tuple]:
     for r in rows:
         r = dict(r)
         r["tags"] = json.dumps(r.get("tags") or [])
-        r["config"] = json.dumps(r.get("config") or {})
+        # a row read without its config (rows(configs=False)) keeps the text it was read with
+        r["config"] = r["config_json"] if r.get("config") is None and "config_json" in r else \
+            json.dumps(r.get("config") or {})
+        r["tampered"] = int(bool(r.get("tampered")))
         r["return_value"] = None if r.get("return_value") is None else json.dumps(r["return_value"], default=str)
         data.append(tuple(r.get(c) for c in COLUMNS))
     return data
@@ -115,15 +120,47 @@ def upsert(conn: sqlite3.Connection, rows: Iterable[Dict[str, Any]]) -> None:
         conn.executemany(_INSERT, _tuples(rows))
 
 
-def rows(conn: sqlite3.Connection) -> List[Dict[str, Any]]:
+def rows(conn: sqlite3.Connection, sweep_ids: Optional[Iterable[str]] = None, newest: Optional[int] = None,
+         configs: bool = True) -> List[Dict[str, Any]]:
+    """The indexed runs, oldest first: of these sweeps only (``sweep_ids``), the ``newest`` n only,
+    each with its config parsed, or (``configs=False``: a listing that shows none; ~25 us a run) its
+    text kept as ``config_json`` and ``config`` None."""
+    sql, args = "SELECT * FROM runs", []
+    if sweep_ids is not None:
+        ids = sorted(set(sweep_ids))
+        sql += f" WHERE sweep_id IN ({', '.join('?' for _ in ids)})"
+        args += ids
+    if newest is not None:
+        sql += " ORDER BY created_ts DESC, sweep_id DESC, idx DESC LIMIT ?"
+        args.append(max(0, int(newest)))
+    else:
+        sql += " ORDER BY created_ts, sweep_id, idx"
     out = []
-    for rec in conn.execute("SELECT * FROM runs ORDER BY created_ts, sweep_id, idx"):
+    for rec in conn.execute(sql, args):
         d = dict(rec)
         d["tags"] = json.loads(d["tags"] or "[]")
-        d["config"] = json.loads(d["config"] or "{}")
+        if configs:
+            d["config"] = json.loads(d["config"] or "{}")
+        else:
+            d["config_json"], d["config"] = d["config"] or "{}", None
         d["return_value"] = json.loads(d["return_value"]) if d.get("return_value") else None
+        d["tampered"] = bool(d.get("tampered"))
         out.append(d)
-    return out
+    return out[::-1] if newest is not None else out
+
+
+def count(conn: sqlite3.Connection, sweep_ids: Optional[Iterable[str]] = None) -> int:
+    """How many runs the index holds (of these sweeps)."""
+    if sweep_ids is None:
+        return int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+    ids = sorted(set(sweep_ids))
+    return int(conn.execute(f"SELECT COUNT(*) FROM runs WHERE sweep_id IN ({', '.join('?' for _ in ids)})",
+                            ids).fetchone()[0])
+
+
+def sweep_ids(conn: sqlite3.Connection) -> Set[str]:
+    """The sweeps the index holds runs of."""
+    return {sid for (sid,) in conn.execute("SELECT DISTINCT sweep_id FROM runs")}
 
 
 def skipped(conn: sqlite3.Connection) -> Dict[str, str]:

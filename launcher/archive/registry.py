@@ -13,6 +13,7 @@ runs are then read from their dirs, with a warning, and nothing is written.
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -22,6 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Se
 
 from launcher import backends
 from launcher.archive import index
+from launcher.run.job_record import JobRecord
 from launcher.run.rundir import RunDir, Unreadable, runs as run_dirs, sweeps
 from launcher.run.status import FINAL, Status
 
@@ -50,19 +52,31 @@ def job_states(jobs: Iterable[Dict[str, Any]]) -> Dict[str, backends.JobState]:
     return out
 
 
-def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+class Held(NamedTuple):
+    """What a launch wrote into a run dir it just published: its run.json and job.json (its row is made
+    from them instead of reading them back; a run no job has started has no status.json)."""
+    run: Dict[str, Any]
+    job: Optional[JobRecord]
+
+
+def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None,
+                 held: Optional[Held] = None) -> Optional[Dict[str, Any]]:
     """The index row of one run dir (None if it is not a complete run); ``config``: its config.yaml
-    as already known to the caller (the launch that wrote it), else read. Unreadable (naming the file
-    and why) for a dir whose run.json, status.json or config.yaml is junk."""
+    as already known to the caller (the launch that wrote it), else read; ``held``: its run.json and
+    job.json as the launch wrote them (a run that ended already, refused, is read whole). Unreadable
+    (naming the file and why) for a dir whose run.json, status.json or config.yaml is junk."""
     rd = RunDir(rdir)
-    meta = rd.run()
+    st = rd.status()
+    if held is not None and st.state.value in FINAL:
+        held = None
+    meta = held.run if held is not None else rd.run()
     if not meta:
         return None
     for key in ("run_id", "sweep_id"):
         if not isinstance(meta.get(key), str) or not meta[key]:
             raise Unreadable(f"{RunDir.RUN} has no {key}", rd.path / RunDir.RUN)
-    st = rd.status()
-    job = rd.job()
+    job = held.job if held is not None else rd.job()
+    lost = None if held is not None else rd.lost_seal()
     summary = st.summary if isinstance(st.summary, dict) else {}
     if config is None:
         try:
@@ -77,7 +91,8 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None) -> Optiona
         "created": meta.get("created"), "created_ts": float(ts) if isinstance(ts, (int, float)) else 0.0,
         "tags": meta.get("tags") or [],
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
-        "error": st.error or rd.lost_seal(),  # a run whose seal or status was removed never reads as plain pending
+        # a run whose seal or status was removed never reads as plain pending (one just queued has neither)
+        "error": st.error or lost, "tampered": lost is not None,
         "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
         "_job": job.to_json() if job else {},
         "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
@@ -160,15 +175,16 @@ def unwritable(root: Path, err: Exception) -> str:
     return f"the run index {index.db_path(root)} cannot be written ({why})"
 
 
-def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+def record(root: Path, run_dirs: Iterable[Path], configs: Optional[Dict[str, Dict[str, Any]]] = None,
+           held: Optional[Dict[str, Held]] = None) -> None:
     """Add or refresh the index rows of these run dirs (called by launch after submission; ``configs``:
-    run dir -> the config it archived, when the caller has it). An unreadable index is rebuilt from
-    the run dirs (they are the truth)."""
-    configs = configs or {}
+    run dir -> the config it archived, ``held``: run dir -> its run.json and job.json as written, when
+    the caller has them). An unreadable index is rebuilt from the run dirs (they are the truth)."""
+    configs, held = configs or {}, held or {}
     new, skipped = [], {}
     for d in run_dirs:
         try:
-            row = row_from_dir(Path(d), configs.get(os.fspath(d)))
+            row = row_from_dir(Path(d), configs.get(os.fspath(d)), held.get(os.fspath(d)))
         except Unreadable as e:  # e.g. a run resumed whose status.json went bad since
             skipped[os.fspath(d)] = str(e)
             continue
@@ -194,7 +210,7 @@ def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str
     live = [r for r in rows if r["status"] not in FINAL]
     # the records that change (run.json, status.json, job.json) re-read; config.yaml never changes once
     # staged: the indexed copy serves (parsing it was most of a refresh). A dir gone junk since: as indexed
-    fresh = {r["dir"]: read_dir(Path(r["dir"]), r.get("config") or None)[0] for r in live}
+    fresh = {r["dir"]: read_dir(Path(r["dir"]), _config(r))[0] for r in live}
     states = job_states(f["_job"] for f in fresh.values() if f and f["status"] not in FINAL)
     changed, words = [], {}
     for r in live:
@@ -209,39 +225,74 @@ def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str
     return changed, words
 
 
+def _config(row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The indexed config of a row (parsed here where the listing read it as text), None if none."""
+    if row.get("config") is None and row.get("config_json"):
+        return json.loads(row["config_json"]) or None
+    return row.get("config") or None
+
+
 # which of the indexed rows a command asks about (the rows as indexed, oldest first -> those it wants)
 Select = Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]]
 
 
-def list_runs(root: Optional[Path] = None, refresh: bool = True,
-              select: Optional[Select] = None) -> List[Dict[str, Any]]:
+def list_runs(root: Optional[Path] = None, refresh: bool = True, select: Optional[Select] = None,
+              sweep_ids: Optional[Iterable[str]] = None, newest: Optional[int] = None,
+              configs: bool = True) -> List[Dict[str, Any]]:
     """Every run under root, oldest first, with current status (from the index; ``refresh``: the
-    unfinished runs re-read from their dirs, with their scheduler's word). ``select``: only the runs a
-    command asks about (a sweep, a run), chosen from the indexed rows before anything is refreshed, so
-    a command costs the runs it names, not the whole root. Writes no run dir."""
+    unfinished runs re-read from their dirs, with their scheduler's word). Narrowed before anything is
+    refreshed, so that a command costs the runs it names, not the whole root: ``sweep_ids``, only the
+    runs of these sweeps (read from the index by sweep); ``newest``, only the newest n; ``select``, the
+    runs a command asks about among those (a sweep, a run). ``configs=False``: each run's ``config`` is
+    None (a listing that shows none skips parsing them). Writes no run dir."""
     root = Path(root) if root else default_root()
     if not root.is_dir():
         return []
+    narrow = Narrow(None if sweep_ids is None else sorted(set(sweep_ids)), newest, configs)
     try:
         try:
-            out = _list(root, refresh, select)
+            out = _list(root, refresh, select, narrow)
         except sqlite3.OperationalError:
             raise
         except sqlite3.DatabaseError as e:
             _rebuild_unreadable(root, e)
-            out = _list(root, refresh, select)
+            out = _list(root, refresh, select, narrow)
     except (sqlite3.OperationalError, OSError) as e:  # listing needs no index: read the dirs, write nothing
         say(f"launcher: warning: {unwritable(root, e)}; listing the runs from their dirs")
-        out = _unindexed(root, refresh, select)
+        out = _unindexed(root, refresh, select, narrow)
     _name_shared_ids(out)
     return out
 
 
-def _list(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Dict[str, Any]]:
+def count(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> int:
+    """How many runs the index of ``root`` holds (of these sweeps); 0 where it cannot be read."""
+    try:
+        with closing(index.connect(Path(root))) as conn:
+            return index.count(conn, sweep_ids)
+    except (sqlite3.Error, OSError):
+        return 0
+
+
+def sweeps_named(ident: str) -> List[str]:
+    """The sweeps a sweep id, run id (``<sweep_id>-<index>``) or run dir names, as a hint for list_runs'
+    ``sweep_ids`` (a run dir copied into another sweep keeps its own run.json's: a caller that finds
+    nothing this way lists the whole root)."""
+    head, sep, tail = ident.rpartition("-")
+    p = Path(ident)
+    return sorted({x for x in (ident, head if sep and tail.isdigit() else "", p.name, p.parent.name) if x})
+
+
+class Narrow(NamedTuple):
+    """Which indexed runs a listing reads (list_runs' sweep_ids, newest, configs)."""
+    sweep_ids: Optional[List[str]]
+    newest: Optional[int]
+    configs: bool
+
+
+def _list(root: Path, refresh: bool, select: Optional[Select], narrow: Narrow) -> List[Dict[str, Any]]:
     with closing(index.connect(root)) as conn:
-        rows = index.rows(conn)
         old = index.skipped(conn)
-        known = {r["sweep_id"] for r in rows} | {Path(d).parent.name for d in old}
+        known = index.sweep_ids(conn) | {Path(d).parent.name for d in old}
         unknown = [d.sweep_id for d in sweeps(root) if d.sweep_id not in known]
         found = scan(root, unknown) if unknown else Scan([], {})  # runs the index has not seen: added
         again = {d: read_dir(Path(d)) for d in old}  # a dir skipped before: fixed or gone since?
@@ -250,8 +301,8 @@ def _list(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Di
         if found.rows or set(found.skipped) != set(old):
             index.upsert(conn, found.rows)
             index.set_skipped(conn, found.skipped, gone=[d for d in old if d not in found.skipped])
-            rows = index.rows(conn)
         name_skipped(found.skipped)
+        rows = index.rows(conn, narrow.sweep_ids, narrow.newest, narrow.configs)
         if select is not None:
             rows = select(rows)
         words: Dict[str, Dict[str, Any]] = {}
@@ -264,11 +315,13 @@ def _list(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Di
     return [{**public(r), **words.get(r["dir"], {})} for r in rows]
 
 
-def _unindexed(root: Path, refresh: bool, select: Optional[Select] = None) -> List[Dict[str, Any]]:
+def _unindexed(root: Path, refresh: bool, select: Optional[Select], narrow: Narrow) -> List[Dict[str, Any]]:
     """list_runs without the index: every run read from its dir (as the index would order them)."""
-    found = scan(root)
+    found = scan(root, narrow.sweep_ids)
     name_skipped(found.skipped)
     rows = sorted(found.rows, key=lambda r: (r["created_ts"], r["sweep_id"], r["idx"] if r["idx"] is not None else -1))
+    if narrow.newest is not None:
+        rows = rows[len(rows) - min(len(rows), max(0, narrow.newest)):]
     if select is not None:
         rows = select(rows)
     words: Dict[str, Dict[str, Any]] = _refresh(rows)[1] if refresh else {}
@@ -295,7 +348,7 @@ def public(r: Dict[str, Any]) -> Dict[str, Any]:
         "created": r["created"], "tags": r.get("tags") or [], "final_loss": r["final_loss"],
         "tokens_per_s": r["tokens_per_s"], "error": r["error"], "reproduces": r.get("reproduces"),
         "return_value": r.get("return_value"), "config": r.get("config") or {},
-        "class": r.get("failure_class"), "job_state": None, "job_ended": False,
+        "class": r.get("failure_class"), "tampered": bool(r.get("tampered")), "job_state": None, "job_ended": False,
     }
 
 

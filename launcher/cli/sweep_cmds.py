@@ -42,7 +42,13 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
     def select(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:  # only these runs are refreshed
         return _chosen(runs, root, ident)
 
-    chosen = registry.list_runs(root, refresh=refresh, select=select)
+    # read from the index by sweep where the name tells which (a copied run dir's may not: then the root)
+    hint = registry.sweeps_named(ident) if ident is not None else None
+    chosen = registry.list_runs(root, refresh=refresh, select=lambda runs: _matching(runs, ident),
+                                sweep_ids=hint) if hint is not None else []
+    if not chosen:
+        hint = None
+        chosen = registry.list_runs(root, refresh=refresh, select=select)
     # and a final run whose seal its job left due (one stat of its manifest): sealed once its job ended
     lost = [RunDir(r["dir"]) for r in chosen if (r.get("job_ended") and r["status"] not in FINAL)
             or (r["status"] in FINAL and RunDir(r["dir"]).seal_due())]
@@ -50,7 +56,7 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
         from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
         outcome.settle_all(lost)
-        chosen = registry.list_runs(root, refresh=refresh, select=select)
+        chosen = registry.list_runs(root, refresh=refresh, select=select, sweep_ids=hint)
     return chosen
 
 
@@ -60,12 +66,17 @@ def _chosen(runs: List[Dict[str, Any]], root: Path, ident: Optional[str]) -> Lis
     if ident is None:
         newest = max(runs, key=lambda r: (r.get("created") or "", r["sweep_id"]))["sweep_id"]
         return [r for r in runs if r["sweep_id"] == newest]
-    chosen = [r for r in runs if r["sweep_id"] == ident]
-    chosen = chosen or [r for r in runs if ident in (r["run_id"], r["dir"]) or
-                        (Path(ident).exists() and Path(r["dir"]) == Path(ident).resolve())]
+    chosen = _matching(runs, ident)
     if not chosen:
         sys.exit(f"launcher: no sweep or run {ident!r} under {root} (see `launcher runs`)")
     return chosen
+
+
+def _matching(runs: List[Dict[str, Any]], ident: str) -> List[Dict[str, Any]]:
+    """The runs of sweep ``ident``, else the run it names (run id or run dir)."""
+    chosen = [r for r in runs if r["sweep_id"] == ident]
+    return chosen or [r for r in runs if ident in (r["run_id"], r["dir"]) or
+                      (Path(ident).exists() and Path(r["dir"]) == Path(ident).resolve())]
 
 
 # ---- status --------------------------------------------------------------------------------------

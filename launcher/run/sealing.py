@@ -100,7 +100,10 @@ class Sealing:
     def changed_since_end(self) -> List[str]:
         """The records the job's end held (its due mark) that differ now or are gone: a change made after
         the run read final and before its seal (empty: none, or no such mark)."""
-        found = atomic.read_json(self._seal_mark())
+        return self._changed_since(atomic.read_json(self._seal_mark()))
+
+    def _changed_since(self, found: Any) -> List[str]:
+        """changed_since_end, given the seal mark as read (``found``)."""
         held = found.get("held") if isinstance(found, dict) and "due" in found else None
         if not isinstance(held, dict) or not held:
             return []
@@ -156,23 +159,27 @@ class Sealing:
         nothing says so."""
         if self._p(self.MANIFEST).exists():
             return None
-        mark = self.seal_mark()
-        if mark is not None:
-            return f"{self.MANIFEST} missing: the run was sealed {mark.get('sealed')} ({self._seal_mark()})"
-        changed = self.changed_since_end()
+        found = atomic.read_json(self._seal_mark())  # read once: the seal, or the due mark of the job's end
+        if isinstance(found, dict) and "due" not in found:
+            return f"{self.MANIFEST} missing: the run was sealed {found.get('sealed')} ({self._seal_mark()})"
+        changed = self._changed_since(found)
         if changed:
             return (f"{', '.join(changed)} changed after the run ended and before its seal (the job held "
                     f"other bytes at its end: {self._seal_mark()}); the run is not sealed over it")
+        if self._p(self.STATUS).exists():  # the usual case: what only a started job writes is not looked for
+            return None
         started = self._started()
-        if started and not self._p(self.STATUS).exists():
+        if started:
             return f"{self.STATUS} missing although the run started ({', '.join(started)} exist)"
         return None
 
     def _started(self) -> List[str]:
         """What only a started job writes (after its first status): metrics, checkpoints, each rank's record,
         the nodes' topology, a rank's error. Any one left says the run started, whatever else was removed."""
-        found = [n for n in (self.METRICS, self.LATEST) if self._p(n).exists() or self._p(n).is_symlink()]
+        found = [n for n in (self.METRICS, self.LATEST) if os.path.lexists(self._p(n))]
         for pattern in (self.RANK, self.TOPOLOGY, self.RANK_ERROR):
+            if not os.path.isdir(self.path / pattern.split("/")[0]):  # no folder, nothing to glob (a pending run)
+                continue
             hits = self._glob(pattern, r="*", name="*", n="*")
             if hits:
                 found.append(str(hits[0].relative_to(self.path)))
