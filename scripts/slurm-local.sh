@@ -37,6 +37,9 @@ GPUS_PER_NODE=2
 DB_USER=slurm
 DB_PASS=slurmlocal
 UP_TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
+# Slurm's own default (10,000 jobs held, ended ones until MinJobAge); the scale benchmarks raise it to hold
+# a 10,000-point sweep beside another one. Read when the configuration is written (a cluster started anew).
+MAX_JOBS=${LAUNCHER_SLURM_MAX_JOBS:-10000}
 
 CONF="$STATE/slurm.conf"
 DBD_CONF="$STATE/slurmdbd.conf"
@@ -185,6 +188,7 @@ KillWait=2
 InactiveLimit=0
 # Finished jobs leave slurmctld quickly; sacct (slurmdbd) keeps the records.
 MinJobAge=30
+MaxJobCount=$MAX_JOBS
 SlurmdTimeout=60
 $gres_types
 
