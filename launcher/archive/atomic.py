@@ -11,16 +11,14 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import itertools
 import json
 import os
-import tempfile
 import threading
 import types
 from pathlib import Path
-from typing import Any, Iterator, Optional, Set, Union
+from typing import Any, Iterator, Optional, Set, Tuple, Union
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 # while deferring (process-wide: a launch stages its runs from several threads): .dirs, the
 # directories written (one flush per file system), .private (write in place)
 _deferred = types.SimpleNamespace(dirs=None, private=False)
@@ -42,10 +40,10 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
             raise _named(e, path) from e
         return
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _temporary(path)
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _temporary(path)
     dirs: Optional[Set[str]] = _deferred.dirs
     try:
         with os.fdopen(fd, "w") as f:
@@ -56,7 +54,6 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
             else:
                 with _lock:
                     dirs.add(str(path.parent))
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; archives are shared with the team
         os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
@@ -64,6 +61,33 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
         if isinstance(e, OSError):
             raise _named(e, path) from e
         raise
+
+
+_names = itertools.count()
+
+
+def _temporary(path: Path) -> Tuple[int, str]:
+    """A new file beside ``path`` for its next version (fd, name): named by this process, thread and a
+    counter (tempfile.mkstemp's random names cost more than the write), made with the archive's mode
+    (umask applied: archives are shared with the team, never 0600)."""
+    for _ in range(100):
+        tmp = os.path.join(path.parent, f".{path.name}.{os.getpid()}.{threading.get_ident()}.{next(_names)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:  # left by a process of the same pid before (a container restarted)
+            continue
+    raise FileExistsError(f"no temporary name free beside {path}")
+
+
+def flush(f: Any, directory: Union[str, Path]) -> None:
+    """The open file ``f`` (in ``directory``) flushed to disk: now, or, inside ``deferred_sync``, with
+    the rest of the batch."""
+    dirs: Optional[Set[str]] = _deferred.dirs
+    if dirs is None:
+        os.fsync(f.fileno())
+        return
+    with _lock:
+        dirs.add(str(directory))
 
 
 def _named(e: OSError, path: Path) -> OSError:

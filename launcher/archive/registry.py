@@ -93,20 +93,20 @@ def row_from_dir(rdir: Path, config: Optional[Dict[str, Any]] = None,
         "config": config, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("mean_tokens_per_s"),
         # a run whose seal or status was removed never reads as plain pending (one just queued has neither)
         "error": st.error or lost, "tampered": lost is not None,
-        "failure_class": _failure_class(rd, st.state), "reproduces": meta.get("reproduces"),
+        "failure_class": _failure_class(rd, st.state, config), "reproduces": meta.get("reproduces"),
         "_job": job.to_json() if job else {},
         "return_value": summary.get("return_value"),  # a Hydra app's run: what its task returned
     }
 
 
-def _failure_class(rd: RunDir, state: Status) -> Optional[str]:
+def _failure_class(rd: RunDir, state: Status, config: Optional[Dict[str, Any]] = None) -> Optional[str]:
     """Why a finished run did not complete (launcher doctor's class, from the run dir and its logs,
     no scheduler query); None for a completed or unfinished run. Indexed once, with the final row."""
     if state.value not in FINAL or state is Status.completed:
         return None
     from launcher import doctor  # lazy: the doctor only for a failed run's class
 
-    return doctor.classify(rd).kind
+    return doctor.classify(rd, config=config).kind
 
 
 class Scan(NamedTuple):

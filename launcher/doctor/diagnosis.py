@@ -4,7 +4,7 @@ and completed states, the restart history, and the hang and scheduler rules them
 from __future__ import annotations
 
 import re
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from launcher.doctor.evidence import Evidence, gather
 from launcher.doctor.failure_text import (
@@ -261,6 +261,6 @@ def _scheduler(ev: Evidence) -> Optional[Diagnosis]:
     return None
 
 
-def classify(rd: Any, scheduler: bool = False) -> Diagnosis:
-    """gather + diagnose."""
-    return diagnose(gather(rd, scheduler=scheduler))
+def classify(rd: Any, scheduler: bool = False, config: Optional[Dict[str, Any]] = None) -> Diagnosis:
+    """gather + diagnose (``config``: the run's config.yaml, where the caller read it already)."""
+    return diagnose(gather(rd, scheduler=scheduler, config=config))

@@ -117,9 +117,10 @@ def _files(rd: Any) -> Evidence:
     return Evidence(errors=errors, error_order=order, hang=rd.hang(), stacks=rd.stacks())
 
 
-def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
+def gather(rd: Any, scheduler: bool = False, logs: bool = True, config: Optional[Dict[str, Any]] = None) -> Evidence:
     """The evidence of one run (a RunDir). ``scheduler``: ask the backend for the job's state (one query;
-    skipped for a completed run); ``logs``: read the tail of every rank's stderr and stdout."""
+    skipped for a completed run); ``logs``: read the tail of every rank's stderr and stdout; ``config``:
+    its config.yaml as the caller read it already (the run index)."""
     rd = rd if isinstance(rd, RunDir) else RunDir(rd)
     meta = rd.run() or {}
     ev = _files(rd)
@@ -137,7 +138,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True) -> Evidence:
         if rd.attempt_dir(a).is_dir():
             ev.attempts[a] = _files(RunDir(rd.attempt_dir(a)))
     try:
-        cfg = rd.config()
+        cfg = config if config is not None else rd.config()
     except (OSError, ValueError):
         cfg = {}
     ev.config = _flat(cfg or {}, CONFIG_KEYS)

@@ -205,7 +205,7 @@ def create_once(path: Path, text: str) -> bool:
     with open(tmp, "x") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        atomic.flush(f, path.parent)  # now, or with the batch it belongs to (atomic.deferred_sync)
     try:
         os.link(tmp, path)
         return True

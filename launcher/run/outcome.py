@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
+from launcher.archive import atomic
 from launcher.archive.registry import job_states
 from launcher.backends import JobState
 from launcher.features.elastic import resize as elastic
@@ -84,29 +85,31 @@ def settle_all(rds: Iterable[RunDir], ended: bool = False) -> List[Status]:
     due = [st.is_final and rd.seal_due() for rd, st in zip(rds, records)]
     jobs = [rd.job() if not st.is_final or d else None for rd, st, d in zip(rds, records, due)]
     states = job_states(j.to_json() for j in jobs if j is not None and j.job_id)
-    out = []
-    for rd, st, job, d in zip(rds, records, jobs, due):
-        if d:
-            state = states.get(job.job_id) if job is not None and job.job_id else None
-            if seal_now(True, st, state, ended or job is None or not job.job_id, time.time()):
-                try:
-                    rd.seal()
-                except OSError as e:
-                    print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
-                          file=sys.stderr)
-        # paused at a sweep's rung (sweep=asha), or cluster.elastic's (ended to grow, or to be restarted): its
-        # job ended (or is held) on purpose, a decision resumes it (the rung's; the job queued after it)
-        if st.is_final or _waits_on_purpose(st) or job is None or not job.job_id:
-            out.append(st.state)
-            continue
-        state = states.get(job.job_id)
-        if ended or (state is not None and state.ended):
+    # the outcomes and seals of a settle are flushed to disk once, together (a crash before loses them whole:
+    # the next command settles those runs again), not with an fsync a file
+    with atomic.deferred_sync():
+        return [_settle_one(rd, st, job, d, states, ended) for rd, st, job, d in zip(rds, records, jobs, due)]
+
+
+def _settle_one(rd: RunDir, st: RunStatus, job: Any, due: bool, states: Dict[str, JobState], ended: bool) -> Status:
+    if due:
+        state = states.get(job.job_id) if job is not None and job.job_id else None
+        if seal_now(True, st, state, ended or job is None or not job.job_id, time.time()):
             try:
-                out.append(record_lost_outcome(rd, state or JobState(Status.failed, ""), seen=st))
-            except OSError as e:  # a full disk, a read-only archive: the run stays as recorded, said once
-                print(f"launcher: cannot record the outcome of {rd.path} ({e.strerror or e}); it stays "
-                      f"{st.state.value} until the outcome can be written", file=sys.stderr)
-                out.append(st.state)
-        else:
-            out.append(st.state)
-    return out
+                rd.seal()
+            except OSError as e:
+                print(f"launcher: cannot seal {rd.path} ({e.strerror or e}); the next refresh tries again",
+                      file=sys.stderr)
+    # paused at a sweep's rung (sweep=asha), or cluster.elastic's (ended to grow, or to be restarted): its
+    # job ended (or is held) on purpose, a decision resumes it (the rung's; the job queued after it)
+    if st.is_final or _waits_on_purpose(st) or job is None or not job.job_id:
+        return st.state
+    state = states.get(job.job_id)
+    if not (ended or (state is not None and state.ended)):
+        return st.state
+    try:
+        return record_lost_outcome(rd, state or JobState(Status.failed, ""), seen=st)
+    except OSError as e:  # a full disk, a read-only archive: the run stays as recorded, said once
+        print(f"launcher: cannot record the outcome of {rd.path} ({e.strerror or e}); it stays "
+              f"{st.state.value} until the outcome can be written", file=sys.stderr)
+        return st.state

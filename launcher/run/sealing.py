@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -241,18 +242,21 @@ MANIFEST_VERSION = 2  # 2: symlinks, directories and checkpoint files sealed too
 # hashes it afresh, so a change made after a seal is still found.
 SNAPSHOT_MEMO_S = 60.0
 _snapshot_memo: Dict[Tuple[str, int, int], Tuple[float, str]] = {}
+_snapshot_lock = threading.Lock()  # a cancel seals in threads: one of them hashes, the others wait for it
 
 
 def snapshot_sha256(path: Path) -> str:
     """tree_sha256 of a code snapshot, taken once per process per SNAPSHOT_MEMO_S (the seal's)."""
     st = os.stat(path)
-    key, now = (str(path), st.st_dev, st.st_ino), time.monotonic()
-    hit = _snapshot_memo.get(key)
-    if hit is not None and now - hit[0] < SNAPSHOT_MEMO_S:
-        return hit[1]
-    digest = tree_sha256(path)
-    _snapshot_memo[key] = (now, digest)
-    return digest
+    key = (str(path), st.st_dev, st.st_ino)
+    with _snapshot_lock:
+        now = time.monotonic()
+        hit = _snapshot_memo.get(key)
+        if hit is not None and now - hit[0] < SNAPSHOT_MEMO_S:
+            return hit[1]
+        digest = tree_sha256(path)
+        _snapshot_memo[key] = (now, digest)
+        return digest
 
 
 TREE_DIGEST = 2  # tree_sha256's scheme (2: files, symlinks as links, directories); 1: files only

@@ -183,7 +183,7 @@ def cancel_runs(rds: List[Any], error: str) -> int:
     A record that cannot be written (a full disk) never stops the cancel: the jobs are cancelled all the
     same, and what could not be recorded is said on stderr (the next command settles it from the
     scheduler's word, launcher.run.outcome). The number of outcomes this call recorded."""
-    from concurrent.futures import ThreadPoolExecutor
+    from launcher.submit.submission import in_threads  # lazy: progress is imported by every launch
 
     unrecorded: List[str] = []
 
@@ -211,9 +211,9 @@ def cancel_runs(rds: List[Any], error: str) -> int:
         except OSError as e:
             unrecorded.append(f"{rd.path}: not sealed ({e.strerror or e})")
 
-    # sealing hashes files (I/O bound): side by side, the seals flushed once when all are written
-    with atomic.deferred_sync(), ThreadPoolExecutor(max_workers=min(8, max(1, len(rds)))) as pool:
-        list(pool.map(settle, rds))
+    # the seals flushed once when all are written; side by side where the file system makes them wait
+    with atomic.deferred_sync():
+        in_threads(settle, rds)
     for line in unrecorded:
         print(f"launcher: warning: {line}; its job was cancelled, the next `launcher status` settles it",
               file=sys.stderr)

@@ -92,6 +92,14 @@ def test_an_array_task_that_never_started_takes_its_compressed_records_state():
     assert out["8_1"].status.value == "pending" and out["7_0"].status.value == "completed"
 
 
+def test_the_tasks_of_an_array_cancelled_whole_while_pending_take_its_one_record():
+    """scancel of a pending array before any task was split off leaves sacct one record named by the array's
+    id alone (seen on the local cluster: ``1431|CANCELLED by 0`` for 1,000 tasks): each task takes it."""
+    out = slurm.with_array_tasks(slurm.parse_states("1431|CANCELLED by 0\n"), ["1431_0", "1431_999", "1432_1"])
+    assert out["1431_0"].ended and out["1431_999"].status.value == "cancelled"
+    assert "1432_1" not in out
+
+
 def test_log_paths_are_submitits(tmp_path):
     job = JobRecord(backend="slurm", job_id="12_3", submitit_folder=str(tmp_path))
     assert SLURM.log_path(job, 2) == tmp_path / "12_3_2_log.out"

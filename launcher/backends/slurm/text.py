@@ -64,7 +64,8 @@ def _tasks_of(spec: str) -> Optional[set]:
 def with_array_tasks(states: Dict[str, JobState], ids: Iterable[str]) -> Dict[str, JobState]:
     """``states`` plus, for each asked array task ``A_T`` the answer left out, the state of the compressed
     record ``A_[...]`` that holds T: the only record sacct and squeue keep of an array's tasks that never
-    started (pending, or cancelled, or purged while pending)."""
+    started (pending, or cancelled, or purged while pending). An array cancelled whole before any task
+    was split off is one record named ``A`` alone in sacct: each of its tasks takes that state."""
     out = dict(states)
     packed = {}
     for jid, st in states.items():
@@ -78,6 +79,8 @@ def with_array_tasks(states: Dict[str, JobState], ids: Iterable[str]) -> Dict[st
             for tasks, st in packed.get(array, []):
                 if int(task) in tasks:
                     out[i] = st
+            if i not in out and array in states:  # the whole array's one record
+                out[i] = states[array]
     return out
 
 
