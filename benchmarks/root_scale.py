@@ -1,20 +1,25 @@
 """The archive at scale: what the commands cost on a runs root that holds a large sweep, on the real
-local Slurm cluster (scripts/slurm-local.sh up), in one run:
+local Slurm cluster, in one run:
 
+  0. (--fill M) M more runs in the root first, in sweeps of N points queued held and cancelled from
+     outside (a root after months of sweeps: 100,000 runs with --points 10000 --fill 90000);
   1. a BIG sweep of N points queued held (`launch -m seed=range(N) +cluster.sbatch_extra.begin=now+10hours`),
      then cancelled from outside the product (`scancel` of its arrays: an admin's, a purge), and a
      SMALL 2-point sweep queued held beside it;
   2. timed, each a fresh `launcher` process: `launcher status SMALL` (only its 2 runs refreshed),
-     `launcher runs` (every run, from the index), `launcher status BIG` (the N runs cancelled while
-     pending settle `cancelled`, sealed), `launcher runs` again;
+     `launcher runs` (the table: the newest 50, from the index), `launcher runs --json` (every run),
+     `launcher status BIG` (the N runs cancelled while pending settle `cancelled`, sealed), `launcher runs`
+     again;
   3. a second BIG sweep queued held, and `launcher cancel` of it timed (one scancel, the records and
-     seals written side by side).
+     seals written).
 
-    .venv/bin/python benchmarks/root_scale.py [--points 9000]
+    LAUNCHER_SLURM_MAX_JOBS=30000 scripts/slurm-local.sh up   # Slurm's default MaxJobCount holds 10,000
+    .venv/bin/python benchmarks/root_scale.py [--points 10000] [--fill 0]
 
 Targets (the issue "The archive at scale", 10,000 points): status SMALL <= 1 s, runs <= 3 s,
-cancel BIG <= 30 s. The local cluster's MaxJobCount is 10,000 for every job it holds, ended ones too
-until MinJobAge (30 s): the second BIG sweep waits until the first one's cancelled jobs have left.
+cancel BIG <= 30 s; a root of 100,000 runs answers `launcher runs` from its index. MaxJobCount counts
+every job the controller holds, ended ones too until MinJobAge (30 s): each sweep past the first waits
+until the cancelled jobs before it have left (--points <= MaxJobCount/2 - 2).
 """
 from __future__ import annotations
 
@@ -49,6 +54,16 @@ def held_jobs() -> int:
     return len(out.split())
 
 
+def wait_for_room(n: int) -> None:
+    """Until the controller holds room for n more jobs: cancelled ones leave after MinJobAge."""
+    limit = int(next((line.split("=")[1] for line in subprocess.run(
+        ["scontrol", "show", "config"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+        if line.startswith("MaxJobCount")), "10000"))
+    deadline = time.time() + 600
+    while held_jobs() + n + 4 > limit and time.time() < deadline:
+        time.sleep(2)
+
+
 def sweep_of(stdout: str) -> str:
     line = next(ln for ln in stdout.splitlines() if ln.startswith("sweep "))
     return line.split()[1].rstrip(":")
@@ -56,7 +71,8 @@ def sweep_of(stdout: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--points", type=int, default=9000)
+    ap.add_argument("--points", type=int, default=10000)
+    ap.add_argument("--fill", type=int, default=0, help="runs put in the root first (sweeps of --points)")
     args = ap.parse_args()
     n = args.points
     rows = []
@@ -64,6 +80,15 @@ def main() -> None:
         root = Path(d) / "runs"
         root.mkdir()
         launch, launcher = str(BIN / "launch"), str(BIN / "launcher")
+        left = args.fill
+        while left > 0:
+            wait_for_room(n)
+            took, res = run([launch, "-m", *POINT, f"seed=range(0,{min(n, left)})", HOLD], root)
+            ids = json.loads((root / sweep_of(res.stdout) / "sweep.json").read_text())["job_ids"]
+            subprocess.run(["scancel", *ids], check=True, timeout=120)
+            print(f"fill: {min(n, left)} runs queued and cancelled ({took:.1f} s)", flush=True)
+            left -= n
+        wait_for_room(n)
         took, res = run([launch, "-m", *POINT, f"seed=range(0,{n})", HOLD], root)
         big = sweep_of(res.stdout)
         rows.append((f"launch -m: {n} points queued held", took))
@@ -73,17 +98,19 @@ def main() -> None:
         small = sweep_of(res.stdout)
         took, res = run([launcher, "status", small, "--json"], root)
         rows.append(("launcher status SMALL (2 runs)", took))
+        took, res = run([launcher, "runs"], root)
+        rows.append((f"launcher runs (the table: {res.stderr.strip().splitlines()[-1]})", took))
         took, res = run([launcher, "runs", "--json"], root)
         listed = json.loads(res.stdout)
-        rows.append((f"launcher runs ({len(listed)} runs)", took))
+        rows.append((f"launcher runs --json ({len(listed)} runs)", took))
         took, res = run([launcher, "status", big, "--json"], root)
         counts = json.loads(res.stdout)["counts"]
         rows.append((f"launcher status BIG: {counts}", took))
+        took, res = run([launcher, "runs"], root)
+        rows.append(("launcher runs again (the table)", took))
         took, res = run([launcher, "runs", "--json"], root)
-        rows.append((f"launcher runs again ({len(json.loads(res.stdout))} runs)", took))
-        deadline = time.time() + 600
-        while held_jobs() > 1000 and time.time() < deadline:  # the first sweep's jobs leave (MinJobAge)
-            time.sleep(2)
+        rows.append((f"launcher runs --json again ({len(json.loads(res.stdout))} runs)", took))
+        wait_for_room(n)
         took, res = run([launch, "-m", *POINT, f"seed=range(0,{n})", HOLD], root)
         big2 = sweep_of(res.stdout)
         rows.append((f"launch -m: {n} points queued held (again)", took))

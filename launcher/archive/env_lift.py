@@ -74,6 +74,19 @@ def lifted_secrets(resolved: Dict[str, Any], raw: Any) -> Dict[str, str]:
     environment variable that carries each to the job: the archive holds a reference to it instead of
     the value, so the job reads the value it was given and no archived file holds it."""
     out: Dict[str, str] = {}
+    if isinstance(resolved, dict):  # section by section, each distinct one read once (launcher.by_section)
+        for k, v in resolved.items():
+            w = raw.get(k) if isinstance(raw, Mapping) else None
+            out.update(by_section.once("lifted", _lifted, {k: v}, None if raw is None else {k: w}))
+    else:
+        out.update(_lifted(resolved, raw))
+    out.update(lift_shell(shell_lines_of(resolved))[1])
+    return out
+
+
+def _lifted(resolved: Any, raw: Any) -> Dict[str, str]:
+    """lifted_secrets' secret-named keys (its setup lines apart) of a config, or of one section of it."""
+    out: Dict[str, str] = {}
 
     def visit(key: str, value: Any, written: Any) -> Any:
         if env_reference(written) is None and is_secret_value(value):
@@ -81,7 +94,6 @@ def lifted_secrets(resolved: Dict[str, Any], raw: Any) -> Dict[str, str]:
         return value
 
     _secret_scalars(resolved, raw, "", visit)
-    out.update(lift_shell(shell_lines_of(resolved))[1])
     return out
 
 

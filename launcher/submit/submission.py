@@ -277,7 +277,9 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
         return SubmittedRun(run_id=run.run_id, rundir=run.rundir, job_id=record.job_id, job=job, record=record)
 
     try:
-        submitted = in_threads(one, list(zip(arr.points, jobs)))
+        # staged runs are hidden until published: their job.json written in place, flushed once before
+        with atomic.deferred_sync(private=all(r.stage is not None for r in arr.points)):
+            submitted = in_threads(one, list(zip(arr.points, jobs)))
     finally:  # each run holds its array's own; the next array writes a file of its own
         if script is not None:
             (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
