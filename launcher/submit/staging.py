@@ -55,6 +55,12 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
     for text in dict.fromkeys(plan_of.values()):
         plans[text] = RunDir(shared.path / f".plan-{len(plans)}")
         plans[text].write_plan(json.loads(text))
+    checks_of = {p.index: replace(p.checks, forced=tuple(clean(list(p.checks.forced))),
+                                  advice=tuple(clean(list(p.checks.advice)))) for p in points}
+    checks: Dict[ChecksRecord, RunDir] = {}  # most points of a sweep were checked alike: one file, linked
+    for record in dict.fromkeys(checks_of.values()):
+        checks[record] = RunDir(shared.path / f".checks-{len(checks)}")
+        checks[record].write_checks(record)
     datas: Dict[int, RunDir] = {}  # by the record object: a corpus's manifest lists every input file
     for p in points:
         if p.data is not None and id(p.data) not in datas:
@@ -67,9 +73,8 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
             rd.link_from(plans[plan_of[p.index]], (RunDir.PLAN,))
         if p.data is not None:
             rd.link_from(datas[id(p.data)], (RunDir.DATA_MANIFEST,))
+        rd.link_from(checks[checks_of[p.index]], (RunDir.CHECKS,))
         rd.write_config(p.config)
-        rd.write_checks(replace(p.checks, forced=tuple(clean(list(p.checks.forced))),
-                                advice=tuple(clean(list(p.checks.advice)))))
         p.run = rd.write_run(clean(p.run))  # what the index row holds (registry.record), without reading it back
         return rd
 
@@ -82,5 +87,5 @@ def unlink_shared_copies(sd: SweepDir) -> None:
     import shutil
 
     shared = sd.shared().path
-    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*")]:
+    for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*"), *shared.glob(".checks-*")]:
         shutil.rmtree(linked, ignore_errors=True)
