@@ -91,6 +91,10 @@ def connect(root: Path) -> sqlite3.Connection:
     conn.executescript(SCHEMA)
     info = list(conn.execute("PRAGMA table_info(runs)"))
     have, key = [r[1] for r in info], [r[1] for r in info if r[5]]
+    if have == list(COLUMNS[:-1]) and key == ["dir"]:  # the layout before `tampered`: one column added, not
+        with conn:                                      # a rebuild (a root of 100,000 runs reads every dir)
+            conn.execute("ALTER TABLE runs ADD COLUMN tampered INTEGER")
+        have = list(COLUMNS)
     if have != list(COLUMNS) or key != ["dir"]:  # an index of an older layout: the caller rebuilds it
         conn.close()
         raise sqlite3.DatabaseError(f"the index has the columns of an older layout ({len(have)} of {len(COLUMNS)}, "

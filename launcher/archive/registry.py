@@ -220,7 +220,8 @@ def _refresh(rows: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Dict[str
         state = states.get(str(f["_job"].get("job_id"))) if f["status"] not in FINAL else None
         if state is not None:
             words[r["dir"]] = {"job_state": state.raw or state.status.value, "job_ended": state.ended}
-        if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error", "return_value")):
+        if any(f.get(k) != r.get(k) for k in ("status", "exit_code", "job_id", "final_loss", "error", "return_value",
+                                              "tampered")):
             changed.append(f)
     return changed, words
 
