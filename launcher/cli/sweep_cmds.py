@@ -43,7 +43,11 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
         return _chosen(runs, root, ident)
 
     # read from the index by sweep where the name tells which (a copied run dir's may not: then the root)
-    hint = registry.sweeps_named(ident) if ident is not None else None
+    if ident is not None:
+        hint: Optional[List[str]] = registry.sweeps_named(ident)
+    else:  # the newest sweep: its newest run's, from the index alone
+        newest = registry.list_runs(root, refresh=False, newest=1, configs=False)
+        hint = [newest[0]["sweep_id"]] if newest else None
     chosen = registry.list_runs(root, refresh=refresh, select=lambda runs: _matching(runs, ident),
                                 sweep_ids=hint) if hint is not None else []
     if not chosen:
@@ -63,17 +67,19 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
 def _chosen(runs: List[Dict[str, Any]], root: Path, ident: Optional[str]) -> List[Dict[str, Any]]:
     if not runs:
         sys.exit(f"launcher: no runs under {root}")
-    if ident is None:
-        newest = max(runs, key=lambda r: (r.get("created") or "", r["sweep_id"]))["sweep_id"]
-        return [r for r in runs if r["sweep_id"] == newest]
     chosen = _matching(runs, ident)
     if not chosen:
         sys.exit(f"launcher: no sweep or run {ident!r} under {root} (see `launcher runs`)")
     return chosen
 
 
-def _matching(runs: List[Dict[str, Any]], ident: str) -> List[Dict[str, Any]]:
-    """The runs of sweep ``ident``, else the run it names (run id or run dir)."""
+def _matching(runs: List[Dict[str, Any]], ident: Optional[str]) -> List[Dict[str, Any]]:
+    """The runs of sweep ``ident``, else the run it names (run id or run dir); None: the newest sweep's."""
+    if ident is None:
+        if not runs:
+            return []
+        newest = max(runs, key=lambda r: (r.get("created") or "", r["sweep_id"]))["sweep_id"]
+        return [r for r in runs if r["sweep_id"] == newest]
     chosen = [r for r in runs if r["sweep_id"] == ident]
     return chosen or [r for r in runs if ident in (r["run_id"], r["dir"]) or
                       (Path(ident).exists() and Path(r["dir"]) == Path(ident).resolve())]
