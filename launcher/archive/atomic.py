@@ -44,16 +44,11 @@ def write_text(path: Union[str, Path], text: str, visible: bool = False) -> None
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temporary(path)
-    dirs: Optional[Set[str]] = _deferred.dirs
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            if dirs is None:
-                os.fsync(f.fileno())
-            else:
-                with _lock:
-                    dirs.add(str(path.parent))
+            flush(f, path.parent)
         os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):

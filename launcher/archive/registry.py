@@ -274,6 +274,13 @@ def count(root: Path, sweep_ids: Optional[Iterable[str]] = None) -> int:
         return 0
 
 
+def list_named(root: Path, ident: str, select: Select, refresh: bool = True) -> List[Dict[str, Any]]:
+    """list_runs of the runs ``select`` picks, read by the sweeps ``ident`` names (sweeps_named); where
+    that finds none, from the whole root (a run dir copied into another sweep: its run.json names its own)."""
+    found = list_runs(root, refresh=refresh, select=select, sweep_ids=sweeps_named(ident))
+    return found or list_runs(root, refresh=refresh, select=select)
+
+
 def sweeps_named(ident: str) -> List[str]:
     """The sweeps a sweep id, run id (``<sweep_id>-<index>``) or run dir names, as a hint for list_runs'
     ``sweep_ids`` (a run dir copied into another sweep keeps its own run.json's: a caller that finds

@@ -21,10 +21,8 @@ def resolve_run_dir(root: Path, ident: str) -> Path:
     if RunDir(p).exists():
         return p.resolve()
 
-    runs = [r for r in registry.list_runs(root, refresh=False, sweep_ids=registry.sweeps_named(ident))
-            if ident in (r["run_id"], r["sweep_id"])]
-    if not runs:  # a run dir copied into another sweep: its run.json names its own
-        runs = [r for r in registry.list_runs(root, refresh=False) if ident in (r["run_id"], r["sweep_id"])]
+    runs = registry.list_named(root, ident, lambda rows: [r for r in rows if ident in (r["run_id"], r["sweep_id"])],
+                               refresh=False)
     if len(runs) > 1 and len({r["run_id"] for r in runs}) == 1:  # a copied run dir claims the same id
         sys.exit(f"launcher: {len(runs)} run dirs under {root} claim run id {ident!r}; give the run dir: "
                  + ", ".join(r["dir"] for r in runs))

@@ -47,9 +47,7 @@ def _select(args, ident: str):
     def select(runs):
         return [r for r in runs if ident in (r["run_id"], r["sweep_id"], r["dir"])]
 
-    chosen = registry.list_runs(_root(args), select=select, sweep_ids=registry.sweeps_named(ident))
-    if not chosen:  # a run dir copied into another sweep: its run.json names its own
-        chosen = registry.list_runs(_root(args), select=select)
+    chosen = registry.list_named(_root(args), ident, select)
     if not chosen and RunDir(Path(ident)).exists():  # a run dir outside --root, as --help offers: its own root
         run_dir = Path(ident).resolve()
         chosen = [r for r in registry.list_runs(run_dir.parent.parent, select=lambda runs: [

@@ -42,17 +42,15 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
     def select(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:  # only these runs are refreshed
         return _chosen(runs, root, ident)
 
-    # read from the index by sweep where the name tells which (a copied run dir's may not: then the root)
-    if ident is not None:
-        hint: Optional[List[str]] = registry.sweeps_named(ident)
-    else:  # the newest sweep: its newest run's, from the index alone
-        newest = registry.list_runs(root, refresh=False, newest=1, configs=False)
-        hint = [newest[0]["sweep_id"]] if newest else None
-    chosen = registry.list_runs(root, refresh=refresh, select=lambda runs: _matching(runs, ident),
-                                sweep_ids=hint) if hint is not None else []
-    if not chosen:
-        hint = None
-        chosen = registry.list_runs(root, refresh=refresh, select=select)
+    def listed() -> List[Dict[str, Any]]:  # read from the index by the sweep named (registry.list_named)
+        if ident is not None:
+            return registry.list_named(root, ident, lambda runs: _matching(runs, ident), refresh=refresh)
+        newest = registry.list_runs(root, refresh=False, newest=1, configs=False)  # the newest run's sweep
+        return registry.list_runs(root, refresh=refresh, select=lambda runs: _matching(runs, None),
+                                  sweep_ids=[newest[0]["sweep_id"]]) if newest else []
+
+    # nothing found: listed again whole, for the refusal that names what is missing (_chosen)
+    chosen = listed() or registry.list_runs(root, refresh=refresh, select=select)
     # and a final run whose seal its job left due (one stat of its manifest): sealed once its job ended
     lost = [RunDir(r["dir"]) for r in chosen if (r.get("job_ended") and r["status"] not in FINAL)
             or (r["status"] in FINAL and RunDir(r["dir"]).seal_due())]
@@ -60,7 +58,7 @@ def sweep_runs(root: Path, ident: Optional[str], refresh: bool = True) -> List[D
         from launcher.run import outcome  # lazy: only this subcommand pays for it, not `launcher --help`
 
         outcome.settle_all(lost)
-        chosen = registry.list_runs(root, refresh=refresh, select=select, sweep_ids=hint)
+        chosen = listed()
     return chosen
 
 
