@@ -162,9 +162,10 @@ class LauncherPlugin(Launcher):
         else:
             from launcher.app import submit_points
 
-            result = submit_points(points, into=self.into, indices=[initial_job_idx + i for i in range(len(points))])
+            indices = [initial_job_idx + i for i in range(len(points))]
+            result = submit_points(points, into=self.into, indices=indices)
             self._joined(result)
-            outcomes = [result.runs[i].run_id if result.runs else None for i in range(len(points))]
+            outcomes = result.run_ids(indices)  # a point waiting for a wave has its run too
         returns = []
         for p, hn, outcome in zip(points, hydra_nodes, outcomes):
             ret = _JobReturn(overrides=p.overrides, cfg=p.cfg, hydra_cfg=hn, working_dir=".", task_name="launch")

@@ -99,6 +99,13 @@ class SweepResult:
     backend: Optional[backends.Backend] = None
     dry_run: bool = False
 
+    def run_ids(self, indices: List[int]) -> List[Optional[str]]:
+        """The run id of each point index: queued now or waiting for a wave (published at launch all
+        the same, never in ``runs``); None for a dry run."""
+        if self.dry_run or self.sweep_dir is None:
+            return [None] * len(indices)
+        return [f"{self.sweep_id}-{i}" for i in indices]
+
 
 class InvalidSweep(ValueError):
     """At least one point is invalid; nothing was submitted."""
@@ -150,7 +157,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
     warned: List[str] = []
     advised: List[str] = []
     good: List[Checked] = []
-    searched: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+    searched: Dict[Tuple[str, ...], Dict[str, group_options.Group]] = {}
     for i, (p, resolved) in enumerate(zip(points, resolved_all)):
         where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
                  else "run")
@@ -159,7 +166,7 @@ def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[C
                 raise resolved
             view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
             if p.config_dirs not in searched:  # the points of a launch share their search path
-                searched[p.config_dirs] = group_options.search_dirs(p.config_dirs)
+                searched[p.config_dirs] = group_options.groups(group_options.search_dirs(p.config_dirs))
             named = group_options.problems(resolved, searched[p.config_dirs], p.accepted_names)
             try:
                 lay = resolve(view, resolved)

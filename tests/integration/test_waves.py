@@ -8,7 +8,8 @@ an account of this test's own is limited (sacctmgr ... MaxSubmitJobs=N), and rem
 - a sweep of more points than the limit, its launch sent SIGTERM the moment its first array is queued:
   what it queued stays, the rest wait (`waiting`), and every point ends completed exactly once (one job,
   one attempt), in waves no larger than the room, `squeue` empty after. Slurm itself refuses a job past
-  the limit, so a run that completed was never one too many.
+  the limit, so a run that completed was never one too many;
+- a launch past the limit left to its end: exit 0, the waiting points and the wave job named.
 """
 import getpass
 import json
@@ -91,7 +92,7 @@ def launcher(args, runs_root, env, timeout=120):
 
 
 @pytest.mark.timeout(600)
-def test_a_sweep_past_the_users_limit_runs_in_waves_after_sigkill_and_sigterm_and_cancels_whole(limited, tmp_path):
+def test_a_sweep_past_the_users_limit_runs_in_waves_after_sigkill_sigterm_and_to_its_end(limited, tmp_path):
     env, limit = limited
 
     # ---- 8 held points, room 4: the launch killed (SIGKILL) once its first array is queued; the next
@@ -145,4 +146,18 @@ def test_a_sweep_past_the_users_limit_runs_in_waves_after_sigkill_and_sigterm_an
     queued = [i for w in plan["waves"] for i in w["runs"]]
     assert sorted(queued) == list(range(8)) and plan["waiting"] == [], plan  # every point in one wave, once
     assert len(plan["waves"]) >= 3 and all(len(w["runs"]) <= 3 for w in plan["waves"]), plan  # room 4 less the slot
+    wait_queue_empty(env, timeout=60)
+
+    # ---- 6 held points, room 4, the launch left to its end: it exits 0 naming the waiting points and the
+    # wave job, and every run, queued or waiting, is listed; cancel ends all of it
+    whole = tmp_path / "c" / "runs"
+    whole.mkdir(parents=True)
+    proc = start_launch(["seed=range(0,6)", "cluster.max_array_size=1", "+cluster.sbatch_extra.begin=now+10hours"],
+                        whole, env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "waiting for wave job" in out and "Traceback" not in err, out + err
+    runs = runs_json(whole)
+    assert len(runs) == 6 and "waiting" in {r["status"] for r in runs}, runs
+    res = launcher(["cancel", runs[0]["sweep_id"]], whole, env)
+    assert res.returncode == 0 and "cancelled 6 run(s)" in res.stdout, res.stdout + res.stderr
     wait_queue_empty(env, timeout=60)
