@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -133,13 +133,14 @@ def _option_name(path: Path) -> Optional[str]:
     return str(name) if isinstance(name, (str, int)) and not isinstance(name, bool) else None
 
 
-def problems(tree: Mapping[str, Any], dirs: Sequence[str], accepted: Optional[Mapping[str, Iterable[str]]] = None,
-             ) -> List[ConfigError]:
+def problems(tree: Mapping[str, Any], dirs: Union[Sequence[str], Mapping[str, Group]],
+             accepted: Optional[Mapping[str, Iterable[str]]] = None) -> List[ConfigError]:
     """One ConfigError per ``<group>.name`` of the resolved config ``tree`` that no option of the group
     in ``dirs`` provides (nor ``accepted``: group -> names taken as given). Unset names (null,
-    MISSING) are the schema's to judge."""
+    MISSING) are the schema's to judge. ``dirs`` may be their ``groups(dirs)``, read already (a
+    launch's points share one search path: its dirs are listed once, not once a point)."""
     out: List[ConfigError] = []
-    for g in groups(dirs).values():
+    for g in (dirs if isinstance(dirs, Mapping) else groups(dirs)).values():
         node = tree.get(g.name)
         if not isinstance(node, dict) or g.open or node.get("_target_"):  # (a null one names no class)
             continue

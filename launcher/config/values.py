@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import asdict
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -65,25 +65,10 @@ class Values:
         # the launcher's schema and the recipe's own groups (its contract's), or another recipe's groups
         # the run kept because its overrides asked for them (schema.own_config)
         cls = schema.schema_for(target, self.tree.keys())
-        groups = schema.groups_of(cls)
-        leaf_keys = {leaf.key for leaf in schema.leaves_of(cls)}
-        known = leaf_keys | groups
         out: List[Tuple[str, str]] = []
-
-        def visit(node: Dict[str, Any], prefix: str) -> None:
-            for k, v in node.items():
-                key = f"{prefix}{k}"
-                if not prefix and k == "hydra":
-                    continue
-                if key not in known:
-                    close = _close_keys(key, leaf_keys)
-                    out.append((key, "is not a key of the run config (launcher/config/schema.py declares every key; "
-                                     "a '+' override adds any key without complaint)"
-                                + (f"; did you mean {' or '.join(close)}?" if close else "")))
-                elif key in groups and isinstance(v, dict):
-                    visit(v, key + ".")
-
-        visit(self.tree, "")
+        for k, v in self.tree.items():  # each distinct section read once (a sweep's points share them)
+            if k != "hydra":
+                out.extend(by_section.once("unknown_keys", _section_unknown_keys, k, v, cls))
         return out
 
     @cached_property
@@ -150,3 +135,28 @@ def _close_keys(key: str, known: Any) -> List[str]:
 
 
 NO_VALUES = Values()
+
+
+def _section_unknown_keys(key: Any, value: Any, cls: type) -> List[Tuple[str, str]]:
+    groups = schema.groups_of(cls)
+    leaf_keys = _leaf_keys(cls)
+    out: List[Tuple[str, str]] = []
+
+    def visit(k: Any, v: Any, prefix: str) -> None:
+        full = f"{prefix}{k}"
+        if full not in leaf_keys and full not in groups:
+            close = _close_keys(full, leaf_keys)
+            out.append((full, "is not a key of the run config (launcher/config/schema.py declares every key; "
+                              "a '+' override adds any key without complaint)"
+                        + (f"; did you mean {' or '.join(close)}?" if close else "")))
+        elif full in groups and isinstance(v, dict):
+            for k2, v2 in v.items():
+                visit(k2, v2, full + ".")
+
+    visit(key, value, "")
+    return out
+
+
+@lru_cache(maxsize=16)
+def _leaf_keys(cls: type) -> frozenset:
+    return frozenset(leaf.key for leaf in schema.leaves_of(cls))
