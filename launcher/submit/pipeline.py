@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import backends, script_recipe
-from launcher.archive import atomic, index as run_index, secrets, snapshot
+from launcher.archive import atomic, index as run_index, secrets, snapshot, yamlio
 from launcher.config import group_options, recipe_contract, recipe_target, rules, schema
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.config.layout import Layout
@@ -258,8 +258,8 @@ def dry_run(checked: List[Checked], runs_root: Path, out) -> SweepResult:
     name = sweep_job_name(checked, sweep.sweep_id)
     for c in checked:
         print(f"# ---- point {c.index}: {secrets.scrub(' '.join(c.point.overrides) or '(defaults)', known)}", file=out)
-        print(OmegaConf.to_yaml(OmegaConf.create(secrets.redact_config(c.run_config, known, raw=c.written))),
-              file=out)
+        # the text the archive's config.yaml would hold (yamlio: each distinct section emitted once)
+        print(yamlio.dump(secrets.redact_config(c.run_config, known, raw=c.written)), file=out)
     for arr in planned:
         idxs = [c.index for c in arr.points]
         first = arr.points[0]
