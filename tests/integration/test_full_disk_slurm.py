@@ -56,11 +56,11 @@ def test_cancel_on_a_full_disk_stops_every_job_then_settles_once_space_is_freed(
     root = small_disk / "runs"
     name = f"fulldisk{os.getpid()}"
     res = launch(["-m", *HELD, f"submit.job_name={name}", "seed=range(12)"], root, timeout=240)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert len(queued(name)) == 12
-    sweep = json.loads((next(root.glob("*/0")) / "run.json").read_text())["sweep_id"]
-    fill(small_disk / "filler")
     try:
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert len(queued(name)) == 12
+        sweep = json.loads((next(root.glob("*/0")) / "run.json").read_text())["sweep_id"]
+        fill(small_disk / "filler")
         cancel = run_cmd([str(BIN / "launcher"), "cancel", sweep, "--root", str(root)], root, timeout=120)
         assert "Traceback" not in cancel.stderr, cancel.stderr
         deadline = time.time() + 60
@@ -70,7 +70,7 @@ def test_cancel_on_a_full_disk_stops_every_job_then_settles_once_space_is_freed(
         assert "could not be recorded" in cancel.stdout + cancel.stderr, cancel.stdout + cancel.stderr
     finally:
         subprocess.run(["scancel", "-n", name], capture_output=True, timeout=60)
-        (small_disk / "filler").unlink()
+        (small_disk / "filler").unlink(missing_ok=True)
     status = run_cmd([str(BIN / "launcher"), "status", sweep, "--json", "--root", str(root)], root, timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
     assert json.loads(status.stdout)["counts"] == {"cancelled": 12}, status.stdout
