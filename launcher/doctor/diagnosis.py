@@ -97,7 +97,7 @@ def _diagnose(ev: Evidence) -> Diagnosis:
     if status == "timeout":
         return Diagnosis("time_limit", f"the job reached its time limit ({_time_limit(ev)}) at step {ev.last_step}",
                          detail=["status: timeout" + (f" ({err})" if err else "")])
-    for fn in (from_rank_errors, from_logs, _silent, from_status_text):
+    for fn in (from_rank_errors, from_logs, _silent, from_status_text, _full_disk):
         d = fn(ev)
         if d is not None:
             return d
@@ -122,6 +122,21 @@ def _silent(ev: Evidence) -> Optional[Diagnosis]:
         return None
     return Diagnosis("killed_rank", f"a rank died without a word ({clip(m['how'], 160)})",
                      detail=[f"status: {ev.status.error}"])
+
+
+FULL = 1 << 20  # bytes free below which a file system counts as full (a record or a log needs more)
+
+
+def _full_disk(ev: Evidence) -> Optional[Diagnosis]:
+    """No rank's word, no recognisable log, and the run dir's file system full now: a job that could
+    not write its first record (the batch script's log, the rank's start) left nothing else to say so."""
+    if ev.free_bytes is None or ev.free_bytes >= FULL or ev.errors:
+        return None
+    said = [f"the run dir's file system has {ev.free_bytes:,} bytes free"]
+    if ev.scheduler:
+        said.append(f"scheduler: {ev.scheduler}")
+    return Diagnosis("disk_full", "the job ended without a record and the run dir's file system is full: "
+                     "it could not write", detail=said)
 
 
 def _with(attempt: Evidence, run: Evidence) -> Evidence:

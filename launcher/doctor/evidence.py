@@ -5,6 +5,7 @@ the config values the fixes name and (optionally) the scheduler's state of the j
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -39,6 +40,7 @@ class Evidence:
     last_step: int = 0  # the last step in metrics.jsonl (0: none finished)
     steps: Optional[int] = None  # train.steps
     config: Dict[str, Any] = field(default_factory=dict)  # the values the fixes name (dotted keys)
+    free_bytes: Optional[int] = None  # free space of the run dir's file system when gathered
 
     def __post_init__(self) -> None:
         self.status = RunStatus.of(self.status)
@@ -144,6 +146,11 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True, config: Optional
     ev.config = _flat(cfg or {}, CONFIG_KEYS)
     ev.steps = ev.config.get("train.steps")
     ev.last_step = _last_metrics_step(rd.metrics_path)
+    try:  # a job that died of a full disk may have written nothing else that says so
+        st = os.statvfs(rd.path)
+        ev.free_bytes = st.f_bavail * st.f_frsize
+    except OSError:
+        pass
     job = rd.job()
     if job is not None and job.backend and job.job_id and (logs or scheduler):
         try:

@@ -275,6 +275,15 @@ def test_a_full_disk_is_its_own_class_not_unknown():
         == "disk_full"
 
 
+def test_a_job_that_died_writing_nothing_on_a_full_disk_is_disk_full():
+    """The batch script's log and the rank's first record are on the full file system too: the job ended
+    with no word anywhere. The run dir's free space says what happened; with room left it stays unknown."""
+    ended = dict(status={"state": "pending"}, scheduler="FAILED", scheduler_ended=True)
+    d = diagnose(Evidence(run_id="r", free_bytes=0, **ended))
+    assert d.kind == "disk_full" and "0 bytes free" in " ".join(d.detail), d
+    assert diagnose(Evidence(run_id="r", free_bytes=50 << 30, **ended)).kind == "unknown"
+
+
 def test_oom_phase_from_frames():
     assert doctor.oom_phase(OOM_STARTUP, 5)[0] == "startup"
     assert doctor.oom_phase(OOM_STEP, 0)[0] == "step"
