@@ -152,6 +152,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True, config: Optional
     except OSError:
         pass
     job = rd.job()
+    job = job.read_in(rd.path.parent) if job is not None else None  # a copied archive's own logs
     if job is not None and job.backend and job.job_id and (logs or scheduler):
         try:
             backend = backends.get(job.backend)

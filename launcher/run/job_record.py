@@ -2,7 +2,9 @@
 (Backend.job_record: it alone knows how its job ids read); RunDir writes and reads it."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 
@@ -35,6 +37,19 @@ class JobRecord:
             return self
         return replace(self, earlier_job_ids=(*earlier.earlier_job_ids, earlier.job_id))
 
+    def read_in(self, sweep_dir: Path) -> JobRecord:
+        """The record as the archive at ``sweep_dir`` reads it: where that is a copy of the sweep the job
+        ran in (its own submitit folder beside its runs), the logs are the copy's, not the original's."""
+        folder = Path(self.submitit_folder)
+        own = Path(sweep_dir) / folder.name
+        if not self.submitit_folder or not own.is_dir() or _same(folder.parent, Path(sweep_dir)):
+            return self
+
+        def moved(p: str) -> str:
+            return str(own / Path(p).name) if p and Path(p).parent == folder else p
+
+        return replace(self, submitit_folder=str(own), stdout=moved(self.stdout), stderr=moved(self.stderr))
+
     def to_json(self) -> Dict[str, Any]:
         out = asdict(self)
         out["earlier_job_ids"] = list(self.earlier_job_ids)
@@ -61,3 +76,10 @@ class JobRecord:
 
 def _ticks(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a == b

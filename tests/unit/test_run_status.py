@@ -57,3 +57,17 @@ def test_a_live_job_is_not_settled(tmp_path):
     assert outcome.settle(rd, ended=True) is Status.failed  # the caller saw it end: its word counts
 
 
+
+
+def test_a_copied_archive_reads_its_own_submitit_folder(tmp_path):
+    """job.json names the submitit folder of the sweep the job ran in (an absolute path): a copy of the
+    sweep reads the logs it holds itself, never the original's; the original reads its own."""
+    original, copy = tmp_path / "a" / "S", tmp_path / "b" / "S"
+    for sweep in (original, copy):
+        (sweep / ".submitit").mkdir(parents=True)
+    job = JobRecord(backend="local", job_id="7", submitit_folder=str(original / ".submitit"),
+                    stdout=str(original / ".submitit" / "7_0_log.out"))
+    assert job.read_in(original) == job
+    moved = job.read_in(copy)
+    assert moved.submitit_folder == str(copy / ".submitit") and moved.stdout == str(copy / ".submitit" / "7_0_log.out")
+    assert job.read_in(tmp_path / "elsewhere") == job  # a copy without the folder: the record as it was
