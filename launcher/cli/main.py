@@ -14,6 +14,7 @@
   launcher results SWEEP [--csv] [--plot F.png]     swept overrides and final metrics, best first
   launcher report RUN|SWEEP [-o F.html]             one self-contained HTML page: plots, plan vs measured, layout
   launcher preflight [overrides] [--steps N]        the check ladder before a large run: go / no-go per rung
+  launcher verify-resume [RUN] [overrides] [--at K]  whether it resumes exactly: stopped and resumed vs straight
   launcher data prepare FILE... -o DIR              text files -> a tokenized dataset (docs/data.md)
   launcher data show DIR | verify DIR               a dataset's summary; its files checked against its manifest
 """
@@ -31,7 +32,7 @@ import yaml
 
 from launcher import backends
 from launcher.archive import registry
-from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds
+from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds, verify_cmd
 from launcher.printable import printable
 from launcher.run.io import open_regular
 from launcher.run.rundir import RunDir, SweepDir, Unreadable
@@ -151,6 +152,7 @@ def cmd_logs(args) -> int:
     job = RunDir(run["dir"]).job()
     if not job:
         sys.exit(f"launcher: run {run['run_id']} was never submitted")
+    job = job.read_in(Path(run["dir"]).parent)  # a copied archive's own logs, not its original's
     path = backends.get(job.backend).log_path(job, args.rank, err=args.err)
     if not path.exists():
         sys.exit(f"launcher: no log yet at {path} (rank {args.rank} has not started?)")
@@ -253,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmds.add_parsers(sub, parents=[common])
     report_cmd.add_parser(sub, parents=[common])
     preflight_cmd.add_parser(sub, parents=[common])
+    verify_cmd.add_parser(sub, parents=[common])
     data_cmd.add_parser(sub)
     return p
 
@@ -262,9 +265,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     (``launcher resume RUN --steps 80 cluster.nodes=2``: argparse alone stops the list at the option)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and isinstance(getattr(args, "overrides", None), list) and all(
-            "=" in e and not e.startswith("-") for e in extra):
-        args.overrides = [*args.overrides, *extra]
+    listed = next((n for n in ("overrides", "target") if isinstance(getattr(args, n, None), list)), None)
+    if extra and listed and all("=" in e and not e.startswith("-") for e in extra):
+        setattr(args, listed, [*getattr(args, listed), *extra])
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
