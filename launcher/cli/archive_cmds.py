@@ -31,6 +31,12 @@ def resolve_run_dir(root: Path, ident: str) -> Path:
     return Path(runs[0]["dir"])
 
 
+def verify_record(rdir: Path):
+    from launcher.features.verify_resume.run import record_of  # lazy: only show pays for it
+
+    return record_of(rdir)
+
+
 def cmd_show(args) -> int:
     rdir = resolve_run_dir(args._root, args.run)
     rd = RunDir(rdir)
@@ -51,6 +57,7 @@ def cmd_show(args) -> int:
         "data": rd.data_manifest(),
         "checks": checks.to_json() if checks else None,  # (a run staged before checks.json existed: none)
         "files": sorted(str(p.relative_to(rdir)) for p in rdir.rglob("*") if p.is_file()),
+        "verify_resume": verify_record(rdir),
     }
     tampered = 1 if summary["manifest_problems"] else 0
     if args.json:
@@ -106,6 +113,8 @@ def cmd_show(args) -> int:
         _row(t, "manifest", "DOES NOT MATCH THE SEAL: " + ", ".join(summary["manifest_problems"]))
     if meta.get("reproduces"):
         _row(t, "reproduces", meta["reproduces"])
+    if summary["verify_resume"]:  # launcher verify-resume of this run, or this run one of its pair
+        _row(t, "verify-resume", summary["verify_resume"].get("line", ""))
     c.print(t)
     return _report_tampering({rdir: summary["manifest_problems"]}, "show")
 

@@ -60,6 +60,13 @@ def faults(train: Any) -> List[Fault]:
     return out
 
 
+def requeue_step(train: Any, attempt: int) -> Optional[int]:
+    """The step after which this attempt stops as a time-limit signal stops it (mode ``requeue``: the
+    checkpoint, the stop, the requeue), if any fault asks for it."""
+    steps = [f.at_step for f in faults(train) if f.mode == "requeue" and f.on(attempt)]
+    return min(steps) if steps else None
+
+
 def listed_problems(train: Any, steps: int, world: int) -> List[Tuple[str, str]]:
     """``train.faults`` entries that can never fire: a step outside 1..steps, a rank the job has not, an
     attempt before the first (train.fail_* has rows of its own, from the schema's bounds)."""

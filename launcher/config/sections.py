@@ -53,6 +53,9 @@ class FailMode(str, Enum):
     oom = "oom"  # allocate until the memory limit raises (out of memory during the step)
     stop = "stop"  # SIGSTOP this rank mid-step (a wedged GPU or node: its sockets stay open, nothing exits)
     config_error = "config_error"  # raise a ConfigError (a failure no restart fixes)
+    # stop after the step as a time-limit signal stops a run (checkpoint, stop, requeue, resume): every
+    # rank decides it from the config, so all stop after the same step (launcher verify-resume's interruption)
+    requeue = "requeue"
 
 
 class FailPeers(str, Enum):

@@ -34,6 +34,10 @@ class RunContext:
     # an exception out of the recipe aborts the process (os.abort) before any handler runs, as
     # ProcessGroupNCCL's teardown does (fault drills: train.fail_peers=abort)
     abort_on_error: bool = False
+    # train.faults mode=requeue on this attempt: the step after which the run stops as a time-limit signal
+    # stops it (every rank reads the same config: they agree without a collective)
+    stop_after: Optional[int] = None
+    _step: Optional[int] = field(default=None, repr=False)  # the last step heartbeat was told of
     _metrics_file: Optional[Any] = field(default=None, repr=False)
     _settled: Any = field(default=None, repr=False)  # (reason,) agreed inside this step's own all-reduce
 
@@ -56,6 +60,8 @@ class RunContext:
 
     def heartbeat(self, step: Optional[int] = None) -> None:
         """Progress (a finished step, a long save): resets the hang watchdog (train.hang_timeout_s)."""
+        if step is not None:
+            self._step = step
         if self.watch is not None:
             self.watch.beat(step)
 
@@ -65,6 +71,9 @@ class RunContext:
         votes into its own all-reduce (``stop_votes`` / ``settle_stop``), that agreement is the answer
         and no collective runs here; otherwise one tiny all-reduce, so that all ranks agree at the same
         step even when the signal reached them at different times."""
+        if self.stop_after is not None and self._step == self.stop_after:  # every rank alike, from the config
+            self._settled = None  # (this step's folded votes: the stop is decided)
+            return "time_limit"
         # torch: only on the node
         import torch
         import torch.distributed as dist

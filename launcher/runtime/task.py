@@ -18,6 +18,7 @@ from hydra.utils import get_method
 from launcher import backends
 from launcher.archive import topology
 from launcher.archive.secrets import scrub
+from launcher.config.faults import requeue_step
 from launcher.config.recipe_target import is_script
 from launcher.config.schema import hang_timeout_s, typed
 from launcher.features.elastic.resize import GROW
@@ -245,6 +246,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         attempt=attempt["n"],
         watch=watch,
         stop_flag=stop_flag,
+        stop_after=requeue_step(cfg.train, attempt["n"]),
     )
     try:
         recipe = get_method(cfg.recipe._target_)

@@ -1,0 +1,116 @@
+"""`launcher verify-resume` on user programs that resume wrongly on purpose, one per kind of mistake, and
+on ones that resume right: each real run stopped by the product's stop path and resumed as a requeue
+resumes it, against the same run straight through. The verdict must name the first step after the
+stop and the right component (docs/training-api.md, "Verifying a resume")."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, run_cmd
+
+# A user's function recipe on the public training API (an MLP with dropout, AdamW, a learning-rate
+# schedule), with one mistake chosen by `+recipe.params.bug=...`: the optimizer left out of the checkpoint, the RNG
+# seeded again after the resume, a data stream of its own that starts over, a scheduler left out, a
+# number it reports kept in a module global.
+PROGRAM = '''
+import torch
+import torch.nn.functional as F
+
+from launcher.training import Checkpoint, StepLoop
+
+_EMA = None  # the "global" mistake: a running mean kept in the module, lost at a restart
+
+
+def main(cfg, ctx):
+    global _EMA
+    bug = str(cfg.recipe.params.get("bug", "none"))
+    seed = int(cfg.seed)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    state = {"model": model, "scheduler": sched}
+    if bug != "optimizer":
+        state["optimizer"] = opt
+    if bug == "scheduler":
+        del state["scheduler"]
+    data = torch.Generator().manual_seed(seed)  # the "data" mistake: a stream of its own, not checkpointed
+    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, state))
+    if bug == "rng":
+        torch.manual_seed(seed + 1)  # seeded again after the checkpoint restored the RNG states
+    for step in loop:
+        if bug == "data":
+            x = torch.randn(16, 8, generator=data)
+        else:
+            x = torch.randn(16, 8, generator=torch.Generator().manual_seed(seed * 1000 + step))
+        y = x[:, :4].sum(1, keepdim=True) - x[:, 4:].prod(1, keepdim=True)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        _EMA = loss.item() if _EMA is None else 0.9 * _EMA + 0.1 * loss.item()
+        row = {"loss": loss.item(), "lr": sched.get_last_lr()[0]}
+        if bug == "global":
+            row["loss_ema"] = _EMA
+        loop.log(**row)
+    return {"final_loss": loop.values("loss")[-1]}
+'''
+
+STEPS, AT = 8, 4
+BASE = ["recipe._target_=resumebugs.train.main", "cluster.gpus_per_node=1", "train.log_interval=0"]
+
+
+def project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    (proj / "resumebugs").mkdir(parents=True)
+    (proj / "resumebugs" / "__init__.py").write_text("")
+    (proj / "resumebugs" / "train.py").write_text(PROGRAM)
+    return proj
+
+
+def verify(args, root: Path, cwd: Path, timeout: float = 240):
+    return run_cmd([str(BIN / "launcher"), "verify-resume", *args, "--root", str(root)], root, timeout=timeout,
+                   cwd=cwd)
+
+
+def record(res) -> dict:
+    m = re.search(r"\(record: (.*verify_resume\.json)\)", res.stdout)
+    assert m, res.stdout[-3000:] + res.stderr[-3000:]
+    return json.loads(Path(m.group(1)).read_text())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("bug,component,named", [
+    ("optimizer", "optimizer", "the checkpoints hold no optimizer state at all"),
+    ("rng", "rng", "an RNG state differs: "),
+    ("data", "forward", "the loss (the forward pass) differs: loss"),
+    ("scheduler", "scheduler", "the learning rate differs: "),
+    ("global", "metric", "a reported number differs: loss_ema"),
+])
+def test_each_kind_of_wrong_resume_is_named_at_the_first_step_after_the_stop(bug, component, named, tmp_path):
+    root = tmp_path / "runs"
+    res = verify([*BASE, f"+recipe.params.bug={bug}", f"--steps={STEPS}", f"--at={AT}"], root, project(tmp_path))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    (v,) = record(res)["verdicts"]
+    assert v["kind"] == "diverges" and v["first_step"] == AT + 1 and v["component"] == component, v
+    assert named in v["detail"], v
+    assert f"verify-resume: diverges at step {AT + 1}: " in res.stdout and named in res.stdout, res.stdout[-2000:]
+    assert "likely: " in res.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_program_that_resumes_right_is_bitwise_and_show_says_so(tmp_path):
+    root = tmp_path / "runs"
+    res = verify([*BASE, f"--steps={STEPS}", f"--at={AT}"], root, project(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rec = record(res)
+    (v,) = rec["verdicts"]
+    assert v["kind"] == "bitwise" and v["stopped_at"] == [AT], v
+    assert "checkpoint files" in v["compared"], v  # the tensors were compared, not only the metrics
+    show = run_cmd([str(BIN / "launcher"), "show", rec["runs"][1], "--root", str(root)], root, timeout=60)
+    assert show.returncode == 0 and "verify-resume" in show.stdout and "bitwise" in show.stdout, show.stdout
