@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher import script_recipe
 from launcher.archive import snapshot
+from launcher.config.faults import requeue_step
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
 from launcher.runtime import restarts
@@ -361,6 +362,7 @@ def run(rd: RunDir, cfg: Dict[str, Any], denv: Any, watch: Any, stop_flag: Any,
     print(f"[launcher] rank {denv.rank}: {' '.join(argv)} (attempt {n}, in {cwd})", flush=True)
     child = subprocess.Popen([sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *argv], env=env, cwd=cwd)
     forwarder = Forwarder(child).install(stop_flag.reason if stop_flag is not None else None)
+    stop_after = requeue_step(train, n)  # train.faults mode=requeue: the time-limit signal once past that step
     try:
         while True:
             try:
@@ -369,6 +371,11 @@ def run(rd: RunDir, cfg: Dict[str, Any], denv: Any, watch: Any, stop_flag: Any,
             except subprocess.TimeoutExpired:
                 if tail.poll() and watch is not None:
                     watch.beat(tail.step)  # progress: the hang watch (train.hang_timeout_s) counts from here
+                if stop_after is not None and tail.step is not None and tail.step >= stop_after:
+                    stop_after = None
+                    print(f"[launcher] rank {denv.rank}: step {tail.step} reached: the time-limit signal "
+                          "(train.faults mode=requeue)", flush=True)
+                    forwarder.forward(signal.SIGUSR2, "time_limit")
     finally:
         forwarder.restore()
         stop_announcing.set()

@@ -114,3 +114,67 @@ def test_a_program_that_resumes_right_is_bitwise_and_show_says_so(tmp_path):
     assert "checkpoint files" in v["compared"], v  # the tensors were compared, not only the metrics
     show = run_cmd([str(BIN / "launcher"), "show", rec["runs"][1], "--root", str(root)], root, timeout=60)
     assert show.returncode == 0 and "verify-resume" in show.stdout and "bitwise" in show.stdout, show.stdout
+
+
+# A script that checkpoints itself (torch.save into LAUNCHER_CHECKPOINT_DIR), handles the time-limit
+# signal as a flag (docs/scripts.md) and writes its losses as metrics rows: the launcher sees no tensor
+# of it, so the verdict is from the rows, and says so.
+SCRIPT = '''
+import json, os, signal, sys, time
+import torch
+
+stop = []
+signal.signal(signal.SIGUSR2, lambda *a: stop.append(1))
+ckpt = os.path.join(os.environ["LAUNCHER_CHECKPOINT_DIR"], "state.pt")
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+start = 0
+if os.path.exists(ckpt):
+    saved = torch.load(ckpt)
+    model.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"]); start = saved["step"]
+steps = int(sys.argv[1])
+with open(os.environ["LAUNCHER_METRICS_FILE"], "a") as metrics:
+    for step in range(start + 1, steps + 1):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+        metrics.write(json.dumps({"step": step, "loss": loss.item()}) + "\\n"); metrics.flush()
+        if stop:
+            sys.exit(0)
+        time.sleep(0.3)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_checkpoints_itself_is_compared_by_its_losses(tmp_path):
+    root, proj = tmp_path / "runs", tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(SCRIPT)
+    res = verify(["recipe=script", "recipe.script=train.py", "recipe.args=[12]", "--steps=12", "--at=4"], root, proj)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (v,) = record(res)["verdicts"]
+    assert v["kind"] == "bitwise" and v["stopped_at"][0] >= 4, v
+    assert v["compared"].startswith("metrics rows only"), v
+
+
+# the shipped recipes on the engines, with the shipped defaults (2 local processes): bitwise
+SHIPPED = {
+    "gpt_ddp": ["train.log_interval=0"],
+    "lm_ddp": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=ddp", "train.log_interval=0"],
+    "lm_fsdp2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=fsdp", "train.log_interval=0"],
+    "lm_zero2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=deepspeed", "zero=2",
+                 "train.log_interval=0"],
+}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("case", sorted(SHIPPED))
+def test_the_shipped_recipes_on_each_engine_resume_bitwise(case, tmp_path):
+    root = tmp_path / "runs"
+    res = verify([*SHIPPED[case], "--steps=6", "--at=3"], root, tmp_path, timeout=360)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (v,) = record(res)["verdicts"]
+    assert v["kind"] == "bitwise" and v["stopped_at"] == [3] and "checkpoint files" in v["compared"], v

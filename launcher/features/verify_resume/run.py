@@ -59,8 +59,12 @@ def _points(target: List[str], run_dir: Optional[Path], steps: int, at: List[int
 
 
 def _stopped_at(rd: RunDir) -> Optional[int]:
+    """The step the run stopped after (a script's: its metrics' last step when the signal came)."""
     rows = [r for r in rd.restarts() if r.get("reason") == "time_limit"]
-    return int(rows[0]["from_step"]) if rows and rows[0].get("from_step") is not None else None
+    for key in ("failed_step", "from_step"):
+        if rows and isinstance(rows[0].get(key), int):
+            return int(rows[0][key])
+    return None
 
 
 def _tensor_diffs(reference: Path, resumed: Path) -> Tuple[List[Diff], int, List[str]]:
