@@ -250,6 +250,23 @@ def finish(result, points) -> None:
             sys.exit(1)
 
 
+def compose_point(overrides):
+    """A launch Point for these overrides, composed as `launch` composes a run (Hydra's compose API over
+    launch's conf/): `launcher preflight`'s rungs and `launcher verify-resume`'s runs."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from launcher.submit.pipeline import Point
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=CONFIG_NAME, overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return Point(cfg=cfg, overrides=list(overrides), choices={k: v for k, v in choices.items()
+                                                              if not str(k).startswith("hydra/")})
+
+
 def submit_points(points, into=None, indices=None):
     """The launch pipeline for these points (``into``/``indices`` as for pipeline.launch), then the
     wait policy and the exit code."""

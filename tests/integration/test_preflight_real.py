@@ -35,7 +35,7 @@ def rows(stdout):
     """{rung: verdict} from the printed table."""
     out = {}
     for line in stdout.splitlines():
-        m = re.match(r"^[│|]\s*(smoke|node|comm|full|tuned)\s*[│|]", line)
+        m = re.match(r"^[│|]\s*(smoke|node|comm|full|tuned|resume)\s*[│|]", line)
         if m:
             cells = [c.strip() for c in re.split(r"[│|]", line)[1:-1]]
             out[m.group(1)] = cells[7]
@@ -63,11 +63,12 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
     # trains in it) are run here, beside the good ladder
     broken_cfg = [*GOOD, *TUNED_BROKEN]
     good, broken = prepare(GOOD, int(STEPS)), prepare(broken_cfg, int(STEPS))
-    assert [r.name for r in good.rungs] == [r.name for r in broken.rungs] == ["smoke", "node", "comm", "full", "tuned"]
+    assert [r.name for r in good.rungs] == [r.name for r in broken.rungs] == ["smoke", "node", "comm", "full", "tuned",
+                                                                              "resume"]
     assert not any(r.skip for r in (*good.rungs, *broken.rungs))
     same = [g.name for g, b in zip(good.rungs, broken.rungs) if g.overrides == b.overrides
             and _but_the_loss_scale(good.points[g.name]) == _but_the_loss_scale(broken.points[b.name])]
-    assert same == ["smoke", "node", "full"], same
+    assert same == ["smoke", "node", "full", "resume"], same
     own_roots = {}
     for rung in broken.rungs:
         if rung.name not in same:
@@ -77,7 +78,7 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
 
     res, record = preflight([], runs_root, slurm)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert rows(res.stdout) == {r: "go" for r in ("smoke", "node", "comm", "full", "tuned")}, res.stdout
+    assert rows(res.stdout) == {r: "go" for r in ("smoke", "node", "comm", "full", "tuned", "resume")}, res.stdout
     assert "go: every rung passed" in res.stdout
     rungs = record["rungs"]
     jobs = [r["job_id"] for r in rungs]
@@ -85,7 +86,14 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
     for prev, r in zip(rungs, rungs[1:]):
         sbatch = (Path(r["run_dir"]) / "sbatch.sh").read_text()
         assert f"--dependency=afterok:{prev['job_id']}" in sbatch, (r["name"], sbatch)
-    assert len(set(jobs)) == 5
+    assert len(set(jobs)) == 6
+    # the resume rung: stopped halfway by the stop path, requeued, resumed, bitwise against the full rung
+    from launcher.features.verify_resume import run as verify
+    from launcher.run.rundir import RunDir
+
+    named = {r["name"]: r for r in rungs}
+    v = verify.compare(RunDir(named["full"]["run_dir"]), RunDir(named["resume"]["run_dir"]), int(STEPS), 0.0)
+    assert v.kind == "bitwise" and v.stopped_at == [3], v
     run = {r["name"]: json.loads((Path(r["run_dir"]) / "status.json").read_text()) for r in rungs}
     assert run["smoke"]["world_size"] == 1 and run["node"]["world_size"] == 2
     assert run["comm"]["world_size"] == 4 and run["full"]["world_size"] == 4
@@ -113,7 +121,9 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
     res = run_cmd([str(BIN / "launcher"), "preflight", "--show", fp16["id"], "--root", str(runs_root)], runs_root,
                   timeout=120, extra_env={**slurm, "COLUMNS": "250"})
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
-    assert rows(res.stdout) == {"smoke": "go", "node": "go", "comm": "go", "full": "go", "tuned": "no-go"}, res.stdout
+    # (its resume rung is the good ladder's run: the same config)
+    assert rows(res.stdout) == {"smoke": "go", "node": "go", "comm": "go", "full": "go", "tuned": "no-go",
+                                "resume": "go"}, res.stdout
     assert "no-go at rung tuned" in res.stdout and "non-finite gradient norm" in res.stdout, res.stdout
 
 
@@ -136,7 +146,7 @@ BROKEN = [
 def test_a_config_broken_for_one_rung_stops_there_with_its_diagnosis(rung, extra, why, slurm, runs_root):
     res, record = preflight(extra, runs_root, slurm, start=rung)
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
-    order = ["smoke", "node", "comm", "full", "tuned"]
+    order = ["smoke", "node", "comm", "full", "tuned", "resume"]
     at = order.index(rung)
     verdicts = rows(res.stdout)
     # below --from: not climbed, no run

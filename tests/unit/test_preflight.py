@@ -36,8 +36,14 @@ def test_every_rung_of_a_3d_layout_over_two_nodes():
     assert _values(rungs["full"])["train.steps"] == "6"
     tuned = _values(rungs["tuned"])
     assert (tuned["precision.dtype"], tuned["train.recompute"]) == ("bf16", "selective")
-    # no rung restarts: a preflight wants to see a failure, not hide it
-    assert all(_values(r)["train.max_restarts"] == "0" for r in rungs.values())
+    # no rung restarts (a preflight wants to see a failure, not hide it) but the resume rung's one requeue
+    assert all(_values(r)["train.max_restarts"] == "0" for name, r in rungs.items() if name != "resume")
+    resume = _values(rungs["resume"])
+    assert resume["train.max_restarts"] == "1" and resume["train.steps"] == "6"
+    assert resume["train.faults"] == "[{at_step: 3, mode: requeue, attempt: 1}]"
+    # the full rung's config but for the stop: its run is the reference
+    assert {k: v for k, v in resume.items() if k not in ("train.max_restarts", "train.faults", "train.fail_at_step")} \
+        == {k: v for k, v in _values(rungs["full"]).items() if k != "train.max_restarts"}
 
 
 def test_each_rung_composes_to_a_config_launch_accepts():
@@ -52,7 +58,7 @@ def test_each_rung_composes_to_a_config_launch_accepts():
 
 def test_from_a_rung_skips_the_rungs_below_it_and_an_unknown_rung_is_refused():
     prep = prepare(SLURM_3D, steps=6, start="full")
-    assert set(prep.points) == {"full", "tuned"}
+    assert set(prep.points) == {"full", "tuned", "resume"}
     skipped = {r.name: r.skip for r in prep.rungs if r.skip}
     assert set(skipped) == {"smoke", "node", "comm"} and all("--from full" in why for why in skipped.values())
     with pytest.raises(InvalidLadder, match="--from fulll: no such rung"):
@@ -206,3 +212,17 @@ def test_an_injected_fault_on_a_rank_a_rung_lacks_is_dropped_there():
     assert _values(rungs["smoke"])["train.fail_at_step"] == "null"  # one process: no rank 1
     assert "train.fail_at_step" not in _values(rungs["node"])  # two processes: rank 1 fails there
     prepare([*SLURM_3D, "train.fail_at_step=2", "train.fail_rank=3"], steps=6)
+
+
+def test_the_resume_rung_is_judged_by_the_comparison_with_the_full_rungs_run():
+    from launcher.features.verify_resume.verdict import Diff, decide
+    from launcher.run.status import RunStatus, Status
+
+    done = RunStatus(state=Status.completed)
+    same = decide([], [], [3], 6, "metrics rows and 4 checkpoint files")
+    assert ladder.judge_resume(done, done, same).verdict == ladder.GO
+    lost = decide([], [Diff(4, "state.pt", "optimizer.state.0.exp_avg", "optimizer", 0.1, 0.1)], [3], 6, "x")
+    v = ladder.judge_resume(done, done, lost)
+    assert v.verdict == ladder.NO_GO and "diverges at step 4" in v.reasons[0] and "optimizer" in v.fix
+    assert ladder.judge_resume(done, RunStatus(state=Status.failed), None).verdict == ladder.NOT_RUN
+    assert ladder.judge_resume(RunStatus(state=Status.running), done, None).verdict == ladder.RUNNING

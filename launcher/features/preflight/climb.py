@@ -20,23 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf, open_dict
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from launcher import backends, doctor
-from launcher.app import CONF_DIR, normalize_overrides
+from launcher.app import compose_point  # noqa: F401 (its callers read it here too)
 from launcher.archive import atomic
 from launcher.config import recipe_contract, schema
 from launcher.config.compose import override_key
-from launcher.config.schema import CONFIG_NAME
 from launcher.features.preflight import ladder
 from launcher.run.outcome import settle
 from launcher.run.rundir import RunDir, now_iso
 from launcher.run.status import RunStatus, Status
-from launcher.submit.pipeline import InvalidSweep, Point, launch, validate
+from launcher.submit.pipeline import InvalidSweep, launch, validate
 from launcher.submit.progress import cancel_run, cancel_runs, wait_and_report
 
 RECORD_DIR = "preflight"
@@ -52,17 +49,6 @@ class Prepared:
     rungs: List[ladder.Rung]
     points: Dict[str, Any]  # rung name -> Point (rungs that are not skipped)
     runs_root: Path
-
-
-def compose_point(overrides: List[str]) -> Any:
-    """A launch Point for these overrides (Hydra's compose API over launch's conf/)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name=CONFIG_NAME, overrides=normalize_overrides(list(overrides)), return_hydra_config=True)
-    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return Point(cfg=cfg, overrides=list(overrides), choices={k: v for k, v in choices.items()
-                                                              if not str(k).startswith("hydra/")})
 
 
 def prepare(overrides: List[str], steps: int, start: Optional[str] = None) -> Prepared:
@@ -212,7 +198,7 @@ def _wait_and_judge(prep: Prepared, record: Dict[str, Any], name: str, result: A
     point = prep.points[name]
     wait_and_report(result, [point], out, timeout_s=int(point.cfg.submit.wait_timeout_s), quiet=True)
     entry = next(e for e in record["rungs"] if e["name"] == name)
-    verdict = judge_entry(entry, entry_status(entry))
+    verdict = judge_entry(entry, entry_status(entry), record)
     if verdict.passed:
         return True
     later = record["rungs"][record["rungs"].index(entry) + 1:]
@@ -232,8 +218,9 @@ def entry_status(entry: Dict[str, Any]) -> RunStatus:
     return rd.status()
 
 
-def judge_entry(entry: Dict[str, Any], status: RunStatus) -> ladder.Verdict:
-    """A recorded rung's verdict, from what its run left (``status``: ``entry_status(entry)``)."""
+def judge_entry(entry: Dict[str, Any], status: RunStatus, record: Optional[Dict[str, Any]] = None) -> ladder.Verdict:
+    """A recorded rung's verdict, from what its run left (``status``: ``entry_status(entry)``; ``record``:
+    the ladder, for the resume rung's comparison with the full rung's run)."""
     if entry.get("skip"):
         return ladder.Verdict(ladder.SKIPPED, reasons=[entry["skip"]])
     if not entry.get("run_dir"):
@@ -247,8 +234,23 @@ def judge_entry(entry: Dict[str, Any], status: RunStatus) -> ladder.Verdict:
         read = recipe_contract.of(recipe_contract.tree_get(cfg, "recipe._target_"), strict=False).results
         bench = read(rd.path) if read is not None else None  # the benchmark's results (its contract reads them)
         return ladder.judge_comm(status, bench, float(cl.get("inter_node_bandwidth") or 0.0))
+    if entry["name"] == "resume":
+        return _judge_resume(entry, status, rd, record)
     calibrated = bool((cl.get("calibration") or {}).get("fitted_at"))
     return ladder.judge_training(status, rd.metrics(), rd.plan(), calibrated)
+
+
+def _judge_resume(entry: Dict[str, Any], status: RunStatus, rd: RunDir,
+                  record: Optional[Dict[str, Any]]) -> ladder.Verdict:
+    from launcher.features.verify_resume import run as verify  # the comparison (its tensors: a process of its own)
+
+    full = next((e for e in (record or {}).get("rungs", []) if e["name"] == "full" and e.get("run_dir")), None)
+    reference = entry_status(full) if full else RunStatus()
+    verdict = None
+    if full and reference.state is Status.completed and status.state is Status.completed:
+        steps = int((rd.config() or {}).get("train", {}).get("steps") or 0)
+        verdict = verify.compare(RunDir(full["run_dir"]), rd, steps, 0.0)
+    return ladder.judge_resume(status, reference, verdict)
 
 
 def diagnosis(entry: Dict[str, Any]) -> Optional[Tuple[str, str, List[str], str]]:
@@ -287,7 +289,7 @@ def show_record(record: Dict[str, Any], out=None) -> int:
     verdicts = []
     for e in record["rungs"]:
         status = entry_status(e)
-        v = judge_entry(e, status)
+        v = judge_entry(e, status, record)
         verdicts.append(v)
         st = status.state.value if e.get("run_dir") else ""
         style = {ladder.GO: "green", ladder.WARN: "yellow", ladder.NO_GO: "bold red"}.get(v.verdict, "dim")

@@ -9,6 +9,8 @@ verdict. Submitting, waiting and printing are launcher.features.preflight.climb'
            ``link_check``: the shipped communication benchmark, docs/preflight.md)
     full   the full layout for a few dozen steps, fp32 and no recomputation where that fits
     tuned  the same with recomputation and mixed precision on (the config's own, else selective + bf16)
+    resume the full rung again, stopped halfway by the product's stop path and resumed (launcher
+           verify-resume's stop): compared step by step with the full rung's run, bitwise or no-go
 
 A rung that cannot tell anything new for this config is skipped (one node: no comm rung).
 """
@@ -26,7 +28,7 @@ from launcher.run.status import FINAL, RunStatus, Status
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
 
-RUNGS = ("smoke", "node", "comm", "full", "tuned")
+RUNGS = ("smoke", "node", "comm", "full", "tuned", "resume")
 SHORT_STEPS = 3  # smoke and node rungs: the model builds, steps, and the loss is finite
 DEFAULT_STEPS = 30  # full and tuned rungs: "a few dozen"
 
@@ -176,6 +178,16 @@ def ladder(cfg: RunConfig, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_
         notes.append(f"precision.dtype={t_dtype} train.recompute={t_rec} (the config: {dtype}, {recompute})")
     rungs.append(Rung("tuned", f"+ recompute={t_rec}, {t_dtype}",
                       (f"precision.dtype={t_dtype}", f"train.recompute={t_rec}", *long), tuple(notes)))
+
+    # resume: the full rung stopped after half its steps, requeued and resumed; judged against the full
+    # rung's run (launcher.features.verify_resume), so a program that resumes wrongly is found before a
+    # large run spends its restarts on it
+    stop = steps // 2
+    again = (*prec, f"train.steps={steps}", "optim.warmup_steps=null", "train.max_restarts=1",
+             "train.fail_at_step=null", f"train.faults=[{{at_step: {stop}, mode: requeue, attempt: 1}}]")
+    rungs.append(Rung("resume", f"full layout stopped after step {stop} and resumed", again,
+                      ("compared step by step with the full rung's run",),
+                      None if stop >= 1 else f"--steps {steps}: no step to stop after and resume"))
     return rungs
 
 
@@ -261,6 +273,26 @@ def judge_training(status: RunStatus, rows: List[Dict[str, Any]], plan: Optional
             and m["tokens_per_s"] < THROUGHPUT_UNDER_PLAN * p["tokens_per_s"]):
         v.verdict = WARN
         v.reasons.append(f"throughput {m['tokens_per_s'] / p['tokens_per_s']:.0%} of the calibrated plan's")
+    return v
+
+
+def judge_resume(status: RunStatus, reference: RunStatus, verdict: Optional[Any]) -> Verdict:
+    """The resume rung: its run and the full rung's completed, and the comparison of the two
+    (launcher.features.verify_resume's Verdict) is bitwise (go) or within its tolerance (a warning)."""
+    v = Verdict(GO)
+    if not_done := _unless_completed(status):
+        v.verdict = not_done
+        return v
+    if RunStatus.of(reference).state is not Status.completed or verdict is None:
+        v.verdict = NOT_RUN
+        v.reasons.append("the full rung's run did not complete: nothing to compare with")
+        return v
+    v.reasons.append(verdict.line())
+    if verdict.kind == "tolerance":
+        v.verdict = WARN
+    elif verdict.kind == "diverges":
+        v.verdict = NO_GO
+        v.fix = f"{verdict.cause} (docs/training-api.md, \"Verifying a resume\"; launcher verify-resume RUN)"
     return v
 
 

@@ -53,7 +53,7 @@ def _points(target: List[str], run_dir: Optional[Path], steps: int, at: List[int
             raise ConfigErrors([ConfigError("RUN", f"{run_dir} has no code snapshot to run from",
                                             "verify a run whose archive is intact")])
         return [archived_point(run_dir, target + overrides_for(steps, k), runs_root) for k in [None, *at]], snapshot
-    from launcher.features.preflight.climb import compose_point
+    from launcher.app import compose_point
 
     return [compose_point(target + overrides_for(steps, k)) for k in [None, *at]], None
 
