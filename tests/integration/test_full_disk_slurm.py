@@ -5,11 +5,15 @@ record, and once space is freed the next `launcher status` settles every run can
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.helpers import BIN, launch, run_cmd
+from tests.helpers import BIN, REPO, launch, run_cmd
+
+sys.path.insert(0, str(REPO))  # benchmarks/ is not an installed package
+from benchmarks.probes import fill  # noqa: E402 (the probe list's H1 fills its disk alike)
 
 pytestmark = [pytest.mark.slurm]
 
@@ -35,20 +39,6 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
-
-
-def fill(path):
-    """Every free block taken (unbuffered writes: a buffer left to flush at close would raise there)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.timeout(300)
