@@ -61,7 +61,7 @@ def main(cfg, ctx):
     return {"final_loss": loop.values("loss")[-1]}
 '''
 
-STEPS, AT = 8, 4
+STEPS, AT = 6, 3
 BASE = ["recipe._target_=resumebugs.train.main", "cluster.gpus_per_node=1", "train.log_interval=0"]
 
 
@@ -160,9 +160,9 @@ def test_a_script_that_checkpoints_itself_is_compared_by_its_losses(tmp_path):
     assert v["compared"].startswith("metrics rows only"), v
 
 
-# the shipped recipes on the engines, with the shipped defaults (2 local processes): bitwise
+# the shipped recipes on the engines, with the shipped defaults (2 local processes): bitwise (the GPT
+# recipe's own, on an archived run: the README's `launcher verify-resume RUN`, tests/integration/test_readme.py)
 SHIPPED = {
-    "gpt_ddp": ["train.log_interval=0"],
     "lm_ddp": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=ddp", "train.log_interval=0"],
     "lm_fsdp2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=fsdp", "train.log_interval=0"],
     "lm_zero2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=deepspeed", "zero=2",
@@ -174,7 +174,7 @@ SHIPPED = {
 @pytest.mark.parametrize("case", sorted(SHIPPED))
 def test_the_shipped_recipes_on_each_engine_resume_bitwise(case, tmp_path):
     root = tmp_path / "runs"
-    res = verify([*SHIPPED[case], "--steps=6", "--at=3"], root, tmp_path, timeout=360)
+    res = verify([*SHIPPED[case], "--steps=4", "--at=2"], root, tmp_path, timeout=360)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (v,) = record(res)["verdicts"]
-    assert v["kind"] == "bitwise" and v["stopped_at"] == [3] and "checkpoint files" in v["compared"], v
+    assert v["kind"] == "bitwise" and v["stopped_at"] == [2] and "checkpoint files" in v["compared"], v
