@@ -431,7 +431,7 @@ def preflight_sigterm(p: Probe) -> str:
         raise Failed("preflight did not stop within 120 s of SIGTERM") from None
     runs = p.runs()
     open_runs = [r for r in runs if r["status"] not in FINAL]
-    check(not open_runs, f"left unsettled: {[(r['id'], r['status']) for r in open_runs]}")
+    check(not open_runs, f"left unsettled: {[(r['run_id'], r['status']) for r in open_runs]}")
     return f"rc {proc.returncode}; {len(runs)} run(s), all final: {sorted({r['status'] for r in runs})}"
 
 
@@ -629,7 +629,7 @@ def cancel_foreign_id(p: Probe) -> str:
     vid = subprocess.run(["sbatch", "--parsable", "-H", "-J", victim, "-o", "/dev/null", "--wrap=true"],
                          capture_output=True, text=True, timeout=60, check=True).stdout.strip().split(";")[0]
     a = p.launcher(["cancel", vid])
-    b = p.launcher(["cancel", run["id"]])
+    b = p.launcher(["cancel", run["run_id"]])
     state = subprocess.run(["squeue", "-h", "-j", vid, "-o", "%T"], capture_output=True, text=True,
                            timeout=60).stdout.strip()
     p.cleanup()
