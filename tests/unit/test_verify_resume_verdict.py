@@ -1,6 +1,9 @@
 """The verdict of `launcher verify-resume` from the differences found (pure: launcher.features.
 verify_resume.verdict). The runs themselves: tests/integration/test_verify_resume.py."""
+import json
 import math
+
+import pytest
 
 from launcher.features.verify_resume.verdict import Diff, component_of, decide, row_diffs
 
@@ -83,3 +86,14 @@ def test_a_tolerance_takes_small_differences_as_equal_and_names_the_largest():
     v = decide(small[:1], small[1:], [4], 8, TENSORS, tolerance=1e-6)
     assert v.kind == "tolerance" and v.largest["key"] == "model.0.weight" and v.largest["step"] == 6
     assert decide(small[:1], small[1:], [4], 8, TENSORS).kind == "diverges"
+
+
+def test_a_hydra_apps_run_is_refused_naming_what_verify_resume_runs(tmp_path):
+    from launcher.config.errors import ConfigErrors
+    from launcher.features.verify_resume.run import _points
+
+    run = tmp_path / "S" / "0"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "S-0", "sweep_id": "S", "kind": "hydra_app"}))
+    with pytest.raises(ConfigErrors, match="a Hydra app's run: verify-resume runs launch's recipes and scripts"):
+        _points([], run, 6, [3], tmp_path)

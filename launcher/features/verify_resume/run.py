@@ -48,6 +48,11 @@ def _points(target: List[str], run_dir: Optional[Path], steps: int, at: List[int
     from launcher.submit.reproduce import archived_point
 
     if run_dir is not None:
+        if (RunDir(run_dir).run() or {}).get("kind") == "hydra_app":  # its config is the app's, not a run's
+            raise ConfigErrors([ConfigError(
+                "RUN", f"{run_dir} is a Hydra app's run: verify-resume runs launch's recipes and scripts",
+                "make the app's task a recipe (recipe._target_=pkg.module.fn, on launcher.training) or a script "
+                "(recipe=script) and verify that")])
         snapshot = Path(RunDir(run_dir).snapshot().get("path", ""))
         if not snapshot.is_dir():
             raise ConfigErrors([ConfigError("RUN", f"{run_dir} has no code snapshot to run from",
