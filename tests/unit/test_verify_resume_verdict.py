@@ -97,3 +97,9 @@ def test_a_hydra_apps_run_is_refused_naming_what_verify_resume_runs(tmp_path):
     (run / "run.json").write_text(json.dumps({"run_id": "S-0", "sweep_id": "S", "kind": "hydra_app"}))
     with pytest.raises(ConfigErrors, match="a Hydra app's run: verify-resume runs launch's recipes and scripts"):
         _points([], run, 6, [3], tmp_path)
+
+
+def test_a_script_compared_by_its_rows_alone_never_claims_equal_tensors():
+    v = decide([_d(5, "loss", "forward", "metrics")], [], [4], 8,
+               "metrics rows only: the program keeps its own checkpoints, whose tensors the launcher cannot read")
+    assert v.equal_before == "the metrics equal to step 4" and "tensor" not in v.line(), v.line()

@@ -133,6 +133,7 @@ def row_diffs(reference: Sequence[Dict[str, Any]], resumed: Sequence[Dict[str, A
     return out
 
 
+METRICS_ONLY = "metrics rows only"  # the start of ``compared`` where no checkpoint tensor could be read
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm_loss", "nll")  # a step's own loss: its forward pass
 
 
@@ -206,8 +207,9 @@ def decide(rows: Iterable[Diff], tensors: Iterable[Diff], stopped_at: Sequence[i
     v.detail = (f"{what} differs: {chosen.key}{where}{by}" if not missing else
                 f"{CAUSES['weights'][0]} differ: {chosen.key}{where}{by}{missing}")
     tensor_steps = {d.step for d in tensors}
-    if first - 1 >= 1 and (first - 1) not in tensor_steps and compared != "metrics rows only":
+    metrics_only = compared.startswith(METRICS_ONLY)
+    if first - 1 >= 1 and (first - 1) not in tensor_steps and not metrics_only:
         v.equal_before = f"every checkpoint tensor equal at step {first - 1}"
-    elif first - 1 >= 1 and compared == "metrics rows only":
+    elif first - 1 >= 1 and metrics_only:
         v.equal_before = f"the metrics equal to step {first - 1}"
     return v
