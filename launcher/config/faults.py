@@ -67,6 +67,12 @@ def requeue_step(train: Any, attempt: int) -> Optional[int]:
     return min(steps) if steps else None
 
 
+def requeue_faults(step: Optional[int]) -> str:
+    """The ``train.faults`` override of one ``requeue`` stop after ``step`` on the first attempt (none:
+    ``[]``), spaced so that Hydra's override grammar and a YAML dotlist (an archived run's) both read it."""
+    return f"train.faults=[{{at_step: {step}, mode: requeue, attempt: 1}}]" if step else "train.faults=[]"
+
+
 def listed_problems(train: Any, steps: int, world: int) -> List[Tuple[str, str]]:
     """``train.faults`` entries that can never fire: a step outside 1..steps, a rank the job has not, an
     attempt before the first (train.fail_* has rows of its own, from the schema's bounds)."""

@@ -12,6 +12,7 @@ rung's diagnosis (launcher doctor) is printed. The ladder is recorded in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import secrets
 import sys
@@ -25,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher import backends, doctor
-from launcher.app import compose_point  # noqa: F401 (its callers read it here too)
+from launcher.app import compose_point
 from launcher.archive import atomic
 from launcher.config import recipe_contract, schema
 from launcher.config.compose import override_key
@@ -242,15 +243,22 @@ def judge_entry(entry: Dict[str, Any], status: RunStatus, record: Optional[Dict[
 
 def _judge_resume(entry: Dict[str, Any], status: RunStatus, rd: RunDir,
                   record: Optional[Dict[str, Any]]) -> ladder.Verdict:
-    from launcher.features.verify_resume import run as verify  # the comparison (its tensors: a process of its own)
-
     full = next((e for e in (record or {}).get("rungs", []) if e["name"] == "full" and e.get("run_dir")), None)
     reference = entry_status(full) if full else RunStatus()
     verdict = None
     if full and reference.state is Status.completed and status.state is Status.completed:
         steps = int((rd.config() or {}).get("train", {}).get("steps") or 0)
-        verdict = verify.compare(RunDir(full["run_dir"]), rd, steps, 0.0)
+        verdict = _compared(str(full["run_dir"]), str(rd.path), steps)
     return ladder.judge_resume(status, reference, verdict)
+
+
+@functools.lru_cache(maxsize=8)
+def _compared(full_dir: str, resume_dir: str, steps: int) -> Any:
+    """verify-resume's comparison of two completed runs (a torch process of its own): their files no
+    longer change, so the ladder's wait and its closing table share one."""
+    from launcher.features.verify_resume import run as verify
+
+    return verify.compare(RunDir(full_dir), RunDir(resume_dir), steps, 0.0)
 
 
 def diagnosis(entry: Dict[str, Any]) -> Optional[Tuple[str, str, List[str], str]]:

@@ -184,7 +184,7 @@ def ladder(cfg: RunConfig, steps: int = DEFAULT_STEPS, short_steps: int = SHORT_
     # large run spends its restarts on it
     stop = steps // 2
     again = (*prec, f"train.steps={steps}", "optim.warmup_steps=null", "train.max_restarts=1",
-             "train.fail_at_step=null", f"train.faults=[{{at_step: {stop}, mode: requeue, attempt: 1}}]")
+             "train.fail_at_step=null", faults.requeue_faults(stop))
     rungs.append(Rung("resume", f"full layout stopped after step {stop} and resumed", again,
                       ("compared step by step with the full rung's run",),
                       None if stop >= 1 else f"--steps {steps}: no step to stop after and resume"))

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.archive import atomic
+from launcher.config import faults
 from launcher.config.errors import ConfigError, ConfigErrors
-from launcher.features.verify_resume.verdict import Diff, Verdict, decide, row_diffs
+from launcher.features.verify_resume.verdict import METRICS_ONLY, Diff, Verdict, decide, row_diffs
 from launcher.run.rundir import RunDir
 
 RECORD = "verify_resume.json"
@@ -39,9 +40,8 @@ def record_of(run_dir: Path) -> Optional[Dict[str, Any]]:
 def overrides_for(steps: int, stop_after: Optional[int]) -> List[str]:
     """What a point of the verification sets: its length, a checkpoint at every step (all kept), and the
     one stop (none for the reference), no other injected fault."""
-    fault = f"[{{at_step: {stop_after}, mode: requeue, attempt: 1}}]" if stop_after else "[]"
     return [f"train.steps={steps}", "train.checkpoint.every=1", f"train.checkpoint.keep={steps + 1}",
-            "train.fail_at_step=null", f"train.faults={fault}"]
+            "train.fail_at_step=null", faults.requeue_faults(stop_after)]
 
 
 def _points(target: List[str], run_dir: Optional[Path], steps: int, at: List[int], runs_root: Path):
@@ -88,7 +88,7 @@ def compare(reference: RunDir, resumed: RunDir, steps: int, tolerance: float) ->
     rows = row_diffs(reference.metrics(), resumed.metrics())
     tensors, files, held = _tensor_diffs(reference.path, resumed.path)
     compared = (f"metrics rows and {files} checkpoint files" if files else
-                "metrics rows only: the program keeps its own checkpoints, whose tensors the launcher cannot read")
+                f"{METRICS_ONLY}: the program keeps its own checkpoints, whose tensors the launcher cannot read")
     return decide(rows, tensors, [stop] if stop is not None else [], steps, compared, tolerance,
                   held=held if files else None)
 
@@ -109,7 +109,8 @@ def verify(target: List[str], run_dir: Optional[Path], at: List[int], steps: int
           f"and resumed, side by side ({steps} steps, a checkpoint at each)", file=out, flush=True)
     wait_and_report(result, points, out, timeout_s=int(points[0].cfg.submit.wait_timeout_s), quiet=True)
     runs = [r.rundir for r in result.runs]
-    not_done = [(rd.run_id, rd.status().state.value) for rd in runs if rd.status().state.value != "completed"]
+    states = {rd.run_id: rd.status().state.value for rd in runs}
+    not_done = [(i, state) for i, state in states.items() if state != "completed"]
     verdicts: List[Verdict] = []
     if not not_done:
         for rd in runs[1:]:

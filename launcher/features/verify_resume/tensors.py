@@ -72,8 +72,6 @@ def _diff(a: Any, b: Any) -> Tuple[float, float]:
         if torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(a.nan_to_num(), b.nan_to_num())):
             return 0.0, 0.0
-        if not (a.is_floating_point() or a.is_complex()):
-            a, b = a.double(), b.double()
         d = (a.double() - b.double()).abs()
         d = d[~d.isnan()] if d.numel() else d
         big = float(d.max()) if d.numel() else math.inf
