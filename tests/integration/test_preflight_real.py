@@ -88,12 +88,11 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
         assert f"--dependency=afterok:{prev['job_id']}" in sbatch, (r["name"], sbatch)
     assert len(set(jobs)) == 6
     # the resume rung: stopped halfway by the stop path, requeued, resumed, bitwise against the full rung
-    from launcher.features.verify_resume import run as verify
-    from launcher.run.rundir import RunDir
-
+    # (the ladder's comparison, launcher.features.verify_resume's, is kept in the record for --show)
     named = {r["name"]: r for r in rungs}
-    v = verify.compare(RunDir(named["full"]["run_dir"]), RunDir(named["resume"]["run_dir"]), int(STEPS), 0.0)
-    assert v.kind == "bitwise" and v.stopped_at == [3], v
+    kept = named["resume"]["compared"]
+    assert kept["full"] == named["full"]["run_dir"], kept
+    assert kept["verdict"]["kind"] == "bitwise" and kept["verdict"]["stopped_at"] == [3], kept
     run = {r["name"]: json.loads((Path(r["run_dir"]) / "status.json").read_text()) for r in rungs}
     assert run["smoke"]["world_size"] == 1 and run["node"]["world_size"] == 2
     assert run["comm"]["world_size"] == 4 and run["full"]["world_size"] == 4

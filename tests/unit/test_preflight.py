@@ -226,3 +226,28 @@ def test_the_resume_rung_is_judged_by_the_comparison_with_the_full_rungs_run():
     assert v.verdict == ladder.NO_GO and "diverges at step 4" in v.reasons[0] and "optimizer" in v.fix
     assert ladder.judge_resume(done, RunStatus(state=Status.failed), None).verdict == ladder.NOT_RUN
     assert ladder.judge_resume(RunStatus(state=Status.running), done, None).verdict == ladder.RUNNING
+
+
+def test_the_resume_rungs_comparison_is_kept_in_the_record_and_read_back_without_torch(tmp_path, monkeypatch):
+    from launcher.features.preflight import climb
+    from launcher.features.verify_resume.verdict import Verdict as Compared
+    from launcher.run.status import RunStatus, Status
+
+    made = []
+    bitwise = Compared("bitwise", [3], 6, "metrics rows and 4 checkpoint files")
+    monkeypatch.setattr(climb, "entry_status", lambda e: RunStatus(state=Status.completed))
+    monkeypatch.setattr(climb, "_compared", lambda full, resumed, steps: made.append((full, resumed)) or bitwise)
+    for name in ("full", "resume"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text("train:\n  steps: 6\n")
+    record = {"rungs": [{"name": "full", "run_dir": str(tmp_path / "full")},
+                        {"name": "resume", "run_dir": str(tmp_path / "resume")}]}
+    entry = record["rungs"][1]
+    first = climb.judge_entry(entry, RunStatus(state=Status.completed), record)
+    assert first.verdict == ladder.GO and len(made) == 1
+    assert entry["compared"] == {"full": str(tmp_path / "full"), "verdict": bitwise.to_json()}
+    again = climb.judge_entry(entry, RunStatus(state=Status.completed), record)  # (--show: the record's)
+    assert again.verdict == ladder.GO and again.reasons == first.reasons and len(made) == 1
+    record["rungs"][0]["run_dir"] = str(tmp_path / "other")  # another full run: compared again
+    climb.judge_entry(entry, RunStatus(state=Status.completed), record)
+    assert len(made) == 2

@@ -31,6 +31,7 @@ from launcher.archive import atomic
 from launcher.config import recipe_contract, schema
 from launcher.config.compose import override_key
 from launcher.features.preflight import ladder
+from launcher.features.verify_resume.verdict import Verdict
 from launcher.run.outcome import settle
 from launcher.run.rundir import RunDir, now_iso
 from launcher.run.status import RunStatus, Status
@@ -191,6 +192,7 @@ def _climb(prep: Prepared, record: Dict[str, Any], path: Path, overrides: List[s
     for name, res in results.items():
         if name not in judged and not _wait_and_judge(prep, record, name, res, out):
             break
+    atomic.write_json(path, record)  # with the resume rung's comparison: `--show` reads it, not torch again
     return show_record(record, out)
 
 
@@ -247,8 +249,13 @@ def _judge_resume(entry: Dict[str, Any], status: RunStatus, rd: RunDir,
     reference = entry_status(full) if full else RunStatus()
     verdict = None
     if full and reference.state is Status.completed and status.state is Status.completed:
-        steps = int((rd.config() or {}).get("train", {}).get("steps") or 0)
-        verdict = _compared(str(full["run_dir"]), str(rd.path), steps)
+        kept = entry.get("compared") or {}
+        if kept.get("full") == str(full["run_dir"]) and kept.get("verdict"):
+            verdict = Verdict(**kept["verdict"])  # two ended runs compare the same for ever: kept in the record
+        else:
+            steps = int((rd.config() or {}).get("train", {}).get("steps") or 0)
+            verdict = _compared(str(full["run_dir"]), str(rd.path), steps)
+            entry["compared"] = {"full": str(full["run_dir"]), "verdict": verdict.to_json()}
     return ladder.judge_resume(status, reference, verdict)
 
 
@@ -344,4 +351,8 @@ def show(pid: str, runs_root: Path, out=None) -> int:
         print(f"launcher preflight: no preflight {pid!r} under {runs_root}"
               + (f" (known: {', '.join(known[-5:])})" if known else ""), file=sys.stderr)
         return 2
-    return show_record(record, out)
+    before = [dict(e) for e in record["rungs"]]
+    rc = show_record(record, out)
+    if record["rungs"] != before:  # a comparison made now (a ladder queued with --no-wait): kept for the next
+        atomic.write_json(path, record)
+    return rc
