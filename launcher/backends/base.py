@@ -96,6 +96,16 @@ class NodeSide:
         """From inside the job: have the scheduler start this job again, in the same run dir."""
         raise NotImplementedError
 
+    def requeue_without(self, job_id: Optional[str], nodes: Sequence[str], run_dir: Path) -> bool:
+        """From inside the job, instead of ``request_requeue``: have the scheduler start this job again
+        without ``nodes`` (the node ledger, launcher.features.nodes). False: this backend cannot (nothing
+        was done; ``request_requeue`` follows)."""
+        return False
+
+    def partition_nodes(self, partition: Optional[str]) -> Optional[List[str]]:
+        """The names of the nodes a job of ``partition`` may run on (None: unknown)."""
+        return None
+
     # ---- the node side of a job's end (launcher.runtime.after_step runs these after the step) ----
     def requeued_since_start(self, job_id: Optional[str]) -> bool:
         """Whether this job was requeued since it started (a request already went through)."""

@@ -15,6 +15,7 @@
   launcher report RUN|SWEEP [-o F.html]             one self-contained HTML page: plots, plan vs measured, layout
   launcher preflight [overrides] [--steps N]        the check ladder before a large run: go / no-go per rung
   launcher verify-resume [RUN] [overrides] [--at K]  whether it resumes exactly: stopped and resumed vs straight
+  launcher nodes [--clear NODE] [--json]            the node-health ledger: suspect and excluded nodes, why
   launcher data prepare FILE... -o DIR              text files -> a tokenized dataset (docs/data.md)
   launcher data show DIR | verify DIR               a dataset's summary; its files checked against its manifest
 """
@@ -32,7 +33,17 @@ import yaml
 
 from launcher import backends
 from launcher.archive import registry
-from launcher.cli import archive_cmds, data_cmd, doctor_cmd, plan_cmd, preflight_cmd, report_cmd, sweep_cmds, verify_cmd
+from launcher.cli import (
+    archive_cmds,
+    data_cmd,
+    doctor_cmd,
+    nodes_cmd,
+    plan_cmd,
+    preflight_cmd,
+    report_cmd,
+    sweep_cmds,
+    verify_cmd,
+)
 from launcher.printable import printable
 from launcher.run.io import open_regular
 from launcher.run.rundir import RunDir, SweepDir, Unreadable
@@ -256,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(sub, parents=[common])
     preflight_cmd.add_parser(sub, parents=[common])
     verify_cmd.add_parser(sub, parents=[common])
+    nodes_cmd.add_parser(sub, parents=[common])
     data_cmd.add_parser(sub)
     return p
 

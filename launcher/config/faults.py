@@ -25,6 +25,7 @@ class Fault:
     mode: str = "exception"
     attempt: Optional[int] = None
     key: str = SINGLE
+    node: Optional[str] = None  # only where its rank runs on this node (the scheduler's name)
 
     @property
     def listed(self) -> bool:
@@ -38,7 +39,8 @@ class Fault:
     def override(self) -> str:
         """As one element of a ``train.faults=[...]`` override."""
         items = [f"at_step:{self.at_step}", f"rank:{self.rank}", f"mode:{self.mode}"]
-        return "{" + ",".join(items + ([f"attempt:{self.attempt}"] if self.attempt is not None else [])) + "}"
+        items += [f"attempt:{self.attempt}"] if self.attempt is not None else []
+        return "{" + ",".join(items + ([f"node:{self.node}"] if self.node else [])) + "}"
 
 
 def _get(x: Any, key: str, default: Any = None) -> Any:
@@ -54,9 +56,10 @@ def faults(train: Any) -> List[Fault]:
                          enum_value(_get(train, "fail_mode", "exception")), None if attempt is None else int(attempt)))
     for i, f in enumerate(_get(train, "faults") or []):
         attempt = _get(f, "attempt")
+        node = _get(f, "node")
         out.append(Fault(int(_get(f, "at_step")), int(_get(f, "rank", 0) or 0),
                          enum_value(_get(f, "mode", "exception")), None if attempt is None else int(attempt),
-                         key=f"train.faults[{i}]"))
+                         key=f"train.faults[{i}]", node=str(node) if node else None))
     return out
 
 

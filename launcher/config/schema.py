@@ -43,6 +43,7 @@ from launcher.config.sections import (
     FailPeers,
     FaultConfig,
     GPUConfig,
+    HealthConfig,
     OptimConfig,
     ParallelConfig,
     PrecisionConfig,
@@ -70,9 +71,9 @@ __all__ = [
     "INT64_MAX", "Bounds", "num", "show_number",
     # launcher.config.sections
     "BlendSource", "CalibrationConfig", "CheckpointConfig", "ClusterConfig", "DataConfig", "Dtype", "ElasticConfig",
-    "Engine", "FailMode", "FailPeers", "FaultConfig", "GPUConfig", "OptimConfig", "ParallelConfig", "PrecisionConfig",
-    "RecipeConfig", "Recompute", "ReduceDtype", "RunConfig", "SubmitConfig", "SweepConfig", "SweepMode",
-    "SweepScheduler", "TrainConfig", "WandbConfig", "WandbMode", "ZeroConfig",
+    "Engine", "FailMode", "FailPeers", "FaultConfig", "GPUConfig", "HealthConfig", "OptimConfig", "ParallelConfig",
+    "PrecisionConfig", "RecipeConfig", "Recompute", "ReduceDtype", "RunConfig", "SubmitConfig", "SweepConfig",
+    "SweepMode", "SweepScheduler", "TrainConfig", "WandbConfig", "WandbMode", "ZeroConfig",
     # this module
     "CONF_DIR", "CONFIG_NAME", "DEFAULT_WARMUP_STEPS", "Leaf", "MULTI_NODE_HANG_TIMEOUT_S", "PACK_NODES_DEFAULT",
     "default_target", "enum_value", "foreign_groups", "groups", "groups_of", "hang_timeout_s", "leaves", "leaves_of",

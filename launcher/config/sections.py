@@ -56,6 +56,9 @@ class FailMode(str, Enum):
     # stop after the step as a time-limit signal stops a run (checkpoint, stop, requeue, resume): every
     # rank decides it from the config, so all stop after the same step (launcher verify-resume's interruption)
     requeue = "requeue"
+    # raise a CUDA-shaped error (an uncorrectable ECC error): the node's fault, not the program's; the node
+    # ledger records the node and the requeue leaves it out (launcher.features.nodes)
+    cuda_error = "cuda_error"
 
 
 class FailPeers(str, Enum):
@@ -153,6 +156,22 @@ class ElasticConfig:
 
 
 @dataclass
+class HealthConfig:
+    """cluster.health (docs/fault-tolerance.md "Bad and slow nodes"): a ledger of what jobs saw of each
+    node (a CUDA or NCCL error raised on it, a rank on it that died without a word, the rank a hang
+    waited for); a node with ``exclude_after`` events within ``window_h`` is left out of every later
+    submission (sbatch --exclude) until ``expire_h`` after its last event or `launcher nodes --clear`;
+    a job requeued after a failure attributed to a node leaves that node out at once."""
+
+    enabled: bool = True
+    # the ledger's directory; null: <submit.runs_root>/nodes (a team shares one by naming the same dir)
+    ledger: Optional[str] = None
+    exclude_after: int = num(2, ge=1)
+    window_h: float = num(24.0, gt=0.0)
+    expire_h: float = num(24.0, gt=0.0)
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
     backend: str = "local"  # launcher.backends: local (processes here), slurm (sbatch), or a registered one
@@ -200,6 +219,7 @@ class ClusterConfig:
     inter_node_bandwidth: float = num(0.0, ge=0.0)  # GB/s per GPU, one direction; 0 = unknown
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 @dataclass
@@ -265,6 +285,7 @@ class FaultConfig:
     rank: int = num(0, ge=0)
     mode: FailMode = FailMode.exception
     attempt: Optional[int] = num(None, ge=1)  # null: every attempt
+    node: Optional[str] = None  # null: wherever the rank runs; set: only where it runs on this node
 
 
 @dataclass

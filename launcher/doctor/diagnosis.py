@@ -43,6 +43,7 @@ def diagnose(ev: Evidence) -> Diagnosis:
         d.detail.append(history)
         if d.kind == "completed":
             d.summary += f" after {history}"
+    d.detail.extend(ev.nodes)  # the nodes it failed on, as the node ledger holds them
     return d
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launcher import backends
 from launcher.doctor.failure_text import HANG_MESSAGE
+from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
+from launcher.features.nodes.rule import EXCLUDED, states
 from launcher.run.io import Unreadable, read_tail
 from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus, Status
@@ -41,6 +44,7 @@ class Evidence:
     steps: Optional[int] = None  # train.steps
     config: Dict[str, Any] = field(default_factory=dict)  # the values the fixes name (dotted keys)
     free_bytes: Optional[int] = None  # free space of the run dir's file system when gathered
+    nodes: List[str] = field(default_factory=list)  # the node ledger's word on the nodes this run failed on
 
     def __post_init__(self) -> None:
         self.status = RunStatus.of(self.status)
@@ -146,6 +150,7 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True, config: Optional
     ev.config = _flat(cfg or {}, CONFIG_KEYS)
     ev.steps = ev.config.get("train.steps")
     ev.last_step = _last_metrics_step(rd.metrics_path)
+    ev.nodes = _ledger_lines(rd, cfg or {})
     try:  # a job that died of a full disk may have written nothing else that says so
         st = os.statvfs(rd.path)
         ev.free_bytes = st.f_bavail * st.f_frsize
@@ -176,3 +181,26 @@ def gather(rd: Any, scheduler: bool = False, logs: bool = True, config: Optional
             if state is not None:
                 ev.scheduler, ev.scheduler_ended = state.raw or state.status.value, state.ended
     return ev
+
+
+def _ledger_lines(rd: RunDir, cfg: Dict[str, Any]) -> List[str]:
+    """What the node ledger (launcher.features.nodes) holds against the nodes this run failed on."""
+    if not enabled(cfg):
+        return []
+    try:
+        led = Ledger(ledger_dir(cfg, runs_root=rd.path.parent.parent))
+        events = led.events()
+    except OSError:
+        return []
+    mine = [e for e in events if e.run == str(rd.path)]
+    if not mine:
+        return []
+    by_node = states(events, time.time(), settings_of(cfg))
+    lines = []
+    for node in dict.fromkeys(e.node for e in mine):
+        s = by_node.get(node)
+        state = s.state if s is not None else "?"
+        what = "excluded: left out of every later submission" if state == EXCLUDED else state
+        lines.append(f"node {node}: {', '.join(dict.fromkeys(e.kind for e in mine if e.node == node))} in this "
+                     f"run; the node ledger says {what} ({len(s.events) if s else 0} event(s); `launcher nodes`)")
+    return lines

@@ -36,6 +36,15 @@ COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+\s*ms for (?:recv|send)|W
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe"
                        r"|ncclRemoteError|remote process exiting prematurely|NCCL communicator was aborted"
                        r"|\[watchdog\] rank \d+: rank_?\d+ failed", re.I)
+# the device or its link failed on the rank's node (an ECC error, a GPU fallen off the bus, a CUDA or
+# NCCL system error): the node's fault, not the program's (an out-of-memory error or an index the program
+# got wrong, CUDA's "device-side assert", is the program's). launcher.features.nodes records the node.
+NODE_FAULT = re.compile(r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|\bXid\b"
+                        r"|GPU (?:has )?fallen off the bus|CUDA error: (?:unknown error|an illegal memory access"
+                        r"|unspecified launch failure|uncorrectable|the launch timed out|initialization error"
+                        r"|CUDA-capable device\(s\) is/are busy or unavailable|device not ready|misaligned address)"
+                        r"|CUBLAS_STATUS_EXECUTION_FAILED|ncclSystemError|ncclInternalError"
+                        r"|NCCL error.{0,80}(?:unhandled system error|internal error|unhandled cuda error)", re.I)
 # a rank's own last words when a signal ended it; each backend adds its scheduler's (Backend.killed_words)
 KILLED = re.compile(r"rank (?P<rank>\d+)[^\n]{0,80}(?:SIGKILL|signal 9|exit(?: code)? "
                     r"-9|exitcode\s*:\s*-9)|injected SIGKILL", re.I)
@@ -162,6 +171,8 @@ def text_kind(text: str) -> Optional[str]:
         return "oom"
     if PEER_GONE.search(text):
         return "peer_gone"
+    if NODE_FAULT.search(text):
+        return "node_fault"
     funcs = {f for _, _, f in frames(text)}
     at_init = bool(funcs & set(RENDEZVOUS_FRAMES))
     if RENDEZVOUS_STORE.search(text) or (RENDEZVOUS.search(text) and at_init):

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 KINDS = ("oom_startup", "oom_step", "disk_full", "hang", "collective_timeout", "rendezvous", "killed_rank",
-         "node_failure", "preempted", "time_limit", "exception", "cancelled", "completed", "running", "pending",
-         "unknown")
+         "node_fault", "node_failure", "preempted", "time_limit", "exception", "cancelled", "completed", "running",
+         "pending", "unknown")
 # kinds that are not a failure: nothing to diagnose
 NOT_FAILED = ("completed", "running", "pending")
 
@@ -49,6 +49,12 @@ FIXES: Dict[str, str] = {
         "node problem); its peers only saw the connection drop. Check the node's kernel log "
         "(`dmesg | grep -i -e oom -e killed`) and the rank's log; with checkpoints "
         "(train.checkpoint.every) and train.max_restarts > 0 the run restarts by itself."),
+    "node_fault": (
+        "A GPU or its link failed on the rank's node (an ECC error, a device lost, an NCCL system error): the "
+        "node's fault, not the program's. The node ledger records it (`launcher nodes`): a requeue leaves "
+        "the node out, and a node with cluster.health.exclude_after such events is left out of every later "
+        "submission until cluster.health.expire_h (or `launcher nodes --clear NODE`); report it to the "
+        "cluster admins. The same error on another node is the program's: fix it at the frame shown."),
     "node_failure": (
         "A node failed (scheduler NODE_FAIL): nothing in the run caused it. Resume from the last checkpoint "
         "(`launcher resume RUN`, or train.max_restarts > 0 with train.checkpoint.every), keep the node out "

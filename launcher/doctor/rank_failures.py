@@ -85,6 +85,9 @@ def _from_text(ev: Evidence, rank: Optional[int], text: str, source: str) -> Dia
                          detail=detail)
     if kind == "hang":
         return Diagnosis("hang", f"{who}: {clip(text, 300)}", rank=rank, detail=detail)
+    if kind == "node_fault":
+        return Diagnosis("node_fault", f"{who}: the device or its link failed on its node: {clip(exc, 200)}",
+                         rank=rank, detail=detail)
     if kind == "disk_full":
         where = f" at {frame}" if frame else ""
         return Diagnosis("disk_full", f"{who} could not write: the file system is full{where} ({clip(exc, 160)})",

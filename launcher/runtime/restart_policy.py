@@ -31,6 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.doctor import PEER_GONE
+from launcher.doctor.failure_text import NODE_FAULT
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.run.io import Unreadable, read_tail
 from launcher.run.rundir import RESTARTED_BY_USER, RunDir
@@ -74,10 +75,12 @@ class Failure:
     type: str  # the exception's class name
     message: str  # its message (scrubbed of secrets by the caller)
     place: str  # file:line in function of the frame that raised
-    kind: str  # signature | import | config | device | missing_file | corrupt_checkpoint | dataset | peer_lost | other
+    kind: str  # signature | import | config | device | missing_file | corrupt_checkpoint | dataset | peer_lost |
+    #            node_fault | other
     attempt: int = 1
     step: Optional[int] = None  # the last step this attempt finished (None: none)
     from_step: int = 0  # the checkpoint step the attempt started from
+    node: Optional[str] = None  # the node the failing rank ran on (the scheduler's name for it)
 
     @property
     def progressed(self) -> bool:
@@ -129,17 +132,21 @@ def kind_of(exc: BaseException, message: str, place_file: str) -> str:
         return "missing_file"
     if PEER_GONE.search(message):
         return "peer_lost"
+    if NODE_FAULT.search(message):
+        return "node_fault"
     return "other"
 
 
-def failure_of(exc: BaseException, message: str, *, attempt: int, step: Optional[int], from_step: int) -> Failure:
-    """The Failure of an exception that ended this rank's attempt (``message``: its scrubbed text)."""
+def failure_of(exc: BaseException, message: str, *, attempt: int, step: Optional[int], from_step: int,
+               node: Optional[str] = None) -> Failure:
+    """The Failure of an exception that ended this rank's attempt (``message``: its scrubbed text;
+    ``node``: where the rank ran)."""
     tb = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
     last = tb[-1] if tb else None
     place = f"{last.filename}:{last.lineno} in {last.name}" if last else ""
     return Failure(type=type(exc).__name__, message=message[:500], place=place,
                    kind=kind_of(exc, message, last.filename if last else ""), attempt=int(attempt),
-                   step=step, from_step=int(from_step))
+                   step=step, from_step=int(from_step), node=node)
 
 
 def decide(failure: Failure, previous: Optional[Failure]) -> Decision:
@@ -147,6 +154,14 @@ def decide(failure: Failure, previous: Optional[Failure]) -> Decision:
     (None: the first attempt, or the first since launcher resume/retry)."""
     if failure.kind == "peer_lost":
         return Decision(True, "a peer went away (a killed rank or a lost node): the next attempt may not")
+    if failure.kind == "node_fault":
+        same = previous is not None and previous.signature == failure.signature
+        if same and previous.node and failure.node and previous.node != failure.node:
+            return Decision(False, f"the same device error on two nodes ({previous.node}, then {failure.node}): the "
+                            "program's, not a node's", NOT_FIXED_BY_A_RESTART["repeated"][1], "repeated")
+        if not same:  # the next attempt leaves this node out (launcher.features.nodes)
+            return Decision(True, f"the device or its link failed on node {failure.node or '?'}: the next attempt "
+                            "runs without that node")
     if failure.kind in NOT_FIXED_BY_A_RESTART and not (failure.kind == "missing_file" and failure.progressed):
         why, fix = NOT_FIXED_BY_A_RESTART[failure.kind]
         return Decision(False, why, fix, failure.kind)
@@ -203,9 +218,10 @@ def last_logged_step(rd: RunDir, since: float) -> Optional[int]:
 
 
 def judge(rd: RunDir, exc: BaseException, message: str, *, attempt: int, watch_step: Optional[int],
-          since: float) -> Tuple[Failure, Decision]:
+          since: float, node: Optional[str] = None) -> Tuple[Failure, Decision]:
     """This rank's failure and the decision on it, from the exception and the run dir's records."""
     from_step, previous = start_of(rd, attempt)
     steps = [s for s in (watch_step, last_logged_step(rd, since)) if s is not None]
-    failure = failure_of(exc, message, attempt=attempt, step=max(steps) if steps else None, from_step=from_step)
+    failure = failure_of(exc, message, attempt=attempt, step=max(steps) if steps else None, from_step=from_step,
+                         node=node)
     return failure, decide(failure, previous)

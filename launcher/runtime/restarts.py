@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
 from launcher.archive import atomic
 from launcher.backends.base import NOTE_ENV
 from launcher.features.elastic import resize as elastic
+from launcher.features.nodes import record as node_ledger
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
 from launcher.runtime import job_start
@@ -109,6 +111,7 @@ def begin_attempt(rd: RunDir, max_restarts: int, job_id: Optional[str], *, world
                 "failed_rank": None if reason in SIGNAL_REASONS.values() or reason == "grow" else stop.get("rank"),
                 "from_step": RunDir.checkpoint_step(latest) if latest else 0,
                 "nodes": st.hosts, "job_id": job_id,
+                **({"excluded": stop["excluded"]} if stop.get("excluded") else {}),  # nodes this attempt left out
                 **({"failure": stop["failure"]} if stop.get("failure") else {}),  # restart_policy reads it
             })
         if rd.restarts_since_launch() > max_restarts:
@@ -148,6 +151,26 @@ def budget_left(rd: RunDir, max_restarts: int) -> bool:
     return rd.restarts_since_launch() < max_restarts
 
 
+def _requeue(rd: RunDir, backend: Any, job_id: Optional[str], stop: Dict[str, Any]) -> None:
+    """The backend's requeue; without the nodes the next attempt leaves out (this run's failed nodes
+    and the ledger's excluded ones, launcher.features.nodes) where there are any and the backend can
+    (recorded in ``stop``)."""
+    nodes: tuple = ()
+    try:
+        cfg = rd.config() or {}
+        part = (cfg.get("cluster") or {}).get("partition")
+        left_out = node_ledger.for_requeue(cfg, rd, backend.partition_nodes(str(part) if part else None))
+        nodes = left_out.nodes
+        if nodes and backend.requeue_without(job_id, nodes, rd.path):
+            print(f"launcher: the next attempt is {left_out.why}", file=sys.stderr, flush=True)
+            stop["excluded"] = list(nodes)
+            return
+    except Exception as e:  # the requeue goes on without it: the scheduler may place it on the same nodes
+        print(f"launcher: the requeued job leaves no node out ({type(e).__name__}: {e})", file=sys.stderr,
+              flush=True)
+    backend.request_requeue(job_id)
+
+
 def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int, reason: str, detail: str,
                     rank: int, step: Optional[int], job_id: Optional[str],
                     failure: Optional[Dict[str, Any]] = None) -> bool:
@@ -168,7 +191,7 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
         stop["failure"] = failure
     noted = leave_note(rd, attempt, stop, job_id)
     try:
-        backend.request_requeue(job_id)
+        _requeue(rd, backend, job_id, stop)
     except Exception as e:  # e.g. a partition that forbids requeues: the run fails, saying why
         if noted and getattr(e, "returncode", 0) < 0:  # the request was killed with the step: the
             rd.set_status(Status.requeued, stop={**stop, "deferred": True})  # teardown asks again

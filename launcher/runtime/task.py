@@ -22,6 +22,7 @@ from launcher.config.faults import requeue_step
 from launcher.config.recipe_target import is_script
 from launcher.config.schema import hang_timeout_s, typed
 from launcher.features.elastic.resize import GROW
+from launcher.features.nodes import record as node_ledger
 from launcher.features.pbt import population
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
@@ -87,6 +88,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
             if rd.is_final():
                 return 1
             a.rank_error(message, echo=False)
+            node_ledger.note_hang(archived, rd, rd.hang(), denv.rank, dist_env.node_name(), n["n"] or 1,
+                                  denv.job_id)
             if requeue("hang", message):
                 return backend.requeue_exit_code
             a.fail(message)
@@ -139,7 +142,10 @@ def run(rd: RunDir) -> Dict[str, Any]:
             if not isinstance(e, (KeyboardInterrupt, SystemExit)):
                 # a failure the next attempt would repeat ends the run now (launcher.runtime.restart_policy)
                 failure, decision = restart_policy.judge(rd, e, error, attempt=n["n"] or int(rd.status().attempt or 1),
-                                                         watch_step=watch.step, since=a.t0)
+                                                         watch_step=watch.step, since=a.t0, node=dist_env.node_name())
+                if failure.kind == "node_fault":  # the node's, not the program's: the ledger keeps it
+                    node_ledger.note(archived, rd, failure.node, node_ledger.kind_of(error), attempt=failure.attempt,
+                                     job_id=denv.job_id, rank=denv.rank, step=failure.step, detail=error)
                 if decision.restart and requeue("failure", f"rank {denv.rank}: {error}", failure.step,
                                                 failure.to_json()):
                     raise SystemExit(backend.requeue_exit_code) from e

@@ -11,6 +11,7 @@ import torch
 from launcher.config.errors import ConfigError
 from launcher.config.faults import faults
 from launcher.config.schema import enum_value
+from launcher.runtime.env import node_name
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -23,7 +24,7 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
     for fault in faults(cfg.train):
         if not fault.on(ctx.attempt):
             continue
-        if ctx.rank != fault.rank:
+        if ctx.rank != fault.rank or (fault.node and fault.node != node_name()):
             # the ranks the fault does not hit: with train.fail_peers=abort, a collective that fails ends the
             # process as ProcessGroupNCCL's watchdog does (no Python handler runs: the launcher's
             # requeue must come from outside the ranks)
@@ -44,6 +45,10 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
                               f"injected config error at step {step} on rank {ctx.rank}",
                               f"set {fault.key}.mode to another value, or remove that entry" if fault.listed
                               else "set train.fail_mode to another value, or train.fail_at_step=null")
+        if mode == "cuda_error":  # what a GPU with an uncorrectable ECC error raises (the node's fault)
+            print(f"[{tag}] rank {ctx.rank}: injected CUDA error at step {step} on node {node_name()}", flush=True)
+            raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered (injected at step {step} on rank "
+                               f"{ctx.rank})")
         if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
             print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -220,6 +220,17 @@ def test_exception_names_the_frame_and_message():
     assert "launcher reproduce" in d.fix
 
 
+def test_a_device_error_is_the_nodes_and_the_ledger_line_is_shown():
+    ecc = EXC_RANK1.replace("RuntimeError: injected failure at step 2 on rank 1",
+                            "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    ev = failed(status={"status": "failed", "failed_rank": 1}, errors={1: ecc, 0: PEER_CLOSED}, error_order=[1, 0])
+    ev.nodes = ["node node3: cuda_error in this run; the node ledger says excluded: left out of every later "
+                "submission (2 event(s); `launcher nodes`)"]
+    d = diagnose(ev)
+    check(d, "node_fault", 1, "uncorrectable ECC error")
+    assert "node ledger" in d.fix and any(line.startswith("node node3: ") and "excluded" in line for line in d.detail)
+
+
 def test_a_peer_that_saw_the_connection_drop_is_never_the_cause():
     # rank 0's error was recorded first and status.json names it: still rank 1's exception is the cause
     ev = failed(status={"status": "failed", "failed_rank": 0}, errors={1: EXC_RANK1, 0: PEER_CLOSED},

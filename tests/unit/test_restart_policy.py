@@ -88,6 +88,26 @@ def test_a_lost_peer_always_restarts():
     assert policy.decide(lost, previous=None).restart
 
 
+def test_a_node_fault_restarts_without_its_node_and_repeated_on_another_node_is_the_programs():
+    ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    assert policy.kind_of(RuntimeError(ecc), ecc, USER_FILE) == "node_fault"
+    nccl = "DistBackendError: NCCL error in: pg.cpp:1, unhandled system error (run with NCCL_DEBUG=INFO)"
+    assert policy.kind_of(RuntimeError(nccl), nccl, USER_FILE) == "node_fault"
+    assert policy.kind_of(RuntimeError("CUDA error: device-side assert triggered"),
+                          "RuntimeError: CUDA error: device-side assert triggered", USER_FILE) == "other"
+    on = lambda node, attempt: policy.Failure(type="RuntimeError", message=ecc, place=f"{USER_FILE}:3 in main",  # noqa: E731
+                                              kind="node_fault", attempt=attempt, node=node)
+    first = policy.decide(on("node1", 1), previous=None)
+    assert first.restart and "node node1" in first.why and "without that node" in first.why
+    # the next attempt ran elsewhere and failed the same way: the program's, not a node's
+    again = policy.decide(on("node2", 2), previous=on("node1", 1))
+    assert not again.restart and again.kind == "repeated" and "two nodes (node1, then node2)" in again.why
+    same = policy.decide(on("node1", 2), previous=on("node1", 1))  # (the node was not left out): the repeat rule
+    assert not same.restart and same.kind == "repeated"
+    other = policy.Failure(type="RuntimeError", message="RuntimeError: boom", place="x:1 in f", kind="other")
+    assert policy.decide(on("node2", 2), previous=other).restart
+
+
 # ---- the kinds -----------------------------------------------------------------------------------------
 def test_kinds_of_exceptions():
     k = policy.kind_of

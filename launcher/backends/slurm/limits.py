@@ -165,6 +165,7 @@ class NodeSize:
     mem_mb: Optional[int]
     gpus: int
     default: bool = False  # its partition is the default one (sinfo marks it with *)
+    name: str = ""  # the node's name ("": a cache written before names were kept)
 
 
 def gres_gpus(gres: str) -> int:
@@ -187,7 +188,7 @@ def nodes_from_sinfo(text: str) -> List[NodeSize]:
         part = parts[1].strip()
         mem = parts[3].strip().rstrip("+")
         out.append(NodeSize(part.rstrip("*"), int(parts[2]), int(mem) if mem.isdigit() else None,
-                            gres_gpus(parts[4]), default=part.endswith("*")))
+                            gres_gpus(parts[4]), default=part.endswith("*"), name=parts[0].strip()))
     return out
 
 

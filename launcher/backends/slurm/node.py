@@ -2,13 +2,28 @@
 the node's name and a rendezvous host's address; a pack's allocation and a point's step (srun --exact)."""
 from __future__ import annotations
 
+import os
 import re
 import socket
-from typing import Any, Dict, List, Mapping, Optional
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import PACK_STEP_ENV, Allocation, TaskPlace, env_int
-from launcher.backends.slurm.text import STEP_DROPPED, alias_addr, cpus_per_node, hostnames
+from launcher.backends.slurm.text import (
+    PLACE_MODULE,
+    PLACE_TIME_MIN,
+    REQUEUE_NOTE_ENV,
+    STEP_DROPPED,
+    after_job_command,
+    alias_addr,
+    cpus_per_node,
+    hostnames,
+    job_scope,
+    submit_environment,
+)
 
 
 class SlurmNode:
@@ -83,3 +98,20 @@ class SlurmNode:
         """Slurm's NodeAddr of ``host`` (``scontrol show node``: one RPC to slurmctld)."""
         m = re.search(r"\bNodeAddr=(\S+)", limits.run(["scontrol", "show", "node", host, "-o"]))
         return m.group(1) if m else None
+
+    # ---- the node ledger (launcher.features.nodes): the requeued job's start leaves bad nodes out ----
+    def requeue_without(self, job_id: Optional[str], nodes: Sequence[str], run_dir: Path) -> bool:
+        """Slurm takes ExcNodeList only from a pending job: queue the one-task job that waits for this
+        one to be pending, sets it and releases it (launcher.backends.slurm.place), then requeue this
+        one held. A packed point's step: False (its pack's runner places it)."""
+        if not job_id or not nodes or os.environ.get(PACK_STEP_ENV):
+            return False
+        note = os.environ.get(REQUEUE_NOTE_ENV)
+        folder = Path(note).parent if note else Path(run_dir)
+        cmd = after_job_command("place", PLACE_MODULE, Path(run_dir), "", folder, sys.executable,
+                                job_scope(os.environ), PLACE_TIME_MIN, (str(job_id), ",".join(nodes)))
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
+        if res.returncode != 0 or not res.stdout.strip():
+            raise RuntimeError(f"sbatch refused the placing job: {(res.stderr or res.stdout).strip()}")
+        self.pause(job_id)  # requeuehold: nothing starts it before the placing job has set ExcNodeList
+        return True

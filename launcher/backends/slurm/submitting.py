@@ -35,6 +35,7 @@ from launcher.backends.slurm.text import (
     unshared_runs_root,
 )
 from launcher.features.elastic import resize as elastic
+from launcher.features.nodes import exclude as node_exclude
 from launcher.run.job_record import JobRecord
 from launcher.runtime import job_start
 from launcher.sweeps import MAX_JOB_COUNT, ArrayLimits
@@ -86,11 +87,27 @@ class SlurmSubmission:
         params.update(raw)
         if elastic.settings(cfg)["enabled"]:
             extra["no-requeue"] = True
+        # cluster.health: the nodes the ledger excludes (launcher.features.nodes), beside the user's own
+        left_out = node_exclude.for_job(cfg, int(cl.nodes), lambda: self.partition_nodes(cl.get("partition")))
+        if left_out.nodes:  # one --exclude: the user's own list and the ledger's
+            mine = ",".join(str(v) for v in (params.get("exclude"), extra.pop("exclude", None)) if v)
+            params["exclude"] = node_exclude.merged(mine, left_out.nodes)
+        node_exclude.say(left_out)
         if code_dir is not None:
             extra.setdefault("chdir", str(code_dir))  # `python -m` puts the working dir first on sys.path
         if extra:
             params["additional_parameters"] = extra
         return params
+
+    @staticmethod
+    def partition_nodes(partition: Optional[str]) -> Optional[List[str]]:
+        """The names of the nodes of ``partition`` (None: the default one); None where unknown."""
+        try:
+            nodes = limits.cluster_nodes()
+        except Exception:  # (sinfo failing): every excluded node is left out, as if there were room
+            return None
+        names = [n.name for n in nodes if (n.partition == partition if partition else n.default)]
+        return names if names and all(names) else None
 
     def submission(self, cfg: RunConfig, code_dir: Optional[Path], job_name: Optional[str],
                    parallelism: Optional[int], folder: Path) -> Dict[str, Any]:

@@ -1,0 +1,58 @@
+"""The login side of the ledger: what every submission leaves out (no torch).
+
+Every way a job is queued (launch, sweeps and their waves, resume, retry, reproduce, preflight, packs,
+the jobs a run queues for itself) builds its scheduler parameters through the backend, which asks here
+once per submission: the ledger is read once per process while it is unchanged (a 10,000-point sweep
+reads it once), and the line saying what is left out is printed once.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+
+from launcher.features.nodes.ledger import EVENTS, Ledger, enabled, ledger_dir, settings_of
+from launcher.features.nodes.rule import Exclusion, exclusion
+
+_said: set = set()
+
+
+def _stamp(path: Path) -> int:
+    try:
+        return (path / EVENTS).stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+@functools.lru_cache(maxsize=16)
+def _states(path: str, stamp: int, settings: Any, minute: int) -> dict:
+    # (cached while the events dir is unchanged, re-read each minute for expiries)
+    return Ledger(Path(path)).states(settings)
+
+
+def for_job(cfg: Mapping[str, Any], job_nodes: int, usable: Optional[Callable[[], Optional[Sequence[str]]]] = None,
+            also: Sequence[str] = (), runs_root: Optional[Path] = None) -> Exclusion:
+    """What a job of ``job_nodes`` nodes of the run config ``cfg`` leaves out. ``usable``: the partition's
+    node names, asked only where the ledger excludes something (None: unknown)."""
+    if not enabled(cfg):
+        return Exclusion(())
+    path = ledger_dir(cfg, runs_root)
+    by_node = _states(str(path), _stamp(path), settings_of(cfg), int(time.time() // 60))
+    if not also and not any(s.state == "excluded" for s in by_node.values()):
+        return Exclusion(())
+    return exclusion(by_node, job_nodes, usable() if usable is not None else None, also)
+
+
+def say(ex: Exclusion, out=None) -> None:
+    """The exclusion's line, once per process (a sweep of many arrays says it once)."""
+    if ex.why and ex.why not in _said:
+        _said.add(ex.why)
+        print(f"launcher: {ex.why}", file=out or sys.stderr, flush=True)
+
+
+def merged(existing: Optional[str], nodes: Tuple[str, ...]) -> str:
+    """sbatch --exclude's value: the user's own list and the ledger's, each node once."""
+    mine = [n for n in str(existing or "").split(",") if n.strip()]
+    return ",".join(dict.fromkeys([*mine, *nodes]))

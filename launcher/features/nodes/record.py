@@ -1,0 +1,75 @@
+"""The node side of the ledger: a job appends what it saw of a node (no torch). Never fails the job: a
+ledger that cannot be written is said on stderr and the run goes on."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
+from launcher.features.nodes.rule import EXCLUDED, SUSPECT, Event, Exclusion, exclusion
+
+
+def kind_of(error: str) -> str:
+    """A node fault's kind in the ledger: an NCCL error, else a CUDA one."""
+    return "nccl_error" if "nccl" in error.lower() else "cuda_error"
+
+
+def ledger_of(cfg: Mapping[str, Any], rd: Any) -> Ledger:
+    """The ledger of a run (its runs root's, unless cluster.health.ledger names one)."""
+    return Ledger(ledger_dir(cfg, runs_root=rd.path.parent.parent))
+
+
+def note(cfg: Mapping[str, Any], rd: Any, node: Optional[str], kind: str, *, attempt: int = 0,
+         job_id: Optional[str] = None, rank: Optional[int] = None, step: Optional[int] = None,
+         detail: str = "") -> Optional[Event]:
+    """Append one event against ``node`` (None, or cluster.health.enabled=false: nothing)."""
+    if not node or not enabled(cfg):
+        return None
+    event = Event(node=str(node), time=time.time(), kind=kind, run=str(rd.path), attempt=int(attempt or 0),
+                  job_id=str(job_id or ""), rank=rank, step=step, detail=detail[:300])
+    try:
+        ledger_of(cfg, rd).append(event)
+    except OSError as e:
+        print(f"launcher: the node ledger was not written ({e}); node {node}: {event.line()}", file=sys.stderr,
+              flush=True)
+        return None
+    print(f"launcher: node {node} noted in the node ledger: {event.line()}", file=sys.stderr, flush=True)
+    return event
+
+
+def for_requeue(cfg: Mapping[str, Any], rd: Any, usable: Optional[Sequence[str]] = None) -> Exclusion:
+    """What this run's next attempt leaves out: every node this run failed on (while its events count:
+    not cleared, not expired) and the nodes the ledger excludes, never so many that it cannot be placed."""
+    if not enabled(cfg):
+        return Exclusion(())
+    try:
+        by_node = ledger_of(cfg, rd).states(settings_of(cfg))
+    except OSError:
+        return Exclusion(())
+    mine = [n for n, s in by_node.items() if s.state in (SUSPECT, EXCLUDED) and str(rd.path) in s.runs]
+    job_nodes = int(((cfg.get("cluster") or {}).get("nodes")) or 1)
+    return exclusion(by_node, job_nodes, usable, also=mine)
+
+
+def note_hang(cfg: Mapping[str, Any], rd: Any, finding: Optional[Mapping[str, Any]], rank: int, node: Optional[str],
+              attempt: int, job_id: Optional[str]) -> None:
+    """A hang's events: each stuck rank that can still run Python notes its own node; the lowest rank that
+    is not stuck notes the nodes of the ranks that left no stack (dead, or stopped), from their records."""
+    if not finding:
+        return
+    stuck = [int(r) for r in finding.get("stuck_ranks") or []]
+    silent = [int(r) for r in finding.get("no_stack") or []]
+    waiting = finding.get("waiting") or {}
+    kinds = "/".join(sorted(set(str(v) for v in waiting.values()))) or "a collective"
+    step = finding.get("step")
+    missed = f"the others waited in {kinds} after step {step}"
+    if rank in stuck and rank not in silent:
+        note(cfg, rd, node, "hang", attempt=attempt, job_id=job_id, rank=rank, step=step,
+             detail=f"rank {rank} stuck; {missed}")
+    others = [r for r in sorted(int(k) for k in waiting)]
+    if silent and others and rank == others[0]:
+        nodes = {int(r["rank"]): r.get("slurmd_nodename") or r.get("hostname") for r in rd.ranks() if "rank" in r}
+        for r in silent:
+            note(cfg, rd, nodes.get(r), "hang", attempt=attempt, job_id=job_id, rank=r, step=step,
+                 detail=f"rank {r} left no stack (stopped or dead); {missed}")
