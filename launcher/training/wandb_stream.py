@@ -40,6 +40,28 @@ def wandb_id(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", str(run_id))[:64] or "run"
 
 
+# W&B Launch's staged inputs: only a program that imported this module can have staged any
+LAUNCH_INPUTS = "wandb.sdk.launch.inputs.internal"
+
+
+def skip_unstaged_launch_inputs(wandb: Any) -> None:
+    """wandb.init looks for W&B Launch's staged inputs at every start by importing the Launch agent's
+    modules (its public API and their pydantic models: ~0.5 s of CPU on a rank that has torch loaded,
+    at every attempt of every run). Inputs are staged only through that module: where it was never
+    imported there are none to apply, and the look is skipped; where it was, wandb's own runs."""
+    run_cls = getattr(getattr(getattr(wandb, "sdk", None), "wandb_run", None), "Run", None)
+    own = getattr(run_cls, "_detect_and_apply_job_inputs", None)
+    if own is None or getattr(own, "_launcher_guarded", False):
+        return
+
+    def detect(self: Any) -> None:
+        if LAUNCH_INPUTS in sys.modules:
+            own(self)
+
+    detect._launcher_guarded = True  # type: ignore[attr-defined]
+    run_cls._detect_and_apply_job_inputs = detect
+
+
 def backfill(history: List[Dict[str, Any]], durable_through: int) -> List[Dict[str, Any]]:
     """The resumed history's rows after ``durable_through`` (the last step a finished wandb run holds),
     in step order: what a killed service lost and the new attempt logs again."""
@@ -63,6 +85,7 @@ class WandbStream:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
+        skip_unstaged_launch_inputs(wandb)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.run = wandb.init(project=str(wb.project), dir=str(self.dir), mode=str(wb.mode), id=self.id,

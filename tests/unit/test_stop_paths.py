@@ -83,3 +83,33 @@ def test_the_next_attempt_logs_again_what_a_killed_service_lost():
 def test_the_wandb_id_is_the_run_id_in_wandbs_characters():
     assert wandb_id("20261205-102343-e8e8-0") == "20261205-102343-e8e8-0"
     assert wandb_id("a/b c") == "a-b-c" and len(wandb_id("x" * 100)) == 64
+
+
+def test_wandbs_look_for_staged_launch_inputs_runs_only_where_the_program_could_have_staged_some(monkeypatch):
+    """wandb.init's look for W&B Launch's staged inputs imports the Launch agent (~0.5 s of CPU at every
+    attempt): skipped where its inputs module was never imported, wandb's own where it was."""
+    import sys
+    import types
+
+    from launcher.training import wandb_stream
+
+    looked = []
+
+    class Run:
+        def _detect_and_apply_job_inputs(self):
+            looked.append(self)
+
+    fake = types.SimpleNamespace(sdk=types.SimpleNamespace(wandb_run=types.SimpleNamespace(Run=Run)))
+    monkeypatch.delitem(sys.modules, wandb_stream.LAUNCH_INPUTS, raising=False)
+    wandb_stream.skip_unstaged_launch_inputs(fake)
+    wandb_stream.skip_unstaged_launch_inputs(fake)  # (once: the guard is not wrapped again)
+    run = Run()
+    run._detect_and_apply_job_inputs()
+    assert looked == []
+    monkeypatch.setitem(sys.modules, wandb_stream.LAUNCH_INPUTS, types.ModuleType(wandb_stream.LAUNCH_INPUTS))
+    run._detect_and_apply_job_inputs()
+    assert looked == [run]
+    wandb_stream.skip_unstaged_launch_inputs(types.SimpleNamespace())  # a wandb without that method: nothing
+    import wandb
+
+    assert hasattr(wandb.sdk.wandb_run.Run, "_detect_and_apply_job_inputs")  # the name this guards still exists
