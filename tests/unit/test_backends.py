@@ -112,3 +112,25 @@ def test_an_sbatch_extra_of_true_is_a_bare_flag_and_other_values_stay_as_given(t
                                   "+cluster.sbatch_extra.kill-on-invalid-dep=yes"), tmp_path, 1)
     assert "#SBATCH --no-requeue\n" in text and "--no-requeue=" not in text
     assert "#SBATCH --reservation=big\n" in text and "#SBATCH --kill-on-invalid-dep=yes\n" in text
+
+
+def test_a_job_requeued_after_its_node_failed_reads_the_controllers_pending_not_accountings_node_fail(
+        monkeypatch):
+    """For a moment after a node failure accounting holds the job's first allocation as NODE_FAIL while
+    the controller has requeued it (PENDING): a `launcher status` then must not record the run failed
+    (found by the review's probe P9: the run stayed failed at step 18 of 150)."""
+    import launcher.backends.slurm.limits as limits
+
+    asked = []
+
+    def run(cmd, say_failure=False):
+        asked.append(cmd[0])
+        if cmd[0] == "sacct":
+            return "51|NODE_FAIL\n52|NODE_FAIL\n53|COMPLETED\n"
+        return "51|PENDING\n"  # squeue: 52 is gone from the controller (purged): accounting's word stands
+
+    monkeypatch.setattr(limits, "run", run)
+    got = slurm.BACKEND.states([{"job_id": "51"}, {"job_id": "52"}, {"job_id": "53"}])
+    assert got["51"].status.value == "pending" and not got["51"].ended
+    assert got["52"].status.value == "failed" and got["53"].status.value == "completed"
+    assert asked == ["sacct", "squeue"]

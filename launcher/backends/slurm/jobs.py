@@ -36,6 +36,9 @@ from launcher.features.elastic import resize as elastic
 from launcher.run.job_record import JobRecord
 from launcher.run.status import Status
 
+# the ends Slurm may follow with a requeue of the same job id (JobRequeue, --requeue)
+REQUEUED_AFTER = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
+
 
 class SlurmJobs:
     """A Slurm job's life after sbatch (a mixin of SlurmBackend)."""
@@ -47,9 +50,11 @@ class SlurmJobs:
         out = parse_states(limits.run(["sacct", "-X", "-n", "-P", "--format=JobID,State", "-j", ",".join(ids)],
                                       say_failure=True))
         # accounting lags submission, and keeps REQUEUED for a job requeued held and then cancelled
-        # (a pruned point's): the controller's word for these, while it still knows the job (-t all:
-        # ended ones too, for MinJobAge)
-        ask = [i for i in ids if i not in out or out[i].status is Status.requeued]
+        # (a pruned point's); a job Slurm requeues after a node failure reads NODE_FAIL there (its first
+        # allocation's record) for a moment while the controller holds it PENDING: the controller's
+        # word for these, while it still knows the job (-t all: ended ones too, for MinJobAge)
+        ask = [i for i in ids if i not in out or out[i].status is Status.requeued
+               or out[i].raw.split()[0].rstrip("+").upper() in REQUEUED_AFTER]
         if ask:
             live = parse_states(limits.run(["squeue", "-h", "-t", "all", "-o", "%i|%T", "-j", ",".join(ask)],
                                            say_failure=True))
