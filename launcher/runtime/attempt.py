@@ -55,12 +55,13 @@ class Attempt:
         self.ended = rd.is_final()  # nothing to run: the run ended before this job started
         self.job_ids = {"job_id": denv.job_id, "array_job_id": denv.array_job_id,
                         "array_task_id": denv.array_task_id}
-        self.t0 = time.time()
+        self.t0 = time.time()  # when it started (epoch: metrics rows after it are this attempt's)
+        self._started = time.monotonic()  # its duration: a clock that never steps back
         self.recorded = False  # an outcome (or a stop) was recorded by this rank
 
     @property
     def duration_s(self) -> float:
-        return round(time.time() - self.t0, 3)
+        return round(time.monotonic() - self._started, 3)
 
     def record_rank(self) -> None:
         d = self.denv

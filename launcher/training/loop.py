@@ -57,7 +57,8 @@ class StepLoop:
         self._sink: Optional[MetricsSink] = None
         # sweep=asha: the rungs this run reports at (None: not a point of such a sweep)
         self._rule = rungs.rule_of(ctx.rundir, cfg) if _in_sweep(ctx) else None
-        self._t0, self._from = time.time(), self.start  # the measured segment (the compute spent)
+        # the measured segment (the compute spent; a clock that never steps back)
+        self._t0, self._from = time.monotonic(), self.start
         # and what this start cost before its first step (imports, construction, resume): once an attempt
         self._startup = rungs.since_process_start() if self._rule is not None and ctx.is_main else 0.0
 
@@ -83,7 +84,7 @@ class StepLoop:
             if self.checkpoint is not None:
                 self.checkpoint.finish()
             if self._rule is not None and self.ctx.is_main and self._from < self.steps:
-                rungs.record_end(self.ctx.rundir, self._rule, self.steps, seconds=time.time() - self._t0,
+                rungs.record_end(self.ctx.rundir, self._rule, self.steps, seconds=time.monotonic() - self._t0,
                                  from_step=self._from, world=int(self.ctx.world_size), startup_s=self._startup)
         finally:
             teardown.step(self.close, "closing the metrics sink")
@@ -129,11 +130,11 @@ class StepLoop:
                 print(f"launcher: step {step} logged no number under sweep.objective={key!r}: this point counts "
                       "as the worst at the rung", flush=True)
             verdict = rungs.report(self.ctx.rundir, rule, step, value, attempt=int(self.ctx.attempt),
-                                   seconds=time.time() - self._t0, from_step=self._from,
+                                   seconds=time.monotonic() - self._t0, from_step=self._from,
                                    world=int(self.ctx.world_size), job_id=self.ctx.rundir.status().job_id,
                                    startup_s=self._startup)
         verdict = _agree(self.ctx, verdict)
-        self._t0, self._from, self._startup = time.time(), step, 0.0
+        self._t0, self._from, self._startup = time.monotonic(), step, 0.0
         if verdict in ("wait", "pruned"):
             raise AtRung(verdict, step)
         return saved
