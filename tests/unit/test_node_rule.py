@@ -90,6 +90,7 @@ def test_a_slurm_submission_leaves_out_the_ledgers_excluded_nodes_beside_the_use
     slurm = backends.get("slurm")
     monkeypatch.setattr(slurm, "partition_nodes", lambda part: ["node1", "node2", "node3", "node4"])
     monkeypatch.setattr(node_exclude, "_said", set())
+    monkeypatch.setattr(node_exclude, "_recent", {})
     base = ["cluster=local_slurm", f"submit.runs_root={tmp_path / 'runs'}"]
     params = slurm.parameters(compose_point(base).cfg)
     assert params["exclude"] == "node2" and "excluding node2 (the node ledger" in capsys.readouterr().err
@@ -105,6 +106,8 @@ def test_a_slurm_submission_leaves_out_the_ledgers_excluded_nodes_beside_the_use
     real = Ledger.states
     monkeypatch.setattr(Ledger, "states", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
     node_exclude._states.cache_clear()
+    monkeypatch.setattr(node_exclude, "_recent", {})
+    monkeypatch.setattr(node_exclude, "FRESH_S", 0.0)  # (looked at again at every ask: its file stamp decides)
     for _ in range(3):
         slurm.parameters(compose_point(base).cfg)
     assert len(reads) == 1

@@ -11,12 +11,14 @@ import functools
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from launcher.features.nodes.ledger import EVENTS, Ledger, enabled, ledger_dir, settings_of
 from launcher.features.nodes.rule import Exclusion, exclusion
 
 _said: set = set()
+_recent: Dict[Tuple[Any, ...], Tuple[float, Dict[str, Any]]] = {}  # the ledger's states by where and how it is read
+FRESH_S = 1.0  # read again at most this often: a sweep of 10,000 points asks per point, in a few seconds
 
 
 def _stamp(path: Path) -> int:
@@ -32,14 +34,27 @@ def _states(path: str, stamp: int, settings: Any, minute: int) -> dict:
     return Ledger(Path(path)).states(settings)
 
 
+def _node_states(cfg: Mapping[str, Any], runs_root: Optional[Path]) -> Dict[str, Any]:
+    health = (cfg.get("cluster") or {}).get("health") or {}
+    key = (health.get("ledger"), str(runs_root or (cfg.get("submit") or {}).get("runs_root")),
+           health.get("exclude_after"), health.get("window_h"), health.get("expire_h"))
+    now = time.monotonic()
+    hit = _recent.get(key)
+    if hit is not None and now - hit[0] < FRESH_S:
+        return hit[1]
+    path = ledger_dir(cfg, runs_root)
+    by_node = _states(str(path), _stamp(path), settings_of(cfg), int(time.time() // 60))
+    _recent[key] = (now, by_node)
+    return by_node
+
+
 def for_job(cfg: Mapping[str, Any], job_nodes: int, usable: Optional[Callable[[], Optional[Sequence[str]]]] = None,
             also: Sequence[str] = (), runs_root: Optional[Path] = None) -> Exclusion:
     """What a job of ``job_nodes`` nodes of the run config ``cfg`` leaves out. ``usable``: the partition's
     node names, asked only where the ledger excludes something (None: unknown)."""
     if not enabled(cfg):
         return Exclusion(())
-    path = ledger_dir(cfg, runs_root)
-    by_node = _states(str(path), _stamp(path), settings_of(cfg), int(time.time() // 60))
+    by_node = _node_states(cfg, runs_root)
     if not also and not any(s.state == "excluded" for s in by_node.values()):
         return Exclusion(())
     return exclusion(by_node, job_nodes, usable() if usable is not None else None, also)
