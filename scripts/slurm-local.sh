@@ -2,13 +2,14 @@
 # slurm-local.sh - run a REAL single-machine Slurm cluster (with slurmdbd
 # accounting) for integration tests.
 #
-# Usage: scripts/slurm-local.sh {up|down|status|env}
+# Usage: scripts/slurm-local.sh {up|down|status|env|restart-controller [SECONDS]}
 #   up      install missing Debian packages, start munged, mariadb, slurmdbd,
 #           slurmctld and 4 slurmd (node[1-4]); wait until all nodes are idle;
 #           print `export SLURM_CONF=...`. Idempotent: starts only what is down.
 #   down    stop only the processes `up` started (by their pid files).
 #   status  show each daemon (by pid file) and `sinfo`; exit 0 iff all are up.
 #   env     print `export SLURM_CONF=<state>/slurm.conf`.
+#   restart-controller [SECONDS]  stop slurmctld alone, wait (default 15 s), start it again (an outage drill).
 #
 # All state (configs, munge key/socket, mariadb datadir, spool, logs, pids)
 # lives in ${LAUNCHER_SLURM_DIR:-<repo>/.slurm-local}. Nothing system-wide is
@@ -423,10 +424,21 @@ cmd_status() {
     return $rc
 }
 
+# the controller alone stopped for SECONDS, then started again (a controller outage drill: running jobs
+# go on, the commands that ask it wait or say so)
+cmd_restart_controller() {
+    running slurmctld || fail_with_logs "slurmctld is not running (up first)"
+    stop_one slurmctld
+    sleep "${1:-15}"
+    start_slurmctld
+    log "slurmctld started again"
+}
+
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
     env) cmd_env ;;
-    *) echo "usage: $0 {up|down|status|env}" >&2; exit 2 ;;
+    restart-controller) cmd_restart_controller "${2:-15}" ;;
+    *) echo "usage: $0 {up|down|status|env|restart-controller [SECONDS]}" >&2; exit 2 ;;
 esac
