@@ -155,6 +155,16 @@ def fill(path: Path) -> None:
         os.close(fd)
 
 
+def small_dataset(p: Probe) -> Path:
+    """A tokenized dataset prepared from a small text in the probe's scratch dir (`launcher data prepare`)."""
+    text = p.scratch / "a.txt"
+    text.write_text("".join(f"line {i} of a small corpus, words and more words.\n" for i in range(4000)))
+    ds = p.scratch / "ds"
+    prep = p.launcher(["data", "prepare", str(text), "-o", str(ds)])
+    check(prep.rc == 0, f"data prepare: {prep.tail()}")
+    return ds
+
+
 def no_traceback(res: Result, what: str) -> None:
     check("Traceback" not in res.text, f"{what}: a traceback: {res.tail()}")
 
@@ -326,11 +336,7 @@ def poisoned_cache(p: Probe) -> str:
 
 @probe("M5", "a shard byte-flipped after `data prepare` is never trained on (P34)")
 def flipped_shard(p: Probe) -> str:
-    text = p.scratch / "a.txt"
-    text.write_text("".join(f"line {i} of a small corpus, words and more words.\n" for i in range(4000)))
-    ds = p.scratch / "ds"
-    prep = p.launcher(["data", "prepare", str(text), "-o", str(ds)])
-    check(prep.rc == 0, f"data prepare: {prep.tail()}")
+    ds = small_dataset(p)
     shard = sorted((ds / "shards").glob("*.bin"))[0]
     b = bytearray(shard.read_bytes())
     b[len(b) // 2] ^= 0xFF

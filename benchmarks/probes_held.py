@@ -39,6 +39,7 @@ from probes import (
     no_traceback,
     one_local_run,
     probe,
+    small_dataset,
 )
 
 # ---- shared fixtures ---------------------------------------------------------------------------
@@ -840,18 +841,9 @@ def sbatch_injection(p: Probe) -> str:
     return f"run {run['status']}, sealed; 3 #SBATCH lines quoted; sacct shows the literal name; no marker"
 
 
-def _dataset(p: Probe) -> Path:
-    text = p.scratch / "a.txt"
-    text.write_text("".join(f"line {i} of a small corpus, words and more words.\n" for i in range(4000)))
-    ds = p.scratch / "ds"
-    prep = p.launcher(["data", "prepare", str(text), "-o", str(ds)])
-    check(prep.rc == 0, f"data prepare: {prep.tail()}")
-    return ds
-
-
 @probe("P35", "a shard flipped after its run: reproduce and `data verify` name it and refuse")
 def tampered_shard_refused(p: Probe) -> str:
-    ds = _dataset(p)
+    ds = small_dataset(p)
     run = one_local_run(p, extra=("data=tokens", f"data.path={ds}"))
     shard = sorted((ds / "shards").glob("train-*.bin"))[0]
     b = bytearray(shard.read_bytes())
