@@ -155,15 +155,13 @@ def _requeue(rd: RunDir, backend: Any, job_id: Optional[str], stop: Dict[str, An
     """The backend's requeue; without the nodes the next attempt leaves out (this run's failed nodes
     and the ledger's excluded ones, launcher.features.nodes) where there are any and the backend can
     (recorded in ``stop``)."""
-    nodes: tuple = ()
     try:
         cfg = rd.config() or {}
         part = (cfg.get("cluster") or {}).get("partition")
         left_out = node_ledger.for_requeue(cfg, rd, backend.partition_nodes(str(part) if part else None))
-        nodes = left_out.nodes
-        if nodes and backend.requeue_without(job_id, nodes, rd.path):
+        if left_out.nodes and backend.requeue_without(job_id, left_out.nodes, rd.path):
             print(f"launcher: the next attempt is {left_out.why}", file=sys.stderr, flush=True)
-            stop["excluded"] = list(nodes)
+            stop["excluded"] = list(left_out.nodes)
             return
     except Exception as e:  # the requeue goes on without it: the scheduler may place it on the same nodes
         print(f"launcher: the requeued job leaves no node out ({type(e).__name__}: {e})", file=sys.stderr,

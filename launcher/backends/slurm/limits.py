@@ -192,11 +192,16 @@ def nodes_from_sinfo(text: str) -> List[NodeSize]:
     return out
 
 
+def in_partition(nodes: List[NodeSize], partition: Optional[str]) -> List[NodeSize]:
+    """The nodes of ``partition`` (None: the default one, sinfo's ``*``)."""
+    return [n for n in nodes if (n.partition == partition if partition else n.default)]
+
+
 def capacity_problems(nodes: List[NodeSize], partition: Optional[str], want_nodes: int, tasks: int,
                       cpus_per_task: int, gpus: int, mem_mb: Optional[int]) -> List[str]:
     """Why no placement of the request fits the partition's nodes (pure; empty: it fits, or the
     partition is unknown, which sbatch then says). ``gpus``: per node (0: none asked)."""
-    in_part = [n for n in nodes if (n.partition == partition if partition else n.default)]
+    in_part = in_partition(nodes, partition)
     if not in_part:
         return []
     where = f"partition {in_part[0].partition}"

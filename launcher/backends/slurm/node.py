@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -22,7 +21,6 @@ from launcher.backends.slurm.text import (
     cpus_per_node,
     hostnames,
     job_scope,
-    submit_environment,
 )
 
 
@@ -110,8 +108,6 @@ class SlurmNode:
         folder = Path(note).parent if note else Path(run_dir)
         cmd = after_job_command("place", PLACE_MODULE, Path(run_dir), "", folder, sys.executable,
                                 job_scope(os.environ), PLACE_TIME_MIN, (str(job_id), ",".join(nodes)))
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=submit_environment(os.environ))
-        if res.returncode != 0 or not res.stdout.strip():
-            raise RuntimeError(f"sbatch refused the placing job: {(res.stderr or res.stdout).strip()}")
+        self._sbatch(cmd)  # (SlurmJobs': raises RuntimeError where sbatch refuses it)
         self.pause(job_id)  # requeuehold: nothing starts it before the placing job has set ExcNodeList
         return True

@@ -9,37 +9,36 @@ job whatever happens (a refused update, a deadline): a job is never left held by
 """
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
 from typing import Callable, List, Optional
 
+from launcher.backends.slurm import BACKEND
+from launcher.backends.slurm.text import state_of
+
 WAIT_S = 600.0  # the longest wait for the held job to be pending (its processes ending: KillWait, the epilog)
 POLL_S = 1.0
-ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-         "OUT_OF_MEMORY")
 
 
 def _scontrol(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
 
 
-def job_state(job_id: str) -> str:
-    """The controller's JobState of ``job_id`` ("": unknown, e.g. purged)."""
-    m = re.search(r"\bJobState=(\S+)", _scontrol("show", "job", "-o", str(job_id)).stdout)
-    return m.group(1) if m else ""
+def _ended(state: str) -> bool:
+    known = state_of(state)
+    return known is not None and known.ended
 
 
-def place(job_id: str, nodes: List[str], state: Callable[[str], str] = job_state, wait_s: float = WAIT_S,
+def place(job_id: str, nodes: List[str], state: Callable[[str], str] = BACKEND.job_state_now, wait_s: float = WAIT_S,
           poll_s: float = POLL_S, out=None) -> Optional[str]:
     """Wait for the held job to be pending, leave ``nodes`` out, release it; what was done (None: the
-    job ended meanwhile, nothing to place)."""
+    job ended meanwhile, nothing to place). ``state``: the controller's JobState ("": gone)."""
     out = out or sys.stdout
     deadline = time.monotonic() + wait_s
     now = state(job_id)
     while now != "PENDING" and time.monotonic() < deadline:
-        if now in ENDED or not now:
+        if not now or _ended(now):
             print(f"place: job {job_id} is {now or 'gone'}: nothing to place", file=out, flush=True)
             return None
         time.sleep(poll_s)

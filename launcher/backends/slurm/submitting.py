@@ -106,7 +106,7 @@ class SlurmSubmission:
             nodes = limits.cluster_nodes()
         except Exception:  # (sinfo failing): every excluded node is left out, as if there were room
             return None
-        names = [n.name for n in nodes if (n.partition == partition if partition else n.default)]
+        names = [n.name for n in limits.in_partition(nodes, partition)]
         return names if names and all(names) else None
 
     def submission(self, cfg: RunConfig, code_dir: Optional[Path], job_name: Optional[str],
@@ -144,7 +144,7 @@ class SlurmSubmission:
         params.pop("mem", None)  # whole nodes: all their memory
         if cl.use_gpus:
             part = cl.get("partition")
-            sizes = [n.gpus for n in limits.cluster_nodes() if (n.partition == str(part) if part else n.default)]
+            sizes = [n.gpus for n in limits.in_partition(limits.cluster_nodes(), str(part) if part else None)]
             params["gpus_per_node"] = max(sizes + [int(cl.gpus_per_node)])
         if job_name is not None:
             params["job_name"] = str(job_name)
@@ -165,7 +165,7 @@ class SlurmSubmission:
     def pack_node_limit(self, cfg: RunConfig) -> Optional[int]:
         """The nodes of the pack's partition (sinfo, cached): a pack asks whole nodes."""
         part = cfg.cluster.get("partition")
-        names = [n for n in limits.cluster_nodes() if (n.partition == str(part) if part else n.default)]
+        names = limits.in_partition(limits.cluster_nodes(), str(part) if part else None)
         return len(names) or None
 
     def pack_executor(self, cfg: RunConfig, folder: Path, code_dir: Optional[Path], job_name: Optional[str],

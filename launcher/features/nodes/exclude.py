@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from launcher.features.nodes.ledger import EVENTS, Ledger, enabled, ledger_dir, settings_of
+from launcher.features.nodes.ledger import EVENTS, Ledger, enabled, health_of, ledger_dir, settings_of
 from launcher.features.nodes.rule import Exclusion, exclusion
 
 _said: set = set()
@@ -35,7 +35,7 @@ def _states(path: str, stamp: int, settings: Any, minute: int) -> dict:
 
 
 def _node_states(cfg: Mapping[str, Any], runs_root: Optional[Path]) -> Dict[str, Any]:
-    health = (cfg.get("cluster") or {}).get("health") or {}
+    health = health_of(cfg)
     key = (health.get("ledger"), str(runs_root or (cfg.get("submit") or {}).get("runs_root")),
            health.get("exclude_after"), health.get("window_h"), health.get("expire_h"))
     now = time.monotonic()

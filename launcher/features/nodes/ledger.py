@@ -25,9 +25,14 @@ EVENTS = "events"
 EVENT_MAX = 64 * 1024  # an event is a few hundred bytes: a larger file is no event
 
 
+def health_of(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run config's ``cluster.health`` ({}: none: every default)."""
+    return (cfg.get("cluster") or {}).get("health") or {}
+
+
 def ledger_dir(cfg: Mapping[str, Any], runs_root: Optional[Path] = None) -> Path:
     """The ledger of a run's config (``cluster.health.ledger``, else the runs root's ``nodes/``)."""
-    health = (cfg.get("cluster") or {}).get("health") or {}
+    health = health_of(cfg)
     if health.get("ledger"):
         return Path(str(health["ledger"])).expanduser()
     root = runs_root if runs_root is not None else Path(str((cfg.get("submit") or {}).get("runs_root") or "runs"))
@@ -35,14 +40,14 @@ def ledger_dir(cfg: Mapping[str, Any], runs_root: Optional[Path] = None) -> Path
 
 
 def settings_of(cfg: Mapping[str, Any]) -> Settings:
-    health = (cfg.get("cluster") or {}).get("health") or {}
+    health = health_of(cfg)
     return Settings(exclude_after=int(health.get("exclude_after", 2)),
                     window_s=float(health.get("window_h", 24.0)) * 3600.0,
                     expire_s=float(health.get("expire_h", 24.0)) * 3600.0)
 
 
 def enabled(cfg: Mapping[str, Any]) -> bool:
-    return bool(((cfg.get("cluster") or {}).get("health") or {}).get("enabled", True))
+    return bool(health_of(cfg).get("enabled", True))
 
 
 class Ledger:
