@@ -20,8 +20,10 @@ import multiprocessing.process
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Dict, Iterable, Set
@@ -349,3 +351,26 @@ def _pure_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
     monkeypatch.setattr(os, "system", _refuse("os.system"))
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing"))
     yield
+
+
+# The warm servers the suite's local runs started (launcher.runtime.warm_server) end idle after minutes;
+# the session stops those it started (by their pids) rather than leave them behind it.
+_SESSION_START = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controlling process stops them once
+        return
+    from launcher.runtime import warm_server
+
+    try:
+        servers = warm_server.running()
+    except OSError:
+        return
+    for path, pid in servers.items():
+        try:
+            started = path.with_suffix(".pid").stat().st_mtime
+            if started >= _SESSION_START:
+                os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass

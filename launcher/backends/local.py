@@ -15,7 +15,7 @@ from launcher.config.recipe_target import is_script
 from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the host: launcher/host.py)
 from launcher.run.job_record import JobRecord
 from launcher.run.status import Status
-from launcher.runtime import job_start, warm_start
+from launcher.runtime import job_start, warm_server, warm_start
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -161,8 +161,13 @@ def _executor_class(visible: Optional[str] = None, preload: Sequence[str] = warm
                 SUBMITIT_LOCAL_WITH_SHELL="",
             )
             env[warm_start.PRELOAD_ENV] = ",".join(preload)
-            # it outlives the launching process; the job (its pid) is polled and ended through LocalJob
-            process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
+            # it outlives the launching process; the job (its pid) is polled and ended through LocalJob.
+            # Forked from the warm server where the processes import torch (a new interpreter otherwise)
+            process = None
+            if tuple(preload) == warm_start.PRELOAD:
+                process = warm_server.start_controller([CONTROLLER, str(self.folder)], env, warm_start.SERVER_PRELOAD)
+            if process is None:
+                process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
     return Executor

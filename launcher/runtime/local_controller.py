@@ -112,7 +112,9 @@ def controller_of(folder: Path):
 
     class WarmController(Controller):
         def start_tasks(self) -> None:
-            argv = warm_start.child_argv(self.command) if modules and self.ntasks > 1 else None
+            # one process is forked too where its modules are loaded already (forked from the warm server)
+            warm = self.ntasks > 1 or all(m in sys.modules for m in modules)
+            argv = warm_start.child_argv(self.command) if modules and warm else None
             if argv is not None:
                 try:
                     warm_start.preload(modules)  # once: a restart finds them imported

@@ -32,6 +32,9 @@ OFF_ENV = "LAUNCHER_LOCAL_FORK"  # "0": every process a new interpreter
 # what every rank imports before its first step: torch (the run's environment record, every recipe),
 # and through DDP, the optimizers and the checkpoints of the training recipes the rest
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint")
+# what the warm server (launcher.runtime.warm_server) loads for the controllers it forks: their
+# processes' modules, and what rank 0 imports next (wandb: the default logger; submitit's job entry)
+SERVER_PRELOAD = PRELOAD + ("submitit.core.submission", "wandb")
 # recipe=script: each rank is the launcher's task, which starts the user's script as a process of its own
 # (that process imports what it uses): the task's modules alone, no torch
 SCRIPT_PRELOAD = ("launcher.runtime.task",)
@@ -144,16 +147,16 @@ def _child(argv: List[str], env: Dict[str, str], stdout: IO, stderr: IO, mask) -
         except BaseException:  # an uncaught error: the traceback and status 1, as the interpreter gives
             traceback.print_exc()
             code = 1
-        _finish()
+        finish()
     finally:
-        os._exit(_status(code))
+        os._exit(exit_status(code))
 
 
 def _hold(signum, _frame) -> None:  # pragma: no cover - runs in the child
     os.environ[job_start.HELD_ENV] = os.environ.get(job_start.HELD_ENV, "") + f"{signum},"
 
 
-def _finish() -> None:  # pragma: no cover - runs in the child
+def finish() -> None:  # pragma: no cover - runs in the child
     """What the interpreter does at its end: wait for non-daemon threads, run the atexit functions,
     flush the streams."""
     try:
@@ -168,7 +171,7 @@ def _finish() -> None:  # pragma: no cover - runs in the child
             pass
 
 
-def _status(code: object) -> int:
+def exit_status(code: object) -> int:
     """sys.exit's argument as the interpreter turns it into an exit status."""
     if code is None:
         return 0

@@ -85,6 +85,7 @@ def test_the_local_executor_hands_the_ranks_the_uuids(tmp_path, monkeypatch):
             started.append(env["CUDA_VISIBLE_DEVICES"])
 
     monkeypatch.setattr(subprocess, "Popen", Proc)
+    monkeypatch.setenv("LAUNCHER_LOCAL_FORK", "0")  # the controller as a new interpreter: the Popen seen here
     mig = "MIG-4f2a6c1e-8b7d-5e3a-9c2f-1d0e6b7a8c9d"
     params = gpu_parameters(1, True, mig)
     ex = _executor_class(params.pop(VISIBLE_KEY))(folder=tmp_path)

@@ -53,7 +53,7 @@ def test_a_script_jobs_controller_imports_the_launchers_task_and_no_torch():
 
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (3, 3), (144, 144), (256 + 7, 7), ("boom", 1)])
 def test_the_childs_exit_status_is_the_interpreters(code, status, capsys):
-    assert warm_start._status(code) == status
+    assert warm_start.exit_status(code) == status
     if isinstance(code, str):
         assert "boom" in capsys.readouterr().err
 
