@@ -18,6 +18,9 @@ Phases, each rank in turn (rank 0 first, as the ranks of a real job start within
 - ``failure``: one rank records an error, every other rank's watch looks once and must see it;
 - ``checkpoint``: a save through launcher.training.checkpoint's public API (Checkpoint, synchronous)
   by every rank, the last one committing it;
+- ``resume``: every rank resumes from that checkpoint (Checkpoint.resume: rank 0 checks the names and
+  sizes and offers it, each rank hashes its share of the files; the broadcast and the gather are
+  answered in this process, where no rank finds a problem);
 - ``hang``: every rank's hang watch dumps its stacks; then the one that claimed the gathering gathers,
   the others wait for hang.json.
 """
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-PHASES = ("startup", "watch", "failure", "checkpoint", "hang")
+PHASES = ("startup", "watch", "failure", "checkpoint", "resume", "hang")
 RANKS_PER_NODE = 8
 _PATH_CALLS = ("stat", "lstat", "mkdir", "rename", "replace", "link", "unlink", "remove", "rmdir",
                "chmod", "utime", "open")
@@ -48,6 +51,10 @@ class Counts:
     dirents: Dict[str, Dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     kinds: Dict[str, Dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     scontrol: Dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    # bytes of files read to hash them (checkpoint digests), per phase and rank; each rank's own
+    # checkpoint bytes (the files its done mark names, and the mark)
+    hashed: Dict[str, Dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    own: Dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
     def per_rank(self, phase: str, world: int) -> List[int]:
         return [self.ops[phase].get(r, 0) for r in range(world)]
@@ -256,6 +263,14 @@ def simulate(root: Path, world: int, phases=PHASES) -> Counts:
     patch(slurm.limits, "run", scontrol)
     patch(topology, "gather", lambda: {"cpu": "simulated"})
     patch(attempt_mod, "process_start", lambda pid: 1)
+    from launcher.run import checkpoint_manifest
+    real_sha = checkpoint_manifest.file_sha256
+
+    def file_sha256(path):  # the digests' reads, by rank
+        if layer.rank is not None:
+            layer.counts.hashed[layer.phase][layer.rank] += os.stat(path).st_size
+        return real_sha(path)
+    patch(checkpoint_manifest, "file_sha256", file_sha256)
     watches: Dict[int, Any] = {}
     try:
         with layer:
@@ -323,6 +338,22 @@ def _failure(rd, world, layer, watches, attempt_mod, watchdog) -> None:
 
 def _checkpoint(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     import torch
+
+    store = torch.distributed.HashStore()  # the job's store (not the file system): the ranks count the save there
+    for rank in range(world):
+        layer.rank = rank
+        _checkpointer(rd, world, rank, store).save(2, [])
+    layer.rank = None
+    assert rd.latest_checkpoint() is not None, "the last rank's part did not commit the checkpoint"
+    ckpt = rd.latest_checkpoint()
+    for mark in ckpt.glob("done_rank_*"):  # (not counted: no rank is set)
+        rank = int(mark.name.rsplit("_", 1)[1])
+        files = json.loads(mark.read_text()).get("files") or {}
+        layer.counts.own[rank] = mark.stat().st_size + sum(int(d["size"]) for d in files.values())
+
+
+def _checkpointer(rd, world: int, rank: int, store: Any) -> Any:
+    import torch
     from omegaconf import OmegaConf
 
     from launcher.training.checkpoint import Checkpoint
@@ -330,13 +361,41 @@ def _checkpoint(rd, world, layer, watches, attempt_mod, watchdog) -> None:
     checkpoint = {"every": 2, "keep": 2, "async_save": False}
     cfg = OmegaConf.create({"train": {"steps": 4, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
                                       "fail_attempt": None, "checkpoint": checkpoint}})
-    model = torch.nn.Linear(2, 2)
-    store = torch.distributed.HashStore()  # the job's store (not the file system): the ranks count the save there
-    for rank in range(world):
-        layer.rank = rank
-        Checkpoint(cfg, _Ctx(rd, rank, world), {"model": model}, async_save=False, store=store).save(2, [])
-    layer.rank = None
-    assert rd.latest_checkpoint() is not None, "the last rank's part did not commit the checkpoint"
+    torch.manual_seed(0)
+    return Checkpoint(cfg, _Ctx(rd, rank, world), {"model": torch.nn.Linear(2, 2)}, async_save=False, store=store)
+
+
+def _resume(rd, world, layer, watches, attempt_mod, watchdog) -> None:
+    import torch
+    import torch.distributed as dist
+
+    offered: Dict[str, Any] = {}
+
+    def broadcast(box, src):  # rank 0 (first) offers, the others receive its offer
+        if layer.rank == src:
+            offered["offer"] = box[0]
+        else:
+            box[0] = offered["offer"]
+
+    def gather(out, found):  # every rank's findings: none found a problem here
+        assert found == [], found
+        out[:] = [[]] * len(out)
+
+    fakes = {"is_initialized": lambda: True, "get_world_size": lambda: world,
+             "broadcast_object_list": broadcast, "all_gather_object": gather}
+    saved = {name: getattr(dist, name) for name in fakes}
+    try:
+        for name, fake in fakes.items():
+            setattr(dist, name, fake)
+        store = torch.distributed.HashStore()
+        for rank in range(world):
+            layer.rank = rank
+            step, _ = _checkpointer(rd, world, rank, store).resume()
+            assert step == 2, step
+    finally:
+        layer.rank = None
+        for name, real in saved.items():
+            setattr(dist, name, real)
 
 
 def _hang(rd, world, layer, watches, attempt_mod, watchdog) -> None:
@@ -375,7 +434,8 @@ def _old_hang(rd, world, layer, watches) -> None:
     layer.rank = None
 
 
-_PHASE = {"startup": _startup, "watch": _watch, "failure": _failure, "checkpoint": _checkpoint, "hang": _hang}
+_PHASE = {"startup": _startup, "watch": _watch, "failure": _failure, "checkpoint": _checkpoint, "resume": _resume,
+          "hang": _hang}
 
 
 def table(results: Dict[int, Counts], phases=PHASES) -> str:
@@ -388,6 +448,15 @@ def table(results: Dict[int, Counts], phases=PHASES) -> str:
             ops, de = sorted(c.per_rank(phase, world)), c.dirents_per_rank(phase, world)
             lines.append(f"| {phase} | {world} | {ops[-1]} | {ops[len(ops) // 2]} | {sum(ops)} | {max(de)} | "
                          f"{sum(de)} |")
+    lines.append("")
+    lines.append("| N | most bytes one rank hashed at commit | at resume | that rank's own bytes | all ranks hashed at "
+                 "resume | the checkpoint's bytes |")
+    lines.append("|---:|---:|---:|---:|---:|---:|")
+    for world, c in sorted(results.items()):
+        commit, resume = c.hashed["checkpoint"], c.hashed["resume"]
+        worst = max(range(world), key=lambda r: max(commit.get(r, 0), resume.get(r, 0)))
+        lines.append(f"| {world} | {max(commit.values(), default=0)} | {max(resume.values(), default=0)} | "
+                     f"{c.own.get(worst, 0)} | {sum(resume.values())} | {sum(c.own.values())} |")
     lines.append("")
     lines.append("scontrol calls per job: " + ", ".join(f"N={w}: {sum(c.scontrol.values())}"
                                                         for w, c in sorted(results.items())))

@@ -308,6 +308,17 @@ def hang_timeout_s(train: Any, nodes: int) -> int:
     return max(1, min(MULTI_NODE_HANG_TIMEOUT_S, int(train.get("dist_timeout_s") or 600) // 2))
 
 
+def startup_timeout_s(train: Any, nodes: int, script: bool = False) -> int:
+    """train.startup_timeout_s as the ranks use it (0: off): a value given is kept; null is off on one
+    node and for a script (whose start the launcher does not see), and train.dist_timeout_s on several
+    nodes (a rank stuck in NCCL's init or outside any collective would otherwise wait for ever; one
+    waiting in a collective ends at that timeout anyway)."""
+    value = train.get("startup_timeout_s")
+    if value is not None:
+        return int(value)
+    return 0 if int(nodes) <= 1 or script else int(train.get("dist_timeout_s") or 600)
+
+
 def _recipe_run_name(target: Any, model_name: Any = "") -> str:
     from launcher.config import recipe_contract  # the contract of the recipe, found by its module path
 

@@ -303,6 +303,10 @@ class TrainConfig:
     # no step finished on a rank for this long: dump every rank's stack and requeue (0: off; null: off
     # on one node, on several nodes half of train.dist_timeout_s up to 300 s: hang_timeout_s())
     hang_timeout_s: Optional[int] = num(None, ge=0)
+    # no start-up progress on a rank for this long before its first step (the process group, a first
+    # collective, the resume): dump every rank's stack and requeue, as a hang (0: off; null: off on one
+    # node, on several nodes train.dist_timeout_s: startup_timeout_s())
+    startup_timeout_s: Optional[int] = num(None, ge=0)
     # fault injection for drills and tests: at this step (<= train.steps), on this rank, do fail_mode
     fail_at_step: Optional[int] = num(None, ge=1)
     fail_rank: int = num(0, ge=0)

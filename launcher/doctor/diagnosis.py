@@ -200,7 +200,9 @@ def _hang(ev: Evidence) -> Optional[Diagnosis]:
     timeout = h.get("timeout_s") or ev.config.get("train.hang_timeout_s")
     where = "; ".join(f"rank {r} stuck in {frames_by_rank[r]}" if frames_by_rank.get(r) else
                       f"rank {r} left no stack (dead, or stuck outside Python)" for r in culprits)
-    summary = (f"hang: no step finished for {_num(timeout)} s after step {step}: " if h else "hang: ") + \
+    head = (f"hang in start-up: no progress for {_num(timeout)} s before the first step: "
+            if h.get("phase") == "startup" else f"hang: no step finished for {_num(timeout)} s after step {step}: ")
+    summary = (head if h else "hang: ") + \
         (where if culprits else clip(status_msg or next(iter(messages.values()), ""), 300))
     detail = []
     if h:

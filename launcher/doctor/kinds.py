@@ -33,7 +33,8 @@ FIXES: Dict[str, str] = {
         "Read the stacks (stacks/ in the run dir): the stuck rank's frame is the cause, the other ranks wait "
         "for it in a collective. Re-run with cluster.env.NCCL_DEBUG=INFO to see the collective and the "
         "peers; if a step (first step, checkpoint save, evaluation) is legitimately slower than "
-        "train.hang_timeout_s, raise train.hang_timeout_s."),
+        "train.hang_timeout_s, raise train.hang_timeout_s (a start-up slower than train.startup_timeout_s: "
+        "raise that, or call ctx.progress() as it moves)."),
     "collective_timeout": (
         "A collective waited longer than train.dist_timeout_s for a peer: read the named rank's log "
         "(`launcher logs RUN --rank R --err`) for what it was doing; re-run with cluster.env.NCCL_DEBUG=INFO "

@@ -13,17 +13,21 @@ its size and digest, none added. A latest that fails falls back to the newest ea
 that passes (``adopt``: the rejected ones are moved to ``checkpoints/rejected/``, ``latest`` names
 the one resumed from, a row in ``checkpoint_fallbacks.jsonl`` says why); with none,
 ``CheckpointCorrupt`` names the file and what is wrong, and no restart is spent on it
-(launcher.runtime.restart_policy: kind ``corrupt_checkpoint``).
+(launcher.runtime.restart_policy: kind ``corrupt_checkpoint``). In a job of several ranks the digests
+are split (``shares``): rank 0 checks names, sizes and steps, every rank hashes its share of the
+bytes, and the ranks agree on the result (launcher.training.checkpoint_resume).
 """
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from launcher.archive import atomic
 from launcher.run.rundir import RunDir, file_sha256, now_iso
@@ -76,7 +80,13 @@ def write(ckpt: Path, step: int, marks: List[Path]) -> Dict[str, Any]:
     are used where the size still matches; every other file is hashed here)."""
     known: Dict[str, Mapping[str, Any]] = {}
     for m in marks:
-        known.update(_json_object(m).get("files") or {})
+        try:
+            raw = m.read_bytes()
+        except OSError:
+            raw = b""
+        known.update(_json_object(m, raw).get("files") or {})
+        # the mark itself: hashed from the bytes read for its digests, not read again (N ranks, N marks)
+        known[m.name] = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
     files = {}
     for rel in _files(ckpt):
         d = known.get(rel)
@@ -86,10 +96,11 @@ def write(ckpt: Path, step: int, marks: List[Path]) -> Dict[str, Any]:
     return manifest
 
 
-def _json_object(path: Path) -> Dict[str, Any]:
-    """A done mark's record ({} for an empty mark or one that is not a JSON object)."""
+def _json_object(path: Path, raw: Optional[bytes] = None) -> Dict[str, Any]:
+    """A done mark's record, or a manifest's ({} for an empty file or one that is not a JSON object);
+    ``raw``: its bytes, already read."""
     try:
-        obj = json.loads(path.read_text() or "null")
+        obj = json.loads((path.read_bytes() if raw is None else raw) or b"null")
     except (OSError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}
@@ -113,6 +124,7 @@ def problems(ckpt: Path, contents: bool = True) -> List[str]:
     if named != step:
         out.append(f"{where} holds step {step} ({MANIFEST}), not the step its name says ({named})")
     present = set(_files(ckpt))
+    sized = []
     for rel, want in sorted(listed.items()):
         want = want if isinstance(want, dict) else {}
         p = ckpt / rel
@@ -123,8 +135,10 @@ def problems(ckpt: Path, contents: bool = True) -> List[str]:
         if size != want.get("size"):
             out.append(f"{where}/{rel} is {size} bytes, {MANIFEST} says {want.get('size')}"
                        + (" (truncated)" if isinstance(want.get("size"), int) and size < want["size"] else ""))
-        elif contents and digest(p)["sha256"] != want.get("sha256"):
-            out.append(f"{where}/{rel} changed (sha256 differs from {MANIFEST})")
+        else:
+            sized.append(rel)
+    if contents:
+        out += content_problems(ckpt, listed, sized)
     out += [f"{where}/{rel} added (not in {MANIFEST})" for rel in sorted(present - set(listed))]
     if not out and "meta.json" in listed:  # the Checkpointer's record of the step (training.checkpoint)
         try:
@@ -136,11 +150,49 @@ def problems(ckpt: Path, contents: bool = True) -> List[str]:
     return out
 
 
-def resume_point(rd: RunDir, contents: bool = True) -> ResumePoint:
+def content_problems(ckpt: Path, listed: Mapping[str, Any], names: Iterable[str]) -> List[str]:
+    """The files ``names`` of ``ckpt`` whose sha256 differs from the manifest's ``listed`` (their sizes
+    already found equal)."""
+    where = f"{ckpt.parent.name}/{ckpt.name}"
+    out = []
+    for rel in names:
+        want = listed.get(rel)
+        if digest(ckpt / rel)["sha256"] != (want.get("sha256") if isinstance(want, dict) else None):
+            out.append(f"{where}/{rel} changed (sha256 differs from {MANIFEST})")
+    return out
+
+
+def shares(listed: Mapping[str, Any], world: int) -> List[List[str]]:
+    """The files each of ``world`` ranks hashes to verify a checkpoint at resume: the largest first, each
+    to the rank with the fewest bytes so far, so none hashes more than the total / world plus the
+    largest file (rank 0 hashed all of it: the checkpoint of a 30B model is ~0.5 TB). Pure: every
+    rank computes the same split from the same manifest."""
+    load = [(0, r) for r in range(max(1, int(world)))]
+    out: List[List[str]] = [[] for _ in load]
+    sized = sorted(((int(d.get("size") or 0) if isinstance(d, dict) else 0, rel) for rel, d in listed.items()),
+                   key=lambda t: (-t[0], t[1]))
+    for size, rel in sized:
+        total, r = heapq.heappop(load)
+        out[r].append(rel)
+        heapq.heappush(load, (total + size, r))
+    return out
+
+
+def listed_files(ckpt: Path) -> Dict[str, Any]:
+    """The manifest's files of a checkpoint (``{}`` where it cannot be read: ``problems`` says why)."""
+    files = _json_object(ckpt / MANIFEST).get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def resume_point(rd: RunDir, contents: bool = True,
+                 known_bad: Optional[Mapping[str, List[str]]] = None) -> ResumePoint:
     """The checkpoint to resume from: ``latest`` if it passes verification, else the newest earlier
     one that does (the rejected ones named); no ``latest`` file: a fresh start. Raises
     CheckpointCorrupt when ``latest`` fails and no earlier checkpoint passes. ``contents``: as for
-    ``problems`` (False: `launcher resume`'s check before it submits; the job reads every byte)."""
+    ``problems`` (False: `launcher resume`'s check before it submits, and the job's rank 0 before the
+    ranks hash a share each). ``known_bad``: checkpoints the ranks' hashes already rejected (name ->
+    problems), passed over as rejected."""
+    known_bad = dict(known_bad or {})
     pointer = rd.path / RunDir.LATEST
     if not pointer.is_file():
         return ResumePoint(None)
@@ -155,14 +207,14 @@ def resume_point(rd: RunDir, contents: bool = True) -> ResumePoint:
         if not named.is_dir():
             rejected[name] = [f"{RunDir.LATEST} names {name}, which does not exist"]
         else:
-            found = problems(named, contents)
+            found = known_bad.get(name) or problems(named, contents)
             if not found:
                 return ResumePoint(named)
             rejected[name] = found
     for ckpt in reversed(rd.checkpoints()):
         if ckpt == named or (bound is not None and RunDir.checkpoint_step(ckpt) >= bound):
             continue
-        found = problems(ckpt, contents)
+        found = known_bad.get(ckpt.name) or problems(ckpt, contents)
         if not found:
             return ResumePoint(ckpt, rejected)
         rejected[ckpt.name] = found

@@ -65,6 +65,12 @@ class RunContext:
         if self.watch is not None:
             self.watch.beat(step)
 
+    def progress(self) -> None:
+        """Start-up progress before the first step (a checkpoint verified, a long load): resets the
+        start-up watch (train.startup_timeout_s) without arming the hang watch."""
+        if self.watch is not None and hasattr(self.watch, "progress"):
+            self.watch.progress()
+
     def should_stop(self) -> Optional[str]:
         """At a step boundary, on every rank together: the reason the job must stop now ("time_limit":
         USR2 before the time limit; "preempted": TERM), or None. When the step's engine folded the stop

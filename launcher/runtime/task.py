@@ -20,7 +20,7 @@ from launcher.archive import topology
 from launcher.archive.secrets import scrub
 from launcher.config.faults import requeue_step
 from launcher.config.recipe_target import is_script
-from launcher.config.schema import hang_timeout_s, typed
+from launcher.config.schema import hang_timeout_s, startup_timeout_s, typed
 from launcher.features.elastic.resize import GROW
 from launcher.features.nodes import record as node_ledger
 from launcher.features.pbt import population
@@ -97,7 +97,9 @@ def run(rd: RunDir) -> Dict[str, Any]:
 
         # on by default on several nodes (schema.hang_timeout_s): a lost peer there often blocks the others
         hang_s = hang_timeout_s(train, int(cluster.get("nodes") or 1))
-        watch = watchdog.start(rd, denv.rank, world=denv.world_size, hang_timeout_s=float(hang_s), on_hang=on_hang)
+        startup_s = startup_timeout_s(train, int(cluster.get("nodes") or 1), is_script(archived.get("recipe")))
+        watch = watchdog.start(rd, denv.rank, world=denv.world_size, hang_timeout_s=float(hang_s), on_hang=on_hang,
+                               startup_timeout_s=float(startup_s))
         if denv.rank == 0:  # (a script's ranks import no torch: its own process imports what it uses)
             a.record_environment(topology.runtime_software(import_torch=not is_script(archived.get("recipe"))))
         try:
@@ -237,6 +239,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         **({"device_id": torch.device(device)} if use_cuda else {}),
     )
     dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
+    watch.progress()  # the process group is up and its first collective done (the start-up watch)
     attempt["n"] = int(rd.status().attempt or 1)
     ctx = RunContext(
         rank=denv.rank,

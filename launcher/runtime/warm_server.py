@@ -1,31 +1,27 @@
 """One warm process per host and environment that cluster=local's job controllers are forked from.
 
-A local job's controller imports torch, ``torch._dynamo`` and the rest of warm_start.PRELOAD (~2.5 s
-of CPU) before it forks its processes (launcher.runtime.warm_start), and its one process of a
-single-process job starts a new interpreter that imports them again. Each local run, each point of a
-local sweep, each `launcher resume`, `reproduce` or `verify-resume` paid that again. This server
-imports them once and forks each controller from itself; a controller forked from it finds them
-loaded and forks its processes, one or several, at once. It is a process of its own (its own session,
-no terminal, no inherited pipes) that exits after ``LAUNCHER_WARM_IDLE_S`` (default 300) without a
-request, or at the first request that finds a file it loaded changed (a pip install, an edited
-checkout): that request, and any the server cannot serve exactly as a new interpreter would run, is
-refused and the caller starts the controller as a new interpreter (``subprocess``), as without it
-(``LAUNCHER_WARM_SERVER=0``: always).
+A local job's controller imported torch, ``torch._dynamo`` and the rest of warm_start.PRELOAD (~2.5 s
+of CPU) before forking its processes, and a one-process job's process started a new interpreter: each
+local run, sweep point, `launcher resume`, `reproduce` or `verify-resume` paid that again. This server
+imports them once and forks each controller, which finds them loaded and forks its processes at once.
+It is a process of its own (own session, no terminal, no inherited pipes) that exits after
+``LAUNCHER_WARM_IDLE_S`` (300) without a request, or at the first request that finds a file it loaded
+changed (an install, an edited checkout): that request, and any it cannot serve exactly as a new
+interpreter would run, is refused, and the caller starts a new interpreter as without it
+(``LAUNCHER_WARM_SERVER=0``: always; ``LAUNCHER_LOCAL_FORK=0`` turns the whole warm start off).
 
-Exactly as a new interpreter: the server loads no module of the product (it runs as a file, and the
-product's modules are imported by each controller from its own ``sys.path``: a run's code snapshot
-first); the controller gets the caller's environment, working dir, umask, standard streams (passed over
-the socket) and the ``sys.path`` ``python -m`` would give it there; a request whose path would find
-another copy of a loaded module (torch from a ``PYTHONPATH`` entry, say) is refused; variables read as
-an interpreter starts (``PYTHONHASHSEED``, ``TORCH_*``, ``OMP_*``...) pick the server (``key``). Its
-controller leads a process group of its own: a Ctrl-C in the caller is passed to that group, as the
-terminal did when the controller was the caller's child.
-
-Only stdlib at the top of this file: it runs as the server's main file. ``LAUNCHER_LOCAL_FORK=0``
-turns it off with the rest of the warm start (docs/performance.md).
+Exactly as a new interpreter: the server loads no module of the product (it runs as a file; each
+controller imports the product from its own ``sys.path``, a run's code snapshot first); the controller
+gets the caller's environment, working dir, umask, ulimits, nice value, CPU affinity, standard streams
+(passed over the socket), the ``sys.path`` ``python -m`` gives there and its command line (``ps``); a
+path that finds another copy of a loaded module is refused; start-time variables (``PYTHONHASHSEED``,
+``TORCH_*``, ``OMP_*``...), the cgroup and the namespaces pick the server (``key``). The controller
+leads a process group: a Ctrl-C in the caller is passed to it, as the terminal's was. Only stdlib here:
+this file is the server's main file (docs/performance.md).
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import io
@@ -38,9 +34,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 IDLE_ENV = "LAUNCHER_WARM_IDLE_S"
 OFF_ENV = "LAUNCHER_WARM_SERVER"  # "0": each controller a new interpreter (its processes still forked)
@@ -51,13 +49,52 @@ KEY_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OP
 # ... except these: applied to each controller (sys.path, bytecode, stream buffering)
 PER_REQUEST = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 _MAX_MSG = 1 << 22
+# room on the server's command line for its children's (set_cmdline): a rank's is ~500 bytes
+TITLE_ROOM = 2048
 
 
-def key(environ: Mapping[str, str], executable: str, modules: Sequence[str]) -> str:
-    """The server a caller uses: its interpreter, the modules loaded and the start-time variables."""
+def key(environ: Mapping[str, str], executable: str, modules: Sequence[str], place: str = "") -> str:
+    """The server a caller uses: its interpreter, the modules loaded, the start-time variables and its
+    ``place`` (``where_am_i``: a process of another cgroup or namespace never forks from this one)."""
     fixed = sorted((k, v) for k, v in environ.items() if k.startswith(KEY_PREFIXES) and k not in PER_REQUEST)
-    raw = json.dumps([os.path.realpath(executable), list(modules), fixed])
+    raw = json.dumps([os.path.realpath(executable), list(modules), fixed, place])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def where_am_i() -> str:
+    """This process's cgroup (a Slurm job's step, a systemd scope: its limits and its end are the
+    job's) and namespaces (a container's files): a controller forked elsewhere would escape them."""
+    parts = []
+    try:
+        parts.append(Path("/proc/self/cgroup").read_text())
+    except OSError:
+        pass
+    for ns in ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup"):
+        try:
+            parts.append(f"{ns}:{os.stat(f'/proc/self/ns/{ns}').st_ino}")
+        except OSError:
+            pass
+    return "\n".join(parts)
+
+
+def set_cmdline(argv: Sequence[str], shorter: Optional[Sequence[str]] = None) -> bool:
+    """What ``ps``, ``pgrep -f`` and /proc/PID/cmdline show for this process: ``argv`` (or ``shorter``
+    where ``argv`` does not fit), written over the command line's own bytes (as setproctitle does; cut
+    to their length). A forked process would otherwise show the process it was forked from. False
+    where it could not."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+        data = b"\0".join(os.fsencode(a) for a in argv)
+        if len(data) >= end - start and shorter is not None:
+            data = b"\0".join(os.fsencode(a) for a in shorter)
+        data = data[:end - start - 1]
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(data.ljust(end - start, b"\0"))
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def socket_dir() -> Path:
@@ -111,13 +148,15 @@ def start_controller(module_args: Sequence[str], env: Mapping[str, str],
         return None
     try:
         d = socket_dir()
-        path = d / key(env, sys.executable, modules)  # named by it: its .lock, .pid and .log files
+        path = d / key(env, sys.executable, modules, where_am_i())  # named by it: its .lock, .pid and .log files
         conn = _connect(path) or _start_server(path, modules, env)
         if conn is None:
             return None
         with conn:
             conn.settimeout(START_WAIT_S)
-            request = {"argv": list(module_args), "env": dict(env), "cwd": os.getcwd(), "umask": _umask()}
+            request = {"argv": list(module_args), "env": dict(env), "cwd": os.getcwd(), "umask": _umask(),
+                       "limits": _limits(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                       "cpus": sorted(os.sched_getaffinity(0))}
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             answer = json.loads(_recv_all(conn) or b"{}")
     except (OSError, ValueError):
@@ -163,7 +202,8 @@ def _start_server(path: Path, modules: Sequence[str], env: Mapping[str, str]) ->
         server_env = {k: v for k, v in env.items() if k not in PER_REQUEST}
         with open(path.with_suffix(".log"), "ab") as log:
             proc = subprocess.Popen(  # noqa: S603 - this interpreter, this file
-                [sys.executable, __file__, str(path), ",".join(modules)], env=server_env, cwd=str(path.parent),
+                [sys.executable, __file__, str(path), ",".join(modules), " " * TITLE_ROOM], env=server_env,
+                cwd=str(path.parent),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
         deadline = time.monotonic() + START_WAIT_S
         while time.monotonic() < deadline and proc.poll() is None:
@@ -208,6 +248,30 @@ def _start_time(pid: int) -> Optional[str]:
         return None
     fields = stat.rsplit(")", 1)[-1].split()
     return None if fields[0] == "Z" else fields[19]
+
+
+def _limits() -> Dict[str, List[int]]:
+    """This process's resource limits (``ulimit``), which a new interpreter would inherit."""
+    import resource
+
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in dir(resource)
+            if name.startswith("RLIMIT_")}
+
+
+def _unmatched(req: Mapping[str, Any]) -> Optional[str]:
+    """What of the caller's process a child of this server cannot take (a higher hard limit, a lower
+    nice value, CPUs outside this server's set); None: it can take all of it."""
+    import resource
+
+    for name, (_, hard) in dict(req.get("limits") or {}).items():
+        have = resource.getrlimit(getattr(resource, name))[1]
+        if have != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > have):
+            return f"{name} hard limit {hard} above this server's {have}"
+    if int(req.get("nice", 0)) < os.getpriority(os.PRIO_PROCESS, 0):
+        return "a lower nice value than this server's"
+    if not set(req.get("cpus") or ()) <= os.sched_getaffinity(0):
+        return "CPUs outside this server's affinity"
+    return None
 
 
 def _umask() -> int:
@@ -299,6 +363,34 @@ def serve(path: Path, modules: Sequence[str], idle_s: float) -> None:
             pass
 
 
+def finish() -> None:  # pragma: no cover - runs in a forked process
+    """What the interpreter does at its end: wait for non-daemon threads, run the atexit functions,
+    flush the streams."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except Exception:
+        traceback.print_exc()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def exit_status(code: object) -> int:
+    """sys.exit's argument as the interpreter turns it into an exit status."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr, flush=True)
+    except Exception:
+        pass
+    return 1
+
+
 def _exit_on(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
@@ -334,11 +426,15 @@ def _serve_one(conn: socket.socket, listener: socket.socket, modules: Sequence[s
         if other:
             conn.sendall(json.dumps({"refused": f"{other} would load from elsewhere on this path"}).encode())
             return True
+        unmatched = _unmatched(req)
+        if unmatched:
+            conn.sendall(json.dumps({"refused": unmatched}).encode())
+            return True
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns from here
             listener.close()
             conn.close()
-            _run_controller(list(req["argv"]), env, cwd, int(req["umask"]), path, fds)
+            _run_controller(req, env, cwd, path, fds)
         conn.sendall(json.dumps({"pid": pid}).encode())
         return True
     finally:
@@ -346,11 +442,20 @@ def _serve_one(conn: socket.socket, listener: socket.socket, modules: Sequence[s
             os.close(fd)
 
 
-def _run_controller(argv: List[str], env: Dict[str, str], cwd: str, umask: int, path: List[str],
+def _run_controller(req: Mapping[str, Any], env: Dict[str, str], cwd: str, path: List[str],
                     fds: List[int]) -> None:  # pragma: no cover - runs in the forked controller
+    import resource
+
     code: object = 1
+    argv = list(req["argv"])
     try:
+        set_cmdline([sys.executable, "-m", *argv])
         os.setpgid(0, 0)
+        for name, limits in dict(req.get("limits") or {}).items():  # the caller's ulimits, as a child has them
+            resource.setrlimit(getattr(resource, name), tuple(limits))
+        os.setpriority(os.PRIO_PROCESS, 0, int(req.get("nice", 0)))
+        if req.get("cpus"):
+            os.sched_setaffinity(0, req["cpus"])
         for s in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM):
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -363,7 +468,7 @@ def _run_controller(argv: List[str], env: Dict[str, str], cwd: str, umask: int, 
                                                        line_buffering=os.isatty(1))
         sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                                        errors="backslashreplace")
-        os.umask(umask)
+        os.umask(int(req["umask"]))
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
@@ -378,13 +483,9 @@ def _run_controller(argv: List[str], env: Dict[str, str], cwd: str, umask: int, 
             code = 0
         except SystemExit as e:
             code = e.code
-        from launcher.runtime import warm_start  # the controller's own copy (its sys.path)
-
-        warm_start.finish()
-        code = warm_start.exit_status(code)
+        finish()
+        code = exit_status(code)
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         code = 1
     finally:
@@ -392,7 +493,8 @@ def _run_controller(argv: List[str], env: Dict[str, str], cwd: str, umask: int, 
 
 
 if __name__ == "__main__":
-    # python warm_server.py SOCKET MODULES: run as a file, so no module of the product is loaded here
+    # python warm_server.py SOCKET MODULES ROOM: run as a file, so no module of the product is loaded here
     sys.path.pop(0)  # this file's directory (launcher/runtime) holds no module to import by name
+    set_cmdline([sys.executable, "-m", "launcher.runtime.warm_server", sys.argv[1]])  # (ROOM: its children's)
     serve(Path(sys.argv[1]), [m for m in sys.argv[2].split(",") if m],
           float(os.environ.get(IDLE_ENV) or IDLE_S))

@@ -14,18 +14,16 @@ off (docs/performance.md).
 """
 from __future__ import annotations
 
-import atexit
 import importlib
 import io
 import os
 import runpy
 import signal
 import sys
-import threading
 import traceback
 from typing import IO, Dict, List, Optional, Sequence, Tuple
 
-from launcher.runtime import job_start
+from launcher.runtime import job_start, warm_server
 
 PRELOAD_ENV = "LAUNCHER_LOCAL_PRELOAD"  # comma-separated modules the controller imports before forking
 OFF_ENV = "LAUNCHER_LOCAL_FORK"  # "0": every process a new interpreter
@@ -123,6 +121,9 @@ def fork_process(argv: List[str], env: Dict[str, str], stdout: IO, stderr: IO) -
 def _child(argv: List[str], env: Dict[str, str], stdout: IO, stderr: IO, mask) -> None:  # pragma: no cover
     code: object = 1
     try:
+        # ps and pgrep -f show the command it would have run (the bootstrap left out where it does not fit)
+        warm_server.set_cmdline([sys.executable, "-u", "-c", job_start.BOOTSTRAP, *argv[1:]],
+                                shorter=[sys.executable, *argv[1:]])
         os.dup2(stdout.fileno(), 1)
         os.dup2(stderr.fileno(), 2)
         # what ``python -u`` gives a new interpreter: unbuffered, written through
@@ -147,38 +148,10 @@ def _child(argv: List[str], env: Dict[str, str], stdout: IO, stderr: IO, mask) -
         except BaseException:  # an uncaught error: the traceback and status 1, as the interpreter gives
             traceback.print_exc()
             code = 1
-        finish()
+        warm_server.finish()
     finally:
-        os._exit(exit_status(code))
+        os._exit(warm_server.exit_status(code))
 
 
 def _hold(signum, _frame) -> None:  # pragma: no cover - runs in the child
     os.environ[job_start.HELD_ENV] = os.environ.get(job_start.HELD_ENV, "") + f"{signum},"
-
-
-def finish() -> None:  # pragma: no cover - runs in the child
-    """What the interpreter does at its end: wait for non-daemon threads, run the atexit functions,
-    flush the streams."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-    except Exception:
-        traceback.print_exc()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
-def exit_status(code: object) -> int:
-    """sys.exit's argument as the interpreter turns it into an exit status."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        print(code, file=sys.stderr, flush=True)
-    except Exception:
-        pass
-    return 1

@@ -7,6 +7,10 @@
   same through srun --kill-on-bad-exit; this also covers local runs. One look is one listing of that
   small directory (RunDir.alarm): its cost does not grow with the job; status.json is read only every
   STATUS_EVERY-th look (a cancel recorded without its mark, by an older launcher).
+- Start-up (``train.startup_timeout_s``): before the first beat, when this rank has made no start-up
+  progress (its process group up, its checkpoint verified) for that long, stuck in NCCL's init, a
+  first collective or the resume (a hang there waited for the process group's timeout, or for ever
+  outside a collective), it does what a hang does, below.
 - Hang (``train.hang_timeout_s``): when this rank has finished no step for that long, it dumps every
   thread's Python stack (faulthandler) into stacks/. The first rank to dump claims the gathering
   (stacks/gatherer): it waits briefly for the other ranks' dumps (counting names, reading no file),
@@ -44,9 +48,13 @@ def fs_poll_interval(world: int, interval_s: float = 1.0) -> float:
 
 class Watch:
     def __init__(self, rd: RunDir, rank: int, world: int, hang_timeout_s: float = 0.0,
-                 on_hang: Optional[Callable[[str], int]] = None, interval_s: float = 1.0) -> None:
+                 on_hang: Optional[Callable[[str], int]] = None, interval_s: float = 1.0,
+                 startup_timeout_s: float = 0.0) -> None:
         self.rd, self.rank, self.world = rd, rank, world
         self.hang_timeout_s = float(hang_timeout_s)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self._progress = time.monotonic()  # the last start-up progress (the watch's start, then progress())
+        self._waited_s = self.hang_timeout_s  # the timeout that fired
         self.on_hang = on_hang
         self.interval_s = interval_s
         self.step: Optional[int] = None
@@ -61,6 +69,18 @@ class Watch:
             self.step = step
         self._last = time.monotonic()
 
+    def progress(self) -> None:
+        """Start-up progress (the process group up, the checkpoint verified): the start-up watch counts
+        again from now. Once the first beat came, the hang watch alone counts."""
+        self._progress = time.monotonic()
+
+    def overdue(self, now: float) -> Optional[str]:
+        """Which watch fired at ``now``: "hang" (no beat for hang_timeout_s since the last), "startup"
+        (before the first beat, no progress for startup_timeout_s), or None."""
+        if self._last is not None:
+            return "hang" if 0 < self.hang_timeout_s < now - self._last else None
+        return "startup" if 0 < self.startup_timeout_s < now - self._progress else None
+
     def set(self) -> None:  # (the old stop-event interface)
         self.stop_event.set()
 
@@ -72,9 +92,9 @@ class Watch:
         every = fs_poll_interval(self.world, self.interval_s)
         next_fs = time.monotonic() + every
         while not self.stop_event.wait(self.interval_s):
-            if self.hang_timeout_s > 0 and self._last is not None and \
-                    time.monotonic() - self._last > self.hang_timeout_s:
-                os._exit(self._hang())
+            fired = self.overdue(time.monotonic())
+            if fired is not None:
+                os._exit(self._hang(fired))
             if time.monotonic() < next_fs:
                 continue
             next_fs = time.monotonic() + every
@@ -97,17 +117,23 @@ class Watch:
         return None
 
     # ---- hang ------------------------------------------------------------------------------------
-    def _hang(self) -> int:
+    def _hang(self, fired: str = "hang") -> int:
+        self._waited_s = self.startup_timeout_s if fired == "startup" else self.hang_timeout_s
         gatherer = self.dump_stack()
         finding = self.gather() if gatherer else self.await_finding()
         described = stacks.describe(finding) if finding is not None else \
             f"see {self.rd.STACK.split('/')[0]}/ (no {self.rd.HANG} was written)"
-        message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + described
+        if fired == "startup":
+            message = (f"hang in start-up: no progress for {self._waited_s:.0f} s before the first step (the "
+                       f"process group, a first collective or the resume; a start that is slow on purpose: "
+                       f"raise train.startup_timeout_s, or call ctx.progress()): " + described)
+        else:
+            message = f"hang: no step finished for {self.hang_timeout_s:.0f} s after step {self.step}: " + described
         print(f"[watchdog] rank {self.rank}: {message}", file=sys.stderr, flush=True)
         return self.on_hang(message) if self.on_hang is not None else 1
 
     def _deadline(self) -> float:
-        return time.monotonic() + min(15.0, max(3.0, self.hang_timeout_s))
+        return time.monotonic() + min(15.0, max(3.0, self._waited_s))
 
     def dump_stack(self) -> bool:
         """This rank's stacks into stacks/rank_<r>.txt; whether it is the rank that gathers them."""
@@ -118,8 +144,8 @@ class Watch:
             path.parent.mkdir(parents=True, exist_ok=True)
             f = open(path, "w")
         with f:
-            f.write(f"# rank {self.rank}, no step finished for {self.hang_timeout_s:.0f} s "
-                    f"(last finished step: {self.step})\n")
+            f.write(f"# rank {self.rank}, " + ("no start-up progress" if self._last is None else "no step finished")
+                    + f" for {self._waited_s:.0f} s (last finished step: {self.step})\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
         return self.rd.claim_gathering(self.rank)
@@ -129,7 +155,8 @@ class Watch:
         deadline = self._deadline()
         while self.rd.stack_count() < self.world and time.monotonic() < deadline:
             time.sleep(GATHER_POLL_S)
-        finding = stacks.finding(self.rd.stacks(), self.world, self.step, self.hang_timeout_s)
+        finding = stacks.finding(self.rd.stacks(), self.world, self.step, self._waited_s)
+        finding["phase"] = "startup" if self._last is None else "steps"  # which watch fired
         if self.rd.hang() is None and not self.rd.is_final():
             self.rd.write_hang(finding)
         return finding
@@ -144,8 +171,8 @@ class Watch:
 
 
 def start(rundir: Any, rank: int, interval_s: float = 1.0, world: int = 1, hang_timeout_s: float = 0.0,
-          on_hang: Optional[Callable[[str], int]] = None) -> Watch:
-    """Start both watches for ``rank``; ``.set()`` on the result stops them, ``.beat(step)`` feeds the
-    hang watch."""
+          on_hang: Optional[Callable[[str], int]] = None, startup_timeout_s: float = 0.0) -> Watch:
+    """Start the watches for ``rank``; ``.set()`` on the result stops them, ``.progress()`` feeds the
+    start-up watch and ``.beat(step)`` the hang watch."""
     rd = rundir if isinstance(rundir, RunDir) else RunDir(rundir)
-    return Watch(rd, rank, world, hang_timeout_s, on_hang, interval_s).start()
+    return Watch(rd, rank, world, hang_timeout_s, on_hang, interval_s, startup_timeout_s).start()

@@ -78,8 +78,9 @@ __all__ = ["Checkpoint", "CheckpointResume", "Checkpointer", "DONE_FILE", "Engin
 class Engine(Protocol):
     """What the Checkpointer needs of the thing it saves (a recipe's engine; Objects)."""
 
-    def save_native(self, path: Path) -> None:
-        """Write a collective, synchronous save of its own into ``path`` (or nothing)."""
+    def save_native(self, path: Path) -> Optional[List[Path]]:
+        """Write a collective, synchronous save of its own into ``path`` (or nothing); the files this
+        rank wrote (None: none, or not known: the committing rank hashes them)."""
 
     def checkpoint_files(self) -> Dict[str, Any]:
         """File name -> the live state this rank writes (copied to host memory before it changes)."""
@@ -128,25 +129,26 @@ def _filled(obj: Any, tensors: List[torch.Tensor]) -> Any:
     return obj
 
 
-def load_on_one_rank(path: Path, device: Any, src: int = 0) -> Any:
-    """``torch.load(path)`` (weights only, onto ``device``) of a file every rank needs whole (ddp's
-    replicated model and optimizer): read by rank ``src`` alone, then its tensors broadcast to every
-    rank of the default group, bit for bit. One read of the file per job instead of one per rank
-    (a 1.3B model: 15.6 GB); every rank calls it. Without a process group: a plain load."""
+def load_on_one_rank(path: Path, device: Any, src: int = 0, group: Any = None) -> Any:
+    """``torch.load(path)`` (weights only, onto ``device``) of a file every rank of ``group`` needs whole
+    (ddp's replicated model and optimizer; a megatron stage's shard, which its data-parallel replicas
+    share): read by rank ``src`` (a global rank, in ``group``) alone, then its tensors broadcast to the
+    group (default: every rank), bit for bit. One read of the file per group instead of one per rank
+    (a 1.3B model: 15.6 GB); every rank of the group calls it. Without a process group: a plain load."""
     device = torch.device(device)
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return torch.load(path, map_location=device, weights_only=True)
     tensors: List[torch.Tensor] = []
     box: List[Any] = [None]
     if dist.get_rank() == src:
         tree = _slots(torch.load(path, map_location=device, weights_only=True), tensors, {})
         box = [(tree, [(tuple(t.shape), t.dtype) for t in tensors])]
-    dist.broadcast_object_list(box, src=src)  # the structure and the plain values (small)
+    dist.broadcast_object_list(box, src=src, group=group)  # the structure and the plain values (small)
     tree, specs = box[0]
     if dist.get_rank() != src:
         tensors = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
     for t in tensors:  # (bool as bytes: not every backend reduces or sends bool)
-        dist.broadcast(t.view(torch.uint8) if t.dtype == torch.bool else t, src=src)
+        dist.broadcast(t.view(torch.uint8) if t.dtype == torch.bool else t, src=src, group=group)
     return _filled(tree, tensors)
 
 
@@ -178,7 +180,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self.async_save = bool(ck.async_save if async_save is None else async_save)
         self.seed = int(getattr(cfg, "seed", 0) or 0)
         self.universal = bool(getattr(ck, "universal", True))  # also write universal/ (any layout loads it)
-        self._universal_files: List[str] = []  # the universal files this rank wrote in the save in flight
+        self._own_files: List[str] = []  # the universal and native files this rank wrote in the save in flight
         self.resharded: Optional[Dict[str, Any]] = None  # the reshard record, when resume loaded another layout's
         self.steps = int(cfg.train.steps)
         self.ctx, self.rd, self.engine = ctx, ctx.rundir, engine
@@ -209,11 +211,13 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self.wait()
         partial = self.rd.checkpoint_partial(step)
         partial.mkdir(parents=True, exist_ok=True)
-        self.engine.save_native(partial)  # collective, synchronous (DeepSpeed)
+        native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
         shared = self._universal_state() if self.universal else None
         # collective and synchronous: each rank writes its own slices (no gather)
-        self._universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared else []
+        universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared else []
+        # hashed by the rank that wrote them (in the writer thread when async), not all by the committing one
+        self._own_files = [*universal_files, *_under(native, partial)]
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
         if self.rank == 0:
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics),
@@ -252,7 +256,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             if i == 0 and step in self.kill_at:  # fault drill: die with the checkpoint half written
                 os.kill(os.getpid(), signal.SIGKILL)
             written[name] = checkpoint_manifest.digest(partial / name)  # in the writer thread when async
-        for rel in self._universal_files:
+        for rel in self._own_files:
             written[rel] = checkpoint_manifest.digest(partial / rel)
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
@@ -310,8 +314,8 @@ class Objects:
     def optimizers(self) -> List[Any]:
         return [o for o in (*self.shared.values(), *self.per_rank.values()) if isinstance(o, torch.optim.Optimizer)]
 
-    def save_native(self, path: Path) -> None:
-        pass
+    def save_native(self, path: Path) -> Optional[List[Path]]:
+        return None
 
     def checkpoint_files(self) -> Dict[str, Any]:
         files: Dict[str, Any] = {}
@@ -357,6 +361,17 @@ class Objects:
                     group.update({k: v for k, v in saved.items() if k != "params"})
             elif obj is not model:
                 obj.load_state_dict(state[name])
+
+
+def _under(paths: Optional[List[Path]], root: Path) -> List[str]:
+    """``paths`` inside ``root``, relative to it (an engine's files elsewhere are not the checkpoint's)."""
+    out = []
+    for p in paths or ():
+        try:
+            out.append(str(Path(p).resolve().relative_to(root.resolve())))
+        except ValueError:
+            pass
+    return out
 
 
 def _live_state(obj: Any) -> Any:

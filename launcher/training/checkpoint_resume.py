@@ -1,7 +1,7 @@
 """A checkpoint's resume (the Checkpointer of launcher.training.checkpoint inherits it:
-CheckpointResume): rank 0 verifies ``latest`` against its manifest and tells the other ranks which
-checkpoint they all load (launcher.run.checkpoint_manifest), the load of the engine's state and every
-RNG state, the metrics file rewound; a checkpoint saved on another layout loaded from its
+CheckpointResume): ``latest`` verified against its manifest, each rank hashing a share of its bytes,
+and every rank told which checkpoint they all load (launcher.run.checkpoint_manifest); the load of
+the engine's state and every RNG state, the metrics file rewound; a checkpoint saved on another layout loaded from its
 layout-independent state (launcher.training.universal) and checked bit for bit."""
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ class CheckpointResume:
             for p in self.rd.stale_partials():
                 shutil.rmtree(p, ignore_errors=True)
         latest = self._verified_latest()
+        if hasattr(self.ctx, "progress"):  # verified: the start-up watch counts the load from here
+            self.ctx.progress()
         step, rows = 0, []
         if latest is not None:
             meta = self._latest_meta or json.loads((latest / META_FILE).read_text())
@@ -108,35 +110,63 @@ class CheckpointResume:
                                f"{', '.join((check['mismatched'] + check['missing'])[:5])} (reshard.jsonl)")
 
     def _verified_latest(self) -> Optional[Path]:
-        """The checkpoint every rank resumes from: rank 0 verifies ``latest`` against its manifest
-        (falling back past a corrupt one: launcher.run.checkpoint_manifest) and tells the others, so all
-        load the same one or all raise the same CheckpointCorrupt (none waits for a rank that failed)."""
-        verdict: Dict[str, Any] = {}
-        failed: Optional[BaseException] = None
-        if self.rank == 0 or not dist.is_initialized():
-            try:
-                point = checkpoint_manifest.resume_point(self.rd)
-                if self.rank == 0:
-                    checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
-                verdict = {"path": str(point.path) if point.path is not None else None}
-                if point.path is not None:  # its step and metrics rows: read here, not by every rank
-                    verdict["meta"] = json.loads((point.path / META_FILE).read_text())
-            except CheckpointCorrupt as e:
-                failed, verdict = e, {"corrupt": e.problems}
-            except Exception as e:  # told to the others, then raised here
-                failed, verdict = e, {"error": f"rank 0 could not verify the checkpoint: {type(e).__name__}: {e}"}
-        if dist.is_initialized():
-            box = [verdict]
-            dist.broadcast_object_list(box, src=0)
-            verdict = box[0]
-        if failed is not None:
-            raise failed
-        if "corrupt" in verdict:
-            raise CheckpointCorrupt(verdict["corrupt"])
-        if "error" in verdict:
-            raise RuntimeError(verdict["error"])
-        self._latest_meta = verdict.get("meta")
-        return Path(verdict["path"]) if verdict["path"] else None
+        """The checkpoint every rank resumes from, verified against its manifest (falling back past a
+        corrupt one: launcher.run.checkpoint_manifest), so all load the same one or all raise the same
+        CheckpointCorrupt (none waits for a rank that failed). Rank 0 checks names, sizes and steps and
+        offers the newest candidate with its manifest; every rank hashes its share of the files
+        (``checkpoint_manifest.shares``), and one gather tells all of them what any found."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        known_bad: Dict[str, List[str]] = {}
+        offered: Optional[checkpoint_manifest.ResumePoint] = None  # rank 0's last offer
+        while True:
+            offer: Dict[str, Any] = {}
+            failed: Optional[BaseException] = None
+            if self.rank == 0 or world == 1:
+                try:
+                    point = checkpoint_manifest.resume_point(self.rd, contents=world == 1, known_bad=known_bad)
+                    offered = point
+                    offer = {"path": str(point.path) if point.path is not None else None}
+                    if point.path is not None:  # its step and metrics rows: read here, not by every rank
+                        offer["meta"] = json.loads((point.path / META_FILE).read_text())
+                        offer["files"] = checkpoint_manifest.listed_files(point.path) if world > 1 else {}
+                    if world == 1 and self.rank == 0:
+                        checkpoint_manifest.adopt(self.rd, point, int(self.ctx.attempt))
+                except CheckpointCorrupt as e:
+                    failed, offer = e, {"corrupt": e.problems}
+                except Exception as e:  # told to the others, then raised here
+                    failed, offer = e, {"error": f"rank 0 could not verify the checkpoint: {type(e).__name__}: {e}"}
+            if world > 1:
+                box = [offer]
+                dist.broadcast_object_list(box, src=0)
+                offer = box[0]
+            if failed is not None:
+                raise failed
+            if "corrupt" in offer:
+                raise CheckpointCorrupt(offer["corrupt"])
+            if "error" in offer:
+                raise RuntimeError(offer["error"])
+            path = Path(offer["path"]) if offer["path"] else None
+            if path is None or world == 1:
+                self._latest_meta = offer.get("meta")
+                return path
+            found = self._hash_share(path, offer["files"], world)
+            if not found:
+                if self.rank == 0 and offered is not None:  # the rejected ones moved aside, latest names this one
+                    checkpoint_manifest.adopt(self.rd, offered, int(self.ctx.attempt))
+                self._latest_meta = offer.get("meta")
+                return path
+            known_bad[path.name] = found  # every rank alike: rank 0 offers the next one
+
+    def _hash_share(self, path: Path, files: Dict[str, Any], world: int) -> List[str]:
+        """This rank's share of ``path``'s digests checked, and every rank's findings gathered (sorted)."""
+        mine = checkpoint_manifest.shares(files, world)[self.rank]
+        try:
+            found = checkpoint_manifest.content_problems(path, files, mine)
+        except OSError as e:
+            found = [f"{path.parent.name}/{path.name}: rank {self.rank} could not read its share ({e})"]
+        gathered: List[Any] = [None] * world
+        dist.all_gather_object(gathered, found)
+        return sorted({p for ps in gathered for p in (ps or [])})
 
     def _tracker(self) -> Any:
         """The engine's dropout RNG streams (its ``rng_tracker``: state_dict/load_state_dict), or None."""

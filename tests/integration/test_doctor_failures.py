@@ -203,6 +203,48 @@ def test_hang_names_the_stuck_rank_and_where(runs_root):
     assert "train.hang_timeout_s" in d["fix"]
 
 
+SLOW_START = """import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.training import Checkpoint, StepLoop
+
+
+def main(cfg, ctx):
+    if ctx.rank == 1:
+        time.sleep(600)  # stuck before its first step: rank 0 waits for it in DDP's first broadcast
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {"model": model, "optimizer": opt})):
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+"""
+
+
+def test_a_rank_stuck_before_its_first_step_is_a_start_up_hang(tmp_path):
+    """The start-up watch (train.startup_timeout_s): no step has finished, so the hang watch is not armed;
+    a rank stuck before its first step is found in seconds, not at the collective's timeout (600 s) or
+    never (a rank outside any collective), and named with its frame."""
+    (tmp_path / "proj" / "slowstart").mkdir(parents=True)
+    (tmp_path / "proj" / "slowstart" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "slowstart" / "slow.py").write_text(SLOW_START)
+    root = tmp_path / "runs"
+    res = launch(["recipe._target_=slowstart.slow.main", "cluster.gpus_per_node=2", "train.steps=3",
+                  "train.max_restarts=0",  # no restart: the hang is the outcome doctor explains
+                  "train.startup_timeout_s=4"], root, timeout=200, cwd=tmp_path / "proj")
+    assert res.returncode != 0, res.stdout[-2000:]
+    (run,) = listed(root)
+    hang = json.loads((Path(run["dir"]) / "hang.json").read_text())
+    assert hang["phase"] == "startup" and hang["stuck_ranks"] == [1] and 0 in map(int, hang["waiting"]), hang
+    d = doctor(run, root)
+    expect(d, "hang", 1, "hang in start-up: no progress for 4 s before the first step", "rank 1 stuck in",
+           "slow.py")
+
+
 def test_collective_timeout_names_the_rank_waited_for(runs_root):
     # no hang watchdog: rank 0 waits in the gradient all-reduce until train.dist_timeout_s
     run = failed_run(["train.steps=6", "train.fail_mode=sleep", "train.fail_at_step=2", "train.fail_rank=1",

@@ -95,11 +95,15 @@ CHECKPOINTED = (
 
 
 @pytest.mark.timeout(400)
-def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp_path):
-    """The only checkpoint (keep 1) of a completed run gets one byte of its optimizer state flipped
-    (torch.load would load it silently): `launcher resume` fails the run at once, naming the file,
-    with no restart spent although train.max_restarts=3. (Truncation, a re-pointed `latest`, a file
-    deleted or planted, and the fallback to an earlier checkpoint: tests/unit/test_training_api.py.)"""
+@pytest.mark.parametrize("share", [0, 1])
+def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp_path, share):
+    """The only checkpoint (keep 1) of a completed run gets one byte flipped (torch.load would load it
+    silently) in a file rank ``share`` hashes at resume (each of the 2 ranks hashes its share of the
+    files): `launcher resume` fails the run at once, naming the file, with no restart spent although
+    train.max_restarts=3. (Truncation, a re-pointed `latest`, a file deleted or planted, and the fallback
+    to an earlier checkpoint: tests/unit/test_training_api.py.)"""
+    from launcher.run import checkpoint_manifest
+
     proj = user_package(tmp_path / "proj", {"ck": CHECKPOINTED})
     root = tmp_path / "runs"
     res = launch([*QUICK, "recipe._target_=upkg.ck.main", "train.checkpoint.every=2", "train.checkpoint.keep=1"],
@@ -107,7 +111,9 @@ def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (run,) = runs_json(root)
     run_dir = Path(run["dir"])
-    state = run_dir / "checkpoints" / "step_00000005" / "state.pt"
+    ckpt = run_dir / "checkpoints" / "step_00000005"
+    rel = checkpoint_manifest.shares(checkpoint_manifest.listed_files(ckpt), 2)[share][0]
+    state = ckpt / rel
     state.chmod(0o644)  # the sealed run's files are read-only
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -117,11 +123,11 @@ def test_a_checkpoint_with_one_byte_flipped_is_caught_before_resume_loads_it(tmp
     assert res.returncode != 0, res.stdout[-2000:]
     st = summary_of(run_dir)
     assert st["status"] == "failed" and st["attempt"] == 2, st
-    assert "CheckpointCorrupt" in st["error"] and "checkpoints/step_00000005/state.pt changed" in st["error"], st
+    assert "CheckpointCorrupt" in st["error"] and f"checkpoints/step_00000005/{rel} changed" in st["error"], st
     assert st["no_restart"]["kind"] == "corrupt_checkpoint", st
     assert [r["reason"] for r in restart_rows(run_dir)] == ["resume"]  # the user's; not one automatic restart
     d = doctor(run_dir, root)
-    assert "checkpoints/step_00000005/state.pt changed" in d["summary"], d
+    assert f"checkpoints/step_00000005/{rel} changed" in d["summary"], d
     assert any(line.startswith("not restarted: no checkpoint to resume from is intact") for line in d["detail"]), d
 
 

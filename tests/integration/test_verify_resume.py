@@ -167,6 +167,9 @@ SHIPPED = {
     "lm_fsdp2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=fsdp", "train.log_interval=0"],
     "lm_zero2": ["recipe=lm", "model=hf_llama_tiny", "parallelism.engine=deepspeed", "zero=2",
                  "train.log_interval=0"],
+    # the GPT recipe on megatron with two data-parallel replicas (dp 2 x tp 2): each stage's shard read
+    # once per dp group at resume and broadcast to the other replica (checkpoint.load_on_one_rank)
+    "gpt_megatron_dp2_tp2": ["parallelism=tp", "cluster.gpus_per_node=4", "train.log_interval=0"],
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -18,11 +19,13 @@ from launcher.runtime import warm_server, warm_start
 
 pytestmark = [pytest.mark.timeout(300)]
 
-PROBE = """import json, os, sys
+PROBE = """import json, os, resource, sys
 seen = {"argv": sys.argv, "path": sys.path[:3], "cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE"),
         "loaded": sorted(m for m in ("torch", "wandb", "launcher") if m in sys.modules),
-        "own_group": os.getpgid(0) == os.getpid(), "umask": os.umask(0o22)}
-print(json.dumps(seen), flush=True)
+        "own_group": os.getpgid(0) == os.getpid(), "umask": os.umask(0o22),
+        "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").split(b"\\0")[1:],
+        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+print(json.dumps({k: [x.decode() for x in v] if k == "cmdline" else v for k, v in seen.items()}), flush=True)
 """
 
 
@@ -46,6 +49,8 @@ def _request(tmp_path, extra_path: str = "") -> tuple:
     env = dict(os.environ, PROBE_VALUE="seen", PYTHONPATH=extra_path)
     cwd = os.getcwd()
     old_mask = os.umask(0o027)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))  # what `ulimit -n 200` does to a shell's children
     try:
         os.chdir(tmp_path)
         with open(out, "w") as f:
@@ -59,6 +64,7 @@ def _request(tmp_path, extra_path: str = "") -> tuple:
     finally:
         os.chdir(cwd)
         os.umask(old_mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     if c is None:
         return None, None
     deadline = time.monotonic() + 60
@@ -73,7 +79,8 @@ def test_a_controller_forked_from_the_server_sees_what_a_new_interpreter_would(t
     seen, server = _request(tmp_path, extra_path=str(tmp_path / "extra"))
     assert seen == {"argv": [str(tmp_path / "probe_mod.py"), "a1"], "path": [str(tmp_path), str(tmp_path / "extra"),
                     seen["path"][2]], "cwd": str(tmp_path), "env": "seen", "loaded": ["torch", "wandb"],
-                    "own_group": True, "umask": 0o027}
+                    "own_group": True, "umask": 0o027, "cmdline": ["-m", "probe_mod", "a1"], "nofile": 200,
+                    "nice": os.getpriority(os.PRIO_PROCESS, 0)}
     assert "extra" not in seen["path"][2]
     again, server_again = _request(tmp_path)
     assert again["loaded"] == ["torch", "wandb"] and server_again == server  # one server, kept warm

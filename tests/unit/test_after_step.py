@@ -102,6 +102,16 @@ def test_the_hang_watch_is_on_by_default_for_several_nodes_only():
     assert hang_timeout_s({"hang_timeout_s": 45}, nodes=1) == 45
 
 
+def test_the_start_up_watch_is_on_by_default_for_several_nodes_and_the_products_loops_only():
+    from launcher.config.schema import startup_timeout_s
+
+    assert startup_timeout_s({"startup_timeout_s": None, "dist_timeout_s": 600}, nodes=1) == 0
+    assert startup_timeout_s({"startup_timeout_s": None, "dist_timeout_s": 600}, nodes=2) == 600
+    assert startup_timeout_s({"startup_timeout_s": None, "dist_timeout_s": 600}, nodes=2, script=True) == 0
+    assert startup_timeout_s({"startup_timeout_s": 90}, nodes=1, script=True) == 90  # the user's value
+    assert startup_timeout_s({"startup_timeout_s": 0}, nodes=64) == 0
+
+
 def test_a_multi_node_run_without_periodic_checkpoints_is_warned_at_launch():
     cfg = lambda nodes, every: {"cluster": {"nodes": nodes}, "train": {"checkpoint": {"every": every}}}  # noqa: E731
     (line,) = rules.advice(cfg(2, 0))

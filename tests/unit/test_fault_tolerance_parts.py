@@ -461,7 +461,9 @@ def test_only_rank_0_reads_meta_json_on_resume(tmp_path, monkeypatch):
             sent.append(box[0])
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, found: out.__setitem__(slice(None), [found, []]))
     rank0, _ = checkpointer(rd, ctx=Rank(rd, 0, 2))
     assert rank0.resume() == (2, [{"step": 1}, {"step": 2}])
     assert sent[0]["meta"]["step"] == 2

@@ -245,9 +245,11 @@ def test_a_corrupt_latest_with_nothing_to_fall_back_to_fails_at_once_naming_the_
     assert failure.kind == "corrupt_checkpoint" and not decision.restart and decision.kind == "corrupt_checkpoint"
 
 
-def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
-    """World 2: rank 1 does not verify on its own; it takes rank 0's verdict (the broadcast), so both
-    fall back the same way, or both raise the same CheckpointCorrupt (neither waits for the other)."""
+def test_every_rank_loads_what_the_ranks_verified_together(tmp_path, monkeypatch):
+    """World 2, as rank 1: rank 0 offers a candidate (its names and sizes checked, the broadcast), rank 1
+    hashes only its share of the files, and the gather tells both what either found: a problem found by
+    rank 0 alone makes rank 1 pass over that checkpoint too (the next offer), so both load the same one
+    or both raise the same CheckpointCorrupt (neither waits for the other)."""
     import torch.distributed as dist
 
     from launcher.run import checkpoint_manifest
@@ -257,28 +259,48 @@ def test_every_rank_loads_what_rank_0_verified(tmp_path, monkeypatch):
     run = tmp_path / "run"
     train(cfg, make_ctx(run))
     rd = RunDir(run)
-    _truncate(rd.checkpoint_dir(8))
-    told = {}
+    offers, rank0_found, hashed = [], [], []
 
     def broadcast(box, src):
         assert src == 0
-        box[0] = told["verdict"]
+        box[0] = offers.pop(0)
+
+    def gather(out, obj):
+        out[:] = [rank0_found.pop(0), obj]
 
     def verify_alone(*_, **__):
-        raise AssertionError("rank 1 verified on its own")
+        raise AssertionError("rank 1 checked the candidates on its own")
 
+    digest = checkpoint_manifest.digest
+    monkeypatch.setattr(checkpoint_manifest, "digest", lambda p: hashed.append(str(p)) or digest(p))
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(dist, "all_gather_object", gather)
     monkeypatch.setattr(checkpoint_manifest, "resume_point", verify_alone)
     ctx = make_ctx(run, attempt=2)
     ctx.rank, ctx.world_size = 1, 2
     ck = Checkpoint(cfg, ctx, {"model": torch.nn.Linear(4, 16)}, async_save=False)
-    told["verdict"] = {"path": str(rd.checkpoint_dir(6))}
-    assert ck._verified_latest() == rd.checkpoint_dir(6)  # rank 1 never read checkpoint 8's bytes
-    told["verdict"] = {"corrupt": {"step_00000008": ["checkpoints/step_00000008/state.pt is 1000 bytes"]}}
-    with pytest.raises(CheckpointCorrupt, match="state.pt is 1000 bytes"):
+
+    def offer(step):
+        path = rd.checkpoint_dir(step)
+        return {"path": str(path), "files": checkpoint_manifest.listed_files(path), "meta": {"step": step}}
+
+    offers[:] = [offer(8)]
+    rank0_found[:] = [[]]
+    assert ck._verified_latest() == rd.checkpoint_dir(8) and ck._latest_meta == {"step": 8}
+    mine = checkpoint_manifest.shares(offer(8)["files"], 2)[1]
+    assert sorted(hashed) == sorted(str(rd.checkpoint_dir(8) / f) for f in mine)
+    assert 0 < len(mine) < len(offer(8)["files"])  # a share, not the checkpoint
+
+    offers[:] = [offer(8), offer(6)]  # rank 0 found step 8 changed: it offers step 6 next
+    rank0_found[:] = [["checkpoints/step_00000008/state.pt changed"], []]
+    assert ck._verified_latest() == rd.checkpoint_dir(6)
+    offers[:] = [offer(8), {"corrupt": {"step_00000008": ["checkpoints/step_00000008/state.pt changed"]}}]
+    rank0_found[:] = [["checkpoints/step_00000008/state.pt changed"]]
+    with pytest.raises(CheckpointCorrupt, match="state.pt changed"):
         ck._verified_latest()
-    told["verdict"] = {"error": "rank 0 could not verify the checkpoint: OSError: EIO"}
+    offers[:] = [{"error": "rank 0 could not verify the checkpoint: OSError: EIO"}]
     with pytest.raises(RuntimeError, match="EIO"):
         ck._verified_latest()
     assert rd.fallbacks() == [] and rd.checkpoint_dir(8).is_dir()  # only rank 0 records and moves
@@ -299,3 +321,20 @@ def test_a_loops_checkpoint_is_layout_independent_with_one_module_its_optimizer_
     assert not Objects({"a": m, "b": torch.nn.Linear(1, 1), "optimizer": opt}, {}, 0, "cpu").universal_ok()
     assert not Objects({"model": m}, {}, 0, "cpu").universal_ok()
     assert Objects({"model": m}, {}, 0, "cpu").universal_state() is None
+
+
+def test_each_rank_hashes_a_share_of_the_checkpoint_none_more_than_its_part_and_the_largest_file():
+    """At resume the digests are split across the ranks (checkpoint_manifest.shares): every file once,
+    the same split on every rank, and no rank hashing more than total / world + the largest file."""
+    from launcher.run.checkpoint_manifest import shares
+
+    sizes = {f"shard_{i:03d}.pt": 1000 + 37 * (i % 11) for i in range(200)}
+    sizes.update({"meta.json": 5, "big.pt": 9000})
+    listed = {k: {"size": v, "sha256": "x"} for k, v in sizes.items()}
+    for world in (1, 2, 7, 64, 300):
+        split = shares(listed, world)
+        assert len(split) == world and sorted(f for part in split for f in part) == sorted(listed)
+        assert split == shares(dict(reversed(list(listed.items()))), world)  # the order read does not matter
+        most = max(sum(sizes[f] for f in part) for part in split)
+        assert most <= sum(sizes.values()) / world + max(sizes.values()), (world, most)
+    assert shares(listed, 1) == [sorted(listed, key=lambda f: (-sizes[f], f))]

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from launcher.runtime import job_start, warm_start
+from launcher.runtime import job_start, warm_server, warm_start
 
 
 def test_the_backends_command_is_taken_over_with_the_interpreters_own_argv():
@@ -53,7 +53,7 @@ def test_a_script_jobs_controller_imports_the_launchers_task_and_no_torch():
 
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (3, 3), (144, 144), (256 + 7, 7), ("boom", 1)])
 def test_the_childs_exit_status_is_the_interpreters(code, status, capsys):
-    assert warm_start.exit_status(code) == status
+    assert warm_server.exit_status(code) == status
     if isinstance(code, str):
         assert "boom" in capsys.readouterr().err
 

@@ -79,3 +79,22 @@ def test_one_rank_gathers_the_hang_the_others_only_dump(tmp_path):
     assert watches[2].await_finding() == rd.hang()
     rd.move_aside(1)  # the next attempt starts without the claim, the stacks or the finding
     assert rd.hang() is None and rd.stack_count() == 0 and watches[1].dump_stack()
+
+
+def test_the_start_up_watch_counts_from_the_last_progress_until_the_first_beat(tmp_path):
+    """Before the first beat: no start-up progress for startup_timeout_s fires "startup" (progress()
+    counts again); from the first beat on only the hang watch counts, and a slow first step is not a
+    start-up hang (the hang watch is armed by that beat, as before)."""
+    from launcher.runtime import watchdog
+
+    w = watchdog.Watch(RunDir(tmp_path), rank=0, world=2, hang_timeout_s=0, startup_timeout_s=10)
+    t0 = w._progress
+    assert w.overdue(t0 + 9) is None and w.overdue(t0 + 11) == "startup"
+    w._progress = t0 + 8  # progress(): the process group came up at t0 + 8
+    assert w.overdue(t0 + 11) is None and w.overdue(t0 + 19) == "startup"
+    w.beat()  # the resume's load finished: the start-up watch is done
+    assert w.overdue(w._last + 10_000) is None  # hang_timeout_s 0: no watch at all
+    w.hang_timeout_s = 30
+    assert w.overdue(w._last + 29) is None and w.overdue(w._last + 31) == "hang"
+    off = watchdog.Watch(RunDir(tmp_path), rank=0, world=2, startup_timeout_s=0)
+    assert off.overdue(off._progress + 10_000) is None

@@ -132,8 +132,24 @@ class DeepSpeedCheckpoints:
 
     DIR, TAG = "deepspeed", "state"
 
-    def save_native(self, path: Path) -> None:
-        self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+    def save_native(self, path: Path) -> List[Path]:
+        """DeepSpeed's save; the files this rank wrote, as its checkpoint engine was asked to save them."""
+        written: List[Path] = []
+        engine = self.ds.checkpoint_engine
+        save = engine.save
+
+        def noting(*args: Any, **kwargs: Any) -> Any:
+            target = kwargs.get("path", args[1] if len(args) > 1 else None)
+            if target is not None:
+                written.append(Path(target))
+            return save(*args, **kwargs)
+
+        engine.save = noting
+        try:
+            self.ds.save_checkpoint(str(path / self.DIR), tag=self.TAG, save_latest=False)
+        finally:
+            del engine.save  # its class's method again
+        return written
 
     def load_checkpoint(self, path: Path) -> None:
         loaded, _ = self.ds.load_checkpoint(str(path / self.DIR), tag=self.TAG, load_optimizer_states=True,

@@ -252,8 +252,10 @@ class Engine:
         done before they step); none: saves are synchronous."""
         return []
 
-    def save_native(self, path: Path) -> None:
-        """An engine with its own (collective, synchronous) save writes into ``path`` here."""
+    def save_native(self, path: Path) -> List[Path]:
+        """An engine with its own (collective, synchronous) save writes into ``path`` here, and returns
+        the files this rank wrote (this rank hashes them for the manifest, not the committing one)."""
+        return []
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore this rank's state from the checkpoint directory ``path``."""

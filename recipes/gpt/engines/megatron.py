@@ -38,6 +38,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from launcher.config.schema import enum_value
 from launcher.config.seeding import dropout_seed
 from launcher.training import universal
+from launcher.training.checkpoint import load_on_one_rank
 from launcher.training.engines.engine import (
     DTYPES,
     Batch,
@@ -365,7 +366,9 @@ class MegatronEngine(Engine):
 
     def load_checkpoint(self, path: Any) -> None:
         shard, partition = self._names()
-        state = torch.load(path / shard, map_location=self.device, weights_only=True)
+        # the stage's shard, shared by its data-parallel replicas: read once per dp group (by its dp
+        # rank 0, which wrote it) and broadcast, not read by every replica
+        state = load_on_one_rank(path / shard, self.device, src=self.mesh.ranks["dp"][0], group=self.mesh.dp_group)
         self.stage.load_state_dict(state["model"])
         if self.zero == 1:
             self.optimizer.optim.load_state_dict(torch.load(path / partition, map_location=self.device,

@@ -98,8 +98,12 @@ def build_mesh(layout: Layout, rank: int, device_type: str) -> ParallelMesh:
     if pp == 2:
         mesh.embedding_group = mesh.pp_group  # first and last stage are the whole pipeline
     elif pp > 2:
-        # collective: every rank creates every embedding group, in the same order
-        mesh.embedding_group, _ = dist.new_subgroups_by_enumeration(layout.groups()["embedding"])
+        # each first- and last-stage rank creates its own pair's group with its partner only: one call,
+        # synchronized within the pair (every rank creating all dp x tp of them, each a call of the whole
+        # world, was thousands of communicator creations at 512 nodes); a middle stage has none
+        mine = layout.group_of(rank, "embedding")
+        if mine:
+            mesh.embedding_group = dist.new_group(ranks=sorted(mine), use_local_synchronization=True)
     return mesh
 
 
