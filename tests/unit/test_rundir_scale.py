@@ -89,3 +89,17 @@ def test_the_layer_counts_what_it_is_given(tmp_path):
     assert dict(layer.counts.kinds["p"]) == {"listdir": 1, "open": 1, "fsync": 1, "replace": 1}
     assert layer.counts.ops["p"][3] == 4 and layer.counts.dirents["p"][3] == 2
     assert os.listdir is not None and (root / "d").read_text() == "z"
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_hashes_about_its_own_bytes_at_commit_and_at_resume(counts):
+    """The digests cost each rank its own bytes, not rank 0 the whole checkpoint: at commit every rank
+    hashes what it wrote (the committer the marks from memory), at resume a share of the files; the
+    most any rank hashes stays within 2x its own files' bytes at every N, and every file is hashed once."""
+    for world in SIZES:
+        c = counts[world]
+        for phase in ("checkpoint", "resume"):
+            for rank in range(world):
+                assert c.hashed[phase].get(rank, 0) <= 2 * c.own[rank], (phase, world, rank, c.own[rank])
+        # every file of the checkpoint (each rank's files and its done mark) hashed once at resume
+        assert sum(c.hashed["resume"].values()) == sum(c.own.values()), world
