@@ -98,12 +98,11 @@ def set_cmdline(argv: Sequence[str], shorter: Optional[Sequence[str]] = None) ->
 
 
 def socket_dir() -> Path:
-    """A directory of this user's only (the servers' sockets, locks and logs)."""
+    """A directory of this user's only (the servers' locks, pids and logs)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     d = Path(base) / f"launcher-warm-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
-    st = d.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if d.stat().st_uid != os.getuid() or d.stat().st_mode & 0o077:
         raise PermissionError(f"{d} is not this user's alone")
     return d
 
@@ -116,7 +115,6 @@ def child_path(cwd: str, pythonpath: str, base: Sequence[str]) -> List[str]:
 
 
 # ---- the caller's side ----
-
 _FORWARDED: List[int] = []  # process groups a Ctrl-C in this process is passed to
 
 
@@ -281,16 +279,10 @@ def _umask() -> int:
 
 
 def _recv_all(conn: socket.socket) -> bytes:
-    chunks = []
-    while True:
-        b = conn.recv(65536)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
+    return b"".join(iter(lambda: conn.recv(65536), b""))
 
 
 # ---- the server ----
-
 def _fingerprint(extra: Sequence[str]) -> Dict[str, int]:
     """The mtime of every file the server loaded and every directory on its path: any change (an
     install, an edit) and a new interpreter would run something else."""
@@ -316,10 +308,17 @@ def _changed(fingerprint: Dict[str, int]) -> Optional[str]:
 
 
 def _other_copy(path: List[str], modules: Sequence[str]) -> Optional[str]:
-    """A loaded top-level module a new interpreter on ``path`` would find elsewhere."""
+    """A loaded top-level module a new interpreter on ``path`` would find elsewhere: of ``modules`` and
+    of what importing them loaded outside the stdlib (numpy, yaml...: a user's ``yaml.py`` in the working
+    dir must not be served the server's)."""
     from importlib.machinery import PathFinder
 
-    for top in dict.fromkeys(m.split(".")[0] for m in modules if m in sys.modules):
+    std = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    tops = [m.split(".")[0] for m in (*modules, *list(sys.modules))]
+    for top in dict.fromkeys(t for t in tops if t in sys.modules and t not in std and not t.startswith("__")):
+        loaded = sys.modules[top]
+        if not (getattr(loaded, "__file__", None) or hasattr(loaded, "__path__")):
+            continue  # made in memory (Cython's cython_runtime): no file for a path to shadow
         spec = PathFinder.find_spec(top, path)
         if spec is None or spec.origin != getattr(sys.modules[top], "__file__", None):
             return top
