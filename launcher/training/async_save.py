@@ -107,7 +107,7 @@ class AsyncSaver:
         self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
         self._event_device: Optional[int] = None
 
-    def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+    def _write(self, partial: Path, staged: Dict[str, Any], step: int, feed: bool = False) -> None:
         raise NotImplementedError  # the Checkpointer's
 
     def _write_in_background(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int) -> None:

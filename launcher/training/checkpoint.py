@@ -226,7 +226,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         if self.async_save and not block and self._hooked():
             self._write_in_background(partial, live, small, step)
         else:
-            self._write(partial, {**self._copy(live), **small}, step)
+            self._write(partial, {**self._copy(live), **small}, step, feed=True)
         self.ctx.heartbeat()
         self.blocked_s += time.perf_counter() - t0
 
@@ -249,15 +249,22 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         if dist.is_initialized():
             dist.barrier()
 
-    def _write(self, partial: Path, staged: Dict[str, Any], step: int) -> None:
+    def _write(self, partial: Path, staged: Dict[str, Any], step: int, feed: bool = False) -> None:
+        """Write and hash this rank's files, then its done mark and the commit. ``feed``: on the training
+        thread (a blocking save), each file written or hashed is progress for the hang watch; a writer
+        thread never feeds it (a hung training thread must still be seen)."""
         written = {}
         for i, (name, state) in enumerate(staged.items()):
             _write_file(partial / name, state)
             if i == 0 and step in self.kill_at:  # fault drill: die with the checkpoint half written
                 os.kill(os.getpid(), signal.SIGKILL)
             written[name] = checkpoint_manifest.digest(partial / name)  # in the writer thread when async
+            if feed:
+                self.ctx.heartbeat()
         for rel in self._own_files:
             written[rel] = checkpoint_manifest.digest(partial / rel)
+            if feed:
+                self.ctx.heartbeat()
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
 

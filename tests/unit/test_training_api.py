@@ -338,3 +338,28 @@ def test_each_rank_hashes_a_share_of_the_checkpoint_none_more_than_its_part_and_
         most = max(sum(sizes[f] for f in part) for part in split)
         assert most <= sum(sizes.values()) / world + max(sizes.values()), (world, most)
     assert shares(listed, 1) == [sorted(listed, key=lambda f: (-sizes[f], f))]
+
+
+def test_a_blocking_save_feeds_the_hang_watch_file_by_file(tmp_path):
+    """A save that blocks the training thread (the time limit's, async_save off) is progress: each file
+    it writes or hashes beats the hang watch, so a large checkpoint does not look like a hang (before:
+    one beat once the whole save was done). A writer thread never beats it (``_write(feed=False)``)."""
+    import threading
+
+    beats = []
+
+    class Watch:
+        step = None
+
+        def beat(self, step=None):
+            beats.append(threading.current_thread() is threading.main_thread())
+
+    ctx = make_ctx(tmp_path / "run")
+    ctx.watch = Watch()
+    model = torch.nn.Linear(4, 16)
+    state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters())}
+    ck = Checkpoint(make_cfg(every=0, keep=2), ctx, state, async_save=False)
+    ck.save(2, [], block=True)
+    files = [p for p in ctx.rundir.checkpoint_dir(2).rglob("*") if p.is_file()]
+    assert len(beats) >= 4 and all(beats), (beats, files)  # state, RNG, meta, a universal file, then the end
+    assert len(beats) <= len(files) + 1
