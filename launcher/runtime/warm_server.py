@@ -307,20 +307,21 @@ def _changed(fingerprint: Dict[str, int]) -> Optional[str]:
     return None
 
 
-def _other_copy(path: List[str], modules: Sequence[str]) -> Optional[str]:
-    """A loaded top-level module a new interpreter on ``path`` would find elsewhere: of ``modules`` and
-    of what importing them loaded outside the stdlib (numpy, yaml...: a user's ``yaml.py`` in the working
-    dir must not be served the server's)."""
+def _other_copy(path: List[str], modules: Sequence[str], loaded: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """A loaded top-level module (``loaded``: sys.modules) that a new interpreter on ``path`` would find
+    in another file: of ``modules`` and of what importing them loaded outside the stdlib (numpy, yaml...:
+    a user's ``yaml.py`` in the working dir must not be served the server's). One the path does not find
+    at all was not loaded from it (made in memory, or from a file by name): no path shadows it."""
     from importlib.machinery import PathFinder
 
+    loaded = sys.modules if loaded is None else loaded
     std = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
-    tops = [m.split(".")[0] for m in (*modules, *list(sys.modules))]
-    for top in dict.fromkeys(t for t in tops if t in sys.modules and t not in std and not t.startswith("__")):
-        loaded = sys.modules[top]
-        if not (getattr(loaded, "__file__", None) or hasattr(loaded, "__path__")):
-            continue  # made in memory (Cython's cython_runtime): no file for a path to shadow
+    tops = [m.split(".")[0] for m in (*modules, *list(loaded))]
+    for top in dict.fromkeys(t for t in tops if t in loaded and t not in std and not t.startswith("__")):
+        if not (getattr(loaded[top], "__file__", None) or hasattr(loaded[top], "__path__")):
+            continue  # made in memory (Cython's cython_runtime): the same in a new interpreter
         spec = PathFinder.find_spec(top, path)
-        if spec is None or spec.origin != getattr(sys.modules[top], "__file__", None):
+        if spec is not None and spec.origin != getattr(loaded[top], "__file__", None):
             return top
     return None
 

@@ -52,17 +52,24 @@ def test_a_changed_or_removed_file_is_named(tmp_path):
 
 
 def test_a_path_that_finds_another_copy_of_a_loaded_module_is_named(tmp_path):
-    """Of the modules named and of every third-party module loaded beside them (a user's ``yaml.py`` where
-    the controller starts would be imported by a new interpreter, not the server's yaml)."""
-    import yaml  # noqa: F401 - loaded here, as importing torch or wandb loads third-party modules
+    """Of the modules named and of every third-party module loaded beside them (a user's ``yaml`` where
+    the controller starts would be imported by a new interpreter, not the server's yaml); stdlib modules
+    and modules no path finds (made in memory, loaded from a file by name) are not asked."""
+    import json
+    import types
 
-    assert warm_server._other_copy(list(sys.path), ["yaml"]) is None
+    import yaml
+
+    loaded = {"yaml": yaml, "json": json, "made_in_memory": types.ModuleType("made_in_memory")}
+    assert warm_server._other_copy(list(sys.path), ["yaml"], loaded) is None
     (tmp_path / "yaml").mkdir()
     (tmp_path / "yaml" / "__init__.py").write_text("")
-    assert warm_server._other_copy([str(tmp_path), *sys.path], ["yaml.loader"]) == "yaml"
-    assert warm_server._other_copy([str(tmp_path), *sys.path], ["json"]) == "yaml"  # loaded, though not named
+    (tmp_path / "json.py").write_text("")  # the stdlib's: not asked
+    (tmp_path / "made_in_memory.py").write_text("")
+    assert warm_server._other_copy([str(tmp_path), *sys.path], ["yaml.loader"], loaded) == "yaml"
+    assert warm_server._other_copy([str(tmp_path), *sys.path], ["json"], loaded) == "yaml"  # loaded, not named
     (tmp_path / "yaml").rename(tmp_path / "not_yaml")
-    assert warm_server._other_copy([str(tmp_path), *sys.path], ["not_loaded_anywhere"]) is None
+    assert warm_server._other_copy([str(tmp_path), *sys.path], ["json"], loaded) is None
 
 
 def test_the_socket_dir_is_this_users_alone(tmp_path, monkeypatch):
