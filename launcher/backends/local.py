@@ -83,6 +83,23 @@ def signal_process(pid: int, start: Optional[int], sig: int) -> bool:
             os.close(fd)
 
 
+class ServerChild:
+    """What submitit's LocalJob and the launch's wait use of a ``subprocess.Popen``, for a controller the
+    warm server forked (its child, not this process's: no exit status here, 0 once it is gone)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self._start = pid, process_start(pid)
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and not same_process(self.pid, self._start):
+            self.returncode = 0
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        signal_process(self.pid, self._start, signum)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -163,11 +180,11 @@ def _executor_class(visible: Optional[str] = None, preload: Sequence[str] = warm
             env[warm_start.PRELOAD_ENV] = ",".join(preload)
             # it outlives the launching process; the job (its pid) is polled and ended through LocalJob.
             # Forked from the warm server where the processes import torch (a new interpreter otherwise)
-            process = None
+            pid = None
             if tuple(preload) == warm_start.PRELOAD:
-                process = warm_server.start_controller([CONTROLLER, str(self.folder)], env, warm_start.SERVER_PRELOAD)
-            if process is None:
-                process = subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
+                pid = warm_server.start_controller([CONTROLLER, str(self.folder)], env, warm_start.SERVER_PRELOAD)
+            process: Any = ServerChild(pid) if pid is not None else \
+                subprocess.Popen([sys.executable, "-m", CONTROLLER, str(self.folder)], env=env)  # noqa: S603
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
     return Executor

@@ -97,11 +97,12 @@ def run(rd: RunDir) -> Dict[str, Any]:
 
         # on by default on several nodes (schema.hang_timeout_s): a lost peer there often blocks the others
         hang_s = hang_timeout_s(train, int(cluster.get("nodes") or 1))
-        startup_s = startup_timeout_s(train, int(cluster.get("nodes") or 1), is_script(archived.get("recipe")))
+        own_process = is_script(archived.get("recipe"))  # recipe=script: the user's script runs as a process
+        startup_s = startup_timeout_s(train, int(cluster.get("nodes") or 1), own_process)
         watch = watchdog.start(rd, denv.rank, world=denv.world_size, hang_timeout_s=float(hang_s), on_hang=on_hang,
                                startup_timeout_s=float(startup_s))
         if denv.rank == 0:  # (a script's ranks import no torch: its own process imports what it uses)
-            a.record_environment(topology.runtime_software(import_torch=not is_script(archived.get("recipe"))))
+            a.record_environment(topology.runtime_software(import_torch=not own_process))
         try:
             if denv.rank == 0:
                 n["n"] = restarts.begin_attempt(
@@ -120,7 +121,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
             if e.reason == GROW:  # cluster.elastic: nodes are back; the job queued after this one grows the run
                 a.ended_to_grow(e.step)
                 return {}
-            detail = script.stop_detail(e.reason, e.step) if is_script(archived.get("recipe")) else \
+            detail = script.stop_detail(e.reason, e.step) if own_process else \
                 f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
             if e.reason == "time_limit":
                 if requeue(e.reason, detail, e.step):

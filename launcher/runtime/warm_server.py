@@ -118,30 +118,10 @@ def child_path(cwd: str, pythonpath: str, base: Sequence[str]) -> List[str]:
 _FORWARDED: List[int] = []  # process groups a Ctrl-C in this process is passed to
 
 
-class Controller:
-    """What submitit's LocalJob and the launch's wait use of a ``subprocess.Popen`` for a process that
-    is the server's child: ``pid``, ``poll()`` (an exit status is not known here: 0 once it is gone)
-    and ``send_signal()``."""
-
-    def __init__(self, pid: int, start: Optional[str]) -> None:
-        self.pid = pid
-        self._start = start
-        self.returncode: Optional[int] = None
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is None and _start_time(self.pid) != self._start:
-            self.returncode = 0
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
-
-
-def start_controller(module_args: Sequence[str], env: Mapping[str, str],
-                     modules: Sequence[str]) -> Optional[Controller]:
-    """``python -m MODULE ARGS`` forked from the warm server for ``env`` (started here if none answers),
-    or None: off, refused or unreachable, and the caller starts it as a new interpreter."""
+def start_controller(module_args: Sequence[str], env: Mapping[str, str], modules: Sequence[str]) -> Optional[int]:
+    """``python -m MODULE ARGS`` forked from the warm server for ``env`` (started here if none answers):
+    its pid (the server's child, not this process's), or None: off, refused or unreachable, and the
+    caller starts it as a new interpreter."""
     if any(env.get(k, "1").strip() == "0" for k in ("LAUNCHER_LOCAL_FORK", OFF_ENV)) or not modules:
         return None
     try:
@@ -163,7 +143,7 @@ def start_controller(module_args: Sequence[str], env: Mapping[str, str],
     if not isinstance(pid, int):
         return None
     _forward_sigint(pid)
-    return Controller(pid, _start_time(pid))
+    return pid
 
 
 def address(path: Path) -> str:
@@ -237,15 +217,6 @@ def _forward_sigint(pgid: int) -> None:
         signal.signal(signal.SIGINT, forward)
     except ValueError:  # not the main thread: nothing to forward from
         pass
-
-
-def _start_time(pid: int) -> Optional[str]:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return None if fields[0] == "Z" else fields[19]
 
 
 def _limits() -> Dict[str, List[int]]:

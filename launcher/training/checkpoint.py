@@ -372,10 +372,10 @@ class Objects:
 
 def _under(paths: Optional[List[Path]], root: Path) -> List[str]:
     """``paths`` inside ``root``, relative to it (an engine's files elsewhere are not the checkpoint's)."""
-    out = []
+    out, root = [], root.resolve()
     for p in paths or ():
         try:
-            out.append(str(Path(p).resolve().relative_to(root.resolve())))
+            out.append(str(Path(p).resolve().relative_to(root)))
         except ValueError:
             pass
     return out

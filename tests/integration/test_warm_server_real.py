@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import BIN, launch, read_metrics, runs_json
+from launcher.backends.local import ServerChild
 from launcher.runtime import warm_server, warm_start
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -57,7 +58,7 @@ def _request(tmp_path, extra_path: str = "") -> tuple:
             saved = os.dup(1)
             os.dup2(f.fileno(), 1)  # the caller's stdout: the controller's too
             try:
-                c = warm_server.start_controller(["probe_mod", "a1"], env, warm_start.SERVER_PRELOAD)
+                pid = warm_server.start_controller(["probe_mod", "a1"], env, warm_start.SERVER_PRELOAD)
             finally:
                 os.dup2(saved, 1)
                 os.close(saved)
@@ -65,9 +66,10 @@ def _request(tmp_path, extra_path: str = "") -> tuple:
         os.chdir(cwd)
         os.umask(old_mask)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    if c is None:
+    if pid is None:
         return None, None
     deadline = time.monotonic() + 60
+    c = ServerChild(pid)  # what the local backend polls
     while c.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     (pid,) = warm_server.running().values()
