@@ -373,11 +373,7 @@ def publish(sweep: _Sweep, checked: List[Checked], runs: List[SubmittedRun], job
     from launcher.archive import registry, secrets  # lazy: a dry run never stages, submits or publishes
     from launcher.submit import staging
 
-    published = [sweep.dir.publish(c.index) for c in checked]
-    staging.unlink_shared_copies(sweep.dir)  # each run holds its own link
-    for rd in published:
-        if rd.exists() and rd.is_final():
-            rd.seal()
+    published = staging.publish(sweep.dir, [c.index for c in checked])
     sweep.dir.extend({
         "sweep_id": sweep.dir.sweep_id, "argv": [secrets.scrub(a, sweep.known) for a in sweep.argv],
         "job_ids": job_ids, "backend": checked[0].backend.name, "runs": [r.run_id for r in runs],

@@ -183,7 +183,7 @@ def cancel_runs(rds: List[Any], error: str) -> int:
     A record that cannot be written (a full disk) never stops the cancel: the jobs are cancelled all the
     same, and what could not be recorded is said on stderr (the next command settles it from the
     scheduler's word, launcher.run.outcome). The number of outcomes this call recorded."""
-    from launcher.submit.submission import in_threads  # lazy: progress is imported by every launch
+    from launcher.submit.spread import in_threads  # lazy: progress is imported by every launch
 
     unrecorded: List[str] = []
 

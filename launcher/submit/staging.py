@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from launcher.archive import secrets, snapshot, software
 from launcher.run.checks_record import ChecksRecord
 from launcher.run.rundir import RunDir, SweepDir
-from launcher.submit.submission import in_threads
+from launcher.submit.spread import in_processes
 
 
 @dataclass
@@ -67,7 +67,7 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
             datas[id(p.data)] = RunDir(shared.path / f".data-{len(datas)}")
             datas[id(p.data)].write_data_manifest(clean(p.data))
 
-    def one(p: Staged) -> RunDir:
+    def one(p: Staged) -> Dict[str, Any]:
         rd = sd.staging(p.index)
         if p.index in plan_of:
             rd.link_from(plans[plan_of[p.index]], (RunDir.PLAN,))
@@ -75,17 +75,30 @@ def stage(sd: SweepDir, points: List[Staged], known: secrets.Known) -> List[RunD
             rd.link_from(datas[id(p.data)], (RunDir.DATA_MANIFEST,))
         rd.link_from(checks[checks_of[p.index]], (RunDir.CHECKS,))
         rd.write_config(p.config)
-        p.run = rd.write_run(clean(p.run))  # what the index row holds (registry.record), without reading it back
-        return rd
+        return rd.write_run(clean(p.run))  # what the index row holds (registry.record), without reading it back
 
-    # a few files per run: the file system's work (system time) overlaps in a few threads
-    return in_threads(one, points)
+    # a few files per run: the interpreter's work and the file system's, spread over the host's cores
+    for p, written in zip(points, in_processes(one, points)):
+        p.run = written
+    return [sd.staging(p.index) for p in points]
 
 
-def unlink_shared_copies(sd: SweepDir) -> None:
-    """Once every run holds its links: the shared plan and data copies go (publish)."""
+def publish(sd: SweepDir, indices: List[int]) -> List[RunDir]:
+    """Each staged run renamed into place (the renames spread as the writes were), the shared plan and
+    data copies removed (each run holds its own link), and a run that ended already (a refused
+    submission) sealed."""
     import shutil
 
+    def put(index: int) -> bool:
+        rd = sd.publish(index)
+        return rd.exists() and rd.is_final()
+
+    ended = in_processes(put, indices)
     shared = sd.shared().path
     for linked in [*shared.glob(".plan-*"), *shared.glob(".data-*"), *shared.glob(".checks-*")]:
         shutil.rmtree(linked, ignore_errors=True)
+    published = [sd.run(i) for i in indices]
+    for rd, final in zip(published, ended):
+        if final:
+            rd.seal()
+    return published

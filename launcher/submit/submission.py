@@ -25,6 +25,7 @@ from launcher.run.job_record import JobRecord
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
 from launcher.submit import signals
+from launcher.submit.spread import in_processes
 from launcher.sweeps import Unschedulable, first_points, plan_arrays, wave_cut
 
 T = TypeVar("T")
@@ -268,18 +269,19 @@ def _submit_array(arr: Array[Run], known: Dict[str, str], job_name: Optional[str
     if script is not None:  # one script for the whole array: written once, linked into each run
         first.shared.write_script(secrets.scrub(script, known))
 
-    def one(run_job: Tuple[Run, Any]) -> SubmittedRun:  # a run stays pending (no status.json) until it starts
-        run, job = run_job
-        record = backend.job_record(job, run.num_tasks).after(run.earlier)
+    records = [backend.job_record(job, run.num_tasks).after(run.earlier) for run, job in zip(arr.points, jobs)]
+
+    def write(i: int) -> None:  # a run stays pending (no status.json) until it starts
         if script is not None:
-            run.staged.archive_script(first.shared)
-        run.staged.write_job(record)
-        return SubmittedRun(run_id=run.run_id, rundir=run.rundir, job_id=record.job_id, job=job, record=record)
+            arr.points[i].staged.archive_script(first.shared)
+        arr.points[i].staged.write_job(records[i])
 
     try:
         # staged runs are hidden until published: their job.json written in place, flushed once before
         with atomic.deferred_sync(private=all(r.stage is not None for r in arr.points)):
-            submitted = in_threads(one, list(zip(arr.points, jobs)))
+            in_processes(write, list(range(len(records))))
+        submitted = [SubmittedRun(run_id=run.run_id, rundir=run.rundir, job_id=rec.job_id, job=job, record=rec)
+                     for run, job, rec in zip(arr.points, jobs, records)]
     finally:  # each run holds its array's own; the next array writes a file of its own
         if script is not None:
             (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
@@ -344,28 +346,3 @@ def _submit_pack(arr: Array[Run], known: Dict[str, str], job_name: Optional[str]
         if script is not None:
             (first.shared.path / RunDir.SCRIPT).unlink(missing_ok=True)
     return out
-
-
-def in_threads(fn: Callable[[Any], Any], items: list) -> list:
-    """``[fn(x) for x in items]``; in a few threads when the first items show each waiting on the file
-    system (a network file system's round trips: milliseconds a file), so that the waits overlap. On a
-    local disk the work is the interpreter's, and threads only contend for it (sequential was ~20%
-    faster at 1,000 runs)."""
-    import time
-
-    out = [fn(x) for x in items[:_PROBE]]  # the first ones warm caches
-    wall, cpu = time.perf_counter(), time.thread_time()
-    out += [fn(x) for x in items[_PROBE:2 * _PROBE]]
-    waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
-    rest = items[2 * _PROBE:]
-    if not rest or waited < _PROBE * _WAIT_S:
-        return out + [fn(x) for x in rest]
-    # threads only when submitting or archiving for real, not on a dry run
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return out + list(pool.map(fn, rest))
-
-
-_PROBE = 16  # items timed before deciding
-_WAIT_S = 0.5e-3  # waited per item (not computing) past which threads overlap the waits

@@ -1,0 +1,58 @@
+"""launcher.submit.spread: a launch's per-run writes over two processes give what one process gives,
+and a child that fails leaves its half to the parent."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from launcher.submit import spread
+
+
+def _writer(root: Path, fail_in_child_at: int = -1):
+    parent = os.getpid()
+
+    def fn(i: int) -> dict:
+        if i == fail_in_child_at and os.getpid() != parent:
+            raise OSError("disk said no")
+        (root / f"{i}.json").write_text(str(i))
+        return {"i": i, "pid": os.getpid(), "path": root / f"{i}.json"}  # a Path: JSON holds it as text
+    return fn
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the second process needs a second core")
+def test_the_second_half_is_written_by_a_child_and_results_come_back_in_order(tmp_path):
+    n = 3 * spread._FORK_MIN
+    out = spread.in_processes(_writer(tmp_path), list(range(n)))
+    assert [r["i"] for r in out] == list(range(n))
+    assert sorted(int(p.stem) for p in tmp_path.iterdir()) == list(range(n))
+    pids = {r["pid"] for r in out[n // 2:]}
+    assert pids != {os.getpid()} and len(pids) == 1  # one child wrote the second half
+    assert {r["pid"] for r in out[:n // 2]} == {os.getpid()}
+    assert out[-1]["path"] == str(tmp_path / f"{n - 1}.json")
+
+
+def test_a_child_that_fails_leaves_its_half_to_the_parent(tmp_path):
+    n = 2 * spread._FORK_MIN
+    out = spread.in_processes(_writer(tmp_path, fail_in_child_at=n - 3), list(range(n)))
+    assert [r["i"] for r in out] == list(range(n))
+    assert {r["pid"] for r in out} == {os.getpid()}  # the child's results were dropped, its half redone here
+    assert len(list(tmp_path.iterdir())) == n
+
+
+def test_a_few_items_are_not_worth_a_fork(tmp_path):
+    out = spread.in_processes(_writer(tmp_path), list(range(spread._FORK_MIN - 1)))
+    assert {r["pid"] for r in out} == {os.getpid()}
+
+
+def test_an_error_in_the_parents_half_stops_the_child_and_is_raised(tmp_path):
+    def fn(i: int) -> int:
+        if i == 0:
+            raise KeyboardInterrupt  # Ctrl-C while the runs are being written
+        return i
+
+    with pytest.raises(KeyboardInterrupt):
+        spread.in_processes(fn, list(range(2 * spread._FORK_MIN)))
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child left behind
