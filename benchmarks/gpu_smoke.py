@@ -49,14 +49,15 @@ class Step:
     what: str
 
 
+# the environment first, then what only a GPU can show (a budget that runs out skips the rest)
 STEPS: List[Step] = [
     Step("env", 90, False, True, "GPU, CUDA, NCCL, CUDA_VISIBLE_DEVICES, libraries"),
     Step("matmul_peak", 90, True, False, "bf16 matmul peak (benchmarks/matmul_peak.py)"),
-    Step("no_cuda_refusal", 120, False, True, "a run promised GPUs with CUDA hidden is refused, never trains on CPU"),
     Step("flash_attention", 90, True, False, "the model's SDPA call runs on the flash backend"),
     Step("ddp_mfu", 300, False, False, "gpt_1b3 bf16 DDP through launch: MFU, host syncs per step"),
-    Step("async_checkpoint", 150, False, True, "async saves bitwise equal to a clone taken at the save"),
     Step("async_checkpoint_negative", 150, True, False, "the same with the writer's wait removed: must differ"),
+    Step("no_cuda_refusal", 120, False, True, "a run promised GPUs with CUDA hidden is refused, never trains on CPU"),
+    Step("async_checkpoint", 150, False, True, "async saves bitwise equal to a clone taken at the save"),
     Step("resume", 300, False, False, "a run failed at step 8 and resumed from step 6 equals an uninterrupted one"),
     Step("zero2", 240, False, False, "DeepSpeed ZeRO-2 bf16 through launch"),
     Step("megatron", 180, False, False, "megatron engine, tp=pp=dp=1, bf16, through launch"),
@@ -73,13 +74,22 @@ def line(step: str, ok: Optional[bool], measured: Any, expected: Any, **extra: A
     return {"step": step, "ok": ok, "measured": measured, "expected": expected, **extra}
 
 
-def run_step(step: Step, mode: str, work: Path, logs: Path, context: Dict[str, Any]) -> Dict[str, Any]:
-    """One step in its own process, bounded by its timeout; its result line (or why there is none)."""
+MIN_STEP_S = 30  # a step with less of the budget left than this is skipped, not started
+
+
+def run_step(step: Step, mode: str, work: Path, logs: Path, context: Dict[str, Any],
+             left_s: Optional[float] = None) -> Dict[str, Any]:
+    """One step in its own process, bounded by its timeout and by what is ``left_s`` of the smoke's
+    budget; its result line (or why there is none)."""
     if step.cuda_only and mode != "gpu":
         return line(step.name, None, None, step.what, why=f"skipped: needs CUDA ({mode} mode)")
     if mode == "dry-run" and not step.cpu_ok:
         return line(step.name, None, None, step.what,
                     why="skipped: dry run (runs on CPU with gpt_tiny under --cpu, on the GPU under the default mode)")
+    timeout_s = step.timeout_s if left_s is None else int(min(step.timeout_s, left_s))
+    if timeout_s < MIN_STEP_S:
+        return line(step.name, None, None, step.what,
+                    why=f"skipped: budget ({max(0, int(left_s or 0))} s of the smoke's budget left, --budget-s)")
     log = logs / f"{step.name}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1", SMOKE_CONTEXT=json.dumps(context),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -90,7 +100,7 @@ def run_step(step: Step, mode: str, work: Path, logs: Path, context: Dict[str, A
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
                                 start_new_session=True)
         try:
-            proc.wait(timeout=step.timeout_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
@@ -99,8 +109,9 @@ def run_step(step: Step, mode: str, work: Path, logs: Path, context: Dict[str, A
     found = [x[len(RESULT):] for x in text.splitlines() if x.startswith(RESULT)]
     if found:
         res = json.loads(found[-1])
-    elif proc.returncode in (-9, 137) and seconds >= step.timeout_s:
-        res = line(step.name, False, None, step.what, why=f"timed out after {step.timeout_s} s", tail=_tail(text))
+    elif proc.returncode in (-9, 137) and seconds >= timeout_s:
+        res = line(step.name, False, None, step.what, why=f"timed out after {timeout_s} s"
+                   + (" (the smoke's budget)" if timeout_s < step.timeout_s else ""), tail=_tail(text))
     else:
         res = line(step.name, False, None, step.what, why=f"the step's process exited {proc.returncode} "
                    "without a result", tail=_tail(text))
@@ -134,13 +145,17 @@ def drive(args: argparse.Namespace) -> int:
     if args.setup_json:  # the setup's line, made by gpu_smoke.sh
         emit(json.loads(Path(args.setup_json).read_text()))
     context: Dict[str, Any] = {}
+    # the budget counts from gpu_smoke.sh's start (SMOKE_T0: its set-up and wheels included)
+    start = float(os.environ.get("SMOKE_T0") or time.time())
+    deadline = start + args.budget_s if args.budget_s else None
     try:
         for step in STEPS:
             if only and step.name not in only:
                 continue
             work = scratch / step.name
             work.mkdir()
-            res = run_step(step, args.mode, work, logs, context)
+            left = None if deadline is None else deadline - time.time()
+            res = run_step(step, args.mode, work, logs, context, left)
             emit(res)
             if step.name == "matmul_peak" and res.get("ok") is not None and res.get("measured"):
                 context["matmul_tflops"] = res["measured"].get("bf16_matmul_tflops")
@@ -227,10 +242,25 @@ def step_matmul_peak(mode: str, work: Path) -> Dict[str, Any]:
 
 # ---- launch steps ----
 
+def device_memory_gb() -> int:
+    """The GPU's own memory, GiB rounded down (an H100 80 GB: 79; an H200: 140), as nvidia-smi reads it:
+    no CUDA context is made in this process (the step's run has the GPU)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return int(int(out[0]) * 2 ** 20 // 2 ** 30)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory // 2 ** 30)
+
+
+# wandb.enabled=false: the lent GPU machines have no wandb and the smoke is about the GPU path
 def common(mode: str) -> List[str]:
     if mode == "gpu":
-        return ["cluster=local", "cluster.gpus_per_node=1", "cluster.use_gpus=true", "cluster.gpu.memory_gb=139",
-                f"cluster.gpu.peak_tflops={H200_DENSE_BF16:g}", "wandb.enabled=false"]
+        return ["cluster=local", "cluster.gpus_per_node=1", "cluster.use_gpus=true",
+                f"cluster.gpu.memory_gb={device_memory_gb()}", f"cluster.gpu.peak_tflops={H200_DENSE_BF16:g}",
+                "wandb.enabled=false"]
     return ["cluster=local", "cluster.gpus_per_node=1", "wandb.enabled=false"]
 
 
@@ -272,7 +302,8 @@ def summary(run: Optional[Path]) -> Dict[str, Any]:
            "steps": len(rows), "resumed_from": summ.get("resumed_from"),
            "tflops_per_gpu": med("tflops", digits=1), "mfu": med("mfu"), "step_s": med("step_time_s", digits=4),
            "data_wait_s": med("time_data_s", digits=4), "peak_gpu_GiB": med("peak_memory_bytes", 1 / 2 ** 30, 2),
-           "first_loss": summ.get("first_loss"), "final_loss": summ.get("final_loss")}
+           "first_loss": summ.get("first_loss"), "final_loss": summ.get("final_loss"),
+           "checkpoint_blocked_s": summ.get("checkpoint_blocked_s")}
     if (run / SYNC_FILE).exists():
         out["syncs"] = json.loads((run / SYNC_FILE).read_text())
     return out
@@ -683,6 +714,9 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_const", const="dry-run", dest="mode")
     ap.add_argument("--cpu", action="store_const", const="cpu", dest="mode")
     ap.add_argument("--only", help="comma-separated step names")
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("SMOKE_BUDGET_S", 450)),
+                    help="the whole smoke's seconds (default 450: done within 8 minutes with the set-up); a "
+                         "step is cut to what is left, and skipped ('skipped: budget') when under 30 s is; 0: none")
     ap.add_argument("--setup-json", help=argparse.SUPPRESS)
     ap.add_argument("--step", help=argparse.SUPPRESS)  # inside a step's process
     ap.add_argument("--work", help=argparse.SUPPRESS)

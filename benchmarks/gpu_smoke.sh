@@ -6,13 +6,21 @@
 #   ./benchmarks/gpu_smoke.sh --only ddp_mfu,resume
 # One JSON line per step on stdout, also in $OUT/gpu_smoke.jsonl (else benchmarks/out/); logs beside it.
 #
-# Set-up (GPU mode only): scripts/setup.sh with LAUNCHER_TORCH_INDEX (default here: the cu126 wheel
+# On a machine with its own torch and no network (the lent GPU machines): carry the folder of wheels
+# benchmarks/gpu_wheels.sh builds (.whl/, ~24 MiB: hydra, omegaconf, submitit, deepspeed, ...). When it
+# is there (SMOKE_WHEELS=dir: another) and a Python here has torch (a CUDA one in GPU mode), the wheels
+# are installed into a scratch dir put on PYTHONPATH, with no index, and setup.sh is skipped; the
+# "setup" line names the Python, its torch and the wheels. The whole smoke has a budget (--budget-s,
+# default 450 s from this script's start): a step is cut to what is left, or "skipped: budget".
+#
+# Set-up otherwise (GPU mode only): scripts/setup.sh with LAUNCHER_TORCH_INDEX (default here: the cu126 wheel
 # index) and LAUNCHER_TORCH_SPEC, pip told to give up quickly when there is no network. If that fails
 # (no network: a CUDA torch cannot be installed), the "setup" line says so and the steps run with the
 # first Python found whose torch imports (.venv, then python3; SMOKE_PYTHON overrides), each step
 # saying what it lacks. SMOKE_SITE=dir1:dir2 puts extra package dirs (pure-Python packages that
 # Python lacks: hydra, omegaconf, submitit, ...) on PYTHONPATH. SMOKE_SKIP_SETUP=1: no setup.sh.
 set -uo pipefail
+export SMOKE_T0="${SMOKE_T0:-$(date +%s)}"
 cd "$(dirname "$0")/.."
 MODE=gpu
 REST=()
@@ -25,6 +33,35 @@ SETUP_JSON="$OUTDIR/gpu_smoke_setup.json"
 
 has_torch() { "$1" -c 'import torch' >/dev/null 2>&1; }
 has_cuda() { "$1" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; }
+
+# the Python the steps run with: the first whose torch imports (a CUDA one in GPU mode, else any)
+pick_python() {
+  local cand found=""
+  for cand in .venv/bin/python python3; do
+    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
+    if has_torch "$cand" && { [ "$MODE" != gpu ] || has_cuda "$cand"; }; then echo "$cand"; return; fi
+    [ -z "$found" ] && has_torch "$cand" && found="$cand"   # torch without CUDA: still better than none
+  done
+  echo "${found:-python3}"
+}
+
+WHEELS="${SMOKE_WHEELS:-.whl}"
+wheels=""
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  PY="${SMOKE_PYTHON:-$(pick_python)}"
+  if has_torch "$PY" && { [ "$MODE" != gpu ] || has_cuda "$PY"; }; then
+    site="${SMOKE_SITE_DIR:-${TMPDIR:-/tmp}/gpu_smoke_site}"
+    rm -rf "$site"
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$WHEELS"/*.whl >"$SETUP_LOG" 2>&1; then
+      export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+      wheels="$(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $site"
+      SMOKE_SKIP_SETUP=1
+    else
+      echo "gpu_smoke: installing the carried wheels ($WHEELS) failed: $(tail -2 "$SETUP_LOG")" >&2
+    fi
+  fi
+fi
 
 setup_rc=-1; setup_s=0; why=""
 if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
@@ -48,20 +85,12 @@ if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
   fi
 fi
 
-# the Python the steps run with
-PY="${SMOKE_PYTHON:-}"
-if [ -z "$PY" ]; then
-  for cand in .venv/bin/python python3; do
-    command -v "$cand" >/dev/null 2>&1 || [ -x "$cand" ] || continue
-    if has_torch "$cand" && { [ "$MODE" != gpu ] || has_cuda "$cand"; }; then PY="$cand"; break; fi
-    [ -z "$PY" ] && has_torch "$cand" && PY="$cand"   # torch without CUDA: still better than none
-  done
-  PY="${PY:-python3}"
-fi
+[ -n "$wheels" ] || PY="${SMOKE_PYTHON:-$(pick_python)}"
 
-"$PY" - "$MODE" "$setup_rc" "$setup_s" "$why" "$SETUP_LOG" "$PY" >"$SETUP_JSON" <<'EOF'
+"$PY" - "$MODE" "$setup_rc" "$setup_s" "$why" "$SETUP_LOG" "$PY" "$wheels" >"$SETUP_JSON" <<'EOF'
 import json, os, sys
-mode, rc, secs, why, log, py = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+mode, rc, secs, why, log, py, wheels = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5],
+                                        sys.argv[6], sys.argv[7])
 tail = open(log, errors="replace").read().strip().splitlines()[-6:] if os.path.exists(log) else []
 try:
     import torch
@@ -70,11 +99,13 @@ except Exception as e:
     torch_v = f"import failed: {e}"
 measured = {"setup_exit": None if rc < 0 else rc, "setup_s": secs, "python": py, "torch": torch_v,
             "LAUNCHER_TORCH_INDEX": os.environ.get("LAUNCHER_TORCH_INDEX"),
-            "LAUNCHER_TORCH_SPEC": os.environ.get("LAUNCHER_TORCH_SPEC", "torch==2.13.0 (setup.sh default)")}
+            "LAUNCHER_TORCH_SPEC": os.environ.get("LAUNCHER_TORCH_SPEC", "torch==2.13.0 (setup.sh default)"),
+            "wheels": wheels or None}
 expected = "scripts/setup.sh exit 0: .venv with a CUDA build of torch"
 if rc < 0:
     res = {"step": "setup", "ok": None, "measured": measured, "expected": expected,
-           "why": f"skipped: {mode} mode" if mode != "gpu" else "skipped: SMOKE_SKIP_SETUP=1"}
+           "why": f"skipped: this Python's torch with the carried wheels ({wheels})" if wheels
+           else f"skipped: {mode} mode" if mode != "gpu" else "skipped: SMOKE_SKIP_SETUP=1"}
 else:
     res = {"step": "setup", "ok": rc == 0, "measured": measured, "expected": expected,
            **({"why": why, "tail": [x[-300:] for x in tail]} if rc else {})}

@@ -278,13 +278,34 @@ def _changed(fingerprint: Dict[str, int]) -> Optional[str]:
     return None
 
 
-def _other_copy(path: List[str], modules: Sequence[str], loaded: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+class _Misses:
+    """Last on sys.meta_path while the server imports: the top-level names no finder found (numpy for a
+    torch on a path without it: torch then runs without its NumPy bridge, in every child it forks)."""
+
+    def __init__(self) -> None:
+        self.names: set = set()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if path is None:
+            self.names.add(name)
+
+
+_missed = _Misses()
+
+
+def _other_copy(path: List[str], modules: Sequence[str], loaded: Optional[Mapping[str, Any]] = None,
+                missed: Sequence[str] = ()) -> Optional[str]:
     """A loaded top-level module (``loaded``: sys.modules) that a new interpreter on ``path`` would find
     in another file: of ``modules`` and of what importing them loaded outside the stdlib (numpy, yaml...:
     a user's ``yaml.py`` in the working dir must not be served the server's). One the path does not find
-    at all was not loaded from it (made in memory, or from a file by name): no path shadows it."""
+    at all was not loaded from it (made in memory, or from a file by name): no path shadows it. Or one
+    the server looked for and did not find (``missed``) that ``path`` finds: its imports went without it."""
     from importlib.machinery import PathFinder
 
+    for name in missed:
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.origin is not None:  # (any folder is a namespace package: not one)
+            return name
     loaded = sys.modules if loaded is None else loaded
     std = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
     tops = [m.split(".")[0] for m in (*modules, *list(loaded))]
@@ -300,11 +321,13 @@ def _other_copy(path: List[str], modules: Sequence[str], loaded: Optional[Mappin
 def serve(path: Path, modules: Sequence[str], idle_s: float) -> None:
     import importlib
 
+    sys.meta_path.append(_missed)
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as e:  # not installed: each controller imports what it needs as it would anyway
             print(f"warm server: {name}: {e!r}", file=sys.stderr, flush=True)
+    sys.meta_path.remove(_missed)
     base = list(sys.path)  # without this file's dir (__main__ below): a controller's own path comes first
     fingerprint = _fingerprint([__file__])
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the controllers are reaped as they end
@@ -393,7 +416,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket, modules: Sequence[s
         req = json.loads(msg)
         env, cwd = dict(req["env"]), str(req["cwd"])
         path = child_path(cwd, env.get("PYTHONPATH", ""), base)
-        other = _other_copy(path, modules)
+        other = _other_copy(path, modules, missed=sorted(_missed.names))
         if other:
             conn.sendall(json.dumps({"refused": f"{other} would load from elsewhere on this path"}).encode())
             return True

@@ -131,4 +131,6 @@ def main(cfg: GPTRunConfig, ctx: Any) -> Dict[str, Any]:
         "dp": dp,
         "grad_accum": accum,
         "state_bytes": engine.state_bytes(),
+        # seconds this attempt's loop waited on its saves (the final one included): what a save costs
+        "checkpoint_blocked_s": round(loop.checkpoint.blocked_s, 3) if loop.checkpoint is not None else None,
     }

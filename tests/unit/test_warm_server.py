@@ -72,6 +72,24 @@ def test_a_path_that_finds_another_copy_of_a_loaded_module_is_named(tmp_path):
     assert warm_server._other_copy([str(tmp_path), *sys.path], ["json"], loaded) is None
 
 
+def test_a_path_that_finds_what_the_servers_imports_missed_is_refused(tmp_path):
+    """torch imported on a path without numpy runs without its NumPy bridge in every child forked from
+    it: a controller whose path finds numpy (PYTHONPATH holding carried wheels) starts a new interpreter.
+    A bare folder of that name (a namespace package) is not such a module."""
+    import json
+
+    loaded = {"json": json}
+    missed = warm_server._Misses()
+    missed.find_spec("numpy_for_this_test")  # a top-level import no finder found
+    missed.find_spec("numpy_for_this_test.core", path=["x"])  # a submodule's: not a top-level miss
+    assert missed.names == {"numpy_for_this_test"}
+    assert warm_server._other_copy([str(tmp_path)], [], loaded, missed=sorted(missed.names)) is None
+    (tmp_path / "numpy_for_this_test").mkdir()
+    assert warm_server._other_copy([str(tmp_path)], [], loaded, missed=sorted(missed.names)) is None
+    (tmp_path / "numpy_for_this_test" / "__init__.py").write_text("")
+    assert warm_server._other_copy([str(tmp_path)], [], loaded, missed=sorted(missed.names)) == "numpy_for_this_test"
+
+
 def test_the_socket_dir_is_this_users_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     d = warm_server.socket_dir()
