@@ -445,7 +445,8 @@ def step_resume(mode: str, work: Path) -> Dict[str, Any]:
     base = (["model=gpt_125m", "precision=bf16", "train.micro_batch_size=4", "train.global_batch_size=8"]
             if mode == "gpu" else ["model=gpt_tiny", "precision=fp32"])
     base = [*common(mode), *base, "parallelism.engine=ddp", "train.steps=12", "train.checkpoint.every=6",
-            "train.checkpoint.async_save=true", "train.log_interval=0", "model.dropout=0.1", "seed=5"]
+            "train.checkpoint.async_save=true", "train.log_interval=0", "model.dropout=0.1", "seed=5",
+            "train.deterministic=true"]  # flash attention's backward is not deterministic run to run
     rc_u, run_u, _ = launch(work, "uninterrupted", base)
     rc_i, run_i, _ = launch(work, "interrupted", [*base, "train.fail_at_step=8", "train.fail_attempt=1"])
     su, si = summary(run_u), summary(run_i)
@@ -483,8 +484,8 @@ def step_async_checkpoint(mode: str, work: Path, negative: bool = False) -> Dict
     each save compared bitwise with a clone of the model's state taken at the save (in stream order).
     Right after each save ~0.15 s of matmuls are queued, so the device-to-host copies of the save wait
     behind them: a writer that did not wait for its copies would read unfinished pinned buffers.
-    ``negative``: the writer thread's torch.cuda.synchronize is skipped (what a rank whose writer waits
-    on another GPU gets): the saves must then differ, else the race window proves nothing."""
+    ``negative``: the writer thread's wait on its save's CUDA event is skipped (what a writer that did
+    not wait for its copies would get): the saves must then differ, else the race window proves nothing."""
     import threading
     import types
 
@@ -499,14 +500,19 @@ def step_async_checkpoint(mode: str, work: Path, negative: bool = False) -> Dict
     dev = torch.device("cuda" if cuda else "cpu")
     if mode == "gpu" and not cuda:
         return line(name, False, None, "a CUDA device", why=cuda_ready()[1])
-    if negative:
-        real = torch.cuda.synchronize
+    if negative:  # the writer's waits on the device skipped: its save's event (and any synchronize)
+        real_sync, real_event_sync = torch.cuda.synchronize, torch.cuda.Event.synchronize
 
         def no_wait_in_writer(device: Any = None) -> None:
             if threading.current_thread().name != "checkpoint-writer":
-                real(device)
+                real_sync(device)
+
+        def no_event_wait_in_writer(event: Any) -> None:
+            if threading.current_thread().name != "checkpoint-writer":
+                real_event_sync(event)
 
         torch.cuda.synchronize = no_wait_in_writer
+        torch.cuda.Event.synchronize = no_event_wait_in_writer
     big = dict(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, vocab_size=50304, seq_len=1024)
     tiny = dict(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, vocab_size=512, seq_len=64)
     m = types.SimpleNamespace(**(big if cuda else tiny), tie_embeddings=True, dropout=0.0)

@@ -297,6 +297,10 @@ class TrainConfig:
     log_interval: int = num(5, ge=0)  # 0 = no progress lines
     # seconds a collective may block before the process group gives up (a hang fails the run)
     dist_timeout_s: int = num(600, ge=1)
+    # deterministic kernels (torch.use_deterministic_algorithms, cuBLAS's fixed workspace, cuDNN's
+    # deterministic algorithms, no flash-attention backward): a rerun or a resume bitwise equal on a GPU,
+    # at some speed; off: the fastest kernels, some of which sum in an order that varies run to run
+    deterministic: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # restarts (requeues after a failure, hang, preemption or time limit) before the run is failed
     max_restarts: int = num(3, ge=0)

@@ -249,3 +249,15 @@ def cuda_problem(expect_gpus: bool, cuda_available: bool, torch_cuda: Optional[s
                 "(cluster.use_gpus=true: --gpus-per-node)")
     return (f"{why}, but torch (CUDA {torch_cuda}) finds no usable GPU: check the driver (nvidia-smi) against "
             "the CUDA version of the torch build")
+
+
+def deterministic_kernels() -> None:
+    """train.deterministic, before the rank's first CUDA matmul: the same kernels, summing in the same
+    order, on every run (CUBLAS_WORKSPACE_CONFIG is read when cuBLAS makes its handle)."""
+    import torch  # torch: only on the node
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    if torch.cuda.is_available():  # flash attention's backward adds with atomics: another SDPA kernel
+        torch.backends.cuda.enable_flash_sdp(False)

@@ -223,6 +223,8 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         raise RuntimeError(f"the job has {denv.world_size} processes but the archived layout needs "
                            f"{layout.world_size} (dp {layout.dp} x pp {layout.pp} x tp {layout.tp})")
     use_cuda = _select_device(cfg, denv)
+    if bool(cfg.train.get("deterministic", False)):
+        dist_env.deterministic_kernels()
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         added = nccl_env(dict(os.environ), rd.path)

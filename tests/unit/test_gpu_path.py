@@ -2,6 +2,7 @@
 under both Slurm binding styles, the refusal to fall back to CPU, the GPUs the local executor hands
 out, srun's CPU binding and --exclusive in the generated sbatch, the templates against their nodes,
 rendezvous ports and the watchdog's read rate."""
+import os
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,26 @@ def test_a_simulated_host_runs_its_processes_on_the_gpus_that_are_there(monkeypa
     monkeypatch.setenv(host.HOST_GPUS_ENV, "two")
     with pytest.raises(ValueError, match="LAUNCHER_HOST_GPUS='two'"):
         host.host_gpus()
+
+
+def test_train_deterministic_switches_torch_to_deterministic_kernels(monkeypatch):
+    """train.deterministic (launcher/runtime/task.py calls it before the first matmul): deterministic
+    algorithms on, cuDNN's deterministic ones, cuBLAS's fixed workspace; a value the user set is kept."""
+    import torch
+
+    from launcher.runtime import env as dist_env
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        dist_env.deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        dist_env.deterministic_kernels()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
