@@ -13,8 +13,8 @@
 # "setup" line names the Python, its torch and the wheels. The whole smoke has a budget (--budget-s,
 # default 450 s from this script's start): a step is cut to what is left, or "skipped: budget".
 #
-# Set-up otherwise (GPU mode only): scripts/setup.sh with LAUNCHER_TORCH_INDEX (default here: the cu126 wheel
-# index) and LAUNCHER_TORCH_SPEC, pip told to give up quickly when there is no network. If that fails
+# Set-up otherwise (GPU mode only): scripts/setup.sh (PyPI's torch is a CUDA build; LAUNCHER_TORCH_INDEX,
+# LAUNCHER_TORCH_SPEC where a mirror holds only +cpu ones), pip told to give up quickly with no network. If that fails
 # (no network: a CUDA torch cannot be installed), the "setup" line says so and the steps run with the
 # first Python found whose torch imports (.venv, then python3; SMOKE_PYTHON overrides), each step
 # saying what it lacks. SMOKE_SITE=dir1:dir2 puts extra package dirs (pure-Python packages that
@@ -65,7 +65,6 @@ fi
 
 setup_rc=-1; setup_s=0; why=""
 if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
-  export LAUNCHER_TORCH_INDEX="${LAUNCHER_TORCH_INDEX:-https://download.pytorch.org/whl/cu126}"
   t0=$SECONDS
   # no network: pip fails in seconds, not after minutes of retries
   PIP_RETRIES="${PIP_RETRIES:-1}" PIP_TIMEOUT="${PIP_TIMEOUT:-15}" timeout "${SMOKE_SETUP_TIMEOUT:-600}" \
@@ -73,9 +72,9 @@ if [ "$MODE" = gpu ] && [ "${SMOKE_SKIP_SETUP:-0}" != 1 ]; then
   setup_rc=$?; setup_s=$((SECONDS - t0))
   if [ $setup_rc -ne 0 ]; then
     if grep -q "torch is a CPU build" "$SETUP_LOG"; then
-      why="a CUDA torch is not installable here: pip found only a CPU build (no CUDA wheel reachable at $LAUNCHER_TORCH_INDEX; no network?)"
+      why="a CUDA torch is not installable here: pip found only a CPU build (its sources hold +cpu wheels: setup.sh's log says what to set)"
     elif grep -qiE "network|connection|resolve|Temporary failure|No matching distribution|Could not find a version" "$SETUP_LOG"; then
-      why="a CUDA torch is not installable here: pip could not reach $LAUNCHER_TORCH_INDEX or PyPI (no network?)"
+      why="a CUDA torch is not installable here: pip could not reach ${LAUNCHER_TORCH_INDEX:-PyPI} (no network?)"
     elif [ $setup_rc -eq 124 ]; then
       why="scripts/setup.sh timed out after ${SMOKE_SETUP_TIMEOUT:-600} s"
     else

@@ -3,8 +3,9 @@
 # torch is pinned and installed in the same pip command as everything that depends on it:
 # on a machine without a GPU, torch==2.13.0 is a CPU build; unpinned, deepspeed would pull
 # a multi-GB CUDA build. On a machine with NVIDIA GPUs (nvidia-smi -L lists them) the build must
-# be a CUDA one: LAUNCHER_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cu126) is added as
-# an index, and setup fails, saying so, if torch still comes without CUDA.
+# be a CUDA one: PyPI's torch for Linux x86-64 is one, so no other index is needed; where a mirror or a
+# wheel folder holds only `+cpu` builds, LAUNCHER_TORCH_INDEX (e.g. https://download.pytorch.org/whl/cu126)
+# is added as an index, and setup fails, saying what to set, if torch still comes without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,8 +37,14 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-compile ${INDEX[@]+"${IND
   launcher recipes >/dev/null || true  # (exit 1 for files no Python 3 compiles: some packages ship test data)
 cuda="$(.venv/bin/python -c 'import torch; print(torch.version.cuda or "")')"
 if [ "$GPUS" -gt 0 ] && [ -z "$cuda" ]; then
-  echo "setup: this machine has $GPUS NVIDIA GPU(s) but torch is a CPU build: jobs would train on CPU." >&2
-  echo "setup: set LAUNCHER_TORCH_INDEX=https://download.pytorch.org/whl/cu126 (or LAUNCHER_TORCH_SPEC) and run again" >&2
+  got="$(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+  echo "setup: this machine has $GPUS NVIDIA GPU(s) but pip installed torch $got, a CPU build: jobs would train on CPU." >&2
+  where="$(.venv/bin/python -m pip config list 2>/dev/null | grep -iE 'index-url|find-links' | tr '\n' ' ')"
+  [ -n "${PIP_INDEX_URL:-}${PIP_FIND_LINKS:-}${PIP_EXTRA_INDEX_URL:-}" ] && \
+    where="$where PIP_INDEX_URL=${PIP_INDEX_URL:-} PIP_FIND_LINKS=${PIP_FIND_LINKS:-} PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL:-}"
+  echo "setup: pip's sources here (${where:-PyPI}) hold a +cpu build; set LAUNCHER_TORCH_SPEC to a CUDA wheel (a file or" \
+       "a version your mirror has with CUDA), or LAUNCHER_TORCH_INDEX to an index with CUDA builds" \
+       "(e.g. https://download.pytorch.org/whl/cu126), and run again" >&2
   exit 1
 fi
 echo "$stamp_want" > .venv/.launcher-stamp
