@@ -35,6 +35,17 @@ def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
     return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
 
 
+def pinned_bytes(obj: Any) -> int:
+    """Bytes of the pinned host tensors in a (nested) state."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size() if obj.is_pinned() else 0
+    if isinstance(obj, dict):
+        return sum(pinned_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(pinned_bytes(v) for v in obj)
+    return 0
+
+
 def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
     """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
     host-memory copies: training may change the originals while the copy is written. ``reuse`` (the
@@ -141,8 +152,12 @@ class AsyncSaver:
             self._stream = cuda.Stream(device=device)
         self._stream.wait_stream(compute)
         deferred: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        first = not self._staged
         with cuda.stream(self._stream):
             staged = {name: host_copy(state, self._staged.get(name), deferred) for name, state in live.items()}
+        if first:  # held for the whole run: the job's host memory (cluster.mem_gb) must leave room for it
+            print(f"[checkpoint] {pinned_bytes(staged) / 2 ** 30:.2f} GiB of pinned host memory hold this rank's "
+                  "async-save copies (GPU state), reused by every save", flush=True)
         event = cuda.Event()
         event.record(self._stream)
         return _Copy(staged, deferred, event, device)

@@ -173,10 +173,13 @@ def _index(log, pred) -> int:
     return next(i for i, c in enumerate(log) if pred(c))
 
 
-def test_the_writer_waits_on_an_event_recorded_on_the_ranks_device(tmp_path, fake):
+def test_the_writer_waits_on_an_event_recorded_on_the_ranks_device(tmp_path, fake, capsys):
     ck, engine, rd = make(tmp_path)
     engine.train_step()
     ck.save(1, [{"step": 1}])
+    # the pinned host memory the copies hold for the whole run, said when first allocated (the simulated
+    # buffers are not pinned: 0.00 GiB)
+    assert capsys.readouterr().out.count("GiB of pinned host memory hold this rank's async-save copies") == 1
     engine.train_step()  # the next optimizer step: its stream waits for the copies (on the device)
     ck.finish()
     log = fake.log
