@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 _PROBE = 16  # items timed before deciding
 _WAIT_S = 0.5e-3  # waited per item (not computing) past which threads overlap the waits
@@ -33,13 +33,16 @@ def in_threads(fn: Callable[[Any], Any], items: list) -> list:
 
 
 def in_processes(fn: Callable[[Any], Any], items: list) -> list:
-    """``[fn(x) for x in items]`` where ``fn`` writes files and returns what JSON holds: the second half
-    in a forked child (its results come back through a pipe) while this process does the first, on a
-    host with a second core. ``fn`` must be safe to run again on an item: where the child fails, this
-    process does its half itself. Otherwise as ``in_threads``."""
+    """``[fn(x) for x in items]`` where ``fn`` writes files and returns what JSON holds: the first few
+    here (they load what ``fn`` imports lazily, before a fork), then half of the rest in a forked child
+    (its results come back through a pipe) while this process does the other half, on a host with a
+    second core. ``fn`` must be safe to run again on an item: where the child fails, or has not answered
+    in ``_CHILD_S`` plus ``_ITEM_S`` an item, it is ended and this process does its half itself."""
     if len(items) < _FORK_MIN or not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2:
         return in_threads(fn, items)
-    half = len(items) // 2
+    out = [fn(x) for x in items[:_PROBE]]
+    rest = items[_PROBE:]
+    half = len(rest) // 2
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns from here
@@ -47,7 +50,7 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
         code = 0
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent redoes or undoes
-            data = json.dumps([fn(x) for x in items[half:]], default=str).encode()
+            data = json.dumps([fn(x) for x in rest[half:]], default=str).encode()
         except BaseException:
             data, code = b"", 1
         try:
@@ -56,16 +59,37 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
         finally:
             os._exit(code)  # no atexit handler, no buffered output of the parent's written twice
     os.close(write)
+    status, data = 1, b""
     try:
-        mine = in_threads(fn, items[:half])
-        with os.fdopen(read, "rb") as f:
-            data = f.read()
-        _, status = os.waitpid(pid, 0)
-        pid = 0
+        out += in_threads(fn, rest[:half])
+        data = _read_all(read, time.monotonic() + _CHILD_S + _ITEM_S * len(rest))
+        if data is not None:
+            status = os.waitpid(pid, 0)[1]
+            pid = 0
     finally:
-        if pid:  # interrupted (Ctrl-C, a write that failed here): the child stops before anything is undone
+        os.close(read)
+        if pid:  # interrupted (Ctrl-C, a write that failed here) or too slow: ended before anything is undone
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     if status != 0 or not data:
-        return mine + [fn(x) for x in items[half:]]
-    return mine + json.loads(data)
+        return out + [fn(x) for x in rest[half:]]
+    return out + json.loads(data)
+
+
+_CHILD_S = 60.0  # the child's answer is awaited this long, plus _ITEM_S an item
+_ITEM_S = 0.05
+
+
+def _read_all(fd: int, deadline: float) -> Optional[bytes]:
+    """Everything the child writes to ``fd`` until it closes it; None past ``deadline``."""
+    import select
+
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)

@@ -3,6 +3,7 @@ and a child that fails leaves its half to the parent."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,11 @@ def test_the_second_half_is_written_by_a_child_and_results_come_back_in_order(tm
     out = spread.in_processes(_writer(tmp_path), list(range(n)))
     assert [r["i"] for r in out] == list(range(n))
     assert sorted(int(p.stem) for p in tmp_path.iterdir()) == list(range(n))
-    pids = {r["pid"] for r in out[n // 2:]}
+    probe = spread._PROBE  # the first few here, then half of the rest each
+    cut = probe + (n - probe) // 2
+    pids = {r["pid"] for r in out[cut:]}
     assert pids != {os.getpid()} and len(pids) == 1  # one child wrote the second half
-    assert {r["pid"] for r in out[:n // 2]} == {os.getpid()}
+    assert {r["pid"] for r in out[:cut]} == {os.getpid()}
     assert out[-1]["path"] == str(tmp_path / f"{n - 1}.json")
 
 
@@ -56,3 +59,19 @@ def test_an_error_in_the_parents_half_stops_the_child_and_is_raised(tmp_path):
         spread.in_processes(fn, list(range(2 * spread._FORK_MIN)))
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)  # no child left behind
+
+
+def test_a_child_that_does_not_answer_is_ended_and_its_half_redone(tmp_path, monkeypatch):
+    parent = os.getpid()
+
+    def fn(i: int) -> int:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGSTOP)  # a child stuck (a lock a thread held at the fork)
+        return i
+
+    monkeypatch.setattr(spread, "_CHILD_S", 1.0)
+    monkeypatch.setattr(spread, "_ITEM_S", 0.0)
+    out = spread.in_processes(fn, list(range(2 * spread._FORK_MIN)))
+    assert out == list(range(2 * spread._FORK_MIN))
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # ended and reaped
