@@ -119,6 +119,10 @@ class NodeSide:
         from a preemption; the scheduler can."""
         return None
 
+    def job_end(self, job_id: Optional[str]) -> Optional[float]:
+        """From inside the job: when its time limit ends it, epoch seconds (None: unknown, or none)."""
+        return None
+
     def job_state_now(self, job_id: Optional[str]) -> str:
         """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
         "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""

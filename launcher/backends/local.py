@@ -15,7 +15,7 @@ from launcher.config.recipe_target import is_script
 from launcher.host import HOST_GPUS_ENV  # noqa: F401 (the backend's view of the host: launcher/host.py)
 from launcher.run.job_record import JobRecord
 from launcher.run.status import Status
-from launcher.runtime import job_start, warm_server, warm_start
+from launcher.runtime import job_start, time_guard, warm_server, warm_start
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -280,6 +280,13 @@ class LocalBackend(Backend):
     # submitit's local controller starts every process again when one exits with this status
     requeue_exit_code = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
     every_rank_exits_to_requeue = True
+
+    def job_end(self, job_id: Optional[str]) -> Optional[float]:
+        """When the controller's time limit (cluster.time_min) ends this start of the job."""
+        try:
+            return float(os.environ[time_guard.JOB_END_ENV])
+        except (KeyError, ValueError):
+            return None
 
     def request_requeue(self, job_id: Optional[str]) -> None:
         """Nothing to ask: the exit status (requeue_exit_code) is the request."""

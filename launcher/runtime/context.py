@@ -37,6 +37,8 @@ class RunContext:
     # train.faults mode=requeue on this attempt: the step after which the run stops as a time-limit signal
     # stops it (every rank reads the same config: they agree without a collective)
     stop_after: Optional[int] = None
+    # rank 0's watch of the job's end (launcher.runtime.time_guard), told how long each save took
+    time_guard: Optional[Any] = field(default=None, repr=False)
     _step: Optional[int] = field(default=None, repr=False)  # the last step heartbeat was told of
     _metrics_file: Optional[Any] = field(default=None, repr=False)
     _settled: Any = field(default=None, repr=False)  # (reason,) agreed inside this step's own all-reduce
@@ -64,6 +66,11 @@ class RunContext:
             self._step = step
         if self.watch is not None:
             self.watch.beat(step)
+
+    def save_took(self, seconds: float) -> None:
+        """A checkpoint was written and committed in ``seconds``: the time limit's margin follows it."""
+        if self.time_guard is not None:
+            self.time_guard.saved(seconds)
 
     def progress(self) -> None:
         """Start-up progress before the first step (a checkpoint verified, a long load): resets the

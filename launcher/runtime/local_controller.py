@@ -22,7 +22,7 @@ from launcher.archive import atomic
 from launcher.features.asha import rungs
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.runtime import after_step
+from launcher.runtime import after_step, time_guard
 from launcher.runtime.seal import seal_if_due
 
 REQUEUE_EXIT_CODE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
@@ -112,6 +112,8 @@ def controller_of(folder: Path):
 
     class WarmController(Controller):
         def start_tasks(self) -> None:
+            # the time limit submitit's loop counts from now (at the earliest: its loop only runs later)
+            os.environ[time_guard.JOB_END_ENV] = str(time.time() + self.timeout_s)
             # one process is forked too where its modules are loaded already (forked from the warm server)
             warm = self.ntasks > 1 or all(m in sys.modules for m in modules)
             argv = warm_start.child_argv(self.command) if modules and warm else None

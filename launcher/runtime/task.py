@@ -26,7 +26,7 @@ from launcher.features.nodes import record as node_ledger
 from launcher.features.pbt import population
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, watchdog
+from launcher.runtime import env as dist_env, restart_policy, restarts, script, teardown, time_guard, watchdog
 from launcher.runtime.attempt import attempt, job_ending
 from launcher.runtime.context import RunContext
 
@@ -244,6 +244,9 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
     dist.barrier()  # rank 0 has recorded this attempt (before it joined the rendezvous)
     watch.progress()  # the process group is up and its first collective done (the start-up watch)
     attempt["n"] = int(rd.status().attempt or 1)
+    # rank 0 stops the run before its time limit where a save like the last would not fit the warning's margin
+    guard = time_guard.start(backends.get(str(cfg.cluster.backend)), denv.job_id, float(cfg.cluster.signal_delay_s),
+                             stop_flag) if denv.rank == 0 else None
     ctx = RunContext(
         rank=denv.rank,
         world_size=denv.world_size,
@@ -259,6 +262,7 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         watch=watch,
         stop_flag=stop_flag,
         stop_after=requeue_step(cfg.train, attempt["n"]),
+        time_guard=guard,
     )
     try:
         recipe = get_method(cfg.recipe._target_)
@@ -270,6 +274,8 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
             os.abort()  # as ProcessGroupNCCL's teardown: no handler runs, no outcome recorded
         raise
     finally:
+        if guard is not None:
+            guard.close()
         teardown.step(ctx.close, "closing the run context")
         if dist.is_initialized():
             teardown.step(dist.destroy_process_group, "destroying the process group")

@@ -191,6 +191,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self._pruner: Optional[threading.Thread] = None
         self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
         self.blocked_s = 0.0  # time the training loop spent waiting for saves (benchmarks read it)
+        self._save_t0 = 0.0  # when the save being written started
         drills = [f for f in faults(cfg.train) if f.mode == "kill_in_save"]
         # every rank saves at a drill's step; the drilled rank (on the drilled attempt) dies in it
         self.kill_steps = frozenset(f.at_step for f in drills)
@@ -209,6 +210,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         the copy is done, so the copy overlaps the next forward and backward."""
         t0 = time.perf_counter()
         self.wait()
+        self._save_t0 = time.perf_counter()  # to its commit: what the time limit's margin must hold
         partial = self.rd.checkpoint_partial(step)
         partial.mkdir(parents=True, exist_ok=True)
         native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
@@ -267,6 +269,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
                 self.ctx.heartbeat()
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
+        getattr(self.ctx, "save_took", lambda _s: None)(time.perf_counter() - self._save_t0)
 
     def _done_store(self) -> Any:
         if self._store is None:

@@ -17,6 +17,7 @@ from launcher.backends.base import (
     JobState,
 )
 from launcher.backends.slurm.limits import (
+    job_end_of,
     job_ending_of,
 )
 from launcher.backends.slurm.text import (
@@ -213,6 +214,13 @@ class SlurmJobs:
             return None
         return job_ending_of(limits.run(["scontrol", "show", "job", "-o", str(job_id)]),
                              int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+    def job_end(self, job_id: Optional[str]) -> Optional[float]:
+        """``scontrol show job``'s EndTime (Slurm 22.05 sets no SLURM_JOB_END_TIME); a packed point's
+        step: None (the pack's job ends for all its points)."""
+        if not job_id or os.environ.get(PACK_STEP_ENV):
+            return None
+        return job_end_of(limits.run(["scontrol", "show", "job", "-o", str(job_id)]))
 
     def job_state_now(self, job_id: Optional[str]) -> str:
         """``scontrol show job``'s JobState (slurmctld's word, without accounting's lag); "": unknown."""

@@ -299,6 +299,15 @@ def _seconds(text: str) -> Optional[int]:
     return ((d * 24 + h) * 60 + mi) * 60 + s
 
 
+def job_end_of(show_job: str) -> Optional[float]:
+    """The job's end (its time limit), epoch seconds, from ``scontrol show job -o`` (pure; the
+    controller's local time, as on its nodes). None: unknown or unlimited."""
+    import datetime
+
+    m = re.search(r"\bEndTime=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\b", show_job)
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").timestamp() if m else None
+
+
 def job_ending_of(show_job: str, restart_count: int) -> Optional[str]:
     """What ``scontrol show job -o`` says of a job whose processes got a TERM (pure). slurmctld counts
     a requeue (Restarts) before it signals the job's processes: Restarts above the job's own
