@@ -49,16 +49,33 @@ def test_a_few_items_are_not_worth_a_fork(tmp_path):
     assert {r["pid"] for r in out} == {os.getpid()}
 
 
-def test_an_error_in_the_parents_half_stops_the_child_and_is_raised(tmp_path):
+def _forks(monkeypatch) -> list:
+    """The pids in_processes forks (the test's worker has other children: each is asked for by pid)."""
+    forked, real = [], os.fork
+
+    def fork() -> int:
+        pid = real()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(spread.os, "fork", fork)
+    return forked
+
+
+def test_an_error_in_the_parents_half_stops_the_child_and_is_raised(tmp_path, monkeypatch):
+    forked = _forks(monkeypatch)
+
     def fn(i: int) -> int:
-        if i == 0:
-            raise KeyboardInterrupt  # Ctrl-C while the runs are being written
+        if i == spread._PROBE:
+            raise KeyboardInterrupt  # Ctrl-C while the runs are being written (past the first few)
         return i
 
     with pytest.raises(KeyboardInterrupt):
         spread.in_processes(fn, list(range(2 * spread._FORK_MIN)))
+    (pid,) = forked
     with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # no child left behind
+        os.waitpid(pid, os.WNOHANG)  # ended and reaped: no child left behind
 
 
 def test_a_child_that_does_not_answer_is_ended_and_its_half_redone(tmp_path, monkeypatch):
@@ -69,9 +86,11 @@ def test_a_child_that_does_not_answer_is_ended_and_its_half_redone(tmp_path, mon
             os.kill(os.getpid(), signal.SIGSTOP)  # a child stuck (a lock a thread held at the fork)
         return i
 
+    forked = _forks(monkeypatch)
     monkeypatch.setattr(spread, "_CHILD_S", 1.0)
     monkeypatch.setattr(spread, "_ITEM_S", 0.0)
     out = spread.in_processes(fn, list(range(2 * spread._FORK_MIN)))
     assert out == list(range(2 * spread._FORK_MIN))
+    (pid,) = forked
     with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # ended and reaped
+        os.waitpid(pid, os.WNOHANG)  # ended and reaped

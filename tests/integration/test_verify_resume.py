@@ -134,13 +134,15 @@ if os.path.exists(ckpt):
     saved = torch.load(ckpt)
     model.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"]); start = saved["step"]
 steps = int(sys.argv[1])
-with open(os.environ["LAUNCHER_METRICS_FILE"], "a") as metrics:
+main = os.environ.get("RANK", "0") == "0"  # every rank trains the same; rank 0 alone writes, as scripts do
+with open(os.environ["LAUNCHER_METRICS_FILE"] if main else os.devnull, "a") as metrics:
     for step in range(start + 1, steps + 1):
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
-        os.replace(ckpt + ".tmp", ckpt)
+        if main:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
         metrics.write(json.dumps({"step": step, "loss": loss.item()}) + "\\n"); metrics.flush()
         if stop:
             sys.exit(0)
