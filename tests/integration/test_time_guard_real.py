@@ -7,26 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_user_recipe_runs import CHECKPOINTED
 
 from helpers import launch, runs_json
 
-SLOW = (
-    "import time\n\n"
-    "import torch\n\n"
-    "from launcher.training import Checkpoint, StepLoop\n\n\n"
-    "def main(cfg, ctx):\n"
-    "    torch.manual_seed(0)\n"
-    "    model = torch.nn.Linear(4, 1)\n"
-    "    opt = torch.optim.AdamW(model.parameters(), lr=0.1)\n"
-    "    loop = StepLoop(cfg, ctx, Checkpoint(cfg, ctx, {'model': model, 'optimizer': opt}))\n"
-    "    for step in loop:\n"
-    "        time.sleep(0.2)  # a step of real work\n"
-    "        loss = model(torch.randn(8, 4)).pow(2).mean()\n"
-    "        opt.zero_grad()\n"
-    "        loss.backward()\n"
-    "        opt.step()\n"
-    "        loop.log(loss=loss.item())\n"
-    "    return {'steps': loop.steps, 'resumed_from': loop.start}\n")
+# the user's checkpointed loop, each step 0.2 s of real work
+SLOW = CHECKPOINTED.replace("import torch\n", "import time\n\nimport torch\n", 1).replace(
+    "    for step in loop:\n", "    for step in loop:\n        time.sleep(0.2)\n", 1)
 
 
 @pytest.mark.timeout(420)
@@ -40,6 +27,7 @@ def test_a_warning_too_short_for_the_last_save_stops_the_run_earlier_and_it_resu
     # ~15 s before the limit (step ~220 of 250 at 0.2 s a step), never at the warning
     res = launch(["cluster=local", "recipe._target_=upkg.slow.main", "cluster.time_min=1", "cluster.signal_delay_s=5",
                   "train.steps=250", "train.checkpoint.every=20", "train.max_restarts=3"], root, timeout=400, cwd=proj)
+    assert "time.sleep(0.2)" in SLOW
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = runs_json(root)
     run_dir = Path(run["dir"])
