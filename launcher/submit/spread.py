@@ -50,7 +50,7 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
         code = 0
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent redoes or undoes
-            data = json.dumps([fn(x) for x in rest[half:]], default=str).encode()
+            data = json.dumps(in_threads(fn, rest[half:]), default=str).encode()  # its waits overlap as ours
         except BaseException:
             data, code = b"", 1
         try:

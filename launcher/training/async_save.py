@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -35,15 +35,18 @@ def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
     return torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pinned)
 
 
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a state (nested dicts, lists, tuples), in order."""
+    if torch.is_tensor(obj):
+        yield obj
+        return
+    for v in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from _tensors(v)
+
+
 def pinned_bytes(obj: Any) -> int:
     """Bytes of the pinned host tensors in a (nested) state."""
-    if torch.is_tensor(obj):
-        return obj.numel() * obj.element_size() if obj.is_pinned() else 0
-    if isinstance(obj, dict):
-        return sum(pinned_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(pinned_bytes(v) for v in obj)
-    return 0
+    return sum(t.numel() * t.element_size() for t in _tensors(obj) if t.is_pinned())
 
 
 def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
@@ -77,14 +80,7 @@ def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.T
 
 def gpu_of(obj: Any) -> Optional[int]:
     """The CUDA device of the first GPU tensor in a state (None: every tensor is in host memory)."""
-    if torch.is_tensor(obj):
-        return _device_index(obj)
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for v in items:
-        found = gpu_of(v)
-        if found is not None:
-            return found
-    return None
+    return next((d for d in map(_device_index, _tensors(obj)) if d is not None), None)
 
 
 @dataclass
