@@ -15,32 +15,7 @@ pyv="$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 "$(readlink -f .venv/bin/python)" -m venv "$work/venv"
 site="$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 mkdir -p "$work/torch"
-.venv/bin/python - "$work/torch" <<'EOF'
-import importlib.metadata as md
-import os
-import re
-import sys
-
-dest, todo, seen = sys.argv[1], ["torch"], set()
-while todo:  # torch's closure: each distribution's files, linked into one folder
-    name = todo.pop()
-    if name.lower() in seen:
-        continue
-    seen.add(name.lower())
-    try:
-        dist = md.distribution(name)
-    except md.PackageNotFoundError:
-        continue
-    for r in dist.requires or []:
-        if not (";" in r and "extra" in r.split(";", 1)[1]):
-            todo.append(re.match(r"[A-Za-z0-9_.\-]+", r).group(0))
-    for f in dist.files or []:
-        top = str(f).split("/")[0]
-        src = os.path.join(str(dist.locate_file("")), top)
-        if top not in ("..", "bin") and os.path.exists(src) and not os.path.exists(os.path.join(dest, top)):
-            os.symlink(src, os.path.join(dest, top))
-print("torch's closure:", ", ".join(sorted(seen)))
-EOF
+.venv/bin/python benchmarks/dist_closure.py link-torch "$work/torch"
 echo "$work/torch" > "$site/torch_only.pth"
 if "$work/venv/bin/python" -c 'import hydra' 2>/dev/null; then
   echo "gpu_smoke_bare: the simulated machine's Python finds hydra: not bare" >&2

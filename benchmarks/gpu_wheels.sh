@@ -23,45 +23,7 @@ PY=.venv/bin/python
 mkdir -p "$DEST"
 rm -f "$DEST"/*.whl
 # name==version of every distribution the smoke needs beyond torch's own closure, as .venv holds them
-mapfile -t WANT < <("$PY" - <<'EOF'
-import importlib.metadata as md
-import re
-
-ROOTS = ["hydra-core", "omegaconf", "submitit", "deepspeed", "rich", "pyyaml", "numpy"]
-
-
-def requires(name):
-    out = []
-    for r in md.distribution(name).requires or []:
-        if ";" in r and "extra" in r.split(";", 1)[1]:
-            continue
-        out.append(re.match(r"[A-Za-z0-9_.\-]+", r).group(0))
-    return out
-
-
-def closure(roots):
-    seen = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        key = name.lower().replace("_", "-")
-        if key in seen:
-            continue
-        try:
-            seen[key] = md.version(name)
-        except md.PackageNotFoundError:  # a marker for older Pythons (dataclasses, typing): not needed
-            seen[key] = None
-            continue
-        todo += requires(name)
-    return seen
-
-
-torch = closure(["torch"])
-for name, version in sorted(closure(ROOTS).items()):
-    if version is not None and name not in torch:
-        print(f"{name}=={version}")
-EOF
-)
+mapfile -t WANT < <("$PY" benchmarks/dist_closure.py wheels)
 PLATFORMS=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
   PLATFORMS+=(--platform "$p")
