@@ -57,10 +57,27 @@ def queued_tasks(name: str) -> int:
 
 
 def cancel(name: str) -> None:
-    subprocess.run(["scancel", "-n", name], check=False, timeout=120)
     deadline = time.time() + 120
-    while queued_tasks(name) and time.time() < deadline:
+    while True:  # again while any is left: a sweep's wave job may queue its next wave meanwhile
+        subprocess.run(["scancel", "-n", name], check=False, timeout=120)
+        if not queued_tasks(name) or time.time() > deadline:
+            return
         time.sleep(0.5)
+
+
+def wait_for_room(n: int, timeout: float = 300.0) -> None:
+    """Until the controller holds room for n more jobs: the jobs an earlier measurement cancelled count
+    against MaxJobCount until the controller purges them (MinJobAge), and sbatch would be refused."""
+    conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60).stdout
+    limit = next((int(line.split("=")[1]) for line in conf.splitlines() if line.split("=")[0].strip() == "MaxJobCount"),
+                 10000)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        held = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i"], capture_output=True, text=True,
+                              timeout=60).stdout.split()
+        if len(held) + n <= limit:
+            return
+        time.sleep(1.0)
 
 
 def timed_command(cmd: List[str], env: Dict[str, str], cwd: Path, timeout: float) -> float:
@@ -143,6 +160,7 @@ def run(n: int, only: List[str], timeout: float, work: Path) -> Dict[str, float]
     times: Dict[str, float] = {}
     for what in only:
         name = f"bench_{what}_{n}_{tag}"
+        wait_for_room(n)
         print(f"{what:15s} {n:>6} points ...", end=" ", flush=True)
         try:
             times[what] = BENCHES[what](n, work, name, timeout)

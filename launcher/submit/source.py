@@ -10,6 +10,9 @@ from launcher.archive import code
 
 def snapshot_root(checked: Sequence[Any]) -> Path:
     """The tree a launch of these checked points snapshots."""
+    repo = code.repo_root(Path.cwd())
+    if repo is not None:  # (the usual case: nothing to walk, however many points)
+        return repo
     recipes = [c.resolved["recipe"] for c in checked]
     # the code a run imports: its recipe's, and every class or factory its config instantiates (a
     # user's model._target_=mypkg.net.Net, built by a recipe of the launcher's)

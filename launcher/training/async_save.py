@@ -36,7 +36,10 @@ def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a state (nested dicts, lists, tuples), in order."""
+    """The tensors of a state (nested dicts, lists, tuples), in order (a DTensor's local part)."""
+    if _dtensor(obj):
+        yield obj._local_tensor
+        return
     if torch.is_tensor(obj):
         yield obj
         return
@@ -49,17 +52,45 @@ def pinned_bytes(obj: Any) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(obj) if t.is_pinned())
 
 
-def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
+_TAKEN = object()  # host_copy's ``seen``: the key of the buffers already filled
+
+
+def _dtensor(obj: Any) -> bool:
+    return type(obj).__name__ == "DTensor" and hasattr(obj, "_local_tensor")
+
+
+def _same(t: torch.Tensor) -> Tuple[Any, ...]:
+    """What makes two references the same tensor (one copy for both: DDP's universal state names the
+    very parameters and moments its native state holds)."""
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None,
+              seen: Optional[Dict[Any, torch.Tensor]] = None) -> Any:
     """A copy of a state (nested dicts, lists, tuples of tensors and plain values) whose tensors are
     host-memory copies: training may change the originals while the copy is written. ``reuse`` (the
     previous copy of the same state, already written) lends its buffers: no fresh allocation (and
     page faults) per save; buffers of GPU tensors are pinned, so the copy runs at full link speed and
     is enqueued (non-blocking) on the caller's current CUDA stream. ``deferred``: host tensors are not
-    copied here but their (buffer, source) pairs appended, for a thread to copy later."""
+    copied here but their (buffer, source) pairs appended, for a thread to copy later. ``seen``: the
+    copies made so far in this save, by source tensor: a tensor the state names twice is copied once.
+    A DTensor (FSDP2's shard, a tensor-parallel slice) becomes a DTensor of the same placement over a
+    host copy of this rank's local part (what torch.distributed.checkpoint writes): no gather."""
+    if seen is None:
+        seen = {}
+    if _dtensor(obj):
+        old = reuse._local_tensor if _dtensor(reuse) else None
+        local = host_copy(obj._local_tensor, old, deferred, seen)
+        return type(obj)(local, obj._spec, requires_grad=False)
     if torch.is_tensor(obj):
         src = obj.detach()
+        key = _same(src)
+        if key in seen:
+            return seen[key]
         on_gpu = _device_index(src) is not None
-        if torch.is_tensor(reuse) and reuse.shape == src.shape and reuse.dtype == src.dtype and not reuse.is_cuda:
+        taken = seen.setdefault(_TAKEN, set())  # (ids of the buffers this save already fills)
+        if torch.is_tensor(reuse) and reuse.shape == src.shape and reuse.dtype == src.dtype and not reuse.is_cuda \
+                and id(reuse) not in taken:
             buf = reuse
         else:
             buf = _host_buffer(src, on_gpu)
@@ -67,14 +98,15 @@ def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.T
             deferred.append((buf, src))
         else:
             buf.copy_(src, non_blocking=on_gpu)
+        seen[key] = buf
+        taken.add(id(buf))
         return buf
-    more = () if deferred is None else (deferred,)  # (the plain two-argument call where none)
     if isinstance(obj, dict):
         old = reuse if isinstance(reuse, dict) else {}
-        return {k: host_copy(v, old.get(k), *more) for k, v in obj.items()}
+        return {k: host_copy(v, old.get(k), deferred, seen) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(host_copy(v, o, *more) for v, o in zip(obj, old))
+        return type(obj)(host_copy(v, o, deferred, seen) for v, o in zip(obj, old))
     return obj
 
 
@@ -149,8 +181,9 @@ class AsyncSaver:
         self._stream.wait_stream(compute)
         deferred: List[Tuple[torch.Tensor, torch.Tensor]] = []
         first = not self._staged
+        seen: Dict[Any, torch.Tensor] = {}
         with cuda.stream(self._stream):
-            staged = {name: host_copy(state, self._staged.get(name), deferred) for name, state in live.items()}
+            staged = {name: host_copy(state, self._staged.get(name), deferred, seen) for name, state in live.items()}
         if first:  # held for the whole run: the job's host memory (cluster.mem_gb) must leave room for it
             print(f"[checkpoint] {pinned_bytes(staged) / 2 ** 30:.2f} GiB of pinned host memory hold this rank's "
                   "async-save copies (GPU state), reused by every save", flush=True)
@@ -162,7 +195,8 @@ class AsyncSaver:
         """The host part of a copy (all of it when nothing is on a GPU); the GPU part may still be in
         flight (``started.event``)."""
         if started.staged is None:
-            staged = {name: host_copy(state, self._staged.get(name)) for name, state in live.items()}
+            seen: Dict[Any, torch.Tensor] = {}
+            staged = {name: host_copy(state, self._staged.get(name), None, seen) for name, state in live.items()}
         else:
             for buf, src in started.deferred:
                 buf.copy_(src)

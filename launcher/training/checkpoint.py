@@ -164,6 +164,10 @@ def _write_file(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+# the key of the universal form's state among an async save's host copies (no file of that name)
+UNIVERSAL_STAGED = "\0universal"
+
+
 class Checkpointer(CheckpointResume, AsyncSaver):
     """Save, resume and prune the checkpoints of one rank of a run (see the module doc): the save, its
     commit and the pruning here; the resume (CheckpointResume) and the asynchronous save's copy and
@@ -187,6 +191,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self.rank, self.world = int(ctx.rank), int(ctx.world_size)
         self._init_async_save()  # the copy thread, its host buffers, side stream and event (AsyncSaver)
         self._store = store
+        self._group: Any = None  # the writer thread's process group (_saves_group)
         self._saves = 0  # saves so far: with the step, the store key the ranks count one save under
         self._pruner: Optional[threading.Thread] = None
         self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
@@ -216,8 +221,11 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
         shared = self._universal_state() if self.universal else None
-        # collective and synchronous: each rank writes its own slices (no gather)
-        universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared else []
+        background = self.async_save and not block and self._hooked()
+        # each rank writes its own slices (no gather): here, collectively, when the save blocks; else
+        # from the host copy in the writer thread, over a process group of the saves' own
+        universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared and not background \
+            else []
         # hashed by the rank that wrote them (in the writer thread when async), not all by the committing one
         self._own_files = [*universal_files, *_under(native, partial)]
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
@@ -225,7 +233,10 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics),
                                 "layout": self._layout(), "universal": bool(shared)}
         self._saves += 1
-        if self.async_save and not block and self._hooked():
+        if background:
+            if shared:
+                live = {**live, UNIVERSAL_STAGED: shared}
+                self._saves_group()  # (made here: every rank's main thread, at the same save)
             self._write_in_background(partial, live, small, step)
         else:
             self._write(partial, {**self._copy(live), **small}, step, feed=True)
@@ -256,6 +267,9 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         thread (a blocking save), each file written or hashed is progress for the hang watch; a writer
         thread never feeds it (a hung training thread must still be seen)."""
         written = {}
+        shared = staged.pop(UNIVERSAL_STAGED, None)  # (the writer thread's: the universal form's host copy)
+        if shared is not None:
+            self._own_files += universal.save(shared, partial / universal.DIR, self.rank, group=self._saves_group())
         for i, (name, state) in enumerate(staged.items()):
             _write_file(partial / name, state)
             if i == 0 and step in self.kill_at:  # fault drill: die with the checkpoint half written
@@ -270,6 +284,14 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         checkpoint_manifest.mark_done(partial / DONE_FILE.format(rank=self.rank), written)
         self._commit(partial, step)
         getattr(self.ctx, "save_took", lambda _s: None)(time.perf_counter() - self._save_t0)
+
+    def _saves_group(self) -> Any:
+        """The process group a writer thread's collectives run on (the universal form's planning): a
+        gloo group of the checkpoint's own, so that they never interleave with the training thread's
+        collectives on the default group. Made once, by every rank's main thread at the same save."""
+        if self._group is None and dist.is_initialized() and self.world > 1:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def _done_store(self) -> Any:
         if self._store is None:

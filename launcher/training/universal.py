@@ -143,16 +143,29 @@ def saved_names(path: Path) -> set:
     return set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
 
 
-def save(state: Dict[str, Any], path: Path, rank: int) -> List[str]:
-    """Write ``state`` (every rank, collectively) into ``path``; the files this rank wrote, relative
-    to ``path``'s parent (its done mark lists them with their digests)."""
+def save(state: Dict[str, Any], path: Path, rank: int, group: Any = None) -> List[str]:
+    """Write ``state`` (every rank, collectively over ``group``, default the world's) into ``path``;
+    the files this rank wrote, relative to ``path``'s parent (its done mark lists them with their
+    digests). The save plan is cached (the same state's plan at every save: no planning over every
+    rank each time)."""
     import torch.distributed.checkpoint as dcp
 
     path.mkdir(parents=True, exist_ok=True)
     writer = dcp.FileSystemWriter(str(path), single_file_per_rank=True, thread_count=1)
-    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+    dcp.save(state, storage_writer=writer, planner=_planner(), process_group=group,
+             no_dist=not dist.is_initialized())
     mine = [RANK_FILE.format(rank=rank)] + ([INDEX] if rank == 0 else [])
     return [f"{path.name}/{n}" for n in mine if (path / n).exists()]  # (a rank with nothing to write: none)
+
+
+def _planner() -> Any:
+    """DCP's default planner, caching its plans where this torch offers it (2.6 and later)."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    try:
+        return DefaultSavePlanner(enable_plan_caching=True)
+    except TypeError:
+        return DefaultSavePlanner()
 
 
 def present(ckpt: Path) -> bool:

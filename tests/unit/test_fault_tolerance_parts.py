@@ -268,12 +268,12 @@ def _slow_host_copy(monkeypatch, delay_s=0.0, gate=None):
 
     real = async_save.host_copy
 
-    def slow(obj, reuse=None):
+    def slow(obj, reuse=None, *more):
         if gate is not None:
             assert gate.wait(20), "the test never released the copy"
         if torch.is_tensor(obj):
             time.sleep(delay_s)
-        return real(obj, reuse)
+        return real(obj, reuse, *more)
 
     monkeypatch.setattr(async_save, "host_copy", slow)
 

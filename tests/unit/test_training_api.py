@@ -79,10 +79,10 @@ def slow_host_copy(monkeypatch):
 
     real = async_save.host_copy
 
-    def slow(obj, reuse=None):
+    def slow(obj, reuse=None, *more):
         if torch.is_tensor(obj):
             time.sleep(0.003)
-        return real(obj, reuse)
+        return real(obj, reuse, *more)
 
     monkeypatch.setattr(async_save, "host_copy", slow)
 

@@ -1,0 +1,116 @@
+"""An asynchronous save with the universal form on (train.checkpoint.universal, the default) stays
+asynchronous: the universal files are written from the host copy in the writer thread, not on the
+training path; a tensor named by both forms is copied to host memory once."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from launcher.run.rundir import RunDir
+from launcher.run.status import Status
+from launcher.training import async_save, universal
+from launcher.training.checkpoint import Checkpointer
+
+
+class Ctx:
+    rank, world_size, attempt = 0, 1, 1
+
+    def __init__(self, rd):
+        self.rundir = rd
+
+    def heartbeat(self, step=None):
+        pass
+
+
+class Engine:
+    """A module and its optimizer, saved natively and by parameter name (as the DDP engine does)."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 3)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.1)
+
+    def train_step(self):
+        self.model(torch.ones(2, 4)).square().sum().backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizers(self):
+        return [self.optimizer]
+
+    def save_native(self, path):
+        return None
+
+    def checkpoint_files(self):
+        return {"model.pt": {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}}
+
+    def universal_state(self):
+        return universal.module_state(self.model, self.optimizer)
+
+
+def _run(tmp_path: Path) -> RunDir:
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.write_run({"run_id": "x-0", "layout": {}})
+    rd.set_status(Status.pending)
+    return rd
+
+
+def _checkpointer(rd, engine):
+    cfg = OmegaConf.create({"train": {"steps": 9, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
+                                      "fail_attempt": None,
+                                      "checkpoint": {"every": 2, "keep": 2, "async_save": True, "universal": True}}})
+    return Checkpointer(cfg, Ctx(rd), engine)
+
+
+def test_the_universal_form_is_written_by_the_writer_thread_from_the_state_at_the_save(tmp_path, monkeypatch):
+    rd = _run(tmp_path)
+    engine = Engine()
+    ck = _checkpointer(rd, engine)
+    engine.train_step()
+    at_save = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    gate, writers = threading.Event(), []
+    real = universal.save
+
+    def held(state, path, rank, group=None):
+        writers.append(threading.current_thread().name)
+        assert gate.wait(20), "the test never released the universal write"
+        return real(state, path, rank, group)
+
+    monkeypatch.setattr(universal, "save", held)
+    ck.save(2, [{"step": 1}, {"step": 2}])  # returns while the universal form waits on the gate
+    assert not universal.present(rd.checkpoint_partial(2))
+    engine.train_step()  # the copy is done: the next optimizer step changes the live state meanwhile
+    gate.set()
+    ck.finish()
+    assert writers == ["checkpoint-writer"]
+    final = rd.checkpoint_dir(2)
+    assert universal.present(final)
+    fresh = Engine()
+    with torch.no_grad():
+        for p in fresh.model.parameters():
+            p.zero_()
+    universal.load_module_state(fresh.model, fresh.optimizer, final / universal.DIR)
+    for name, value in fresh.model.state_dict().items():
+        assert torch.equal(value, at_save[name]), name  # the state of step 2, not the one trained after
+    assert not torch.equal(engine.model.weight.detach(), at_save["weight"])
+
+
+def test_a_tensor_named_twice_is_copied_once_and_reused_buffers_never_alias():
+    w, m = torch.arange(6.0), torch.ones(3)
+    state = {"native": {"w": w, "m": m}, "universal": {"model.w": w, "optim.m": m}}
+    first = async_save.host_copy(state)
+    assert first["native"]["w"] is first["universal"]["model.w"]
+    assert first["native"]["m"] is first["universal"]["optim.m"]
+    assert torch.equal(first["native"]["w"], w) and first["native"]["w"].data_ptr() != w.data_ptr()
+    # the next save's state no longer shares a tensor: the reused buffers must not make them one
+    w2 = torch.arange(6.0) * 2
+    second = async_save.host_copy({"native": {"w": w2, "m": m}, "universal": {"model.w": w2.clone() + 1,
+                                                                              "optim.m": m}}, first)
+    assert second["native"]["w"] is first["native"]["w"]  # (its buffer reused)
+    assert torch.equal(second["native"]["w"], w2)
+    assert torch.equal(second["universal"]["model.w"], w2 + 1)
+    assert second["universal"]["model.w"] is not second["native"]["w"]
