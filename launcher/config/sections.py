@@ -59,6 +59,12 @@ class FailMode(str, Enum):
     # raise a CUDA-shaped error (an uncorrectable ECC error): the node's fault, not the program's; the node
     # ledger records the node and the requeue leaves it out (launcher.features.nodes)
     cuda_error = "cuda_error"
+    # from its step on, every step of this rank takes SLOW_S longer (a slow node: a throttled GPU, a bad
+    # link); the straggler watch names it (cluster.health.straggler_ratio)
+    slow = "slow"
+
+
+SLOW_S = 0.25  # what FailMode.slow adds to each step of its rank
 
 
 class FailPeers(str, Enum):
@@ -169,6 +175,16 @@ class HealthConfig:
     exclude_after: int = num(2, ge=1)
     window_h: float = num(24.0, gt=0.0)
     expire_h: float = num(24.0, gt=0.0)
+    # stragglers, from each rank's own step timings (they ride on the step's own all-reduce): a rank whose
+    # own time (its step less its waits for the others) or data time stays this many times the other
+    # ranks' median (the median of its ratios over straggler_window steps) is named, with its node, in
+    # the log and the ledger; 0: off
+    straggler_ratio: float = num(1.5, ge=0.0, fix="set cluster.health.straggler_ratio to 0 (off) or a ratio "
+                                 "above 1, e.g. 1.5")
+    # past this ratio the run saves, and its job is requeued without that node (within
+    # train.max_restarts); 0: named only
+    straggler_requeue_ratio: float = num(3.0, ge=0.0)
+    straggler_window: int = num(20, ge=2)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from launcher.doctor.kinds import FIXES, NOT_FAILED, Diagnosis
 from launcher.doctor.rank_failures import from_logs, from_rank_errors, from_status_text
 from launcher.run.rundir import RESTARTED_BY_USER
 from launcher.run.status import RunStatus, Status
+from launcher.runtime.stacks import missed_line
 
 
 # ---- the diagnosis ---------------------------------------------------------------------------------
@@ -204,6 +205,9 @@ def _hang(ev: Evidence) -> Optional[Diagnosis]:
             if h.get("phase") == "startup" else f"hang: no step finished for {_num(timeout)} s after step {step}: ")
     summary = (head if h else "hang: ") + \
         (where if culprits else clip(status_msg or next(iter(messages.values()), ""), 300))
+    missed = missed_line(h)  # the collective they never joined, by its sequence number
+    if missed:
+        summary += "; " + missed
     detail = []
     if h:
         detail.append(f"hang.json: step {step}, timeout {_num(timeout)} s, stuck {stuck}, waiting {waiting or '{}'}")

@@ -39,6 +39,10 @@ class RunContext:
     stop_after: Optional[int] = None
     # rank 0's watch of the job's end (launcher.runtime.time_guard), told how long each save took
     time_guard: Optional[Any] = field(default=None, repr=False)
+    # the straggler watch (launcher.features.nodes.record.Stragglers): every rank's step timings ride on
+    # the stop agreement's all-reduce, and every rank reaches its verdict
+    stragglers: Optional[Any] = field(default=None, repr=False)
+    _timing: Any = field(default=(0.0, 0.0), repr=False)  # this rank's (own, data) seconds of its last step
     _step: Optional[int] = field(default=None, repr=False)  # the last step heartbeat was told of
     _metrics_file: Optional[Any] = field(default=None, repr=False)
     _settled: Any = field(default=None, repr=False)  # (reason,) agreed inside this step's own all-reduce
@@ -88,37 +92,59 @@ class RunContext:
             self._settled = None  # (this step's folded votes: the stop is decided)
             return "time_limit"
         # torch: only on the node
-        import torch
         import torch.distributed as dist
 
+        if self._settled is not None:  # (agreed in the step's own all-reduce)
+            (agreed,), self._settled = self._settled, None
+            return agreed
         own = self.stop_flag.reason if self.stop_flag is not None else None
         if not dist.is_initialized() or self.world_size == 1:
             return own
-        if self._settled is not None:
-            (agreed,), self._settled = self._settled, None
-            return agreed
-        flag = torch.tensor([STOP_CODES[own]], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return STOP_REASONS[int(flag.item())]
+        votes = self.stop_votes(self.device)
+        dist.all_reduce(votes)  # (SUM)
+        self.settle_stop(votes.tolist())
+        (agreed,), self._settled = self._settled, None
+        return agreed
+
+    def step_times(self, own_s: float, data_s: float) -> None:
+        """This rank's last step: its own seconds (the step less its waits for the other ranks) and its
+        data seconds, for the straggler watch (carried by the next stop agreement)."""
+        self._timing = (float(own_s), float(data_s))
+
+    def _timed(self) -> bool:
+        return self.stragglers is not None and self.stragglers.on and self.world_size > 1
 
     def stop_votes(self, device: Any) -> Any:
         """This rank's stop reason as float32 votes, one slot per reason (code 1, 2, ...; a one-hot, or
         zeros), for an engine to SUM over the world inside the step's own all-reduce (its loss), and
         hand back to ``settle_stop`` with the same host read: the stop then costs no collective and
-        no device sync of its own."""
+        no device sync of its own. With the straggler watch on, two slots per rank follow, holding
+        this rank's last step timings at its own index (zeros elsewhere): summed, every rank's."""
         import torch
 
         own = self.stop_flag.reason if self.stop_flag is not None else None
-        votes = torch.zeros(STOP_VOTES, dtype=torch.float32, device=device)  # kernels only: no host copy
+        size = STOP_VOTES + (2 * self.world_size if self._timed() else 0)
+        votes = torch.zeros(size, dtype=torch.float32, device=device)  # kernels only: no host copy
         if own is not None:
             votes[STOP_CODES[own] - 1] = 1.0
+        if size > STOP_VOTES:
+            votes[STOP_VOTES + self.rank] = self._timing[0]
+            votes[STOP_VOTES + self.world_size + self.rank] = self._timing[1]
         return votes
 
     def settle_stop(self, summed: Sequence[float]) -> None:
         """Every rank's ``stop_votes`` summed (as floats): the reason of the highest code any rank voted
-        for (time_limit outranks preempted) is what the next ``should_stop`` returns, on every rank."""
+        for (time_limit outranks preempted) is what the next ``should_stop`` returns, on every rank;
+        failing any, the straggler watch's verdict on the timings that came with them."""
         voted = [code for code in range(1, STOP_VOTES + 1) if summed[code - 1] > 0]
-        self._settled = (STOP_REASONS[max(voted, default=0)],)
+        reason = STOP_REASONS[max(voted, default=0)]
+        w = self.world_size
+        if len(summed) >= STOP_VOTES + 2 * w and self._timed():
+            own = list(summed[STOP_VOTES:STOP_VOTES + w])
+            data = list(summed[STOP_VOTES + w:STOP_VOTES + 2 * w])
+            verdict = self.stragglers.feed(own, data, self._step)
+            reason = reason or verdict
+        self._settled = (reason,)
 
     def offer_grow(self) -> None:
         """Rank 0, the step before a due save: a run cluster.elastic shrank votes to stop at that save when
@@ -133,7 +159,8 @@ class RunContext:
 
     def interrupted(self, reason: str, step: int):
         """The exception a recipe raises after saving, once ``should_stop`` said so."""
-        return Interrupted(reason, step)
+        why = self.stragglers.line if reason == "straggler" and self.stragglers is not None else ""
+        return Interrupted(reason, step, why)
 
     def close(self) -> None:
         if self._metrics_file is not None:

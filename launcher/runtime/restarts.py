@@ -45,12 +45,12 @@ STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
 class Interrupted(Exception):
     """Raised by a recipe after it saved a checkpoint because the job was signalled."""
 
-    def __init__(self, reason: str, step: int) -> None:
+    def __init__(self, reason: str, step: int, why: str = "") -> None:
         super().__init__(f"{reason} at step {step} (checkpoint saved)")
-        self.reason, self.step = reason, step
+        self.reason, self.step, self.why = reason, step, why  # why: what decided it (a straggler's line)
 
     def __reduce__(self):  # pickled back as it was (a job's result may carry it)
-        return (Interrupted, (self.reason, self.step))
+        return (Interrupted, (self.reason, self.step, self.why))
 
 
 class AtRung(Exception):

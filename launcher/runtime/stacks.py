@@ -68,9 +68,48 @@ def where(dump: str) -> Dict[str, Optional[str]]:
     return {"collective": collective, "frame": frame}
 
 
+_COUNTS = re.compile(r"^# collectives issued: (?P<counts>.*)$", re.M)
+
+
+def counts_line(counts: Dict[str, int]) -> str:
+    """The dump's header line of how many collectives this rank has issued, per process group."""
+    return "# collectives issued: " + " ".join(f"{g}={n}" for g, n in sorted(counts.items())) + "\n"
+
+
+def counts(dump: str) -> Dict[str, int]:
+    """The counts of ``counts_line`` in a dump (empty: none recorded, e.g. no process group)."""
+    m = _COUNTS.search(dump)
+    out: Dict[str, int] = {}
+    for item in (m["counts"].split() if m else []):
+        group, _, n = item.rpartition("=")
+        if group and n.isdigit():
+            out[group] = int(n)
+    return out
+
+
+def missed(by_rank: Dict[int, Dict[str, int]], waiting: Dict[int, str], world: int) -> Optional[Dict[str, object]]:
+    """The collective the hang waits in, by its sequence number: the group and number the waiting ranks
+    issued last (the highest), the kind they wait in, and the ranks that never issued it (behind on that
+    group's count, or no dump at all). None where the ranks recorded no counts."""
+    best: Optional[Tuple[str, int]] = None
+    for r in waiting:
+        for group, n in by_rank.get(r, {}).items():
+            behind = [q for q in range(world) if by_rank.get(q, {}).get(group, -1) < n]
+            if behind and (best is None or n > best[1]):
+                best = (group, n)
+    if best is None:
+        return None
+    group, n = best
+    in_it = sorted(r for r in waiting if by_rank.get(r, {}).get(group) == n)
+    kinds = sorted({waiting[r] for r in in_it})
+    return {"group": group, "seq": n, "kind": "/".join(kinds), "waiting": in_it,
+            "missing": [q for q in range(world) if by_rank.get(q, {}).get(group, -1) < n]}
+
+
 def finding(dumps: Dict[int, str], world: int, step: Optional[int], timeout_s: float) -> Dict[str, object]:
     """hang.json: which ranks are stuck outside a collective (the cause), which wait in one, and which
-    left no stack at all (dead, or stuck where Python cannot run)."""
+    left no stack at all (dead, or stuck where Python cannot run); where the ranks recorded how many
+    collectives they issued, the collective the others wait in that the stuck ones never joined."""
     stuck, waiting, frames = [], {}, {}
     for rank in sorted(dumps):
         w = where(dumps[rank])
@@ -80,8 +119,22 @@ def finding(dumps: Dict[int, str], world: int, step: Optional[int], timeout_s: f
         else:
             stuck.append(rank)
     silent = [r for r in range(world) if r not in dumps]
-    return {"step": step, "timeout_s": timeout_s, "stuck_ranks": stuck + silent, "waiting": waiting,
-            "frames": frames, "no_stack": silent}
+    out: Dict[str, object] = {"step": step, "timeout_s": timeout_s, "stuck_ranks": stuck + silent,
+                              "waiting": waiting, "frames": frames, "no_stack": silent}
+    collective = missed({r: counts(d) for r, d in dumps.items()}, waiting, world)
+    if collective is not None:
+        out["collective"] = collective
+    return out
+
+
+def missed_line(f: Dict[str, object]) -> str:
+    """One line naming the collective a hang's stuck ranks never joined ("" where none was recorded)."""
+    c = f.get("collective") or {}
+    if not isinstance(c, dict) or not c.get("missing"):
+        return ""
+    missing = ", ".join(str(r) for r in c["missing"])
+    return (f"rank(s) {missing} never joined collective #{c['seq']} ({c.get('kind') or '?'}) of process group "
+            f"{c['group']}, which rank(s) {', '.join(str(r) for r in c.get('waiting') or [])} wait in")
 
 
 def describe(f: Dict[str, object]) -> str:
@@ -92,7 +145,10 @@ def describe(f: Dict[str, object]) -> str:
         at = frames.get(r) or frames.get(str(r))
         parts.append(f"rank {r} stuck " + (f"in {at}" if at else "(no stack: dead or outside Python)"))
     waiting = f.get("waiting") or {}
-    if waiting:
+    line = missed_line(f)
+    if line:
+        parts.append(line)
+    elif waiting:
         names = sorted(set(waiting.values()))
         parts.append(f"rank(s) {', '.join(str(r) for r in sorted(waiting, key=int))} wait in {'/'.join(names)}")
     return "; ".join(parts) or "no rank finished a step"

@@ -123,10 +123,15 @@ def run(rd: RunDir) -> Dict[str, Any]:
                 return {}
             detail = script.stop_detail(e.reason, e.step) if own_process else \
                 f"{e.reason.replace('_', ' ')} signal, checkpoint saved after step {e.step}"
-            if e.reason == "time_limit":
+            if e.reason == node_ledger.STRAGGLER:  # saved; its node (noted in the ledger) is left out
+                detail = f"{e.why or 'a straggler'}; checkpoint saved after step {e.step}"
+            if e.reason in ("time_limit", node_ledger.STRAGGLER):
                 if requeue(e.reason, detail, e.step):
                     raise SystemExit(backend.requeue_exit_code) from None
-                a.end(Status.timeout, detail + "; restart budget spent")
+                if e.reason == node_ledger.STRAGGLER:
+                    a.fail(detail + "; not requeued: the restart budget is spent")
+                else:
+                    a.end(Status.timeout, detail + "; restart budget spent")
             else:  # TERM: the scheduler is ending the job (preemption, requeue or cancel): asked which
                 a.after_term(job_ending(backend, denv.job_id),
                              {"reason": e.reason, "detail": detail, "rank": None, "step": e.step})  # no rank failed
@@ -263,6 +268,9 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         stop_flag=stop_flag,
         stop_after=requeue_step(cfg.train, attempt["n"]),
         time_guard=guard,
+        stragglers=node_ledger.Stragglers(
+            cfg_plain, rd, denv.rank, denv.world_size, dist_env.node_name(), attempt=attempt["n"],
+            job_id=denv.job_id, can_requeue=restarts.budget_left(rd, int(cfg.train.max_restarts))),
     )
     try:
         recipe = get_method(cfg.recipe._target_)

@@ -146,6 +146,9 @@ class Watch:
         with f:
             f.write(f"# rank {self.rank}, " + ("no start-up progress" if self._last is None else "no step finished")
                     + f" for {self._waited_s:.0f} s (last finished step: {self.step})\n")
+            issued = collectives_issued()
+            if issued:
+                f.write(stacks.counts_line(issued))
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
         return self.rd.claim_gathering(self.rank)
@@ -168,6 +171,25 @@ class Watch:
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(GATHER_POLL_S)
         return self.rd.hang()
+
+
+def collectives_issued() -> Dict[str, int]:
+    """How many collectives this rank has issued on each of its process groups (torch.distributed's
+    own count, the same on gloo and NCCL; read from this thread while the main one may be blocked in
+    one). Empty where the process has no process group (or never imported torch: not imported here)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_initialized():
+            return {}
+        c10d = dist.distributed_c10d
+        default = c10d._get_default_group()
+        out: Dict[str, int] = {}
+        for pg, name in list(c10d._world.pg_names.items()):
+            label = "world" if pg is default else str(name)
+            out[label] = int(pg._get_sequence_number_for_group())
+        return out
+    except Exception:  # (a torch without these internals: the stacks alone then)
+        return {}
 
 
 def start(rundir: Any, rank: int, interval_s: float = 1.0, world: int = 1, hang_timeout_s: float = 0.0,

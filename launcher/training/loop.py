@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from launcher.features.asha import rungs
+from launcher.features.nodes import straggler
 from launcher.runtime import teardown
 from launcher.runtime.restarts import AtRung
 from launcher.training.checkpoint import Checkpointer
@@ -76,6 +77,7 @@ class StepLoop:
 
     def __iter__(self) -> Iterator[int]:
         self._sink = MetricsSink(self.cfg, self.ctx, self.history)
+        self._ended = time.monotonic()  # the last step's end (the first step counts from here)
         try:
             for step in range(self.start + 1, self.steps + 1):
                 self.step, self._row = step, None
@@ -94,6 +96,10 @@ class StepLoop:
             self._sink.log(step, self._row)
             self.history.append({"step": step, **self._row})
         self.ctx.heartbeat(step)
+        now = time.monotonic()  # this rank's own and data time, for the straggler watch (on every rank)
+        if hasattr(self.ctx, "step_times"):
+            self.ctx.step_times(*straggler.own_and_data(self._row or {}, now - self._ended))
+        self._ended = now
         stop = self.ctx.should_stop()  # all ranks agree: signalled before the time limit, or preempted
         ck = self.checkpoint
         # a rung first: a job stopped at its rung step resumes after it, and the rung must have its report

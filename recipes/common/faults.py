@@ -11,6 +11,7 @@ import torch
 from launcher.config.errors import ConfigError
 from launcher.config.faults import faults
 from launcher.config.schema import enum_value
+from launcher.config.sections import SLOW_S
 from launcher.runtime.env import node_name
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
             # requeue must come from outside the ranks)
             if enum_value(cfg.train.get("fail_peers", "error")) == "abort":
                 ctx.abort_on_error = True
+            continue
+        if fault.mode == "slow" and step >= fault.at_step:  # every step from its own on
+            time.sleep(SLOW_S)
             continue
         if step != fault.at_step:
             continue

@@ -360,11 +360,13 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
     assert row["reason"] in ("preempted", "scheduler") and lost in row["nodes"] and row["from_step"] == 4, row
     (row,) = restarts(runs["stop"])  # the multi-node default hang watch of the rank still running
     assert row["reason"] == "hang" and row["from_step"] == 4 and "rank 1 stuck" in row["detail"], row
+    # the collective the stopped rank never joined, by the sequence number the waiting rank recorded
+    assert "rank(s) 1 never joined collective #" in row["detail"] and "of process group world" in row["detail"], row
     # the node ledger (its runs root's): the stopped rank's node, the collective the others waited in; the
     # requeue left that node out, and doctor names it
     (ev,) = [json.loads(p.read_text()) for p in (tmp_path / "stop" / "nodes" / "events").glob("*.json")]
     assert (ev["kind"], ev["rank"]) == ("hang", 1) and ev["step"] >= 4 and "left no stack" in ev["detail"], ev
-    assert "the others waited in " in ev["detail"] and row["excluded"] == [ev["node"]], (ev, row)
+    assert "the others waited in collective #" in ev["detail"] and row["excluded"] == [ev["node"]], (ev, row)
     doc = subprocess.run([str(BIN / "launcher"), "doctor", str(runs["stop"]), "--json"], capture_output=True,
                          text=True, env={**env, "LAUNCHER_RUNS": str(tmp_path / "stop")}, timeout=120)
     assert f"node {ev['node']}: hang in this run" in doc.stdout, doc.stdout + doc.stderr

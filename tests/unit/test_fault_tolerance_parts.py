@@ -557,6 +557,42 @@ def test_hang_finding_names_the_stuck_rank_and_the_collective_the_others_wait_in
     assert "rank 3 stuck (no stack" in text and "wait in" in text
 
 
+def test_hang_finding_names_the_collective_the_stuck_ranks_never_joined_by_its_sequence_number():
+    """Each dump records how many collectives its rank issued per process group: the waiting ranks
+    issued #12 of the world group (and #3 of the saves' gloo group, where nobody is behind); rank 1
+    stopped after #11, rank 3 left no dump: both never joined #12."""
+    dumps = {0: stacks.counts_line({"world": 12, "1": 3}) + WAITING,
+             1: stacks.counts_line({"world": 11, "1": 3}) + STUCK,
+             2: stacks.counts_line({"world": 12, "1": 3}) + DDP_BACKWARD}
+    f = stacks.finding(dumps, world=4, step=4, timeout_s=6)
+    c = f["collective"]
+    assert (c["group"], c["seq"], c["missing"], c["waiting"]) == ("world", 12, [1, 3], [0, 2])
+    assert "all_reduce" in c["kind"]
+    assert "rank(s) 1, 3 never joined collective #12" in stacks.describe(f)
+    assert "collective" not in stacks.finding({0: WAITING, 1: STUCK}, world=2, step=4, timeout_s=6)  # no counts
+
+
+def test_a_rank_counts_the_collectives_it_issued_on_each_group(tmp_path):
+    """torch.distributed's own count, read as the watchdog reads it (one process, gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.runtime.watchdog import collectives_issued
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        side = dist.new_group(backend="gloo")
+        before = collectives_issued()
+        (other,) = set(before) - {"world"}
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+        dist.all_reduce(torch.ones(2), group=side)
+        assert collectives_issued() == {"world": before["world"] + 3, other: before[other] + 1}
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_real_dump_parses(tmp_path):
     """faulthandler's own output for a thread blocked in a function of this file."""
     import faulthandler

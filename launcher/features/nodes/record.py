@@ -6,8 +6,11 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from launcher.features.nodes import straggler
 from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
 from launcher.features.nodes.rule import EXCLUDED, SUSPECT, Event, Exclusion, exclusion
+
+STRAGGLER = "straggler"  # the kind of its ledger events, and the stop reason of a run requeued without one
 
 
 def kind_of(error: str) -> str:
@@ -64,6 +67,10 @@ def note_hang(cfg: Mapping[str, Any], rd: Any, finding: Optional[Mapping[str, An
     kinds = "/".join(sorted(set(str(v) for v in waiting.values()))) or "a collective"
     step = finding.get("step")
     missed = f"the others waited in {kinds} after step {step}"
+    c = finding.get("collective") or {}
+    if isinstance(c, dict) and c.get("seq") is not None:
+        missed = (f"the others waited in collective #{c['seq']} ({c.get('kind') or kinds}) of process group "
+                  f"{c.get('group')} after step {step}")
     if rank in stuck and rank not in silent:
         note(cfg, rd, node, "hang", attempt=attempt, job_id=job_id, rank=rank, step=step,
              detail=f"rank {rank} stuck; {missed}")
@@ -73,3 +80,48 @@ def note_hang(cfg: Mapping[str, Any], rd: Any, finding: Optional[Mapping[str, An
         for r in silent:
             note(cfg, rd, nodes.get(r), "hang", attempt=attempt, job_id=job_id, rank=r, step=step,
                  detail=f"rank {r} left no stack (stopped or dead); {missed}")
+
+
+class Stragglers:
+    """A rank's straggler watch (launcher.features.nodes.straggler): every rank feeds it every rank's
+    timings of a step and gets the same verdict. A straggler is named once per attempt: its own rank notes
+    its node in the ledger, rank 0 says so in the log. Returns STRAGGLER where the run must stop to be
+    requeued without it (past the requeue ratio, while ``can_requeue``: the restart budget lasts)."""
+
+    def __init__(self, cfg: Mapping[str, Any], rd: Any, rank: int, world: int, node: Optional[str], *,
+                 attempt: int, job_id: Optional[str], can_requeue: bool) -> None:
+        self.cfg, self.rd, self.rank, self.node = cfg, rd, int(rank), node
+        self.attempt, self.job_id, self.can_requeue = attempt, job_id, can_requeue
+        self.thresholds = straggler.thresholds_of(cfg)
+        self.detector = straggler.Detector(self.thresholds, world)
+        self.named: set = set()
+        self.line = ""  # the last straggler's line (the requeue's detail)
+
+    @property
+    def on(self) -> bool:
+        return self.thresholds.on and self.detector.world > 1
+
+    def feed(self, own: Sequence[float], data: Sequence[float], step: Optional[int]) -> Optional[str]:
+        found = self.detector.feed(own, data)
+        if found is None:
+            return None
+        requeue = found.requeue and self.can_requeue
+        key = (found.rank, found.kind)
+        if key not in self.named or (requeue and (*key, "requeue") not in self.named):
+            node = self.node if found.rank == self.rank else _node_of(self.rd, found.rank)
+            self.line = found.line(node, self.thresholds.window)
+            if found.rank == self.rank and key not in self.named:  # one ledger event per straggler an attempt
+                note(self.cfg, self.rd, self.node, STRAGGLER, attempt=self.attempt, job_id=self.job_id,
+                     rank=self.rank, step=step, detail=self.line)
+            if self.rank == 0:
+                print(f"launcher: {self.line}" + ("; saving, then requeued without that node" if requeue else ""),
+                      file=sys.stderr, flush=True)
+            self.named.update({key, *([(*key, "requeue")] if requeue else [])})
+        return STRAGGLER if requeue else None
+
+
+def _node_of(rd: Any, rank: int) -> Optional[str]:
+    for r in rd.ranks():
+        if int(r.get("rank", -1)) == rank:
+            return r.get("slurmd_nodename") or r.get("hostname")
+    return None

@@ -22,6 +22,7 @@ KINDS = {
     "cuda_error": "a CUDA error raised on it (ECC, illegal address, device lost)",
     "nccl_error": "an NCCL error raised on it (a system or internal error, not a timeout)",
     "hang": "the rank a hang waited for ran on it",
+    "straggler": "a rank on it stayed slower than the others (cluster.health.straggler_ratio)",
     CLEARED: "cleared by hand",
 }
 
