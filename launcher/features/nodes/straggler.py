@@ -72,7 +72,9 @@ class Finding:
                 f"over the last {window} steps")
 
 
-FLOOR_S = 0.005  # a median below this counts as this much: microseconds of data time are no straggler's
+# a median below this counts as this much: milliseconds more (rank 0's own logging in a step of a tiny
+# model, microseconds of data time) make no straggler; a slow node adds far more than this to a step
+FLOOR_S = 0.02
 
 
 def ratios(values: Sequence[float]) -> List[float]:
