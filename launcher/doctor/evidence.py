@@ -201,6 +201,8 @@ def _ledger_lines(rd: RunDir, cfg: Dict[str, Any]) -> List[str]:
         s = by_node.get(node)
         state = s.state if s is not None else "?"
         what = "excluded: left out of every later submission" if state == EXCLUDED else state
+        last = [e for e in mine if e.node == node][-1]  # what it saw there (the collective a hang missed, ...)
         lines.append(f"node {node}: {', '.join(dict.fromkeys(e.kind for e in mine if e.node == node))} in this "
-                     f"run; the node ledger says {what} ({len(s.events) if s else 0} event(s); `launcher nodes`)")
+                     f"run; the node ledger says {what} ({len(s.events) if s else 0} event(s); `launcher nodes`)"
+                     + (f"; the last: {last.detail[:240]}" if last.detail else ""))
     return lines

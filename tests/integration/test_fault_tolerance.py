@@ -370,6 +370,7 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
     doc = subprocess.run([str(BIN / "launcher"), "doctor", str(runs["stop"]), "--json"], capture_output=True,
                          text=True, env={**env, "LAUNCHER_RUNS": str(tmp_path / "stop")}, timeout=120)
     assert f"node {ev['node']}: hang in this run" in doc.stdout, doc.stdout + doc.stderr
+    assert "waited in collective #" in doc.stdout, doc.stdout  # the collective it never joined, by number
     (row,) = restarts(runs["kill_abort"])  # nobody recorded a word: the batch script's teardown decided
     assert row["reason"] == "failure" and row["from_step"] == 4, row
     assert row["detail"].startswith("a rank died without a word: srun exit "), row
