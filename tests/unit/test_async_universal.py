@@ -4,25 +4,13 @@ training path; a tensor named by both forms is copied to host memory once."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from test_fault_tolerance_parts import Ctx, make_run
 
-from launcher.run.rundir import RunDir
-from launcher.run.status import Status
 from launcher.training import async_save, universal
 from launcher.training.checkpoint import Checkpointer
-
-
-class Ctx:
-    rank, world_size, attempt = 0, 1, 1
-
-    def __init__(self, rd):
-        self.rundir = rd
-
-    def heartbeat(self, step=None):
-        pass
 
 
 class Engine:
@@ -51,14 +39,6 @@ class Engine:
         return universal.module_state(self.model, self.optimizer)
 
 
-def _run(tmp_path: Path) -> RunDir:
-    rd = RunDir(tmp_path / "run")
-    rd.path.mkdir()
-    rd.write_run({"run_id": "x-0", "layout": {}})
-    rd.set_status(Status.pending)
-    return rd
-
-
 def _checkpointer(rd, engine):
     cfg = OmegaConf.create({"train": {"steps": 9, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
                                       "fail_attempt": None,
@@ -67,7 +47,7 @@ def _checkpointer(rd, engine):
 
 
 def test_the_universal_form_is_written_by_the_writer_thread_from_the_state_at_the_save(tmp_path, monkeypatch):
-    rd = _run(tmp_path)
+    rd = make_run(tmp_path)
     engine = Engine()
     ck = _checkpointer(rd, engine)
     engine.train_step()
