@@ -280,6 +280,12 @@ def _run_recipe(rd: RunDir, cfg_plain: Dict[str, Any], denv, watch, stop_flag,
         if ctx.abort_on_error and not isinstance(e, (restarts.Interrupted, restarts.AtRung)):
             print(f"rank {denv.rank}: {type(e).__name__}: {e}: aborting (abort_on_error)", file=sys.stderr, flush=True)
             os.abort()  # as ProcessGroupNCCL's teardown: no handler runs, no outcome recorded
+        if not isinstance(e, (restarts.Interrupted, restarts.AtRung)):
+            # the save in flight is in host memory: written and committed before this rank's failure (which
+            # ends the others, their writer threads with them) is recorded; the next attempt resumes from it
+            saver = sys.modules.get("launcher.training.async_save")
+            if saver is not None:
+                saver.settle_in_flight()
         raise
     finally:
         if guard is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -127,6 +128,18 @@ class _Copy:
     device: Optional[int] = None
 
 
+SETTLE_S = 60.0  # how long a rank that failed gives its save in flight to be written and committed
+_LIVE: weakref.WeakSet[AsyncSaver] = weakref.WeakSet()  # this process's savers (settle_in_flight)
+
+
+def settle_in_flight(timeout_s: float = SETTLE_S) -> None:
+    """A rank whose step raised: each save it has in flight (its state already in host memory) written
+    and committed before the rank reports its failure and ends, which would end the other ranks' writer
+    threads with it; at most ``timeout_s`` each."""
+    for saver in list(_LIVE):
+        saver.settle(timeout_s)
+
+
 class AsyncSaver:
     """The Checkpointer's asynchronous save: the host copies of its engine's state (whose buffers the
     next save reuses), the writer thread, and the optimizer pre-hooks that wait for the copy. Uses the
@@ -134,6 +147,7 @@ class AsyncSaver:
 
     engine: Any
     blocked_s: float
+    rd: Any
 
     def _init_async_save(self) -> None:
         self._thread: Optional[threading.Thread] = None
@@ -145,6 +159,8 @@ class AsyncSaver:
         self._stream: Any = None  # the side CUDA stream the device->host copies run on (made once)
         self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
         self._event_device: Optional[int] = None
+        self._in_flight_step: Optional[int] = None  # the step of the save the writer thread writes
+        _LIVE.add(self)
 
     def _write(self, partial: Path, staged: Dict[str, Any], step: int, feed: bool = False) -> None:
         raise NotImplementedError  # the Checkpointer's
@@ -154,6 +170,7 @@ class AsyncSaver:
         (already host values); returns at once (save's asynchronous case)."""
         started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
         self._copied.clear()
+        self._in_flight_step = step
         if started.event is not None:
             self._event, self._event_device = started.event, started.device
         self._thread = threading.Thread(target=self._copy_and_write, args=(partial, live, small, step, started),
@@ -231,6 +248,19 @@ class AsyncSaver:
             self._error = e
             return
         self._write_guarded(partial, {**staged, **small}, step)
+
+    def settle(self, timeout_s: float = SETTLE_S) -> bool:
+        """Until the save in flight (if any) is written by this rank and committed by the last rank to
+        finish it, at most ``timeout_s``; whether it is committed (nothing in flight: True)."""
+        thread, step = self._thread, self._in_flight_step
+        if thread is None or step is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        thread.join(timeout_s)
+        final = self.rd.checkpoint_dir(step)
+        while not final.exists() and self._error is None and not thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)  # (another rank's writer thread still writing its part)
+        return final.exists()
 
     def wait_copied(self) -> None:
         """Until the state of the save in flight is in host memory (the training state may change):

@@ -94,3 +94,26 @@ def test_a_tensor_named_twice_is_copied_once_and_reused_buffers_never_alias():
     assert torch.equal(second["native"]["w"], w2)
     assert torch.equal(second["universal"]["model.w"], w2 + 1)
     assert second["universal"]["model.w"] is not second["native"]["w"]
+
+
+def test_a_rank_that_failed_settles_its_save_in_flight_before_it_ends(tmp_path, monkeypatch):
+    """The step raised while a save's write was in flight: settle_in_flight (what the failing rank calls
+    before it records its failure) returns once that save is committed; bounded where it never is."""
+    rd = make_run(tmp_path)
+    engine = Engine()
+    ck = _checkpointer(rd, engine)
+    engine.train_step()
+    gate = threading.Event()
+    real = universal.save
+
+    def held(state, path, rank, group=None):
+        assert gate.wait(20), "the test never released the write"
+        return real(state, path, rank, group)
+
+    monkeypatch.setattr(universal, "save", held)
+    ck.save(2, [{"step": 1}, {"step": 2}])
+    assert ck.settle(timeout_s=0.3) is False  # bounded: the write still held
+    threading.Timer(0.3, gate.set).start()
+    async_save.settle_in_flight(timeout_s=20)
+    assert rd.checkpoint_dir(2).exists() and universal.present(rd.checkpoint_dir(2))
+    assert ck.settle(timeout_s=0) is True
