@@ -255,12 +255,19 @@ class AsyncSaver:
         thread, step = self._thread, self._in_flight_step
         if thread is None or step is None:
             return True
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
         thread.join(timeout_s)
+        # the other ranks write their parts beside this one: as long again as this save has taken so far
+        # (at least 5 s) is their time to commit it (a rank that died never will: no longer than that)
+        deadline = min(t0 + timeout_s, time.monotonic() + max(5.0, time.monotonic() - t0 + self._took()))
         final = self.rd.checkpoint_dir(step)
         while not final.exists() and self._error is None and not thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)  # (another rank's writer thread still writing its part)
         return final.exists()
+
+    def _took(self) -> float:
+        """Seconds since the save in flight started (the Checkpointer's clock)."""
+        return max(0.0, time.perf_counter() - float(getattr(self, "_save_t0", time.perf_counter())))
 
     def wait_copied(self) -> None:
         """Until the state of the save in flight is in host memory (the training state may change):
