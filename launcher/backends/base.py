@@ -123,6 +123,11 @@ class NodeSide:
         """From inside the job: when its time limit ends it, epoch seconds (None: unknown, or none)."""
         return None
 
+    def step_deaths(self, job_id: Optional[str]) -> List[Tuple[str, int, str]]:
+        """From inside the job, after its step: the tasks the scheduler saw end abnormally, as (node,
+        task, how: "Killed", "Segmentation fault", "Exited with exit code 1"...); empty: unknown."""
+        return []
+
     def job_state_now(self, job_id: Optional[str]) -> str:
         """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
         "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""

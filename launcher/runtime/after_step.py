@@ -34,6 +34,7 @@ from launcher import backends
 from launcher.archive import atomic
 from launcher.features.asha import rungs
 from launcher.features.elastic import resize as elastic
+from launcher.features.nodes import record as node_ledger
 from launcher.run.rundir import RunDir
 from launcher.run.status import RunStatus, Status
 from launcher.runtime import restart_policy, restarts
@@ -78,6 +79,9 @@ def describe(rc: int, source: str = "the step") -> str:
     return f"{source} exit {rc}"
 
 
+WORDLESS = "a rank died without a word"
+
+
 def decide(st: RunStatus, note: Dict[str, Any], end: StepEnd, *, restarts_used: int, max_restarts: int,
            previous: Optional[Failure] = None, step: Optional[int] = None, from_step: int = 0) -> Outcome:
     """What follows a step (pure). ``st``: the run's status now; ``note``: the job's note; ``restarts_used``:
@@ -101,7 +105,7 @@ def decide(st: RunStatus, note: Dict[str, Any], end: StepEnd, *, restarts_used: 
     if end.rc == 0:
         return Outcome("fail", "the step exited 0, but no rank recorded an outcome", {"exit_code": 1})
     words = describe(end.rc, end.source)
-    detail = f"a rank died without a word: {words}"
+    detail = f"{WORDLESS}: {words}"
     failure = Failure(type="RankLost", message=words, place="", kind="rank_lost", attempt=attempt, step=step,
                       from_step=from_step)
     decision = restart_policy.decide(failure, previous)
@@ -128,6 +132,24 @@ def judge(rd: RunDir, note: Dict[str, Any], end: StepEnd) -> Outcome:
                   previous=previous, step=step, from_step=from_step)
 
 
+# how a task that a node's fault can end ends, in srun's words (not SIGABRT: NCCL's teardown aborts the
+# ranks a lost peer left behind; not SIGTERM: the scheduler's; not an exit code: Python's own word)
+CRASHES = ("Killed", "Segmentation fault", "Bus error", "Illegal instruction")
+
+
+def note_crashes(rd: RunDir, backend: Any, job_id: Optional[str], note: Dict[str, Any], step: Optional[int]) -> int:
+    """A step no rank said a word about: each rank the scheduler saw killed or crash (srun's word, with its
+    node) is noted in the node ledger against its node, so the requeue leaves that node out; how many."""
+    cfg = rd.config() or {}
+    noted = 0
+    for node, task, how in backend.step_deaths(job_id):
+        if how.startswith(CRASHES):
+            noted += node_ledger.note(cfg, rd, node, "crashed", attempt=int(note.get("attempt") or 0), job_id=job_id,
+                                      rank=task, step=step, detail=f"rank {task} ended: {how}, without a word "
+                                      "(srun's)") is not None
+    return noted
+
+
 def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) -> Optional[str]:
     """Carry out ``outcome`` (the backend's requeue); returns what was done (None: nothing)."""
     if outcome.action == "fail":
@@ -138,10 +160,13 @@ def settle(rd: RunDir, outcome: Outcome, backend: Any, job_id: Optional[str]) ->
     if outcome.action != "requeue":
         return None
     # recorded first: the scheduler's requeue ends this script too (KillWait after its TERM)
-    rd.set_status(Status.requeued, stop=elastic.mark(outcome.stop, os.environ))
+    stop = elastic.mark(outcome.stop, os.environ)
+    rd.set_status(Status.requeued, stop=stop)
     try:
         if not backend.requeued_since_start(job_id):  # the rank's own request went through before the kill
-            backend.request_requeue(job_id)
+            restarts.requeue_leaving_out(rd, backend, job_id, stop)  # (the nodes of the ranks that crashed)
+            if stop.get("excluded"):
+                rd.set_status(Status.requeued, stop=stop)
     except Exception as e:
         why = f"{type(e).__name__}: {e} {getattr(e, 'stderr', '') or ''}".strip()
         rd.finish_in_job(Status.failed, exit_code=1, error=f"requeue refused: {why} ({outcome.why})",
@@ -205,6 +230,8 @@ def main(argv: Optional[list] = None) -> int:
     job_id = note.get("job_id")
     if not rd.is_final():  # the common end is final already (a rank recorded the outcome): nothing to ask
         outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id), source=backend.step_word))
+        if (outcome.stop.get("failure") or {}).get("kind") == "rank_lost" or outcome.why.startswith(WORDLESS):
+            note_crashes(rd, backend, job_id, note, (outcome.stop.get("failure") or {}).get("step"))
         done = settle(rd, outcome, backend, job_id)
         if done:
             said = describe(rc, backend.step_word)

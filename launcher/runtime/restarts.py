@@ -151,7 +151,7 @@ def budget_left(rd: RunDir, max_restarts: int) -> bool:
     return rd.restarts_since_launch() < max_restarts
 
 
-def _requeue(rd: RunDir, backend: Any, job_id: Optional[str], stop: Dict[str, Any]) -> None:
+def requeue_leaving_out(rd: RunDir, backend: Any, job_id: Optional[str], stop: Dict[str, Any]) -> None:
     """The backend's requeue; without the nodes the next attempt leaves out (this run's failed nodes
     and the ledger's excluded ones, launcher.features.nodes) where there are any and the backend can
     (recorded in ``stop``)."""
@@ -189,7 +189,7 @@ def request_requeue(rd: RunDir, backend: Any, *, attempt: int, max_restarts: int
         stop["failure"] = failure
     noted = leave_note(rd, attempt, stop, job_id)
     try:
-        _requeue(rd, backend, job_id, stop)
+        requeue_leaving_out(rd, backend, job_id, stop)
     except Exception as e:  # e.g. a partition that forbids requeues: the run fails, saying why
         if noted and getattr(e, "returncode", 0) < 0:  # the request was killed with the step: the
             rd.set_status(Status.requeued, stop={**stop, "deferred": True})  # teardown asks again

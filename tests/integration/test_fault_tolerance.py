@@ -375,6 +375,11 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
     assert row["reason"] == "failure" and row["from_step"] == 4, row
     assert row["detail"].startswith("a rank died without a word: srun exit "), row
     assert row["failure"]["kind"] == "rank_lost" and row["job_id"] == jobs["kill_abort"], row
+    # srun's word on the killed rank (not on its peer, which aborted as NCCL's teardown does): its node in
+    # the ledger, left out of the requeue
+    (crash,) = [json.loads(p.read_text()) for p in (tmp_path / "kill_abort" / "nodes" / "events").glob("*.json")]
+    assert (crash["kind"], crash["rank"]) == ("crashed", 1) and "Killed" in crash["detail"], crash
+    assert row["excluded"] == [crash["node"]], (row, crash)
     # no rank's word anywhere (errors/, or attempt 1's moved aside to attempts/1/)
     assert not list(runs["kill_abort"].rglob("rank_*.error")), list(runs["kill_abort"].rglob("rank_*.error"))
     for name in ("down", "stop", "kill_abort"):

@@ -125,3 +125,57 @@ def test_the_local_processes_exit_statuses_read_as_one():
     assert step_rc([0, 0]) == 0
     assert step_rc([-6, -9]) == 137  # the killed rank, not the peer that aborted after it
     assert step_rc([-6, 1]) == 134 and step_rc([1, 0]) == 1 and step_rc([None, -11]) == 139
+
+
+def test_srun_says_which_task_ended_how_on_which_node():
+    from launcher.backends.slurm.jobs import srun_deaths
+
+    text = ("step 6\nsrun: error: node2: task 1: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+            "srun: error: node1: task 0: Aborted (core dumped)\n"
+            "srun: error: node4: tasks 2-3,5: Exited with exit code 1\n")
+    assert srun_deaths(text) == [("node2", 1, "Killed"), ("node1", 0, "Aborted (core dumped)"),
+                                 ("node4", 2, "Exited with exit code 1"), ("node4", 3, "Exited with exit code 1"),
+                                 ("node4", 5, "Exited with exit code 1")]
+
+
+def test_a_wordless_death_notes_the_killed_ranks_node_and_its_requeue_leaves_it_out(tmp_path):
+    """srun saw rank 1 killed on node2 and rank 0 abort on node1 (its peer gone, as NCCL's teardown does):
+    node2 alone is noted (kind crashed) and left out of the requeue the teardown asks for."""
+    import json
+
+    from launcher.run.rundir import RunDir
+    from launcher.runtime import after_step
+
+    rd = RunDir(tmp_path / "runs" / "s" / "0")
+    rd.path.mkdir(parents=True)
+    rd.write_config({"cluster": {"nodes": 2, "partition": "debug"}, "train": {"max_restarts": 3}})
+    rd.write_run({"run_id": "s-0", "layout": {}})
+    rd.set_status(Status.running, attempt=1)
+
+    class Backend:
+        asked = []
+
+        def step_deaths(self, job_id):
+            return [("node2", 1, "Killed"), ("node1", 0, "Aborted (core dumped)")]
+
+        def partition_nodes(self, partition):
+            return ["node1", "node2", "node3", "node4"]
+
+        def requeued_since_start(self, job_id):
+            return False
+
+        def requeue_without(self, job_id, nodes, run_dir):
+            self.asked.append(("without", tuple(nodes)))
+            return True
+
+        def request_requeue(self, job_id):
+            self.asked.append(("plain", ()))
+
+    note = {"run": str(rd.path), "attempt": 1, "job_id": "7", "max_restarts": 3}
+    o = after_step.decide(rd.status(), note, RUNNING, restarts_used=0, max_restarts=3, step=6)
+    assert after_step.note_crashes(rd, Backend(), "7", note, 6) == 1
+    (ev,) = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "nodes" / "events").glob("*.json")]
+    assert (ev["node"], ev["kind"], ev["rank"], ev["step"]) == ("node2", "crashed", 1, 6) and "Killed" in ev["detail"]
+    assert after_step.settle(rd, o, Backend(), "7") == "requeued"
+    assert Backend.asked == [("without", ("node2",))]
+    assert rd.status().stop["excluded"] == ["node2"]

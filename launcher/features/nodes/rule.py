@@ -23,6 +23,7 @@ KINDS = {
     "nccl_error": "an NCCL error raised on it (a system or internal error, not a timeout)",
     "hang": "the rank a hang waited for ran on it",
     "straggler": "a rank on it stayed slower than the others (cluster.health.straggler_ratio)",
+    "crashed": "a rank on it was killed or crashed (SIGKILL, SIGSEGV, SIGBUS) without a word",
     CLEARED: "cleared by hand",
 }
 
