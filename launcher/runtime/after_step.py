@@ -132,21 +132,22 @@ def judge(rd: RunDir, note: Dict[str, Any], end: StepEnd) -> Outcome:
                   previous=previous, step=step, from_step=from_step)
 
 
-# how a task that a node's fault can end ends, in srun's words (not SIGABRT: NCCL's teardown aborts the
+# how a task that a node's fault can end ends, in the step launcher's words (not SIGABRT: NCCL's teardown aborts the
 # ranks a lost peer left behind; not SIGTERM: the scheduler's; not an exit code: Python's own word)
 CRASHES = ("Killed", "Segmentation fault", "Bus error", "Illegal instruction")
 
 
 def note_crashes(rd: RunDir, backend: Any, job_id: Optional[str], note: Dict[str, Any], step: Optional[int]) -> int:
-    """A step no rank said a word about: each rank the scheduler saw killed or crash (srun's word, with its
-    node) is noted in the node ledger against its node, so the requeue leaves that node out; how many."""
+    """A step no rank said a word about: each rank the scheduler saw killed or crash (its step launcher's
+    word, with its node) is noted in the node ledger against its node, so the requeue leaves that node out; how many."""
     cfg = rd.config() or {}
     noted = 0
     for node, task, how in backend.step_deaths(job_id):
         if how.startswith(CRASHES):
             noted += node_ledger.note(cfg, rd, node, "crashed", attempt=int(note.get("attempt") or 0), job_id=job_id,
-                                      rank=task, step=step, detail=f"rank {task} ended: {how}, without a word "
-                                      "(srun's)") is not None
+                                      rank=task, step=step,
+                                      detail=f"rank {task} ended: {how}, without a word ({backend.step_word}'s)") \
+            is not None
     return noted
 
 

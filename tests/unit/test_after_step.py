@@ -128,7 +128,7 @@ def test_the_local_processes_exit_statuses_read_as_one():
 
 
 def test_srun_says_which_task_ended_how_on_which_node():
-    from launcher.backends.slurm.jobs import srun_deaths
+    from launcher.backends.slurm.node import srun_deaths
 
     text = ("step 6\nsrun: error: node2: task 1: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
             "srun: error: node1: task 0: Aborted (core dumped)\n"
@@ -154,6 +154,7 @@ def test_a_wordless_death_notes_the_killed_ranks_node_and_its_requeue_leaves_it_
 
     class Backend:
         asked = []
+        step_word = "srun"
 
         def step_deaths(self, job_id):
             return [("node2", 1, "Killed"), ("node1", 0, "Aborted (core dumped)")]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import (
@@ -222,21 +222,6 @@ class SlurmJobs:
             return None
         return job_end_of(limits.run(["scontrol", "show", "job", "-o", str(job_id)]))
 
-    def step_deaths(self, job_id: Optional[str]) -> List[Tuple[str, int, str]]:
-        """srun's own word on the tasks that ended abnormally (``srun: error: node2: task 1: Killed``),
-        read from the end of the batch script's stderr (``scontrol show job``'s StdErr), where srun wrote
-        it; empty: none, or not readable. A packed point's step: empty (the runner's file)."""
-        if not job_id or os.environ.get(PACK_STEP_ENV):
-            return []
-        m = re.search(r"\bStdErr=(\S+)", limits.run(["scontrol", "show", "job", "-o", str(job_id)]))
-        try:
-            with open(m.group(1), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 65536))
-                return srun_deaths(f.read().decode(errors="replace"))
-        except (AttributeError, OSError):
-            return []
-
     def job_state_now(self, job_id: Optional[str]) -> str:
         """``scontrol show job``'s JobState (slurmctld's word, without accounting's lag); "": unknown."""
         if not job_id:
@@ -303,16 +288,3 @@ class SlurmJobs:
             raise RuntimeError(f"sbatch refused: {(res.stderr or res.stdout).strip()}")
         return res.stdout.strip().split(";")[0]
 
-
-_SRUN_DEATH = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+?)\s*$", re.M)
-
-
-def srun_deaths(text: str) -> List[Tuple[str, int, str]]:
-    """(node, task, how) of each ``srun: error: NODE: task N: HOW`` line (``tasks 0-1,3`` too), in order."""
-    out: List[Tuple[str, int, str]] = []
-    for m in _SRUN_DEATH.finditer(text):
-        for part in m["tasks"].split(","):
-            lo, _, hi = part.partition("-")
-            if lo.isdigit() and (not hi or hi.isdigit()):
-                out.extend((m["node"], t, m["how"]) for t in range(int(lo), int(hi or lo) + 1))
-    return out

@@ -7,7 +7,7 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import launcher.backends.slurm.limits as limits
 from launcher.backends.base import PACK_STEP_ENV, Allocation, TaskPlace, env_int
@@ -111,3 +111,37 @@ class SlurmNode:
         self._sbatch(cmd)  # (SlurmJobs': raises RuntimeError where sbatch refuses it)
         self.pause(job_id)  # requeuehold: nothing starts it before the placing job has set ExcNodeList
         return True
+
+    def step_deaths(self, job_id: Optional[str]) -> List[Tuple[str, int, str]]:
+        """srun's own word on the tasks that ended abnormally (``srun: error: node2: task 1: Killed``),
+        read from the end of the batch script's stderr (``scontrol show job``'s StdErr), where srun wrote
+        it; empty: none, or not readable. A packed point's step: empty (the runner's file)."""
+        if not job_id or os.environ.get(PACK_STEP_ENV):
+            return []
+        return srun_deaths(_stderr_tail(limits.run(["scontrol", "show", "job", "-o", str(job_id)])))
+
+
+_SRUN_DEATH = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+?)\s*$", re.M)
+
+
+def _stderr_tail(show_job: str, size: int = 65536) -> str:
+    """The last ``size`` bytes of the batch script's stderr that ``scontrol show job -o`` names ("": none)."""
+    m = re.search(r"\bStdErr=(\S+)", show_job)
+    try:
+        with open(m.group(1), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except (AttributeError, OSError):
+        return ""
+
+
+def srun_deaths(text: str) -> List[Tuple[str, int, str]]:
+    """(node, task, how) of each ``srun: error: NODE: task N: HOW`` line (``tasks 0-1,3`` too), in order."""
+    out: List[Tuple[str, int, str]] = []
+    for m in _SRUN_DEATH.finditer(text):
+        for part in m["tasks"].split(","):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and (not hi or hi.isdigit()):
+                out.extend((m["node"], t, m["how"]) for t in range(int(lo), int(hi or lo) + 1))
+    return out

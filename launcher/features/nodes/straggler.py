@@ -72,9 +72,10 @@ class Finding:
                 f"over the last {window} steps")
 
 
-# a median below this counts as this much: milliseconds more (rank 0's own logging in a step of a tiny
-# model, microseconds of data time) make no straggler; a slow node adds far more than this to a step
-FLOOR_S = 0.02
+# a median below this counts as this much: tens of milliseconds more (rank 0's own logging in a step of a
+# tiny model, a process of a host whose cores other work shares, microseconds of data time) make no
+# straggler; a slow node adds far more than this to a step
+FLOOR_S = 0.05
 
 
 def ratios(values: Sequence[float]) -> List[float]:
