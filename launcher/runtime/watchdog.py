@@ -138,11 +138,14 @@ class Watch:
     def dump_stack(self) -> bool:
         """This rank's stacks into stacks/rank_<r>.txt; whether it is the rank that gathers them."""
         path = self.rd.stack_path(self.rank)
+        # written under a hidden name and renamed whole: the gatherer counts and reads only whole dumps (a
+        # dump it read half-written showed a waiting rank's other threads only, and named it stuck)
+        tmp = path.with_name(f".{path.name}.partial")
         try:
-            f = open(path, "w")
+            f = open(tmp, "w")
         except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "w")
+            f = open(tmp, "w")
         with f:
             f.write(f"# rank {self.rank}, " + ("no start-up progress" if self._last is None else "no step finished")
                     + f" for {self._waited_s:.0f} s (last finished step: {self.step})\n")
@@ -151,6 +154,7 @@ class Watch:
                 f.write(stacks.counts_line(issued))
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
+        os.replace(tmp, path)
         return self.rd.claim_gathering(self.rank)
 
     def gather(self) -> Dict[str, Any]:
