@@ -231,7 +231,7 @@ def main(argv: Optional[list] = None) -> int:
     job_id = note.get("job_id")
     if not rd.is_final():  # the common end is final already (a rank recorded the outcome): nothing to ask
         outcome = judge(rd, note, StepEnd(rc, backend.job_state_now(job_id), source=backend.step_word))
-        if (outcome.stop.get("failure") or {}).get("kind") == "rank_lost" or outcome.why.startswith(WORDLESS):
+        if outcome.why.startswith(WORDLESS):  # (decide's requeue or failure of a step no rank spoke of)
             note_crashes(rd, backend, job_id, note, (outcome.stop.get("failure") or {}).get("step"))
         done = settle(rd, outcome, backend, job_id)
         if done:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from launcher.features.nodes import straggler
 from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
@@ -76,7 +76,7 @@ def note_hang(cfg: Mapping[str, Any], rd: Any, finding: Optional[Mapping[str, An
              detail=f"rank {rank} stuck; {missed}")
     others = [r for r in sorted(int(k) for k in waiting)]
     if silent and others and rank == others[0]:
-        nodes = {int(r["rank"]): r.get("slurmd_nodename") or r.get("hostname") for r in rd.ranks() if "rank" in r}
+        nodes = rank_nodes(rd)
         for r in silent:
             note(cfg, rd, nodes.get(r), "hang", attempt=attempt, job_id=job_id, rank=r, step=step,
                  detail=f"rank {r} left no stack (stopped or dead); {missed}")
@@ -108,7 +108,7 @@ class Stragglers:
         requeue = found.requeue and self.can_requeue
         key = (found.rank, found.kind)
         if key not in self.named or (requeue and (*key, "requeue") not in self.named):
-            node = self.node if found.rank == self.rank else _node_of(self.rd, found.rank)
+            node = self.node if found.rank == self.rank else rank_nodes(self.rd).get(found.rank)
             self.line = found.line(node, self.thresholds.window)
             if found.rank == self.rank and key not in self.named:  # one ledger event per straggler an attempt
                 note(self.cfg, self.rd, self.node, STRAGGLER, attempt=self.attempt, job_id=self.job_id,
@@ -120,8 +120,7 @@ class Stragglers:
         return STRAGGLER if requeue else None
 
 
-def _node_of(rd: Any, rank: int) -> Optional[str]:
-    for r in rd.ranks():
-        if int(r.get("rank", -1)) == rank:
-            return r.get("slurmd_nodename") or r.get("hostname")
-    return None
+
+def rank_nodes(rd: Any) -> Dict[int, Optional[str]]:
+    """Each rank's node, from the run's rank records (the scheduler's name for it, else the hostname)."""
+    return {int(r["rank"]): r.get("slurmd_nodename") or r.get("hostname") for r in rd.ranks() if "rank" in r}
