@@ -36,6 +36,10 @@ NOTE_ENV = "LAUNCHER_REQUEUE_NOTE"
 # a packed point's index, exported by the pack's runner (launcher.features.pack.runner) into the point's
 # step: the backend's node side reads the step's place by it and leaves the point's requeues to the runner
 PACK_STEP_ENV = "LAUNCHER_PACK_STEP"
+# when an attempt's processes were started (epoch seconds), exported by whatever starts them (the local
+# controller at each start, a Slurm batch script before its step, a pack's runner into each point's step):
+# a rank's peer watch (launcher.runtime.watchdog) ignores the errors an earlier attempt left
+STEP_START_ENV = "LAUNCHER_STEP_START"
 
 
 @dataclass(frozen=True)

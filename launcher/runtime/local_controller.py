@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from launcher.archive import atomic
+from launcher.backends.base import STEP_START_ENV
 from launcher.features.asha import rungs
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
@@ -114,6 +115,7 @@ def controller_of(folder: Path):
         def start_tasks(self) -> None:
             # the time limit submitit's loop counts from now (at the earliest: its loop only runs later)
             os.environ[time_guard.JOB_END_ENV] = str(time.time() + self.timeout_s)
+            os.environ[STEP_START_ENV] = repr(time.time())  # (after the last attempt's errors)
             # one process is forked too where its modules are loaded already (forked from the warm server)
             warm = self.ntasks > 1 or all(m in sys.modules for m in modules)
             argv = warm_start.child_argv(self.command) if modules and warm else None

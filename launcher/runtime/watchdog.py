@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Optional
 
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.runtime import stacks
+from launcher.runtime import stacks, time_guard
 
 # the run dir's shared filesystem sees at most about this many watchdog looks per second from a job
 # (every rank lists errors/): 1,024 ranks look every 8 s, not every 1 s
@@ -59,7 +59,10 @@ class Watch:
         self.interval_s = interval_s
         self.step: Optional[int] = None
         self._last: Optional[float] = None  # armed by the first beat (start-up may take long)
-        self._born = time.time()  # errors recorded before this process started are an earlier attempt's
+        # errors recorded before this attempt's processes were started are an earlier attempt's; not the
+        # watch's own start: a peer that fails in its first second (a port in use) fails before a slower
+        # rank gets here, and that rank would then wait in the rendezvous for ever
+        self._born = time_guard.step_start() or time.time()
         self._looks = 0
         self.stop_event = threading.Event()
 

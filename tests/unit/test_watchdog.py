@@ -98,3 +98,36 @@ def test_the_start_up_watch_counts_from_the_last_progress_until_the_first_beat(t
     assert w.overdue(w._last + 29) is None and w.overdue(w._last + 31) == "hang"
     off = watchdog.Watch(RunDir(tmp_path), rank=0, world=2, startup_timeout_s=0)
     assert off.overdue(off._progress + 10_000) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_failed_before_this_ranks_watch_started_still_ends_it(tmp_path, monkeypatch):
+    """A peer that fails in its first second (a rendezvous port in use) fails before a rank slower to
+    start reaches its watch: the watch counts from the attempt's start its starter exported, not from
+    its own, or that rank waits in the rendezvous for ever. An earlier attempt's error still counts not."""
+    import os
+
+    from launcher.backends.base import STEP_START_ENV
+    from launcher.runtime import watchdog
+
+    rd = RunDir(tmp_path)
+    started = time.time() - 20  # the attempt's processes, 20 s before this rank's watch
+    rd.write_rank_error(2, "an earlier attempt's error")
+    os.utime(rd.rank_error_path(2), (started - 1, started - 1))
+    rd.write_rank_error(0, "EADDRINUSE")
+    os.utime(rd.rank_error_path(0), (started + 1, started + 1))
+    monkeypatch.setenv(STEP_START_ENV, repr(started))
+    assert watchdog.Watch(rd, rank=1, world=4).look() == "rank_0 failed; ending this rank too"
+    monkeypatch.delenv(STEP_START_ENV)  # nothing said when: the watch's own start, as before
+    assert watchdog.Watch(rd, rank=1, world=4).look() is None
+
+
+def test_the_slurm_batch_script_exports_its_attempts_start():
+    """Before its step, as the local controller and a pack's runner do before theirs."""
+    from pathlib import Path
+
+    from launcher.backends.base import STEP_START_ENV
+    from launcher.backends.slurm.text import requeue_lines
+
+    setup = requeue_lines(Path("/runs/x/.submitit"))["setup"]
+    assert f"export {STEP_START_ENV}=$(date +%s.%N)" in setup

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 
 from launcher.backends.base import (
     NOTE_ENV,
+    STEP_START_ENV,
     JobState,
 )
 from launcher.run.status import Status
@@ -114,7 +115,8 @@ def requeue_lines(folder: Path) -> Dict[str, List[str]]:
     that died without a word, a requeue the step killed)."""
     note = f"{shlex.quote(str(folder))}/requeue.${{SLURM_JOB_ID}}.json"
     # the job's exit status stays srun's (Slurm's FAILED/COMPLETED, afterok dependencies read it)
-    return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}"],
+    # when this attempt's ranks start: their peer watch ignores the errors an earlier attempt left
+    return {"setup": [f"export {REQUEUE_NOTE_ENV}={note}", f"export {STEP_START_ENV}=$(date +%s.%N)"],
             "teardown": ["launcher_step_rc=$?",
                          f'{shlex.quote(sys.executable)} -m launcher.runtime.after_step "$launcher_step_rc"',
                          'exit "$launcher_step_rc"']}

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.backends.base import PACK_STEP_ENV
+from launcher.backends.base import PACK_STEP_ENV, STEP_START_ENV
 from launcher.runtime import job_start
 
 PROCESS_OVERHEAD_BYTES = 512 << 20  # per rank beyond the planner's estimate: the interpreter, torch, buffers
@@ -209,6 +209,7 @@ class Runner:
         env = self.backend.step_environment(os.environ)  # without the pack job's own sizes
         env[PACK_STEP_ENV] = str(p.index)
         env["LAUNCHER_REQUEUE_NOTE"] = str(self._note(p.index))
+        env[STEP_START_ENV] = repr(time.time())  # this point's step (its earlier one's errors are older)
         self._note(p.index).unlink(missing_ok=True)
         command = [sys.executable, "-u", "-m", "launcher.features.pack.runner", str(pkl)]
         cmd = self.backend.step_command(command, p.need, nodes,
