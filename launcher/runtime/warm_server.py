@@ -57,7 +57,9 @@ def key(environ: Mapping[str, str], executable: str, modules: Sequence[str], pla
     """The server a caller uses: its interpreter, the modules loaded, the start-time variables and its
     ``place`` (``where_am_i``: a process of another cgroup or namespace never forks from this one)."""
     fixed = sorted((k, v) for k, v in environ.items() if k.startswith(KEY_PREFIXES) and k not in PER_REQUEST)
-    raw = json.dumps([os.path.realpath(executable), list(modules), fixed, place])
+    # the interpreter as called, not only the file it resolves to: a virtual environment's python is a
+    # link to the base interpreter, and two environments (two checkouts, two versions) must not share
+    raw = json.dumps([os.path.abspath(executable), os.path.realpath(executable), list(modules), fixed, place])
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 

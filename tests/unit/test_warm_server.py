@@ -31,6 +31,16 @@ def test_variables_read_as_an_interpreter_starts_pick_another_server(change):
     assert warm_server.key(BASE, sys.executable, warm_start.PRELOAD) != k
 
 
+def test_two_virtual_environments_of_one_interpreter_never_share_a_server(tmp_path):
+    """A venv's python links to the base interpreter: resolved alone, another checkout's environment
+    (its own launcher, its own packages) would be served this one's modules."""
+    for venv in ("a", "b"):
+        (tmp_path / venv / "bin").mkdir(parents=True)
+        (tmp_path / venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    keys = {warm_server.key(BASE, str(tmp_path / v / "bin" / "python"), warm_start.SERVER_PRELOAD) for v in "ab"}
+    assert len(keys) == 2
+
+
 def test_the_controllers_path_is_python_dash_m_s_in_its_working_dir():
     base = ["/lib/python311.zip", "/venv/site-packages", "/work"]
     assert warm_server.child_path("/work", "/code:rel:", base) == [
