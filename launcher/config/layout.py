@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from launcher.config import recipe_contract, schema
@@ -236,6 +237,14 @@ RESHARD_KEYS = ("engine", "dp", "tp", "pp", "zero")
 RESHARD_DEEPSPEED_STAGES = (1, 2, 3)
 # where a checkpoint keeps it: a dir of torch.distributed.checkpoint files and their global index
 UNIVERSAL_DIR, UNIVERSAL_INDEX = "universal", ".metadata"
+# or, where the engine's own files hold every tensor of it whole, what names them there (one per rank
+# that writes such files: launcher.training.universal_links); universal/ is written from them when needed
+UNIVERSAL_LINKS = "universal.links.{rank}.json"
+
+
+def has_universal(ckpt: Path) -> bool:
+    """Whether the checkpoint dir ``ckpt`` holds the layout-independent state, written or linked."""
+    return (ckpt / UNIVERSAL_DIR / UNIVERSAL_INDEX).is_file() or any(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
 
 
 def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:

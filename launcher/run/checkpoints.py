@@ -29,6 +29,11 @@ class Checkpoints:
         """Where a checkpoint is written until every rank has its part in (then one rename)."""
         return self._p(fill_name(self.CHECKPOINT_PARTIAL, n=f"{int(step):08d}"))
 
+    def reshard_source(self, step: int) -> Path:
+        """Where a reshard writes the universal form of the checkpoint of ``step`` that names it in its
+        own files (deleted once loaded and checked; the checkpoint stays as its manifest lists it)."""
+        return self._p(fill_name(self.RESHARD_SOURCE, n=f"{int(step):08d}"))
+
     def checkpoints(self) -> List[Path]:
         """Complete checkpoints, oldest first."""
         return self._glob(self.CHECKPOINT, n="*")

@@ -170,6 +170,8 @@ class RunDir(Writes, Checkpoints, Attempts, Reads, Transitions, Sealing):
     RESTARTS, STACK, HANG, ATTEMPT = "restarts.jsonl", "stacks/rank_<r>.txt", "hang.json", "attempts/<a>"
     RANK_ATTEMPTS, SCRIPT_CHECKPOINTS = "ranks/attempts.json", "checkpoints/script"
     RESHARDS = "reshard.jsonl"  # each resume on another layout: what moved, the bitwise check (training.universal)
+    # the universal form a reshard writes from a checkpoint's linked files, while it loads (training.universal_links)
+    RESHARD_SOURCE = "checkpoints/.universal_<n>"
     FALLBACKS, CHECKPOINT_REJECTED = "checkpoint_fallbacks.jsonl", "checkpoints/rejected/step_<n>.attempt_<a>"
     WORK = "work"
     DS_CONFIG = "ds_config.json"

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from launcher.config.errors import ConfigError, ConfigErrors
-from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
+from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, RESHARD_KEYS, UNIVERSAL_DIR, has_universal, moved
 
 RESHARDS = ("ddp", "fsdp", "deepspeed", "megatron")  # engines whose checkpoints hold universal/ and load one
-INDEX = Path(UNIVERSAL_DIR) / UNIVERSAL_INDEX  # what a checkpoint with layout-independent state holds
 SUMMARY = ("engine", "dp", "tp", "pp", "zero", "nodes", "world_size", "micro_batch_size", "grad_accum",
            "global_batch_size")
 
@@ -62,7 +61,7 @@ def check(run_id: str, old: Dict[str, Any], new: Dict[str, Any], changed: Dict[s
                                 "the same training", f"keep train.global_batch_size={old.get('global_batch_size')} "
                                 "(gradient accumulation absorbs the new dp), or set train.global_batch_size "
                                 "explicitly to change it on purpose"))
-    if checkpoint is not None and not (checkpoint / INDEX).is_file():
+    if checkpoint is not None and not has_universal(checkpoint):
         errs.append(ConfigError(keys, f"the checkpoint {checkpoint.name} of {run_id} has no layout-independent "
                                 f"state ({UNIVERSAL_DIR}/: saved with train.checkpoint.universal=false, or by a loop's "
                                 "Checkpoint whose objects are not one module and its optimizer, or hold "

@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from launcher.config.faults import faults
 from launcher.run import checkpoint_manifest
-from launcher.training import universal
+from launcher.training import universal, universal_links
 from launcher.training.async_save import AsyncSaver, gpu_of, host_copy
 from launcher.training.checkpoint_files import (
     DONE_FILE,
@@ -221,17 +221,23 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
         shared = self._universal_state() if self.universal else None
+        # where the native files hold every tensor of it whole (DDP's): named, not written a second time
+        links = universal_links.agree(shared, live) if shared else None
+        link_files = universal_links.write(links, partial, self.rank) if links is not None else []
+        if links is not None:
+            shared = None
         background = self.async_save and not block and self._hooked()
         # each rank writes its own slices (no gather): here, collectively, when the save blocks; else
         # from the host copy in the writer thread, over a process group of the saves' own
         universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared and not background \
             else []
         # hashed by the rank that wrote them (in the writer thread when async), not all by the committing one
-        self._own_files = [*universal_files, *_under(native, partial)]
+        self._own_files = [*universal_files, *link_files, *_under(native, partial)]
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
         if self.rank == 0:
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics),
-                                "layout": self._layout(), "universal": bool(shared)}
+                                "layout": self._layout(),
+                                "universal": "linked" if links is not None else bool(shared)}
         self._saves += 1
         if background:
             if shared:
@@ -381,12 +387,13 @@ class Objects:
         pair = self._module_and_optimizer()
         return universal.module_state(*pair) if pair is not None else None
 
-    def load_universal(self, path: Path) -> None:
+    def load_universal(self, path: Path, checkpoint: Optional[Path] = None) -> None:
         """The module and the optimizer's moments by name; the optimizer's hyperparameters (a loop's
-        scheduler changes its learning rate) and the other shared objects from rank 0's file."""
+        scheduler changes its learning rate) and the other shared objects from rank 0's file (in
+        ``checkpoint``: the universal form may have been written elsewhere from its links)."""
         model, optimizer = self._module_and_optimizer() or (None, None)
         universal.load_module_state(model, optimizer, path)
-        state = torch.load(path.parent / STATE_FILE, map_location=self.device, weights_only=False)
+        state = torch.load((checkpoint or path.parent) / STATE_FILE, map_location=self.device, weights_only=False)
         for name, obj in self.shared.items():
             if obj is optimizer:
                 for group, saved in zip(obj.param_groups, state[name]["param_groups"]):

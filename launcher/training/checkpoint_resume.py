@@ -5,6 +5,7 @@ the engine's state and every RNG state, the metrics file rewound; a checkpoint s
 layout-independent state (launcher.training.universal) and checked bit for bit."""
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import time
@@ -14,10 +15,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from launcher.config.layout import has_universal
 from launcher.config.seeding import derive_seed
 from launcher.run import checkpoint_manifest
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
-from launcher.training import universal
+from launcher.training import universal, universal_links
 from launcher.training.checkpoint_files import META_FILE, RNG_FILE, reseed, set_rng_state
 
 
@@ -76,7 +78,7 @@ class CheckpointResume:
         streams are re-derived for the new ranks (the saved ones belong to the old ranks), and rank 0
         records it all (reshard.jsonl) and says so."""
         what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in moves.items())
-        if not universal.present(ckpt):
+        if not has_universal(ckpt):
             raise RuntimeError(f"the checkpoint {ckpt.name} was saved on another layout ({what}) and has no "
                                f"layout-independent state ({universal.DIR}/: train.checkpoint.universal was off, or "
                                "its engine writes none): resume it on its own layout")
@@ -86,10 +88,15 @@ class CheckpointResume:
                                f"engine ({type(self.engine).__name__}) does not load layout-independent "
                                "checkpoints: resume it on its own layout")
         t0 = time.perf_counter()
-        self.engine.load_universal(ckpt / universal.DIR)
+        # universal/, or where the save linked it to the engine's own files, a scratch copy written now
+        state = universal_links.source(ckpt, self.rank, self.rd.reshard_source(step))
+        load = self.engine.load_universal
+        # (an engine that reads its own files beside the universal form too is told where the checkpoint is)
+        load(state, checkpoint=ckpt) if "checkpoint" in inspect.signature(load).parameters else load(state)
         loaded_s = time.perf_counter() - t0
-        check = universal.verify(self._universal_state(), ckpt / universal.DIR, self.rank,
+        check = universal.verify(self._universal_state(), state, self.rank,
                                  owned=bool(getattr(self.engine, "universal_owned", False)))
+        universal_links.release(state, ckpt, self.rank)  # (verify ends with every rank's report: all read)
         # the engine's dropout streams (its tracker) stay as its new layout seeded them
         reseed(derive_seed(self.seed, "resharded", step, self.rank))
         record = {"step": step, "checkpoint": ckpt.name, "from": saved, "to": self._layout(), "moved": moves,

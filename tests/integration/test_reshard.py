@@ -170,7 +170,12 @@ def test_megatron_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown
     saved = {"scaler": {k: torch.zeros(1, dtype=dt) for k, dt in (("scale", torch.float64),
                                                                    ("good_steps", torch.int64),
                                                                    ("overflows_left", torch.int64))}}
-    dcp.load(saved, checkpoint_id=str(run / "checkpoints" / "step_00000004" / "universal"), no_dist=True)
+    from launcher.training import universal_links
+
+    # universal/, or where the save named it in the engine's own files (the whole stage and every
+    # partition's moments there), written from them as a reshard does
+    source = universal_links.source(run / "checkpoints" / "step_00000004", 0, tmp_path / "universal")
+    dcp.load(saved, checkpoint_id=str(source), no_dist=True)
     assert saved["scaler"]["scale"].item() > 2 ** 4, saved  # grown before the checkpoint
     res = _resume(run, root, "zero.stage=0", "parallelism.engine=ddp", "cluster.gpus_per_node=1",
                   "train.fail_at_step=null")

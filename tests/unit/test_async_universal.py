@@ -39,6 +39,15 @@ class Engine:
         return universal.module_state(self.model, self.optimizer)
 
 
+class Unlinked(Engine):
+    """Whose native files do not hold every tensor of its universal form (an engine of DTensors, FSDP2's
+    or tensor parallel's, writes its own shards): universal/ is written beside them (a DDP engine's is
+    only named: launcher.training.universal_links, tests/unit/test_universal_links.py)."""
+
+    def checkpoint_files(self):
+        return {"model.pt": {"model": self.model.state_dict()}}
+
+
 def _checkpointer(rd, engine):
     cfg = OmegaConf.create({"train": {"steps": 9, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
                                       "fail_attempt": None,
@@ -48,7 +57,7 @@ def _checkpointer(rd, engine):
 
 def test_the_universal_form_is_written_by_the_writer_thread_from_the_state_at_the_save(tmp_path, monkeypatch):
     rd = make_run(tmp_path)
-    engine = Engine()
+    engine = Unlinked()
     ck = _checkpointer(rd, engine)
     engine.train_step()
     at_save = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
@@ -100,7 +109,7 @@ def test_a_rank_that_failed_settles_its_save_in_flight_before_it_ends(tmp_path, 
     """The step raised while a save's write was in flight: settle_in_flight (what the failing rank calls
     before it records its failure) returns once that save is committed; bounded where it never is."""
     rd = make_run(tmp_path)
-    engine = Engine()
+    engine = Unlinked()
     ck = _checkpointer(rd, engine)
     engine.train_step()
     gate = threading.Event()

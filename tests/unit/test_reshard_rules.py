@@ -32,6 +32,12 @@ def test_dp_engine_and_node_changes_with_the_same_global_batch_pass(tmp_path):
     reshard.check("r", _lay(), _lay(engine="fsdp", dp=4, grad_accum=2), {"parallelism.engine": ("ddp", "fsdp")},
                   ckpt)
     reshard.check("r", _lay(), _lay(dp=1, grad_accum=8), {}, None)  # no checkpoint yet: it starts from step 0 anyway
+    linked = tmp_path / "step_00000006"  # the universal form named in the engine's own files (DDP's)
+    linked.mkdir()
+    (linked / "universal.links.00000.json").write_text("{}")
+    reshard.check("r", _lay(), _lay(dp=1, grad_accum=8), {"cluster.gpus_per_node": (2, 1)}, linked)
+    with pytest.raises(ConfigErrors, match="no layout-independent state"):
+        reshard.check("r", _lay(), _lay(dp=1, grad_accum=8), {"cluster.gpus_per_node": (2, 1)}, tmp_path / "none")
 
 
 def _refused(old, new, changed, ckpt):

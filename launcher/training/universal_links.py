@@ -1,0 +1,201 @@
+"""The universal form of a checkpoint whose engine's own files already hold each of its tensors whole
+(DDP's replicated model and optimizer, one process's, a loop's ``Checkpoint`` of a module and its
+optimizer): named, not written twice.
+
+At a save the ranks agree (one small gather) that every tensor of the universal state (launcher.training
+.universal) is a plain tensor that some rank's native file holds: the same tensor (storage, offset,
+shape, stride, dtype), or, for a small one, a copy equal bit for bit (a module's buffers, which a save
+copies at once); each rank that writes such a file then writes ``universal.links.<rank>.json`` (each
+universal name -> the file and the keys down to the tensor; a scalar no file holds, the fp16 loss
+scaler's, by value) instead of ``universal/``. The save writes each byte once:
+``train.checkpoint.universal=true`` costs what ``false`` does. The resume that needs the universal
+form (another layout) has rank 0 write it from those files into a scratch dir of the run's before any
+rank loads it, and delete it once the load is checked (the checkpoint stays as its manifest lists it).
+An engine whose universal state holds DTensors (FSDP2's shards, tensor-parallel slices, DeepSpeed's
+partitions) writes ``universal/`` as before.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from launcher.config.layout import UNIVERSAL_DIR, UNIVERSAL_INDEX, UNIVERSAL_LINKS
+from launcher.training.async_save import _dtensor, _same
+
+INLINE_NUMEL = 1  # a tensor no native file holds is kept in the links by value up to this size (a scaler's)
+EQUAL_NUMEL = 1 << 16  # up to this size a copy equal bit for bit stands for the tensor (a buffer copied at the save)
+
+
+def _leaves(obj: Any, path: Tuple[Any, ...] = ()) -> Iterator[Tuple[Tuple[Any, ...], Any]]:
+    """(keys down to it, leaf) for each leaf of nested dicts, lists and tuples."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+def _flat(state: Dict[str, Any]) -> Dict[str, Any]:
+    """DCP's names (nested keys joined with dots) -> tensor, for every tensor leaf."""
+    return {".".join(map(str, p)): v for p, v in _leaves(state) if torch.is_tensor(v)}
+
+
+def _json_key(k: Any) -> Any:
+    """A key JSON keeps as it is (an optimizer's parameter index stays an int in a list)."""
+    if isinstance(k, (str, int)) and not isinstance(k, bool):
+        return k
+    raise TypeError(f"a native checkpoint file keyed by {type(k).__name__}")
+
+
+def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """This rank's part (pure over its arguments): each name of the universal ``state`` -> [file, keys...]
+    of the native ``files`` (name -> state this rank writes) holding the same tensor, or {"value":
+    [...], "dtype", "shape"} for a tiny one none holds. None: a DTensor, or a larger tensor no file
+    holds (the universal form is then written)."""
+    if state is None:
+        return None
+    where: Dict[Any, List[Any]] = {}
+    alike: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # small ones by shape, dtype and device
+    for name, tree in files.items():
+        for path, leaf in _leaves(tree):
+            if torch.is_tensor(leaf) and not _dtensor(leaf):
+                try:
+                    at = [name, *map(_json_key, path)]
+                except TypeError:
+                    continue
+                where.setdefault(_same(leaf), at)
+                if leaf.numel() <= EQUAL_NUMEL:
+                    alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
+    out: Dict[str, Any] = {}
+    for key, t in _flat(state).items():
+        if _dtensor(t):
+            return None
+        at = where.get(_same(t))
+        if at is None and t.numel() <= EQUAL_NUMEL:
+            at = next((a for c, a in alike.get((tuple(t.shape), t.dtype, t.device), ()) if _bits_equal(c, t)), None)
+        if at is not None:
+            out[key] = at
+        elif t.numel() <= INLINE_NUMEL:
+            out[key] = {"value": t.detach().cpu().reshape(-1).tolist(), "dtype": str(t.dtype).split(".")[-1],
+                        "shape": list(t.shape)}
+        else:
+            out[key] = None
+    return out
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    flat = [x.detach().contiguous().reshape(-1).view(torch.uint8) for x in (a, b)]
+    return torch.equal(*flat)
+
+
+def _digest(names: Any) -> str:
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
+
+
+def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Every rank at the same save (collective where there is a process group): this rank's links to
+    write (possibly {}: it writes no file the others need) when the universal form is to be linked, or
+    None when it is to be written. Linked when every rank's state is plain tensors and each rank's names
+    are all held by some one rank's files (a replica's by data-parallel rank 0's, a stage's by its own)."""
+    mine = links(state, files)
+    names = _flat(state) if state is not None else {}
+    held = {k for k, v in (mine or {}).items() if isinstance(v, list)}
+    # what a rank holds by file (inline values count where a file is held too: the scaler beside a model)
+    covered = held | {k for k, v in (mine or {}).items() if isinstance(v, dict)} if held else set()
+    vote = (state is not None and not any(_dtensor(t) for t in names.values()), _digest(names),
+            _digest(covered) if covered else None)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        votes: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(votes, vote)
+    else:
+        votes = [vote]
+    offered = {v[2] for v in votes if v[2] is not None}
+    if not all(v[0] and v[1] in offered for v in votes):
+        return None
+    # (every rank decided alike from the same votes; a name this rank's files miss is another rank's)
+    return {k: v for k, v in mine.items() if isinstance(v, list) or isinstance(v, dict)} if held and mine else {}
+
+
+def write(spec: Dict[str, Any], partial: Path, rank: int) -> List[str]:
+    """This rank's links into the checkpoint being written: the file's name (relative), or none."""
+    if not spec:
+        return []
+    name = UNIVERSAL_LINKS.format(rank=f"{rank:05d}")
+    (partial / name).write_text(json.dumps(spec))
+    return [name]
+
+
+def linked(ckpt: Path) -> bool:
+    return any(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is no torch dtype")
+    return dtype
+
+
+def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
+    """The universal state the links name, read from the native files (memory-mapped: no file is
+    read whole into memory)."""
+    specs: Dict[str, Any] = {}
+    for p in sorted(ckpt.glob(UNIVERSAL_LINKS.format(rank="*"))):
+        specs.update(json.loads(p.read_text()))
+    opened: Dict[str, Any] = {}
+    state: Dict[str, torch.Tensor] = {}
+    for key, at in specs.items():
+        if isinstance(at, dict):
+            state[key] = torch.tensor(at["value"], dtype=_dtype(at["dtype"])).reshape(at["shape"])
+            continue
+        file, *path = at
+        if file not in opened:
+            opened[file] = torch.load(ckpt / file, map_location="cpu", weights_only=False, mmap=True)
+        obj = opened[file]
+        for k in path:
+            obj = obj[k]
+        state[key] = obj
+    return state
+
+
+def materialize(ckpt: Path, into: Path) -> None:
+    """Write the universal form the links of ``ckpt`` name into ``into`` (one process, no collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    shutil.rmtree(into, ignore_errors=True)
+    writer = dcp.FileSystemWriter(str(into), single_file_per_rank=True, thread_count=1)
+    with warnings.catch_warnings():  # (one process writes: DCP warns that it assumes one)
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(_state_of(ckpt), storage_writer=writer, no_dist=True)
+
+
+def source(ckpt: Path, rank: int, scratch: Path) -> Path:
+    """Where the universal form of ``ckpt`` is read from: its ``universal/``, or, where the save linked
+    it, ``scratch`` (a dir of the run's own), which rank 0 writes now from the linked files; every rank
+    calls it (the others wait at a barrier)."""
+    written = ckpt / UNIVERSAL_DIR
+    if (written / UNIVERSAL_INDEX).is_file() or not linked(ckpt):
+        return written
+    if rank == 0:
+        materialize(ckpt, scratch)
+        print(f"launcher: wrote the layout-independent state of {ckpt.name} from its own files (linked at "
+              f"the save) into {scratch}", flush=True)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return scratch
+
+
+def release(path: Path, ckpt: Path, rank: int) -> None:
+    """After every rank loaded and checked the state (``source``'s scratch copy): rank 0 deletes it."""
+    if rank == 0 and path != ckpt / UNIVERSAL_DIR:
+        shutil.rmtree(path, ignore_errors=True)

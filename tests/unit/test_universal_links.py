@@ -1,0 +1,101 @@
+"""A checkpoint whose native files hold every tensor of the universal form whole (DDP's) names them
+instead of writing them a second time; the resume that needs the universal form (another layout)
+writes it from those files, and it loads bit for bit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_async_universal import Engine
+from test_fault_tolerance_parts import Ctx, make_run
+
+from launcher.config.layout import UNIVERSAL_LINKS, has_universal
+from launcher.run import checkpoint_manifest as cm
+from launcher.training import universal, universal_links
+from launcher.training.checkpoint import Checkpointer
+
+
+class Scaled(Engine):
+    """With an fp16 loss scaler, whose tiny state no native file holds as a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+
+    def universal_state(self):
+        return universal.module_state(self.model, self.optimizer, self.scaler)
+
+
+def _save(tmp_path, engine, async_save):
+    rd = make_run(tmp_path)
+    cfg = OmegaConf.create({"train": {"steps": 9, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
+                                      "fail_attempt": None,
+                                      # (both values of async_save: each path names the state alike)
+                                      "checkpoint": {"every": 2, "keep": 2, "async_save": async_save}}})
+    ck = Checkpointer(cfg, Ctx(rd), engine)
+    engine.train_step()
+    at_save = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    moments = {k: {n: t.clone() for n, t in s.items()} for k, s in engine.optimizer.state_dict()["state"].items()}
+    ck.save(2, [{"step": 1}, {"step": 2}])
+    engine.train_step()  # (an async save's copy is done before this step changes the state)
+    ck.finish()
+    return rd.checkpoint_dir(2), at_save, moments
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_ddp_checkpoint_names_its_universal_form_and_a_reshard_writes_it_once(tmp_path, async_save):
+    engine = Scaled()
+    ckpt, at_save, moments = _save(tmp_path, engine, async_save)
+    assert not (ckpt / universal.DIR).exists()  # each byte written once
+    assert has_universal(ckpt) and json.loads((ckpt / "meta.json").read_text())["universal"] == "linked"
+    spec = json.loads((ckpt / UNIVERSAL_LINKS.format(rank="00000")).read_text())
+    assert spec["model.weight"] == ["model.pt", "model", "weight"]
+    assert spec["optim.weight.exp_avg"] == ["model.pt", "optimizer", "state", 0, "exp_avg"]
+    assert spec["scaler.scale"] == {"value": [1024.0], "dtype": "float64", "shape": [1]}
+    manifest = json.loads((ckpt / "checkpoint.json").read_text())
+    assert UNIVERSAL_LINKS.format(rank="00000") in json.dumps(manifest)  # verified at resume like the rest
+
+    scratch = tmp_path / "run" / "checkpoints" / ".universal_00000002"
+    source = universal_links.source(ckpt, 0, scratch)
+    assert source == scratch and (scratch / ".metadata").is_file() and not (ckpt / universal.DIR).exists()
+    fresh = Scaled()
+    with torch.no_grad():
+        for p in fresh.model.parameters():
+            p.zero_()
+    universal.load_module_state(fresh.model, fresh.optimizer, source, fresh.scaler)
+    for name, value in fresh.model.state_dict().items():
+        assert torch.equal(value, at_save[name]), name  # the state of step 2, not the one trained after
+    got = fresh.optimizer.state_dict()["state"]
+    for k, state in moments.items():
+        for n, t in state.items():
+            assert torch.equal(got[k][n], t), (k, n)
+    assert fresh.scaler.get_scale() == 1024.0
+    universal_links.release(source, ckpt, 0)
+    assert not scratch.exists() and cm.problems(ckpt) == []  # the checkpoint as its manifest lists it
+
+
+def test_what_no_native_file_holds_whole_is_written_as_before(tmp_path):
+    """A moment the native files leave out (here the optimizer's whole state): universal/ is written."""
+
+    class ModelOnly(Engine):
+        def checkpoint_files(self):
+            return {"model.pt": {"model": self.model.state_dict()}}
+
+    ckpt, _, _ = _save(tmp_path, ModelOnly(), async_save=True)
+    assert universal.present(ckpt) and not list(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
+    assert json.loads((ckpt / "meta.json").read_text())["universal"] is True
+
+
+def test_links_name_the_same_tensor_or_an_equal_small_copy_and_keep_only_a_scalar_by_value():
+    w = torch.arange(64.0)
+    assert universal_links.links({"model": {"w": w}}, {"f.pt": {"m": {"w": w}}}) == {"model.w": ["f.pt", "m", "w"]}
+    # a small copy equal bit for bit (a buffer the save copied at once) stands for it; a differing one not
+    assert universal_links.links({"model": {"w": w.clone()}}, {"f.pt": {"m": {"w": w}}}) == {
+        "model.w": ["f.pt", "m", "w"]}
+    assert universal_links.links({"model": {"w": w + 1}}, {"f.pt": {"m": {"w": w}}}) == {"model.w": None}
+    assert universal_links.links({"model": {"w": w[:32]}}, {"f.pt": {"w": w}}) == {"model.w": None}  # a view
+    assert universal_links.links({"s": torch.tensor([2.0])}, {}) == {"s": {"value": [2.0], "dtype": "float32",
+                                                                          "shape": [1]}}
+    assert universal_links.links(None, {}) is None
