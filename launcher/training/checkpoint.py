@@ -192,6 +192,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         self._init_async_save()  # the copy thread, its host buffers, side stream and event (AsyncSaver)
         self._store = store
         self._group: Any = None  # the writer thread's process group (_saves_group)
+        self._link_cache: Optional[Tuple[Any, Dict[str, Any]]] = None  # (native tensors' identity, links)
         self._saves = 0  # saves so far: with the step, the store key the ranks count one save under
         self._pruner: Optional[threading.Thread] = None
         self._latest_meta: Optional[Dict[str, Any]] = None  # meta.json of the checkpoint resumed, as rank 0 read it
@@ -220,20 +221,18 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         partial.mkdir(parents=True, exist_ok=True)
         native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
-        shared = self._universal_state() if self.universal else None
-        # where the native files hold every tensor of it whole (DDP's): named, not written a second time
-        links = universal_links.agree(shared, live) if shared else None
-        link_files = universal_links.write(links, partial, self.rank) if links is not None else []
-        if links is not None:
-            shared = None
+        # where the native files hold every tensor of it whole (DDP's): named (links), not written twice
+        shared, links = self._universal_or_links(live) if self.universal else (None, None)
         background = self.async_save and not block and self._hooked()
         # each rank writes its own slices (no gather): here, collectively, when the save blocks; else
         # from the host copy in the writer thread, over a process group of the saves' own
         universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared and not background \
             else []
         # hashed by the rank that wrote them (in the writer thread when async), not all by the committing one
-        self._own_files = [*universal_files, *link_files, *_under(native, partial)]
+        self._own_files = [*universal_files, *_under(native, partial)]
         small = {RNG_FILE.format(rank=self.rank): rng_state(self._tracker())}
+        if links:  # (written with the small files: in the writer thread when async)
+            small[universal_links.file_name(self.rank)] = links
         if self.rank == 0:
             small[META_FILE] = {"step": step, "world_size": self.world, "metrics": list(metrics),
                                 "layout": self._layout(),
@@ -248,6 +247,26 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             self._write(partial, {**self._copy(live), **small}, step, feed=True)
         self.ctx.heartbeat()
         self.blocked_s += time.perf_counter() - t0
+
+    def _universal_or_links(self, live: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+        """(the universal state to write, or None; this rank's links where the ranks agreed to name it in
+        the native files, or None). The last save's links again, without building the universal state,
+        where every rank's native files hold the very tensors they held then (and no value is kept by
+        value: the loss scaler's changes) — one all-reduce of a flag on the saves' group."""
+        key = universal_links.identity(live)
+        cached = self._link_cache
+        reuse = cached is not None and cached[0] == key and not universal_links.has_values(cached[1])
+        group = self._saves_group()
+        if group is not None:
+            flag = torch.tensor([int(reuse)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            reuse = bool(flag.item())
+        if reuse:
+            return None, cached[1]
+        shared = self._universal_state()
+        links = universal_links.agree(shared, live) if shared else None
+        self._link_cache = (key, links) if links is not None else None
+        return (None if links is not None else shared), links
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written and the pruning it started is done; re-raises

@@ -126,13 +126,20 @@ def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     return {k: v for k, v in mine.items() if isinstance(v, list) or isinstance(v, dict)} if held and mine else {}
 
 
-def write(spec: Dict[str, Any], partial: Path, rank: int) -> List[str]:
-    """This rank's links into the checkpoint being written: the file's name (relative), or none."""
-    if not spec:
-        return []
-    name = UNIVERSAL_LINKS.format(rank=f"{rank:05d}")
-    (partial / name).write_text(json.dumps(spec))
-    return [name]
+def file_name(rank: int) -> str:
+    """The name of ``rank``'s links in a checkpoint."""
+    return UNIVERSAL_LINKS.format(rank=f"{rank:05d}")
+
+
+def identity(files: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What the native files' tensors are (storage, offset, shape, stride, dtype, in order): equal at two
+    saves, the same tensors, and the links of the first still name them."""
+    return tuple(_same(v) for _, v in _leaves(files) if torch.is_tensor(v) and not _dtensor(v))
+
+
+def has_values(spec: Optional[Dict[str, Any]]) -> bool:
+    """Whether links keep a tensor by value (a loss scaler's: it changes from save to save)."""
+    return any(isinstance(v, dict) for v in (spec or {}).values())
 
 
 def linked(ckpt: Path) -> bool:

@@ -99,3 +99,37 @@ def test_links_name_the_same_tensor_or_an_equal_small_copy_and_keep_only_a_scala
     assert universal_links.links({"s": torch.tensor([2.0])}, {}) == {"s": {"value": [2.0], "dtype": "float32",
                                                                           "shape": [1]}}
     assert universal_links.links(None, {}) is None
+
+
+def test_the_next_save_of_the_same_tensors_names_them_again_without_building_the_universal_state(tmp_path):
+    """The state by parameter name (get_state_dict: milliseconds on the training path) is built again only
+    where the native files' tensors changed, or a value is kept by value (the loss scaler's scale)."""
+    built = []
+
+    class Counted(Engine):
+        def universal_state(self):
+            built.append(1)
+            return super().universal_state()
+
+    class CountedScaled(Scaled):
+        def universal_state(self):
+            built.append(1)
+            return super().universal_state()
+
+    for engine, expected in ((Counted(), 1), (CountedScaled(), 3)):
+        built.clear()
+        (tmp_path / type(engine).__name__).mkdir()
+        rd = make_run(tmp_path / type(engine).__name__)
+        cfg = OmegaConf.create({"train": {"steps": 9, "fail_at_step": None, "fail_rank": 0, "fail_mode": "exception",
+                                          "fail_attempt": None,  # (the default, async)
+                                          "checkpoint": {"every": 2, "keep": 3, "async_save": True}}})
+        ck = Checkpointer(cfg, Ctx(rd), engine)
+        for step in (2, 4, 6):
+            engine.train_step()
+            ck.save(step, [{"step": step}])
+        ck.finish()
+        assert len(built) == expected, type(engine).__name__
+        for step in (2, 4, 6):
+            ckpt = rd.checkpoint_dir(step)
+            assert (ckpt / UNIVERSAL_LINKS.format(rank="00000")).is_file() and not (ckpt / universal.DIR).exists()
+            assert cm.problems(ckpt) == []
