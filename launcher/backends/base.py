@@ -132,6 +132,11 @@ class NodeSide:
         task, how: "Killed", "Segmentation fault", "Exited with exit code 1"...); empty: unknown."""
         return []
 
+    def lost_nodes(self, job_id: Optional[str]) -> Dict[str, str]:
+        """From inside a job the scheduler restarted itself: the nodes it lost while the job last ran
+        (down, not responding), each with the scheduler's reason; {}: none, or unknown."""
+        return {}
+
     def job_state_now(self, job_id: Optional[str]) -> str:
         """From inside the job: the scheduler's word for it now (RUNNING, CANCELLED, NODE_FAIL, ...;
         "": unknown), so the step's teardown leaves a job the scheduler is ending to the scheduler."""

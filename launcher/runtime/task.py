@@ -109,6 +109,7 @@ def run(rd: RunDir) -> Dict[str, Any]:
                     rd, max_restarts, denv.job_id, world=denv.world_size,
                     hosts=denv.hostnames if len(denv.hostnames) == denv.num_nodes else None)
                 a.running()
+                node_ledger.note_lost(archived, rd, backend, n["n"], denv.job_id)  # a node Slurm lost under it
                 # the note the step's teardown decides by when no rank records an outcome (runtime.after_step)
                 restarts.leave_note(rd, n["n"], None, denv.job_id, backend=backend.name, max_restarts=max_restarts)
             summary = _run_recipe(rd, archived, denv, watch, stop_flag, n)

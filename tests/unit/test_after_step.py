@@ -180,3 +180,43 @@ def test_a_wordless_death_notes_the_killed_ranks_node_and_its_requeue_leaves_it_
     assert after_step.settle(rd, o, Backend(), "7") == "requeued"
     assert Backend.asked == [("without", ("node2",))]
     assert rd.status().stop["excluded"] == ["node2"]
+
+
+def test_slurms_records_say_which_node_it_lost_under_a_requeued_job():
+    from launcher.backends.slurm.node import last_node_fail, node_events
+
+    sacct = ("7|NODE_FAIL|2026-12-07T11:40:00|2026-12-07T11:41:05|node[2-3]\n"
+             "7|RUNNING|2026-12-07T11:41:30|Unknown|node[1-2]\n")
+    assert last_node_fail(sacct) == ("2026-12-07T11:40:00", "2026-12-07T11:41:05", ["node2", "node3"])
+    assert last_node_fail("7|PREEMPTED|2026-12-07T11:40:00|2026-12-07T11:41:05|node2\n") is None
+    events = ("node3|2026-12-07T11:41:04|DOWN|fault-tolerance-test\n"
+              "node2|2026-12-07T11:30:00|IDLE|\n")
+    assert node_events(events) == [("node3", "2026-12-07T11:41:04", "fault-tolerance-test")]
+    assert node_events("node3|down*|Not responding\nnode2|idle|\n") == [("node3", "down*", "Not responding")]
+
+
+def test_a_node_the_scheduler_lost_is_noted_at_the_next_attempts_start(tmp_path):
+    """The attempt Slurm restarted with no request of the run's: the node its backend says it lost is
+    noted (kind lost) against the attempt that ran on it; a restart the run asked for asks nothing."""
+    import json
+
+    from launcher.features.nodes import record
+    from launcher.run.rundir import RunDir
+
+    rd = RunDir(tmp_path / "runs" / "s" / "0")
+    rd.path.mkdir(parents=True)
+    cfg = {"cluster": {"nodes": 2}}  # (the ledger on, by default, in the runs root)
+    asked = []
+
+    class Backend:
+        def lost_nodes(self, job_id):
+            asked.append(job_id)
+            return {"node3": "Not responding"}
+
+    rd.record_restart({"attempt": 2, "reason": "failure", "nodes": ["node2", "node3"]})
+    assert record.note_lost(cfg, rd, Backend(), 2, "7") == [] and asked == []
+    rd.record_restart({"attempt": 3, "reason": "scheduler", "nodes": ["node2", "node3"]})
+    (event,) = record.note_lost(cfg, rd, Backend(), 3, "7")
+    assert asked == ["7"] and (event.node, event.kind, event.attempt) == ("node3", "lost", 2)
+    (saved,) = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "nodes" / "events").glob("*.json")]
+    assert saved["kind"] == "lost" and "Not responding" in saved["detail"], saved

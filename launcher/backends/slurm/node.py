@@ -120,6 +120,52 @@ class SlurmNode:
             return []
         return srun_deaths(_stderr_tail(limits.run(["scontrol", "show", "job", "-o", str(job_id)])))
 
+    def lost_nodes(self, job_id: Optional[str]) -> Dict[str, str]:
+        """From inside a job Slurm requeued itself: the nodes it lost while the job's last run ended
+        NODE_FAIL (that run's nodes with a down, drain or fail event from its start to its end:
+        accounting's node events, else their state now), each with Slurm's reason; {}: none, or unknown."""
+        if not job_id or os.environ.get(PACK_STEP_ENV):
+            return {}
+        run = last_node_fail(limits.run(["sacct", "-j", str(job_id), "--duplicates", "-X", "-n", "-P",
+                                         "-o", "JobIDRaw,State,Start,End,NodeList"]))
+        if run is None:
+            return {}
+        start, end, hosts = run
+        events = limits.run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(hosts)}", f"start={start}",
+                             "format=NodeName,TimeStart,State,Reason"])
+        lost = {n: why for n, at, why in node_events(events) if n in hosts and at <= end}
+        if not lost:
+            now = limits.run(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
+            lost = {n: why for n, _, why in node_events(now) if n in hosts}
+        return lost
+
+
+_BAD_NODE_STATE = re.compile(r"down|drain|fail|not_responding|no_respond", re.I)
+
+
+def last_node_fail(sacct: str) -> Optional[Tuple[str, str, List[str]]]:
+    """(start, end, nodes) of the last run that ended NODE_FAIL among ``sacct --duplicates -X -P -o
+    JobIDRaw,State,Start,End,NodeList``'s lines; None: none did."""
+    out = None
+    for line in sacct.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 5 and parts[1].startswith("NODE_FAIL"):
+            out = (parts[2], parts[3], hostnames(parts[4]))
+    return out
+
+
+def node_events(text: str) -> List[Tuple[str, str, str]]:
+    """(node, time or state, reason) of each line ``NODE|TIME-OR-STATE|[STATE|]REASON`` that says the
+    node went down, drained or failed (sacctmgr's node events, ``sinfo -N -o %N|%T|%E``)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and _BAD_NODE_STATE.search(parts[2]):
+            out.append((parts[0], parts[1], parts[3] or parts[2]))
+        elif len(parts) == 3 and _BAD_NODE_STATE.search(parts[1]):
+            out.append((parts[0], parts[1], parts[2] or parts[1]))
+    return out
+
 
 _SRUN_DEATH = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+?)\s*$", re.M)
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from launcher.features.nodes import straggler
 from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
 from launcher.features.nodes.rule import EXCLUDED, SUSPECT, Event, Exclusion, exclusion
 
+LOST = "lost"  # the kind of a node the scheduler lost under a job (launcher.features.nodes.rule.KINDS)
 STRAGGLER = "straggler"  # the kind of its ledger events, and the stop reason of a run requeued without one
 
 
@@ -39,6 +40,26 @@ def note(cfg: Mapping[str, Any], rd: Any, node: Optional[str], kind: str, *, att
         return None
     print(f"launcher: node {node} noted in the node ledger: {event.line()}", file=sys.stderr, flush=True)
     return event
+
+
+def note_lost(cfg: Mapping[str, Any], rd: Any, backend: Any, attempt: int, job_id: Optional[str]) -> List[Event]:
+    """Rank 0 at the start of an attempt the scheduler restarted with no request of the run's (its
+    restart row's reason ``scheduler``, or ``preempted``: the TERM of a job Slurm ends for a lost node
+    is caught like a preemption's): each node the scheduler lost while the last attempt ran, noted."""
+    rows = rd.restarts()
+    last = rows[-1] if rows else {}
+    if attempt < 2 or last.get("attempt") != attempt or last.get("reason") not in ("scheduler", "preempted") \
+            or not enabled(cfg):
+        return []
+    try:
+        lost = backend.lost_nodes(job_id)
+    except Exception as e:  # (the scheduler's records unreadable: nothing attributed)
+        print(f"launcher: the nodes lost by the last attempt were not asked ({type(e).__name__}: {e})",
+              file=sys.stderr, flush=True)
+        return []
+    out = [note(cfg, rd, node, LOST, attempt=attempt - 1, job_id=job_id,
+                detail=f"the scheduler lost it ({why}) and requeued the job") for node, why in sorted(lost.items())]
+    return [e for e in out if e is not None]
 
 
 def for_requeue(cfg: Mapping[str, Any], rd: Any, usable: Optional[Sequence[str]] = None) -> Exclusion:

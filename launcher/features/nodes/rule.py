@@ -24,6 +24,7 @@ KINDS = {
     "hang": "the rank a hang waited for ran on it",
     "straggler": "a rank on it stayed slower than the others (cluster.health.straggler_ratio)",
     "crashed": "a rank on it was killed or crashed (SIGKILL, SIGSEGV, SIGBUS) without a word",
+    "lost": "the scheduler lost it while a job ran on it (down, not responding) and requeued the job",
     CLEARED: "cleared by hand",
 }
 
