@@ -9,9 +9,11 @@ universal form: torch.distributed.checkpoint's files by parameter name, beside t
 optimizer step that waits for the copy to host memory the save started in the background. The async
 copy and write share the CPU with the training step, so the median step time is printed too.
 Targets: async blocked time <= 10% of the synchronous save; with universal=true, async blocked time
-within 1.5x of universal=false's.
+within 1.5x of universal=false's. The first save of a run also builds what later saves reuse (with the
+universal form named in the native files: the state by parameter name, once), so it is printed apart,
+and the ratios are printed over all saves and over the later ones.
 
-    .venv/bin/python benchmarks/checkpoint_stall.py [--model gpt_125m] [--saves 3] [--every 4]
+    .venv/bin/python benchmarks/checkpoint_stall.py [--model gpt_125m] [--saves 4] [--every 4]
 """
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
         rd = RunDir(Path(tmp) / "run")
         rd.path.mkdir()
         ck = Checkpointer(cfg, _Ctx(rd), _Engine(model, opt))
-        step_times, history = [], []
+        step_times, history, per_save = [], [], []
         for step in range(1, saves * every + 1):
             t0 = time.perf_counter()
             loss = model(data, labels=data)
@@ -95,19 +97,24 @@ def run(model_name: str, async_save: bool, saves: int, every: int, tokens: int, 
             step_times.append(time.perf_counter() - t0)
             history.append({"step": step, "loss": float(loss.detach())})
             if ck.due(step):
+                before = ck.blocked_s
                 ck.save(step, history)
+                per_save.append(ck.blocked_s - before)
         t0 = time.perf_counter()
         ck.finish()
         tail = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in rd.latest_checkpoint().rglob("*") if f.is_file())
-    return {"blocked": ck.blocked_s / saves, "tail": tail, "step": statistics.median(step_times), "bytes": size,
+    # the first save of a run also builds what later ones reuse (the universal state's names, once)
+    later = statistics.median(per_save[1:]) if len(per_save) > 1 else per_save[0]
+    return {"blocked": ck.blocked_s / saves, "first": per_save[0], "later": later, "tail": tail,
+            "step": statistics.median(step_times), "bytes": size,
             "params": sum(p.numel() for p in model.parameters())}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt_125m")
-    ap.add_argument("--saves", type=int, default=3)
+    ap.add_argument("--saves", type=int, default=4)
     ap.add_argument("--every", type=int, default=4, help="training steps between saves")
     ap.add_argument("--tokens", type=int, default=512, help="tokens per training step")
     ap.add_argument("--threads", type=int, default=2)
@@ -121,6 +128,8 @@ def main() -> None:
     print(f"{'':34}" + "".join(f"{c:>12}" for c, _, _ in cols))
     for label, key, fmt in (("checkpoint size (GiB)", "bytes", lambda v: v / 2 ** 30),
                             ("loop blocked per save (s)", "blocked", float),
+                            ("  the first save (s)", "first", float),
+                            ("  later saves, median (s)", "later", float),
                             ("median training step (s)", "step", float),
                             ("wait for the last write at the end (s)", "tail", float)):
         print(f"{label:34}" + "".join(f"{fmt(res[(a, u)][key]):12.3f}" for _, a, u in cols))
@@ -128,9 +137,10 @@ def main() -> None:
         ratio = res[(True, u)]["blocked"] / res[(False, u)]["blocked"]
         print(f"universal={str(u).lower()}: async/sync blocked-time ratio {ratio:.4f} (target <= 0.10) -> "
               f"{'PASS' if ratio <= 0.10 else 'FAIL'}")
-    ratio = res[(True, True)]["blocked"] / res[(True, False)]["blocked"]
-    print(f"async: universal=true/false blocked-time ratio {ratio:.2f} (target <= 1.5) -> "
-          f"{'PASS' if ratio <= 1.5 else 'FAIL'}")
+    for what, key in (("per save, all saves", "blocked"), ("later saves (median)", "later")):
+        ratio = res[(True, True)][key] / res[(True, False)][key]
+        print(f"async: universal=true/false blocked-time ratio, {what}: {ratio:.2f} (target <= 1.5) -> "
+              f"{'PASS' if ratio <= 1.5 else 'FAIL'}")
 
 if __name__ == "__main__":
     main()

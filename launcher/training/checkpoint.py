@@ -253,9 +253,9 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         the native files, or None). The last save's links again, without building the universal state,
         where every rank's native files hold the very tensors they held then (and no value is kept by
         value: the loss scaler's changes) — one all-reduce of a flag on the saves' group."""
-        key = universal_links.identity(live)
         cached = self._link_cache
-        reuse = cached is not None and cached[0] == key and not universal_links.has_values(cached[1])
+        reuse = cached is not None and not universal_links.has_values(cached[1]) \
+            and cached[0] == universal_links.identity(live)
         group = self._saves_group()
         if group is not None:
             flag = torch.tensor([int(reuse)])
@@ -265,7 +265,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             return None, cached[1]
         shared = self._universal_state()
         links = universal_links.agree(shared, live) if shared else None
-        self._link_cache = (key, links) if links is not None else None
+        self._link_cache = (universal_links.identity(live), links) if links is not None else None
         return (None if links is not None else shared), links
 
     def wait(self) -> None:

@@ -132,9 +132,21 @@ def file_name(rank: int) -> str:
 
 
 def identity(files: Dict[str, Any]) -> Tuple[Any, ...]:
-    """What the native files' tensors are (storage, offset, shape, stride, dtype, in order): equal at two
-    saves, the same tensors, and the links of the first still name them."""
-    return tuple(_same(v) for _, v in _leaves(files) if torch.is_tensor(v) and not _dtensor(v))
+    """What the native files' tensors are (address, shape, dtype; in a fixed order): equal at two saves,
+    the same tensors, and the links of the first still name them. (On the training path at every save:
+    one flat walk, no more.)"""
+    out: List[Any] = []
+    stack: List[Any] = [files]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            t = o._local_tensor if _dtensor(o) else o
+            out.append((t.data_ptr(), t.shape, t.dtype))
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+    return tuple(out)
 
 
 def has_values(spec: Optional[Dict[str, Any]]) -> bool:
