@@ -59,6 +59,9 @@ class FailMode(str, Enum):
     # raise a CUDA-shaped error (an uncorrectable ECC error): the node's fault, not the program's; the node
     # ledger records the node and the requeue leaves it out (launcher.features.nodes)
     cuda_error = "cuda_error"
+    # run out of GPU memory that other processes hold (torch's OutOfMemoryError as CUDA words it: another
+    # job's process, a zombie of an earlier one): the node's fault too, recorded and left out alike
+    gpu_held = "gpu_held"
     # from its step on, every step of this rank takes SLOW_S longer (a slow node: a throttled GPU, a bad
     # link); the straggler watch names it (cluster.health.straggler_ratio)
     slow = "slow"

@@ -45,6 +45,31 @@ NODE_FAULT = re.compile(r"uncorrectable ECC error|ECC error encountered|cudaErro
                         r"|CUDA-capable device\(s\) is/are busy or unavailable|device not ready|misaligned address)"
                         r"|CUBLAS_STATUS_EXECUTION_FAILED|ncclSystemError|ncclInternalError"
                         r"|NCCL error.{0,80}(?:unhandled system error|internal error|unhandled cuda error)", re.I)
+# torch's words for a GPU out of memory: the device's size, what is free, what this process holds
+_GPU_OOM = re.compile(r"GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) (?P<tu>[KMGT]i?B) of which "
+                      r"(?P<free>[\d.]+) (?P<fu>[KMGT]i?B) is free\..{0,2000}?this process has (?P<own>[\d.]+) "
+                      r"(?P<ou>[KMGT]i?B) memory in use", re.S)
+_UNITS = {"KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+OTHERS_SHARE = 0.10  # a GPU whose memory other processes held this much of ran out of memory by the node's fault
+
+
+def node_oom(text: str) -> Optional[str]:
+    """Where an out-of-memory error is the node's, not the model's: the GPU ran out while other
+    processes (another job's, a zombie of an earlier one) held at least OTHERS_SHARE of it (torch's
+    message: total capacity - free - what this process holds); what held it, in words. None: the
+    program's own (or no such message)."""
+    m = _GPU_OOM.search(text)
+    if m is None:
+        return None
+    total, free, own = (float(m[k]) * _UNITS[m[u]] for k, u in (("total", "tu"), ("free", "fu"), ("own", "ou")))
+    others = total - free - own
+    if total <= 0 or others < OTHERS_SHARE * total:
+        return None
+    gib = 2 ** 30
+    return (f"GPU {m['gpu']} ran out of memory with {others / gib:.1f} GiB of its {total / gib:.1f} GiB held by "
+            f"other processes (this one held {own / gib:.1f} GiB)")
+
+
 # a rank's own last words when a signal ended it; each backend adds its scheduler's (Backend.killed_words)
 KILLED = re.compile(r"rank (?P<rank>\d+)[^\n]{0,80}(?:SIGKILL|signal 9|exit(?: code)? "
                     r"-9|exitcode\s*:\s*-9)|injected SIGKILL", re.I)
@@ -168,7 +193,7 @@ def text_kind(text: str) -> Optional[str]:
     if DISK_FULL.search(text):
         return "disk_full"
     if OOM.search(text):
-        return "oom"
+        return "node_fault" if node_oom(text) else "oom"
     if PEER_GONE.search(text):
         return "peer_gone"
     if NODE_FAULT.search(text):

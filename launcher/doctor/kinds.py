@@ -51,8 +51,10 @@ FIXES: Dict[str, str] = {
         "(`dmesg | grep -i -e oom -e killed`) and the rank's log; with checkpoints "
         "(train.checkpoint.every) and train.max_restarts > 0 the run restarts by itself."),
     "node_fault": (
-        "A GPU or its link failed on the rank's node (an ECC error, a device lost, an NCCL system error): the "
-        "node's fault, not the program's. The node ledger records it (`launcher nodes`): a requeue leaves "
+        "A GPU or its link failed on the rank's node (an ECC error, a device lost, an NCCL system error), or "
+        "it ran out of memory that other processes held (another job's, a zombie of an earlier one: "
+        "`nvidia-smi` on the node shows them): the node's fault, not the program's. The node ledger records "
+        "it (`launcher nodes`): a requeue leaves "
         "the node out, and a node with cluster.health.exclude_after such events is left out of every later "
         "submission until cluster.health.expire_h (or `launcher nodes --clear NODE`); report it to the "
         "cluster admins. The same error on another node is the program's: fix it at the frame shown."),

@@ -20,6 +20,7 @@ from launcher.doctor.failure_text import (
     last_traceback,
     line_at,
     line_with,
+    node_oom,
     oom_phase,
     raising_frame,
     ranks_str,
@@ -86,8 +87,10 @@ def _from_text(ev: Evidence, rank: Optional[int], text: str, source: str) -> Dia
     if kind == "hang":
         return Diagnosis("hang", f"{who}: {clip(text, 300)}", rank=rank, detail=detail)
     if kind == "node_fault":
-        return Diagnosis("node_fault", f"{who}: the device or its link failed on its node: {clip(exc, 200)}",
-                         rank=rank, detail=detail)
+        held = node_oom(text)  # out of memory because other processes held the GPU: the node's too
+        what = f"{held}: the node's, not the model's" if held else \
+            f"the device or its link failed on its node: {clip(exc, 200)}"
+        return Diagnosis("node_fault", f"{who}: {what}", rank=rank, detail=detail)
     if kind == "disk_full":
         where = f" at {frame}" if frame else ""
         return Diagnosis("disk_full", f"{who} could not write: the file system is full{where} ({clip(exc, 160)})",

@@ -31,7 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from launcher.config.errors import ConfigError, ConfigErrors
 from launcher.doctor import PEER_GONE
-from launcher.doctor.failure_text import NODE_FAULT
+from launcher.doctor.failure_text import NODE_FAULT, node_oom
 from launcher.run.checkpoint_manifest import CheckpointCorrupt
 from launcher.run.io import Unreadable, read_tail
 from launcher.run.rundir import RESTARTED_BY_USER, RunDir
@@ -132,7 +132,7 @@ def kind_of(exc: BaseException, message: str, place_file: str) -> str:
         return "missing_file"
     if PEER_GONE.search(message):
         return "peer_lost"
-    if NODE_FAULT.search(message):
+    if NODE_FAULT.search(message) or node_oom(message):  # (GPU memory other processes held: the node's)
         return "node_fault"
     return "other"
 

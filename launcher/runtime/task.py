@@ -154,7 +154,8 @@ def run(rd: RunDir) -> Dict[str, Any]:
                                                          watch_step=watch.step, since=a.t0, node=dist_env.node_name())
                 if failure.kind == "node_fault":  # the node's, not the program's: the ledger keeps it
                     node_ledger.note(archived, rd, failure.node, node_ledger.kind_of(error), attempt=failure.attempt,
-                                     job_id=denv.job_id, rank=denv.rank, step=failure.step, detail=error)
+                                     job_id=denv.job_id, rank=denv.rank, step=failure.step,
+                                     detail=node_ledger.fault_detail(error))
                 if decision.restart and requeue("failure", f"rank {denv.rank}: {error}", failure.step,
                                                 failure.to_json()):
                     raise SystemExit(backend.requeue_exit_code) from e

@@ -53,6 +53,14 @@ def inject_fault(cfg: RunConfig, ctx: Any, step: int, tag: str = "train") -> Non
             print(f"[{tag}] rank {ctx.rank}: injected CUDA error at step {step} on node {node_name()}", flush=True)
             raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered (injected at step {step} on rank "
                                f"{ctx.rank})")
+        if mode == "gpu_held":  # torch's words for a GPU whose memory another process holds
+            print(f"[{tag}] rank {ctx.rank}: injected CUDA out of memory at step {step} on node {node_name()}",
+                  flush=True)
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+                "1.25 GiB is free. Process 4242 has 61.40 GiB memory in use. Including non-PyTorch memory, this "
+                "process has 16.50 GiB memory in use. Of the allocated memory 15.20 GiB is allocated by PyTorch, "
+                f"and 310.00 MiB is reserved by PyTorch but unallocated. (injected at step {step} on rank {ctx.rank})")
         if mode == "stop":  # stopped, not dead: its sockets stay open and its peers wait in the collective
             print(f"[{tag}] rank {ctx.rank}: injected SIGSTOP at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -358,6 +358,11 @@ def test_failures_as_nccl_makes_them_requeue_from_outside_the_ranks(slurm, tmp_p
 
     (row,) = restarts(runs["down"])  # Slurm requeued the job itself (NODE_FAIL; its TERM may be caught)
     assert row["reason"] in ("preempted", "scheduler") and lost in row["nodes"] and row["from_step"] == 4, row
+    # the node Slurm lost under it, from Slurm's own records (the NODE_FAIL run, the node's down event),
+    # in the ledger against the attempt that ran on it
+    seen = [json.loads(p.read_text()) for p in (tmp_path / "down" / "nodes" / "events").glob("*.json")]
+    assert [(e["node"], e["attempt"]) for e in seen if e["kind"] == "lost"] == [(lost, 1)], seen
+    assert "fault-tolerance-test" in next(e["detail"] for e in seen if e["kind"] == "lost"), seen
     (row,) = restarts(runs["stop"])  # the multi-node default hang watch of the rank still running
     assert row["reason"] == "hang" and row["from_step"] == 4 and "rank 1 stuck" in row["detail"], row
     # the collective the stopped rank never joined, by the sequence number the waiting rank recorded

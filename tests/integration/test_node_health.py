@@ -5,8 +5,10 @@ root or a team's directory, 2 events within 24 h exclude a node for 24 h):
 - a run whose rank raises a CUDA-shaped error (an uncorrectable ECC error, ``train.faults`` mode
   ``cuda_error``) on its first node: the ledger names the node, the requeue leaves it out, the run
   completes elsewhere bitwise equal to an uninterrupted run;
-- a second run on that node fails the same way (a node-bound fault): the node is excluded, the run's
-  requeue leaves it out and completes, `launcher doctor` names the node and says it is excluded;
+- a second run on that node runs out of GPU memory that another process holds (``gpu_held``: torch's
+  out-of-memory error as CUDA words it; the node's fault, not the model's): the node is excluded, the run's
+  requeue leaves it out and completes, `launcher doctor` names the node, what held the GPU, and says it is
+  excluded;
 - a 2-point sweep of another runs root sharing the ledger says it leaves the node out and none of its points
   runs there; after the expiry (cluster.health.expire_h) the node is used again.
 """
@@ -64,20 +66,22 @@ def test_a_node_raising_cuda_errors_is_left_out_by_requeues_and_later_submission
     assert restart["excluded"] == [bad] and restart["failure"]["kind"] == "node_fault", restart
     assert_identical(Path(a["dir"]), Path(reference["dir"]))
 
-    # 2. the same node fails a second run: excluded now, and this run's requeue leaves it out too
-    res = launch([*BASE, *shared, f"train.faults=[{{at_step: 3, mode: cuda_error, node: {bad}}}]"], root / "b",
+    # 2. the same node fails a second run (its GPU's memory held by another process): excluded now, and this
+    # run's requeue leaves it out too
+    res = launch([*BASE, *shared, f"train.faults=[{{at_step: 3, mode: gpu_held, node: {bad}}}]"], root / "b",
                  extra_env=slurm)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (b,) = wait_final(root / "b", 1, timeout=300)
     assert b["status"] == "completed", b
     b_first, b_second = hosts_by_attempt(Path(b["dir"]))
     assert b_first == [bad] and bad not in b_second, (b_first, b_second)
-    assert [(e["node"], e["kind"]) for e in events(team)] == [(bad, "cuda_error")] * 2
+    assert [(e["node"], e["kind"]) for e in events(team)] == [(bad, "cuda_error"), (bad, "oom_node")]
     assert_identical(Path(b["dir"]), Path(reference["dir"]))
     doc = run_cmd([str(BIN / "launcher"), "doctor", b["run_id"], "--root", str(root / "b")], root / "b",
                   extra_env={**slurm, "COLUMNS": "300"})
-    assert doc.returncode == 0 and f"node {bad}: cuda_error in this run; the node ledger says excluded: left out " \
+    assert doc.returncode == 0 and f"node {bad}: oom_node in this run; the node ledger says excluded: left out " \
         "of every later submission" in doc.stdout, doc.stdout + doc.stderr
+    assert "61.4 GiB of its 79.2 GiB held by other processes" in doc.stdout, doc.stdout
     nodes = run_cmd([str(BIN / "launcher"), "nodes", "--ledger", str(team), "--json"], root, extra_env=slurm)
     (row,) = json.loads(nodes.stdout)
     assert (row["node"], row["state"], len(row["runs"])) == (bad, "excluded", 2), row

@@ -142,3 +142,25 @@ def test_the_placing_job_waits_for_the_held_job_sets_its_excluded_nodes_and_alwa
     assert calls == [("release", "17")]
     calls.clear()  # cancelled meanwhile: nothing to do
     assert place.place("17", ["n"], state=lambda j: "CANCELLED", out=io.StringIO()) is None and calls == []
+
+
+HELD = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.19 GiB of which 1.25 GiB "
+        "is free. Process 4242 has 61.40 GiB memory in use. Including non-PyTorch memory, this process has 16.50 GiB "
+        "memory in use. Of the allocated memory 15.20 GiB is allocated by PyTorch")
+OWN = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.25 GiB "
+       "is free. Including non-PyTorch memory, this process has 77.90 GiB memory in use. Of the allocated memory ...")
+
+
+def test_an_out_of_memory_is_the_nodes_only_where_other_processes_held_the_gpu():
+    from launcher.doctor.failure_text import node_oom, text_kind
+    from launcher.features.nodes.record import fault_detail, kind_of
+    from launcher.runtime import restart_policy
+
+    assert node_oom(HELD) == ("GPU 3 ran out of memory with 61.4 GiB of its 79.2 GiB held by other processes "
+                              "(this one held 16.5 GiB)")
+    assert node_oom(OWN) is None and node_oom("RuntimeError: CUDA out of memory") is None  # the model's own
+    assert text_kind(f"torch.OutOfMemoryError: {HELD}") == "node_fault" and text_kind(OWN) == "oom"
+    assert kind_of(HELD) == "oom_node" and kind_of("CUDA error: uncorrectable ECC error") == "cuda_error"
+    assert fault_detail(HELD).startswith("GPU 3 ran out of memory with 61.4 GiB") and fault_detail(OWN) == OWN
+    assert restart_policy.kind_of(RuntimeError(HELD), HELD, "/x/train.py") == "node_fault"
+    assert restart_policy.kind_of(RuntimeError(OWN), OWN, "/x/train.py") == "other"

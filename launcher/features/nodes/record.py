@@ -6,6 +6,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from launcher.doctor.failure_text import node_oom
 from launcher.features.nodes import straggler
 from launcher.features.nodes.ledger import Ledger, enabled, ledger_dir, settings_of
 from launcher.features.nodes.rule import EXCLUDED, SUSPECT, Event, Exclusion, exclusion
@@ -15,8 +16,17 @@ STRAGGLER = "straggler"  # the kind of its ledger events, and the stop reason of
 
 
 def kind_of(error: str) -> str:
-    """A node fault's kind in the ledger: an NCCL error, else a CUDA one."""
+    """A node fault's kind in the ledger: GPU memory other processes held, an NCCL error, else a CUDA one."""
+    if node_oom(error):
+        return "oom_node"
     return "nccl_error" if "nccl" in error.lower() else "cuda_error"
+
+
+def fault_detail(error: str) -> str:
+    """What a node fault's ledger event says: for GPU memory other processes held, that first (what held
+    it, how much), then the error."""
+    held = node_oom(error)
+    return f"{held}; {error}" if held else error
 
 
 def ledger_of(cfg: Mapping[str, Any], rd: Any) -> Ledger:

@@ -21,6 +21,7 @@ CLEARED = "cleared"  # the event `launcher nodes --clear NODE` appends: what cam
 KINDS = {
     "cuda_error": "a CUDA error raised on it (ECC, illegal address, device lost)",
     "nccl_error": "an NCCL error raised on it (a system or internal error, not a timeout)",
+    "oom_node": "a rank on it ran out of GPU memory that other processes held (the node's, not the model's)",
     "hang": "the rank a hang waited for ran on it",
     "straggler": "a rank on it stayed slower than the others (cluster.health.straggler_ratio)",
     "crashed": "a rank on it was killed or crashed (SIGKILL, SIGSEGV, SIGBUS) without a word",
