@@ -192,7 +192,7 @@ MUTANTS: List[Mutant] = [
       'if False and "train.global_batch_size" not in changed:', FAST,
       "a resume on another layout silently changes the global batch",
       ("tests/unit/test_reshard_rules.py::test_a_changed_global_batch_is_refused_unless_asked_for",)),
-    M("M39", "launcher/submit/reshard.py", "if checkpoint is not None and not (checkpoint / INDEX).is_file():",
+    M("M39", "launcher/submit/reshard.py", "if checkpoint is not None and not has_universal(checkpoint):",
       "if False:", FAST, "a checkpoint with no universal/ state is accepted for another layout",
       ("tests/unit/test_reshard_rules.py::test_a_checkpoint_without_universal_state_is_refused",)),
     # cluster.pack (launcher/features/pack/runner.py: which points start on the pack's free nodes)

@@ -118,6 +118,9 @@ FILES: Tuple[Tuple[str, str, str], ...] = (
     ("checkpoints/latest", "recipe", "the name of the newest complete checkpoint (only ever a complete one)"),
     ("checkpoints/step_<n>/checkpoint.json", "recipe", "every file of the checkpoint: relative path, size, sha256; "
      "the step (launcher.run.checkpoint_manifest: verified before a resume)"),
+    ("checkpoints/.universal_<n>/", "recipe (rank 0)", "while a resume on another layout loads the checkpoint "
+     "of step <n> whose save named its universal form in the engine's own files: that form written out from "
+     "them; deleted once every rank loaded and checked it"),
     ("checkpoints/rejected/step_<n>.attempt_<a>/", "recipe", "a checkpoint that failed verification when attempt "
      "<a> resumed, moved aside"),
     ("checkpoint_fallbacks.jsonl", "recipe (rank 0)", "one object per resume that fell back past a checkpoint "

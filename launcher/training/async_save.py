@@ -38,7 +38,7 @@ def _host_buffer(src: torch.Tensor, pinned: bool) -> torch.Tensor:
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     """The tensors of a state (nested dicts, lists, tuples), in order (a DTensor's local part)."""
-    if _dtensor(obj):
+    if is_dtensor(obj):
         yield obj._local_tensor
         return
     if torch.is_tensor(obj):
@@ -56,11 +56,11 @@ def pinned_bytes(obj: Any) -> int:
 _TAKEN = object()  # host_copy's ``seen``: the key of the buffers already filled
 
 
-def _dtensor(obj: Any) -> bool:
+def is_dtensor(obj: Any) -> bool:
     return type(obj).__name__ == "DTensor" and hasattr(obj, "_local_tensor")
 
 
-def _same(t: torch.Tensor) -> Tuple[Any, ...]:
+def tensor_identity(t: torch.Tensor) -> Tuple[Any, ...]:
     """What makes two references the same tensor (one copy for both: DDP's universal state names the
     very parameters and moments its native state holds)."""
     return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
@@ -79,13 +79,13 @@ def host_copy(obj: Any, reuse: Any = None, deferred: Optional[List[Tuple[torch.T
     host copy of this rank's local part (what torch.distributed.checkpoint writes): no gather."""
     if seen is None:
         seen = {}
-    if _dtensor(obj):
-        old = reuse._local_tensor if _dtensor(reuse) else None
+    if is_dtensor(obj):
+        old = reuse._local_tensor if is_dtensor(reuse) else None
         local = host_copy(obj._local_tensor, old, deferred, seen)
         return type(obj)(local, obj._spec, requires_grad=False)
     if torch.is_tensor(obj):
         src = obj.detach()
-        key = _same(src)
+        key = tensor_identity(src)
         if key in seen:
             return seen[key]
         on_gpu = _device_index(src) is not None

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.layout import UNIVERSAL_DIR, UNIVERSAL_INDEX, UNIVERSAL_LINKS
-from launcher.training.async_save import _dtensor, _same
+from launcher.training.async_save import is_dtensor, tensor_identity
 
 INLINE_NUMEL = 1  # a tensor no native file holds is kept in the links by value up to this size (a scaler's)
 EQUAL_NUMEL = 1 << 16  # up to this size a copy equal bit for bit stands for the tensor (a buffer copied at the save)
@@ -68,19 +68,19 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     alike: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # small ones by shape, dtype and device
     for name, tree in files.items():
         for path, leaf in _leaves(tree):
-            if torch.is_tensor(leaf) and not _dtensor(leaf):
+            if torch.is_tensor(leaf) and not is_dtensor(leaf):
                 try:
                     at = [name, *map(_json_key, path)]
                 except TypeError:
                     continue
-                where.setdefault(_same(leaf), at)
+                where.setdefault(tensor_identity(leaf), at)
                 if leaf.numel() <= EQUAL_NUMEL:
                     alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
     out: Dict[str, Any] = {}
     for key, t in _flat(state).items():
-        if _dtensor(t):
+        if is_dtensor(t):
             return None
-        at = where.get(_same(t))
+        at = where.get(tensor_identity(t))
         if at is None and t.numel() <= EQUAL_NUMEL:
             at = next((a for c, a in alike.get((tuple(t.shape), t.dtype, t.device), ()) if _bits_equal(c, t)), None)
         if at is not None:
@@ -112,7 +112,7 @@ def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     held = {k for k, v in (mine or {}).items() if isinstance(v, list)}
     # what a rank holds by file (inline values count where a file is held too: the scaler beside a model)
     covered = held | {k for k, v in (mine or {}).items() if isinstance(v, dict)} if held else set()
-    vote = (state is not None and not any(_dtensor(t) for t in names.values()), _digest(names),
+    vote = (state is not None and not any(is_dtensor(t) for t in names.values()), _digest(names),
             _digest(covered) if covered else None)
     if dist.is_initialized() and dist.get_world_size() > 1:
         votes: List[Any] = [None] * dist.get_world_size()
@@ -140,7 +140,7 @@ def identity(files: Dict[str, Any]) -> Tuple[Any, ...]:
     while stack:
         o = stack.pop()
         if isinstance(o, torch.Tensor):
-            t = o._local_tensor if _dtensor(o) else o
+            t = o._local_tensor if is_dtensor(o) else o
             out.append((t.data_ptr(), t.shape, t.dtype))
         elif isinstance(o, dict):
             stack.extend(o.values())
