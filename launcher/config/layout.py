@@ -242,9 +242,14 @@ UNIVERSAL_DIR, UNIVERSAL_INDEX = "universal", ".metadata"
 UNIVERSAL_LINKS = "universal.links.{rank}.json"
 
 
+def universal_links_of(ckpt: Path) -> List[Path]:
+    """The links files of the checkpoint dir ``ckpt`` (none: its universal form is written, or absent)."""
+    return sorted(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
+
+
 def has_universal(ckpt: Path) -> bool:
     """Whether the checkpoint dir ``ckpt`` holds the layout-independent state, written or linked."""
-    return (ckpt / UNIVERSAL_DIR / UNIVERSAL_INDEX).is_file() or any(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
+    return (ckpt / UNIVERSAL_DIR / UNIVERSAL_INDEX).is_file() or bool(universal_links_of(ckpt))
 
 
 def moved(saved: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, List[Any]]:

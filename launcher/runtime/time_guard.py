@@ -18,18 +18,6 @@ SAFETY = 1.5  # a save is taken to need this times what the last one took ...
 SLACK_S = 15.0  # ... plus this (the step in flight, the requeue)
 
 
-def step_start(environ: Any = None) -> Optional[float]:
-    """When this attempt's processes were started (backends.base.STEP_START_ENV), or None where nothing said."""
-    import os
-
-    from launcher.backends.base import STEP_START_ENV
-
-    try:
-        return float((os.environ if environ is None else environ)[STEP_START_ENV])
-    except (KeyError, ValueError):
-        return None
-
-
 def stop_margin_s(signal_delay_s: float, save_s: Optional[float]) -> Optional[float]:
     """Seconds before the job's end at which to stop, where the warning's margin would not hold a save
     like the last one (pure). None: the warning's own margin is enough, or no save was measured."""

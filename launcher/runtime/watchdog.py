@@ -30,15 +30,24 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+from launcher.backends.base import STEP_START_ENV
 from launcher.run.rundir import RunDir
 from launcher.run.status import Status
-from launcher.runtime import stacks, time_guard
+from launcher.runtime import stacks
 
 # the run dir's shared filesystem sees at most about this many watchdog looks per second from a job
 # (every rank lists errors/): 1,024 ranks look every 8 s, not every 1 s
 FS_READS_PER_S = 128.0
 STATUS_EVERY = 16  # status.json read on every 16th look only (a cancel leaves its mark in errors/)
 GATHER_POLL_S = 0.5  # the gatherer counts the dumps, the others look for hang.json, this often
+
+
+def _step_start() -> Optional[float]:
+    """When this attempt's processes were started, as whatever started them said (None: nothing did)."""
+    try:
+        return float(os.environ[STEP_START_ENV])
+    except (KeyError, ValueError):
+        return None
 
 
 def fs_poll_interval(world: int, interval_s: float = 1.0) -> float:
@@ -62,7 +71,7 @@ class Watch:
         # errors recorded before this attempt's processes were started are an earlier attempt's; not the
         # watch's own start: a peer that fails in its first second (a port in use) fails before a slower
         # rank gets here, and that rank would then wait in the rendezvous for ever
-        self._born = time_guard.step_start() or time.time()
+        self._born = _step_start() or time.time()
         self._looks = 0
         self.stop_event = threading.Event()
 

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
 __all__ = ["DIR", "INDEX", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state",
-           "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "verify", "with_scaler"]
+           "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "tensors_by_name", "verify",
+           "with_scaler"]
 
 DIR, INDEX = UNIVERSAL_DIR, UNIVERSAL_INDEX  # DCP's files, and its global index (rank 0)
 # per rank, one file (single_file_per_rank, one writer thread): FileSystemWriter's name for it
@@ -172,13 +173,13 @@ def present(ckpt: Path) -> bool:
     return (ckpt / DIR / INDEX).is_file()
 
 
-def _flat(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+def tensors_by_name(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """DCP's names: nested keys joined with dots."""
     out: Dict[str, Any] = {}
     for k, v in state.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
+            out.update(tensors_by_name(v, key + "."))
         elif torch.is_tensor(v):
             out[key] = v
     return out
@@ -205,8 +206,8 @@ def verify(state: Dict[str, Any], path: Path, rank: int, owned: bool = False) ->
     assembles its own), so every rank compares its own and the reports are summed."""
     import torch.distributed.checkpoint as dcp
 
-    flat = _flat(state)
-    names = sorted(flat)
+    tensors = tensors_by_name(state)
+    names = sorted(tensors)
     report: Dict[str, Any] = {"tensors": len(names), "bytes": 0, "mismatched": [], "missing": []}
     checker = rank == 0 or owned
     meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata if checker else {}
@@ -226,7 +227,7 @@ def verify(state: Dict[str, Any], path: Path, rank: int, owned: bool = False) ->
 
     held = 0
     for name in names:
-        whole = _whole(flat[name])  # every rank: a DTensor's gather is collective
+        whole = _whole(tensors[name])  # every rank: a DTensor's gather is collective
         if not checker:
             continue
         if name not in meta or not hasattr(meta[name], "size"):

@@ -26,7 +26,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from launcher.config.layout import UNIVERSAL_DIR, UNIVERSAL_INDEX, UNIVERSAL_LINKS
+from launcher.config.layout import UNIVERSAL_DIR, UNIVERSAL_LINKS, universal_links_of
+from launcher.training import universal
 from launcher.training.async_save import is_dtensor, tensor_identity
 
 INLINE_NUMEL = 1  # a tensor no native file holds is kept in the links by value up to this size (a scaler's)
@@ -43,11 +44,6 @@ def _leaves(obj: Any, path: Tuple[Any, ...] = ()) -> Iterator[Tuple[Tuple[Any, .
             yield from _leaves(v, (*path, i))
     else:
         yield path, obj
-
-
-def _flat(state: Dict[str, Any]) -> Dict[str, Any]:
-    """DCP's names (nested keys joined with dots) -> tensor, for every tensor leaf."""
-    return {".".join(map(str, p)): v for p, v in _leaves(state) if torch.is_tensor(v)}
 
 
 def _json_key(k: Any) -> Any:
@@ -77,7 +73,7 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
                 if leaf.numel() <= EQUAL_NUMEL:
                     alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
     out: Dict[str, Any] = {}
-    for key, t in _flat(state).items():
+    for key, t in universal.tensors_by_name(state).items():
         if is_dtensor(t):
             return None
         at = where.get(tensor_identity(t))
@@ -107,13 +103,11 @@ def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     write (possibly {}: it writes no file the others need) when the universal form is to be linked, or
     None when it is to be written. Linked when every rank's state is plain tensors and each rank's names
     are all held by some one rank's files (a replica's by data-parallel rank 0's, a stage's by its own)."""
-    mine = links(state, files)
-    names = _flat(state) if state is not None else {}
+    mine = links(state, files)  # None: no state, or a DTensor in it
     held = {k for k, v in (mine or {}).items() if isinstance(v, list)}
-    # what a rank holds by file (inline values count where a file is held too: the scaler beside a model)
-    covered = held | {k for k, v in (mine or {}).items() if isinstance(v, dict)} if held else set()
-    vote = (state is not None and not any(is_dtensor(t) for t in names.values()), _digest(names),
-            _digest(covered) if covered else None)
+    # a rank offers the names its files hold (with the values it keeps beside them: the scaler's)
+    offered_here = {k for k, v in mine.items() if v is not None} if held else set()
+    vote = (mine is not None, _digest(mine or {}), _digest(offered_here) if offered_here else None)
     if dist.is_initialized() and dist.get_world_size() > 1:
         votes: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(votes, vote)
@@ -123,7 +117,7 @@ def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     if not all(v[0] and v[1] in offered for v in votes):
         return None
     # (every rank decided alike from the same votes; a name this rank's files miss is another rank's)
-    return {k: v for k, v in mine.items() if isinstance(v, list) or isinstance(v, dict)} if held and mine else {}
+    return {k: v for k, v in mine.items() if v is not None} if held else {}
 
 
 def file_name(rank: int) -> str:
@@ -154,10 +148,6 @@ def has_values(spec: Optional[Dict[str, Any]]) -> bool:
     return any(isinstance(v, dict) for v in (spec or {}).values())
 
 
-def linked(ckpt: Path) -> bool:
-    return any(ckpt.glob(UNIVERSAL_LINKS.format(rank="*")))
-
-
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
@@ -169,7 +159,7 @@ def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
     """The universal state the links name, read from the native files (memory-mapped: no file is
     read whole into memory)."""
     specs: Dict[str, Any] = {}
-    for p in sorted(ckpt.glob(UNIVERSAL_LINKS.format(rank="*"))):
+    for p in universal_links_of(ckpt):
         specs.update(json.loads(p.read_text()))
     opened: Dict[str, Any] = {}
     state: Dict[str, torch.Tensor] = {}
@@ -203,7 +193,7 @@ def source(ckpt: Path, rank: int, scratch: Path) -> Path:
     it, ``scratch`` (a dir of the run's own), which rank 0 writes now from the linked files; every rank
     calls it (the others wait at a barrier)."""
     written = ckpt / UNIVERSAL_DIR
-    if (written / UNIVERSAL_INDEX).is_file() or not linked(ckpt):
+    if universal.present(ckpt) or not universal_links_of(ckpt):
         return written
     if rank == 0:
         materialize(ckpt, scratch)
