@@ -263,9 +263,14 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             reuse = bool(flag.item())
         if reuse:
             return None, cached[1]
-        shared = self._universal_state()
-        links = universal_links.agree(shared, live) if shared else None
+        # an engine whose tensors are sharded over ranks (tensor parallel) names each rank's pieces: no
+        # gather, unless the ranks cannot link them (then its whole tensors are written)
+        pieces = getattr(self.engine, "universal_pieces", None)
+        shared = pieces() if pieces is not None else self._universal_state()
+        links = universal_links.agree(shared, live) if shared or pieces is not None else None
         self._link_cache = (universal_links.identity(live), links) if links is not None else None
+        if links is None and pieces is not None:
+            shared = self._universal_state()
         return (None if links is not None else shared), links
 
     def wait(self) -> None:

@@ -19,17 +19,18 @@ time): the equivalence record of the reshard.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
-__all__ = ["DIR", "INDEX", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state", "module_state",
-           "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "tensors_by_name", "verify",
-           "with_scaler"]
+__all__ = ["DIR", "INDEX", "Piece", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state",
+           "module_state", "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "tensors_by_name",
+           "verify", "with_scaler"]
 
 DIR, INDEX = UNIVERSAL_DIR, UNIVERSAL_INDEX  # DCP's files, and its global index (rank 0)
 # per rank, one file (single_file_per_rank, one writer thread): FileSystemWriter's name for it
@@ -173,14 +174,26 @@ def present(ckpt: Path) -> bool:
     return (ckpt / DIR / INDEX).is_file()
 
 
+@dataclass(frozen=True)
+class Piece:
+    """This rank's part of a full tensor of the universal state, named in place of the whole (a
+    tensor-parallel shard: no gather at a save): ``local`` is ``full[rows][:, cols]`` of the full
+    ``shape`` (None: the whole of that dim; ``rows`` a slice or an index tensor, ``cols`` a slice).
+    Only the linked form takes pieces (launcher.training.universal_links)."""
+    local: torch.Tensor
+    shape: Tuple[int, ...]
+    rows: Any = None
+    cols: Optional[slice] = None
+
+
 def tensors_by_name(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """DCP's names: nested keys joined with dots."""
+    """DCP's names: nested keys joined with dots (a Piece kept as it is)."""
     out: Dict[str, Any] = {}
     for k, v in state.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
             out.update(tensors_by_name(v, key + "."))
-        elif torch.is_tensor(v):
+        elif torch.is_tensor(v) or isinstance(v, Piece):
             out[key] = v
     return out
 

@@ -11,8 +11,14 @@ scaler's, by value) instead of ``universal/``. The save writes each byte once:
 ``train.checkpoint.universal=true`` costs what ``false`` does. The resume that needs the universal
 form (another layout) has rank 0 write it from those files into a scratch dir of the run's before any
 rank loads it, and delete it once the load is checked (the checkpoint stays as its manifest lists it).
-An engine whose universal state holds DTensors (FSDP2's shards, tensor-parallel slices, DeepSpeed's
-partitions) writes ``universal/`` as before.
+A tensor no rank holds whole (a tensor-parallel shard) is named by its pieces: an engine that offers
+``universal_pieces()`` (the megatron engine) gives each rank's own part as a ``universal.Piece`` (its
+tensor and its place in the full one); each piece is linked to the file that holds it, with its place
+(rows and columns as runs of indices), and the resume's rank 0 assembles the full tensor from them
+(checking that they cover it). No rank gathers anything at a save. An engine whose universal state
+holds DTensors is linked alike where its files hold their local tensors (FSDP2's shards: each rank's
+rows of each parameter and moment); DeepSpeed's (slices cut at the save from its flat partitions, which
+no file holds) are written in ``universal/`` as before.
 """
 from __future__ import annotations
 
@@ -56,8 +62,9 @@ def _json_key(k: Any) -> Any:
 def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """This rank's part (pure over its arguments): each name of the universal ``state`` -> [file, keys...]
     of the native ``files`` (name -> state this rank writes) holding the same tensor, or {"value":
-    [...], "dtype", "shape"} for a tiny one none holds. None: a DTensor, or a larger tensor no file
-    holds (the universal form is then written)."""
+    [...], "dtype", "shape"} for a tiny one none holds, or {"piece": [file, keys...], "shape", "rows",
+    "cols"} for this rank's part of a full tensor (a universal.Piece, a DTensor's local shard). None: a
+    DTensor placed otherwise, or a larger tensor no file holds (the universal form is then written)."""
     if state is None:
         return None
     where: Dict[Any, List[Any]] = {}
@@ -74,8 +81,16 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
                     alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
     out: Dict[str, Any] = {}
     for key, t in universal.tensors_by_name(state).items():
-        if is_dtensor(t):
-            return None
+        if is_dtensor(t):  # its local shard, placed
+            t = dtensor_piece(t)
+            if t is None:
+                return None
+        if isinstance(t, universal.Piece):
+            at = where.get(tensor_identity(t.local))
+            out[key] = None if at is None else {
+                "piece": at, "shape": list(t.shape), "rows": _runs(t.rows, t.shape[0]),
+                "cols": _runs(t.cols, t.shape[1] if len(t.shape) > 1 else 0)}
+            continue
         at = where.get(tensor_identity(t))
         if at is None and t.numel() <= EQUAL_NUMEL:
             at = next((a for c, a in alike.get((tuple(t.shape), t.dtype, t.device), ()) if _bits_equal(c, t)), None)
@@ -87,6 +102,64 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
         else:
             out[key] = None
     return out
+
+
+def dtensor_piece(t: Any) -> Any:
+    """A DTensor as this rank's piece of it (an FSDP2 shard: its rows), its local tensor where it is
+    whole here (replicated); None where its placement is no box of rows and columns (a partial sum, a
+    shard of a third dim)."""
+    try:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:
+        return None
+    if not all(isinstance(p, (Replicate, Shard)) for p in t.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    full = tuple(t.shape)
+    cut = [d for d in range(len(full)) if shape[d] != full[d]]
+    if any(d > 1 for d in cut):
+        return None
+    if not cut:
+        return t._local_tensor
+    rows, cols = (slice(offset[d], offset[d] + shape[d]) if d in cut else None for d in (0, 1))
+    return universal.Piece(t._local_tensor, full, rows, cols)
+
+
+def _runs(index: Any, n: int) -> Optional[List[List[int]]]:
+    """A piece's place along one dim as [start, stop) runs (None: the whole dim): a slice is one run,
+    an index tensor (the fused qkv rows of a rank's heads) as few as it has contiguous stretches."""
+    if index is None:
+        return None
+    if isinstance(index, slice):
+        start, stop, step = index.indices(n)
+        if step != 1:
+            raise ValueError("a piece's slice must have step 1")
+        return [[start, stop]]
+    runs: List[List[int]] = []
+    for i in torch.as_tensor(index).reshape(-1).tolist():
+        if runs and runs[-1][1] == i:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def _index(runs: Optional[List[List[int]]]) -> Any:
+    if runs is None:
+        return slice(None)
+    if len(runs) == 1:
+        return slice(*runs[0])
+    return torch.cat([torch.arange(a, b) for a, b in runs])
+
+
+def _by_value(v: Any) -> bool:
+    return isinstance(v, dict) and "value" in v
+
+
+def _held(v: Any) -> bool:
+    """Whether a link names a file (a whole tensor's or a piece's)."""
+    return isinstance(v, list) or (isinstance(v, dict) and "piece" in v)
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -101,23 +174,23 @@ def _digest(names: Any) -> str:
 def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Every rank at the same save (collective where there is a process group): this rank's links to
     write (possibly {}: it writes no file the others need) when the universal form is to be linked, or
-    None when it is to be written. Linked when every rank's state is plain tensors and each rank's names
-    are all held by some one rank's files (a replica's by data-parallel rank 0's, a stage's by its own)."""
+    None when it is to be written. Linked when every rank's state is plain tensors or pieces and each
+    rank's names (but those kept by value) are all held by some one rank's files (a replica's by
+    data-parallel rank 0's, a stage's or a shard's by its own); a rank with no such name agrees."""
     mine = links(state, files)  # None: no state, or a DTensor in it
-    held = {k for k, v in (mine or {}).items() if isinstance(v, list)}
-    # a rank offers the names its files hold (with the values it keeps beside them: the scaler's)
-    offered_here = {k for k, v in mine.items() if v is not None} if held else set()
-    vote = (mine is not None, _digest(mine or {}), _digest(offered_here) if offered_here else None)
+    needs = {k for k, v in (mine or {}).items() if not _by_value(v)}
+    offers = {k for k, v in (mine or {}).items() if _held(v)}
+    vote = (mine is not None, _digest(needs) if needs else None, _digest(offers) if offers else None)
     if dist.is_initialized() and dist.get_world_size() > 1:
         votes: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(votes, vote)
     else:
         votes = [vote]
     offered = {v[2] for v in votes if v[2] is not None}
-    if not all(v[0] and v[1] in offered for v in votes):
+    if not all(v[0] and (v[1] is None or v[1] in offered) for v in votes):
         return None
     # (every rank decided alike from the same votes; a name this rank's files miss is another rank's)
-    return {k: v for k, v in mine.items() if v is not None} if held else {}
+    return {k: v for k, v in mine.items() if v is not None} if offers else {}
 
 
 def file_name(rank: int) -> str:
@@ -145,7 +218,7 @@ def identity(files: Dict[str, Any]) -> Tuple[Any, ...]:
 
 def has_values(spec: Optional[Dict[str, Any]]) -> bool:
     """Whether links keep a tensor by value (a loss scaler's: it changes from save to save)."""
-    return any(isinstance(v, dict) for v in (spec or {}).values())
+    return any(_by_value(v) for v in (spec or {}).values())
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -157,24 +230,52 @@ def _dtype(name: str) -> torch.dtype:
 
 def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
     """The universal state the links name, read from the native files (memory-mapped: no file is
-    read whole into memory)."""
+    read whole into memory; a tensor linked by pieces is assembled here, in memory)."""
     specs: Dict[str, Any] = {}
+    pieces: Dict[str, List[Dict[str, Any]]] = {}
     for p in universal_links_of(ckpt):
-        specs.update(json.loads(p.read_text()))
+        for key, at in json.loads(p.read_text()).items():
+            if isinstance(at, dict) and "piece" in at:  # (a place two ranks name, tied copies: the first)
+                same = pieces.setdefault(key, [])
+                if all((at["rows"], at["cols"]) != (o["rows"], o["cols"]) for o in same):
+                    same.append(at)
+            else:
+                specs.setdefault(key, at)  # (a whole tensor several ranks name: the first)
     opened: Dict[str, Any] = {}
-    state: Dict[str, torch.Tensor] = {}
-    for key, at in specs.items():
-        if isinstance(at, dict):
-            state[key] = torch.tensor(at["value"], dtype=_dtype(at["dtype"])).reshape(at["shape"])
-            continue
+
+    def read(at: List[Any]) -> torch.Tensor:
         file, *path = at
         if file not in opened:
             opened[file] = torch.load(ckpt / file, map_location="cpu", weights_only=False, mmap=True)
         obj = opened[file]
         for k in path:
             obj = obj[k]
-        state[key] = obj
+        return obj
+
+    state: Dict[str, torch.Tensor] = {}
+    for key, at in specs.items():
+        if isinstance(at, dict):
+            state[key] = torch.tensor(at["value"], dtype=_dtype(at["dtype"])).reshape(at["shape"])
+        else:
+            state[key] = read(at)
+    for key, parts in pieces.items():
+        state[key] = _assemble(key, [(read(at["piece"]), at) for at in parts])
     return state
+
+
+def _assemble(key: str, parts: List[Tuple[torch.Tensor, Dict[str, Any]]]) -> torch.Tensor:
+    """The full tensor ``key`` from its pieces; raises where they do not cover it exactly."""
+    shape = parts[0][1]["shape"]
+    full = torch.empty(shape, dtype=parts[0][0].dtype)
+    covered = 0
+    for local, at in parts:
+        rows, cols = _index(at["rows"]), _index(at["cols"])
+        full[(rows, cols) if at["cols"] is not None else rows] = local
+        covered += local.numel()
+    if covered != full.numel():
+        raise RuntimeError(f"the checkpoint's pieces of {key} cover {covered} of its {full.numel()} elements: "
+                           "a rank's links file is missing")
+    return full
 
 
 def materialize(ckpt: Path, into: Path) -> None:

@@ -56,7 +56,9 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
     (row,) = wait_final(root, 1, timeout=300)
     assert row["status"] == "failed", row
     run = Path(row["dir"])
-    assert (run / "checkpoints" / "step_00000004" / "universal" / ".metadata").is_file()
+    # each rank's tensor-parallel shards named in its own files, not gathered into universal/
+    ckpt = run / "checkpoints" / "step_00000004"
+    assert json.loads((ckpt / "meta.json").read_text())["universal"] == "linked" and not (ckpt / "universal").exists()
 
     # refused before anything queues, naming the key and the fix: DeepSpeed's ZeRO-0 in bf16 (its own
     # unpartitioned master copy), and a pipeline that does not divide the model's 4 layers
@@ -118,7 +120,8 @@ HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "t
 def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path):
     """transformers' Llama (recipe=lm) as FSDP2 dp2 dies at step 6, resumes as DeepSpeed ZeRO-3 dp2 (its
     weights partitioned too), dies at step 10, resumes as FSDP2 in one process: losses within the
-    layout tests' tolerance of its single-process run, both reshards bitwise."""
+    layout tests' tolerance of its single-process run, both reshards bitwise (the first from FSDP2's
+    shards as its save linked them, assembled at the resume)."""
     res = launch([*HF, "cluster.gpus_per_node=1"], tmp_path / "ref", timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (ref,) = runs_json(tmp_path / "ref")
@@ -130,9 +133,15 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (row,) = runs_json(root)
     run = Path(row["dir"])
+    # FSDP2's shards named in its own files (each rank's rows of each tensor), not written twice
+    fsdp_ckpt = run / "checkpoints" / "step_00000004"
+    assert json.loads((fsdp_ckpt / "meta.json").read_text())["universal"] == "linked"
+    assert not (fsdp_ckpt / "universal").exists()
     res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=3", "train.fail_at_step=10",
                   "train.fail_attempt=2")
     assert "from step 4" in res.stdout, res.stdout + res.stderr
+    # DeepSpeed's slices are cut from its flat partitions at the save (no file holds them): written
+    assert (run / "checkpoints" / "step_00000008" / "universal" / ".metadata").is_file()
     res = _resume(run, root, "parallelism.engine=fsdp", "zero.stage=0", "cluster.gpus_per_node=1",
                   "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 8" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
@@ -148,16 +157,18 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
 
 @pytest.mark.dist
 @pytest.mark.timeout(600)
-def test_megatron_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown_loss_scale(tmp_path):
-    """The GPT in fp16 as megatron ZeRO-1 dp2 (each rank holds the moments of its partition) dies at step 6
-    after its scale grew (2**4, doubling every 2 good steps), resumes as DDP in one process: every weight,
-    every moment (from the rank that held it) and the scaler (scale, good steps, overflows left) bitwise
-    the saved ones."""
+def test_megatron_tp2_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown_loss_scale(tmp_path):
+    """The GPT in fp16 as megatron tp2 x ZeRO-1 dp2 (each rank holds its shards of the moments of its
+    partition) dies at step 6 after its scale grew (2**4, doubling every 2 good steps), resumes as DDP in
+    one process: every weight, every moment (assembled from the shards of the ranks that held it) and the
+    scaler (scale, good steps, overflows left) bitwise the saved ones. The saves wrote no universal/: each
+    rank named its shards in its own files."""
     root = tmp_path / "runs"
     res = launch([*EQUIV_BASE, "precision=fp16", "precision.initial_scale_power=4", "precision.loss_scale_window=2",
                   # blocking saves: the resharded start needs the last save
                   "train.steps=8", "train.checkpoint.every=4", "train.checkpoint.async_save=false",
-                  "cluster.gpus_per_node=2", "parallelism.engine=megatron", "zero.stage=1", "train.fail_at_step=6",
+                  "cluster.gpus_per_node=4", "parallelism.engine=megatron", "parallelism.tp=2", "zero.stage=1",
+                  "train.fail_at_step=6",
                   "train.fail_rank=0",
                   # no restart: the next attempt is launcher resume on another layout
                   "train.fail_attempt=1", "train.max_restarts=0"], root, timeout=300)
@@ -172,12 +183,15 @@ def test_megatron_zero1_in_fp16_goes_on_as_ddp_with_its_partitions_and_its_grown
                                                                    ("overflows_left", torch.int64))}}
     from launcher.training import universal_links
 
-    # universal/, or where the save named it in the engine's own files (the whole stage and every
-    # partition's moments there), written from them as a reshard does
-    source = universal_links.source(run / "checkpoints" / "step_00000004", 0, tmp_path / "universal")
+    # linked: each rank's shards of the weights and of its partition's moments named in its own files
+    ckpt = run / "checkpoints" / "step_00000004"
+    assert json.loads((ckpt / "meta.json").read_text())["universal"] == "linked"
+    assert not (ckpt / "universal").exists() and len(list(ckpt.glob("universal.links.*.json"))) == 4
+    # written from them as a reshard does
+    source = universal_links.source(ckpt, 0, tmp_path / "universal")
     dcp.load(saved, checkpoint_id=str(source), no_dist=True)
     assert saved["scaler"]["scale"].item() > 2 ** 4, saved  # grown before the checkpoint
-    res = _resume(run, root, "zero.stage=0", "parallelism.engine=ddp", "cluster.gpus_per_node=1",
+    res = _resume(run, root, "zero.stage=0", "parallelism.engine=ddp", "parallelism.tp=1", "cluster.gpus_per_node=1",
                   "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 4" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     (reshard,) = _lines(run / "reshard.jsonl")

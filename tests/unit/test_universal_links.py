@@ -133,3 +133,68 @@ def test_the_next_save_of_the_same_tensors_names_them_again_without_building_the
             ckpt = rd.checkpoint_dir(step)
             assert (ckpt / UNIVERSAL_LINKS.format(rank="00000")).is_file() and not (ckpt / universal.DIR).exists()
             assert cm.problems(ckpt) == []
+
+
+def test_pieces_of_a_sharded_tensor_are_linked_to_their_files_and_assembled_exactly(tmp_path):
+    """Two tensor-parallel ranks: a column-parallel weight whose rows are each rank's heads of a fused
+    qkv (an index tensor: three runs each), a row-parallel weight split by columns, and a replicated bias
+    rank 0 names whole. Each rank's links name its own shard file; the universal form written from them
+    holds the full tensors bit for bit."""
+    heads, head_dim, hidden, tp = 4, 2, 3, 2
+    qkv = torch.randn(3 * heads * head_dim, hidden)
+    proj = torch.randn(hidden, heads * head_dim)
+    bias = torch.randn(hidden)
+    idx = torch.arange(3 * heads * head_dim).view(3, heads, head_dim)
+    for rank in range(tp):
+        rows = idx[:, rank * heads // tp:(rank + 1) * heads // tp].reshape(-1)
+        cols = slice(rank * heads * head_dim // tp, (rank + 1) * heads * head_dim // tp)
+        shard = {"qkv": qkv[rows].clone(), "proj": proj[:, cols].clone(),
+                 **({"bias": bias.clone()} if rank == 0 else {})}
+        state = {"model": {"qkv": universal.Piece(shard["qkv"], tuple(qkv.shape), rows),
+                           "proj": universal.Piece(shard["proj"], tuple(proj.shape), None, cols),
+                           **({"bias": shard["bias"]} if rank == 0 else {})}}
+        name = f"model_tp{rank}.pt"
+        links = universal_links.agree(state, {name: {"model": shard}})  # (one process: its own vote)
+        assert links["model.qkv"]["piece"] == [name, "model", "qkv"] and len(links["model.qkv"]["rows"]) == 3
+        assert links["model.proj"]["cols"] == [[cols.start, cols.stop]] and links["model.proj"]["rows"] is None
+        torch.save({"model": shard}, tmp_path / name)
+        (tmp_path / universal_links.file_name(rank)).write_text(json.dumps(links))
+    out = tmp_path / "scratch"
+    universal_links.materialize(tmp_path, out)
+    got = {"model": {"qkv": torch.empty_like(qkv), "proj": torch.empty_like(proj), "bias": torch.empty_like(bias)}}
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(got, checkpoint_id=str(out), no_dist=True)
+    for k, want in (("qkv", qkv), ("proj", proj), ("bias", bias)):
+        assert torch.equal(got["model"][k], want), k
+    # a rank's links missing: its pieces do not cover the tensor, and the assembly says so
+    (tmp_path / universal_links.file_name(1)).unlink()
+    with pytest.raises(RuntimeError, match="pieces of model.qkv cover 36 of its 72 elements"):
+        universal_links.materialize(tmp_path, out)
+
+
+def test_a_piece_no_file_holds_is_not_linked_and_a_rank_with_nothing_to_name_agrees():
+    w = torch.arange(8.0)
+    piece = universal.Piece(w[:4].clone(), (8,), slice(0, 4))
+    assert universal_links.links({"m": {"w": piece}}, {"f.pt": {"w": w}}) == {"m.w": None}
+    assert universal_links.agree({"m": {"w": piece}}, {"f.pt": {"w": w}}) is None
+    # a data-parallel replica of a ZeRO-0 stage holds no weights or moments: nothing to name, it agrees
+    assert universal_links.agree({"model": {}, "optim": {}}, {}) == {}
+
+
+def test_a_place_two_ranks_name_is_taken_once(tmp_path):
+    """A tied weight's shards on the first and the last pipeline stage name the same places: the
+    assembly takes each once (not twice the elements)."""
+    w = torch.randn(4, 3)
+    for rank, (rows, file) in enumerate(((slice(0, 2), "a.pt"), (slice(2, 4), "a.pt"),
+                                         (slice(0, 2), "b.pt"), (slice(2, 4), "b.pt"))):
+        name = f"{file[0]}{rank}.pt"
+        torch.save({"w": w[rows].clone()}, tmp_path / name)
+        links = {"w": {"piece": [name, "w"], "shape": [4, 3], "rows": [[rows.start, rows.stop]], "cols": None}}
+        (tmp_path / universal_links.file_name(rank)).write_text(json.dumps(links))
+    universal_links.materialize(tmp_path, tmp_path / "out")
+    import torch.distributed.checkpoint as dcp
+
+    got = {"w": torch.empty(4, 3)}
+    dcp.load(got, checkpoint_id=str(tmp_path / "out"), no_dist=True)
+    assert torch.equal(got["w"], w)
