@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
-from launcher.archive import atomic, code, secrets
+from launcher.archive import atomic, code, secrets, snapshot_reuse
 from launcher.archive.tree import INFO_FILE, MAX_FILE_BYTES, SKIP_DIRS, is_output_dir, not_code
 
 PATCH_FILE = ".patch.diff"  # uncommitted changes of the source repo at snapshot time
@@ -203,7 +203,22 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
         digest.update(rel.encode() + b"\0" + data)
         copied += 1
 
-    for rel in _tree_files(root, exclude):
+    files = _tree_files(root, exclude)
+    imports = list(imports)
+    secret, base = cache_secret(), cache_base()
+    entry = snapshot_reuse.previous(base, root, secret)
+    # (the files' stats before they are read: a change while they are copied is a change next time)
+    tree_fp, settled = snapshot_reuse.fingerprint(root, files, known, imports, secret) if secret else ("", False)
+    reused = None  # the last snapshot of the same tree, its files linked (launcher.archive.snapshot_reuse)
+    if entry is not None and snapshot_reuse.matches(entry, tree_fp):
+        reused = snapshot_reuse.link_into(entry, tmp)
+    bundled: Dict[str, Dict[str, object]] = {}
+    if reused is not None:
+        copied, skipped, held, links_out = reused["files"], reused["skipped_large"], reused["held_secret"], \
+            reused["links_out"]
+        refused, bundled = list(entry.get("tree_refused") or []), reused["bundled"]
+        scan_imports = False
+    for rel in files if reused is None else ():
         if _secret_looking(root, rel):
             refused.append(rel)
             continue
@@ -212,7 +227,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
             links_out[rel] = target
             continue
         copy(root / rel, rel)
-    bundled: Dict[str, Dict[str, object]] = {}
+    tree_refused = list(refused)
     if scan_imports:
         for name in sorted(needed & set(BUNDLED)):
             pkg = _launcher_package(name)
@@ -235,17 +250,24 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     # where the launch ran, inside the tree (None: outside it): recipe=script's ranks start there
     # (launcher.runtime.script.work_dir), as a script under torchrun starts in the dir it was launched from
     launch_dir = _inside(root, Path(os.path.realpath(os.getcwd())))
+    sha = reused["sha256"] if reused is not None else digest.hexdigest()
     info = {"source": str(root), "launch_dir": launch_dir.as_posix() if launch_dir is not None else None,
             "files": copied, "skipped_large": skipped, "refused": refused,
-            "held_secret": held, "links_out": links_out, "bundled": bundled, "sha256": digest.hexdigest(),
+            "held_secret": held, "links_out": links_out, "bundled": bundled, "sha256": sha,
             "taken": __import__("time").strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git}
     info = secrets.scrub_tree(info, known)
     atomic.write_json(tmp / INFO_FILE, info)
     # its bytecode, once: jobs never write into a snapshot (PYTHONDONTWRITEBYTECODE, read-only), so
     # without it every rank of every attempt would compile the code it imports again (~1 s each)
-    compile_tree(tmp, dest)
+    if reused is None:  # (a reused snapshot's bytecode was linked with its sources)
+        compile_tree(tmp, dest)
     os.replace(tmp, dest)  # visible only once complete
     make_read_only(dest)
+    if settled:  # the newest snapshot of this tree, for the next launch to link
+        dirs = sorted(str(b["source"]) for b in bundled.values())
+        snapshot_reuse.record(base, root, secret, {
+            "fingerprint": tree_fp, "bundled": snapshot_reuse.bundled_fingerprint(dirs), "bundled_dirs": dirs,
+            "dest": str(dest), "sha256": sha, "tree_refused": tree_refused})
     return info
 
 
@@ -279,14 +301,20 @@ def info(dest: Path) -> Optional[Dict[str, object]]:
     return atomic.read_json(dest / INFO_FILE)
 
 
-def bytecode_cache() -> Optional[Path]:
-    """Where compiled snapshot files are kept by content (None: LAUNCHER_BYTECODE_CACHE=off). Each launch
-    snapshots the tree again; most files are unchanged, and compiling them all costs ~1 s a launch."""
+def cache_base() -> Optional[Path]:
+    """This user's snapshot caches (bytecode by content, the last snapshot of each tree): $LAUNCHER_BYTECODE_CACHE,
+    else $XDG_CACHE_HOME/launcher (None: LAUNCHER_BYTECODE_CACHE=off, no cache)."""
     where = os.environ.get("LAUNCHER_BYTECODE_CACHE", "")
     if where.lower() in ("0", "off", "false", "no"):
         return None
-    base = Path(where) if where else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "launcher"
-    return base / "bytecode" / sys.implementation.cache_tag
+    return Path(where) if where else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "launcher"
+
+
+def bytecode_cache() -> Optional[Path]:
+    """Where compiled snapshot files are kept by content (None: LAUNCHER_BYTECODE_CACHE=off). Each launch
+    snapshots the tree again; most files are unchanged, and compiling them all costs ~1 s a launch."""
+    base = cache_base()
+    return base / "bytecode" / sys.implementation.cache_tag if base is not None else None
 
 
 @functools.lru_cache(maxsize=1)

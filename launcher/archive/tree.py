@@ -63,6 +63,13 @@ def not_code(root: Path, exclude: Iterable[Path] = ()) -> Callable[[str], bool]:
             outputs[rel] = is_output_dir(root / rel)
         return outputs[rel]
 
+    reals: Dict[Path, str] = {}
+
+    def real_dir(rel: Path) -> str:  # each directory resolved once, not each file's whole path
+        if rel not in reals:
+            reals[rel] = os.path.realpath(root / rel)
+        return reals[rel]
+
     def check(rel: str) -> bool:
         path = Path(rel)
         if path.name in SKIP_DIRS or path.name in HYDRA_MARKS:
@@ -71,7 +78,9 @@ def not_code(root: Path, exclude: Iterable[Path] = ()) -> Callable[[str], bool]:
         if any(output_dir(parent) for parent in reversed(list(path.parents)[:-1])):
             return True
         if skip:
-            real = Path(os.path.realpath(root / rel))
+            full = root / rel
+            real = Path(os.path.realpath(full) if os.path.islink(full)
+                        else os.path.join(real_dir(path.parent), path.name))
             return any(d == real or d in real.parents for d in skip)
         return False
 
