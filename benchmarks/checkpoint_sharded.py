@@ -1,5 +1,6 @@
 """What the universal (layout-independent) form costs the saves of engines whose ranks hold shards:
-FSDP2 (DTensor shards) and megatron's tensor parallelism, each with train.checkpoint.universal=false
+FSDP2 (DTensor shards), megatron's tensor parallelism and DeepSpeed ZeRO-2 (flat partitions; its own
+save is synchronous), each with train.checkpoint.universal=false
 and true, side by side in one run on this host (real launches, cluster=local, async saves).
 
 For each: the bytes of the last checkpoint on disk, whether its universal form was linked to the
@@ -8,7 +9,8 @@ its saves (the GPT recipe's ``checkpoint_blocked_s``, the final save included) p
 "GPU and 512 nodes II"): with universal=true the bytes and the blocked time within 1.5x of
 universal=false.
 
-    .venv/bin/python benchmarks/checkpoint_sharded.py [--layouts fsdp,megatron_tp2] [--steps 12] [--every 3]
+    .venv/bin/python benchmarks/checkpoint_sharded.py [--layouts fsdp,megatron_tp2,deepspeed_zero2]
+                                                      [--steps 12] [--every 3]
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ MODEL = ["model=gpt_tiny", "model.num_layers=4", "model.hidden_size=512", "model
 LAYOUTS: Dict[str, List[str]] = {
     "fsdp": ["parallelism=fsdp", "cluster.gpus_per_node=2"],
     "megatron_tp2": ["parallelism.engine=megatron", "parallelism.tp=2", "cluster.gpus_per_node=2"],
+    "deepspeed_zero2": ["parallelism.engine=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"],
 }
 
 

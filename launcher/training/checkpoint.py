@@ -255,7 +255,7 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         value: the loss scaler's changes) — one all-reduce of a flag on the saves' group."""
         cached = self._link_cache
         reuse = cached is not None and not universal_links.has_values(cached[1]) \
-            and cached[0] == universal_links.identity(live)
+            and cached[0] == universal_links.identity(self._native_files(live))
         group = self._saves_group()
         if group is not None:
             flag = torch.tensor([int(reuse)])
@@ -267,11 +267,17 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         # gather, unless the ranks cannot link them (then its whole tensors are written)
         pieces = getattr(self.engine, "universal_pieces", None)
         shared = pieces() if pieces is not None else self._universal_state()
-        links = universal_links.agree(shared, live) if shared or pieces is not None else None
-        self._link_cache = (universal_links.identity(live), links) if links is not None else None
+        files = self._native_files(live)
+        links = universal_links.agree(shared, files) if shared or pieces is not None else None
+        self._link_cache = (universal_links.identity(files), links) if links is not None else None
         if links is None and pieces is not None:
             shared = self._universal_state()
         return (None if links is not None else shared), links
+
+    def _native_files(self, live: Dict[str, Any]) -> Dict[str, Any]:
+        """Every file of this rank's save by name: the Checkpointer's, and those an engine's own save
+        wrote (``native_saved``: DeepSpeed's, whose partitions the universal form's links name)."""
+        return {**live, **(getattr(self.engine, "native_saved", None) or {})}
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written and the pruning it started is done; re-raises

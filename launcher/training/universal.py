@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
 
-__all__ = ["DIR", "INDEX", "Piece", "SCALER", "deepspeed_state", "load_deepspeed_state", "load_module_state",
-           "module_state", "moved", "present", "save", "scaler_state", "scaler_target", "set_scaler", "tensors_by_name",
-           "verify", "with_scaler"]
+__all__ = ["DIR", "INDEX", "Piece", "SCALER", "deepspeed_pieces", "deepspeed_state", "load_deepspeed_state",
+           "load_module_state", "module_state", "moved", "present", "save", "scaler_state", "scaler_target",
+           "set_scaler", "tensors_by_name", "verify", "with_scaler"]
 
 DIR, INDEX = UNIVERSAL_DIR, UNIVERSAL_INDEX  # DCP's files, and its global index (rank 0)
 # per rank, one file (single_file_per_rank, one writer thread): FileSystemWriter's name for it
@@ -178,12 +178,14 @@ def present(ckpt: Path) -> bool:
 class Piece:
     """This rank's part of a full tensor of the universal state, named in place of the whole (a
     tensor-parallel shard: no gather at a save): ``local`` is ``full[rows][:, cols]`` of the full
-    ``shape`` (None: the whole of that dim; ``rows`` a slice or an index tensor, ``cols`` a slice).
-    Only the linked form takes pieces (launcher.training.universal_links)."""
+    ``shape`` (None: the whole of that dim; ``rows`` a slice or an index tensor, ``cols`` a slice), or,
+    with ``flat``, the flattened full tensor's ``local.numel()`` elements from ``flat`` on (a fragment
+    of a ZeRO partition). Only the linked form takes pieces (launcher.training.universal_links)."""
     local: torch.Tensor
     shape: Tuple[int, ...]
     rows: Any = None
     cols: Optional[slice] = None
+    flat: Optional[int] = None
 
 
 def tensors_by_name(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -353,6 +355,42 @@ def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, scaler:
         optim[names[id(p)]] = {k: _sharded(safe_get_full_optimizer_state(p, k), mesh)
                                for k in ("exp_avg", "exp_avg_sq")}
         optim[names[id(p)]]["step"] = step.clone()
+    return {"model": model, "optim": optim, **with_scaler(scaler)}
+
+
+def deepspeed_pieces(module: torch.nn.Module, optimizer: Any, stage: int, scaler: Any = None,
+                     buffers: bool = True) -> Optional[Dict[str, Any]]:
+    """``deepspeed_state``'s names, each this rank's fragment of DeepSpeed's flat fp32 partitions as a flat
+    Piece (the fragment DeepSpeed maps each parameter to: its ``_hp_mapping``), no collective: linked to
+    the partitions its own optimizer file holds. ``buffers``: this rank saves the module's file (its
+    buffers are named there). None at ZeRO-3 (its partitions are mapped otherwise) or before the first
+    step (no moments yet): the universal form is then written."""
+    if stage not in (1, 2):
+        return None
+    names = {id(p): n for n, p in module.named_parameters()}
+    model: Dict[str, Any] = {}
+    for key, v in module.state_dict(keep_vars=True).items():  # (a tied weight under each of its names)
+        if isinstance(v, torch.nn.Parameter):
+            m = getattr(v, "_hp_mapping", None)
+            if m is not None:  # (none: all of it lies in other ranks' partitions)
+                model[key] = Piece(m.hp_fragment, tuple(v.shape), flat=m.lp_fragment_address.start)
+        elif buffers:
+            model[key] = v.detach()
+    inner = getattr(optimizer, "optimizer", optimizer)
+    steps = {p.untyped_storage().data_ptr(): st.get("step") for p, st in inner.state.items() if torch.is_tensor(p)}
+    optim: Dict[str, Any] = {}
+    for p in dict.fromkeys(module.parameters()):
+        m = getattr(p, "_hp_mapping", None)
+        if m is None:
+            continue
+        step = steps.get(m.hp_fragment.untyped_storage().data_ptr())  # its partition's own step
+        if not m.optim_fragment or "exp_avg" not in m.optim_fragment or step is None:
+            return None
+        optim[names[id(p)]] = {k: Piece(m.get_hp_fragment(k), tuple(p.shape), flat=m.lp_fragment_address.start)
+                               for k in ("exp_avg", "exp_avg_sq")}
+        # the very tensor the optimizer file holds (an offloaded Adam's int step: kept by value)
+        optim[names[id(p)]]["step"] = step if torch.is_tensor(step) and step.dtype == torch.float32 \
+            else torch.tensor(float(step), dtype=torch.float32)
     return {"model": model, "optim": optim, **with_scaler(scaler)}
 
 

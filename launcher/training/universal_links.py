@@ -69,6 +69,7 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
         return None
     where: Dict[Any, List[Any]] = {}
     alike: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # small ones by shape, dtype and device
+    flats: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # 1-D ones by storage (a ZeRO partition)
     for name, tree in files.items():
         for path, leaf in _leaves(tree):
             if torch.is_tensor(leaf) and not is_dtensor(leaf):
@@ -79,12 +80,18 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
                 where.setdefault(tensor_identity(leaf), at)
                 if leaf.numel() <= EQUAL_NUMEL:
                     alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
+                if leaf.dim() == 1 and leaf.is_contiguous():
+                    key = (leaf.device, leaf.untyped_storage().data_ptr(), leaf.dtype)
+                    flats.setdefault(key, []).append((leaf, at))
     out: Dict[str, Any] = {}
     for key, t in universal.tensors_by_name(state).items():
         if is_dtensor(t):  # its local shard, placed
             t = dtensor_piece(t)
             if t is None:
                 return None
+        if isinstance(t, universal.Piece) and t.flat is not None:
+            out[key] = _flat_link(t, flats)
+            continue
         if isinstance(t, universal.Piece):
             at = where.get(tensor_identity(t.local))
             out[key] = None if at is None else {
@@ -162,6 +169,20 @@ def _held(v: Any) -> bool:
     return isinstance(v, list) or (isinstance(v, dict) and "piece" in v)
 
 
+def _flat_link(piece: Any, flats: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]]) -> Optional[Dict[str, Any]]:
+    """A fragment of a flat tensor a file holds (a view into it: the same storage) as {"piece": [file,
+    keys...], "shape", "flat": [its first element in the file's tensor, numel, its first element in the
+    flattened full tensor]}; None where no file's flat tensor holds it."""
+    t = piece.local
+    if not t.is_contiguous():
+        return None
+    for base, at in flats.get((t.device, t.untyped_storage().data_ptr(), t.dtype), ()):
+        start = t.storage_offset() - base.storage_offset()
+        if 0 <= start and start + t.numel() <= base.numel():
+            return {"piece": at, "shape": list(piece.shape), "flat": [start, t.numel(), int(piece.flat)]}
+    return None
+
+
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     flat = [x.detach().contiguous().reshape(-1).view(torch.uint8) for x in (a, b)]
     return torch.equal(*flat)
@@ -237,7 +258,7 @@ def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
         for key, at in json.loads(p.read_text()).items():
             if isinstance(at, dict) and "piece" in at:  # (a place two ranks name, tied copies: the first)
                 same = pieces.setdefault(key, [])
-                if all((at["rows"], at["cols"]) != (o["rows"], o["cols"]) for o in same):
+                if all(_place(at) != _place(o) for o in same):
                     same.append(at)
             else:
                 specs.setdefault(key, at)  # (a whole tensor several ranks name: the first)
@@ -263,12 +284,21 @@ def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
     return state
 
 
+def _place(at: Dict[str, Any]) -> Any:
+    return ("flat", *at["flat"][1:]) if "flat" in at else (json.dumps(at["rows"]), json.dumps(at["cols"]))
+
+
 def _assemble(key: str, parts: List[Tuple[torch.Tensor, Dict[str, Any]]]) -> torch.Tensor:
     """The full tensor ``key`` from its pieces; raises where they do not cover it exactly."""
     shape = parts[0][1]["shape"]
     full = torch.empty(shape, dtype=parts[0][0].dtype)
     covered = 0
     for local, at in parts:
+        if "flat" in at:  # a fragment of a flat partition: its elements of the flattened tensor
+            start, numel, to = at["flat"]
+            full.view(-1)[to:to + numel] = local.reshape(-1)[start:start + numel]
+            covered += numel
+            continue
         rows, cols = _index(at["rows"]), _index(at["cols"])
         full[(rows, cols) if at["cols"] is not None else rows] = local
         covered += local.numel()

@@ -83,6 +83,9 @@ def test_3d_on_4_slurm_nodes_to_zero2_on_2_to_pp4_on_4_to_ddp_on_1(slurm, tmp_pa
         assert f"from step {step}" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
         (row,) = wait_final(root, 1, timeout=300)
         assert row["status"] == end, (row, res.stdout[-2000:])
+        if step == 4:  # ZeRO-2's saves name each rank's fragments of its fp32 partitions: nothing gathered
+            ckpt = run / "checkpoints" / "step_00000008"
+            assert json.loads((ckpt / "meta.json").read_text())["universal"] == "linked", ckpt
 
     dev = _losses_match(run, Path(ref["dir"]), 16, "3d on 4 nodes -> ZeRO-2 dp4 on 2 -> pp4 on 4 -> ddp on 1")
     reshards = _lines(run / "reshard.jsonl")

@@ -198,3 +198,35 @@ def test_a_place_two_ranks_name_is_taken_once(tmp_path):
     got = {"w": torch.empty(4, 3)}
     dcp.load(got, checkpoint_id=str(tmp_path / "out"), no_dist=True)
     assert torch.equal(got["w"], w)
+
+
+def test_fragments_of_flat_partitions_are_linked_by_storage_and_assembled(tmp_path):
+    """Two ZeRO ranks, each holding a flat fp32 partition of two parameters concatenated (a parameter
+    split across the partitions' boundary): each fragment is a view of its rank's partition, linked as
+    [start in the file's tensor, numel, start in the flattened parameter]; the assembly is exact."""
+    a, b = torch.randn(3, 4), torch.randn(5)
+    flat = torch.cat([a.reshape(-1), b])  # 17 elements over two ranks: 9 and 8
+    bounds = [(0, 9), (9, 17)]
+    for rank, (lo, hi) in enumerate(bounds):
+        part = flat[lo:hi].clone()
+        state = {"model": {}}
+        for name, t, start in (("a", a, 0), ("b", b, 12)):
+            first, last = max(lo, start), min(hi, start + t.numel())
+            if first < last:  # this rank's fragment of it: a view of its partition
+                state["model"][name] = universal.Piece(part[first - lo:last - lo], tuple(t.shape), flat=first - start)
+        name = f"optim_{rank}.pt"
+        files = {name: {"optimizer_state_dict": {"single_partition_of_fp32_groups": [part]}}}
+        links = universal_links.agree(state, files)
+        assert links["model.a"]["piece"] == [name, "optimizer_state_dict", "single_partition_of_fp32_groups", 0]
+        torch.save(files[name], tmp_path / name)
+        (tmp_path / universal_links.file_name(rank)).write_text(json.dumps(links))
+    assert json.loads((tmp_path / universal_links.file_name(1)).read_text())["model.a"]["flat"] == [0, 3, 9]
+    universal_links.materialize(tmp_path, tmp_path / "out")
+    import torch.distributed.checkpoint as dcp
+
+    got = {"model": {"a": torch.empty(3, 4), "b": torch.empty(5)}}
+    dcp.load(got, checkpoint_id=str(tmp_path / "out"), no_dist=True)
+    assert torch.equal(got["model"]["a"], a) and torch.equal(got["model"]["b"], b)
+    # a fragment no file's partition holds (a copy): not linked
+    assert universal_links.links({"w": universal.Piece(flat[:3].clone(), (3,), flat=0)}, {"f.pt": {"p": flat}}) == {
+        "w": None}

@@ -137,11 +137,15 @@ class DeepSpeedCheckpoints:
         written: List[Path] = []
         engine = self.ds.checkpoint_engine
         save = engine.save
+        self.native_saved = {}  # what it saved, by file (the universal form's links name its partitions)
 
         def noting(*args: Any, **kwargs: Any) -> Any:
             target = kwargs.get("path", args[1] if len(args) > 1 else None)
             if target is not None:
                 written.append(Path(target))
+                state = kwargs.get("state_dict", args[0] if args else None)
+                if isinstance(state, dict):
+                    self.native_saved[Path(target).relative_to(path).as_posix()] = state
             return save(*args, **kwargs)
 
         engine.save = noting
@@ -172,6 +176,14 @@ class DeepSpeedCheckpoints:
         if not self.universal_ok():
             return None
         return universal.deepspeed_state(self.module, self.optimizer, self.stage, self._loss_scaler())
+
+    def universal_pieces(self) -> Optional[Dict[str, Any]]:
+        """ZeRO-1/2: each rank's fragments of the fp32 partitions its own optimizer file holds (no
+        collective at a save); None elsewhere (the universal form is then built and written)."""
+        if self._plain() or not self.universal_ok():
+            return None
+        return universal.deepspeed_pieces(self.module, self.optimizer, self.stage, self._loss_scaler(),
+                                          buffers=bool(getattr(self.ds, "save_non_zero_checkpoint", True)))
 
     def load_universal(self, path: Path) -> None:
         if self._plain():
