@@ -196,19 +196,21 @@ def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     """Every rank at the same save (collective where there is a process group): this rank's links to
     write (possibly {}: it writes no file the others need) when the universal form is to be linked, or
     None when it is to be written. Linked when every rank's state is plain tensors or pieces and each
-    rank's names (but those kept by value) are all held by some one rank's files (a replica's by
-    data-parallel rank 0's, a stage's or a shard's by its own); a rank with no such name agrees."""
+    rank either names all of its own (its files hold them, or it keeps them by value: a stage's, a
+    shard's, a rank with nothing but the scaler) or has the very names some one rank's files hold (a
+    data-parallel replica's, by rank 0's)."""
     mine = links(state, files)  # None: no state, or a DTensor in it
-    needs = {k for k, v in (mine or {}).items() if not _by_value(v)}
     offers = {k for k, v in (mine or {}).items() if _held(v)}
-    vote = (mine is not None, _digest(needs) if needs else None, _digest(offers) if offers else None)
+    own = mine is not None and all(v is not None for v in mine.values())
+    given = {k for k, v in (mine or {}).items() if v is not None} if offers else set()
+    vote = (mine is not None, own, _digest(mine or {}), _digest(given) if given else None)
     if dist.is_initialized() and dist.get_world_size() > 1:
         votes: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(votes, vote)
     else:
         votes = [vote]
-    offered = {v[2] for v in votes if v[2] is not None}
-    if not all(v[0] and (v[1] is None or v[1] in offered) for v in votes):
+    offered = {v[3] for v in votes if v[3] is not None}
+    if not all(v[0] and (v[1] or v[2] in offered) for v in votes):
         return None
     # (every rank decided alike from the same votes; a name this rank's files miss is another rank's)
     return {k: v for k, v in mine.items() if v is not None} if offers else {}
