@@ -211,7 +211,7 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     tree_fp, settled = snapshot_reuse.fingerprint(root, files, known, imports, secret) if secret else ("", False)
     reused = None  # the last snapshot of the same tree, its files linked (launcher.archive.snapshot_reuse)
     if entry is not None and snapshot_reuse.matches(entry, tree_fp):
-        reused = snapshot_reuse.link_into(entry, tmp)
+        reused = snapshot_reuse.link_into(entry, tmp, fresh=(INFO_FILE, PATCH_FILE))
     bundled: Dict[str, Dict[str, object]] = {}
     if reused is not None:
         copied, skipped, held, links_out = reused["files"], reused["skipped_large"], reused["held_secret"], \
@@ -265,8 +265,9 @@ def take(root: Path, dest: Path, known: Optional[Mapping[str, Any]] = None,
     make_read_only(dest)
     if settled:  # the newest snapshot of this tree, for the next launch to link
         dirs = sorted(str(b["source"]) for b in bundled.values())
-        snapshot_reuse.record(base, root, secret, {
-            "fingerprint": tree_fp, "bundled": snapshot_reuse.bundled_fingerprint(dirs), "bundled_dirs": dirs,
+        snapshot_reuse.record(base, root, secret, {  # (a reused one's bundled files were fingerprinted just now)
+            "fingerprint": tree_fp, "bundled_dirs": dirs,
+            "bundled": entry["bundled"] if reused is not None else snapshot_reuse.bundled_fingerprint(dirs),
             "dest": str(dest), "sha256": sha, "tree_refused": tree_refused})
     return info
 

@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from launcher.archive import atomic
-
-# what a reused snapshot writes afresh (launcher.archive.snapshot's INFO_FILE, PATCH_FILE): never linked
-FRESH = (".snapshot.json", ".patch.diff")
+from launcher.archive.tree import INFO_FILE
 
 
 def _entry_path(base: Path, root: Path) -> Path:
@@ -34,22 +32,27 @@ def _entry_path(base: Path, root: Path) -> Path:
 RACY_NS = 2_000_000_000  # a file changed this close to its stat may change again unseen (coarse timestamps)
 
 
+def _stats(h: Any, top: str, rels: Iterable[str], since_ns: int) -> bool:
+    """Each file's stats into ``h``; whether none changed after ``since_ns``."""
+    settled = True
+    for rel in rels:
+        try:
+            st = os.stat(os.path.join(top, rel))
+        except OSError:
+            h.update(f"{rel}\0missing\n".encode())
+            continue
+        settled &= max(st.st_mtime_ns, st.st_ctime_ns) < since_ns
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{st.st_mode}\n".encode())
+    return settled
+
+
 def fingerprint(root: Path, files: Iterable[str], known: Mapping[str, Any], imports: Iterable[str],
                 secret: bytes) -> Tuple[str, bool]:
     """(what the snapshot of ``root`` depends on, as one digest of stats, not contents; whether it can be
     trusted later: no file changed within RACY_NS of now, as git's index distrusts a racily clean file
     whose next change could keep the same timestamps). Taken before the files are read."""
-    now = time.time_ns()
     h = hashlib.sha256(f"{root}\n".encode())
-    settled = True
-    for rel in files:
-        try:
-            st = os.stat(os.path.join(root, rel))
-        except OSError:
-            h.update(f"{rel}\0missing\n".encode())
-            continue
-        settled &= max(st.st_mtime_ns, st.st_ctime_ns) < now - RACY_NS
-        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\0{st.st_mode}\n".encode())
+    settled = _stats(h, str(root), files, time.time_ns() - RACY_NS)
     values = "\0".join(f"{k}={v}" for k, v in sorted((str(k), str(v)) for k, v in known.items()))
     h.update(hmac.new(secret, values.encode(), hashlib.sha256).digest())
     h.update("\0".join(sorted(set(imports))).encode())
@@ -61,12 +64,7 @@ def bundled_fingerprint(dirs: Iterable[str]) -> str:
     h = hashlib.sha256()
     for top in sorted(dirs):
         h.update(f"{top}\n".encode())
-        for rel in _walk(Path(top)):
-            try:
-                st = os.stat(os.path.join(top, rel))
-            except OSError:
-                continue
-            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode())
+        _stats(h, top, _walk(Path(top)), 0)
     return h.hexdigest()
 
 
@@ -99,11 +97,13 @@ def previous(base: Optional[Path], root: Path, secret: Optional[bytes]) -> Optio
     return entry
 
 
-def link_into(entry: Mapping[str, Any], tmp: Path) -> Optional[Dict[str, Any]]:
-    """Hard links of every file of the entry's snapshot (but the per-launch records) under ``tmp``; its
-    description to build on, or None (``tmp`` removed) where the snapshot is gone or a link fails."""
+def link_into(entry: Mapping[str, Any], tmp: Path, fresh: Iterable[str]) -> Optional[Dict[str, Any]]:
+    """Hard links of every file of the entry's snapshot but the per-launch records (``fresh``, in its top
+    dir: written anew) under ``tmp``; its description to build on, or None (``tmp`` removed) where the
+    snapshot is gone or a link fails."""
+    fresh = set(fresh)
     prev = Path(str(entry.get("dest", "")))
-    info = atomic.read_json(prev / FRESH[0])
+    info = atomic.read_json(prev / INFO_FILE)
     if not isinstance(info, dict) or info.get("sha256") != entry.get("sha256"):
         return None
     try:
@@ -111,7 +111,7 @@ def link_into(entry: Mapping[str, Any], tmp: Path) -> Optional[Dict[str, Any]]:
             rel = os.path.relpath(dirpath, prev)
             os.makedirs(os.path.join(tmp, rel), exist_ok=True)
             for f in filenames:
-                if rel == "." and f in FRESH:
+                if rel == "." and f in fresh:
                     continue
                 os.link(os.path.join(dirpath, f), os.path.join(tmp, rel, f))
     except OSError:

@@ -254,8 +254,9 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         where every rank's native files hold the very tensors they held then (and no value is kept by
         value: the loss scaler's changes) — one all-reduce of a flag on the saves' group."""
         cached = self._link_cache
+        files = self._native_files(live)
         reuse = cached is not None and not universal_links.has_values(cached[1]) \
-            and cached[0] == universal_links.identity(self._native_files(live))
+            and cached[0] == universal_links.identity(files)
         group = self._saves_group()
         if group is not None:
             flag = torch.tensor([int(reuse)])
@@ -267,7 +268,6 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         # gather, unless the ranks cannot link them (then its whole tensors are written)
         pieces = getattr(self.engine, "universal_pieces", None)
         shared = pieces() if pieces is not None else self._universal_state()
-        files = self._native_files(live)
         links = universal_links.agree(shared, files) if shared or pieces is not None else None
         self._link_cache = (universal_links.identity(files), links) if links is not None else None
         if links is None and pieces is not None:

@@ -11,14 +11,14 @@ scaler's, by value) instead of ``universal/``. The save writes each byte once:
 ``train.checkpoint.universal=true`` costs what ``false`` does. The resume that needs the universal
 form (another layout) has rank 0 write it from those files into a scratch dir of the run's before any
 rank loads it, and delete it once the load is checked (the checkpoint stays as its manifest lists it).
-A tensor no rank holds whole (a tensor-parallel shard) is named by its pieces: an engine that offers
-``universal_pieces()`` (the megatron engine) gives each rank's own part as a ``universal.Piece`` (its
-tensor and its place in the full one); each piece is linked to the file that holds it, with its place
-(rows and columns as runs of indices), and the resume's rank 0 assembles the full tensor from them
+A tensor no rank holds whole is named by its pieces: an engine that offers ``universal_pieces()`` gives
+each rank's own part as a ``universal.Piece`` (its tensor and its place in the full one: the megatron
+engine's tensor-parallel shards, rows and columns as runs of indices; DeepSpeed ZeRO-1/2's fragments of
+its flat fp32 partitions, a range of the flattened tensor, found in its optimizer file by storage); each
+piece is linked to the file that holds it, and the resume's rank 0 assembles the full tensor from them
 (checking that they cover it). No rank gathers anything at a save. An engine whose universal state
 holds DTensors is linked alike where its files hold their local tensors (FSDP2's shards: each rank's
-rows of each parameter and moment); DeepSpeed's (slices cut at the save from its flat partitions, which
-no file holds) are written in ``universal/`` as before.
+rows of each parameter and moment). DeepSpeed ZeRO-3's state is still written in ``universal/``.
 """
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     """This rank's part (pure over its arguments): each name of the universal ``state`` -> [file, keys...]
     of the native ``files`` (name -> state this rank writes) holding the same tensor, or {"value":
     [...], "dtype", "shape"} for a tiny one none holds, or {"piece": [file, keys...], "shape", "rows",
-    "cols"} for this rank's part of a full tensor (a universal.Piece, a DTensor's local shard). None: a
-    DTensor placed otherwise, or a larger tensor no file holds (the universal form is then written)."""
+    "cols"} (or "flat": a fragment of a flat tensor, ``_flat_link``) for this rank's part of a full tensor
+    (a universal.Piece, a DTensor's local shard). None: a DTensor placed otherwise, or a larger tensor no
+    file holds (the universal form is then written)."""
     if state is None:
         return None
     where: Dict[Any, List[Any]] = {}
@@ -81,8 +82,8 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
                 if leaf.numel() <= EQUAL_NUMEL:
                     alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
                 if leaf.dim() == 1 and leaf.is_contiguous():
-                    key = (leaf.device, leaf.untyped_storage().data_ptr(), leaf.dtype)
-                    flats.setdefault(key, []).append((leaf, at))
+                    storage = (leaf.device, leaf.untyped_storage().data_ptr(), leaf.dtype)
+                    flats.setdefault(storage, []).append((leaf, at))
     out: Dict[str, Any] = {}
     for key, t in universal.tensors_by_name(state).items():
         if is_dtensor(t):  # its local shard, placed
@@ -287,7 +288,8 @@ def _state_of(ckpt: Path) -> Dict[str, torch.Tensor]:
 
 
 def _place(at: Dict[str, Any]) -> Any:
-    return ("flat", *at["flat"][1:]) if "flat" in at else (json.dumps(at["rows"]), json.dumps(at["cols"]))
+    """Where a piece lies in its full tensor (two ranks naming the same place hold the same values)."""
+    return ("flat", *at["flat"][1:]) if "flat" in at else (at["rows"], at["cols"])
 
 
 def _assemble(key: str, parts: List[Tuple[torch.Tensor, Dict[str, Any]]]) -> torch.Tensor:
