@@ -11,6 +11,9 @@ every node. So, unless the user set ``TORCH_EXTENSIONS_DIR`` (kept as it is):
   Python install: a build holds its install's absolute paths, and ninja rebuilds another's);
 - that dir is seeded with a finished build from the shared cache (its ``<op>.so``, no lock), copied
   whole under another name and renamed into place, so a node loads in seconds what another built;
+  a node's build older than a shared one of the same install (the same ``build.ninja``: a venv made
+  again at the same path, its headers newer than the node's build) is replaced by it, where ninja
+  would otherwise build it again inside the job (minutes, on every node);
 - what a node built is published to the shared cache the same way (copy, then rename) for later jobs;
 - a lock in the node-local dir older than ``STALE_LOCK_S`` is a builder that died: removed.
 
@@ -81,6 +84,32 @@ def _copy_into_place(src: Path, dest: Path) -> bool:
         return False
 
 
+def superseded(op_dir: Path, shared_op: Path, name: str) -> bool:
+    """The node's finished build is older than a finished shared one made for the same install (the same
+    build.ninja: paths and flags), so the shared one was built against what is installed now."""
+    try:
+        same = (op_dir / "build.ninja").read_bytes() == (shared_op / "build.ninja").read_bytes()
+        newer = (shared_op / f"{name}.so").stat().st_mtime > (op_dir / f"{name}.so").stat().st_mtime
+    except OSError:
+        return False
+    return same and newer and built(op_dir, name) and built(shared_op, name)
+
+
+def _replace(src: Path, dest: Path) -> bool:
+    """``dest`` (a finished build) replaced by a copy of ``src``: the copy made beside it, the old one
+    renamed away, the copy renamed in (a rank that loads meanwhile sees one build or none: it seeds or
+    builds as before)."""
+    old = dest.parent / f".{dest.name}.{os.getpid()}.old"
+    try:
+        os.rename(dest, old)
+    except OSError:  # another rank of the node is replacing it
+        return False
+    try:
+        return _copy_into_place(src, dest)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def clear_stale_lock(op_dir: Path, now: Optional[float] = None) -> bool:
     lock = op_dir / "lock"
     try:
@@ -102,6 +131,8 @@ def prepare(name: str, env: MutableMapping[str, str] = os.environ, *, shared: Op
     op = local / name
     if not built(op, name) and built(shared / name, name):
         _copy_into_place(shared / name, op)
+    elif superseded(op, shared / name, name):
+        _replace(shared / name, op)
     clear_stale_lock(op)
     local.mkdir(parents=True, exist_ok=True)
     env[ENV] = str(local)

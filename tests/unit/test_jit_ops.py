@@ -68,3 +68,32 @@ def test_a_nodes_build_is_published_once_never_over_anothers(tmp_path):
     assert not jit_ops.publish("cpu_adam", local, shared=tmp_path / "shared2")
     assert sorted(p.name for p in partial.iterdir()) == ["lock"]
     assert not jit_ops.publish("cpu_adam", None, shared=shared)  # the user's own dir: nothing published
+
+
+def test_a_nodes_build_older_than_the_shared_one_of_the_same_install_is_replaced(tmp_path):
+    # a venv made again at the same path: the node's build predates its headers, ninja would build again
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    mine = _build(local)
+    (mine / "cpu_adam.so").write_bytes(b"\x7fELF old")
+    old = time.time() - 3600
+    os.utime(mine / "cpu_adam.so", (old, old))
+    _build(shared)
+    assert jit_ops.prepare("cpu_adam", {}, shared=shared, local=local) == local
+    assert (local / "cpu_adam" / "cpu_adam.so").read_bytes() == b"\x7fELF op"
+    assert sorted(p.name for p in local.iterdir()) == ["cpu_adam"]  # the old one removed, no copy left
+
+
+def test_a_nodes_build_is_kept_when_the_shared_one_is_older_or_of_another_install(tmp_path):
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    mine = _build(local)
+    (mine / "cpu_adam.so").write_bytes(b"\x7fELF mine")
+    other = _build(shared)
+    old = time.time() - 3600
+    os.utime(other / "cpu_adam.so", (old, old))
+    jit_ops.prepare("cpu_adam", {}, shared=shared, local=local)
+    assert (local / "cpu_adam" / "cpu_adam.so").read_bytes() == b"\x7fELF mine"  # the shared one is older
+    os.utime(other / "cpu_adam.so", None)
+    os.utime(mine / "cpu_adam.so", (old, old))
+    (other / "build.ninja").write_text("rule cxx -I/another/venv\n")  # built for another install's paths
+    jit_ops.prepare("cpu_adam", {}, shared=shared, local=local)
+    assert (local / "cpu_adam" / "cpu_adam.so").read_bytes() == b"\x7fELF mine"
