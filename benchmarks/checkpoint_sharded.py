@@ -1,6 +1,6 @@
 """What the universal (layout-independent) form costs the saves of engines whose ranks hold shards:
-FSDP2 (DTensor shards), megatron's tensor parallelism and DeepSpeed ZeRO-2 (flat partitions; its own
-save is synchronous), each with train.checkpoint.universal=false
+FSDP2 (DTensor shards), megatron's tensor parallelism and DeepSpeed ZeRO-2 and ZeRO-3 (flat partitions;
+its own save is synchronous), each with train.checkpoint.universal=false
 and true, side by side in one run on this host (real launches, cluster=local, async saves).
 
 For each: the bytes of the last checkpoint on disk, whether its universal form was linked to the
@@ -33,6 +33,7 @@ LAYOUTS: Dict[str, List[str]] = {
     "fsdp": ["parallelism=fsdp", "cluster.gpus_per_node=2"],
     "megatron_tp2": ["parallelism.engine=megatron", "parallelism.tp=2", "cluster.gpus_per_node=2"],
     "deepspeed_zero2": ["parallelism.engine=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"],
+    "deepspeed_zero3": ["parallelism.engine=deepspeed", "zero.stage=3", "cluster.gpus_per_node=2"],
 }
 
 

@@ -361,37 +361,94 @@ def deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, scaler:
 def deepspeed_pieces(module: torch.nn.Module, optimizer: Any, stage: int, scaler: Any = None,
                      buffers: bool = True) -> Optional[Dict[str, Any]]:
     """``deepspeed_state``'s names, each this rank's fragment of DeepSpeed's flat fp32 partitions as a flat
-    Piece (the fragment DeepSpeed maps each parameter to: its ``_hp_mapping``), no collective: linked to
-    the partitions its own optimizer file holds. ``buffers``: this rank saves the module's file (its
-    buffers are named there). None at ZeRO-3 (its partitions are mapped otherwise) or before the first
-    step (no moments yet): the universal form is then written."""
-    if stage not in (1, 2):
+    Piece, no collective: linked to the partitions its own optimizer file holds. ``buffers``: this rank
+    saves the module's file (its buffers are named there). None before the first step (no moments yet),
+    or where a partition is swapped out to NVMe: the universal form is then written."""
+    if stage not in (1, 2, 3):
         return None
+    frags = _zero3_fragment if stage == 3 else _zero12_fragment
+    inner = getattr(optimizer, "optimizer", optimizer)
+    # each flat partition the optimizer steps, by its storage: (the partition, its state)
+    partitions = {p.untyped_storage().data_ptr(): (p, st) for p, st in inner.state.items() if torch.is_tensor(p)}
     names = {id(p): n for n, p in module.named_parameters()}
+    found: Dict[int, Any] = {}
+    for p in dict.fromkeys(module.parameters()):
+        try:
+            found[id(p)] = frags(p, optimizer, inner, partitions)
+        except _NotMapped:
+            return None
     model: Dict[str, Any] = {}
     for key, v in module.state_dict(keep_vars=True).items():  # (a tied weight under each of its names)
         if isinstance(v, torch.nn.Parameter):
-            m = getattr(v, "_hp_mapping", None)
-            if m is not None:  # (none: all of it lies in other ranks' partitions)
-                model[key] = Piece(m.hp_fragment, tuple(v.shape), flat=m.lp_fragment_address.start)
+            if found.get(id(v)) is not None:  # (none: all of it lies in other ranks' partitions)
+                fragment, start = found[id(v)]
+                model[key] = Piece(fragment(None), _full_shape(v), flat=start)
         elif buffers:
             model[key] = v.detach()
-    inner = getattr(optimizer, "optimizer", optimizer)
-    steps = {p.untyped_storage().data_ptr(): st.get("step") for p, st in inner.state.items() if torch.is_tensor(p)}
     optim: Dict[str, Any] = {}
     for p in dict.fromkeys(module.parameters()):
-        m = getattr(p, "_hp_mapping", None)
-        if m is None:
+        if found.get(id(p)) is None:
             continue
-        step = steps.get(m.hp_fragment.untyped_storage().data_ptr())  # its partition's own step
-        if not m.optim_fragment or "exp_avg" not in m.optim_fragment or step is None:
+        fragment, start = found[id(p)]
+        step = partitions.get(fragment(None).untyped_storage().data_ptr(), (None, {}))[1].get("step")  # its own
+        if step is None:
             return None
-        optim[names[id(p)]] = {k: Piece(m.get_hp_fragment(k), tuple(p.shape), flat=m.lp_fragment_address.start)
-                               for k in ("exp_avg", "exp_avg_sq")}
+        optim[names[id(p)]] = {k: Piece(fragment(k), _full_shape(p), flat=start) for k in ("exp_avg", "exp_avg_sq")}
         # the very tensor the optimizer file holds (an offloaded Adam's int step: kept by value)
         optim[names[id(p)]]["step"] = step if torch.is_tensor(step) and step.dtype == torch.float32 \
             else torch.tensor(float(step), dtype=torch.float32)
     return {"model": model, "optim": optim, **with_scaler(scaler)}
+
+
+def _full_shape(p: torch.Tensor) -> Tuple[int, ...]:
+    """A parameter's whole shape (ZeRO-3's partitioned ones hold an empty tensor: their ``ds_shape``)."""
+    return tuple(getattr(p, "ds_shape", None) or p.shape)
+
+
+class _NotMapped(Exception):
+    """A parameter's fp32 fragment or moments cannot be named in this rank's partitions."""
+
+
+def _zero12_fragment(p: torch.Tensor, optimizer: Any, inner: Any, partitions: Dict[int, Any]
+                     ) -> Optional[Tuple[Any, int]]:
+    """ZeRO-1/2: the fragment DeepSpeed maps the parameter to (its ``_hp_mapping``, a view of the rank's
+    flat fp32 partition): (the fragment of a state key, None for the weights; its start in the flat
+    parameter), or None where it lies wholly in other ranks' partitions. A moment's fragment is the same
+    range of its partition's moment (DeepSpeed maps none where CPU Adam keeps the moments: offload)."""
+    m = getattr(p, "_hp_mapping", None)
+    if m is None:
+        return None
+    if m.optim_fragment and "exp_avg" in m.optim_fragment:
+        return (lambda k: m.hp_fragment if k is None else m.get_hp_fragment(k)), m.lp_fragment_address.start
+    flat, state = partitions.get(m.hp_fragment.untyped_storage().data_ptr(), (None, {}))
+    if flat is None or "exp_avg" not in state or "exp_avg_sq" not in state:
+        raise _NotMapped(p)
+    at, numel = m.hp_fragment.storage_offset() - flat.storage_offset(), m.hp_fragment.numel()
+    return (lambda k: m.hp_fragment if k is None else state[k].view(-1).narrow(0, at, numel)), \
+        m.lp_fragment_address.start
+
+
+def _zero3_fragment(p: torch.Tensor, optimizer: Any, inner: Any, partitions: Dict[int, Any]
+                    ) -> Optional[Tuple[Any, int]]:
+    """ZeRO-3: the parameter's partition in its sub-group's flat fp32 tensor (``grad_position``, as
+    DeepSpeed's own get_local_fp32_param finds it), less the padding past its last element; it starts at
+    the rank's place in the parameter's partition group times the partition's size."""
+    position = getattr(optimizer, "grad_position", {}).get(optimizer.get_param_id(p)) \
+        if hasattr(optimizer, "get_param_id") else None
+    if position is None or not hasattr(p, "ds_numel"):
+        raise _NotMapped(p)
+    group, offset, size = position
+    if getattr(optimizer, "_swappable_optimizer_subgroup", lambda _g: False)(group):
+        raise _NotMapped(p)  # (its partition is on NVMe between steps)
+    flat = optimizer.fp32_partitioned_groups_flat[group]
+    state = inner.state.get(flat, {})
+    if "exp_avg" not in state or "exp_avg_sq" not in state:
+        raise _NotMapped(p)
+    start = size * dist.get_rank(group=p.ds_process_group)
+    valid = min(size, int(p.ds_numel) - start)
+    if valid <= 0:
+        return None
+    return (lambda k: (flat if k is None else state[k]).narrow(0, offset, valid)), start
 
 
 def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path, scaler: Any = None

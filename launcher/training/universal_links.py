@@ -13,12 +13,12 @@ form (another layout) has rank 0 write it from those files into a scratch dir of
 rank loads it, and delete it once the load is checked (the checkpoint stays as its manifest lists it).
 A tensor no rank holds whole is named by its pieces: an engine that offers ``universal_pieces()`` gives
 each rank's own part as a ``universal.Piece`` (its tensor and its place in the full one: the megatron
-engine's tensor-parallel shards, rows and columns as runs of indices; DeepSpeed ZeRO-1/2's fragments of
-its flat fp32 partitions, a range of the flattened tensor, found in its optimizer file by storage); each
+engine's tensor-parallel shards, rows and columns as runs of indices; DeepSpeed ZeRO-1/2/3's fragments
+of its flat fp32 partitions, a range of the flattened tensor, found in its optimizer file by storage); each
 piece is linked to the file that holds it, and the resume's rank 0 assembles the full tensor from them
 (checking that they cover it). No rank gathers anything at a save. An engine whose universal state
 holds DTensors is linked alike where its files hold their local tensors (FSDP2's shards: each rank's
-rows of each parameter and moment). DeepSpeed ZeRO-3's state is still written in ``universal/``.
+rows of each parameter and moment).
 """
 from __future__ import annotations
 

@@ -202,7 +202,11 @@ def test_offload_matches_ddp_and_reshards_into_one_process(reference, tmp_path, 
     # offloaded state lives in host memory and counts 0 device bytes: ZeRO-2 keeps only the full
     # fp32 parameters on the device (gradient partitions go to the host too), ZeRO-3 nothing
     assert _held_per_param(run) == {2: (4, 0, 0), 3: (0, 0, 0)}[ds["zero_optimization"]["stage"]]
-    # its last checkpoint (universal/: the host copies, CPU Adam's own step) goes on as DDP in one process
+    # its last checkpoint goes on as DDP in one process, its universal form named in the host partitions
+    # CPU Adam steps (their moments, its own step), not written twice
+    last = run["dir"] / "checkpoints" / "step_00000010"
+    assert json.loads((last / "meta.json").read_text())["universal"] == "linked"
+    assert not (last / "universal").exists()
     assert _reshards_into_one_process(run, tmp_path / "runs")["from"]["offload_optimizer"]
 
 

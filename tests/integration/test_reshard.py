@@ -123,8 +123,9 @@ HF = ["recipe=lm", "model=hf_llama_tiny", "precision=fp32", "train.steps=10", "t
 def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path):
     """transformers' Llama (recipe=lm) as FSDP2 dp2 dies at step 6, resumes as DeepSpeed ZeRO-3 dp2 (its
     weights partitioned too), dies at step 10, resumes as FSDP2 in one process: losses within the
-    layout tests' tolerance of its single-process run, both reshards bitwise (the first from FSDP2's
-    shards as its save linked them, assembled at the resume)."""
+    layout tests' tolerance of its single-process run, both reshards bitwise (each from the shards as
+    its save linked them in its own files, FSDP2's rows and ZeRO-3's flat partitions, assembled at the
+    resume)."""
     res = launch([*HF, "cluster.gpus_per_node=1"], tmp_path / "ref", timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (ref,) = runs_json(tmp_path / "ref")
@@ -143,8 +144,10 @@ def test_a_hugging_face_model_goes_fsdp2_to_zero3_and_back_identically(tmp_path)
     res = _resume(run, root, "parallelism.engine=deepspeed", "zero.stage=3", "train.fail_at_step=10",
                   "train.fail_attempt=2")
     assert "from step 4" in res.stdout, res.stdout + res.stderr
-    # DeepSpeed's slices are cut from its flat partitions at the save (no file holds them): written
-    assert (run / "checkpoints" / "step_00000008" / "universal" / ".metadata").is_file()
+    # ZeRO-3's fragments of each parameter and moment named in its own partitions' files, not written twice
+    zero3_ckpt = run / "checkpoints" / "step_00000008"
+    assert json.loads((zero3_ckpt / "meta.json").read_text())["universal"] == "linked"
+    assert not (zero3_ckpt / "universal").exists()
     res = _resume(run, root, "parallelism.engine=fsdp", "zero.stage=0", "cluster.gpus_per_node=1",
                   "train.fail_at_step=null")
     assert res.returncode == 0 and "from step 8" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]

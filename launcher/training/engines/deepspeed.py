@@ -178,7 +178,7 @@ class DeepSpeedCheckpoints:
         return universal.deepspeed_state(self.module, self.optimizer, self.stage, self._loss_scaler())
 
     def universal_pieces(self) -> Optional[Dict[str, Any]]:
-        """ZeRO-1/2: each rank's fragments of the fp32 partitions its own optimizer file holds (no
+        """ZeRO-1/2/3: each rank's fragments of the fp32 partitions its own optimizer file holds (no
         collective at a save); None elsewhere (the universal form is then built and written)."""
         if self._plain() or not self.universal_ok():
             return None
