@@ -292,7 +292,10 @@ def test_a_cancel_whose_record_cannot_be_written_still_stops_the_job(tmp_path):
 
 def test_wait_timeout_cancels_then_records(tmp_path):
     root = tmp_path / "runs"
-    res = launch([*LONG, "submit.wait_timeout_s=15"], root, timeout=200)
+    # rank 1 asleep in its second step and rank 0 waiting on it: running, as a long run is, without
+    # burning two cores for the 15 s
+    res = launch([*LONG, "submit.wait_timeout_s=15", "train.fail_mode=sleep", "train.fail_at_step=2",
+                  "train.fail_rank=1"], root, timeout=200)
     assert res.returncode == 1, res.stdout + res.stderr
     (run,) = runs_json(root)
     rd = RunDir(run["dir"])
