@@ -30,8 +30,8 @@ def sweep_json(run: dict) -> dict:
 def test_a_sweep_larger_than_max_array_size_splits_and_every_point_runs(slurm, runs_root):
     res = launch(["-m", *TINY, "cluster.max_array_size=2", "seed=1,2,3,4,5"], runs_root, extra_env=slurm)
     assert res.returncode == 0, res.stdout + res.stderr
-    runs = wait_final(runs_root, 3, timeout=360)
-    assert [r["status"] for r in runs] == ["completed"] * 3, runs
+    runs = wait_final(runs_root, 5, timeout=360)
+    assert [r["status"] for r in runs] == ["completed"] * 5, runs
     arrays = {r["job_id"].partition("_")[0] for r in runs}
     assert len(arrays) == 3, [r["job_id"] for r in runs]
     assert sorted(sweep_json(runs[0])["job_ids"]) == sorted(arrays)
