@@ -9,7 +9,7 @@ its saves (the GPT recipe's ``checkpoint_blocked_s``, the final save included) p
 "GPU and 512 nodes II"): with universal=true the bytes and the blocked time within 1.5x of
 universal=false.
 
-    .venv/bin/python benchmarks/checkpoint_sharded.py [--layouts fsdp,megatron_tp2,deepspeed_zero2]
+    .venv/bin/python benchmarks/checkpoint_sharded.py [--layouts fsdp,megatron_tp2,deepspeed_zero2,deepspeed_zero3]
                                                       [--steps 12] [--every 3]
 """
 from __future__ import annotations
