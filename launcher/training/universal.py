@@ -381,7 +381,7 @@ def deepspeed_pieces(module: torch.nn.Module, optimizer: Any, stage: int, scaler
     for key, v in module.state_dict(keep_vars=True).items():  # (a tied weight under each of its names)
         if isinstance(v, torch.nn.Parameter):
             if found.get(id(v)) is not None:  # (none: all of it lies in other ranks' partitions)
-                fragment, start = found[id(v)]
+                fragment, start, _ = found[id(v)]
                 model[key] = Piece(fragment(None), _full_shape(v), flat=start)
         elif buffers:
             model[key] = v.detach()
@@ -389,8 +389,8 @@ def deepspeed_pieces(module: torch.nn.Module, optimizer: Any, stage: int, scaler
     for p in dict.fromkeys(module.parameters()):
         if found.get(id(p)) is None:
             continue
-        fragment, start = found[id(p)]
-        step = partitions.get(fragment(None).untyped_storage().data_ptr(), (None, {}))[1].get("step")  # its own
+        fragment, start, state = found[id(p)]
+        step = state.get("step")  # its partition's own
         if step is None:
             return None
         optim[names[id(p)]] = {k: Piece(fragment(k), _full_shape(p), flat=start) for k in ("exp_avg", "exp_avg_sq")}
@@ -402,7 +402,7 @@ def deepspeed_pieces(module: torch.nn.Module, optimizer: Any, stage: int, scaler
 
 def _full_shape(p: torch.Tensor) -> Tuple[int, ...]:
     """A parameter's whole shape (ZeRO-3's partitioned ones hold an empty tensor: their ``ds_shape``)."""
-    return tuple(getattr(p, "ds_shape", None) or p.shape)
+    return tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
 
 
 class _NotMapped(Exception):
@@ -410,29 +410,30 @@ class _NotMapped(Exception):
 
 
 def _zero12_fragment(p: torch.Tensor, optimizer: Any, inner: Any, partitions: Dict[int, Any]
-                     ) -> Optional[Tuple[Any, int]]:
+                     ) -> Optional[Tuple[Any, int, Dict[str, Any]]]:
     """ZeRO-1/2: the fragment DeepSpeed maps the parameter to (its ``_hp_mapping``, a view of the rank's
     flat fp32 partition): (the fragment of a state key, None for the weights; its start in the flat
-    parameter), or None where it lies wholly in other ranks' partitions. A moment's fragment is the same
-    range of its partition's moment (DeepSpeed maps none where CPU Adam keeps the moments: offload)."""
+    parameter; its partition's optimizer state), or None where it lies wholly in other ranks' partitions.
+    A moment's fragment is the same range of its partition's moment where DeepSpeed maps none (CPU Adam
+    keeps the moments: offload)."""
     m = getattr(p, "_hp_mapping", None)
     if m is None:
         return None
-    if m.optim_fragment and "exp_avg" in m.optim_fragment:
-        return (lambda k: m.hp_fragment if k is None else m.get_hp_fragment(k)), m.lp_fragment_address.start
     flat, state = partitions.get(m.hp_fragment.untyped_storage().data_ptr(), (None, {}))
+    if m.optim_fragment and "exp_avg" in m.optim_fragment:
+        return (lambda k: m.hp_fragment if k is None else m.get_hp_fragment(k)), m.lp_fragment_address.start, state
     if flat is None or "exp_avg" not in state or "exp_avg_sq" not in state:
         raise _NotMapped(p)
     at, numel = m.hp_fragment.storage_offset() - flat.storage_offset(), m.hp_fragment.numel()
     return (lambda k: m.hp_fragment if k is None else state[k].view(-1).narrow(0, at, numel)), \
-        m.lp_fragment_address.start
+        m.lp_fragment_address.start, state
 
 
 def _zero3_fragment(p: torch.Tensor, optimizer: Any, inner: Any, partitions: Dict[int, Any]
-                    ) -> Optional[Tuple[Any, int]]:
-    """ZeRO-3: the parameter's partition in its sub-group's flat fp32 tensor (``grad_position``, as
-    DeepSpeed's own get_local_fp32_param finds it), less the padding past its last element; it starts at
-    the rank's place in the parameter's partition group times the partition's size."""
+                    ) -> Optional[Tuple[Any, int, Dict[str, Any]]]:
+    """ZeRO-3 (as ``_zero12_fragment``): the parameter's partition in its sub-group's flat fp32 tensor
+    (``grad_position``, as DeepSpeed's own get_local_fp32_param finds it), less the padding past its last
+    element; it starts at the rank's place in the parameter's partition group times the partition's size."""
     position = getattr(optimizer, "grad_position", {}).get(optimizer.get_param_id(p)) \
         if hasattr(optimizer, "get_param_id") else None
     if position is None or not hasattr(p, "ds_numel"):
@@ -448,7 +449,7 @@ def _zero3_fragment(p: torch.Tensor, optimizer: Any, inner: Any, partitions: Dic
     valid = min(size, int(p.ds_numel) - start)
     if valid <= 0:
         return None
-    return (lambda k: (flat if k is None else state[k]).narrow(0, offset, valid)), start
+    return (lambda k: (flat if k is None else state[k]).narrow(0, offset, valid)), start, state
 
 
 def load_deepspeed_state(module: torch.nn.Module, optimizer: Any, stage: int, path: Path, scaler: Any = None
