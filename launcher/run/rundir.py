@@ -276,7 +276,7 @@ class SweepDir(SweepNames):
         """The per-point record (seeds, overrides by run index) with these points added. Replaced whole
         (never rewritten in place): runs of the sweep's earlier batches may be reading it."""
         path = self.path / self.SHARED / self.POINTS
-        atomic.write_json(path, {**(atomic.read_json(path) or {}), **points}, visible=True)
+        atomic.write_json(path, {**(atomic.read_json(path) or {}), **points}, visible=True, compact=True)
 
     def read(self) -> Optional[Dict[str, Any]]:
         return atomic.read_json(self.path / self.SWEEP)
