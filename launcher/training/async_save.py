@@ -128,6 +128,7 @@ class _Copy:
     device: Optional[int] = None
 
 
+RETURN_WAIT_S = 1.0  # the most a writer thread waits for save() to return (a save that raised: it goes on)
 SETTLE_S = 60.0  # how long a rank that failed gives its save in flight to be written and committed
 _LIVE: weakref.WeakSet[AsyncSaver] = weakref.WeakSet()  # this process's savers (settle_in_flight)
 
@@ -160,6 +161,9 @@ class AsyncSaver:
         self._event: Any = None  # the copies in flight on it: the next optimizer step's stream waits for it
         self._event_device: Optional[int] = None
         self._in_flight_step: Optional[int] = None  # the step of the save the writer thread writes
+        # set once save() has returned to the training loop: the writer's Python work (the host copy's
+        # walk, a first save's links) waits for it rather than take the GIL from save()'s last lines
+        self._returned = threading.Event()
         _LIVE.add(self)
 
     def _write(self, partial: Path, staged: Dict[str, Any], step: int, feed: bool = False) -> None:
@@ -170,6 +174,7 @@ class AsyncSaver:
         (already host values); returns at once (save's asynchronous case)."""
         started = self._start_copy(live)  # GPU tensors: enqueued now, behind this step's kernels
         self._copied.clear()
+        self._returned.clear()
         self._in_flight_step = step
         if started.event is not None:
             self._event, self._event_device = started.event, started.device
@@ -229,12 +234,20 @@ class AsyncSaver:
             started.event.synchronize()  # this save's copies only, not the whole device
         return staged
 
+    def _before_copy(self, live: Dict[str, Any], small: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """In the writer thread, before the copy: what to copy and which small files to write (the
+        Checkpointer's: decides a first save's universal links there)."""
+        return live, small
+
     def _copy_and_write(self, partial: Path, live: Dict[str, Any], small: Dict[str, Any], step: int,
                         started: _Copy) -> None:
         try:
+            self._returned.wait(RETURN_WAIT_S)
             if started.device is not None:  # CUDA's current device is per thread: a new one starts on 0
                 cuda.set_device(started.device)
+            live, small = self._before_copy(live, small)  # (the state is still the save's: the step waits)
             staged = self._finish_copy(live, started)
+            staged = {k: v for k, v in staged.items() if k in live}  # (a GPU copy started holds them all)
         except BaseException as e:  # surfaced by the next wait()
             self._error = e
             return

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.layout import RESHARD_DEEPSPEED_STAGES, UNIVERSAL_DIR, UNIVERSAL_INDEX, moved
+from launcher.training.plain_state import plain_state
 
 __all__ = ["DIR", "INDEX", "Piece", "SCALER", "deepspeed_pieces", "deepspeed_state", "load_deepspeed_state",
            "load_module_state", "module_state", "moved", "present", "save", "scaler_state", "scaler_target",
@@ -45,7 +46,8 @@ def module_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
     target a load fills."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
+    plain = plain_state(model, optimizer)
+    msd, osd = plain if plain is not None else get_state_dict(model, optimizer)
     return {"model": msd, "optim": osd["state"], **with_scaler(scaler)}
 
 

@@ -27,7 +27,7 @@ import json
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,23 +40,25 @@ INLINE_NUMEL = 1  # a tensor no native file holds is kept in the links by value 
 EQUAL_NUMEL = 1 << 16  # up to this size a copy equal bit for bit stands for the tensor (a buffer copied at the save)
 
 
-def _leaves(obj: Any, path: Tuple[Any, ...] = ()) -> Iterator[Tuple[Tuple[Any, ...], Any]]:
-    """(keys down to it, leaf) for each leaf of nested dicts, lists and tuples."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _leaves(v, (*path, k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, (*path, i))
-    else:
-        yield path, obj
+def _held_tensors(files: Dict[str, Any]) -> List[Tuple[torch.Tensor, List[Any]]]:
+    """(tensor, [file, keys...]) for each plain tensor of the files, depth first in their order; a
+    tensor under a key JSON does not keep is left out. (One flat walk: on the first save's path.)"""
+    out: List[Tuple[torch.Tensor, List[Any]]] = []
+    stack: List[Tuple[List[Any], Any]] = [([name], tree) for name, tree in reversed(list(files.items()))]
+    while stack:
+        at, o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            if not is_dtensor(o):
+                out.append((o, at))
+        elif isinstance(o, dict):
+            stack.extend(([*at, k], v) for k, v in reversed(list(o.items())) if _keeps(k))
+        elif isinstance(o, (list, tuple)):
+            stack.extend(([*at, i], o[i]) for i in range(len(o) - 1, -1, -1))
+    return out
 
 
-def _json_key(k: Any) -> Any:
-    """A key JSON keeps as it is (an optimizer's parameter index stays an int in a list)."""
-    if isinstance(k, (str, int)) and not isinstance(k, bool):
-        return k
-    raise TypeError(f"a native checkpoint file keyed by {type(k).__name__}")
+def _keeps(k: Any) -> bool:
+    return isinstance(k, (str, int)) and not isinstance(k, bool)
 
 
 def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -68,24 +70,20 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
     file holds (the universal form is then written)."""
     if state is None:
         return None
+    named = universal.tensors_by_name(state)
+    held = _held_tensors(files)  # every plain tensor of the files, with its keys
     where: Dict[Any, List[Any]] = {}
-    alike: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # small ones by shape, dtype and device
+    for leaf, at in held:
+        where.setdefault(tensor_identity(leaf), at)
+    # (the indexes below only where some name needs them: on a save's path, ~2 ms for a 124M-parameter model's files)
     flats: Dict[Any, List[Tuple[torch.Tensor, List[Any]]]] = {}  # 1-D ones by storage (a ZeRO partition)
-    for name, tree in files.items():
-        for path, leaf in _leaves(tree):
-            if torch.is_tensor(leaf) and not is_dtensor(leaf):
-                try:
-                    at = [name, *map(_json_key, path)]
-                except TypeError:
-                    continue
-                where.setdefault(tensor_identity(leaf), at)
-                if leaf.numel() <= EQUAL_NUMEL:
-                    alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, at))
-                if leaf.dim() == 1 and leaf.is_contiguous():
-                    storage = (leaf.device, leaf.untyped_storage().data_ptr(), leaf.dtype)
-                    flats.setdefault(storage, []).append((leaf, at))
+    if any(isinstance(t, universal.Piece) and t.flat is not None for t in named.values()):
+        for leaf, at in held:
+            if leaf.dim() == 1 and leaf.is_contiguous():
+                flats.setdefault((leaf.device, leaf.untyped_storage().data_ptr(), leaf.dtype), []).append((leaf, at))
+    alike: Optional[Dict[Any, List[Tuple[torch.Tensor, List[Any]]]]] = None  # small ones by shape, dtype, device
     out: Dict[str, Any] = {}
-    for key, t in universal.tensors_by_name(state).items():
+    for key, t in named.items():
         if is_dtensor(t):  # its local shard, placed
             t = dtensor_piece(t)
             if t is None:
@@ -101,6 +99,11 @@ def links(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Di
             continue
         at = where.get(tensor_identity(t))
         if at is None and t.numel() <= EQUAL_NUMEL:
+            if alike is None:
+                alike = {}
+                for leaf, held_at in held:
+                    if leaf.numel() <= EQUAL_NUMEL:
+                        alike.setdefault((tuple(leaf.shape), leaf.dtype, leaf.device), []).append((leaf, held_at))
             at = next((a for c, a in alike.get((tuple(t.shape), t.dtype, t.device), ()) if _bits_equal(c, t)), None)
         if at is not None:
             out[key] = at
@@ -193,21 +196,27 @@ def _digest(names: Any) -> str:
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()
 
 
-def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def plain(state: Dict[str, Any]) -> bool:
+    """Whether every tensor of a universal state is a plain (local, whole) tensor: no DTensor, no piece."""
+    return all(torch.is_tensor(t) and not is_dtensor(t) for t in universal.tensors_by_name(state).values())
+
+
+def agree(state: Optional[Dict[str, Any]], files: Dict[str, Any], group: Any = None) -> Optional[Dict[str, Any]]:
     """Every rank at the same save (collective where there is a process group): this rank's links to
     write (possibly {}: it writes no file the others need) when the universal form is to be linked, or
     None when it is to be written. Linked when every rank's state is plain tensors or pieces and each
     rank either names all of its own (its files hold them, or it keeps them by value: a stage's, a
     shard's, a rank with nothing but the scaler) or has the very names some one rank's files hold (a
-    data-parallel replica's, by rank 0's)."""
+    data-parallel replica's, by rank 0's). ``group``: the process group to agree over (default: the
+    world's; a writer thread's: the saves' own)."""
     mine = links(state, files)  # None: no state, or a DTensor in it
     offers = {k for k, v in (mine or {}).items() if _held(v)}
     own = mine is not None and all(v is not None for v in mine.values())
     given = {k for k, v in (mine or {}).items() if v is not None} if offers else set()
     vote = (mine is not None, own, _digest(mine or {}), _digest(given) if given else None)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        votes: List[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(votes, vote)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        votes: List[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(votes, vote, group=group)
     else:
         votes = [vote]
     offered = {v[3] for v in votes if v[3] is not None}

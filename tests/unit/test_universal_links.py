@@ -4,6 +4,7 @@ writes it from those files, and it loads bit for bit."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -45,9 +46,15 @@ def _save(tmp_path, engine, async_save):
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-def test_a_ddp_checkpoint_names_its_universal_form_and_a_reshard_writes_it_once(tmp_path, async_save):
+def test_a_ddp_checkpoint_names_its_universal_form_and_a_reshard_writes_it_once(tmp_path, async_save, monkeypatch):
     engine = Scaled()
+    agreed_in = []
+    agree = universal_links.agree
+    monkeypatch.setattr(universal_links, "agree", lambda *a, **k: agreed_in.append(
+        threading.current_thread().name) or agree(*a, **k))
     ckpt, at_save, moments = _save(tmp_path, engine, async_save)
+    # an async save's links are decided off the training thread (its first save's cost: the agreement)
+    assert agreed_in == (["checkpoint-writer"] if async_save else ["MainThread"])
     assert not (ckpt / universal.DIR).exists()  # each byte written once
     assert has_universal(ckpt) and json.loads((ckpt / "meta.json").read_text())["universal"] == "linked"
     spec = json.loads((ckpt / UNIVERSAL_LINKS.format(rank="00000")).read_text())
