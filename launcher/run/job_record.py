@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -51,7 +51,8 @@ class JobRecord:
         return replace(self, submitit_folder=str(own), stdout=moved(self.stdout), stderr=moved(self.stderr))
 
     def to_json(self) -> Dict[str, Any]:
-        out = asdict(self)
+        # (plain values: read, not deep-copied as asdict does; every run of a launch writes one)
+        out = {name: getattr(self, name) for name in _FIELDS}
         out["earlier_job_ids"] = list(self.earlier_job_ids)
         if not out["earlier_job_ids"]:
             del out["earlier_job_ids"]
@@ -72,6 +73,9 @@ class JobRecord:
                    submitted=str(data.get("submitted") or ""),
                    earlier_job_ids=tuple(str(j) for j in data.get("earlier_job_ids") or () if j is not None),
                    process_start=_ticks(data.get("process_start")), pack_index=_ticks(data.get("pack_index")))
+
+
+_FIELDS = tuple(f.name for f in fields(JobRecord))
 
 
 def _ticks(value: Any) -> Optional[int]:

@@ -209,12 +209,14 @@ def test_ranks_learn_the_attempt_rank_0_began(tmp_path):
         rd.write_rank(r, {"rank": r, "hostname": "h", "pid": 100 + r, "started": "t"})
     rd.write_rank_attempts({"attempt": 1, "starts": {"1": ["h", 99, "t0"]}})  # an earlier start of rank 1
     stop = threading.Event()
-    threading.Thread(target=script.announce, args=(rd, 2, stop, 0.05), daemon=True).start()
+    announcer = threading.Thread(target=script.announce, args=(rd, 2, stop, 0.05), daemon=True)
+    announcer.start()
     try:
         assert script.learn_attempt(rd, 1, timeout_s=20, interval_s=0.05) == 2
         assert script.learn_attempt(rd, 2, timeout_s=20, interval_s=0.05) == 2
     finally:
         stop.set()
+        announcer.join(20)  # (a pass of its loop under way would name rank 3's start below)
     rd.write_rank(3, {"rank": 3, "hostname": "h", "pid": 103, "started": "t"})  # nobody announces it
     with pytest.raises(RuntimeError, match="rank 0 did not start"):
         script.learn_attempt(rd, 3, timeout_s=0.3, interval_s=0.05)
