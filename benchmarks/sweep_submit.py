@@ -22,8 +22,9 @@ targets: launch at least 20x faster than Hydra's submitit launcher at 1,000 poin
 <= 0.05, and 10,000 points in <= 20 s).
 
 --profile N: where launch's time goes, per point, for an N-point sweep (benchmarks/launch_profile.py:
-the pipeline's phases timed in-process); --before REV: the same on a clean checkout of revision REV
-(git worktree, its code first on PYTHONPATH), side by side with this checkout's.
+the pipeline's phases timed in-process; without --points, no sweep size is timed besides); --before REV:
+the same on a clean checkout of revision REV (git worktree, its code first on PYTHONPATH), side by side
+with this checkout's.
 """
 from __future__ import annotations
 
@@ -212,7 +213,8 @@ def print_profile(n: int, columns: Dict[str, Dict[str, float]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", default="100,1000,10000", help="sweep sizes N, comma-separated")
+    ap.add_argument("--points", default=None,
+                    help="sweep sizes N, comma-separated (default 100,1000,10000; with --profile alone: none)")
     ap.add_argument("--only", default="launch,hydra_submitit,raw",
                     help="comma-separated subset of " + ",".join(BENCHES))
     ap.add_argument("--hydra-max", type=int, default=1000, help="Hydra's submitit launcher only up to this N")
@@ -227,7 +229,8 @@ def main() -> None:
         ap.error(f"unknown: {', '.join(bad)}")
     if shutil.which("sbatch") is None or not os.environ.get("SLURM_CONF"):
         sys.exit("needs the local Slurm cluster: scripts/slurm-local.sh up; eval \"$(scripts/slurm-local.sh env)\"")
-    sizes = [int(x) for x in args.points.split(",") if x.strip()]
+    points = args.points if args.points is not None else ("" if args.profile else "100,1000,10000")
+    sizes = [int(x) for x in points.split(",") if x.strip()]
     work = Path(tempfile.mkdtemp(prefix="sweep-submit-"))
     results: Dict[int, Dict[str, float]] = {}
     try:
