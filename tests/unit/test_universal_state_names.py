@@ -73,6 +73,18 @@ def test_ddp_wrapping_is_dropped_as_dcp_drops_it(tmp_path):
         dist.destroy_process_group()
 
 
+def test_an_fsdp2_module_is_left_to_dcp(tmp_path):
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        fully_shard(model)
+        assert plain_state(model, _stepped(model)) is None  # its parameters are DTensors: DCP names them
+    finally:
+        dist.destroy_process_group()
+
+
 def test_what_dcp_renames_or_would_initialise_is_left_to_dcp():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
