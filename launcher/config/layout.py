@@ -13,7 +13,7 @@ Pure (no torch), and imports no backend: the node reads it from the archive.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
@@ -133,11 +133,6 @@ _FACT_FIELDS = frozenset(f.name for f in fields(Facts))
 # ---- the layout -----------------------------------------------------------------------------------
 
 
-@cache
-def _field_names(cls: type) -> Tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
 @dataclass(frozen=True)
 class Layout:
     """One way to run: degrees, ZeRO, batch split, engine, and the node shape ranks are placed on.
@@ -226,7 +221,7 @@ class Layout:
     # archive
     def to_json(self) -> Dict[str, Any]:
         # (its fields are plain values: read, not deep-copied as asdict does, ~25 us a point of a launch)
-        return {**{name: getattr(self, name) for name in _field_names(Layout)}, "world_size": self.world_size,
+        return {**{name: getattr(self, name) for name in _LAYOUT_FIELDS}, "world_size": self.world_size,
                 "nodes": self.nodes, "global_batch_size": self.global_batch_size}
 
     @classmethod
@@ -234,6 +229,8 @@ class Layout:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 # the layout keys whose change moves training state between ranks: a new attempt that changes one loads
 # the checkpoint's layout-independent state (launcher.submit.reshard, launcher.training.universal)

@@ -166,7 +166,6 @@ def _write_file(path: Path, obj: Any) -> None:
 
 # the key of the universal form's state among an async save's host copies (no file of that name)
 UNIVERSAL_STAGED = "\0universal"
-_IN_WRITER = object()  # _universal_or_links: the links are decided by the writer thread
 
 
 class Checkpointer(CheckpointResume, AsyncSaver):
@@ -224,11 +223,9 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         partial.mkdir(parents=True, exist_ok=True)
         native = self.engine.save_native(partial)  # collective, synchronous (DeepSpeed): this rank's files
         live = self.engine.checkpoint_files()  # references to the live state (a loss scaler's values are copied)
-        # where the native files hold every tensor of it whole (DDP's): named (links), not written twice
         background = self.async_save and not block and self._hooked()
+        # where the native files hold every tensor of it whole (DDP's): named (links), not written twice
         shared, links = self._universal_or_links(live, defer=background) if self.universal else (None, None)
-        if links is _IN_WRITER:  # decided by the writer thread, before its copy (_before_copy)
-            self._pending_links, links = (shared, self._native_files(live)), None
         # each rank writes its own slices (no gather): here, collectively, when the save blocks; else
         # from the host copy in the writer thread, over a process group of the saves' own
         universal_files = universal.save(shared, partial / universal.DIR, self.rank) if shared and not background \
@@ -257,14 +254,14 @@ class Checkpointer(CheckpointResume, AsyncSaver):
             self.ctx.heartbeat()
         self.blocked_s += time.perf_counter() - t0
 
-    def _universal_or_links(self, live: Dict[str, Any], defer: bool = False) -> Tuple[Optional[Dict[str, Any]], Any]:
+    def _universal_or_links(self, live: Dict[str, Any], defer: bool = False
+                            ) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
         """(the universal state to write, or None; this rank's links where the ranks agreed to name it in
         the native files, or None). The last save's links again, without building the universal state,
         where every rank's native files hold the very tensors they held then (and no value is kept by
         value: the loss scaler's changes) — one all-reduce of a flag on the saves' group. ``defer`` (an
-        async save): a universal state of plain tensors (a module and its optimizer: DDP's) is linked or
-        not by the writer thread (_IN_WRITER: the ranks' agreement, ~3 ms for a 124M-parameter model, off the
-        training thread; an unlinked one is copied with the rest, its tensors the native ones)."""
+        async save): a state of plain tensors (DDP's) is linked or not by the writer thread (_before_copy:
+        the agreement, ~3 ms for a 124M-parameter model, off the training thread)."""
         cached = self._link_cache
         files = self._native_files(live)
         reuse = cached is not None and not universal_links.has_values(cached[1]) \
@@ -281,23 +278,26 @@ class Checkpointer(CheckpointResume, AsyncSaver):
         pieces = getattr(self.engine, "universal_pieces", None)
         shared = pieces() if pieces is not None else self._universal_state()
         if defer and pieces is None and shared and universal_links.plain(shared):
-            return shared, _IN_WRITER
-        links = universal_links.agree(shared, files) if shared or pieces is not None else None
-        self._link_cache = (universal_links.identity(files), links) if links is not None else None
+            self._pending_links = (shared, files)
+            return shared, None
+        links = self._agree(shared, files) if shared or pieces is not None else None
         if links is None and pieces is not None:
             shared = self._universal_state()
         return (None if links is not None else shared), links
 
+    def _agree(self, shared: Any, files: Dict[str, Any], group: Any = None) -> Optional[Dict[str, Any]]:
+        """universal_links.agree, its links kept for the next save to reuse (by the files' identity)."""
+        links = universal_links.agree(shared, files, group=group)
+        self._link_cache = (universal_links.identity(files), links) if links is not None else None
+        return links
+
     def _before_copy(self, live: Dict[str, Any], small: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """The writer thread's part of a first async save with the universal form on: the ranks agree
-        (on the saves' group) whether the native files hold it; linked, the universal state is not
-        copied and the links are written with the small files (meta.json says "linked")."""
+        """In the writer thread, a first async save's agreement (_universal_or_links): linked, the universal
+        state is not copied and the links go with the small files (meta.json: "linked")."""
         pending, self._pending_links = self._pending_links, None
         if pending is None:
             return live, small
-        shared, files = pending
-        links = universal_links.agree(shared, files, group=self._saves_group())
-        self._link_cache = (universal_links.identity(files), links) if links is not None else None
+        links = self._agree(*pending, group=self._saves_group())
         if links is None:
             return live, small  # universal/ written from the copy, as before
         small = {**small, universal_links.file_name(self.rank): links}
