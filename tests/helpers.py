@@ -75,6 +75,25 @@ def wait_final(runs_root: Path, n: int, timeout: float = 300) -> List[dict]:
     raise AssertionError(f"runs not final after {timeout}s: {json.dumps(runs, indent=1)}")
 
 
+def explain(run: dict, lines: int = 30) -> str:
+    """A run's record and the end of each rank's stderr: what a failed assertion on its status shows
+    (pytest cuts a dict's repr, and CI keeps nothing of the run dir)."""
+    from launcher import backends
+    from launcher.run.rundir import RunDir
+
+    out = [json.dumps({k: v for k, v in run.items() if k not in ("summary", "config")}, default=str)]
+    job = RunDir(run["dir"]).job()
+    if job:
+        status = Path(run["dir"]) / "status.json"
+        world = json.loads(status.read_text()).get("world_size") if status.exists() else None
+        for rank in range(int(world or 1)):
+            path = backends.get(job.backend).log_path(job, rank, err=True)
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out += [f"--- rank {rank}: {path}", *tail]
+    return "\n".join(out)
+
+
 def read_metrics(run_dir: str) -> List[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

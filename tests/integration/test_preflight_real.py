@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import BIN, launch, run_cmd, wait_final
+from helpers import BIN, explain, launch, run_cmd, wait_final
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slurm, pytest.mark.dist]
 
@@ -111,7 +111,8 @@ def test_a_good_config_climbs_every_rung_as_dependent_jobs(slurm, runs_root):
     for entry, rung in zip(rungs, broken.rungs):
         if rung.name in own_roots:
             (own,) = wait_final(own_roots[rung.name], 1, timeout=300)
-            assert own["status"] == "completed", own  # the tuned run trains every step: its no-go is the judge's
+            # the tuned run trains every step: its no-go is the judge's
+            assert own["status"] == "completed", explain(own)
             entry = {**entry, "title": rung.title, "overrides": list(rung.overrides), "notes": list(rung.notes),
                      "run_id": own["run_id"], "run_dir": own["dir"], "job_id": own["job_id"]}
         entries.append(entry)
