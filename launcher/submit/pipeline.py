@@ -32,7 +32,7 @@ from launcher.config.view import ConfigView
 from launcher.data import archived as data_archive, checks as data_checks
 from launcher.run.checks_record import LAUNCH, ChecksRecord
 from launcher.run.rundir import RunDir, SweepDir
-from launcher.submit import interrupted, submission, waves
+from launcher.submit import interrupted, spread, submission, waves
 from launcher.submit.source import config_targets, snapshot_root, source_root  # noqa: F401 (tests read them here)
 from launcher.submit.submission import Array, SubmittedRun
 from launcher.sweeps import Unschedulable, job_name
@@ -139,62 +139,67 @@ def _resolve(point: Point, index: int) -> Dict[str, Any]:
                                         "fix the interpolation")], f"(point {index})") from e
 
 
+def _check(p: Point, i: int, searched: Dict[Tuple[str, ...], Dict[str, group_options.Group]]) -> Tuple[Any, ...]:
+    """One point resolved and checked, nothing printed: ``(errors, resolved, None...)`` where it is
+    invalid (``resolved`` None where it could not be resolved), else ``(None, resolved, layout, plan,
+    warnings, advice)``. No side effect outside the point: a large launch runs it for half its points in
+    a forked child (spread.in_processes)."""
+    resolved: Optional[Dict[str, Any]] = None
+    try:
+        resolved = _resolve(p, i)
+        view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
+        named = group_options.problems(resolved, searched[p.config_dirs], p.accepted_names)
+        try:
+            lay = resolve(view, resolved)
+        except ConfigErrors as e:
+            raise ConfigErrors(named + e.errors) from None
+        if named:
+            raise ConfigErrors(named)
+        planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
+        res = planner(view, lay) if planner is not None else recipe_contract.CheckResult()
+        if res.errors:
+            raise ConfigErrors(res.errors)
+    except ConfigErrors as e:
+        return list(e.errors), resolved, None, None, None, None
+    advice = rules.advice(resolved)
+    data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
+    return None, resolved, lay, res.plan, list(res.warnings), advice
+
+
 def validate(points: List[Point], indices: Optional[List[int]] = None) -> List[Checked]:
     """Every point against the config rules (the shared rows and its recipe's), then its recipe's planner
     where its contract has one (memory fits, pipeline bubble, a slow link). Raise InvalidSweep listing every
     bad point; warnings stop the launch too unless submit.force=true (then they go to stderr and the run's
     checks.json). ``indices``: the points' run indices in their sweep (default 0..n-1)."""
-    resolved_all: List[Any] = []
-    for i, p in enumerate(points):
-        try:
-            resolved_all.append(_resolve(p, i))
-        except ConfigErrors as e:
-            resolved_all.append(e)
+    # the points of a launch share their search path: its dirs are listed once, before any fork
+    searched = {dirs: group_options.groups(group_options.search_dirs(dirs)) for dirs in {p.config_dirs for p in points}}
+    outcomes = spread.in_processes(lambda i: _check(points[i], i, searched), list(range(len(points))), pickled=True)
     # the messages below echo overrides: secrets of every point, read from its resolution (or, where
     # that failed, from its config as written)
-    known = secrets.known_secrets([r if isinstance(r, dict) else p.cfg for p, r in zip(points, resolved_all)])
+    known = secrets.known_secrets([o[1] if o[1] is not None else p.cfg for p, o in zip(points, outcomes)])
     problems: List[str] = []
     warned: List[str] = []
     advised: List[str] = []
     good: List[Checked] = []
-    searched: Dict[Tuple[str, ...], Dict[str, group_options.Group]] = {}
-    for i, (p, resolved) in enumerate(zip(points, resolved_all)):
+    for i, (p, (errors, resolved, lay, plan, warnings, advice_lines)) in enumerate(zip(points, outcomes)):
         where = (secrets.scrub(f"point {i} ({' '.join(p.overrides) or 'defaults'})", known) if len(points) > 1
                  else "run")
-        try:
-            if isinstance(resolved, ConfigErrors):
-                raise resolved
-            view = ConfigView(resolved)  # the rules read the resolution, not the DictConfig (faster)
-            if p.config_dirs not in searched:  # the points of a launch share their search path
-                searched[p.config_dirs] = group_options.groups(group_options.search_dirs(p.config_dirs))
-            named = group_options.problems(resolved, searched[p.config_dirs], p.accepted_names)
-            try:
-                lay = resolve(view, resolved)
-            except ConfigErrors as e:
-                raise ConfigErrors(named + e.errors) from None
-            if named:
-                raise ConfigErrors(named)
-            planner = recipe_contract.of(recipe_contract.tree_get(resolved, "recipe._target_")).planner
-            res = planner(view, lay) if planner is not None else recipe_contract.CheckResult()
-            if res.errors:
-                raise ConfigErrors(res.errors)
-        except ConfigErrors as e:
-            problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in e.errors))
+        if errors is not None:
+            problems.append(f"{where}:\n" + "\n".join(f"  - {err}".replace("\n", "\n    ") for err in errors))
             continue
-        forced = [secrets.scrub(w, known) for w in res.warnings] if bool(p.cfg.submit.force) else []
+        forced = [secrets.scrub(w, known) for w in warnings] if bool(p.cfg.submit.force) else []
         for w in forced:
             print(f"launch: warning ({where}, submit.force=true): {w}", file=sys.stderr)
-        if res.warnings and not forced:
-            warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in res.warnings))
-        advice = [secrets.scrub(line, known) for line in rules.advice(resolved)]
+        if warnings and not forced:
+            warned.append(f"{where}:\n" + "\n".join(f"  - warning: {w}" for w in warnings))
+        advice = [secrets.scrub(line, known) for line in advice_lines]
         for line in advice:  # once per launch, whatever the number of points
             if line not in advised:
                 advised.append(line)
                 print(f"launch: warning: {line}", file=sys.stderr)
-        data_checks.make_absolute(resolved)  # the job reads its datasets from its run dir's work/
         index = indices[i] if indices is not None else i
         checks = ChecksRecord(LAUNCH, forced=tuple(forced), advice=tuple(advice))
-        good.append(Checked(p, index, resolved, lay, res.plan, backends.of(p.cfg), checks, known=known))
+        good.append(Checked(p, index, resolved, lay, plan, backends.of(p.cfg), checks, known=known))
     lifted: Dict[str, str] = {}
     for c in good:  # a secret literal travels to the job in one variable per key: one value per launch
         for name, value in c.lifted.items():

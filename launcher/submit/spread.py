@@ -1,9 +1,11 @@
-"""Spreading a launch's per-run writes: over threads where the file system makes each wait (a network
-file system's round trips), over two processes where the work is the interpreter's (a local disk)."""
+"""Spreading a launch's per-point work: its per-run writes over threads where the file system makes each
+wait (a network file system's round trips), over two processes where the work is the interpreter's (a
+local disk); its points' checks over two processes (launcher.submit.pipeline.validate)."""
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import time
 from typing import Any, Callable, Optional
@@ -32,14 +34,17 @@ def in_threads(fn: Callable[[Any], Any], items: list) -> list:
         return out + list(pool.map(fn, rest))
 
 
-def in_processes(fn: Callable[[Any], Any], items: list) -> list:
+def in_processes(fn: Callable[[Any], Any], items: list, pickled: bool = False) -> list:
     """``[fn(x) for x in items]`` where ``fn`` writes files and returns what JSON holds: the first few
     here (they load what ``fn`` imports lazily, before a fork), then half of the rest in a forked child
     (its results come back through a pipe) while this process does the other half, on a host with a
     second core. ``fn`` must be safe to run again on an item: where the child fails, or has not answered
-    in ``_CHILD_S`` plus ``_ITEM_S`` an item, it is ended and this process does its half itself."""
+    in ``_CHILD_S`` plus ``_ITEM_S`` an item, it is ended and this process does its half itself.
+    ``pickled``: ``fn`` computes (no file to wait on: no threads) and its results come back pickled
+    (any object of this program: the child runs the same code)."""
+    each = (lambda xs: [fn(x) for x in xs]) if pickled else (lambda xs: in_threads(fn, xs))
     if len(items) < _FORK_MIN or not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2:
-        return in_threads(fn, items)
+        return each(items)
     out = [fn(x) for x in items[:_PROBE]]
     rest = items[_PROBE:]
     half = len(rest) // 2
@@ -50,7 +55,9 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
         code = 0
         try:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it; the parent redoes or undoes
-            data = json.dumps(in_threads(fn, rest[half:]), default=str).encode()  # its waits overlap as ours
+            done = each(rest[half:])  # (its waits overlap as ours)
+            data = pickle.dumps(done, protocol=pickle.HIGHEST_PROTOCOL) if pickled else \
+                json.dumps(done, default=str).encode()
         except BaseException:
             data, code = b"", 1
         try:
@@ -61,7 +68,7 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
     os.close(write)
     status, data = 1, b""
     try:
-        out += in_threads(fn, rest[:half])
+        out += each(rest[:half])
         data = _read_all(read, time.monotonic() + _CHILD_S + _ITEM_S * len(rest))
         if data is not None:
             status = os.waitpid(pid, 0)[1]
@@ -73,7 +80,7 @@ def in_processes(fn: Callable[[Any], Any], items: list) -> list:
             os.waitpid(pid, 0)
     if status != 0 or not data:
         return out + [fn(x) for x in rest[half:]]
-    return out + json.loads(data)
+    return out + (pickle.loads(data) if pickled else json.loads(data))
 
 
 _CHILD_S = 60.0  # the child's answer is awaited this long, plus _ITEM_S an item
