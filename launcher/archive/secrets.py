@@ -31,9 +31,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-import yaml
-
 from launcher import by_section
+from launcher.archive import yamlio
 from launcher.archive.env_lift import (
     ENV_NAME,
     LIFTED_PREFIX,
@@ -210,7 +209,7 @@ def secrets_in_text(name: str, text: str) -> Dict[str, str]:
     low = name.lower()
     if low.endswith(YAML_SUFFIXES):
         try:
-            docs = list(yaml.safe_load_all(text))
+            docs = yamlio.safe_load_all(text)
         except Exception:  # not YAML after all (a template): read it line by line
             docs = None
 

@@ -41,6 +41,17 @@ def _dump(obj: Any) -> str:
     return yaml.dump(obj, Dumper=_DUMPER, sort_keys=False, allow_unicode=False)
 
 
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` through libyaml where PyYAML has it: the small files a launch reads whole (each
+    group's options, the source tree's config files scanned for secrets), unbounded as PyYAML's."""
+    return yaml.load(text, Loader=_LOADER)
+
+
+def safe_load_all(text: str) -> list:
+    """``yaml.safe_load_all`` through libyaml where PyYAML has it (every document of ``text``)."""
+    return list(yaml.load_all(text, Loader=_LOADER))
+
+
 def load(text: str, max_values: int = MAX_VALUES) -> Any:
     """The document in ``text`` (safe types only); TooLarge when its aliases expand beyond
     ``max_values`` values."""

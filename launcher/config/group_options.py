@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from launcher.archive import yamlio
 from launcher.config import schema
 from launcher.config.errors import ConfigError
 
@@ -124,7 +125,7 @@ def _option_name(path: Path) -> Optional[str]:
     ``# @package`` header puts it elsewhere, e.g. a recipe option's global ``name``)."""
     try:
         text = path.read_text()
-        body = yaml.safe_load(text)
+        body = yamlio.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     if any(line.strip().startswith("# @package") for line in text.splitlines()[:5]):

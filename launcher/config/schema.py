@@ -166,11 +166,11 @@ def _groups(cls: type) -> frozenset:
 
 def recipe_options() -> Dict[str, str]:
     """The options of the recipe group (CONF_DIR/recipe/*.yaml) -> the recipe each runs (its _target_)."""
-    import yaml  # the options as written (Hydra is not needed to read one key)
+    from launcher.archive import yamlio  # the options as written (Hydra is not needed to read one key)
 
     out: Dict[str, str] = {}
     for path in sorted((CONF_DIR / "recipe").glob("*.yaml")):
-        option = yaml.safe_load(path.read_text()) or {}
+        option = yamlio.safe_load(path.read_text()) or {}
         target = option.get("_target_") or (option.get("recipe") or {}).get("_target_")
         if isinstance(target, str):
             out[path.stem] = target
@@ -181,9 +181,9 @@ def recipe_options() -> Dict[str, str]:
 def default_target() -> str:
     """The recipe a config runs when it names none (the recipe option conf/config.yaml composes): the
     one whose rows judge Facts without a config (the planner's candidates)."""
-    import yaml
+    from launcher.archive import yamlio
 
-    defaults = yaml.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()).get("defaults") or []
+    defaults = yamlio.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()).get("defaults") or []
     choice = next((d["recipe"] for d in defaults if isinstance(d, dict) and "recipe" in d), None)
     return recipe_options().get(str(choice), "") if choice is not None else ""
 

@@ -48,3 +48,17 @@ def test_an_unreadable_record_is_said_and_the_launch_goes_on(tmp_path):
     (site / "bad-1.0.dist-info" / "direct_url.json").write_text("{not json")
     assert software.pip_freeze([str(site)]) == "bad==1.0\n"  # a broken direct_url.json: the plain line
     assert software.pip_freeze([str(tmp_path / "none")]) == ""
+
+
+def test_name_and_version_come_from_the_header_block_alone(tmp_path):
+    """The description after the header's blank line may hold header-like lines (a README quoting one);
+    a file written with CRLF reads the same."""
+    site = tmp_path / "site"
+    d = site / "real-1.2.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_bytes(b"Metadata-Version: 2.1\r\nName: Real_Name\r\nVersion: 1.2 \r\nSummary: x\r\n\r\n"
+                                 b"Name: impostor\nVersion: 9.9\n" + b"long description\n" * 5000)
+    e = site / "noname-1.0.dist-info"
+    e.mkdir()
+    (e / "METADATA").write_text("Metadata-Version: 2.1\nVersion: 1.0\n\nName: impostor\n")
+    assert software.pip_freeze([str(site)]) == "Real_Name==1.2\n"  # (one with no Name is no distribution)
