@@ -2,7 +2,8 @@
 interval 2), the bottom quarter copying the top quarter's checkpoint with a perturbed optim.lr at each
 boundary; every exploit is in the member's lineage, the copied member trains on with its new lr, and
 `launcher reproduce` of the best member replays the whole population (the recorded decisions) and ends
-with every step's loss and every checkpoint tensor bitwise equal to the original."""
+with every step's loss and every checkpoint tensor bitwise equal to the original. On the local Slurm
+cluster the same over one boundary (train.steps=4): members paused and released by Slurm."""
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ def status_json(root: Path, sweep: str, env=None) -> Dict:
     return json.loads(res.stdout)
 
 
-def check_population(root: Path, runs: List[dict], env=None) -> dict:
-    """Lineages recorded and acted on; returns the best member's run row."""
+def check_population(root: Path, runs: List[dict], env=None, boundaries=(2, 4)) -> dict:
+    """Lineages recorded and acted on at each of ``boundaries`` (steps); returns the best member's run row."""
     from launcher.features.pbt import population
     from launcher.run.rundir import RunDir
 
@@ -37,7 +38,7 @@ def check_population(root: Path, runs: List[dict], env=None) -> dict:
     summ = status_json(root, runs[0]["sweep_id"], env)["rungs"]
     print("\n".join(summ["lines"]))
     gens = summ["generations"]
-    assert [g["step"] for g in gens] == [2, 4] and all(len(g["changes"]) == 1 for g in gens)
+    assert [g["step"] for g in gens] == list(boundaries) and all(len(g["changes"]) == 1 for g in gens)
     metrics = {p: read_metrics(r["dir"]) for p, r in by.items()}
     for g in gens:
         (c,) = g["changes"]
@@ -96,11 +97,12 @@ def test_pbt_4_members_3_generations_on_local_and_reproduce(tmp_path):
 @pytest.mark.slurm
 @pytest.mark.timeout(1800)
 def test_pbt_on_slurm(slurm, tmp_path):
-    # the same decisions as on cluster=local, paused members held and released by Slurm; the lineage's
-    # bitwise replay: the local test (launcher reproduce on Slurm: test_archive.py)
+    # the same decisions as on cluster=local, paused members held and released by Slurm, over one
+    # boundary (the local test's second one adds nothing Slurm does); the lineage's bitwise replay: the
+    # local test (launcher reproduce on Slurm: test_archive.py)
     root = tmp_path / "runs"
-    res = launch(["-m", *BASE, "cluster=local_slurm", *PBT, "cluster.array_parallelism=4"], root,
+    res = launch(["-m", *BASE, "train.steps=4", "cluster=local_slurm", *PBT, "cluster.array_parallelism=4"], root,
                  extra_env=slurm, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = wait_final(root, 4, timeout=1200)
-    check_population(root, runs, slurm)
+    check_population(root, runs, slurm, boundaries=(2,))
