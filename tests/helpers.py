@@ -82,11 +82,10 @@ def explain(run: dict, lines: int = 30) -> str:
     from launcher.run.rundir import RunDir
 
     out = [json.dumps({k: v for k, v in run.items() if k not in ("summary", "config")}, default=str)]
-    job = RunDir(run["dir"]).job()
+    rd = RunDir(run["dir"])
+    job = rd.job()
     if job:
-        status = Path(run["dir"]) / "status.json"
-        world = json.loads(status.read_text()).get("world_size") if status.exists() else None
-        for rank in range(int(world or 1)):
+        for rank in range(int(rd.status().world_size or 1)):
             path = backends.get(job.backend).log_path(job, rank, err=True)
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
